@@ -1,0 +1,94 @@
+//! `pathkernel kernel`
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use crate::error::Result;
+use crate::io::StagedDir;
+use crate::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use crate::trajectory::Run;
+
+/// Compute a kernel of a recorded run and the kernel machine that reproduces the network.
+#[derive(clap::Args, Debug)]
+#[command(long_about = "Compute a kernel over a recorded training path between row points and the training set, \
+and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gram.safetensors (gram [P,M,K,K], \
+a [N,M,K], bias [P,K], points [P,d]), OUT/predictions.parquet, OUT/exactness.json and OUT/steps.parquet.\n\n\
+Kinds: ntk (at --step S, default the last state), dpk (Domingos' discrete path kernel, t = 0), \
+epk (Exact Path Kernel, Definition 3.4: test-side rows integrated over each step), chen (eq. 18), \
+kprime (eq. 13, rows always integrated).\n\
+Quadrature: left:T, midpoint:T, gauss:T, or auto:TOL (kink-aware adaptive Gauss, the default auto:1e-12).\n\
+Example: pathkernel kernel --run runs/toy --kind epk --quadrature auto:1e-12 --out runs/toy-epk")]
+pub struct Args {
+    /// Run directory written by `pathkernel train`.
+    #[arg(long, value_name = "DIR")]
+    run: PathBuf,
+    /// Kernel: ntk, dpk, epk, chen or kprime.
+    #[arg(long, default_value = "epk")]
+    kind: String,
+    /// NTK only: the state S at which the NTK is taken (default: the last state N).
+    #[arg(long, value_name = "S")]
+    step: Option<usize>,
+    /// Quadrature for integrated rows: left:T, midpoint:T, gauss:T, auto:TOL.
+    #[arg(long, default_value = "auto:1e-12", value_name = "RULE")]
+    quadrature: String,
+    /// Row points: test, train or grid:N (2-D data).
+    #[arg(long, default_value = "test", value_name = "SET")]
+    points: String,
+    /// Side of the row points (EPK Definition 3.3): test (integrated) or train (t = 0).
+    #[arg(long, default_value = "test", value_name = "SIDE")]
+    side: String,
+    /// Also keep every per-step Gram (refused with an estimate when over --memory).
+    #[arg(long)]
+    per_step: bool,
+    /// Memory budget for the outputs, e.g. 8G, 512M.
+    #[arg(long, default_value = "8G", value_name = "SIZE")]
+    memory: String,
+    /// Output directory.
+    #[arg(long, value_name = "OUT")]
+    out: PathBuf,
+    /// Replace OUT if it exists (only after the computation succeeded).
+    #[arg(long)]
+    force: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Runs the subcommand.
+pub fn exec(a: Args) -> Result<()> {
+    let kind: KernelKind = a.kind.parse()?;
+    let rule: Rule = a.quadrature.parse()?;
+    let spec: PointsSpec = a.points.parse()?;
+    let side = match a.side.as_str() {
+        "test" => Side::Test,
+        "train" => Side::Train,
+        other => return Err(crate::Error::Config(format!("--side {other}: expected test or train"))),
+    };
+    if a.step.is_some() && kind != KernelKind::Ntk {
+        return Err(crate::Error::Config("--step only applies to --kind ntk".into()));
+    }
+    let budget = crate::io::parse_bytes(&a.memory)?;
+    let run = Run::open(&a.run)?;
+    let states = run.load_all()?;
+    let points = spec.resolve(&run.dataset)?;
+    let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step };
+    let staged = StagedDir::new(&a.out, a.force)?;
+    let bar = if !a.quiet && std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new(1);
+        b.set_style(indicatif::ProgressStyle::with_template("kernel {bar:40} {pos}/{len} steps [{elapsed} < {eta}]").expect("valid template"));
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let progress = |done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let out = kernel::compute(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
+    bar.finish_and_clear();
+    kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
+    let dir = staged.commit()?;
+    println!("{out}");
+    println!("wrote {}", dir.display());
+    Ok(())
+}

@@ -1,0 +1,314 @@
+//! Batched evaluation of an MLP along one training step, in the structured form the Gram needs.
+//!
+//! For step s the weights are `w_s(t) = w_s + t·Δw`, `Δw = w_{s+1} − w_s`. A batch of rows
+//! `(x_r, t_r)` is pushed through the network with large GEMMs (faer): per layer the input
+//! activations `a_l` and the back-propagated output sensitivities `δ_l[k] = ∂f^k/∂z_l` for
+//! every output k. For a dense layer `∇_{W_l} f^k = δ_l[k] a_lᵀ` and `∇_{b_l} f^k = δ_l[k]`, so
+//! inner products of gradients never need a Jacobian: `⟨∇f^k(x), ∇f^k'(x')⟩ =
+//! Σ_l (δ_l[k]·δ'_l[k'])(a_l·a'_l + 1)`.
+//!
+//! Also: the exact derivative `d/dt f_{w_s(t)}(x)` (a forward-mode product, for the quadrature's
+//! error control) and the kinks of ReLU networks along `t` (where a pre-activation crosses 0).
+
+use super::linalg::{gemm_ab, gemm_abt};
+use super::quadrature::poly_roots_in;
+use crate::error::{Error, Result};
+use crate::model::{Activation, Architecture, Body, OutputKind, Params};
+
+/// One dense layer at `w_s` with its step direction.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// Input width.
+    pub n_in: usize,
+    /// Output width.
+    pub n_out: usize,
+    /// `W_s` `[out, in]`.
+    pub w: Vec<f64>,
+    /// `ΔW` `[out, in]`.
+    pub dw: Vec<f64>,
+    /// `b_s` `[out]` (zeros without bias).
+    pub b: Vec<f64>,
+    /// `Δb` `[out]`.
+    pub db: Vec<f64>,
+}
+
+/// An MLP on one step `w_s(t) = w_s + tΔw`.
+#[derive(Clone, Debug)]
+pub struct MlpStep {
+    /// Layers in order.
+    pub layers: Vec<Layer>,
+    /// Hidden activation.
+    pub activation: Activation,
+    /// Whether the biases are parameters (they enter the Gram only then).
+    pub bias: bool,
+    /// Output scale α.
+    pub alpha: f64,
+    /// Output map.
+    pub output: OutputKind,
+    /// Outputs K.
+    pub k: usize,
+}
+
+/// Per-row results of [`MlpStep::eval`].
+#[derive(Clone, Debug, Default)]
+pub struct Evals {
+    /// Rows R.
+    pub rows: usize,
+    /// Per layer l: input activations `[R, in_l]` (layer 0: the inputs).
+    pub acts: Vec<Vec<f64>>,
+    /// Per layer l: `δ_l` `[R, K, out_l]` (empty when gradients were not requested).
+    pub deltas: Vec<Vec<f64>>,
+    /// Network outputs f `[R, K]`.
+    pub f: Vec<f64>,
+    /// `d/dt f_{w_s(t)}(x)` at each row `[R, K]` (empty when gradients were not requested).
+    pub jvp: Vec<f64>,
+}
+
+impl MlpStep {
+    /// Builds the step from `w_s` and `w_{s+1}` (`None`: a zero step, for NTK/train-side use).
+    pub fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
+        let Body::Mlp { widths } = &arch.body else {
+            return Err(Error::Config("the structured kernel path needs an MLP".into()));
+        };
+        arch.check_params(ws)?;
+        if let Some(n) = next {
+            arch.check_params(n)?;
+        }
+        let mut layers = Vec::with_capacity(widths.len() - 1);
+        let mut j = 0;
+        for l in 0..widths.len() - 1 {
+            let (n_in, n_out) = (widths[l], widths[l + 1]);
+            let w = ws.data[j].clone();
+            let dw = match next {
+                Some(n) => n.data[j].iter().zip(&w).map(|(a, b)| a - b).collect(),
+                None => vec![0.0; w.len()],
+            };
+            j += 1;
+            let (b, db) = if arch.bias {
+                let b = ws.data[j].clone();
+                let db = match next {
+                    Some(n) => n.data[j].iter().zip(&b).map(|(a, c)| a - c).collect(),
+                    None => vec![0.0; b.len()],
+                };
+                j += 1;
+                (b, db)
+            } else {
+                (vec![0.0; n_out], vec![0.0; n_out])
+            };
+            layers.push(Layer { n_in, n_out, w, dw, b, db });
+        }
+        Ok(MlpStep {
+            layers,
+            activation: arch.activation,
+            bias: arch.bias,
+            alpha: arch.alpha,
+            output: arch.output,
+            k: arch.outputs(),
+        })
+    }
+
+    /// Input dimension d.
+    pub fn input_dim(&self) -> usize {
+        self.layers[0].n_in
+    }
+
+    /// Evaluates rows `x` (`[R, d]`) at times `t` (`[R]`), subtracting `offset` (`[R, K]`,
+    /// the frozen initial network for `zero_output`) before scaling. With `grads`, also the
+    /// sensitivities δ and the t-derivative of f.
+    pub fn eval(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+        let r = t.len();
+        let k = self.k;
+        let nl = self.layers.len();
+        debug_assert_eq!(x.len(), r * self.input_dim());
+        let moving = t.iter().any(|&v| v != 0.0);
+        let mut acts: Vec<Vec<f64>> = Vec::with_capacity(nl);
+        let mut pre: Vec<Vec<f64>> = Vec::with_capacity(nl);
+        let mut tangents: Vec<Vec<f64>> = Vec::with_capacity(nl);
+        let mut a = x.to_vec();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (ni, no) = (layer.n_in, layer.n_out);
+            let mut z = vec![0.0; r * no];
+            gemm_abt(&mut z, &a, &layer.w, r, no, ni, 1.0, false);
+            let mut u = vec![0.0; if moving { r * no } else { 0 }];
+            if moving {
+                gemm_abt(&mut u, &a, &layer.dw, r, no, ni, 1.0, false);
+            }
+            for row in 0..r {
+                for o in 0..no {
+                    let idx = row * no + o;
+                    if moving {
+                        u[idx] += layer.db[o];
+                        z[idx] += layer.b[o] + t[row] * u[idx];
+                    } else {
+                        z[idx] += layer.b[o];
+                    }
+                }
+            }
+            let next: Vec<f64> = if l + 1 < nl { z.iter().map(|&v| self.activation.apply(v)).collect() } else { Vec::new() };
+            acts.push(std::mem::replace(&mut a, next));
+            pre.push(z);
+            tangents.push(u);
+        }
+        // Output map.
+        let zout = pre.last().expect("at least one layer");
+        let mut f = vec![0.0; r * k];
+        let mut soft = vec![0.0; r * k];
+        for row in 0..r {
+            for c in 0..k {
+                let mut v = zout[row * k + c];
+                if let Some(off) = offset {
+                    v -= off[row * k + c];
+                }
+                f[row * k + c] = self.alpha * v;
+            }
+        }
+        if self.output == OutputKind::LogSoftmax {
+            crate::model::log_softmax_rows(&mut f, k);
+            for (s, v) in soft.iter_mut().zip(&f) {
+                *s = v.exp();
+            }
+        }
+        if !grads {
+            return Evals { rows: r, acts, deltas: Vec::new(), f, jvp: Vec::new() };
+        }
+        // Backward for all K outputs at once: rows (r, k).
+        let mut deltas: Vec<Vec<f64>> = vec![Vec::new(); nl];
+        let mut d = vec![0.0; r * k * k];
+        for row in 0..r {
+            for kk in 0..k {
+                for o in 0..k {
+                    let e = if kk == o { 1.0 } else { 0.0 };
+                    let v = match self.output {
+                        OutputKind::LogSoftmax => e - soft[row * k + o],
+                        OutputKind::Identity => e,
+                    };
+                    d[(row * k + kk) * k + o] = self.alpha * v;
+                }
+            }
+        }
+        for l in (0..nl).rev() {
+            let layer = &self.layers[l];
+            if l > 0 {
+                let (ni, no) = (layer.n_in, layer.n_out);
+                let mut prev = vec![0.0; r * k * ni];
+                gemm_ab(&mut prev, &d, &layer.w, r * k, ni, no, 1.0, false);
+                if moving {
+                    let mut extra = vec![0.0; r * k * ni];
+                    gemm_ab(&mut extra, &d, &layer.dw, r * k, ni, no, 1.0, false);
+                    for row in 0..r {
+                        let tr = t[row];
+                        if tr != 0.0 {
+                            for idx in row * k * ni..(row + 1) * k * ni {
+                                prev[idx] += tr * extra[idx];
+                            }
+                        }
+                    }
+                }
+                let zprev = &pre[l - 1];
+                for row in 0..r {
+                    for kk in 0..k {
+                        for i in 0..ni {
+                            prev[(row * k + kk) * ni + i] *= self.activation.derivative(zprev[row * ni + i]);
+                        }
+                    }
+                }
+                deltas[l] = std::mem::replace(&mut d, prev);
+            } else {
+                deltas[0] = std::mem::take(&mut d);
+            }
+        }
+        // d/dt f = Σ_l δ_l · (ΔW_l a_l + Δb_l).
+        let mut jvp = vec![0.0; r * k];
+        if moving {
+            for (l, layer) in self.layers.iter().enumerate() {
+                let no = layer.n_out;
+                let u = &tangents[l];
+                let dl = &deltas[l];
+                for row in 0..r {
+                    for kk in 0..k {
+                        let base = (row * k + kk) * no;
+                        let mut s = 0.0;
+                        for o in 0..no {
+                            s += dl[base + o] * u[row * no + o];
+                        }
+                        jvp[row * k + kk] += s;
+                    }
+                }
+            }
+        }
+        Evals { rows: r, acts, deltas, f, jvp }
+    }
+
+    /// Kinks of the network along `t ∈ (a, b)` for input `x` (`[d]`): the times where some
+    /// hidden ReLU pre-activation crosses zero. Within each piece between kinks every
+    /// pre-activation of layer l is a polynomial of degree l+1 in t (computed exactly, layer by
+    /// layer, with the activation pattern of the piece), so its zeros are polynomial roots.
+    /// Tanh networks have no kinks.
+    pub fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        if self.activation != Activation::Relu || self.layers.len() < 2 {
+            return Vec::new();
+        }
+        let mut pieces = vec![(a, b)];
+        // For each hidden layer, split every current piece at the zeros of that layer.
+        for depth in 0..self.layers.len() - 1 {
+            let mut next_pieces = Vec::with_capacity(pieces.len());
+            for &(pa, pb) in &pieces {
+                let polys = self.hidden_polys(x, depth, 0.5 * (pa + pb));
+                let mut cuts: Vec<f64> = Vec::new();
+                for c in &polys {
+                    cuts.extend(poly_roots_in(c, pa, pb));
+                }
+                cuts.sort_by(|u, v| u.partial_cmp(v).expect("finite roots"));
+                cuts.dedup_by(|u, v| (*u - *v).abs() <= 1e-15);
+                let mut lo = pa;
+                for c in cuts {
+                    next_pieces.push((lo, c));
+                    lo = c;
+                }
+                next_pieces.push((lo, pb));
+            }
+            pieces = next_pieces;
+        }
+        pieces.iter().skip(1).map(|p| p.0).collect()
+    }
+
+    /// Coefficients (in t) of every pre-activation of hidden layer `depth`, with the
+    /// activation pattern of the shallower layers taken at time `tm`.
+    fn hidden_polys(&self, x: &[f64], depth: usize, tm: f64) -> Vec<Vec<f64>> {
+        // a: per unit, polynomial coefficients (lowest degree first).
+        let mut a: Vec<Vec<f64>> = x.iter().map(|&v| vec![v]).collect();
+        for l in 0..=depth {
+            let layer = &self.layers[l];
+            let deg_in = a.first().map_or(1, |c| c.len());
+            let mut z: Vec<Vec<f64>> = vec![vec![0.0; deg_in + 1]; layer.n_out];
+            for o in 0..layer.n_out {
+                let zo = &mut z[o];
+                let wrow = &layer.w[o * layer.n_in..(o + 1) * layer.n_in];
+                let dwrow = &layer.dw[o * layer.n_in..(o + 1) * layer.n_in];
+                for (i, ai) in a.iter().enumerate() {
+                    for (j, &c) in ai.iter().enumerate() {
+                        zo[j] += wrow[i] * c;
+                        zo[j + 1] += dwrow[i] * c;
+                    }
+                }
+                zo[0] += layer.b[o];
+                zo[1] += layer.db[o];
+            }
+            if l == depth {
+                return z;
+            }
+            a = z
+                .into_iter()
+                .map(|c| {
+                    let v = super::quadrature::horner(&c, tm);
+                    if v > 0.0 {
+                        c
+                    } else {
+                        vec![0.0; c.len()]
+                    }
+                })
+                .collect();
+        }
+        unreachable!("returns at l == depth")
+    }
+}

@@ -1,0 +1,86 @@
+//! The generic path: full per-sample gradients by dfdx autodiff, for any architecture.
+//!
+//! Slow and memory-hungry (`O(M·K·W)`), it is the reference every fast path is tested against,
+//! and the path for architectures without a structured implementation (the CNN).
+
+use dfdx::tensor::Cpu;
+
+use crate::error::{Error, Result};
+use crate::model::{net, Architecture, Params};
+
+/// Largest Jacobian block the reference path materialises.
+const MAX_JACOBIAN_BYTES: u64 = 4 << 30;
+
+/// `w_s + t·(w_{s+1} − w_s)`.
+pub fn interpolate(ws: &Params, next: Option<&Params>, t: f64) -> Params {
+    match next {
+        None => ws.clone(),
+        Some(n) => Params {
+            specs: ws.specs.clone(),
+            data: ws.data.iter().zip(&n.data).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + t * (y - x)).collect()).collect(),
+        },
+    }
+}
+
+/// Jacobians `∇_w f^k(x_r)` for every row at one parameter state.
+///
+/// # Shapes
+/// `x` `[R, d]`; returns `[R, K, W]`.
+pub fn jacobians(arch: &Architecture, params: &Params, init: &Params, x: &[f64]) -> Result<Vec<f64>> {
+    let dev = Cpu::default();
+    let d = arch.input_dim();
+    let (r, k, w) = (x.len() / d, arch.outputs(), params.numel());
+    let bytes = (r * k * w) as u64 * 8;
+    if bytes > MAX_JACOBIAN_BYTES {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the reference Jacobian [{r}, {k}, {w}]"),
+            needed_bytes: bytes,
+            budget_bytes: MAX_JACOBIAN_BYTES,
+            hint: "use fewer points".into(),
+        });
+    }
+    let mut out = Vec::with_capacity(r * k * w);
+    for row in x.chunks(d) {
+        out.extend(net::jacobian(&dev, arch, params, Some(init), row)?);
+    }
+    Ok(out)
+}
+
+/// Adds one step's Gram `[P, M, K, K]` to `g`: row p's gradient averaged over `nodes`
+/// (`(t, weight)` on `[0, 1]`, at `w_s(t)`), training gradients at `w_s`.
+#[allow(clippy::too_many_arguments)]
+pub fn step_gram(
+    arch: &Architecture,
+    ws: &Params,
+    next: Option<&Params>,
+    init: &Params,
+    rows: &[f64],
+    nodes: &[(f64, f64)],
+    x_train: &[f64],
+    g: &mut [f64],
+) -> Result<()> {
+    let d = arch.input_dim();
+    let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
+    let jt = jacobians(arch, ws, init, x_train)?;
+    let mut jbar = vec![0.0; p * k * w];
+    for &(t, wq) in nodes {
+        let at = interpolate(ws, next, t);
+        let j = jacobians(arch, &at, init, rows)?;
+        for (a, b) in jbar.iter_mut().zip(&j) {
+            *a += wq * b;
+        }
+    }
+    // [P·K, W] × [M·K, W]ᵀ, reordered to [P, M, K, K].
+    let mut prod = vec![0.0; p * k * m * k];
+    super::linalg::gemm_abt(&mut prod, &jbar, &jt, p * k, m * k, w, 1.0, false);
+    for pi in 0..p {
+        for kt in 0..k {
+            for i in 0..m {
+                for ks in 0..k {
+                    g[((pi * m + i) * k + kt) * k + ks] += prod[(pi * k + kt) * m * k + i * k + ks];
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! Row-major GEMM on slices through faer (parallel over the global rayon pool when large).
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+
+fn par_for(m: usize, n: usize, k: usize) -> Par {
+    if (m as f64) * (n as f64) * (k as f64) > 2.0e6 {
+        Par::rayon(0)
+    } else {
+        Par::Seq
+    }
+}
+
+/// `C = β·C + α·A·Bᵀ` with row-major `A [m, k]`, `B [n, k]`, `C [m, n]`; `β` is 0 or 1
+/// (`accumulate`).
+///
+/// # Shapes
+/// `a` `[m, k]`, `b` `[n, k]`, `c` `[m, n]`.
+pub fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+    assert_eq!(a.len(), m * k, "A has the wrong size");
+    assert_eq!(b.len(), n * k, "B has the wrong size");
+    assert_eq!(c.len(), m * n, "C has the wrong size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.iter_mut().for_each(|v| *v = 0.0);
+        }
+        return;
+    }
+    let lhs = MatRef::from_row_major_slice(a, m, k);
+    let rhs = MatRef::from_row_major_slice(b, n, k).transpose();
+    let dst = MatMut::from_row_major_slice_mut(c, m, n);
+    let beta = if accumulate { Accum::Add } else { Accum::Replace };
+    matmul(dst, beta, lhs, rhs, alpha, par_for(m, n, k));
+}
+
+/// `C = β·C + α·A·B` with row-major `A [m, k]`, `B [k, n]`, `C [m, n]`.
+///
+/// # Shapes
+/// `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
+pub fn gemm_ab(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+    assert_eq!(a.len(), m * k, "A has the wrong size");
+    assert_eq!(b.len(), k * n, "B has the wrong size");
+    assert_eq!(c.len(), m * n, "C has the wrong size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.iter_mut().for_each(|v| *v = 0.0);
+        }
+        return;
+    }
+    let lhs = MatRef::from_row_major_slice(a, m, k);
+    let rhs = MatRef::from_row_major_slice(b, k, n);
+    let dst = MatMut::from_row_major_slice_mut(c, m, n);
+    let beta = if accumulate { Accum::Add } else { Accum::Replace };
+    matmul(dst, beta, lhs, rhs, alpha, par_for(m, n, k));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_matches_loops() {
+        let (m, n, k) = (5, 4, 3);
+        let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..n * k).map(|i| (i as f64 * 0.11).cos()).collect();
+        let mut c = vec![1.0; m * n];
+        gemm_abt(&mut c, &a, &b, m, n, k, 2.0, true);
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
+                assert!((c[i * n + j] - (1.0 + 2.0 * s)).abs() < 1e-14);
+            }
+        }
+        let bt: Vec<f64> = (0..k * n).map(|idx| b[(idx % n) * k + idx / n]).collect();
+        let mut c2 = vec![0.0; m * n];
+        gemm_ab(&mut c2, &a, &bt, m, n, k, 1.0, false);
+        for i in 0..m * n {
+            assert!((c2[i] - (c[i] - 1.0) / 2.0).abs() < 1e-14);
+        }
+    }
+}

@@ -1,0 +1,864 @@
+//! Kernels of a recorded training path: NTK, DPK, EPK, Chen's kernel, the asymmetric k′,
+//! and the kernel machine that reproduces the network.
+//!
+//! Notation (EPK paper §3): `f` is the network including its output map (log-softmax for
+//! classification), `w_s(t) = w_s + t(w_{s+1} − w_s)`, `a_{i,s} = −ε_s ∂L/∂f(x_i)` at `w_s`
+//! with L the mean training loss, `b = f_{w_0}(x)`. For one step s and output classes
+//! `k` (row point) and `k'` (training point):
+//!
+//! - **NTK** at step S: `⟨∇f^k_{w_S}(x), ∇f^{k'}_{w_S}(x_i)⟩`.
+//! - **DPK** (Domingos, discrete): `Σ_s ⟨∇f^k_{w_s}(x), ∇f^{k'}_{w_s}(x_i)⟩` (one evaluation at t = 0).
+//! - **EPK** (Definition 3.4): `Σ_s ∫_0^1 ⟨∇f^k_{w_s(t)}(x), ∇f^{k'}_{w_s}(x_i)⟩ dt` for a test-side
+//!   row; a train-side row is evaluated at t = 0 (the asymmetry of Definition 3.4).
+//! - **Chen** (eq. 18): `Σ_s |∂L/∂f^{k'}(x_i)| ⟨∇f^k_{w_s}(x), ∇f^{k'}_{w_s}(x_i)⟩`.
+//! - **k′** (eq. 13): like the EPK but rows are always integrated, whatever their side.
+//!
+//! The kernel machine (Theorem 3.6, ensemble form) is
+//! `f(x) = b + Σ_s Σ_i Σ_{k'} a_{i,s}^{k'} K_s(x, x_i)[k, k']`; with cross-entropy on log-softmax
+//! outputs and a constant learning rate `a_{i,s}` does not depend on s and the single machine
+//! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
+
+pub mod eval;
+pub mod generic;
+pub mod gram;
+pub mod linalg;
+pub mod output;
+pub mod quadrature;
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::Targets;
+use crate::error::{Error, Result};
+use crate::model::net::LossKind;
+use crate::model::{Architecture, Body, Params};
+use crate::trajectory::Manifest;
+use eval::{Evals, MlpStep};
+use gram::{accumulate_layer, LayerFactors};
+pub use quadrature::Rule;
+
+/// Which kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelKind {
+    /// Empirical NTK at one step.
+    Ntk,
+    /// Discrete path kernel (t = 0 on both sides).
+    Dpk,
+    /// Exact path kernel (Definition 3.4).
+    Epk,
+    /// Chen et al.'s kernel (eq. 18).
+    Chen,
+    /// The continuous, asymmetric k′ (eq. 13).
+    Kprime,
+}
+
+impl std::str::FromStr for KernelKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "ntk" => Ok(KernelKind::Ntk),
+            "dpk" => Ok(KernelKind::Dpk),
+            "epk" => Ok(KernelKind::Epk),
+            "chen" => Ok(KernelKind::Chen),
+            "kprime" => Ok(KernelKind::Kprime),
+            _ => Err(Error::Config(format!("kernel kind `{s}`: expected ntk, dpk, epk, chen or kprime"))),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            KernelKind::Ntk => "ntk",
+            KernelKind::Dpk => "dpk",
+            KernelKind::Epk => "epk",
+            KernelKind::Chen => "chen",
+            KernelKind::Kprime => "kprime",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Which copy of the input space a point lives in (EPK Definition 3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Side {
+    /// Training copy: gradients taken at `w_s(0)`.
+    Train,
+    /// Test copy: gradients integrated over `w_s(t)`, t ∈ [0, 1].
+    Test,
+}
+
+/// What to compute.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelRequest {
+    /// Kernel kind.
+    pub kind: KernelKind,
+    /// Quadrature for integrated rows.
+    pub rule: Rule,
+    /// Side of the row points.
+    pub side: Side,
+    /// For the NTK: the step S (default: the last state N).
+    pub ntk_step: Option<usize>,
+    /// Keep every per-step Gram `K_s`.
+    pub per_step: bool,
+}
+
+/// Per-step record (the ExPLAIND-style validation: predicted vs actual change of the output).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StepRecord {
+    /// Step s (update from w_s to w_{s+1}).
+    pub step: usize,
+    /// max over points and classes of |predicted − actual change|.
+    pub max_abs_error: f64,
+    /// mean over points and classes of |predicted − actual change|.
+    pub mean_abs_error: f64,
+    /// max |actual change| `|f_{w_{s+1}}(x) − f_{w_s}(x)|`.
+    pub max_abs_change: f64,
+    /// Mean gradient evaluations per row point.
+    pub mean_evaluations: f64,
+    /// Max gradient evaluations for one row point.
+    pub max_evaluations: usize,
+    /// Mean number of smooth pieces per point (1 + kinks).
+    pub mean_pieces: f64,
+    /// Pieces that did not reach the tolerance (auto rule).
+    pub unconverged_pieces: usize,
+    /// Mean |cos| error angle proxy: 1 − cos(test gradient at t=0, integrated test gradient),
+    /// averaged over points and classes (the paper's Fig. 2 measure), NaN when not computed.
+    pub dpk_cosine_error: f64,
+}
+
+/// Everything a kernel computation returns.
+#[derive(Clone, Debug)]
+pub struct KernelOutput {
+    /// Kind computed.
+    pub kind: KernelKind,
+    /// Quadrature rule used.
+    pub rule: Rule,
+    /// Side of the rows.
+    pub side: Side,
+    /// Rows P.
+    pub p: usize,
+    /// Training points M.
+    pub m: usize,
+    /// Outputs K.
+    pub k: usize,
+    /// Number of steps summed.
+    pub steps: Vec<usize>,
+    /// `Σ_s K_s` (NTK: at step S) `[P, M, K, K]`.
+    pub gram: Vec<f64>,
+    /// Per-step Grams `[S, P, M, K, K]` when requested.
+    pub per_step: Option<Vec<f64>>,
+    /// `a_{i,s}` `[N, M, K]` (Chen: `−ε_s sign(∂L/∂f)`).
+    pub a: Vec<f64>,
+    /// Bias `b = f_{w_0}(x)` `[P, K]`.
+    pub bias: Vec<f64>,
+    /// Network output `f_{w_N}(x)` `[P, K]`.
+    pub network: Vec<f64>,
+    /// Kernel machine (ensemble form, Theorem 3.6) `[P, K]`.
+    pub machine: Vec<f64>,
+    /// Single kernel machine `b + Σ_i a_i·G` (Theorem 3.7) when `a` is constant over steps.
+    pub single_machine: Option<Vec<f64>>,
+    /// Per-step validation records.
+    pub records: Vec<StepRecord>,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+impl KernelOutput {
+    /// max |kernel machine − network|.
+    pub fn max_abs_error(&self) -> f64 {
+        self.machine.iter().zip(&self.network).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+    }
+    /// mean |kernel machine − network|.
+    pub fn mean_abs_error(&self) -> f64 {
+        let n = self.machine.len().max(1) as f64;
+        self.machine.iter().zip(&self.network).map(|(a, b)| (a - b).abs()).sum::<f64>() / n
+    }
+    /// Mean over steps of the mean evaluations per point.
+    pub fn mean_evaluations(&self) -> f64 {
+        let n = self.records.len().max(1) as f64;
+        self.records.iter().map(|r| r.mean_evaluations).sum::<f64>() / n
+    }
+    /// Max evaluations for one point in one step.
+    pub fn max_evaluations(&self) -> usize {
+        self.records.iter().map(|r| r.max_evaluations).max().unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for KernelOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}, {} rows, quadrature {}) over {} step(s): gram [{}, {}, {}, {}], kernel machine vs network max |err| {:.3e}, mean {:.3e}; {:.2} gradient evaluations per point and step (max {}); {:.2} s",
+            self.kind,
+            match self.side {
+                Side::Test => "test side",
+                Side::Train => "train side",
+            },
+            self.p,
+            self.rule,
+            self.steps.len(),
+            self.p,
+            self.m,
+            self.k,
+            self.k,
+            self.max_abs_error(),
+            self.mean_abs_error(),
+            self.mean_evaluations(),
+            self.max_evaluations(),
+            self.seconds
+        )
+    }
+}
+
+/// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised (mean over M).
+pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize) -> Result<Vec<f64>> {
+    let mut g = vec![0.0; m * k];
+    match (loss, targets) {
+        (LossKind::CrossEntropy, Targets::Labels(y)) => {
+            for (i, &c) in y.iter().enumerate() {
+                g[i * k + c] = -1.0 / m as f64;
+            }
+        }
+        (LossKind::Mse, Targets::Values(v)) => {
+            let scale = 2.0 / (m as f64 * k as f64);
+            for idx in 0..m * k {
+                g[idx] = scale * (f_train[idx] - v[idx]);
+            }
+        }
+        _ => return Err(Error::Data("loss and targets do not match (cross-entropy needs labels, mse values)".into())),
+    }
+    Ok(g)
+}
+
+/// Test-side nodes of one step for all row points.
+struct RowNodes {
+    point: Vec<usize>,
+    weight: Vec<f64>,
+    evals: Evals,
+    evaluations: Vec<usize>,
+    pieces: Vec<usize>,
+    unconverged: usize,
+}
+
+fn gather_rows(x: &[f64], d: usize, idx: &[usize]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(idx.len() * d);
+    for &p in idx {
+        out.extend_from_slice(&x[p * d..(p + 1) * d]);
+    }
+    out
+}
+
+fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Option<Vec<f64>> {
+    off.map(|o| {
+        let mut v = Vec::with_capacity(idx.len() * k);
+        for &p in idx {
+            v.extend_from_slice(&o[p * k..(p + 1) * k]);
+        }
+        v
+    })
+}
+
+/// Appends the rows `sel` of `src` to `dst` (same layer structure).
+fn append_rows(dst: &mut Evals, src: &Evals, sel: &[usize], k: usize) {
+    if dst.acts.is_empty() {
+        dst.acts = vec![Vec::new(); src.acts.len()];
+        dst.deltas = vec![Vec::new(); src.deltas.len()];
+    }
+    let r = src.rows.max(1);
+    for (l, a) in src.acts.iter().enumerate() {
+        let w = a.len() / r;
+        for &s in sel {
+            dst.acts[l].extend_from_slice(&a[s * w..(s + 1) * w]);
+        }
+    }
+    for (l, d) in src.deltas.iter().enumerate() {
+        let w = d.len() / r;
+        for &s in sel {
+            dst.deltas[l].extend_from_slice(&d[s * w..(s + 1) * w]);
+        }
+    }
+    for &s in sel {
+        dst.f.extend_from_slice(&src.f[s * k..(s + 1) * k]);
+        if !src.jvp.is_empty() {
+            dst.jvp.extend_from_slice(&src.jvp[s * k..(s + 1) * k]);
+        }
+    }
+    dst.rows += sel.len();
+}
+
+/// Nodes of a fixed rule (the same for every point).
+fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: &[(f64, f64)]) -> RowNodes {
+    let d = step.input_dim();
+    let k = step.k;
+    let mut point = Vec::with_capacity(p * nodes.len());
+    let mut weight = Vec::with_capacity(p * nodes.len());
+    let mut t = Vec::with_capacity(p * nodes.len());
+    for pi in 0..p {
+        for &(tq, wq) in nodes {
+            point.push(pi);
+            weight.push(wq);
+            t.push(tq);
+        }
+    }
+    let xr = gather_rows(x, d, &point);
+    let offr = gather_offsets(off, k, &point);
+    let evals = step.eval(&xr, &t, offr.as_deref(), true);
+    RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], pieces: vec![1; p], unconverged: 0 }
+}
+
+/// First Gauss order tried on a piece, the raised order, and the bisection limit.
+const AUTO_N0: usize = 3;
+const AUTO_N1: usize = 6;
+const AUTO_MAX_DEPTH: u32 = 40;
+
+struct Piece {
+    p: usize,
+    a: f64,
+    b: f64,
+    fa: Vec<f64>,
+    fb: Vec<f64>,
+    n: usize,
+    depth: u32,
+}
+
+/// The adaptive, kink-aware rule: pieces between kinks, Gauss–Legendre on each, accepted when
+/// the quadrature of d/dt f matches f(b) − f(a) to `tol_step·(b − a)` (or to the rounding floor
+/// of that difference); otherwise the order is raised, then the piece bisected.
+fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
+    let d = step.input_dim();
+    let k = step.k;
+    // Breakpoints per point.
+    let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
+    for pi in 0..p {
+        let mut v = vec![0.0];
+        v.extend(step.kinks(&x[pi * d..(pi + 1) * d], 0.0, 1.0));
+        v.push(1.0);
+        bps.push(v);
+    }
+    let mut idx = Vec::new();
+    let mut tt = Vec::new();
+    for (pi, v) in bps.iter().enumerate() {
+        for &t in v {
+            idx.push(pi);
+            tt.push(t);
+        }
+    }
+    let fv = step.eval(&gather_rows(x, d, &idx), &tt, gather_offsets(off, k, &idx).as_deref(), false).f;
+    let mut pending: Vec<Piece> = Vec::new();
+    let mut pieces_count = vec![0usize; p];
+    let mut pos = 0;
+    for (pi, v) in bps.iter().enumerate() {
+        for j in 0..v.len() - 1 {
+            pending.push(Piece {
+                p: pi,
+                a: v[j],
+                b: v[j + 1],
+                fa: fv[(pos + j) * k..(pos + j + 1) * k].to_vec(),
+                fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
+                n: AUTO_N0,
+                depth: 0,
+            });
+        }
+        pieces_count[pi] = v.len() - 1;
+        pos += v.len();
+    }
+    let mut out = RowNodes {
+        point: Vec::new(),
+        weight: Vec::new(),
+        evals: Evals::default(),
+        evaluations: vec![0; p],
+        pieces: vec![0; p],
+        unconverged: 0,
+    };
+    while !pending.is_empty() {
+        let mut point = Vec::new();
+        let mut t = Vec::new();
+        let mut w = Vec::new();
+        let mut start = Vec::with_capacity(pending.len());
+        for pc in &pending {
+            start.push(t.len());
+            for (tq, wq) in quadrature::gauss_legendre_01(pc.n, pc.a, pc.b) {
+                point.push(pc.p);
+                t.push(tq);
+                w.push(wq);
+            }
+            out.evaluations[pc.p] += pc.n;
+        }
+        let ev = step.eval(&gather_rows(x, d, &point), &t, gather_offsets(off, k, &point).as_deref(), true);
+        let mut accepted_rows: Vec<usize> = Vec::new();
+        let mut next: Vec<Piece> = Vec::new();
+        let mut to_split: Vec<Piece> = Vec::new();
+        for (j, pc) in pending.into_iter().enumerate() {
+            let rows = start[j]..start[j] + pc.n;
+            let mut err: f64 = 0.0;
+            let mut scale: f64 = 1.0;
+            for c in 0..k {
+                let q: f64 = rows.clone().map(|r| w[r] * ev.jvp[r * k + c]).sum();
+                err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
+                scale = scale.max(pc.fa[c].abs()).max(pc.fb[c].abs());
+            }
+            let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale);
+            if err <= thr {
+                accepted_rows.extend(rows);
+                out.pieces[pc.p] += 1;
+            } else if pc.n < AUTO_N1 {
+                next.push(Piece { n: AUTO_N1, ..pc });
+            } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
+                to_split.push(pc);
+            } else {
+                accepted_rows.extend(rows);
+                out.pieces[pc.p] += 1;
+                out.unconverged += 1;
+            }
+        }
+        for &r in &accepted_rows {
+            out.point.push(point[r]);
+            out.weight.push(w[r]);
+        }
+        append_rows(&mut out.evals, &ev, &accepted_rows, k);
+        if !to_split.is_empty() {
+            let mids: Vec<f64> = to_split.iter().map(|pc| 0.5 * (pc.a + pc.b)).collect();
+            let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
+            let fm = step.eval(&gather_rows(x, d, &pidx), &mids, gather_offsets(off, k, &pidx).as_deref(), false).f;
+            for (j, pc) in to_split.into_iter().enumerate() {
+                let fmj = fm[j * k..(j + 1) * k].to_vec();
+                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), n: AUTO_N0, depth: pc.depth + 1 });
+                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, n: AUTO_N0, depth: pc.depth + 1 });
+            }
+        }
+        pending = next;
+    }
+    let _ = pieces_count;
+    out
+}
+
+/// Row points of a kernel computation.
+#[derive(Clone, Debug)]
+pub struct Points {
+    /// Inputs `[P, d]`.
+    pub x: Vec<f64>,
+    /// d.
+    pub dim: usize,
+}
+
+impl Points {
+    /// Number of points P.
+    pub fn len(&self) -> usize {
+        if self.dim == 0 {
+            0
+        } else {
+            self.x.len() / self.dim
+        }
+    }
+    /// Whether there are no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Estimated bytes of the arrays a request outputs.
+pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
+    let g = (p * m * k * k) as u64 * 8;
+    g + if per_step { g * steps as u64 } else { 0 }
+}
+
+/// Computes a kernel over the recorded path between row points and the training set, with the
+/// kernel machine and its per-step validation.
+///
+/// `states` are `w_0 … w_N`. MLPs use the structured fast path; other architectures the
+/// generic autodiff path (fixed quadrature rules only).
+pub fn compute(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    let start = Instant::now();
+    let arch = &manifest.architecture;
+    let n = manifest.steps;
+    if states.len() != n + 1 {
+        return Err(Error::Data(format!("{} states for {} steps", states.len(), n)));
+    }
+    if rows.dim != arch.input_dim() {
+        return Err(Error::ShapeMismatch { what: "row points".into(), expected: vec![arch.input_dim()], got: vec![rows.dim] });
+    }
+    if rows.is_empty() {
+        return Err(Error::Data("no row points".into()));
+    }
+    if let Some(i) = rows.x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Data(format!("row point value {i} is not finite")));
+    }
+    let (p, m, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
+    let out_bytes = output_bytes(p, m, k, n, req.per_step);
+    if out_bytes > memory_budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} Gram [{p}, {m}, {k}, {k}]{}", req.kind, if req.per_step { " with per-step Grams" } else { "" }),
+            needed_bytes: out_bytes,
+            budget_bytes: memory_budget,
+            hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
+        });
+    }
+    let structured = matches!(arch.body, Body::Mlp { .. });
+    if !structured && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+        return Err(Error::Config(
+            "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
+        ));
+    }
+    let init = &states[0];
+    let values = |state: &Params, x: &[f64], off: Option<&[f64]>| -> Result<Vec<f64>> {
+        if structured {
+            let z = vec![0.0; x.len() / d];
+            Ok(MlpStep::new(arch, state, None)?.eval(x, &z, off, false).f)
+        } else {
+            arch.forward(state, Some(init), x)
+        }
+    };
+    let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
+    let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
+    let zeros_m = vec![0.0; m];
+    // Network values at every state for the rows, and a_{i,s}.
+    let mut f_rows: Vec<Vec<f64>> = Vec::with_capacity(n + 1);
+    let mut a = vec![0.0; n * m * k];
+    let mut lossgrads: Vec<Vec<f64>> = Vec::with_capacity(n);
+    for s in 0..=n {
+        f_rows.push(values(&states[s], &rows.x, off_rows.as_deref())?);
+        if s < n {
+            let ft = values(&states[s], &train.x_train, off_train.as_deref())?;
+            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k)?;
+            let eps = manifest.learning_rates[s];
+            for idx in 0..m * k {
+                a[s * m * k + idx] = match req.kind {
+                    KernelKind::Chen => -eps * g[idx].signum() * if g[idx] == 0.0 { 0.0 } else { 1.0 },
+                    _ => -eps * g[idx],
+                };
+            }
+            lossgrads.push(g);
+        }
+    }
+    let bias = f_rows[0].clone();
+    let network = f_rows[n].clone();
+    let steps: Vec<usize> = match req.kind {
+        KernelKind::Ntk => {
+            let s = req.ntk_step.unwrap_or(n);
+            if s > n {
+                return Err(Error::Config(format!("--step {s} is beyond the last state {n}")));
+            }
+            vec![s]
+        }
+        _ => (0..n).collect(),
+    };
+    let integrate = match req.kind {
+        KernelKind::Epk => req.side == Side::Test,
+        KernelKind::Kprime => true,
+        _ => false,
+    };
+    let gsize = p * m * k * k;
+    let mut gram = vec![0.0; gsize];
+    let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
+    let mut machine = bias.clone();
+    let mut records = Vec::with_capacity(steps.len());
+    let tol_step = match req.rule {
+        Rule::Auto(tol) => tol / n.max(1) as f64,
+        _ => 0.0,
+    };
+    let mut gs = vec![0.0; gsize];
+    for (count, &s) in steps.iter().enumerate() {
+        progress(count, steps.len());
+        let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
+        let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
+        gs.iter_mut().for_each(|v| *v = 0.0);
+        let mut cosine = f64::NAN;
+        let (evaluations, pieces, unconverged) = if structured {
+            let step = MlpStep::new(arch, &states[s], next)?;
+            let tr = step.eval(&train.x_train, &zeros_m, off_train.as_deref(), true);
+            let nodes = match &fixed {
+                Some(nodes) => fixed_nodes(&step, &rows.x, p, off_rows.as_deref(), nodes),
+                None => auto_nodes(&step, &rows.x, p, off_rows.as_deref(), tol_step),
+            };
+            step_gram(&step, &nodes, &rows.x, d, &tr, m, &mut gs);
+            if integrate {
+                cosine = dpk_cosine_error(&step, &nodes, &rows.x, off_rows.as_deref(), p);
+            }
+            (nodes.evaluations, nodes.pieces, nodes.unconverged)
+        } else {
+            let nodes = fixed.expect("auto rejected above for the generic path");
+            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs)?;
+            (vec![nodes.len(); p], vec![1; p], 0)
+        };
+        if req.kind == KernelKind::Chen {
+            let g = &lossgrads[s.min(n - 1)];
+            for pi in 0..p {
+                for i in 0..m {
+                    for kt in 0..k {
+                        for ks in 0..k {
+                            gs[((pi * m + i) * k + kt) * k + ks] *= g[i * k + ks].abs();
+                        }
+                    }
+                }
+            }
+        }
+        // Predicted change over this step, from the Gram.
+        let mut rec = StepRecord { step: s, ..Default::default() };
+        if req.kind != KernelKind::Ntk {
+            let pred = contract(&gs, &a[s * m * k..(s + 1) * m * k], p, m, k);
+            let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
+            for pi in 0..p {
+                for kt in 0..k {
+                    let actual = f_rows[s + 1][pi * k + kt] - f_rows[s][pi * k + kt];
+                    let e = (pred[pi * k + kt] - actual).abs();
+                    mx = mx.max(e);
+                    sum += e;
+                    ch = ch.max(actual.abs());
+                    machine[pi * k + kt] += pred[pi * k + kt];
+                }
+            }
+            rec.max_abs_error = mx;
+            rec.mean_abs_error = sum / (p * k) as f64;
+            rec.max_abs_change = ch;
+        }
+        rec.mean_evaluations = evaluations.iter().sum::<usize>() as f64 / p as f64;
+        rec.max_evaluations = evaluations.iter().copied().max().unwrap_or(0);
+        rec.mean_pieces = pieces.iter().sum::<usize>() as f64 / p as f64;
+        rec.unconverged_pieces = unconverged;
+        rec.dpk_cosine_error = cosine;
+        records.push(rec);
+        for (g, v) in gram.iter_mut().zip(&gs) {
+            *g += v;
+        }
+        if let Some(ps) = per_step.as_mut() {
+            ps.extend_from_slice(&gs);
+        }
+    }
+    if req.kind == KernelKind::Ntk {
+        // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
+        let mut asum = vec![0.0; m * k];
+        for s in 0..n {
+            for idx in 0..m * k {
+                asum[idx] += a[s * m * k + idx];
+            }
+        }
+        let pred = contract(&gram, &asum, p, m, k);
+        for (mv, pv) in machine.iter_mut().zip(&pred) {
+            *mv += pv;
+        }
+        let r = &mut records[0];
+        r.max_abs_error = machine.iter().zip(&network).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    }
+    // Theorem 3.7: one machine when a_{i,s} does not depend on s.
+    let constant_a = n > 0 && (1..n).all(|s| a[s * m * k..(s + 1) * m * k] == a[..m * k]);
+    let single_machine = if constant_a && req.kind != KernelKind::Ntk {
+        let pred = contract(&gram, &a[..m * k], p, m, k);
+        Some(bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
+    } else {
+        None
+    };
+    progress(steps.len(), steps.len());
+    Ok(KernelOutput {
+        kind: req.kind,
+        rule: req.rule,
+        side: req.side,
+        p,
+        m,
+        k,
+        steps,
+        gram,
+        per_step,
+        a,
+        bias,
+        network,
+        machine,
+        single_machine,
+        records,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// `out[p, kt] = Σ_{i,ks} a[i, ks] G[p, i, kt, ks]`.
+///
+/// # Shapes
+/// `g` `[P, M, K, K]`, `a` `[M, K]`; returns `[P, K]`.
+pub fn contract(g: &[f64], a: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0.0; p * k];
+    for pi in 0..p {
+        for i in 0..m {
+            for kt in 0..k {
+                let base = ((pi * m + i) * k + kt) * k;
+                let mut s = 0.0;
+                for ks in 0..k {
+                    s += a[i * k + ks] * g[base + ks];
+                }
+                out[pi * k + kt] += s;
+            }
+        }
+    }
+    out
+}
+
+/// One step's Gram `[P, M, K, K]` from test-side nodes and train-side factors.
+fn step_gram(step: &MlpStep, nodes: &RowNodes, x_rows: &[f64], d: usize, tr: &Evals, m: usize, gs: &mut [f64]) {
+    let k = step.k;
+    let p = x_rows.len() / d;
+    for (l, layer) in step.layers.iter().enumerate() {
+        let train_f = LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out };
+        if l == 0 {
+            // Layer 0's input is the point itself for every node: aggregate δ over nodes first.
+            let no = layer.n_out;
+            let mut dbar = vec![0.0; p * k * no];
+            let dl = &nodes.evals.deltas[0];
+            for (r, (&pi, &w)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
+                let src = &dl[r * k * no..(r + 1) * k * no];
+                let dst = &mut dbar[pi * k * no..(pi + 1) * k * no];
+                for (a, b) in dst.iter_mut().zip(src) {
+                    *a += w * b;
+                }
+            }
+            let pts: Vec<usize> = (0..p).collect();
+            let ones = vec![1.0; p];
+            let rows_f = LayerFactors { acts: x_rows, deltas: &dbar, n_in: layer.n_in, n_out: no };
+            accumulate_layer(gs, m, k, &pts, &ones, &rows_f, &train_f, step.bias);
+        } else {
+            let rows_f = LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out };
+            accumulate_layer(gs, m, k, &nodes.point, &nodes.weight, &rows_f, &train_f, step.bias);
+        }
+    }
+}
+
+/// The paper's Fig. 2 measure for one step: mean over points and classes of
+/// `1 − cos(∇f_{w_s}(x), ∫∇f_{w_s(t)}(x) dt)`, from the structured factors (layer 0 in its
+/// rank-one form, deeper layers by forming the t-averaged layer gradient).
+fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize) -> f64 {
+    let k = step.k;
+    let zeros = vec![0.0; p];
+    let at0 = step.eval(x, &zeros, off, true);
+    let bias = if step.bias { 1.0 } else { 0.0 };
+    let mut dot = vec![0.0; p * k];
+    let mut n0 = vec![0.0; p * k];
+    let mut nbar = vec![0.0; p * k];
+    let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
+    for (r, &pi) in nodes.point.iter().enumerate() {
+        rows_of[pi].push(r);
+    }
+    for (l, layer) in step.layers.iter().enumerate() {
+        let (ni, no) = (layer.n_in, layer.n_out);
+        let mut jbar = vec![0.0; no * (ni + 1)];
+        let mut dbar = vec![0.0; no];
+        for pi in 0..p {
+            let a0 = &at0.acts[l][pi * ni..(pi + 1) * ni];
+            let aa00: f64 = a0.iter().map(|v| v * v).sum::<f64>() + bias;
+            for kt in 0..k {
+                let idx = pi * k + kt;
+                let d0 = &at0.deltas[l][(pi * k + kt) * no..(pi * k + kt + 1) * no];
+                n0[idx] += d0.iter().map(|v| v * v).sum::<f64>() * aa00;
+                if l == 0 {
+                    dbar.iter_mut().for_each(|v| *v = 0.0);
+                    for &r in &rows_of[pi] {
+                        let dr = &nodes.evals.deltas[0][(r * k + kt) * no..(r * k + kt + 1) * no];
+                        for (a, b) in dbar.iter_mut().zip(dr) {
+                            *a += nodes.weight[r] * b;
+                        }
+                    }
+                    dot[idx] += dbar.iter().zip(d0).map(|(a, b)| a * b).sum::<f64>() * aa00;
+                    nbar[idx] += dbar.iter().map(|v| v * v).sum::<f64>() * aa00;
+                } else {
+                    jbar.iter_mut().for_each(|v| *v = 0.0);
+                    for &r in &rows_of[pi] {
+                        let ar = &nodes.evals.acts[l][r * ni..(r + 1) * ni];
+                        let dr = &nodes.evals.deltas[l][(r * k + kt) * no..(r * k + kt + 1) * no];
+                        let wr = nodes.weight[r];
+                        for o in 0..no {
+                            let c = wr * dr[o];
+                            let row = &mut jbar[o * (ni + 1)..(o + 1) * (ni + 1)];
+                            for i in 0..ni {
+                                row[i] += c * ar[i];
+                            }
+                            row[ni] += c * bias;
+                        }
+                    }
+                    for o in 0..no {
+                        let row = &jbar[o * (ni + 1)..(o + 1) * (ni + 1)];
+                        let mut s = row[ni] * bias;
+                        for i in 0..ni {
+                            s += row[i] * a0[i];
+                        }
+                        dot[idx] += d0[o] * s;
+                        nbar[idx] += row.iter().map(|v| v * v).sum::<f64>();
+                    }
+                }
+            }
+        }
+    }
+    let mut total = 0.0;
+    let mut count = 0usize;
+    for idx in 0..p * k {
+        let den = (n0[idx] * nbar[idx]).sqrt();
+        if den > 0.0 {
+            total += 1.0 - (dot[idx] / den).clamp(-1.0, 1.0);
+            count += 1;
+        }
+    }
+    if count == 0 {
+        f64::NAN
+    } else {
+        total / count as f64
+    }
+}
+
+/// The architecture a manifest describes must be usable here.
+pub fn check_arch(arch: &Architecture) -> Result<()> {
+    if arch.outputs() == 0 {
+        return Err(Error::Config("network has no outputs".into()));
+    }
+    Ok(())
+}
+
+/// Which row points a kernel is computed at (`--points`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointsSpec {
+    /// The held-out test set.
+    Test,
+    /// The training set.
+    Train,
+    /// An N×N grid over the 2-D training data (10 % margin).
+    Grid(usize),
+}
+
+impl std::str::FromStr for PointsSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "test" => Ok(PointsSpec::Test),
+            "train" => Ok(PointsSpec::Train),
+            _ => match s.strip_prefix("grid:").map(str::parse::<usize>) {
+                Some(Ok(n)) if (2..=2000).contains(&n) => Ok(PointsSpec::Grid(n)),
+                _ => Err(Error::Config(format!("--points `{s}`: expected test, train or grid:N with 2 <= N <= 2000"))),
+            },
+        }
+    }
+}
+
+impl PointsSpec {
+    /// The points for a dataset.
+    pub fn resolve(&self, data: &crate::data::Dataset) -> Result<Points> {
+        let x = match self {
+            PointsSpec::Test => data.x_test.clone(),
+            PointsSpec::Train => data.x_train.clone(),
+            PointsSpec::Grid(n) => {
+                if data.dim != 2 {
+                    return Err(Error::Config(format!("--points grid:{n} needs 2-D data; this dataset has d = {}", data.dim)));
+                }
+                crate::data::grid_2d(&data.x_train, *n, 0.1)?
+            }
+        };
+        if x.is_empty() {
+            return Err(Error::Data(format!("the {self:?} point set is empty")));
+        }
+        Ok(Points { x, dim: data.dim })
+    }
+}

@@ -1,0 +1,137 @@
+//! Writing a kernel computation to disk (the interchange contract of `pathkernel kernel`).
+//!
+//! ```text
+//! OUT/gram.safetensors   gram [P, M, K, K] f64 (Σ_s K_s; ntk: at step S), a [N, M, K], bias [P, K],
+//!                        points [P, d]; gram_steps [S, P, M, K, K] with --per-step
+//! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine)
+//! OUT/exactness.json     max_abs_error, mean_abs_error, quadrature, evaluations per step, steps, seconds, …
+//! OUT/steps.parquet      per step: predicted vs actual change of the output (ExPLAIND-style)
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{KernelOutput, Points};
+use crate::error::Result;
+use crate::io::{self, Column, NamedArray, Table};
+
+/// Summary written to `exactness.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Exactness {
+    /// Kernel kind.
+    pub kind: String,
+    /// Side of the row points.
+    pub side: String,
+    /// Quadrature rule.
+    pub quadrature: String,
+    /// Row points P, training points M, outputs K.
+    pub shape: [usize; 3],
+    /// Number of steps summed.
+    pub steps: usize,
+    /// max |kernel machine − network| (ensemble form).
+    pub max_abs_error: f64,
+    /// mean |kernel machine − network|.
+    pub mean_abs_error: f64,
+    /// max |single kernel machine − network| (Theorem 3.7), when a_i is constant over steps.
+    pub single_machine_max_abs_error: Option<f64>,
+    /// Gradient evaluations per point and step: mean over steps of the per-step mean, and max.
+    pub evaluations_per_step: EvalStats,
+    /// Pieces (auto rule) that did not reach the tolerance.
+    pub unconverged_pieces: usize,
+    /// Wall-clock seconds of the kernel computation.
+    pub seconds: f64,
+    /// Run id of the trajectory.
+    pub run_id: String,
+}
+
+/// Mean and max evaluations.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalStats {
+    /// Mean per point and step.
+    pub mean: f64,
+    /// Max for one point in one step.
+    pub max: usize,
+}
+
+impl Exactness {
+    /// Builds the summary of an output.
+    pub fn of(o: &KernelOutput, run_id: &str) -> Self {
+        Exactness {
+            kind: o.kind.to_string(),
+            side: format!("{:?}", o.side).to_lowercase(),
+            quadrature: o.rule.to_string(),
+            shape: [o.p, o.m, o.k],
+            steps: o.steps.len(),
+            max_abs_error: o.max_abs_error(),
+            mean_abs_error: o.mean_abs_error(),
+            single_machine_max_abs_error: o
+                .single_machine
+                .as_ref()
+                .map(|s| s.iter().zip(&o.network).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)),
+            evaluations_per_step: EvalStats { mean: o.mean_evaluations(), max: o.max_evaluations() },
+            unconverged_pieces: o.records.iter().map(|r| r.unconverged_pieces).sum(),
+            seconds: o.seconds,
+            run_id: run_id.to_string(),
+        }
+    }
+}
+
+/// Writes all output files into `dir` (which must exist).
+pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Result<Exactness> {
+    let (p, m, k) = (o.p, o.m, o.k);
+    let n_a = o.a.len() / (m * k).max(1);
+    let mut arrays = vec![
+        NamedArray::f64("gram", vec![p, m, k, k], o.gram.clone()),
+        NamedArray::f64("a", vec![n_a, m, k], o.a.clone()),
+        NamedArray::f64("bias", vec![p, k], o.bias.clone()),
+        NamedArray::f64("points", vec![p, points.dim], points.x.clone()),
+    ];
+    if let Some(ps) = &o.per_step {
+        arrays.push(NamedArray::f64("gram_steps", vec![o.steps.len(), p, m, k, k], ps.clone()));
+    }
+    let mut meta = HashMap::new();
+    meta.insert("kind".to_string(), o.kind.to_string());
+    meta.insert("quadrature".to_string(), o.rule.to_string());
+    meta.insert("side".to_string(), format!("{:?}", o.side).to_lowercase());
+    meta.insert("run_id".to_string(), run_id.to_string());
+    io::write_safetensors(&dir.join("gram.safetensors"), &arrays, Some(meta))?;
+
+    let mut point = Vec::with_capacity(p * k);
+    let mut class = Vec::with_capacity(p * k);
+    let mut err = Vec::with_capacity(p * k);
+    for pi in 0..p {
+        for c in 0..k {
+            point.push(pi as i64);
+            class.push(c as i64);
+            err.push((o.machine[pi * k + c] - o.network[pi * k + c]).abs());
+        }
+    }
+    let mut t = Table::new()
+        .with("point", Column::I64(point))
+        .with("class", Column::I64(class))
+        .with("network", Column::F64(o.network.clone()))
+        .with("kernel_machine", Column::F64(o.machine.clone()))
+        .with("abs_error", Column::F64(err));
+    if let Some(s) = &o.single_machine {
+        t = t.with("single_machine", Column::F64(s.clone()));
+    }
+    t.write_parquet(&dir.join("predictions.parquet"))?;
+
+    let r = &o.records;
+    Table::new()
+        .with("step", Column::I64(r.iter().map(|x| x.step as i64).collect()))
+        .with("max_abs_error", Column::F64(r.iter().map(|x| x.max_abs_error).collect()))
+        .with("mean_abs_error", Column::F64(r.iter().map(|x| x.mean_abs_error).collect()))
+        .with("max_abs_change", Column::F64(r.iter().map(|x| x.max_abs_change).collect()))
+        .with("mean_evaluations", Column::F64(r.iter().map(|x| x.mean_evaluations).collect()))
+        .with("max_evaluations", Column::I64(r.iter().map(|x| x.max_evaluations as i64).collect()))
+        .with("mean_pieces", Column::F64(r.iter().map(|x| x.mean_pieces).collect()))
+        .with("unconverged_pieces", Column::I64(r.iter().map(|x| x.unconverged_pieces as i64).collect()))
+        .with("dpk_cosine_error", Column::F64(r.iter().map(|x| x.dpk_cosine_error).collect()))
+        .write_parquet(&dir.join("steps.parquet"))?;
+    let ex = Exactness::of(o, run_id);
+    io::write_json(&dir.join("exactness.json"), &ex)?;
+    Ok(ex)
+}

@@ -1,0 +1,18 @@
+//! # pathkernel
+//!
+//! A trained neural network seen as the kernel machine it exactly is (Bell et al., "An Exact
+//! Kernel Equivalence for Finite Classification Models"): train MLPs and small CNNs with dfdx in
+//! f64 while recording every weight state, then compute the empirical NTK, Domingos' discrete
+//! path kernel, the Exact Path Kernel and the kernel machine that reproduces the network.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod data;
+pub mod error;
+pub mod io;
+pub mod kernel;
+pub mod model;
+pub mod train;
+pub mod trajectory;
+
+pub use error::{Error, Result};

@@ -1,0 +1,711 @@
+//! Networks: architectures, flat named parameters, and forward passes.
+//!
+//! Two families are supported, both in `f64`:
+//! - **MLP** of any depth and width with ReLU or tanh hidden activations;
+//! - a **small CNN** for images: conv → activation → k×k max-pool → dense.
+//!
+//! Every network maps an input row `x` to `f(x) = out(α · (g_w(x) − [zero_output] g_{w_0}(x)))`
+//! where `g_w` is the raw network, `out` is log-softmax (classification, as in the EPK paper where
+//! `f` includes the log-softmax) or the identity (regression), `α` the output scale and
+//! `zero_output` subtracts the frozen initial network (the NTK notebook's `ZeroOutput`).
+//!
+//! Parameters are a list of named tensors ([`Params`]); dense weights are stored `[out, in]`.
+//! Names: MLP `layers.{l}.weight` `[n_{l+1}, n_l]`, `layers.{l}.bias` `[n_{l+1}]`;
+//! CNN `conv.weight` `[Co, C, k, k]`, `conv.bias` `[Co]`, `dense.weight` `[K, Co·Hp·Wp]`,
+//! `dense.bias` `[K]`.
+//!
+//! The autodiff forward (used for training and the generic gradient path) is in [`net`];
+//! [`Architecture::forward`] here is an independent plain-Rust forward pass.
+
+pub mod conv;
+pub mod net;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Hidden-layer nonlinearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Activation {
+    /// max(0, z)
+    Relu,
+    /// tanh(z)
+    Tanh,
+}
+
+impl Activation {
+    /// σ(z).
+    #[inline]
+    pub fn apply(self, z: f64) -> f64 {
+        match self {
+            Activation::Relu => z.max(0.0),
+            Activation::Tanh => z.tanh(),
+        }
+    }
+    /// σ'(z) (ReLU: 1 for z > 0, else 0).
+    #[inline]
+    pub fn derivative(self, z: f64) -> f64 {
+        match self {
+            Activation::Relu => {
+                if z > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Activation::Tanh => {
+                let t = z.tanh();
+                1.0 - t * t
+            }
+        }
+    }
+}
+
+/// What is applied to the (scaled) network output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputKind {
+    /// log-softmax over the K outputs (classification; the EPK paper's f).
+    LogSoftmax,
+    /// No output map (regression).
+    Identity,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_alpha() -> f64 {
+    1.0
+}
+fn default_relu() -> Activation {
+    Activation::Relu
+}
+fn default_hidden() -> Vec<usize> {
+    vec![64]
+}
+fn default_channels() -> usize {
+    8
+}
+fn default_kernel() -> usize {
+    5
+}
+fn default_pool() -> usize {
+    2
+}
+fn default_stride() -> usize {
+    1
+}
+
+/// The `[model]` section of a run configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// Fully connected network `d → hidden[0] → … → K`.
+    Mlp {
+        /// Hidden widths, one per hidden layer (may be empty: a linear model).
+        #[serde(default = "default_hidden")]
+        hidden: Vec<usize>,
+        /// Hidden activation.
+        #[serde(default = "default_relu")]
+        activation: Activation,
+        /// Whether layers have biases.
+        #[serde(default = "default_true")]
+        bias: bool,
+        /// Initialise the final layer to zero (EPK paper Remark 1: constant initial output).
+        #[serde(default = "default_true")]
+        zero_last: bool,
+        /// Output scale α.
+        #[serde(default = "default_alpha")]
+        alpha: f64,
+        /// Subtract the frozen initial network from the output.
+        #[serde(default)]
+        zero_output: bool,
+    },
+    /// conv(k×k, `channels`, stride, padding) → activation → max-pool(`pool`) → dense(K).
+    Cnn {
+        /// Output channels of the convolution.
+        #[serde(default = "default_channels")]
+        channels: usize,
+        /// Square kernel size.
+        #[serde(default = "default_kernel")]
+        kernel: usize,
+        /// Convolution stride.
+        #[serde(default = "default_stride")]
+        stride: usize,
+        /// Zero padding.
+        #[serde(default)]
+        padding: usize,
+        /// Max-pool window (non-overlapping).
+        #[serde(default = "default_pool")]
+        pool: usize,
+        /// Activation after the convolution.
+        #[serde(default = "default_relu")]
+        activation: Activation,
+        /// Whether layers have biases.
+        #[serde(default = "default_true")]
+        bias: bool,
+        /// Initialise the final layer to zero.
+        #[serde(default = "default_true")]
+        zero_last: bool,
+        /// Output scale α.
+        #[serde(default = "default_alpha")]
+        alpha: f64,
+        /// Subtract the frozen initial network from the output.
+        #[serde(default)]
+        zero_output: bool,
+    },
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig::Mlp {
+            hidden: default_hidden(),
+            activation: Activation::Relu,
+            bias: true,
+            zero_last: true,
+            alpha: 1.0,
+            zero_output: false,
+        }
+    }
+}
+
+/// Network body, with all sizes resolved.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Body {
+    /// Layer widths `[d, h_1, …, K]`.
+    Mlp {
+        /// Widths including input and output.
+        widths: Vec<usize>,
+    },
+    /// Image CNN on `[C, H, W]` inputs.
+    Cnn {
+        /// Input image shape `[C, H, W]`.
+        image: [usize; 3],
+        /// Output channels.
+        channels: usize,
+        /// Kernel size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Padding.
+        padding: usize,
+        /// Pool window.
+        pool: usize,
+        /// Number of outputs K.
+        outputs: usize,
+    },
+}
+
+/// A fully resolved network architecture (what the trajectory manifest records).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Architecture {
+    /// Layer structure.
+    pub body: Body,
+    /// Hidden activation.
+    pub activation: Activation,
+    /// Whether layers have biases.
+    pub bias: bool,
+    /// Final layer initialised to zero.
+    pub zero_last: bool,
+    /// Output scale α.
+    pub alpha: f64,
+    /// Subtract the initial network.
+    pub zero_output: bool,
+    /// Output map.
+    pub output: OutputKind,
+}
+
+/// Name and shape of one parameter tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamSpec {
+    /// Tensor name, e.g. `layers.0.weight`.
+    pub name: String,
+    /// Shape, e.g. `[64, 100]` (dense weights are `[out, in]`).
+    pub shape: Vec<usize>,
+}
+
+impl ParamSpec {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// All parameters of a network, as named row-major tensors in a fixed order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    /// Names and shapes, in order.
+    pub specs: Vec<ParamSpec>,
+    /// Values, `data[j].len() == specs[j].numel()`.
+    pub data: Vec<Vec<f64>>,
+}
+
+impl Params {
+    /// Zero parameters with the given specs.
+    pub fn zeros(specs: Vec<ParamSpec>) -> Self {
+        let data = specs.iter().map(|s| vec![0.0; s.numel()]).collect();
+        Params { specs, data }
+    }
+    /// Total number of scalar parameters W.
+    pub fn numel(&self) -> usize {
+        self.specs.iter().map(ParamSpec::numel).sum()
+    }
+    /// The flat view: all tensors concatenated in order.
+    ///
+    /// # Shapes
+    /// returns `[W]`
+    pub fn flat(&self) -> Vec<f64> {
+        let mut v = Vec::with_capacity(self.numel());
+        for d in &self.data {
+            v.extend_from_slice(d);
+        }
+        v
+    }
+    /// Rebuilds from a flat vector with these specs.
+    ///
+    /// # Shapes
+    /// `flat` is `[W]`.
+    pub fn from_flat(specs: Vec<ParamSpec>, flat: &[f64]) -> Result<Self> {
+        let w: usize = specs.iter().map(ParamSpec::numel).sum();
+        if flat.len() != w {
+            return Err(Error::ShapeMismatch {
+                what: "flat parameter vector".into(),
+                expected: vec![w],
+                got: vec![flat.len()],
+            });
+        }
+        let mut data = Vec::with_capacity(specs.len());
+        let mut off = 0;
+        for s in &specs {
+            data.push(flat[off..off + s.numel()].to_vec());
+            off += s.numel();
+        }
+        Ok(Params { specs, data })
+    }
+    /// The tensor called `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&[f64]> {
+        self.specs.iter().position(|s| s.name == name).map(|j| self.data[j].as_slice())
+    }
+    /// Euclidean norm of the flat vector.
+    pub fn norm(&self) -> f64 {
+        self.data.iter().flatten().map(|v| v * v).sum::<f64>().sqrt()
+    }
+    /// `self − other`, element-wise (same specs required).
+    pub fn sub(&self, other: &Params) -> Result<Params> {
+        if self.specs != other.specs {
+            return Err(Error::Data("parameter sets with different names/shapes".into()));
+        }
+        let data = self
+            .data
+            .iter()
+            .zip(&other.data)
+            .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect())
+            .collect();
+        Ok(Params { specs: self.specs.clone(), data })
+    }
+    /// Whether every value is finite; returns the first non-finite parameter name.
+    pub fn first_non_finite(&self) -> Option<&str> {
+        self.specs
+            .iter()
+            .zip(&self.data)
+            .find(|(_, d)| d.iter().any(|v| !v.is_finite()))
+            .map(|(s, _)| s.name.as_str())
+    }
+}
+
+impl ModelConfig {
+    /// Checks the configuration values.
+    pub fn validate(&self) -> Result<()> {
+        let (alpha, activation_ok) = match self {
+            ModelConfig::Mlp { hidden, alpha, .. } => {
+                if let Some(i) = hidden.iter().position(|&h| h == 0) {
+                    return Err(Error::Config(format!("model.hidden[{i}] is 0; widths must be >= 1")));
+                }
+                (*alpha, true)
+            }
+            ModelConfig::Cnn { channels, kernel, stride, pool, alpha, .. } => {
+                for (name, v) in [("channels", channels), ("kernel", kernel), ("stride", stride), ("pool", pool)] {
+                    if *v == 0 {
+                        return Err(Error::Config(format!("model.{name} is 0; it must be >= 1")));
+                    }
+                }
+                (*alpha, true)
+            }
+        };
+        if !alpha.is_finite() || alpha == 0.0 {
+            return Err(Error::Config(format!("model.alpha = {alpha}; it must be finite and non-zero")));
+        }
+        debug_assert!(activation_ok);
+        Ok(())
+    }
+
+    /// Resolves the architecture for inputs of `dim` features (`image` when rows are images)
+    /// and `outputs` network outputs K.
+    pub fn resolve(&self, dim: usize, image: Option<[usize; 3]>, outputs: usize, output: OutputKind) -> Result<Architecture> {
+        self.validate()?;
+        match self {
+            ModelConfig::Mlp { hidden, activation, bias, zero_last, alpha, zero_output } => {
+                let mut widths = vec![dim];
+                widths.extend_from_slice(hidden);
+                widths.push(outputs);
+                Ok(Architecture {
+                    body: Body::Mlp { widths },
+                    activation: *activation,
+                    bias: *bias,
+                    zero_last: *zero_last,
+                    alpha: *alpha,
+                    zero_output: *zero_output,
+                    output,
+                })
+            }
+            ModelConfig::Cnn { channels, kernel, stride, padding, pool, activation, bias, zero_last, alpha, zero_output } => {
+                let image = image.ok_or_else(|| {
+                    Error::Config("model.kind = \"cnn\" needs image data (e.g. data.kind = \"mnist\")".into())
+                })?;
+                let arch = Architecture {
+                    body: Body::Cnn {
+                        image,
+                        channels: *channels,
+                        kernel: *kernel,
+                        stride: *stride,
+                        padding: *padding,
+                        pool: *pool,
+                        outputs,
+                    },
+                    activation: *activation,
+                    bias: *bias,
+                    zero_last: *zero_last,
+                    alpha: *alpha,
+                    zero_output: *zero_output,
+                    output,
+                };
+                arch.cnn_geometry()?;
+                Ok(arch)
+            }
+        }
+    }
+}
+
+/// Spatial sizes of the CNN: `(Ho, Wo, Hp, Wp)` after convolution and pooling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CnnGeometry {
+    /// Convolution output height.
+    pub ho: usize,
+    /// Convolution output width.
+    pub wo: usize,
+    /// Pooled height.
+    pub hp: usize,
+    /// Pooled width.
+    pub wp: usize,
+}
+
+impl Architecture {
+    /// Number of network outputs K.
+    pub fn outputs(&self) -> usize {
+        match &self.body {
+            Body::Mlp { widths } => *widths.last().expect("widths has >= 2 entries"),
+            Body::Cnn { outputs, .. } => *outputs,
+        }
+    }
+
+    /// Input features per row.
+    pub fn input_dim(&self) -> usize {
+        match &self.body {
+            Body::Mlp { widths } => widths[0],
+            Body::Cnn { image, .. } => image.iter().product(),
+        }
+    }
+
+    /// CNN spatial geometry; errors when the kernel does not fit or the pool does not divide.
+    pub fn cnn_geometry(&self) -> Result<CnnGeometry> {
+        let Body::Cnn { image, kernel, stride, padding, pool, .. } = &self.body else {
+            return Err(Error::Config("not a CNN".into()));
+        };
+        let (h, w) = (image[1] + 2 * padding, image[2] + 2 * padding);
+        if *kernel > h || *kernel > w {
+            return Err(Error::Config(format!("model.kernel = {kernel} is larger than the padded image {h}x{w}")));
+        }
+        let ho = (h - kernel) / stride + 1;
+        let wo = (w - kernel) / stride + 1;
+        if ho % pool != 0 || wo % pool != 0 {
+            return Err(Error::Config(format!(
+                "model.pool = {pool} does not divide the convolution output {ho}x{wo}"
+            )));
+        }
+        Ok(CnnGeometry { ho, wo, hp: ho / pool, wp: wo / pool })
+    }
+}
+
+impl Architecture {
+    /// Names and shapes of all parameters, in storage order.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let mut specs = Vec::new();
+        match &self.body {
+            Body::Mlp { widths } => {
+                for l in 0..widths.len() - 1 {
+                    specs.push(ParamSpec { name: format!("layers.{l}.weight"), shape: vec![widths[l + 1], widths[l]] });
+                    if self.bias {
+                        specs.push(ParamSpec { name: format!("layers.{l}.bias"), shape: vec![widths[l + 1]] });
+                    }
+                }
+            }
+            Body::Cnn { image, channels, kernel, outputs, .. } => {
+                let g = self.cnn_geometry().expect("geometry validated at resolve");
+                specs.push(ParamSpec { name: "conv.weight".into(), shape: vec![*channels, image[0], *kernel, *kernel] });
+                if self.bias {
+                    specs.push(ParamSpec { name: "conv.bias".into(), shape: vec![*channels] });
+                }
+                specs.push(ParamSpec { name: "dense.weight".into(), shape: vec![*outputs, channels * g.hp * g.wp] });
+                if self.bias {
+                    specs.push(ParamSpec { name: "dense.bias".into(), shape: vec![*outputs] });
+                }
+            }
+        }
+        specs
+    }
+
+    /// Seeded initialisation, PyTorch's default: weights and biases uniform in
+    /// `[−1/√fan_in, 1/√fan_in]`; the final layer zero when `zero_last`.
+    pub fn init(&self, seed: u64) -> Params {
+        let specs = self.param_specs();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n = specs.len();
+        let last_layer_start = if self.bias { n - 2 } else { n - 1 };
+        let mut data = Vec::with_capacity(n);
+        let mut fan_in = 1usize;
+        for (j, s) in specs.iter().enumerate() {
+            if s.shape.len() >= 2 {
+                fan_in = s.shape[1..].iter().product();
+            }
+            let bound = 1.0 / (fan_in as f64).sqrt();
+            let v: Vec<f64> = if self.zero_last && j >= last_layer_start {
+                vec![0.0; s.numel()]
+            } else {
+                (0..s.numel()).map(|_| rng.gen_range(-bound..bound)).collect()
+            };
+            data.push(v);
+        }
+        Params { specs, data }
+    }
+
+    /// Checks that `params` has exactly this architecture's names and shapes.
+    pub fn check_params(&self, params: &Params) -> Result<()> {
+        let specs = self.param_specs();
+        if specs.len() != params.specs.len() {
+            return Err(Error::Data(format!(
+                "expected {} parameter tensors, got {}",
+                specs.len(),
+                params.specs.len()
+            )));
+        }
+        for (a, b) in specs.iter().zip(&params.specs) {
+            if a != b {
+                return Err(Error::Data(format!(
+                    "parameter mismatch: expected {} {:?}, got {} {:?}",
+                    a.name, a.shape, b.name, b.shape
+                )));
+            }
+        }
+        for (s, d) in params.specs.iter().zip(&params.data) {
+            if d.len() != s.numel() {
+                return Err(Error::ShapeMismatch { what: s.name.clone(), expected: vec![s.numel()], got: vec![d.len()] });
+            }
+        }
+        Ok(())
+    }
+
+    /// Raw network outputs `g_w(x)` (before α, zero-output and the output map), plain Rust.
+    ///
+    /// # Shapes
+    /// `x` is `[n, d]`; returns `[n, K]`.
+    pub fn raw_forward(&self, params: &Params, x: &[f64]) -> Vec<f64> {
+        let d = self.input_dim();
+        let n = x.len() / d;
+        match &self.body {
+            Body::Mlp { widths } => {
+                let mut a = x.to_vec();
+                let layers = widths.len() - 1;
+                let mut j = 0;
+                for l in 0..layers {
+                    let (ni, no) = (widths[l], widths[l + 1]);
+                    let w = &params.data[j];
+                    j += 1;
+                    let b = if self.bias {
+                        j += 1;
+                        Some(&params.data[j - 1])
+                    } else {
+                        None
+                    };
+                    let mut z = vec![0.0; n * no];
+                    for r in 0..n {
+                        let ar = &a[r * ni..(r + 1) * ni];
+                        for o in 0..no {
+                            let wo = &w[o * ni..(o + 1) * ni];
+                            let mut acc = b.map_or(0.0, |b| b[o]);
+                            for i in 0..ni {
+                                acc += wo[i] * ar[i];
+                            }
+                            z[r * no + o] = if l + 1 < layers { self.activation.apply(acc) } else { acc };
+                        }
+                    }
+                    a = z;
+                }
+                a
+            }
+            Body::Cnn { image, channels, kernel, stride, padding, pool, outputs } => {
+                let g = self.cnn_geometry().expect("validated");
+                let cw = params.get("conv.weight").expect("checked params");
+                let zero_b = vec![0.0; *channels];
+                let cb = params.get("conv.bias").unwrap_or(&zero_b);
+                let (c, _) = conv::conv2d_direct(
+                    x,
+                    [n, image[0], image[1], image[2]],
+                    cw,
+                    [*channels, image[0], *kernel, *kernel],
+                    cb,
+                    *stride,
+                    *padding,
+                );
+                let c: Vec<f64> = c.into_iter().map(|v| self.activation.apply(v)).collect();
+                let (p, _) = conv::max_pool2d_direct(&c, [n, *channels, g.ho, g.wo], *pool);
+                let dw = params.get("dense.weight").expect("checked params");
+                let zero_o = vec![0.0; *outputs];
+                let db = params.get("dense.bias").unwrap_or(&zero_o);
+                let fdim = channels * g.hp * g.wp;
+                let mut out = vec![0.0; n * outputs];
+                for r in 0..n {
+                    for o in 0..*outputs {
+                        let mut acc = db[o];
+                        for i in 0..fdim {
+                            acc += dw[o * fdim + i] * p[r * fdim + i];
+                        }
+                        out[r * outputs + o] = acc;
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// The network function `f(x) = out(α (g_w(x) − [zero_output] g_{w_0}(x)))`, plain Rust.
+    /// `init` (the step-0 parameters) is required when `zero_output` is set.
+    ///
+    /// # Shapes
+    /// `x` is `[n, d]`; returns `[n, K]`.
+    pub fn forward(&self, params: &Params, init: Option<&Params>, x: &[f64]) -> Result<Vec<f64>> {
+        self.check_params(params)?;
+        if x.len() % self.input_dim() != 0 {
+            return Err(Error::ShapeMismatch {
+                what: "input rows".into(),
+                expected: vec![self.input_dim()],
+                got: vec![x.len()],
+            });
+        }
+        let mut z = self.raw_forward(params, x);
+        if self.zero_output {
+            let init = init.ok_or_else(|| Error::Data("zero_output needs the initial parameters".into()))?;
+            let z0 = self.raw_forward(init, x);
+            for (a, b) in z.iter_mut().zip(&z0) {
+                *a -= b;
+            }
+        }
+        for v in z.iter_mut() {
+            *v *= self.alpha;
+        }
+        if self.output == OutputKind::LogSoftmax {
+            log_softmax_rows(&mut z, self.outputs());
+        }
+        Ok(z)
+    }
+}
+
+/// In-place row-wise log-softmax (max-shifted).
+///
+/// # Shapes
+/// `z` is `[n, k]`.
+pub fn log_softmax_rows(z: &mut [f64], k: usize) {
+    for row in z.chunks_mut(k) {
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        let lse = m + s.ln();
+        for v in row.iter_mut() {
+            *v -= lse;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mlp(hidden: Vec<usize>, zero_last: bool) -> Architecture {
+        ModelConfig::Mlp { hidden, activation: Activation::Relu, bias: true, zero_last, alpha: 1.0, zero_output: false }
+            .resolve(3, None, 2, OutputKind::LogSoftmax)
+            .unwrap()
+    }
+
+    #[test]
+    fn specs_and_flat_round_trip() {
+        let a = mlp(vec![4, 5], false);
+        let p = a.init(1);
+        let names: Vec<_> = p.specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias", "layers.2.weight", "layers.2.bias"]);
+        assert_eq!(p.specs[2].shape, vec![5, 4]);
+        assert_eq!(p.numel(), 3 * 4 + 4 + 4 * 5 + 5 + 5 * 2 + 2);
+        let q = Params::from_flat(p.specs.clone(), &p.flat()).unwrap();
+        assert_eq!(p, q);
+        assert!(Params::from_flat(p.specs.clone(), &[1.0]).is_err());
+    }
+
+    #[test]
+    fn zero_last_gives_constant_log_uniform_output() {
+        let a = mlp(vec![7], true);
+        let p = a.init(3);
+        let x = [0.3, -1.0, 2.0, 5.0, 1.0, -2.0];
+        let f = a.forward(&p, None, &x).unwrap();
+        for v in f {
+            assert!((v - (0.5f64).ln()).abs() < 1e-15);
+        }
+        let a2 = mlp(vec![7], false);
+        let f2 = a2.forward(&a2.init(3), None, &x).unwrap();
+        assert!((f2[0] - f2[2]).abs() > 1e-6);
+    }
+
+    #[test]
+    fn zero_output_and_alpha() {
+        let mut a = mlp(vec![6], false);
+        a.zero_output = true;
+        a.alpha = 3.0;
+        a.output = OutputKind::Identity;
+        let p0 = a.init(5);
+        let x = [0.3, -1.0, 2.0];
+        assert!(a.forward(&p0, None, &x).is_err());
+        let f0 = a.forward(&p0, Some(&p0), &x).unwrap();
+        assert!(f0.iter().all(|v| *v == 0.0));
+        let mut p1 = p0.clone();
+        p1.data[3][0] += 0.5; // last bias, output 0
+        let g0 = a.raw_forward(&p0, &x);
+        let g1 = a.raw_forward(&p1, &x);
+        let f1 = a.forward(&p1, Some(&p0), &x).unwrap();
+        assert!((f1[0] - 3.0 * (g1[0] - g0[0])).abs() < 1e-14);
+        assert!((g1[0] - g0[0]).abs() > 1e-6);
+    }
+
+    #[test]
+    fn invalid_configs() {
+        let bad = ModelConfig::Mlp { hidden: vec![3, 0], activation: Activation::Tanh, bias: true, zero_last: true, alpha: 1.0, zero_output: false };
+        assert!(bad.validate().unwrap_err().to_string().contains("hidden[1]"));
+        let cnn = ModelConfig::Cnn { channels: 4, kernel: 5, stride: 1, padding: 0, pool: 2, activation: Activation::Relu, bias: true, zero_last: true, alpha: 1.0, zero_output: false };
+        assert!(cnn.resolve(784, None, 10, OutputKind::LogSoftmax).is_err());
+        let arch = cnn.resolve(784, Some([1, 28, 28]), 10, OutputKind::LogSoftmax).unwrap();
+        let specs = arch.param_specs();
+        assert_eq!(specs[2].shape, vec![10, 4 * 12 * 12]);
+        let cnn3 = ModelConfig::Cnn { channels: 4, kernel: 4, stride: 1, padding: 0, pool: 2, activation: Activation::Relu, bias: true, zero_last: true, alpha: 1.0, zero_output: false };
+        assert!(cnn3.resolve(784, Some([1, 28, 28]), 10, OutputKind::LogSoftmax).unwrap_err().to_string().contains("pool"));
+    }
+}

@@ -1,0 +1,418 @@
+//! Training with a recorded trajectory.
+//!
+//! Full-batch gradient descent (forward Euler, the EPK paper's setting) on the mean loss
+//! `L(w) = (1/M) Σ_i ℓ(f_w(x_i), y_i)`: cross-entropy on the log-softmax output for
+//! classification, MSE for regression. Every state `w_0 … w_N` is written to the run directory
+//! (see [`crate::trajectory`]). Gradients come from dfdx; the update is done in f64 on the host.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::{DataConfig, Dataset, Targets};
+use crate::error::{Error, Result};
+use crate::io::{Column, Table};
+use crate::model::net::{LossKind, Objective};
+use crate::model::{Architecture, ModelConfig, OutputKind, Params};
+use crate::trajectory::{self, DatasetInfo, Manifest, OptimizerRecord, Writer};
+
+/// Where dfdx runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// The CPU backend.
+    #[default]
+    Cpu,
+    /// dfdx's CUDA backend (needs the `cuda` cargo feature and a GPU).
+    Cuda,
+}
+
+/// Optimizer choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerKind {
+    /// Full-batch gradient descent with a fixed learning rate.
+    #[default]
+    Gd,
+}
+
+/// The `[train]` section of a run configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer (default `gd`).
+    #[serde(default)]
+    pub optimizer: OptimizerKind,
+    /// Learning rate ε > 0.
+    pub lr: f64,
+    /// Number of updates N (states w_0 … w_N are recorded).
+    pub steps: usize,
+    /// Initialisation seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Loss; default cross-entropy for classification data, MSE for regression data.
+    #[serde(default)]
+    pub loss: Option<LossKind>,
+    /// Device for dfdx (default `cpu`).
+    #[serde(default)]
+    pub device: DeviceKind,
+}
+
+/// A whole run configuration: the TOML file given to `pathkernel train`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// `[data]`
+    #[serde(default)]
+    pub data: DataConfig,
+    /// `[model]`
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// `[train]`
+    pub train: TrainConfig,
+}
+
+impl RunConfig {
+    /// Parses a TOML configuration (unknown keys and wrong types are errors) and validates it.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
+        let cfg: RunConfig = toml::from_str(text).map_err(|e| {
+            Error::format(origin, e.message().replace('\n', " ").trim().to_string() + &span_hint(text, e.span()))
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and parses a TOML configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Checks every value.
+    pub fn validate(&self) -> Result<()> {
+        self.data.validate()?;
+        self.model.validate()?;
+        let t = &self.train;
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return Err(Error::Config(format!("train.lr = {}; it must be a finite number > 0", t.lr)));
+        }
+        if t.steps == 0 {
+            return Err(Error::Config("train.steps = 0; at least one step is needed".into()));
+        }
+        Ok(())
+    }
+
+    /// A stable identifier of this configuration (FNV-1a of its canonical JSON).
+    pub fn run_id(&self) -> String {
+        let json = serde_json::to_string(self).expect("config serialises");
+        format!("{:016x}", fnv1a(json.as_bytes()))
+    }
+}
+
+fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(r) => {
+            let start = r.start.min(text.len());
+            let line = text[..start].matches('\n').count() + 1;
+            let src = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!(" (line {line}: `{src}`)")
+        }
+        None => String::new(),
+    }
+}
+
+/// 64-bit FNV-1a hash.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Options of a training run that do not change its result.
+#[derive(Clone, Debug, Default)]
+pub struct TrainOptions {
+    /// Show a progress bar (only drawn when stderr is a terminal).
+    pub progress: bool,
+    /// Replace an existing run directory (only once the new run is complete).
+    pub force: bool,
+    /// Directory relative paths in the config (e.g. MNIST's) are resolved against.
+    pub base_dir: PathBuf,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Updates N.
+    pub steps: usize,
+    /// Parameters W.
+    pub num_params: usize,
+    /// Loss at w_0.
+    pub initial_loss: f64,
+    /// Loss at w_N.
+    pub final_loss: f64,
+    /// Training accuracy at w_N (classification).
+    pub train_accuracy: Option<f64>,
+    /// Held-out accuracy at w_N (classification).
+    pub test_accuracy: Option<f64>,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for TrainSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "trained {} steps, {} parameters: loss {:.6} -> {:.6}", self.steps, self.num_params, self.initial_loss, self.final_loss)?;
+        if let Some(a) = self.train_accuracy {
+            write!(f, ", train accuracy {:.2}%", 100.0 * a)?;
+        }
+        if let Some(a) = self.test_accuracy {
+            write!(f, ", test accuracy {:.2}%", 100.0 * a)?;
+        }
+        write!(f, " ({:.1} s) -> {}", self.seconds, self.dir.display())
+    }
+}
+
+/// Fraction of rows whose arg-max output equals the label.
+///
+/// # Shapes
+/// `outputs` is `[n, K]`, `labels` `[n]`.
+pub fn accuracy(outputs: &[f64], labels: &[usize], k: usize) -> f64 {
+    let correct = outputs
+        .chunks(k)
+        .zip(labels)
+        .filter(|(row, &y)| {
+            let mut best = 0;
+            for j in 1..k {
+                if row[j] > row[best] {
+                    best = j;
+                }
+            }
+            best == y
+        })
+        .count();
+    correct as f64 / labels.len().max(1) as f64
+}
+
+/// Resolves loss and architecture for a dataset.
+pub fn resolve(cfg: &RunConfig, data: &Dataset) -> Result<(LossKind, Architecture)> {
+    let loss = match (cfg.train.loss, &data.y_train) {
+        (Some(LossKind::CrossEntropy), Targets::Values(_)) => {
+            return Err(Error::Config("train.loss = \"cross-entropy\" needs a classification dataset".into()))
+        }
+        (Some(LossKind::Mse), Targets::Labels(_)) => {
+            return Err(Error::Config("train.loss = \"mse\" needs a regression dataset (targets, not labels)".into()))
+        }
+        (Some(l), _) => l,
+        (None, Targets::Labels(_)) => LossKind::CrossEntropy,
+        (None, Targets::Values(_)) => LossKind::Mse,
+    };
+    let output = match loss {
+        LossKind::CrossEntropy => OutputKind::LogSoftmax,
+        LossKind::Mse => OutputKind::Identity,
+    };
+    let arch = cfg.model.resolve(data.dim, data.image_shape, data.num_outputs, output)?;
+    Ok((loss, arch))
+}
+
+/// Trains as configured and records the trajectory into `out`.
+///
+/// The run is written into `OUT.partial` and renamed to `out` only when complete, so `out`
+/// never holds a half-recorded run. An existing non-empty `out` is an error unless
+/// `opts.force`, in which case it is replaced after the new run completed.
+pub fn train_to_dir(cfg: &RunConfig, out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+    cfg.validate()?;
+    if out.exists() && !opts.force {
+        let empty = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !empty {
+            return Err(Error::Config(format!("{} already exists; choose another --out or pass --force", out.display())));
+        }
+    }
+    let data = cfg.data.load(&opts.base_dir)?;
+    let (loss, arch) = resolve(cfg, &data)?;
+    let partial = partial_dir(out);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
+    }
+    let result = match cfg.train.device {
+        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), cfg, &data, loss, &arch, &partial, opts),
+        DeviceKind::Cuda => cuda_record(cfg, &data, loss, &arch, &partial, opts),
+    };
+    let mut summary = match result {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing half-written is left where a later load could mistake it for a run.
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+    };
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
+    }
+    std::fs::rename(&partial, out).map_err(|e| Error::io(out, e))?;
+    summary.dir = out.to_path_buf();
+    Ok(summary)
+}
+
+/// The staging directory of a run being recorded.
+pub fn partial_dir(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_record(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, dir: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+    let dev = dfdx::tensor::Cuda::try_build(0, cfg.train.seed).map_err(|e| Error::Backend(format!("CUDA device 0: {e:?}")))?;
+    record(dev, cfg, data, loss, arch, dir, opts)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_record(_: &RunConfig, _: &Dataset, _: LossKind, _: &Architecture, _: &Path, _: &TrainOptions) -> Result<TrainSummary> {
+    Err(Error::Config("train.device = \"cuda\" but this build has no CUDA support (rebuild with --features cuda)".into()))
+}
+
+fn record<D: dfdx::tensor_ops::Device<f64>>(
+    dev: D,
+    cfg: &RunConfig,
+    data: &Dataset,
+    loss: LossKind,
+    arch: &Architecture,
+    dir: &Path,
+    opts: &TrainOptions,
+) -> Result<TrainSummary> {
+    let start = Instant::now();
+    let n = cfg.train.steps;
+    let lr = cfg.train.lr;
+    let k = data.num_outputs;
+    let init = arch.init(cfg.train.seed);
+    let manifest = Manifest {
+        format: trajectory::FORMAT.into(),
+        version: trajectory::VERSION,
+        run_id: cfg.run_id(),
+        architecture: arch.clone(),
+        loss,
+        optimizer: OptimizerRecord::Gd { lr },
+        learning_rates: vec![lr; n],
+        seed: cfg.train.seed,
+        steps: n,
+        params: init.specs.clone(),
+        num_params: init.numel(),
+        dataset: DatasetInfo {
+            name: data.name.clone(),
+            description: data.description.clone(),
+            dim: data.dim,
+            image_shape: data.image_shape,
+            num_outputs: k,
+            n_train: data.n_train(),
+            n_test: data.n_test(),
+            task: if data.is_classification() { "classification".into() } else { "regression".into() },
+        },
+        config: serde_json::to_value(cfg).expect("config serialises"),
+        created_by: format!("pathkernel {}", env!("CARGO_PKG_VERSION")),
+    };
+    let writer = Writer::create(dir, manifest, data)?;
+    let (labels, values) = match &data.y_train {
+        Targets::Labels(y) => (Some(y.as_slice()), None),
+        Targets::Values(v) => (None, Some(v.as_slice())),
+    };
+    let test_labels = match &data.y_test {
+        Targets::Labels(y) => Some(y.as_slice()),
+        Targets::Values(_) => None,
+    };
+    let objective = Objective::new(dev, arch, &data.x_train, labels, values, loss, Some(&init))?;
+    let bar = if opts.progress && std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new(n as u64 + 1);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("train {bar:40} {pos}/{len} steps  loss {msg}  [{elapsed} < {eta}]")
+                .expect("valid template"),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut log = TrainLog::default();
+    let mut params: Params = init.clone();
+    let mut first_loss = f64::NAN;
+    let mut last = (f64::NAN, None, None);
+    for s in 0..=n {
+        let lg = objective.evaluate(&params);
+        if !lg.loss.is_finite() {
+            return Err(Error::Diverged { step: s, loss: lg.loss, what: "non-finite loss".into() });
+        }
+        if let Some(name) = lg.grad.first_non_finite() {
+            return Err(Error::Diverged { step: s, loss: lg.loss, what: format!("non-finite gradient in {name}") });
+        }
+        writer.write_step(s, &params)?;
+        let acc = labels.map(|y| accuracy(&lg.outputs, y, k));
+        let test_acc = match test_labels {
+            Some(y) if !y.is_empty() => Some(accuracy(&arch.forward(&params, Some(&init), &data.x_test)?, y, k)),
+            _ => None,
+        };
+        log.push(s, lg.loss, acc, test_acc, lg.grad.norm(), params.norm());
+        if s == 0 {
+            first_loss = lg.loss;
+        }
+        last = (lg.loss, acc, test_acc);
+        bar.set_message(format!("{:.5}", lg.loss));
+        bar.inc(1);
+        if s == n {
+            break;
+        }
+        for (w, g) in params.data.iter_mut().zip(&lg.grad.data) {
+            for (wi, gi) in w.iter_mut().zip(g) {
+                *wi -= lr * gi;
+            }
+        }
+        if let Some(name) = params.first_non_finite() {
+            return Err(Error::Diverged { step: s + 1, loss: lg.loss, what: format!("non-finite weight in {name}") });
+        }
+    }
+    bar.finish_and_clear();
+    log.table().write_parquet(&dir.join("train_log.parquet"))?;
+    Ok(TrainSummary {
+        dir: dir.to_path_buf(),
+        steps: n,
+        num_params: init.numel(),
+        initial_loss: first_loss,
+        final_loss: last.0,
+        train_accuracy: last.1,
+        test_accuracy: last.2,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+#[derive(Default)]
+struct TrainLog {
+    step: Vec<i64>,
+    loss: Vec<f64>,
+    acc: Vec<f64>,
+    test_acc: Vec<f64>,
+    grad_norm: Vec<f64>,
+    weight_norm: Vec<f64>,
+}
+
+impl TrainLog {
+    fn push(&mut self, s: usize, loss: f64, acc: Option<f64>, test_acc: Option<f64>, g: f64, w: f64) {
+        self.step.push(s as i64);
+        self.loss.push(loss);
+        self.acc.push(acc.unwrap_or(f64::NAN));
+        self.test_acc.push(test_acc.unwrap_or(f64::NAN));
+        self.grad_norm.push(g);
+        self.weight_norm.push(w);
+    }
+    fn table(self) -> Table {
+        Table::new()
+            .with("step", Column::I64(self.step))
+            .with("loss", Column::F64(self.loss))
+            .with("accuracy", Column::F64(self.acc))
+            .with("test_accuracy", Column::F64(self.test_acc))
+            .with("grad_norm", Column::F64(self.grad_norm))
+            .with("weight_norm", Column::F64(self.weight_norm))
+    }
+}

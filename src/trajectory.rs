@@ -1,0 +1,294 @@
+//! The recorded training path on disk — an interchange format Python reads with `safetensors`.
+//!
+//! ```text
+//! DIR/manifest.json                       format, version, run id, architecture, loss, optimizer,
+//!                                         learning rate per step, seed, steps N, parameter names
+//!                                         and shapes, dataset description, the full config
+//! DIR/dataset.safetensors                 x_train [M,d] f64, y_train [M] i64 (or [M,K] f64),
+//!                                         x_test [P,d] f64, y_test [P] i64 (or [P,K] f64)
+//! DIR/trajectory/step-000000.safetensors  w_0 … w_N, one file per state, f64 tensors named as in
+//!                                         the manifest (dense weights [out, in]); metadata holds
+//!                                         the run id and the step number
+//! DIR/train_log.parquet                   step, loss, accuracy, test_accuracy, grad_norm, weight_norm
+//! ```
+//! All files are written atomically; [`Run::open`] validates everything and reports the first
+//! problem precisely (missing or garbled step, wrong names, shapes, dtypes, a step file from
+//! another run).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::{Dataset, Targets};
+use crate::error::{Error, Result};
+use crate::io::{self, NamedArray, SafeFile};
+use crate::model::net::LossKind;
+use crate::model::{Architecture, ParamSpec, Params};
+
+/// Format name written into every manifest.
+pub const FORMAT: &str = "pathkernel-trajectory";
+/// Current format version.
+pub const VERSION: u32 = 1;
+
+/// Description of the dataset stored beside the trajectory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetInfo {
+    /// Dataset name.
+    pub name: String,
+    /// One-line description with all generation parameters.
+    pub description: String,
+    /// Features per row.
+    pub dim: usize,
+    /// `[C, H, W]` for images.
+    pub image_shape: Option<[usize; 3]>,
+    /// Classes or regression outputs K.
+    pub num_outputs: usize,
+    /// Training rows M.
+    pub n_train: usize,
+    /// Test rows P.
+    pub n_test: usize,
+    /// `classification` or `regression`.
+    pub task: String,
+}
+
+/// The optimizer as recorded in the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum OptimizerRecord {
+    /// Full-batch gradient descent (forward Euler): `w_{s+1} = w_s − ε_s ∇L(w_s)`.
+    Gd {
+        /// Base learning rate ε.
+        lr: f64,
+    },
+}
+
+/// `DIR/manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Format version.
+    pub version: u32,
+    /// Identifier shared by every file of this run (a hash of the configuration).
+    pub run_id: String,
+    /// Network architecture.
+    pub architecture: Architecture,
+    /// Training loss (mean over the training set).
+    pub loss: LossKind,
+    /// Optimizer and its hyper-parameters.
+    pub optimizer: OptimizerRecord,
+    /// ε_s for every update s = 0 … N−1.
+    pub learning_rates: Vec<f64>,
+    /// Initialisation seed.
+    pub seed: u64,
+    /// Number of updates N; states w_0 … w_N are stored.
+    pub steps: usize,
+    /// Parameter names and shapes, in order.
+    pub params: Vec<ParamSpec>,
+    /// Total parameter count W.
+    pub num_params: usize,
+    /// The dataset.
+    pub dataset: DatasetInfo,
+    /// The configuration that produced the run (as JSON).
+    pub config: serde_json::Value,
+    /// Writer version.
+    pub created_by: String,
+}
+
+/// Path of step file `s` inside a run directory.
+pub fn step_path(dir: &Path, s: usize) -> PathBuf {
+    dir.join("trajectory").join(format!("step-{s:06}.safetensors"))
+}
+
+/// Writes a run directory incrementally: manifest and dataset first, then one file per state.
+pub struct Writer {
+    dir: PathBuf,
+    manifest: Manifest,
+}
+
+impl Writer {
+    /// Creates `dir` (and `dir/trajectory`), writing the manifest and the dataset.
+    pub fn create(dir: &Path, manifest: Manifest, data: &Dataset) -> Result<Self> {
+        io::create_dir_all(&dir.join("trajectory"))?;
+        io::write_json(&dir.join("manifest.json"), &manifest)?;
+        write_dataset(&dir.join("dataset.safetensors"), data, &manifest.run_id)?;
+        Ok(Writer { dir: dir.to_path_buf(), manifest })
+    }
+
+    /// Writes state `w_s`.
+    pub fn write_step(&self, s: usize, params: &Params) -> Result<()> {
+        if params.specs != self.manifest.params {
+            return Err(Error::Data("parameters do not match the manifest".into()));
+        }
+        let arrays: Vec<NamedArray> = params
+            .specs
+            .iter()
+            .zip(&params.data)
+            .map(|(sp, d)| NamedArray::f64(sp.name.clone(), sp.shape.clone(), d.clone()))
+            .collect();
+        let mut meta = HashMap::new();
+        meta.insert("run_id".to_string(), self.manifest.run_id.clone());
+        meta.insert("step".to_string(), s.to_string());
+        io::write_safetensors(&step_path(&self.dir, s), &arrays, Some(meta))
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn targets_array(name: &str, t: &Targets, n: usize, k: usize) -> NamedArray {
+    match t {
+        Targets::Labels(v) => NamedArray::i64(name, vec![n], v.iter().map(|&c| c as i64).collect()),
+        Targets::Values(v) => NamedArray::f64(name, vec![n, k], v.clone()),
+    }
+}
+
+/// Writes `dataset.safetensors` (see the module docs for names and shapes).
+pub fn write_dataset(path: &Path, data: &Dataset, run_id: &str) -> Result<()> {
+    let (m, p, d, k) = (data.n_train(), data.n_test(), data.dim, data.num_outputs);
+    let arrays = vec![
+        NamedArray::f64("x_train", vec![m, d], data.x_train.clone()),
+        targets_array("y_train", &data.y_train, m, k),
+        NamedArray::f64("x_test", vec![p, d], data.x_test.clone()),
+        targets_array("y_test", &data.y_test, p, k),
+    ];
+    let mut meta = HashMap::new();
+    meta.insert("run_id".to_string(), run_id.to_string());
+    meta.insert("name".to_string(), data.name.clone());
+    io::write_safetensors(path, &arrays, Some(meta))
+}
+
+/// A validated run directory.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its dataset.
+    pub dataset: Dataset,
+}
+
+impl Run {
+    /// Opens and validates a run: manifest (format, version, consistency), dataset (names,
+    /// shapes, dtypes), and every step file 0…N (present, parseable, same run id, step number,
+    /// names, shapes, dtypes, finite values). Reports the first problem found.
+    pub fn open(dir: &Path) -> Result<Run> {
+        let mpath = dir.join("manifest.json");
+        if !dir.is_dir() {
+            return Err(Error::trajectory(dir, "not a directory (expected a run written by `pathkernel train`)"));
+        }
+        let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| Error::format(&mpath, format!("invalid manifest: {e}")))?;
+        if manifest.format != FORMAT {
+            return Err(Error::format(&mpath, format!("format is `{}`, expected `{FORMAT}`", manifest.format)));
+        }
+        if manifest.version != VERSION {
+            return Err(Error::format(&mpath, format!("format version {} is not supported (this build reads {VERSION})", manifest.version)));
+        }
+        if manifest.architecture.param_specs() != manifest.params {
+            return Err(Error::format(&mpath, "parameter list does not match the architecture"));
+        }
+        let w: usize = manifest.params.iter().map(ParamSpec::numel).sum();
+        if w != manifest.num_params {
+            return Err(Error::format(&mpath, format!("num_params is {} but the parameter shapes sum to {w}", manifest.num_params)));
+        }
+        if manifest.learning_rates.len() != manifest.steps {
+            return Err(Error::format(&mpath, format!("{} learning rates for {} steps", manifest.learning_rates.len(), manifest.steps)));
+        }
+        let dataset = read_dataset(&dir.join("dataset.safetensors"), &manifest)?;
+        let run = Run { dir: dir.to_path_buf(), manifest, dataset };
+        for s in 0..=run.manifest.steps {
+            run.load_step(s)?;
+        }
+        let extra = step_path(dir, run.manifest.steps + 1);
+        if extra.exists() {
+            return Err(Error::trajectory(&extra, format!("step file beyond the manifest's {} steps", run.manifest.steps)));
+        }
+        Ok(run)
+    }
+
+    /// Loads and validates state `w_s`.
+    pub fn load_step(&self, s: usize) -> Result<Params> {
+        if s > self.manifest.steps {
+            return Err(Error::trajectory(&self.dir, format!("step {s} is beyond the last step {}", self.manifest.steps)));
+        }
+        let path = step_path(&self.dir, s);
+        if !path.exists() {
+            return Err(Error::trajectory(&path, format!("missing step file for step {s} of {}", self.manifest.steps)));
+        }
+        let f = SafeFile::open(&path)?;
+        let meta = f.metadata();
+        match meta.get("run_id") {
+            Some(id) if *id == self.manifest.run_id => {}
+            Some(id) => {
+                return Err(Error::trajectory(&path, format!("belongs to run {id}, not to this run {}", self.manifest.run_id)));
+            }
+            None => return Err(Error::trajectory(&path, "has no run_id metadata")),
+        }
+        if meta.get("step").map(String::as_str) != Some(s.to_string().as_str()) {
+            return Err(Error::trajectory(&path, format!("metadata says step {:?}, expected {s}", meta.get("step"))));
+        }
+        let expected: Vec<String> = {
+            let mut v: Vec<String> = self.manifest.params.iter().map(|p| p.name.clone()).collect();
+            v.sort();
+            v
+        };
+        if f.names() != expected {
+            return Err(Error::trajectory(&path, format!("tensor names {:?} differ from the manifest's {:?}", f.names(), expected)));
+        }
+        let mut data = Vec::with_capacity(self.manifest.params.len());
+        for sp in &self.manifest.params {
+            let (_, v) = f.f64(&sp.name, Some(&sp.shape))?;
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(Error::trajectory(&path, format!("tensor {} has a non-finite value at index {i}", sp.name)));
+            }
+            data.push(v);
+        }
+        Ok(Params { specs: self.manifest.params.clone(), data })
+    }
+
+    /// Loads all states `w_0 … w_N`.
+    pub fn load_all(&self) -> Result<Vec<Params>> {
+        (0..=self.manifest.steps).map(|s| self.load_step(s)).collect()
+    }
+}
+
+fn read_targets(f: &SafeFile, name: &str, n: usize, k: usize, task: &str) -> Result<Targets> {
+    if task == "classification" {
+        let (_, v) = f.i64(name, Some(&[n]))?;
+        let mut out = Vec::with_capacity(n);
+        for (i, c) in v.into_iter().enumerate() {
+            if c < 0 || c as usize >= k {
+                return Err(Error::Data(format!("{name}[{i}] = {c} is not a class in 0..{k}")));
+            }
+            out.push(c as usize);
+        }
+        Ok(Targets::Labels(out))
+    } else {
+        Ok(Targets::Values(f.f64(name, Some(&[n, k]))?.1))
+    }
+}
+
+/// Reads `dataset.safetensors` against the manifest's description.
+pub fn read_dataset(path: &Path, manifest: &Manifest) -> Result<Dataset> {
+    let f = SafeFile::open(path)?;
+    if f.metadata().get("run_id") != Some(&manifest.run_id) {
+        return Err(Error::trajectory(path, "dataset belongs to a different run"));
+    }
+    let info = &manifest.dataset;
+    let (m, p, d, k) = (info.n_train, info.n_test, info.dim, info.num_outputs);
+    let x_train = f.f64("x_train", Some(&[m, d]))?.1;
+    let x_test = f.f64("x_test", Some(&[p, d]))?.1;
+    let y_train = read_targets(&f, "y_train", m, k, &info.task)?;
+    let y_test = read_targets(&f, "y_test", p, k, &info.task)?;
+    let mut ds = Dataset::from_arrays(info.name.clone(), info.description.clone(), d, k, x_train, y_train, x_test, y_test)
+        .map_err(|e| Error::trajectory(path, e.to_string()))?;
+    ds.image_shape = info.image_shape;
+    Ok(ds)
+}

@@ -1,0 +1,243 @@
+//! Kernel engine: fast structured path vs generic autodiff, finite differences, symmetry/PSD,
+//! exactness of the kernel machine, quadrature convergence, and an independent NTK.
+
+mod common;
+
+use common::*;
+use pathkernel::kernel::{self, generic, KernelKind, KernelOutput, KernelRequest, Points, PointsSpec, Rule, Side};
+use pathkernel::model::Params;
+use pathkernel::trajectory::Run;
+
+fn compute(run: &Run, kind: KernelKind, rule: Rule, side: Side, points: PointsSpec) -> KernelOutput {
+    let states = run.load_all().unwrap();
+    let pts = points.resolve(&run.dataset).unwrap();
+    let req = KernelRequest { kind, rule, side, ntk_step: None, per_step: false };
+    kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap()
+}
+
+#[test]
+fn fast_gram_equals_generic_autodiff_gram() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, hidden, act) in [("d1", "[6]", "relu"), ("d2", "[5, 4]", "tanh"), ("d3", "[4, 5, 3]", "relu"), ("d0", "[]", "relu")] {
+        let run = train(dir.path(), name, &toy2d(hidden, act, 3, 0.5, 6, 4));
+        let states = run.load_all().unwrap();
+        let rule = Rule::Gauss(3);
+        let fast = compute(&run, KernelKind::Epk, rule, Side::Test, PointsSpec::Test);
+        let arch = &run.manifest.architecture;
+        let mut slow = vec![0.0; fast.gram.len()];
+        for s in 0..run.manifest.steps {
+            generic::step_gram(arch, &states[s], Some(&states[s + 1]), &states[0], &run.dataset.x_test, &rule.fixed_nodes().unwrap(), &run.dataset.x_train, &mut slow).unwrap();
+        }
+        let rel = max_abs_diff(&fast.gram, &slow) / max_abs(&slow);
+        assert!(rel <= 1e-12, "{name}: relative difference {rel:e}");
+        assert!(max_abs(&slow) > 1e-6, "{name}: trivial Gram");
+        // NTK and DPK too (t = 0 on both sides).
+        for kind in [KernelKind::Ntk, KernelKind::Dpk] {
+            let fast = compute(&run, kind, rule, Side::Test, PointsSpec::Train);
+            let mut slow = vec![0.0; fast.gram.len()];
+            let range: Vec<usize> = if kind == KernelKind::Ntk { vec![run.manifest.steps] } else { (0..run.manifest.steps).collect() };
+            for s in range {
+                generic::step_gram(arch, &states[s], None, &states[0], &run.dataset.x_train, &[(0.0, 1.0)], &run.dataset.x_train, &mut slow).unwrap();
+            }
+            let rel = max_abs_diff(&fast.gram, &slow) / max_abs(&slow);
+            assert!(rel <= 1e-12, "{name} {kind}: relative difference {rel:e}");
+        }
+    }
+}
+
+#[test]
+fn generic_gradient_equals_central_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, hidden, act) in [("relu", "[5, 4]", "relu"), ("tanh", "[6]", "tanh")] {
+        let run = train(dir.path(), name, &toy2d(hidden, act, 5, 0.5, 5, 3));
+        let arch = &run.manifest.architecture;
+        let w = run.load_step(run.manifest.steps).unwrap();
+        let x = &run.dataset.x_test[0..2];
+        let j = generic::jacobians(arch, &w, &run.load_step(0).unwrap(), x).unwrap();
+        let flat = w.flat();
+        let k = arch.outputs();
+        let h = 1e-6;
+        for widx in 0..flat.len() {
+            let mut plus = flat.clone();
+            let mut minus = flat.clone();
+            plus[widx] += h;
+            minus[widx] -= h;
+            let fp = arch.forward(&Params::from_flat(w.specs.clone(), &plus).unwrap(), None, x).unwrap();
+            let fm = arch.forward(&Params::from_flat(w.specs.clone(), &minus).unwrap(), None, x).unwrap();
+            for c in 0..k {
+                let fd = (fp[c] - fm[c]) / (2.0 * h);
+                let ad = j[c * flat.len() + widx];
+                assert!((fd - ad).abs() <= 1e-7 * (1.0 + ad.abs()), "{name} w{widx} class {c}: fd {fd} vs autodiff {ad}");
+            }
+        }
+    }
+}
+
+/// Smallest eigenvalue of a symmetric matrix by Jacobi rotations (test-only, small n).
+fn min_eigenvalue(mut a: Vec<f64>, n: usize) -> f64 {
+    for _sweep in 0..100 {
+        let mut off = 0.0;
+        for p in 0..n {
+            for q in p + 1..n {
+                off += a[p * n + q] * a[p * n + q];
+            }
+        }
+        if off < 1e-30 {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = a[p * n + q];
+                if apq.abs() < 1e-300 {
+                    continue;
+                }
+                let theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let t = if theta == 0.0 { 1.0 } else { t };
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for r in 0..n {
+                    let arp = a[r * n + p];
+                    let arq = a[r * n + q];
+                    a[r * n + p] = c * arp - s * arq;
+                    a[r * n + q] = s * arp + c * arq;
+                }
+                for r in 0..n {
+                    let apr = a[p * n + r];
+                    let aqr = a[q * n + r];
+                    a[p * n + r] = c * apr - s * aqr;
+                    a[q * n + r] = s * apr + c * aqr;
+                }
+            }
+        }
+    }
+    (0..n).map(|i| a[i * n + i]).fold(f64::INFINITY, f64::min)
+}
+
+#[test]
+fn epk_train_gram_is_symmetric_and_psd() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "sym", &toy2d("[8]", "relu", 20, 0.5, 8, 3));
+    let out = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Train, PointsSpec::Train);
+    let (m, k) = (out.m, out.k);
+    let n = m * k;
+    // As an (i,k) x (j,k') matrix.
+    let mut a = vec![0.0; n * n];
+    for i in 0..m {
+        for j in 0..m {
+            for kt in 0..k {
+                for ks in 0..k {
+                    a[(i * k + kt) * n + j * k + ks] = out.gram[((i * m + j) * k + kt) * k + ks];
+                }
+            }
+        }
+    }
+    let scale = max_abs(&a);
+    for r in 0..n {
+        for c in 0..n {
+            assert!((a[r * n + c] - a[c * n + r]).abs() <= 1e-12 * scale, "asymmetric at {r},{c}");
+        }
+    }
+    let lmin = min_eigenvalue(a, n);
+    assert!(lmin >= -1e-10 * scale, "smallest eigenvalue {lmin:e} (scale {scale:e})");
+    // The test-side EPK on the same points is not symmetric in general (Definition 3.4's asymmetry).
+    let test_side = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Train);
+    assert!(max_abs_diff(&test_side.gram, &out.gram) > 1e-8);
+}
+
+#[test]
+fn epk_kernel_machine_reproduces_the_network_on_the_2d_toy() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "exact", &toy2d("[16]", "relu", 60, 1.0, 20, 30));
+    let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+    assert!(epk.max_abs_error() <= 1e-11, "EPK auto:1e-12 error {:e}", epk.max_abs_error());
+    let single = epk.single_machine.as_ref().expect("cross-entropy: constant a_i");
+    assert!(max_abs_diff(single, &epk.network) <= 1e-11);
+    // The network actually moved, and the DPK does not reproduce it.
+    assert!(max_abs_diff(&epk.network, &epk.bias) > 0.5);
+    let dpk = compute(&run, KernelKind::Dpk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+    assert!(dpk.max_abs_error() > 1e3 * epk.max_abs_error().max(1e-14), "dpk {:e}", dpk.max_abs_error());
+    // Deeper and tanh networks too.
+    for (name, hidden, act) in [("deep", "[8, 6]", "relu"), ("tanh", "[8]", "tanh"), ("deep3", "[6, 5, 4]", "relu")] {
+        let run = train(dir.path(), name, &toy2d(hidden, act, 30, 1.0, 15, 20));
+        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+        assert!(epk.max_abs_error() <= 1e-11, "{name}: EPK auto:1e-12 error {:e}", epk.max_abs_error());
+    }
+}
+
+#[test]
+fn left_riemann_error_shrinks_as_one_over_t() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "riemann", &toy2d("[8]", "tanh", 10, 1.0, 10, 10));
+    let errs: Vec<f64> = [8, 16, 32, 64]
+        .iter()
+        .map(|&t| compute(&run, KernelKind::Epk, Rule::Left(t), Side::Test, PointsSpec::Test).max_abs_error())
+        .collect();
+    for w in errs.windows(2) {
+        let ratio = w[0] / w[1];
+        assert!((1.7..2.3).contains(&ratio), "errors {errs:?}: ratio {ratio}");
+    }
+}
+
+/// Closed-form gradients of a one-hidden-layer ReLU MLP with log-softmax output (no dfdx, no faer).
+fn closed_form_grad(w1: &[f64], b1: &[f64], w2: &[f64], b2: &[f64], d: usize, h: usize, k: usize, x: &[f64]) -> Vec<Vec<f64>> {
+    let z1: Vec<f64> = (0..h).map(|j| b1[j] + (0..d).map(|i| w1[j * d + i] * x[i]).sum::<f64>()).collect();
+    let a1: Vec<f64> = z1.iter().map(|v| v.max(0.0)).collect();
+    let z2: Vec<f64> = (0..k).map(|c| b2[c] + (0..h).map(|j| w2[c * h + j] * a1[j]).sum::<f64>()).collect();
+    let mx = z2.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z2.iter().map(|v| (v - mx).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let p: Vec<f64> = e.iter().map(|v| v / s).collect();
+    (0..k)
+        .map(|c| {
+            let g2: Vec<f64> = (0..k).map(|o| if o == c { 1.0 - p[o] } else { -p[o] }).collect();
+            let g1: Vec<f64> = (0..h).map(|j| if z1[j] > 0.0 { (0..k).map(|o| g2[o] * w2[o * h + j]).sum() } else { 0.0 }).collect();
+            let mut g = Vec::new();
+            for j in 0..h {
+                for i in 0..d {
+                    g.push(g1[j] * x[i]);
+                }
+            }
+            g.extend_from_slice(&g1);
+            for o in 0..k {
+                for j in 0..h {
+                    g.push(g2[o] * a1[j]);
+                }
+            }
+            g.extend_from_slice(&g2);
+            g
+        })
+        .collect()
+}
+
+#[test]
+fn ntk_matches_an_independent_closed_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "ntk", &toy2d("[7]", "relu", 15, 0.5, 6, 5));
+    let s = 9;
+    let states = run.load_all().unwrap();
+    let pts = Points { x: run.dataset.x_test.clone(), dim: 2 };
+    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(s), per_step: false };
+    let out = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let w = &states[s];
+    let (d, h, k) = (2, 7, 3);
+    let (w1, b1, w2, b2) = (&w.data[0], &w.data[1], &w.data[2], &w.data[3]);
+    let (p, m) = (out.p, out.m);
+    let mut worst: f64 = 0.0;
+    let mut scale: f64 = 0.0;
+    for pi in 0..p {
+        let gx = closed_form_grad(w1, b1, w2, b2, d, h, k, &run.dataset.x_test[pi * d..(pi + 1) * d]);
+        for i in 0..m {
+            let gi = closed_form_grad(w1, b1, w2, b2, d, h, k, &run.dataset.x_train[i * d..(i + 1) * d]);
+            for kt in 0..k {
+                for ks in 0..k {
+                    let v: f64 = gx[kt].iter().zip(&gi[ks]).map(|(a, b)| a * b).sum();
+                    worst = worst.max((v - out.gram[((pi * m + i) * k + kt) * k + ks]).abs());
+                    scale = scale.max(v.abs());
+                }
+            }
+        }
+    }
+    assert!(scale > 1e-3);
+    assert!(worst <= 1e-12 * scale, "NTK differs from closed form by {worst:e} (scale {scale:e})");
+}
