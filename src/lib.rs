@@ -6,6 +6,7 @@
 //! path kernel, the Exact Path Kernel and the kernel machine that reproduces the network.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod error;

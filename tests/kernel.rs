@@ -11,7 +11,7 @@ use pathkernel::trajectory::Run;
 fn compute(run: &Run, kind: KernelKind, rule: Rule, side: Side, points: PointsSpec) -> KernelOutput {
     let states = run.load_all().unwrap();
     let pts = points.resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind, rule, side, ntk_step: None, per_step: false };
+    let req = KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None };
     kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap()
 }
 
@@ -217,7 +217,7 @@ fn ntk_matches_an_independent_closed_form() {
     let s = 9;
     let states = run.load_all().unwrap();
     let pts = Points { x: run.dataset.x_test.clone(), dim: 2 };
-    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(s), per_step: false };
+    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(s), per_step: false, steps: None };
     let out = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
     let w = &states[s];
     let (d, h, k) = (2, 7, 3);

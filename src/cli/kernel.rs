@@ -37,6 +37,9 @@ pub struct Args {
     /// Side of the row points (EPK Definition 3.3): test (integrated) or train (t = 0).
     #[arg(long, default_value = "test", value_name = "SIDE")]
     side: String,
+    /// Sum only the steps A..B (A <= s < B); the machine then predicts f at w_B from f at w_A.
+    #[arg(long, value_name = "A:B")]
+    steps: Option<String>,
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
@@ -68,10 +71,11 @@ pub fn exec(a: Args) -> Result<()> {
         return Err(crate::Error::Config("--step only applies to --kind ntk".into()));
     }
     let budget = crate::io::parse_bytes(&a.memory)?;
+    let steps = a.steps.as_deref().map(kernel::parse_step_range).transpose()?;
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step };
+    let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step, steps };
     let staged = StagedDir::new(&a.out, a.force)?;
     let bar = if !a.quiet && std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(1);

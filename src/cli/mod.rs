@@ -2,6 +2,7 @@
 //!
 //! Every failure is printed as one line `error: …` on stderr with exit status 2.
 
+mod bench;
 mod kernel;
 mod train;
 
@@ -29,6 +30,8 @@ enum Command {
     Train(train::Args),
     /// Compute NTK, DPK, EPK, Chen or k' Grams of a recorded run and the kernel machine.
     Kernel(kernel::Args),
+    /// Time one NTK, EPK and DPK step of a recorded run (JSON lines).
+    Bench(bench::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -37,6 +40,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Train(a) => train::exec(a),
         Command::Kernel(a) => kernel::exec(a),
+        Command::Bench(a) => bench::exec(a),
     };
     match result {
         Ok(()) => 0,

@@ -239,6 +239,78 @@ impl MlpStep {
         Evals { rows: r, acts, deltas, f, jvp }
     }
 
+    /// Forward-mode evaluation: `f_{w_s(t)}(x)` and its exact t-derivative for rows `x`
+    /// (`[R, d]`) at times `t` (`[R]`), without any backward pass (cheap; used by the adaptive
+    /// quadrature to choose its nodes before the gradients are computed).
+    ///
+    /// # Shapes
+    /// returns `(f [R, K], df/dt [R, K])`.
+    pub fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        let r = t.len();
+        let k = self.k;
+        let nl = self.layers.len();
+        let mut a = x.to_vec();
+        let mut adot: Option<Vec<f64>> = None;
+        let mut zout = Vec::new();
+        let mut zdot_out = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (ni, no) = (layer.n_in, layer.n_out);
+            let mut z = vec![0.0; r * no];
+            let mut u = vec![0.0; r * no];
+            gemm_abt(&mut z, &a, &layer.w, r, no, ni, 1.0, false);
+            gemm_abt(&mut u, &a, &layer.dw, r, no, ni, 1.0, false);
+            // ż = ΔW a + Δb + (W + tΔW) ȧ
+            let mut zdot = vec![0.0; r * no];
+            if let Some(ad) = &adot {
+                let mut v = vec![0.0; r * no];
+                gemm_abt(&mut zdot, ad, &layer.w, r, no, ni, 1.0, false);
+                gemm_abt(&mut v, ad, &layer.dw, r, no, ni, 1.0, false);
+                for row in 0..r {
+                    for o in 0..no {
+                        zdot[row * no + o] += t[row] * v[row * no + o];
+                    }
+                }
+            }
+            for row in 0..r {
+                for o in 0..no {
+                    let idx = row * no + o;
+                    let ui = u[idx] + layer.db[o];
+                    z[idx] += layer.b[o] + t[row] * ui;
+                    zdot[idx] += ui;
+                }
+            }
+            if l + 1 < nl {
+                a = z.iter().map(|&v| self.activation.apply(v)).collect();
+                adot = Some(z.iter().zip(&zdot).map(|(&zv, &zd)| self.activation.derivative(zv) * zd).collect());
+            } else {
+                zout = z;
+                zdot_out = zdot;
+            }
+        }
+        let mut f = vec![0.0; r * k];
+        let mut fdot = vec![0.0; r * k];
+        for row in 0..r {
+            for c in 0..k {
+                let mut v = zout[row * k + c];
+                if let Some(off) = offset {
+                    v -= off[row * k + c];
+                }
+                f[row * k + c] = self.alpha * v;
+                fdot[row * k + c] = self.alpha * zdot_out[row * k + c];
+            }
+        }
+        if self.output == OutputKind::LogSoftmax {
+            crate::model::log_softmax_rows(&mut f, k);
+            for row in 0..r {
+                let mean: f64 = (0..k).map(|c| f[row * k + c].exp() * fdot[row * k + c]).sum();
+                for c in 0..k {
+                    fdot[row * k + c] -= mean;
+                }
+            }
+        }
+        (f, fdot)
+    }
+
     /// Kinks of the network along `t ∈ (a, b)` for input `x` (`[d]`): the times where some
     /// hidden ReLU pre-activation crosses zero. Within each piece between kinks every
     /// pre-activation of layer l is a polynomial of degree l+1 in t (computed exactly, layer by

@@ -35,7 +35,7 @@ use crate::model::net::LossKind;
 use crate::model::{Architecture, Body, Params};
 use crate::trajectory::Manifest;
 use eval::{Evals, MlpStep};
-use gram::{accumulate_layer, LayerFactors};
+use gram::{GramAccumulator, LayerFactors};
 pub use quadrature::Rule;
 
 /// Which kernel.
@@ -104,6 +104,9 @@ pub struct KernelRequest {
     pub ntk_step: Option<usize>,
     /// Keep every per-step Gram `K_s`.
     pub per_step: bool,
+    /// Sum only the steps `[A, B)` (default: all); the machine then predicts `f_{w_B}` from
+    /// the bias `f_{w_A}`.
+    pub steps: Option<(usize, usize)>,
 }
 
 /// Per-step record (the ExPLAIND-style validation: predicted vs actual change of the output).
@@ -121,6 +124,9 @@ pub struct StepRecord {
     pub mean_evaluations: f64,
     /// Max gradient evaluations for one row point.
     pub max_evaluations: usize,
+    /// Mean forward-mode (f and df/dt, no gradient) evaluations per point spent choosing the
+    /// nodes of the auto rule.
+    pub mean_jvp_evaluations: f64,
     /// Mean number of smooth pieces per point (1 + kinks).
     pub mean_pieces: f64,
     /// Pieces that did not reach the tolerance (auto rule).
@@ -240,6 +246,7 @@ struct RowNodes {
     weight: Vec<f64>,
     evals: Evals,
     evaluations: Vec<usize>,
+    jvp_evaluations: Vec<usize>,
     pieces: Vec<usize>,
     unconverged: usize,
 }
@@ -262,34 +269,6 @@ fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Option<Vec<f6
     })
 }
 
-/// Appends the rows `sel` of `src` to `dst` (same layer structure).
-fn append_rows(dst: &mut Evals, src: &Evals, sel: &[usize], k: usize) {
-    if dst.acts.is_empty() {
-        dst.acts = vec![Vec::new(); src.acts.len()];
-        dst.deltas = vec![Vec::new(); src.deltas.len()];
-    }
-    let r = src.rows.max(1);
-    for (l, a) in src.acts.iter().enumerate() {
-        let w = a.len() / r;
-        for &s in sel {
-            dst.acts[l].extend_from_slice(&a[s * w..(s + 1) * w]);
-        }
-    }
-    for (l, d) in src.deltas.iter().enumerate() {
-        let w = d.len() / r;
-        for &s in sel {
-            dst.deltas[l].extend_from_slice(&d[s * w..(s + 1) * w]);
-        }
-    }
-    for &s in sel {
-        dst.f.extend_from_slice(&src.f[s * k..(s + 1) * k]);
-        if !src.jvp.is_empty() {
-            dst.jvp.extend_from_slice(&src.jvp[s * k..(s + 1) * k]);
-        }
-    }
-    dst.rows += sel.len();
-}
-
 /// Nodes of a fixed rule (the same for every point).
 fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: &[(f64, f64)]) -> RowNodes {
     let d = step.input_dim();
@@ -307,12 +286,11 @@ fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: 
     let xr = gather_rows(x, d, &point);
     let offr = gather_offsets(off, k, &point);
     let evals = step.eval(&xr, &t, offr.as_deref(), true);
-    RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], pieces: vec![1; p], unconverged: 0 }
+    RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
 }
 
-/// First Gauss order tried on a piece, the raised order, and the bisection limit.
-const AUTO_N0: usize = 3;
-const AUTO_N1: usize = 6;
+/// Gauss orders tried in turn on a piece before it is bisected, and the bisection limit.
+const AUTO_ORDERS: [usize; 8] = [2, 3, 4, 5, 6, 8, 10, 12];
 const AUTO_MAX_DEPTH: u32 = 40;
 
 struct Piece {
@@ -321,17 +299,19 @@ struct Piece {
     b: f64,
     fa: Vec<f64>,
     fb: Vec<f64>,
-    n: usize,
+    order: usize,
     depth: u32,
 }
 
-/// The adaptive, kink-aware rule: pieces between kinks, Gauss–Legendre on each, accepted when
-/// the quadrature of d/dt f matches f(b) − f(a) to `tol_step·(b − a)` (or to the rounding floor
-/// of that difference); otherwise the order is raised, then the piece bisected.
+/// The adaptive, kink-aware rule. Each step is split at the kinks of every row point; each
+/// smooth piece `[a, b]` gets the smallest Gauss–Legendre order (from [`AUTO_ORDERS`]) whose
+/// quadrature of `d/dt f` matches the exact change `f(b) − f(a)` to `tol_step·(b − a)` (or to
+/// the rounding floor of that difference); pieces that fail every order are bisected. The
+/// search uses forward-mode evaluations only (`f` and `df/dt`, no backward pass); gradients are
+/// then computed once, at the accepted nodes.
 fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
     let d = step.input_dim();
     let k = step.k;
-    // Breakpoints per point.
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     for pi in 0..p {
         let mut v = vec![0.0];
@@ -347,9 +327,8 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
             tt.push(t);
         }
     }
-    let fv = step.eval(&gather_rows(x, d, &idx), &tt, gather_offsets(off, k, &idx).as_deref(), false).f;
+    let fv = step.jvp(&gather_rows(x, d, &idx), &tt, gather_offsets(off, k, &idx).as_deref()).0;
     let mut pending: Vec<Piece> = Vec::new();
-    let mut pieces_count = vec![0usize; p];
     let mut pos = 0;
     for (pi, v) in bps.iter().enumerate() {
         for j in 0..v.len() - 1 {
@@ -359,81 +338,86 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
                 b: v[j + 1],
                 fa: fv[(pos + j) * k..(pos + j + 1) * k].to_vec(),
                 fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
-                n: AUTO_N0,
+                order: 0,
                 depth: 0,
             });
         }
-        pieces_count[pi] = v.len() - 1;
         pos += v.len();
     }
-    let mut out = RowNodes {
-        point: Vec::new(),
-        weight: Vec::new(),
-        evals: Evals::default(),
-        evaluations: vec![0; p],
-        pieces: vec![0; p],
-        unconverged: 0,
-    };
+    let mut point = Vec::new();
+    let mut weight = Vec::new();
+    let mut times = Vec::new();
+    let mut pieces = vec![0usize; p];
+    let mut jvp_evals = vec![0usize; p];
+    let mut unconverged = 0;
     while !pending.is_empty() {
-        let mut point = Vec::new();
-        let mut t = Vec::new();
-        let mut w = Vec::new();
+        let mut rp = Vec::new();
+        let mut rt = Vec::new();
+        let mut rw = Vec::new();
         let mut start = Vec::with_capacity(pending.len());
         for pc in &pending {
-            start.push(t.len());
-            for (tq, wq) in quadrature::gauss_legendre_01(pc.n, pc.a, pc.b) {
-                point.push(pc.p);
-                t.push(tq);
-                w.push(wq);
+            start.push(rt.len());
+            let n = AUTO_ORDERS[pc.order];
+            for (tq, wq) in quadrature::gauss_legendre_01(n, pc.a, pc.b) {
+                rp.push(pc.p);
+                rt.push(tq);
+                rw.push(wq);
             }
-            out.evaluations[pc.p] += pc.n;
+            jvp_evals[pc.p] += n;
         }
-        let ev = step.eval(&gather_rows(x, d, &point), &t, gather_offsets(off, k, &point).as_deref(), true);
-        let mut accepted_rows: Vec<usize> = Vec::new();
+        let (_, fdot) = step.jvp(&gather_rows(x, d, &rp), &rt, gather_offsets(off, k, &rp).as_deref());
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
-            let rows = start[j]..start[j] + pc.n;
+            let n = AUTO_ORDERS[pc.order];
+            let rows = start[j]..start[j] + n;
             let mut err: f64 = 0.0;
             let mut scale: f64 = 1.0;
             for c in 0..k {
-                let q: f64 = rows.clone().map(|r| w[r] * ev.jvp[r * k + c]).sum();
+                let q: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c]).sum();
                 err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
                 scale = scale.max(pc.fa[c].abs()).max(pc.fb[c].abs());
             }
             let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale);
+            let accept = |point: &mut Vec<usize>, weight: &mut Vec<f64>, times: &mut Vec<f64>| {
+                for r in rows.clone() {
+                    point.push(rp[r]);
+                    weight.push(rw[r]);
+                    times.push(rt[r]);
+                }
+            };
             if err <= thr {
-                accepted_rows.extend(rows);
-                out.pieces[pc.p] += 1;
-            } else if pc.n < AUTO_N1 {
-                next.push(Piece { n: AUTO_N1, ..pc });
+                accept(&mut point, &mut weight, &mut times);
+                pieces[pc.p] += 1;
+            } else if pc.order + 1 < AUTO_ORDERS.len() {
+                next.push(Piece { order: pc.order + 1, ..pc });
             } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
                 to_split.push(pc);
             } else {
-                accepted_rows.extend(rows);
-                out.pieces[pc.p] += 1;
-                out.unconverged += 1;
+                accept(&mut point, &mut weight, &mut times);
+                pieces[pc.p] += 1;
+                unconverged += 1;
             }
         }
-        for &r in &accepted_rows {
-            out.point.push(point[r]);
-            out.weight.push(w[r]);
-        }
-        append_rows(&mut out.evals, &ev, &accepted_rows, k);
         if !to_split.is_empty() {
             let mids: Vec<f64> = to_split.iter().map(|pc| 0.5 * (pc.a + pc.b)).collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
-            let fm = step.eval(&gather_rows(x, d, &pidx), &mids, gather_offsets(off, k, &pidx).as_deref(), false).f;
+            let fm = step.jvp(&gather_rows(x, d, &pidx), &mids, gather_offsets(off, k, &pidx).as_deref()).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
-                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), n: AUTO_N0, depth: pc.depth + 1 });
-                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, n: AUTO_N0, depth: pc.depth + 1 });
+                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1 });
+                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1 });
             }
         }
         pending = next;
     }
-    let _ = pieces_count;
-    out
+    // Gradients once, at the accepted nodes.
+    let evals = step.eval(&gather_rows(x, d, &point), &times, gather_offsets(off, k, &point).as_deref(), true);
+    let mut evaluations = vec![0usize; p];
+    for &pi in &point {
+        evaluations[pi] += 1;
+    }
+    RowNodes { point, weight, evals, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
 }
 
 /// Row points of a kernel computation.
@@ -523,13 +507,24 @@ pub fn compute(
     let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
     let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
     let zeros_m = vec![0.0; m];
-    // Network values at every state for the rows, and a_{i,s}.
-    let mut f_rows: Vec<Vec<f64>> = Vec::with_capacity(n + 1);
+    // The steps summed: all by default, or [s0, s1) (then b = f_{w_{s0}}, network = f_{w_{s1}}).
+    let (s0, s1) = match req.steps {
+        None => (0, n),
+        Some((a0, b0)) => {
+            if a0 >= b0 || b0 > n {
+                return Err(Error::Config(format!("--steps {a0}:{b0}: need 0 <= A < B <= {n}")));
+            }
+            (a0, b0)
+        }
+    };
+    let (lo, hi) = if req.kind == KernelKind::Ntk { (0, n) } else { (s0, s1) };
+    // Network values at the states used, and a_{i,s} (zero outside the steps summed).
+    let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
-    let mut lossgrads: Vec<Vec<f64>> = Vec::with_capacity(n);
-    for s in 0..=n {
-        f_rows.push(values(&states[s], &rows.x, off_rows.as_deref())?);
-        if s < n {
+    let mut lossgrads: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for s in lo..=hi {
+        f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
+        if s < hi {
             let ft = values(&states[s], &train.x_train, off_train.as_deref())?;
             let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k)?;
             let eps = manifest.learning_rates[s];
@@ -539,11 +534,11 @@ pub fn compute(
                     _ => -eps * g[idx],
                 };
             }
-            lossgrads.push(g);
+            lossgrads[s] = g;
         }
     }
-    let bias = f_rows[0].clone();
-    let network = f_rows[n].clone();
+    let bias = f_rows[lo].clone();
+    let network = f_rows[hi].clone();
     let steps: Vec<usize> = match req.kind {
         KernelKind::Ntk => {
             let s = req.ntk_step.unwrap_or(n);
@@ -552,7 +547,7 @@ pub fn compute(
             }
             vec![s]
         }
-        _ => (0..n).collect(),
+        _ => (s0..s1).collect(),
     };
     let integrate = match req.kind {
         KernelKind::Epk => req.side == Side::Test,
@@ -560,7 +555,9 @@ pub fn compute(
         _ => false,
     };
     let gsize = p * m * k * k;
-    let mut gram = vec![0.0; gsize];
+    // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
+    let mut extra: Option<Vec<f64>> = None;
+    let mut acc = if structured && !req.per_step { Some(GramAccumulator::new(p, m, k, arch.bias)) } else { None };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut machine = bias.clone();
     let mut records = Vec::with_capacity(steps.len());
@@ -568,46 +565,74 @@ pub fn compute(
         Rule::Auto(tol) => tol / n.max(1) as f64,
         _ => 0.0,
     };
-    let mut gs = vec![0.0; gsize];
     for (count, &s) in steps.iter().enumerate() {
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
         let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
-        gs.iter_mut().for_each(|v| *v = 0.0);
         let mut cosine = f64::NAN;
-        let (evaluations, pieces, unconverged) = if structured {
+        // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f).
+        let a_eff: Vec<f64> = if req.kind == KernelKind::Ntk {
+            vec![0.0; m * k]
+        } else {
+            let g = &lossgrads[s];
+            (0..m * k).map(|idx| -manifest.learning_rates[s] * g[idx]).collect()
+        };
+        let colw: Option<Vec<f64>> = if req.kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
+        let (pred, evaluations, jvp_evaluations, pieces, unconverged) = if structured {
             let step = MlpStep::new(arch, &states[s], next)?;
             let tr = step.eval(&train.x_train, &zeros_m, off_train.as_deref(), true);
             let nodes = match &fixed {
                 Some(nodes) => fixed_nodes(&step, &rows.x, p, off_rows.as_deref(), nodes),
                 None => auto_nodes(&step, &rows.x, p, off_rows.as_deref(), tol_step),
             };
-            step_gram(&step, &nodes, &rows.x, d, &tr, m, &mut gs);
-            if integrate {
-                cosine = dpk_cosine_error(&step, &nodes, &rows.x, off_rows.as_deref(), p);
-            }
-            (nodes.evaluations, nodes.pieces, nodes.unconverged)
-        } else {
-            let nodes = fixed.expect("auto rejected above for the generic path");
-            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs)?;
-            (vec![nodes.len(); p], vec![1; p], 0)
-        };
-        if req.kind == KernelKind::Chen {
-            let g = &lossgrads[s.min(n - 1)];
-            for pi in 0..p {
-                for i in 0..m {
-                    for kt in 0..k {
-                        for ks in 0..k {
-                            gs[((pi * m + i) * k + kt) * k + ks] *= g[i * k + ks].abs();
-                        }
+            let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, layer)| {
+                    (
+                        LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                        LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                    )
+                })
+                .collect();
+            match acc.as_mut() {
+                Some(acc) => acc.add_step(&layers, &nodes.point, &nodes.weight, colw.as_deref()),
+                None => {
+                    let mut one = GramAccumulator::new(p, m, k, arch.bias);
+                    one.add_step(&layers, &nodes.point, &nodes.weight, colw.as_deref());
+                    let gs = one.finish(&rows.x, &train.x_train, d);
+                    add_into(&mut extra, &gs);
+                    if let Some(ps) = per_step.as_mut() {
+                        ps.extend_from_slice(&gs);
                     }
                 }
             }
-        }
-        // Predicted change over this step, from the Gram.
+            let pred = gram::step_prediction(&layers, &nodes.point, &nodes.weight, &a_eff, p, m, k, arch.bias);
+            if integrate {
+                cosine = dpk_cosine_error(&step, &nodes, &rows.x, off_rows.as_deref(), p);
+            }
+            (pred, nodes.evaluations, nodes.jvp_evaluations, nodes.pieces, nodes.unconverged)
+        } else {
+            let nodes = fixed.expect("auto rejected above for the generic path");
+            let mut gs = vec![0.0; gsize];
+            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs)?;
+            let pred = contract(&gs, &a_eff, p, m, k);
+            if let Some(cw) = &colw {
+                for (c, v) in gs.iter_mut().enumerate() {
+                    let (i, ks) = ((c / (k * k)) % m, c % k);
+                    *v *= cw[i * k + ks];
+                }
+            }
+            add_into(&mut extra, &gs);
+            if let Some(ps) = per_step.as_mut() {
+                ps.extend_from_slice(&gs);
+            }
+            (pred, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+        };
+        // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };
         if req.kind != KernelKind::Ntk {
-            let pred = contract(&gs, &a[s * m * k..(s + 1) * m * k], p, m, k);
             let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
             for pi in 0..p {
                 for kt in 0..k {
@@ -625,17 +650,22 @@ pub fn compute(
         }
         rec.mean_evaluations = evaluations.iter().sum::<usize>() as f64 / p as f64;
         rec.max_evaluations = evaluations.iter().copied().max().unwrap_or(0);
+        rec.mean_jvp_evaluations = jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
         rec.mean_pieces = pieces.iter().sum::<usize>() as f64 / p as f64;
         rec.unconverged_pieces = unconverged;
         rec.dpk_cosine_error = cosine;
         records.push(rec);
-        for (g, v) in gram.iter_mut().zip(&gs) {
-            *g += v;
-        }
-        if let Some(ps) = per_step.as_mut() {
-            ps.extend_from_slice(&gs);
-        }
     }
+    let gram = match (acc, extra) {
+        (Some(acc), None) => acc.finish(&rows.x, &train.x_train, d),
+        (Some(acc), Some(e)) => {
+            let mut g = acc.finish(&rows.x, &train.x_train, d);
+            g.iter_mut().zip(&e).for_each(|(a, b)| *a += b);
+            g
+        }
+        (None, Some(e)) => e,
+        (None, None) => vec![0.0; gsize],
+    };
     if req.kind == KernelKind::Ntk {
         // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
         let mut asum = vec![0.0; m * k];
@@ -701,32 +731,10 @@ pub fn contract(g: &[f64], a: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> 
     out
 }
 
-/// One step's Gram `[P, M, K, K]` from test-side nodes and train-side factors.
-fn step_gram(step: &MlpStep, nodes: &RowNodes, x_rows: &[f64], d: usize, tr: &Evals, m: usize, gs: &mut [f64]) {
-    let k = step.k;
-    let p = x_rows.len() / d;
-    for (l, layer) in step.layers.iter().enumerate() {
-        let train_f = LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out };
-        if l == 0 {
-            // Layer 0's input is the point itself for every node: aggregate δ over nodes first.
-            let no = layer.n_out;
-            let mut dbar = vec![0.0; p * k * no];
-            let dl = &nodes.evals.deltas[0];
-            for (r, (&pi, &w)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
-                let src = &dl[r * k * no..(r + 1) * k * no];
-                let dst = &mut dbar[pi * k * no..(pi + 1) * k * no];
-                for (a, b) in dst.iter_mut().zip(src) {
-                    *a += w * b;
-                }
-            }
-            let pts: Vec<usize> = (0..p).collect();
-            let ones = vec![1.0; p];
-            let rows_f = LayerFactors { acts: x_rows, deltas: &dbar, n_in: layer.n_in, n_out: no };
-            accumulate_layer(gs, m, k, &pts, &ones, &rows_f, &train_f, step.bias);
-        } else {
-            let rows_f = LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out };
-            accumulate_layer(gs, m, k, &nodes.point, &nodes.weight, &rows_f, &train_f, step.bias);
-        }
+fn add_into(dst: &mut Option<Vec<f64>>, src: &[f64]) {
+    match dst {
+        Some(d) => d.iter_mut().zip(src).for_each(|(a, b)| *a += b),
+        None => *dst = Some(src.to_vec()),
     }
 }
 
@@ -861,4 +869,16 @@ impl PointsSpec {
         }
         Ok(Points { x, dim: data.dim })
     }
+}
+
+/// Parses a step range `A:B` (steps A ≤ s < B).
+pub fn parse_step_range(s: &str) -> Result<(usize, usize)> {
+    let bad = || Error::Config(format!("--steps `{s}`: expected A:B with integers 0 <= A < B"));
+    let (a, b) = s.split_once(':').ok_or_else(bad)?;
+    let a: usize = a.trim().parse().map_err(|_| bad())?;
+    let b: usize = b.trim().parse().map_err(|_| bad())?;
+    if a >= b {
+        return Err(bad());
+    }
+    Ok((a, b))
 }

@@ -53,6 +53,8 @@ pub struct EvalStats {
     pub mean: f64,
     /// Max for one point in one step.
     pub max: usize,
+    /// Mean forward-mode evaluations (f and df/dt only) per point and step spent choosing nodes.
+    pub mean_forward_mode: f64,
 }
 
 impl Exactness {
@@ -70,7 +72,11 @@ impl Exactness {
                 .single_machine
                 .as_ref()
                 .map(|s| s.iter().zip(&o.network).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)),
-            evaluations_per_step: EvalStats { mean: o.mean_evaluations(), max: o.max_evaluations() },
+            evaluations_per_step: EvalStats {
+                mean: o.mean_evaluations(),
+                max: o.max_evaluations(),
+                mean_forward_mode: o.records.iter().map(|r| r.mean_jvp_evaluations).sum::<f64>() / o.records.len().max(1) as f64,
+            },
             unconverged_pieces: o.records.iter().map(|r| r.unconverged_pieces).sum(),
             seconds: o.seconds,
             run_id: run_id.to_string(),
@@ -127,6 +133,7 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
         .with("max_abs_change", Column::F64(r.iter().map(|x| x.max_abs_change).collect()))
         .with("mean_evaluations", Column::F64(r.iter().map(|x| x.mean_evaluations).collect()))
         .with("max_evaluations", Column::I64(r.iter().map(|x| x.max_evaluations as i64).collect()))
+        .with("mean_jvp_evaluations", Column::F64(r.iter().map(|x| x.mean_jvp_evaluations).collect()))
         .with("mean_pieces", Column::F64(r.iter().map(|x| x.mean_pieces).collect()))
         .with("unconverged_pieces", Column::I64(r.iter().map(|x| x.unconverged_pieces as i64).collect()))
         .with("dpk_cosine_error", Column::F64(r.iter().map(|x| x.dpk_cosine_error).collect()))
