@@ -49,7 +49,7 @@ pub fn kernel_steps(run: &Run, step: usize, repeat: usize, tol: f64) -> Result<V
     let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
     let mut out = Vec::new();
     let cases = [
-        ("ntk_step", KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(step), per_step: false, steps: None }),
+        ("ntk_step", KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(step), per_step: false, steps: Some((step, step + 1)) }),
         (
             "epk_step",
             KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(tol), side: Side::Test, ntk_step: None, per_step: false, steps: Some((step, step + 1)) },

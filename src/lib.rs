@@ -13,6 +13,7 @@ pub mod error;
 pub mod io;
 pub mod kernel;
 pub mod model;
+pub mod study;
 pub mod train;
 pub mod trajectory;
 

@@ -4,6 +4,7 @@
 
 mod bench;
 mod kernel;
+mod study;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Command {
     Kernel(kernel::Args),
     /// Time one NTK, EPK and DPK step of a recorded run (JSON lines).
     Bench(bench::Args),
+    /// Run a TOML-scripted study (training, kernels, tables, summary) into reports/.
+    Study(study::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -41,6 +44,7 @@ pub fn main() -> i32 {
         Command::Train(a) => train::exec(a),
         Command::Kernel(a) => kernel::exec(a),
         Command::Bench(a) => bench::exec(a),
+        Command::Study(a) => study::exec(a),
     };
     match result {
         Ok(()) => 0,

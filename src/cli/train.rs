@@ -8,11 +8,12 @@ use crate::train::{train_to_dir, RunConfig, TrainOptions};
 /// Train a network from a TOML configuration and record w_0 … w_N.
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Train a network from a TOML configuration with [data], [model] and [train] sections \
+(a study file is accepted too; its other entries are ignored here) \
 and record every weight state w_0..w_N into --out (manifest.json, dataset.safetensors, \
 trajectory/step-NNNNNN.safetensors, train_log.parquet). The run is staged in OUT.partial and only moved \
 to OUT when complete. Example: pathkernel train --config data/studies/paper-toy.toml --out runs/toy")]
 pub struct Args {
-    /// TOML configuration file ([data], [model], [train]).
+    /// TOML configuration file ([data], [model], [train]) or a study file.
     #[arg(long, value_name = "FILE.toml")]
     config: PathBuf,
     /// Run directory to create.
@@ -31,7 +32,14 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
-    let mut cfg = RunConfig::load(&a.config)?;
+    let text = std::fs::read_to_string(&a.config).map_err(|e| crate::Error::io(&a.config, e))?;
+    // A study file (with `name` and [[kernel]] entries) also configures a training run.
+    let is_study = text.parse::<toml::Table>().map(|t| t.contains_key("name")).unwrap_or(false);
+    let mut cfg = if is_study {
+        crate::study::StudyConfig::from_toml(&text, &a.config)?.run_config()
+    } else {
+        RunConfig::from_toml(&text, &a.config)?
+    };
     if let Some(d) = &a.device {
         cfg.train.device = match d.as_str() {
             "cpu" => crate::train::DeviceKind::Cpu,

@@ -145,6 +145,8 @@ pub struct KernelOutput {
     pub rule: Rule,
     /// Side of the rows.
     pub side: Side,
+    /// Whether rows were integrated over t (EPK test side, k′); otherwise taken at t = 0.
+    pub integrated: bool,
     /// Rows P.
     pub p: usize,
     /// Training points M.
@@ -205,7 +207,7 @@ impl std::fmt::Display for KernelOutput {
                 Side::Train => "train side",
             },
             self.p,
-            self.rule,
+            if self.integrated { self.rule.to_string() } else { "none, t = 0".to_string() },
             self.steps.len(),
             self.p,
             self.m,
@@ -517,7 +519,7 @@ pub fn compute(
             (a0, b0)
         }
     };
-    let (lo, hi) = if req.kind == KernelKind::Ntk { (0, n) } else { (s0, s1) };
+    let (lo, hi) = (s0, s1);
     // Network values at the states used, and a_{i,s} (zero outside the steps summed).
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
@@ -669,7 +671,7 @@ pub fn compute(
     if req.kind == KernelKind::Ntk {
         // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
         let mut asum = vec![0.0; m * k];
-        for s in 0..n {
+        for s in lo..hi {
             for idx in 0..m * k {
                 asum[idx] += a[s * m * k + idx];
             }
@@ -694,6 +696,7 @@ pub fn compute(
         kind: req.kind,
         rule: req.rule,
         side: req.side,
+        integrated: integrate,
         p,
         m,
         k,

@@ -11,14 +11,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{KernelOutput, Points};
 use crate::error::Result;
 use crate::io::{self, Column, NamedArray, Table};
 
 /// Summary written to `exactness.json`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Exactness {
     /// Kernel kind.
     pub kind: String,
@@ -40,6 +40,12 @@ pub struct Exactness {
     pub evaluations_per_step: EvalStats,
     /// Pieces (auto rule) that did not reach the tolerance.
     pub unconverged_pieces: usize,
+    /// The auto rule's requested tolerance on the kernel machine's output, if any.
+    pub tolerance: Option<f64>,
+    /// Whether `max_abs_error <= tolerance`. The rule's per-piece test cannot go below the
+    /// rounding of `f(b) − f(a)` (about 8ε·|f|), so far from the data, where |f| is large, the
+    /// achieved error can exceed a very small tolerance; this field says so.
+    pub tolerance_met: Option<bool>,
     /// Wall-clock seconds of the kernel computation.
     pub seconds: f64,
     /// Run id of the trajectory.
@@ -47,7 +53,7 @@ pub struct Exactness {
 }
 
 /// Mean and max evaluations.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EvalStats {
     /// Mean per point and step.
     pub mean: f64,
@@ -63,7 +69,7 @@ impl Exactness {
         Exactness {
             kind: o.kind.to_string(),
             side: format!("{:?}", o.side).to_lowercase(),
-            quadrature: o.rule.to_string(),
+            quadrature: if o.integrated { o.rule.to_string() } else { "none (t = 0)".to_string() },
             shape: [o.p, o.m, o.k],
             steps: o.steps.len(),
             max_abs_error: o.max_abs_error(),
@@ -78,6 +84,14 @@ impl Exactness {
                 mean_forward_mode: o.records.iter().map(|r| r.mean_jvp_evaluations).sum::<f64>() / o.records.len().max(1) as f64,
             },
             unconverged_pieces: o.records.iter().map(|r| r.unconverged_pieces).sum(),
+            tolerance: match o.rule {
+                super::Rule::Auto(t) if o.integrated => Some(t),
+                _ => None,
+            },
+            tolerance_met: match o.rule {
+                super::Rule::Auto(t) if o.integrated => Some(o.max_abs_error() <= t),
+                _ => None,
+            },
             seconds: o.seconds,
             run_id: run_id.to_string(),
         }
@@ -99,7 +113,7 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
     }
     let mut meta = HashMap::new();
     meta.insert("kind".to_string(), o.kind.to_string());
-    meta.insert("quadrature".to_string(), o.rule.to_string());
+    meta.insert("quadrature".to_string(), if o.integrated { o.rule.to_string() } else { "none (t = 0)".to_string() });
     meta.insert("side".to_string(), format!("{:?}", o.side).to_lowercase());
     meta.insert("run_id".to_string(), run_id.to_string());
     io::write_safetensors(&dir.join("gram.safetensors"), &arrays, Some(meta))?;
