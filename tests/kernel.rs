@@ -25,22 +25,29 @@ fn fast_gram_equals_generic_autodiff_gram() {
         let fast = compute(&run, KernelKind::Epk, rule, Side::Test, PointsSpec::Test);
         let arch = &run.manifest.architecture;
         let mut slow = vec![0.0; fast.gram.len()];
+        let mut slow_diag = vec![0.0; fast.p * fast.k * fast.k];
         for s in 0..run.manifest.steps {
-            generic::step_gram(arch, &states[s], Some(&states[s + 1]), &states[0], &run.dataset.x_test, &rule.fixed_nodes().unwrap(), &run.dataset.x_train, &mut slow).unwrap();
+            generic::step_gram(arch, &states[s], Some(&states[s + 1]), &states[0], &run.dataset.x_test, &rule.fixed_nodes().unwrap(), &run.dataset.x_train, &mut slow, &mut slow_diag).unwrap();
         }
         let rel = max_abs_diff(&fast.gram, &slow) / max_abs(&slow);
         assert!(rel <= 1e-12, "{name}: relative difference {rel:e}");
+        let fast_diag = fast.diag.as_ref().expect("epk has a self-kernel");
+        let rel = max_abs_diff(fast_diag, &slow_diag) / max_abs(&slow_diag);
+        assert!(rel <= 1e-12, "{name}: self-kernel relative difference {rel:e}");
         assert!(max_abs(&slow) > 1e-6, "{name}: trivial Gram");
         // NTK and DPK too (t = 0 on both sides).
         for kind in [KernelKind::Ntk, KernelKind::Dpk] {
             let fast = compute(&run, kind, rule, Side::Test, PointsSpec::Train);
             let mut slow = vec![0.0; fast.gram.len()];
+            let mut slow_diag = vec![0.0; fast.p * fast.k * fast.k];
             let range: Vec<usize> = if kind == KernelKind::Ntk { vec![run.manifest.steps] } else { (0..run.manifest.steps).collect() };
             for s in range {
-                generic::step_gram(arch, &states[s], None, &states[0], &run.dataset.x_train, &[(0.0, 1.0)], &run.dataset.x_train, &mut slow).unwrap();
+                generic::step_gram(arch, &states[s], None, &states[0], &run.dataset.x_train, &[(0.0, 1.0)], &run.dataset.x_train, &mut slow, &mut slow_diag).unwrap();
             }
             let rel = max_abs_diff(&fast.gram, &slow) / max_abs(&slow);
             assert!(rel <= 1e-12, "{name} {kind}: relative difference {rel:e}");
+            let rel = max_abs_diff(fast.diag.as_ref().unwrap(), &slow_diag) / max_abs(&slow_diag);
+            assert!(rel <= 1e-12, "{name} {kind}: self-kernel relative difference {rel:e}");
         }
     }
 }
@@ -136,6 +143,16 @@ fn epk_train_gram_is_symmetric_and_psd() {
     for r in 0..n {
         for c in 0..n {
             assert!((a[r * n + c] - a[c * n + r]).abs() <= 1e-12 * scale, "asymmetric at {r},{c}");
+        }
+    }
+    // The self-kernel equals the Gram's diagonal blocks.
+    let dg = out.diag.as_ref().unwrap();
+    for i in 0..m {
+        for kt in 0..k {
+            for ks in 0..k {
+                let g = out.gram[((i * m + i) * k + kt) * k + ks];
+                assert!((dg[(i * k + kt) * k + ks] - g).abs() <= 1e-12 * scale, "diag {i} {kt} {ks}");
+            }
         }
     }
     let lmin = min_eigenvalue(a, n);

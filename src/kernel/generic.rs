@@ -46,7 +46,7 @@ pub fn jacobians(arch: &Architecture, params: &Params, init: &Params, x: &[f64])
     Ok(out)
 }
 
-/// Adds one step's Gram `[P, M, K, K]` to `g`: row p's gradient averaged over `nodes`
+/// Adds one step's Gram `[P, M, K, K]` to `g` and the rows' self-kernel `[P, K, K]` to `diag`: row p's gradient averaged over `nodes`
 /// (`(t, weight)` on `[0, 1]`, at `w_s(t)`), training gradients at `w_s`.
 #[allow(clippy::too_many_arguments)]
 pub fn step_gram(
@@ -58,6 +58,7 @@ pub fn step_gram(
     nodes: &[(f64, f64)],
     x_train: &[f64],
     g: &mut [f64],
+    diag: &mut [f64],
 ) -> Result<()> {
     let d = arch.input_dim();
     let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
@@ -68,6 +69,16 @@ pub fn step_gram(
         let j = jacobians(arch, &at, init, rows)?;
         for (a, b) in jbar.iter_mut().zip(&j) {
             *a += wq * b;
+        }
+        // Self-kernel of each row at the same t: ∫⟨∇f^k(x), ∇f^k'(x)⟩ dt.
+        for pi in 0..p {
+            for kt in 0..k {
+                for ks in 0..k {
+                    let a = &j[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                    let b = &j[(pi * k + ks) * w..(pi * k + ks + 1) * w];
+                    diag[(pi * k + kt) * k + ks] += wq * a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+                }
+            }
         }
     }
     // [P·K, W] × [M·K, W]ᵀ, reordered to [P, M, K, K].

@@ -278,3 +278,25 @@ pub fn step_prediction(
     }
     pred
 }
+
+/// Adds each row point's self-kernel over one step to `diag` (`[P, K, K]`):
+/// `Σ_{r∈p} w_r Σ_l (δ_{r,l}[k]·δ_{r,l}[k']) (|a_{r,l}|² + [bias])`, i.e. the quadrature of
+/// `⟨∇f^k_{w_s(t)}(x), ∇f^{k'}_{w_s(t)}(x)⟩` at the row's own nodes.
+pub fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool) {
+    let b = if bias { 1.0 } else { 0.0 };
+    for layer in rows {
+        let (ni, no) = (layer.n_in, layer.n_out);
+        for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
+            let ar = &layer.acts[r * ni..(r + 1) * ni];
+            let aa: f64 = ar.iter().map(|v| v * v).sum::<f64>() + b;
+            for kt in 0..k {
+                let dt = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
+                for ks in 0..k {
+                    let ds = &layer.deltas[(r * k + ks) * no..(r * k + ks + 1) * no];
+                    let dd: f64 = dt.iter().zip(ds).map(|(x, y)| x * y).sum();
+                    diag[(pi * k + kt) * k + ks] += w * dd * aa;
+                }
+            }
+        }
+    }
+}

@@ -159,6 +159,10 @@ pub struct KernelOutput {
     pub gram: Vec<f64>,
     /// Per-step Grams `[S, P, M, K, K]` when requested.
     pub per_step: Option<Vec<f64>>,
+    /// Each row point's self-kernel on its own side, `K(x_p, x_p)` summed like the Gram,
+    /// `[P, K, K]` (ntk, dpk, epk; `None` for chen and k′, whose self-kernel is not defined by
+    /// the same formula).
+    pub diag: Option<Vec<f64>>,
     /// `a_{i,s}` `[N, M, K]` (Chen: `−ε_s sign(∂L/∂f)`).
     pub a: Vec<f64>,
     /// Bias `b = f_{w_0}(x)` `[P, K]`.
@@ -563,6 +567,8 @@ pub fn compute(
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut machine = bias.clone();
     let mut records = Vec::with_capacity(steps.len());
+    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
+    let mut diag = vec![0.0; p * k * k];
     let tol_step = match req.rule {
         Rule::Auto(tol) => tol / n.max(1) as f64,
         _ => 0.0,
@@ -611,6 +617,11 @@ pub fn compute(
                 }
             }
             let pred = gram::step_prediction(&layers, &nodes.point, &nodes.weight, &a_eff, p, m, k, arch.bias);
+            if want_diag {
+                let row_layers: Vec<LayerFactors<'_>> =
+                    layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
+                gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias);
+            }
             if integrate {
                 cosine = dpk_cosine_error(&step, &nodes, &rows.x, off_rows.as_deref(), p);
             }
@@ -618,7 +629,7 @@ pub fn compute(
         } else {
             let nodes = fixed.expect("auto rejected above for the generic path");
             let mut gs = vec![0.0; gsize];
-            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs)?;
+            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs, &mut diag)?;
             let pred = contract(&gs, &a_eff, p, m, k);
             if let Some(cw) = &colw {
                 for (c, v) in gs.iter_mut().enumerate() {
@@ -703,6 +714,7 @@ pub fn compute(
         steps,
         gram,
         per_step,
+        diag: if want_diag { Some(diag) } else { None },
         a,
         bias,
         network,

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! OUT/gram.safetensors   gram [P, M, K, K] f64 (Σ_s K_s; ntk: at step S), a [N, M, K], bias [P, K],
-//!                        points [P, d]; gram_steps [S, P, M, K, K] with --per-step
+//!                        points [P, d], diag [P, K, K] (K(x_p, x_p) on the rows' side; ntk/dpk/epk);
+//!                        gram_steps [S, P, M, K, K] with --per-step
 //! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine)
 //! OUT/exactness.json     max_abs_error, mean_abs_error, quadrature, evaluations per step, steps, seconds, …
 //! OUT/steps.parquet      per step: predicted vs actual change of the output (ExPLAIND-style)
@@ -108,6 +109,9 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
         NamedArray::f64("bias", vec![p, k], o.bias.clone()),
         NamedArray::f64("points", vec![p, points.dim], points.x.clone()),
     ];
+    if let Some(dg) = &o.diag {
+        arrays.push(NamedArray::f64("diag", vec![p, k, k], dg.clone()));
+    }
     if let Some(ps) = &o.per_step {
         arrays.push(NamedArray::f64("gram_steps", vec![o.steps.len(), p, m, k, k], ps.clone()));
     }
