@@ -105,7 +105,40 @@ pub fn safetensors_bytes(arrays: &[NamedArray], metadata: Option<HashMap<String,
                 .map_err(|e| Error::Data(format!("safetensors view {name}: {e}")))
         })
         .collect::<Result<_>>()?;
-    safetensors::serialize(views, &metadata).map_err(|e| Error::Data(format!("safetensors serialisation: {e}")))
+    let bytes = safetensors::serialize(views, &metadata).map_err(|e| Error::Data(format!("safetensors serialisation: {e}")))?;
+    Ok(canonical_header(bytes))
+}
+
+/// Rewrites a safetensors header with every JSON object's keys sorted, so that equal contents
+/// give byte-identical files (the metadata map's iteration order is random per process). The
+/// header keeps its length (a permutation of the same compact JSON), so offsets are unchanged.
+fn canonical_header(mut bytes: Vec<u8>) -> Vec<u8> {
+    fn sorted(v: serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(map) => {
+                let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            other => other,
+        }
+    }
+    if bytes.len() < 8 {
+        return bytes;
+    }
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    if bytes.len() < 8 + n {
+        return bytes;
+    }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes[8..8 + n]) else {
+        return bytes;
+    };
+    let s = serde_json::to_string(&sorted(v)).expect("a JSON value serialises");
+    if s.len() <= n {
+        bytes[8..8 + s.len()].copy_from_slice(s.as_bytes());
+        bytes[8 + s.len()..8 + n].iter_mut().for_each(|b| *b = b' ');
+    }
+    bytes
 }
 
 /// Writes arrays to a safetensors file atomically.
@@ -337,6 +370,19 @@ mod tests {
         bytes[10] = b'#';
         std::fs::write(&p, &bytes).unwrap();
         assert!(SafeFile::open(&p).is_err());
+        // byte-identical for equal contents, whatever the metadata map's order
+        let again = dir.path().join("b.safetensors");
+        let mut meta2 = HashMap::new();
+        for i in 0..20 {
+            meta2.insert(format!("k{i}"), i.to_string());
+        }
+        let arr = [NamedArray::f64("w", vec![2], vec![1.0, 2.0]), NamedArray::f64("a", vec![1], vec![3.0])];
+        let b1 = safetensors_bytes(&arr, Some(meta2.clone())).unwrap();
+        let b2 = safetensors_bytes(&arr, Some(meta2.into_iter().collect::<Vec<_>>().into_iter().rev().collect())).unwrap();
+        assert_eq!(b1, b2);
+        std::fs::write(&again, &b1).unwrap();
+        assert_eq!(SafeFile::open(&again).unwrap().metadata()["k7"], "7");
+        std::fs::remove_file(&again).unwrap();
         // no temp files left behind
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left.len(), 1);

@@ -14,6 +14,7 @@ pub mod io;
 pub mod kernel;
 pub mod model;
 pub mod study;
+pub mod svm;
 pub mod train;
 pub mod trajectory;
 

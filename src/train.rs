@@ -237,26 +237,71 @@ pub fn train_to_dir(cfg: &RunConfig, out: &Path, opts: &TrainOptions) -> Result<
     let (loss, arch) = resolve(cfg, &data)?;
     let partial = partial_dir(out);
     if partial.exists() {
+        if !opts.force {
+            return Err(Error::Config(format!(
+                "{} holds an interrupted run; continue it with `pathkernel train --resume {}` or pass --force to start over",
+                partial.display(),
+                out.display()
+            )));
+        }
         std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
     }
     let result = match cfg.train.device {
-        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), cfg, &data, loss, &arch, &partial, opts),
-        DeviceKind::Cuda => cuda_record(cfg, &data, loss, &arch, &partial, opts),
+        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), cfg, &data, loss, &arch, &partial, opts, false),
+        DeviceKind::Cuda => cuda_record(cfg, &data, loss, &arch, &partial, opts, false),
     };
+    finish(result, &partial, out)
+}
+
+/// Moves a completed staging directory into place; on failure keeps it only when the failure
+/// was an I/O error (the recorded steps are intact and `--resume` can continue them).
+fn finish(result: Result<TrainSummary>, partial: &Path, out: &Path) -> Result<TrainSummary> {
     let mut summary = match result {
         Ok(s) => s,
         Err(e) => {
-            // Nothing half-written is left where a later load could mistake it for a run.
-            let _ = std::fs::remove_dir_all(&partial);
+            if !matches!(e, Error::Io { .. }) {
+                let _ = std::fs::remove_dir_all(partial);
+            }
             return Err(e);
         }
     };
     if out.exists() {
         std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
     }
-    std::fs::rename(&partial, out).map_err(|e| Error::io(out, e))?;
+    std::fs::rename(partial, out).map_err(|e| Error::io(out, e))?;
     summary.dir = out.to_path_buf();
     Ok(summary)
+}
+
+/// Resumes an interrupted `train` into `out`: reads the configuration from `OUT.partial`'s
+/// manifest, checks the data and every recorded state (replaying the path and comparing bit
+/// for bit), and continues from the last complete step. The finished trajectory is identical to
+/// an uninterrupted run.
+pub fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+    let partial = partial_dir(out);
+    if !partial.join("manifest.json").exists() {
+        return Err(Error::Config(format!(
+            "nothing to resume: {} has no manifest (the run completed, or never started)",
+            partial.display()
+        )));
+    }
+    if out.exists() && !opts.force {
+        return Err(Error::Config(format!("{} already exists; pass --force to replace it", out.display())));
+    }
+    let manifest = trajectory::read_manifest(&partial)?;
+    let cfg: RunConfig = serde_json::from_value(manifest.config.clone())
+        .map_err(|e| Error::trajectory(&partial, format!("manifest config is not a run configuration: {e}")))?;
+    cfg.validate()?;
+    if cfg.run_id() != manifest.run_id {
+        return Err(Error::trajectory(&partial, "manifest run id does not match its configuration"));
+    }
+    let data = cfg.data.load(&opts.base_dir)?;
+    let (loss, arch) = resolve(&cfg, &data)?;
+    let result = match cfg.train.device {
+        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), &cfg, &data, loss, &arch, &partial, opts, true),
+        DeviceKind::Cuda => cuda_record(&cfg, &data, loss, &arch, &partial, opts, true),
+    };
+    finish(result, &partial, out)
 }
 
 /// The staging directory of a run being recorded.
@@ -267,17 +312,21 @@ pub fn partial_dir(out: &Path) -> PathBuf {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_record(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, dir: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+fn cuda_record(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, dir: &Path, opts: &TrainOptions, resume: bool) -> Result<TrainSummary> {
     let dev = dfdx::tensor::Cuda::try_build(0, cfg.train.seed).map_err(|e| Error::Backend(format!("CUDA device 0: {e:?}")))?;
-    record(dev, cfg, data, loss, arch, dir, opts)
+    record(dev, cfg, data, loss, arch, dir, opts, resume)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_record(_: &RunConfig, _: &Dataset, _: LossKind, _: &Architecture, _: &Path, _: &TrainOptions) -> Result<TrainSummary> {
+fn cuda_record(_: &RunConfig, _: &Dataset, _: LossKind, _: &Architecture, _: &Path, _: &TrainOptions, _: bool) -> Result<TrainSummary> {
     Err(Error::Config("train.device = \"cuda\" but this build has no CUDA support (rebuild with --features cuda)".into()))
 }
 
-fn record<D: dfdx::tensor_ops::Device<f64>>(
+/// Runs [`record_inner`] on a one-thread rayon pool: dfdx's CPU matmul splits work over the
+/// global pool and its results then depend on the thread schedule in the last bits; one thread
+/// makes every run of a configuration bit-identical (and `--resume` exact).
+#[allow(clippy::too_many_arguments)]
+fn record<D: dfdx::tensor_ops::Device<f64> + Send>(
     dev: D,
     cfg: &RunConfig,
     data: &Dataset,
@@ -285,6 +334,25 @@ fn record<D: dfdx::tensor_ops::Device<f64>>(
     arch: &Architecture,
     dir: &Path,
     opts: &TrainOptions,
+    resume: bool,
+) -> Result<TrainSummary> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .map_err(|e| Error::Backend(format!("thread pool: {e}")))?;
+    pool.install(|| record_inner(dev, cfg, data, loss, arch, dir, opts, resume))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
+    dev: D,
+    cfg: &RunConfig,
+    data: &Dataset,
+    loss: LossKind,
+    arch: &Architecture,
+    dir: &Path,
+    opts: &TrainOptions,
+    resume: bool,
 ) -> Result<TrainSummary> {
     let start = Instant::now();
     let n = cfg.train.steps;
@@ -316,7 +384,32 @@ fn record<D: dfdx::tensor_ops::Device<f64>>(
         config: serde_json::to_value(cfg).expect("config serialises"),
         created_by: format!("pathkernel {}", env!("CARGO_PKG_VERSION")),
     };
-    let writer = Writer::create(dir, manifest, data)?;
+    // Resuming: the states already on disk are replayed (and checked bit for bit against the
+    // recomputed path); recording continues after the last complete one.
+    let (writer, replay) = if resume {
+        let writer = Writer::reopen(dir, manifest.clone())?;
+        let stored = trajectory::read_dataset(&dir.join("dataset.safetensors"), &manifest)?;
+        if stored.x_train != data.x_train || stored.y_train != data.y_train || stored.x_test != data.x_test || stored.y_test != data.y_test {
+            return Err(Error::trajectory(dir, "the dataset on disk differs from the one the configuration produces now; cannot resume"));
+        }
+        let mut last = None;
+        for s in 0..=n {
+            match trajectory::load_step(dir, &manifest, s) {
+                Ok(_) => last = Some(s),
+                Err(_) => break,
+            }
+        }
+        let first_missing = last.map_or(0, |l| l + 1);
+        for s in first_missing..=n + 1 {
+            let p = trajectory::step_path(dir, s);
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
+        }
+        (writer, last)
+    } else {
+        (Writer::create(dir, manifest.clone(), data)?, None)
+    };
     let (labels, values) = match &data.y_train {
         Targets::Labels(y) => (Some(y.as_slice()), None),
         Targets::Values(v) => (None, Some(v.as_slice())),
@@ -341,6 +434,17 @@ fn record<D: dfdx::tensor_ops::Device<f64>>(
     let mut first_loss = f64::NAN;
     let mut last = (f64::NAN, None, None);
     for s in 0..=n {
+        let replayed = replay.is_some_and(|last| s <= last);
+        if replayed {
+            let stored = trajectory::load_step(dir, &manifest, s)?;
+            if s > 0 && stored != params {
+                return Err(Error::trajectory(
+                    trajectory::step_path(dir, s),
+                    "the recorded state differs from the recomputed path (different build or platform?); cannot resume",
+                ));
+            }
+            params = stored;
+        }
         let lg = objective.evaluate(&params);
         if !lg.loss.is_finite() {
             return Err(Error::Diverged { step: s, loss: lg.loss, what: "non-finite loss".into() });
@@ -348,7 +452,9 @@ fn record<D: dfdx::tensor_ops::Device<f64>>(
         if let Some(name) = lg.grad.first_non_finite() {
             return Err(Error::Diverged { step: s, loss: lg.loss, what: format!("non-finite gradient in {name}") });
         }
-        writer.write_step(s, &params)?;
+        if !replayed {
+            writer.write_step(s, &params)?;
+        }
         let acc = labels.map(|y| accuracy(&lg.outputs, y, k));
         let test_acc = match test_labels {
             Some(y) if !y.is_empty() => Some(accuracy(&arch.forward(&params, Some(&init), &data.x_test)?, y, k)),

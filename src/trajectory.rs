@@ -110,6 +110,16 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// Re-opens a partially written run directory for resuming (its manifest must equal
+    /// `manifest`).
+    pub fn reopen(dir: &Path, manifest: Manifest) -> Result<Self> {
+        let on_disk = read_manifest(dir)?;
+        if on_disk != manifest {
+            return Err(Error::trajectory(dir, "the recorded manifest differs from the configuration being resumed"));
+        }
+        Ok(Writer { dir: dir.to_path_buf(), manifest })
+    }
+
     /// Creates `dir` (and `dir/trajectory`), writing the manifest and the dataset.
     pub fn create(dir: &Path, manifest: Manifest, data: &Dataset) -> Result<Self> {
         io::create_dir_all(&dir.join("trajectory"))?;
@@ -179,28 +189,10 @@ impl Run {
     /// shapes, dtypes), and every step file 0…N (present, parseable, same run id, step number,
     /// names, shapes, dtypes, finite values). Reports the first problem found.
     pub fn open(dir: &Path) -> Result<Run> {
-        let mpath = dir.join("manifest.json");
         if !dir.is_dir() {
             return Err(Error::trajectory(dir, "not a directory (expected a run written by `pathkernel train`)"));
         }
-        let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| Error::format(&mpath, format!("invalid manifest: {e}")))?;
-        if manifest.format != FORMAT {
-            return Err(Error::format(&mpath, format!("format is `{}`, expected `{FORMAT}`", manifest.format)));
-        }
-        if manifest.version != VERSION {
-            return Err(Error::format(&mpath, format!("format version {} is not supported (this build reads {VERSION})", manifest.version)));
-        }
-        if manifest.architecture.param_specs() != manifest.params {
-            return Err(Error::format(&mpath, "parameter list does not match the architecture"));
-        }
-        let w: usize = manifest.params.iter().map(ParamSpec::numel).sum();
-        if w != manifest.num_params {
-            return Err(Error::format(&mpath, format!("num_params is {} but the parameter shapes sum to {w}", manifest.num_params)));
-        }
-        if manifest.learning_rates.len() != manifest.steps {
-            return Err(Error::format(&mpath, format!("{} learning rates for {} steps", manifest.learning_rates.len(), manifest.steps)));
-        }
+        let manifest = read_manifest(dir)?;
         let dataset = read_dataset(&dir.join("dataset.safetensors"), &manifest)?;
         let run = Run { dir: dir.to_path_buf(), manifest, dataset };
         for s in 0..=run.manifest.steps {
@@ -215,48 +207,74 @@ impl Run {
 
     /// Loads and validates state `w_s`.
     pub fn load_step(&self, s: usize) -> Result<Params> {
-        if s > self.manifest.steps {
-            return Err(Error::trajectory(&self.dir, format!("step {s} is beyond the last step {}", self.manifest.steps)));
-        }
-        let path = step_path(&self.dir, s);
-        if !path.exists() {
-            return Err(Error::trajectory(&path, format!("missing step file for step {s} of {}", self.manifest.steps)));
-        }
-        let f = SafeFile::open(&path)?;
-        let meta = f.metadata();
-        match meta.get("run_id") {
-            Some(id) if *id == self.manifest.run_id => {}
-            Some(id) => {
-                return Err(Error::trajectory(&path, format!("belongs to run {id}, not to this run {}", self.manifest.run_id)));
-            }
-            None => return Err(Error::trajectory(&path, "has no run_id metadata")),
-        }
-        if meta.get("step").map(String::as_str) != Some(s.to_string().as_str()) {
-            return Err(Error::trajectory(&path, format!("metadata says step {:?}, expected {s}", meta.get("step"))));
-        }
-        let expected: Vec<String> = {
-            let mut v: Vec<String> = self.manifest.params.iter().map(|p| p.name.clone()).collect();
-            v.sort();
-            v
-        };
-        if f.names() != expected {
-            return Err(Error::trajectory(&path, format!("tensor names {:?} differ from the manifest's {:?}", f.names(), expected)));
-        }
-        let mut data = Vec::with_capacity(self.manifest.params.len());
-        for sp in &self.manifest.params {
-            let (_, v) = f.f64(&sp.name, Some(&sp.shape))?;
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(Error::trajectory(&path, format!("tensor {} has a non-finite value at index {i}", sp.name)));
-            }
-            data.push(v);
-        }
-        Ok(Params { specs: self.manifest.params.clone(), data })
+        load_step(&self.dir, &self.manifest, s)
     }
 
     /// Loads all states `w_0 … w_N`.
     pub fn load_all(&self) -> Result<Vec<Params>> {
         (0..=self.manifest.steps).map(|s| self.load_step(s)).collect()
     }
+}
+
+/// Loads and validates state `w_s` of the run in `dir` described by `manifest`: the file exists,
+/// parses, carries this run's id and step number, and has exactly the manifest's f64 tensors,
+/// all finite.
+pub fn load_step(dir: &Path, manifest: &Manifest, s: usize) -> Result<Params> {
+    if s > manifest.steps {
+        return Err(Error::trajectory(dir, format!("step {s} is beyond the last step {}", manifest.steps)));
+    }
+    let path = step_path(dir, s);
+    if !path.exists() {
+        return Err(Error::trajectory(&path, format!("missing step file for step {s} of {}", manifest.steps)));
+    }
+    let f = SafeFile::open(&path)?;
+    let meta = f.metadata();
+    match meta.get("run_id") {
+        Some(id) if *id == manifest.run_id => {}
+        Some(id) => return Err(Error::trajectory(&path, format!("belongs to run {id}, not to this run {}", manifest.run_id))),
+        None => return Err(Error::trajectory(&path, "has no run_id metadata")),
+    }
+    if meta.get("step").map(String::as_str) != Some(s.to_string().as_str()) {
+        return Err(Error::trajectory(&path, format!("metadata says step {:?}, expected {s}", meta.get("step"))));
+    }
+    let mut expected: Vec<String> = manifest.params.iter().map(|p| p.name.clone()).collect();
+    expected.sort();
+    if f.names() != expected {
+        return Err(Error::trajectory(&path, format!("tensor names {:?} differ from the manifest's {:?}", f.names(), expected)));
+    }
+    let mut data = Vec::with_capacity(manifest.params.len());
+    for sp in &manifest.params {
+        let (_, v) = f.f64(&sp.name, Some(&sp.shape))?;
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::trajectory(&path, format!("tensor {} has a non-finite value at index {i}", sp.name)));
+        }
+        data.push(v);
+    }
+    Ok(Params { specs: manifest.params.clone(), data })
+}
+
+/// Reads and checks `DIR/manifest.json` (format, version, internal consistency).
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let mpath = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&mpath).map_err(|e| Error::io(&mpath, e))?;
+    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| Error::format(&mpath, format!("invalid manifest: {e}")))?;
+    if manifest.format != FORMAT {
+        return Err(Error::format(&mpath, format!("format is `{}`, expected `{FORMAT}`", manifest.format)));
+    }
+    if manifest.version != VERSION {
+        return Err(Error::format(&mpath, format!("format version {} is not supported (this build reads {VERSION})", manifest.version)));
+    }
+    if manifest.architecture.param_specs() != manifest.params {
+        return Err(Error::format(&mpath, "parameter list does not match the architecture"));
+    }
+    let w: usize = manifest.params.iter().map(ParamSpec::numel).sum();
+    if w != manifest.num_params {
+        return Err(Error::format(&mpath, format!("num_params is {} but the parameter shapes sum to {w}", manifest.num_params)));
+    }
+    if manifest.learning_rates.len() != manifest.steps {
+        return Err(Error::format(&mpath, format!("{} learning rates for {} steps", manifest.learning_rates.len(), manifest.steps)));
+    }
+    Ok(manifest)
 }
 
 fn read_targets(f: &SafeFile, name: &str, n: usize, k: usize, task: &str) -> Result<Targets> {

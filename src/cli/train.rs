@@ -14,11 +14,15 @@ trajectory/step-NNNNNN.safetensors, train_log.parquet). The run is staged in OUT
 to OUT when complete. Example: pathkernel train --config data/studies/paper-toy.toml --out runs/toy")]
 pub struct Args {
     /// TOML configuration file ([data], [model], [train]) or a study file.
-    #[arg(long, value_name = "FILE.toml")]
-    config: PathBuf,
+    #[arg(long, value_name = "FILE.toml", required_unless_present = "resume", conflicts_with = "resume")]
+    config: Option<PathBuf>,
     /// Run directory to create.
+    #[arg(long, value_name = "DIR", required_unless_present = "resume", conflicts_with = "resume")]
+    out: Option<PathBuf>,
+    /// Continue an interrupted run into DIR from the last complete step recorded in DIR.partial
+    /// (the configuration is read from its manifest; the result is identical to an uninterrupted run).
     #[arg(long, value_name = "DIR")]
-    out: PathBuf,
+    resume: Option<PathBuf>,
     /// Replace OUT if it already holds something (only after the new run completed).
     #[arg(long)]
     force: bool,
@@ -32,13 +36,23 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&a.config).map_err(|e| crate::Error::io(&a.config, e))?;
+    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from(".") };
+    if let Some(dir) = &a.resume {
+        if a.device.is_some() {
+            return Err(crate::Error::Config("--device cannot change a run being resumed".into()));
+        }
+        let summary = crate::train::resume_to_dir(dir, &opts)?;
+        println!("{summary}");
+        return Ok(());
+    }
+    let (config, out) = (a.config.expect("clap requires --config"), a.out.expect("clap requires --out"));
+    let text = std::fs::read_to_string(&config).map_err(|e| crate::Error::io(&config, e))?;
     // A study file (with `name` and [[kernel]] entries) also configures a training run.
     let is_study = text.parse::<toml::Table>().map(|t| t.contains_key("name")).unwrap_or(false);
     let mut cfg = if is_study {
-        crate::study::StudyConfig::from_toml(&text, &a.config)?.run_config()
+        crate::study::StudyConfig::from_toml(&text, &config)?.run_config()
     } else {
-        RunConfig::from_toml(&text, &a.config)?
+        RunConfig::from_toml(&text, &config)?
     };
     if let Some(d) = &a.device {
         cfg.train.device = match d.as_str() {
@@ -47,8 +61,7 @@ pub fn exec(a: Args) -> Result<()> {
             other => return Err(crate::Error::Config(format!("--device {other}: expected cpu or cuda"))),
         };
     }
-    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from(".") };
-    let summary = train_to_dir(&cfg, &a.out, &opts)?;
+    let summary = train_to_dir(&cfg, &out, &opts)?;
     println!("{summary}");
     Ok(())
 }
