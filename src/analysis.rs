@@ -968,3 +968,418 @@ fn spearman(a: &[f64], b: &[f64]) -> f64 {
     }
     sab / (saa * sbb).sqrt()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    fn rng(seed: u64) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(seed)
+    }
+    fn uniform(n: usize, d: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
+        let mut r = rng(seed);
+        (0..n * d).map(|_| r.gen_range(lo..hi)).collect()
+    }
+    fn gram_of(x: &[f64], n: usize, d: usize, f: impl Fn(&[f64], &[f64]) -> f64) -> Vec<f64> {
+        let mut g = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                g[i * n + j] = f(&x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d]);
+            }
+        }
+        g
+    }
+    fn sq(a: &[f64], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
+    }
+    fn dot(a: &[f64], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    fn norm(a: &[f64]) -> f64 {
+        dot(a, a).sqrt()
+    }
+    fn rbf(l: f64) -> impl Fn(&[f64], &[f64]) -> f64 {
+        move |a, b| (-sq(a, b) / (2.0 * l * l)).exp()
+    }
+    /// Grows with the distance from the origin: (1 + |x||x'|) · exp(−|x − x'|² / s).
+    fn growing(s: f64) -> impl Fn(&[f64], &[f64]) -> f64 {
+        move |a, b| (1.0 + norm(a) * norm(b)) * (-sq(a, b) / s).exp()
+    }
+    fn score(x: &[f64], g: &[f64], n: usize, d: usize) -> Stationarity {
+        stationarity(x, g, n, d, &StationarityOptions::default()).unwrap()
+    }
+
+    // ----- attribution -----
+
+    #[test]
+    fn contributions_reproduce_the_kernel_machine() {
+        let (p, m, k) = (4, 9, 3);
+        let mut r = rng(1);
+        let gram: Vec<f64> = (0..p * m * k * k).map(|_| r.gen_range(-2.0..2.0)).collect();
+        let a: Vec<f64> = (0..m * k).map(|_| r.gen_range(-1.0..1.0)).collect();
+        let bias: Vec<f64> = (0..p * k).map(|_| r.gen_range(-1.0..1.0)).collect();
+        // The kernel machine, written out independently: f = b + Σ_i Σ_k' a[i,k'] G[p,i,k,k'].
+        let mut network = bias.clone();
+        for pi in 0..p {
+            for kk in 0..k {
+                for kp in 0..k {
+                    for i in 0..m {
+                        network[pi * k + kk] += a[i * k + kp] * gram[pi * m * k * k + i * k * k + kk * k + kp];
+                    }
+                }
+            }
+        }
+        let c = contributions(&gram, &a, p, m, k).unwrap();
+        assert_eq!(c.len(), p * m * k);
+        let att = attribute(&c, &bias, &network, &[0, 1, 2, 3], p, m, k, 3).unwrap();
+        assert_eq!(att.len(), p * k);
+        for at in &att {
+            let total: f64 = (0..m).map(|i| c[(at.point * m + i) * k + at.class]).sum();
+            assert_eq!(at.total, total);
+            assert!((at.total - (network[at.point * k + at.class] - bias[at.point * k + at.class])).abs() < 1e-12);
+            assert!(at.residual.abs() < 1e-12, "residual {}", at.residual);
+            assert_eq!(at.output, network[at.point * k + at.class]);
+        }
+    }
+
+    #[test]
+    fn per_step_contributions_reproduce_the_ensemble_machine() {
+        let (s, p, m, k) = (5, 3, 6, 2);
+        let mut r = rng(2);
+        let gs: Vec<f64> = (0..s * p * m * k * k).map(|_| r.gen_range(-2.0..2.0)).collect();
+        let a_s: Vec<f64> = (0..s * m * k).map(|_| r.gen_range(-1.0..1.0)).collect();
+        let bias: Vec<f64> = (0..p * k).map(|_| r.gen_range(-1.0..1.0)).collect();
+        let idx = |si: usize, pi: usize, i: usize, kk: usize, kp: usize| (((si * p + pi) * m + i) * k + kk) * k + kp;
+        let mut network = bias.clone();
+        for si in 0..s {
+            for pi in 0..p {
+                for kk in 0..k {
+                    for i in 0..m {
+                        for kp in 0..k {
+                            network[pi * k + kk] += a_s[(si * m + i) * k + kp] * gs[idx(si, pi, i, kk, kp)];
+                        }
+                    }
+                }
+            }
+        }
+        let c = contributions_per_step(&gs, &a_s, s, p, m, k).unwrap();
+        let att = attribute(&c, &bias, &network, &[2, 0], p, m, k, 2).unwrap();
+        assert_eq!(att.iter().map(|a| (a.point, a.class)).collect::<Vec<_>>(), vec![(2, 0), (2, 1), (0, 0), (0, 1)]);
+        for at in &att {
+            assert!(at.residual.abs() < 1e-12, "residual {}", at.residual);
+        }
+        // With the same coefficients at every step the ensemble equals the single machine on Σ_s G_s.
+        let a1: Vec<f64> = a_s[..m * k].to_vec();
+        let a_rep: Vec<f64> = (0..s).flat_map(|_| a1.iter().copied()).collect();
+        let c_rep = contributions_per_step(&gs, &a_rep, s, p, m, k).unwrap();
+        let step = p * m * k * k;
+        let gsum: Vec<f64> = (0..step).map(|e| (0..s).map(|si| gs[si * step + e]).sum()).collect();
+        let c_sum = contributions(&gsum, &a1, p, m, k).unwrap();
+        for (x, y) in c_rep.iter().zip(&c_sum) {
+            assert!((x - y).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn attribute_orders_supporters_and_opponents_and_reports_the_residual() {
+        // One point, M = 6, K = 2; class 0 contributions known, class 1 all zero.
+        let (p, m, k) = (1, 6, 2);
+        let c0 = [0.5, -1.0, 2.0, 0.0, -3.0, 0.5];
+        let mut contrib = vec![0.0; p * m * k];
+        for (i, v) in c0.iter().enumerate() {
+            contrib[i * k] = *v;
+        }
+        let bias = [0.25, -1.0];
+        let network = [0.25 + (-1.0) + 0.5, -1.0]; // class 0 off by +0.5 from b + Σc = -0.75
+        let att = attribute(&contrib, &bias, &network, &[0], p, m, k, 2).unwrap();
+        let a0 = &att[0];
+        assert_eq!(a0.total, -1.0);
+        assert!((a0.residual - 0.5).abs() < 1e-15);
+        assert_eq!(a0.supporters, vec![(2, 2.0), (0, 0.5)]); // tie 0.5: lower index first
+        assert_eq!(a0.opponents, vec![(4, -3.0), (1, -1.0)]);
+        let all = attribute(&contrib, &bias, &network, &[0], p, m, k, 10).unwrap();
+        assert_eq!(all[0].supporters, vec![(2, 2.0), (0, 0.5), (5, 0.5)]);
+        assert_eq!(all[0].opponents.len(), 2);
+        assert!(all[1].supporters.is_empty() && all[1].opponents.is_empty());
+        assert_eq!(all[1].residual, 0.0);
+    }
+
+    #[test]
+    fn attribution_rejects_bad_shapes_and_indices() {
+        let e = contributions(&[0.0; 7], &[0.0; 6], 1, 2, 2).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        let e = contributions(&[0.0; 8], &[0.0; 5], 1, 2, 2).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        let e = contributions_per_step(&[0.0; 16], &[0.0; 7], 2, 1, 2, 2).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        let c = vec![0.0; 2 * 3 * 2];
+        let e = attribute(&c, &[0.0; 3], &[0.0; 4], &[0], 2, 3, 2, 1).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        let e = attribute(&c, &[0.0; 4], &[0.0; 4], &[2], 2, 3, 2, 1).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        let mut bad = c.clone();
+        bad[7] = f64::NAN;
+        let e = attribute(&bad, &[0.0; 4], &[0.0; 4], &[1], 2, 3, 2, 1).unwrap_err();
+        assert!(matches!(e, Error::Data(_)), "{e}");
+        assert!(attribute(&bad, &[0.0; 4], &[0.0; 4], &[0], 2, 3, 2, 1).is_ok());
+    }
+
+    // ----- stationarity -----
+
+    #[test]
+    fn rbf_is_stationary_in_2d_at_several_length_scales() {
+        let (n, d) = (200, 2);
+        for (lo, hi) in [(0.0, 1.0), (-1.0, 1.0)] {
+            let x = uniform(n, d, lo, hi, 11);
+            for l in [0.2, 0.5, 1.0, 3.0] {
+                let s = score(&x, &gram_of(&x, n, d, rbf(l)), n, d);
+                assert!(s.score >= 0.95, "RBF l={l} on [{lo},{hi}]^2: {s:?}");
+                assert!(s.displacement_r2 > 0.99 && s.distance_r2 > 0.99, "{s:?}");
+                assert_eq!(s.pairs_used, n * (n - 1) / 2);
+            }
+        }
+    }
+
+    #[test]
+    fn rbf_is_stationary_by_distance_in_10d() {
+        let (n, d) = (200, 10);
+        let x = uniform(n, d, 0.0, 1.0, 12);
+        for l in [0.2, 0.5, 1.0, 3.0] {
+            let l = l * (d as f64 / 2.0).sqrt();
+            let s = score(&x, &gram_of(&x, n, d, rbf(l)), n, d);
+            assert!(s.score >= 0.95, "RBF l={l} in 10-D: {s:?}");
+            assert!(s.displacement_r2.is_nan());
+        }
+    }
+
+    #[test]
+    fn linear_polynomial_and_growing_kernels_are_not_stationary() {
+        let (n, d) = (200, 2);
+        let x01 = uniform(n, d, 0.0, 1.0, 13);
+        let xc = uniform(n, d, -1.0, 1.0, 13);
+        let lin = |a: &[f64], b: &[f64]| dot(a, b);
+        let poly = |a: &[f64], b: &[f64]| (1.0 + dot(a, b)).powi(2);
+        let cases: [(&str, &[f64], Box<dyn Fn(&[f64], &[f64]) -> f64>, f64); 5] = [
+            ("linear [0,1]^2", &x01, Box::new(lin), 0.2),
+            // Centred data: x·x' = |c|² − |δ|²/4, 70 % of the variance is displacement-driven.
+            ("linear [-1,1]^2", &xc, Box::new(lin), 0.5),
+            ("poly [-1,1]^2", &xc, Box::new(poly), 0.45),
+            ("growing [0,1]^2", &x01, Box::new(growing(1.0)), 0.5),
+            ("growing/d [0,1]^2", &x01, Box::new(growing(d as f64)), 0.3),
+        ];
+        for (name, x, f, max) in cases {
+            let s = score(x, &gram_of(x, n, d, f), n, d);
+            assert!(s.score <= max, "{name}: {s:?}");
+        }
+        let (n, d) = (200, 10);
+        let x = uniform(n, d, 0.0, 1.0, 14);
+        let s = score(&x, &gram_of(&x, n, d, lin), n, d);
+        assert!(s.score <= 0.2, "linear 10-D: {s:?}");
+        let s = score(&x, &gram_of(&x, n, d, growing(d as f64)), n, d);
+        assert!(s.score <= 0.2, "growing 10-D: {s:?}");
+    }
+
+    #[test]
+    fn score_falls_as_location_dependence_grows() {
+        // k = RBF(x, x') · (1 + ε u(x) u(x')) with u(x) = x_0 + x_1: stationary only at ε = 0.
+        let (n, d) = (200, 2);
+        let x = uniform(n, d, -1.0, 1.0, 15);
+        let scores: Vec<f64> = [0.0, 0.05, 0.2, 1.0]
+            .iter()
+            .map(|&eps| {
+                let f = move |a: &[f64], b: &[f64]| rbf(0.5)(a, b) * (1.0 + eps * (a[0] + a[1]) * (b[0] + b[1]));
+                score(&x, &gram_of(&x, n, d, f), n, d).score
+            })
+            .collect();
+        assert!(scores[0] > 0.99, "{scores:?}");
+        assert!(scores.windows(2).all(|w| w[1] < w[0] - 0.02), "{scores:?}");
+        assert!(scores[3] < 0.6, "{scores:?}");
+    }
+
+    #[test]
+    fn binned_diagnostic_is_resolution_limited_but_the_score_is_not() {
+        let (n, d) = (200, 2);
+        let x = uniform(n, d, -1.0, 1.0, 16);
+        let g = gram_of(&x, n, d, rbf(0.2));
+        let at = |bins| stationarity(&x, &g, n, d, &StationarityOptions { bins, ..Default::default() }).unwrap();
+        let (s12, s24, s48) = (at(12), at(24), at(48));
+        assert!(s12.binned_r2 < s24.binned_r2 && s24.binned_r2 < s48.binned_r2, "{s12:?} {s24:?} {s48:?}");
+        assert!(s12.binned_r2 < 0.95, "{s12:?}");
+        assert!(s12.relative_spread > s48.relative_spread);
+        assert_eq!(s12.score, s48.score);
+        assert!(s12.score > 0.99);
+        assert!(s12.bins_used > 0 && s12.bins_used < s48.bins_used);
+    }
+
+    #[test]
+    fn stationarity_is_deterministic_for_a_seed_and_subsamples_pairs() {
+        let (n, d) = (300, 2);
+        let x = uniform(n, d, -1.0, 1.0, 17);
+        let g = gram_of(&x, n, d, growing(1.0));
+        let opts = StationarityOptions { max_pairs: 5000, seed: 3, ..Default::default() };
+        let a = stationarity(&x, &g, n, d, &opts).unwrap();
+        let b = stationarity(&x, &g, n, d, &opts).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_eq!(a.pairs_used, 5000);
+        let c = stationarity(&x, &g, n, d, &StationarityOptions { seed: 4, ..opts.clone() }).unwrap();
+        assert_ne!(a.score, c.score);
+        assert!((a.score - c.score).abs() < 0.1, "{a:?} {c:?}");
+        // A subsample still recognises the RBF as stationary.
+        let s = stationarity(&x, &gram_of(&x, n, d, rbf(0.5)), n, d, &opts).unwrap();
+        assert!(s.score > 0.95, "{s:?}");
+        // Sampled pairs are distinct, ordered and in range.
+        let pairs = select_pairs(n, 5000, 3);
+        assert!(pairs.windows(2).all(|w| w[0] < w[1]));
+        assert!(pairs.iter().all(|&[i, j]| i < j && (j as usize) < n));
+    }
+
+    #[test]
+    fn stationarity_edge_cases_and_errors() {
+        let (n, d) = (50, 1);
+        let x = uniform(n, d, -1.0, 1.0, 18);
+        let s = score(&x, &vec![2.5; n * n], n, d);
+        assert_eq!(s.score, 1.0);
+        let s = score(&x, &gram_of(&x, n, d, rbf(0.3)), n, d);
+        assert!(s.score > 0.95 && s.displacement_r2 == s.distance_r2, "{s:?}");
+        let s = score(&x, &gram_of(&x, n, d, |a: &[f64], b: &[f64]| a[0] * b[0]), n, d);
+        assert!(s.score < 0.6, "{s:?}"); // x·x' = c² − δ²/4 on centred data: mostly displacement-driven
+        // Asymmetric Gram: only the symmetric part counts.
+        let g = gram_of(&x, n, d, rbf(0.3));
+        let mut asym = g.clone();
+        for i in 0..n {
+            for j in 0..n {
+                asym[i * n + j] += if i < j { 0.7 } else if i > j { -0.7 } else { 0.0 };
+            }
+        }
+        assert_eq!(score(&x, &asym, n, d).score, score(&x, &g, n, d).score);
+        let o = StationarityOptions::default();
+        assert!(matches!(stationarity(&x, &g, n, 0, &o), Err(Error::Config(_))));
+        assert!(matches!(stationarity(&x, &g[1..], n, d, &o), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(stationarity(&x[..n - 1], &g, n, d, &o), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(stationarity(&x[..3], &g[..9], 3, 1, &o), Err(Error::Data(_))));
+        let mut gn = g.clone();
+        gn[5] = f64::INFINITY;
+        assert!(matches!(stationarity(&x, &gn, n, d, &o), Err(Error::Data(_))));
+        let bad = StationarityOptions { bins: 0, ..Default::default() };
+        assert!(matches!(stationarity(&x, &g, n, d, &bad), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn kd_tree_matches_brute_force() {
+        let q = 3;
+        let f = uniform(500, q, -1.0, 1.0, 19);
+        let tree = KdTree::new(&f, q);
+        let mut out = Vec::new();
+        for t in [0usize, 17, 250, 499] {
+            let qp = &f[t * q..(t + 1) * q];
+            let accept = |c: usize| c != t && c % 3 != 0;
+            tree.knn(qp, 8, accept, &mut out);
+            let mut brute: Vec<(f64, usize)> =
+                (0..500).filter(|&c| accept(c)).map(|c| (sq(&f[c * q..(c + 1) * q], qp), c)).collect();
+            brute.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            brute.truncate(8);
+            assert_eq!(out, brute);
+        }
+    }
+
+    // ----- far field -----
+
+    #[test]
+    fn ray_points_have_the_documented_geometry() {
+        for d in [2usize, 5] {
+            let m = 40;
+            let x = uniform(m, d, 1.0, 3.0, 20 + d as u64);
+            let (n_dirs, n_steps, growth) = (6, 4, 2.0);
+            let (pts, ray, rad) = ray_points(&x, m, d, n_dirs, n_steps, growth, 9).unwrap();
+            assert_eq!((pts.len(), ray.len(), rad.len()), (n_dirs * n_steps * d, n_dirs * n_steps, n_dirs * n_steps));
+            let centroid: Vec<f64> = (0..d).map(|a| (0..m).map(|i| x[i * d + a]).sum::<f64>() / m as f64).collect();
+            let r0 = ((0..m).map(|i| sq(&x[i * d..(i + 1) * d], &centroid)).sum::<f64>() / m as f64).sqrt();
+            for r in 0..n_dirs {
+                let first = &pts[r * n_steps * d..(r * n_steps + 1) * d];
+                let u: Vec<f64> = first.iter().zip(&centroid).map(|(p, c)| (p - c) / r0).collect();
+                assert!((norm(&u) - 1.0).abs() < 1e-12);
+                if d == 2 {
+                    let th = 2.0 * std::f64::consts::PI * r as f64 / n_dirs as f64;
+                    assert!((u[0] - th.cos()).abs() < 1e-12 && (u[1] - th.sin()).abs() < 1e-12);
+                }
+                for j in 0..n_steps {
+                    let row = r * n_steps + j;
+                    assert_eq!(ray[row], r);
+                    let want = r0 * growth.powi(j as i32);
+                    assert!((rad[row] - want).abs() < 1e-12 * want);
+                    let p = &pts[row * d..(row + 1) * d];
+                    assert!((sq(p, &centroid).sqrt() - want).abs() < 1e-10 * want);
+                    let v: Vec<f64> = p.iter().zip(&centroid).map(|(p, c)| (p - c) / want).collect();
+                    assert!(sq(&v, &u) < 1e-20, "ray {r} step {j} leaves its direction");
+                }
+            }
+            // Seeded: same seed, same points; another seed moves the d ≥ 3 directions.
+            let again = ray_points(&x, m, d, n_dirs, n_steps, growth, 9).unwrap();
+            assert_eq!(again.0, pts);
+            let other = ray_points(&x, m, d, n_dirs, n_steps, growth, 10).unwrap();
+            assert_eq!(other.0 == pts, d == 2);
+        }
+        let x = uniform(10, 2, 0.0, 1.0, 1);
+        assert!(matches!(ray_points(&x, 10, 2, 0, 3, 2.0, 0), Err(Error::Config(_))));
+        assert!(matches!(ray_points(&x, 10, 2, 3, 3, f64::NAN, 0), Err(Error::Config(_))));
+        assert!(matches!(ray_points(&x, 9, 2, 3, 3, 2.0, 0), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(ray_points(&[1.0; 6], 3, 2, 3, 3, 2.0, 0), Err(Error::Data(_))));
+    }
+
+    #[test]
+    fn nearest_distance_matches_brute_force() {
+        let d = 3;
+        let pts = uniform(57, d, -5.0, 5.0, 30);
+        let tr = uniform(23, d, -1.0, 1.0, 31);
+        let nd = nearest_distance(&pts, &tr, d).unwrap();
+        assert_eq!(nd.len(), 57);
+        for (r, got) in nd.iter().enumerate() {
+            let p = &pts[r * d..(r + 1) * d];
+            let mut best = f64::INFINITY;
+            for i in 0..23 {
+                best = best.min(sq(p, &tr[i * d..(i + 1) * d]).sqrt());
+            }
+            assert!((got - best).abs() < 1e-12);
+        }
+        assert_eq!(nearest_distance(&tr, &tr, d).unwrap(), vec![0.0; 23]);
+        assert!(matches!(nearest_distance(&pts[..5], &tr, d), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(nearest_distance(&pts, &[], d), Err(Error::Data(_))));
+        assert!(matches!(nearest_distance(&pts, &tr, 0), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn profile_bins_counts_and_spearman_sign() {
+        // Distances 1, 2^1.5, …, 2^8.5, 2^9: 9 log bins with edges at the powers of two, one point
+        // in the middle of each bin, plus both ends (the last bin includes the largest distance).
+        let dist: Vec<f64> =
+            (0..10).map(|j| if j == 0 || j == 9 { 2f64.powi(j) } else { 2f64.powf(j as f64 + 0.5) }).collect();
+        let up: Vec<f64> = dist.iter().map(|x| x.sqrt()).collect();
+        let down: Vec<f64> = dist.iter().map(|x| 1.0 / x).collect();
+        let p = profile(&dist, &up, 9).unwrap();
+        assert_eq!(p.rows.len(), 9);
+        assert_eq!(p.rows.iter().map(|r| r.count).sum::<usize>(), 10);
+        assert_eq!(p.rows.iter().map(|r| r.count).collect::<Vec<_>>(), vec![1, 1, 1, 1, 1, 1, 1, 1, 2]);
+        for (b, row) in p.rows.iter().enumerate() {
+            assert!((row.lo - 2f64.powi(b as i32)).abs() < 1e-9 && (row.hi - 2f64.powi(b as i32 + 1)).abs() < 1e-9);
+        }
+        let last = &p.rows[8];
+        assert_eq!((last.min, last.max), (up[8], up[9]));
+        assert!((last.mean - 0.5 * (up[8] + up[9])).abs() < 1e-12);
+        assert!((p.spearman - 1.0).abs() < 1e-12);
+        assert!((profile(&dist, &down, 4).unwrap().spearman + 1.0).abs() < 1e-12);
+        // Zero distances go to the first bin, reported from 0; empty bins are kept with NaN stats.
+        let p = profile(&[0.0, 1.0, 1.5, 100.0], &[1.0, 2.0, 3.0, 4.0], 4).unwrap();
+        assert_eq!(p.rows[0].lo, 0.0);
+        assert_eq!(p.rows.iter().map(|r| r.count).collect::<Vec<_>>(), vec![3, 0, 0, 1]);
+        assert!(p.rows[1].mean.is_nan());
+        // Ties get average ranks; a constant value has no rank correlation.
+        assert!((spearman(&[1.0, 2.0, 2.0, 3.0], &[1.0, 2.0, 2.0, 3.0]) - 1.0).abs() < 1e-12);
+        assert!(profile(&dist, &vec![1.0; 10], 3).unwrap().spearman.is_nan());
+        assert_eq!(profile(&[2.0; 3], &[1.0, 2.0, 3.0], 5).unwrap().rows.len(), 1);
+        assert!(matches!(profile(&dist, &up[..3], 3), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(profile(&[-1.0], &[0.0], 3), Err(Error::Data(_))));
+        assert!(matches!(profile(&dist, &up, 0), Err(Error::Config(_))));
+        assert!(matches!(profile(&[], &[], 3), Err(Error::Data(_))));
+    }
+}

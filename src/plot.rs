@@ -224,25 +224,39 @@ struct Txt {
     cmds: RefCell<Vec<TextCmd>>,
 }
 
-impl Txt {
-    /// Width and height (ascent − descent) in pixels of `s` at size `px`.
-    fn measure(&self, s: &str, px: f32) -> (f32, f32) {
-        let f = self.face.as_scaled(PxScale::from(px));
-        let mut w = 0.0;
-        let mut prev = None;
-        for c in s.chars() {
-            let id = f.glyph_id(c);
-            if let Some(p) = prev {
-                w += f.kern(p, id);
-            }
-            w += f.h_advance(id);
-            prev = Some(id);
+/// Width and height (ascent − descent) in pixels of `s` at size `px`.
+fn measure(face: &FontRef<'static>, s: &str, px: f32) -> (f32, f32) {
+    let f = face.as_scaled(PxScale::from(px));
+    let mut w = 0.0;
+    let mut prev = None;
+    for c in s.chars() {
+        let id = f.glyph_id(c);
+        if let Some(p) = prev {
+            w += f.kern(p, id);
         }
-        (w, f.ascent() - f.descent())
+        w += f.h_advance(id);
+        prev = Some(id);
+    }
+    (w, f.ascent() - f.descent())
+}
+
+impl Txt {
+    fn measure(&self, s: &str, px: f32) -> (f32, f32) {
+        measure(self.face, s, px)
     }
 
     fn width(&self, s: &str, px: f32) -> i32 {
         self.measure(s, px).0.ceil() as i32
+    }
+
+    /// The largest size ≤ `px` (down to 9 px) at which `s` fits in `max_w` pixels.
+    fn fit(&self, s: &str, px: f32, max_w: i32) -> f32 {
+        let w = self.measure(s, px).0;
+        if w <= max_w as f32 || w <= 0.0 {
+            px
+        } else {
+            (px * max_w.max(1) as f32 / w).floor().max(9.0)
+        }
     }
 
     /// Queues `s` at `at`, a position relative to `area`.
@@ -602,6 +616,8 @@ impl Ranged for Axis1 {
 /// One plotted axis: range, ticks and labels in plot space (log10 of the data for log axes).
 struct Axis {
     log: bool,
+    /// Log axis whose decade labels are all written as powers of ten.
+    sup: bool,
     lo: f64,
     hi: f64,
     ticks: Vec<f64>,
@@ -614,7 +630,7 @@ impl Axis {
             let r = t.round();
             if (t - r).abs() < 1e-9 {
                 let k = r as i64;
-                if (-2..=3).contains(&k) {
+                if !self.sup && (-2..=3).contains(&k) {
                     fmt_num(10f64.powi(k as i32))
                 } else {
                     format!("10{}", superscript(k))
@@ -631,15 +647,21 @@ impl Axis {
 
     /// A linear axis over [lo, hi] (data units), padded by `pad` of the span on both sides.
     fn linear(lo: f64, hi: f64, pad: f64, target_ticks: usize) -> Axis {
-        let (lo, hi) = widen(lo, hi);
+        // Keep spans finite even for values near ±f64::MAX.
+        const BIG: f64 = f64::MAX / 8.0;
+        let (lo, hi) = widen(lo.clamp(-BIG, BIG), hi.clamp(-BIG, BIG));
         let p = (hi - lo) * pad;
-        let (lo, hi) = (lo - p, hi + p);
+        let (lo, hi) = ((lo - p).max(-2.0 * BIG), (hi + p).min(2.0 * BIG));
         let step = nice_step((hi - lo) / target_ticks.max(2) as f64);
         let multiples = |step: f64| -> Vec<f64> {
-            let (first, last) = ((lo / step).ceil() as i64, (hi / step).floor() as i64);
+            let (first, last) = ((lo / step).ceil(), (hi / step).floor());
+            if !(first.is_finite() && last.is_finite()) || last - first > 200.0 || last < first {
+                return vec![];
+            }
+            let (first, last) = (first as i64, last as i64);
             (first..=last).map(|k| if k == 0 { 0.0 } else { k as f64 * step }).collect()
         };
-        Axis { log: false, lo, hi, ticks: multiples(step), light: multiples(step / 2.0) }
+        Axis { log: false, sup: false, lo, hi, ticks: multiples(step), light: multiples(step / 2.0) }
     }
 
     /// A log10 axis covering [lo, hi] (data units, both > 0).
@@ -677,7 +699,8 @@ impl Axis {
             }
         }
         ticks.sort_by(f64::total_cmp);
-        Axis { log: true, lo: lo_t, hi: hi_t, ticks, light }
+        let sup = ticks.iter().any(|t| t.fract() == 0.0 && !(-2.0..=3.0).contains(t));
+        Axis { log: true, sup, lo: lo_t, hi: hi_t, ticks, light }
     }
 
     /// An axis fitted to the drawable values in `values`.
@@ -779,9 +802,11 @@ fn build_chart<'a>(
     }
     let xmid = (xr.start + xr.end) / 2;
     let ymid = (yr.start + yr.end) / 2;
-    txt.put_abs(x_desc, (xmid, yr.end + 7 + tick_h as i32 + 10), DESC_PX, INK, H::Center, V::Top, false);
+    let xpx = txt.fit(x_desc, DESC_PX, xr.end - xr.start);
+    txt.put_abs(x_desc, (xmid, yr.end + 7 + tick_h as i32 + 10), xpx, INK, H::Center, V::Top, false);
     let (bx, _) = area.get_base_pixel();
-    txt.put_abs(y_desc, (bx + 4 + (DESC_PX as i32) / 2, ymid), DESC_PX, INK, H::Center, V::Center, true);
+    let ypx = txt.fit(y_desc, DESC_PX, yr.end - yr.start);
+    txt.put_abs(y_desc, (bx + 4 + (DESC_PX as i32) / 2, ymid), ypx, INK, H::Center, V::Center, true);
     Ok(chart)
 }
 
@@ -884,7 +909,8 @@ fn draw_colorbar(area: &Area, txt: &Txt, cmap: Cmap, label: &str, rows: std::ops
         txt.put(area, &ax.label(*t), (x1 + 7, y), CBAR_TICK_PX, H::Left, V::Center, false);
     }
     let lx = x1 + 7 + ax.label_w(txt, CBAR_TICK_PX) + 8 + DESC_PX as i32 / 2;
-    txt.put(area, label, (lx, (y0 + y1) / 2), DESC_PX, H::Center, V::Center, true);
+    let px = txt.fit(label, DESC_PX, y1 - y0);
+    txt.put(area, label, (lx, (y0 + y1) / 2), px, H::Center, V::Center, true);
     Ok(())
 }
 
@@ -895,10 +921,12 @@ type Entry = (String, RGBColor, usize);
 /// centred on the given pixel.
 fn draw_legend(area: &Area, txt: &Txt, entries: &[Entry], top: i32, key: impl Fn(&Area, (i32, i32), RGBColor, usize) -> Drawn) -> Drawn {
     let row = LEGEND_PX as i32 + 10;
+    let (w, _) = area.dim_in_pixel();
     for (i, (label, color, kind)) in entries.iter().enumerate() {
         let y = top + i as i32 * row;
         key(area, (22, y), *color, *kind)?;
-        txt.put(area, label, (44, y), LEGEND_PX, H::Left, V::Center, false);
+        let px = txt.fit(label, LEGEND_PX, w as i32 - 48);
+        txt.put(area, label, (44, y), px, H::Left, V::Center, false);
     }
     Ok(())
 }
@@ -916,7 +944,8 @@ fn titled<'a>(root: &Area<'a>, txt: &Txt, title: &str) -> Area<'a> {
         return rest;
     }
     let (w, _) = root.dim_in_pixel();
-    txt.put(root, title, (w as i32 / 2, TITLE_H as i32 / 2), TITLE_PX, H::Center, V::Center, false);
+    let px = txt.fit(title, TITLE_PX, w as i32 - 20);
+    txt.put(root, title, (w as i32 / 2, TITLE_H as i32 / 2), px, H::Center, V::Center, false);
     let (_, rest) = root.split_vertically(TITLE_H);
     rest
 }
@@ -1214,7 +1243,8 @@ fn panel_cells<'a>(root: &Area<'a>, txt: &Txt, title: &str, names: &[&str], rows
     let cells = grid_area.split_evenly((rows, cols));
     let mut out = Vec::with_capacity(names.len());
     for (cell, name) in cells.into_iter().zip(names) {
-        txt.put(&cell, name, (PANEL_W as i32 / 2, PANEL_TITLE_H as i32 / 2 + 2), PANEL_TITLE_PX, H::Center, V::Center, false);
+        let px = txt.fit(name, PANEL_TITLE_PX, PANEL_W as i32 - 12);
+        txt.put(&cell, name, (PANEL_W as i32 / 2, PANEL_TITLE_H as i32 / 2 + 2), px, H::Center, V::Center, false);
         let (_, body) = cell.split_vertically(PANEL_TITLE_H);
         let (main, cbar) = body.split_horizontally(PANEL_W - CBAR_W);
         out.push(PanelCell { main, cbar });
@@ -1228,34 +1258,70 @@ enum FooterItem {
     Cross,
 }
 
-/// Draws a centred one-line legend of classes (marker shapes; optional class-coloured fill and
-/// background-shading swatch) and the cross mark.
-fn draw_footer(area: &Area, txt: &Txt, items: &[FooterItem], fill_by_class: bool, shading: bool) -> Drawn {
-    let (w, h) = area.dim_in_pixel();
-    let y = h as i32 / 2;
-    let labels: Vec<String> = items
-        .iter()
-        .map(|it| match it {
+impl FooterItem {
+    fn label(&self) -> String {
+        match self {
             FooterItem::Class(c) => format!("class {c}"),
             FooterItem::Cross => "test point".into(),
-        })
-        .collect();
-    let widths: Vec<i32> = labels.iter().map(|l| txt.width(l, LEGEND_PX) + 26 + 26).collect();
-    let total: i32 = widths.iter().sum();
-    let mut x = (w as i32 - total).max(0) / 2;
-    for ((it, label), wi) in items.iter().zip(&labels).zip(&widths) {
-        match it {
-            FooterItem::Cross => cross_px(area, (x + 8, y), 6)?,
-            FooterItem::Class(c) => {
-                if shading {
-                    area.draw(&Rectangle::new([(x - 4, y - 11), (x + 20, y + 11)], light_class(*c).filled()))?;
-                }
-                let fill = if fill_by_class { class_color(*c) } else { RGBColor(150, 150, 150) };
-                legend_marker(area, (x + 8, y), *c, 5, fill, BLACK)?;
-            }
         }
-        txt.put(area, label, (x + 26, y), LEGEND_PX, H::Left, V::Center, false);
-        x += wi;
+    }
+}
+
+/// Extra height of each further footer line.
+const FOOTER_LINE_H: u32 = 28;
+
+/// Greedy line breaking of footer items into lines at most `width` pixels wide; returns the
+/// items' widths and the index ranges of the lines.
+fn footer_lines(face: &FontRef<'static>, items: &[FooterItem], width: i32) -> (Vec<i32>, Vec<std::ops::Range<usize>>) {
+    let widths: Vec<i32> = items.iter().map(|it| measure(face, &it.label(), LEGEND_PX).0.ceil() as i32 + 52).collect();
+    let mut lines = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (i, w) in widths.iter().enumerate() {
+        if i > start && acc + w > width {
+            lines.push(start..i);
+            start = i;
+            acc = 0;
+        }
+        acc += w;
+    }
+    if start < items.len() {
+        lines.push(start..items.len());
+    }
+    (widths, lines)
+}
+
+/// Height of a footer with these items in a figure `width` pixels wide.
+fn footer_height(items: &[FooterItem], width: u32) -> Result<u32> {
+    let (_, lines) = footer_lines(face()?, items, width as i32 - 20);
+    Ok(match lines.len() {
+        0 => 0,
+        n => FOOTER_H + FOOTER_LINE_H * (n as u32 - 1),
+    })
+}
+
+/// Draws a centred legend of classes (marker shapes; optional class-coloured fill and
+/// background-shading swatch) and the cross mark, wrapped onto several lines when needed.
+fn draw_footer(area: &Area, txt: &Txt, items: &[FooterItem], fill_by_class: bool, shading: bool) -> Drawn {
+    let (w, _) = area.dim_in_pixel();
+    let (widths, lines) = footer_lines(txt.face, items, w as i32 - 20);
+    for (li, line) in lines.into_iter().enumerate() {
+        let y = FOOTER_H as i32 / 2 + li as i32 * FOOTER_LINE_H as i32;
+        let total: i32 = widths[line.clone()].iter().sum();
+        let mut x = (w as i32 - total).max(0) / 2;
+        for k in line {
+            match &items[k] {
+                FooterItem::Cross => cross_px(area, (x + 8, y), 6)?,
+                FooterItem::Class(c) => {
+                    if shading {
+                        area.draw(&Rectangle::new([(x - 4, y - 11), (x + 20, y + 11)], light_class(*c).filled()))?;
+                    }
+                    let fill = if fill_by_class { class_color(*c) } else { RGBColor(150, 150, 150) };
+                    legend_marker(area, (x + 8, y), *c, 5, fill, BLACK)?;
+                }
+            }
+            txt.put(area, &items[k].label(), (x + 26, y), LEGEND_PX, H::Left, V::Center, false);
+            x += widths[k];
+        }
     }
     Ok(())
 }
@@ -1276,7 +1342,7 @@ fn distinct(classes: impl Iterator<Item = usize>) -> Vec<usize> {
 /// colour, or — when `overlay.value` is given — that value on the panel's own colour scale.
 /// With class-coloured points a class legend is drawn below the panels. Up to 4 panels form one
 /// row; more form a near-square grid. Each panel is 450×420 pixels, plus a 44-pixel title band
-/// and a 36-pixel legend band.
+/// and, with a class legend, a 36-pixel legend band (28 pixels more per wrapped line).
 pub fn heatmaps(
     path: &Path,
     title: &str,
@@ -1301,10 +1367,15 @@ pub fn heatmaps(
         .map(|o| o.x.iter().zip(&o.y).filter(|(x, y)| x.is_finite() && y.is_finite()).map(|(x, y)| (*x, *y)).collect())
         .unwrap_or_default();
     let (oxr, oyr) = padded_extent(&opts);
-    let footer = overlay.filter(|o| o.value.is_none() && !opts.is_empty());
+    let items: Vec<FooterItem> = match overlay {
+        Some(o) if o.value.is_none() && !opts.is_empty() => {
+            distinct(o.class.iter().copied()).into_iter().map(FooterItem::Class).collect()
+        }
+        _ => vec![],
+    };
     let (cols, rows) = panel_layout(panels.len());
     let title_h = if title.is_empty() { 8 } else { TITLE_H };
-    let footer_h = if footer.is_some() { FOOTER_H } else { 0 };
+    let footer_h = footer_height(&items, cols as u32 * PANEL_W)?;
     let size = (cols as u32 * PANEL_W, title_h + rows as u32 * PANEL_H + footer_h);
 
     render(path, size, |root, txt| {
@@ -1334,11 +1405,7 @@ pub fn heatmaps(
             let (_, rows_px) = pa.get_pixel_range();
             draw_colorbar(&cell.cbar, txt, *cmap, colorbar_label, rows_px)?;
         }
-        if let Some(o) = footer {
-            let items: Vec<FooterItem> = distinct(o.class.iter().copied()).into_iter().map(FooterItem::Class).collect();
-            draw_footer(&footer_area, txt, &items, true, false)?;
-        }
-        Ok(())
+        draw_footer(&footer_area, txt, &items, true, false)
     })
 }
 
@@ -1353,7 +1420,8 @@ pub fn heatmaps(
 /// background grid's values are class indices (rounded; negative or non-finite → white). When a
 /// panel's overlay has no `value`, its points are coloured by class and it gets no colour bar.
 /// Up to 4 panels form one row; more form a near-square grid (9 panels → 3×3). Each panel is
-/// 450×420 pixels, plus a 44-pixel title band and a 36-pixel legend band (classes, crosses).
+/// 450×420 pixels, plus a 44-pixel title band and a 36-pixel legend band of classes and crosses
+/// (28 pixels more per wrapped line).
 pub fn point_value_panels(
     path: &Path,
     title: &str,
@@ -1395,7 +1463,8 @@ pub fn point_value_panels(
     let fill_by_class = cmaps.iter().all(Option::is_none);
     let (cols, rows) = panel_layout(panels.len());
     let title_h = if title.is_empty() { 8 } else { TITLE_H };
-    let size = (cols as u32 * PANEL_W, title_h + rows as u32 * PANEL_H + FOOTER_H);
+    let footer_h = footer_height(&items, cols as u32 * PANEL_W)?;
+    let size = (cols as u32 * PANEL_W, title_h + rows as u32 * PANEL_H + footer_h);
 
     render(path, size, |root, txt| {
         let names: Vec<&str> = panels.iter().map(|p| p.0.as_str()).collect();
@@ -1488,7 +1557,8 @@ pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], color
     render(path, (MATRIX_W, MATRIX_H), |root, txt| {
         let title_h = if title.is_empty() { 12 } else { TITLE_H as i32 };
         if !title.is_empty() {
-            txt.put(root, title, (MATRIX_W as i32 / 2, title_h / 2), TITLE_PX, H::Center, V::Center, false);
+            let px = txt.fit(title, TITLE_PX, MATRIX_W as i32 - 20);
+            txt.put(root, title, (MATRIX_W as i32 / 2, title_h / 2), px, H::Center, V::Center, false);
         }
         let lab_px = if n <= 20 { TICK_PX } else { 12.0 };
         let max_lw = labels.iter().map(|l| txt.width(l, lab_px)).max().unwrap_or(0);
@@ -1500,7 +1570,7 @@ pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], color
         let rotate = max_lw > cell_guess - 6;
         let bottom = if rotate { max_lw + 16 } else { lab_px as i32 + 18 };
         let avail_h = MATRIX_H as i32 - title_h - bottom - 8;
-        let cell = (avail_w.min(avail_h) as f64 / n as f64).max(1.0);
+        let cell = (avail_w.min(avail_h) as f64 / n as f64).max(1e-3);
         let side = (cell * n as f64).round() as i32;
         let x0 = left + (avail_w - side).max(0) / 2;
         let y0 = title_h;
@@ -1629,7 +1699,9 @@ mod tests {
         let ax = Axis::log(1e-6, 1.0);
         assert!(ax.ticks.len() >= 3);
         assert_eq!(ax.label(-6.0), "10⁻⁶");
-        assert_eq!(ax.label(0.0), "1");
+        assert_eq!(ax.label(0.0), "10⁰", "all decades as powers once one needs it");
+        let ax = Axis::log(0.01, 100.0);
+        assert_eq!((ax.label(-2.0), ax.label(0.0), ax.label(2.0)), ("0.01".into(), "1".into(), "100".into()));
         let ax = Axis::log(2.0, 8.0);
         assert!(ax.ticks.len() >= 2, "{:?}", ax.ticks);
         let ax = Axis::linear(0.0, 1.0, 0.0, 8);
@@ -1748,6 +1820,61 @@ mod tests {
         let p = dir.path().join("matrix_large.png");
         matrix(&p, "Gram matrix", &labels, &values, "K(xᵢ, xⱼ)").unwrap();
         check_png(&p, MATRIX_W, MATRIX_H);
+    }
+
+    #[test]
+    fn awkward_but_valid_input_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        // Extreme magnitudes, a constant series and a single point.
+        let p = dir.path().join("extreme.png");
+        let s = vec![
+            Series::new("huge", vec![-1e308, 1e308], vec![1e308, -1e308]),
+            Series::new("constant", vec![0.0, 1.0], vec![5.0, 5.0]),
+            Series::new("one point", vec![0.5], vec![0.0]),
+        ];
+        line_chart(&p, "extreme", "x", "y", &s, Scale::Linear, Scale::Linear).unwrap();
+        line_chart(&p, "extreme log", "x", "y", &s, Scale::Log, Scale::Log).unwrap();
+        scatter_chart(&p, "extreme", "x", "y", &s, true).unwrap();
+        let tiny = Series::new("tiny span", vec![1.0, 1.0 + 1e-12], vec![1e-300, 2e-300]);
+        line_chart(&p, "tiny", "x", "y", &[tiny.clone()], Scale::Linear, Scale::Linear).unwrap();
+        line_chart(&p, "tiny", "x", "y", &[tiny], Scale::Linear, Scale::Log).unwrap();
+        // A very long title and legend label are shrunk to fit.
+        let long = "a very long title ".repeat(8);
+        line_chart(&p, &long, &long, &long, &[Series::new(long.clone(), vec![0.0, 1.0], vec![0.0, 1.0])], Scale::Linear, Scale::Linear).unwrap();
+        check_png(&p, CHART_W, CHART_H);
+        // Ten classes in one panel: the class legend wraps onto a second line.
+        let o = Overlay {
+            x: (0..100).map(|i| (i % 10) as f64).collect(),
+            y: (0..100).map(|i| (i / 10) as f64).collect(),
+            class: (0..100).map(|i| i % 10).collect(),
+            value: None,
+        };
+        let g = grid(|x, y| x * y);
+        let p = dir.path().join("ten_classes.png");
+        heatmaps(&p, "ten classes", &[("one panel".into(), g)], "", Some(&o)).unwrap();
+        check_png(&p, PANEL_W, TITLE_H + PANEL_H + FOOTER_H + 2 * FOOTER_LINE_H);
+        // Constant values, infinite cells, points without values, no marks, no background.
+        let gc = Grid2d { nx: 2, ny: 2, x0: 0.0, x1: 1.0, y0: 0.0, y1: 1.0, values: vec![3.0, 3.0, f64::INFINITY, 3.0] };
+        heatmaps(&p, "", &[("constant".into(), gc)], "c", None).unwrap();
+        let o2 = Overlay { x: vec![0.0, 1.0], y: vec![0.0, 1.0], class: vec![0, 1], value: None };
+        point_value_panels(&p, "", &[("no values".into(), o2, None)], &[], "").unwrap();
+        // A large matrix with more rows than pixels.
+        let n = 900;
+        let labels: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        let values: Vec<f64> = (0..n * n).map(|k| (k % 7) as f64).collect();
+        let p = dir.path().join("matrix_huge.png");
+        matrix(&p, "huge", &labels, &values, "").unwrap();
+        check_png(&p, MATRIX_W, MATRIX_H);
+        let p = dir.path().join("matrix_one.png");
+        matrix(&p, "", &["only".into()], &[-2.0], "v").unwrap();
+    }
+
+    #[test]
+    fn font_has_the_glyphs_we_use() {
+        let f = face().unwrap();
+        for c in "−∠∇ᵢⱼ⁰¹²³⁴⁵⁶⁷⁸⁹⁻×μσ".chars() {
+            assert_ne!(f.glyph_id(c).0, 0, "DejaVu Sans lacks {c:?}");
+        }
     }
 
     #[test]

@@ -450,10 +450,11 @@ impl Points {
     }
 }
 
-/// Estimated bytes of the arrays a request outputs.
+/// Estimated peak bytes of a request: the Gram and the layer-0 accumulator (2 × `P·M·K²`
+/// doubles), plus every per-step Gram with `per_step`.
 pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
-    let g = (p * m * k * k) as u64 * 8;
-    g + if per_step { g * steps as u64 } else { 0 }
+    let g = (p as u64) * (m as u64) * (k as u64) * (k as u64) * 8;
+    2 * g + if per_step { g * steps as u64 } else { 0 }
 }
 
 /// Computes a kernel over the recorded path between row points and the training set, with the

@@ -1,0 +1,147 @@
+//! Bad input through the CLI: exit status 2, a one-line message, and no output created or changed.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn run_fail(args: &[&str], cwd: &Path, needle: &str) {
+    let o = Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walk(dir).into_iter().map(|p| p.strip_prefix(dir).unwrap().display().to_string()).collect();
+    v.sort();
+    v
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn kernel_rejects_bad_arguments_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = d.join("c.toml");
+    std::fs::write(&cfg, toy2d("[6]", "relu", 5, 0.5, 6, 4)).unwrap();
+    let o = Command::new(bin()).args(["train", "-q", "--config", "c.toml", "--out", "run"]).current_dir(d).output().unwrap();
+    assert!(o.status.success());
+    let before = listing(d);
+    let k = |extra: &[&str], needle: &str| {
+        let mut args = vec!["kernel", "--run", "run", "--out", "kout"];
+        args.extend_from_slice(extra);
+        run_fail(&args, d, needle);
+        assert_eq!(listing(d), before, "{extra:?} changed the directory");
+    };
+    k(&["--kind", "rbf"], "kernel kind `rbf`");
+    k(&["--quadrature", "simpson:4"], "quadrature `simpson:4`");
+    k(&["--quadrature", "auto:0"], "quadrature `auto:0`");
+    k(&["--points", "grid:1"], "--points `grid:1`");
+    k(&["--points", "everything"], "--points `everything`");
+    k(&["--side", "middle"], "--side middle");
+    k(&["--steps", "4:2"], "--steps `4:2`");
+    k(&["--steps", "0:99"], "--steps 0:99");
+    k(&["--kind", "epk", "--step", "2"], "--step only applies");
+    k(&["--kind", "ntk", "--step", "99"], "beyond the last state");
+    k(&["--per-step", "--memory", "1k"], "bytes, over the budget");
+    k(&["--memory", "lots"], "is not a size");
+    run_fail(&["kernel", "--run", "nowhere", "--out", "kout"], d, "nowhere");
+    assert_eq!(listing(d), before);
+    // A run with a missing step and one with a garbled dataset.
+    std::fs::remove_file(d.join("run/trajectory/step-000003.safetensors")).unwrap();
+    let before = listing(d);
+    run_fail(&["kernel", "--run", "run", "--out", "kout"], d, "missing step file for step 3");
+    assert_eq!(listing(d), before);
+}
+
+#[test]
+fn kernel_rejects_grid_points_on_high_dimensional_data_and_corrupt_datasets() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = toy2d("[6]", "relu", 3, 0.5, 6, 4).replace("dim = 2", "dim = 5");
+    std::fs::write(d.join("c.toml"), text).unwrap();
+    assert!(Command::new(bin()).args(["train", "-q", "--config", "c.toml", "--out", "run"]).current_dir(d).status().unwrap().success());
+    run_fail(&["kernel", "--run", "run", "--points", "grid:10", "--out", "kout"], d, "needs 2-D data");
+    assert!(!d.join("kout").exists() && !d.join("kout.partial").exists());
+    // Out-of-range label inside dataset.safetensors (a hand-edited file).
+    let p = d.join("run/dataset.safetensors");
+    let mut f = pathkernel::io::SafeFile::open(&p).unwrap();
+    let (_, x_train) = f.f64("x_train", None).unwrap();
+    let (_, mut y_train) = f.i64("y_train", None).unwrap();
+    let (_, x_test) = f.f64("x_test", None).unwrap();
+    let (_, y_test) = f.i64("y_test", None).unwrap();
+    let meta = f.metadata();
+    y_train[0] = 7;
+    let m = y_train.len();
+    let pn = y_test.len();
+    pathkernel::io::write_safetensors(
+        &p,
+        &[
+            pathkernel::io::NamedArray::f64("x_train", vec![m, 5], x_train.clone()),
+            pathkernel::io::NamedArray::i64("y_train", vec![m], y_train),
+            pathkernel::io::NamedArray::f64("x_test", vec![pn, 5], x_test.clone()),
+            pathkernel::io::NamedArray::i64("y_test", vec![pn], y_test.clone()),
+        ],
+        Some(meta.clone()),
+    )
+    .unwrap();
+    run_fail(&["kernel", "--run", "run", "--out", "kout"], d, "y_train[0] = 7");
+    // Test points of the wrong dimension.
+    pathkernel::io::write_safetensors(
+        &p,
+        &[
+            pathkernel::io::NamedArray::f64("x_train", vec![m, 5], x_train),
+            pathkernel::io::NamedArray::i64("y_train", vec![m], vec![0; m]),
+            pathkernel::io::NamedArray::f64("x_test", vec![pn, 4], x_test[..pn * 4].to_vec()),
+            pathkernel::io::NamedArray::i64("y_test", vec![pn], y_test),
+        ],
+        Some(meta),
+    )
+    .unwrap();
+    run_fail(&["kernel", "--run", "run", "--out", "kout"], d, "x_test");
+    f = pathkernel::io::SafeFile::open(&p).unwrap();
+    assert_eq!(f.shape("x_test").unwrap(), vec![pn, 4]);
+    assert!(!d.join("kout").exists() && !d.join("kout.partial").exists());
+}
+
+#[test]
+fn train_rejects_bad_data_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = toy2d("[6]", "relu", 3, 0.5, 6, 4);
+    for (what, text, needle) in [
+        ("empty", base.replace("per_class = 6", "per_class = 0"), "per_class"),
+        ("nan std", base.replace("seed = 3", "seed = 3\nstd = nan"), "std"),
+        ("dim 1", base.replace("dim = 2", "dim = 1"), "dim"),
+        ("unknown data kind", base.replace("gaussian-mixture", "spirals"), "unknown variant"),
+        ("steps 0", base.replace("steps = 3", "steps = 0"), "train.steps = 0"),
+        ("alpha 0", base.replace("activation = \"relu\"", "activation = \"relu\"\nalpha = 0.0"), "model.alpha"),
+        ("mse on labels", base.replace("seed = 7", "seed = 7\nloss = \"mse\""), "regression dataset"),
+        ("cnn on vectors", base.replace("kind = \"mlp\"", "kind = \"cnn\"").replace("hidden = [6]\n", ""), "needs image data"),
+        ("missing train", base.split("[train]").next().unwrap().to_string(), "train"),
+    ] {
+        std::fs::write(d.join("c.toml"), text).unwrap();
+        run_fail(&["train", "--config", "c.toml", "--out", "run"], d, needle);
+        assert!(!d.join("run").exists() && !d.join("run.partial").exists(), "{what}");
+    }
+    run_fail(&["train", "--config", "missing.toml", "--out", "run"], d, "missing.toml");
+    // MNIST without the files says how to get them.
+    std::fs::write(d.join("m.toml"), "[data]\nkind = \"mnist\"\n[model]\nkind = \"cnn\"\n[train]\nlr = 0.1\nsteps = 2\n").unwrap();
+    run_fail(&["train", "--config", "m.toml", "--out", "run"], d, "fetch-mnist.sh");
+}
