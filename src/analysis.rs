@@ -429,7 +429,8 @@ fn matched_residual_1d(f: &[f64], v: &[f64], pairs: &[[u32; 2]]) -> Result<f64> 
     for r in 0..order.len() {
         let t = order[r];
         let left = (r.saturating_sub(SCAN_1D)..r).rev().map(|s| order[s]).find(|&c| disjoint(pairs[t], pairs[c]));
-        let right = (r + 1..(r + 1 + SCAN_1D).min(order.len())).map(|s| order[s]).find(|&c| disjoint(pairs[t], pairs[c]));
+        let right =
+            (r + 1..(r + 1 + SCAN_1D).min(order.len())).map(|s| order[s]).find(|&c| disjoint(pairs[t], pairs[c]));
         let (pred, norm) = match (left, right) {
             (Some(l), Some(h)) => {
                 let span = f[h] - f[l];
@@ -479,6 +480,7 @@ fn matched_residual_kd(f: &[f64], q: usize, v: &[f64], pairs: &[[u32; 2]]) -> Re
 /// (value at ft = Σ w_c v_c): intercept of a least-squares plane in the neighbours' features
 /// centred at `ft` and scaled to unit radius, with a tiny ridge on the slopes. Falls back to the
 /// plain mean when the neighbours are too few or all at the query's position.
+#[allow(clippy::needless_range_loop)] // small dense matrix algebra reads best with indices
 fn local_linear_weights(f: &[f64], q: usize, ft: &[f64], found: &[(f64, usize)], w: &mut Vec<f64>) {
     w.clear();
     let nf = found.len();
@@ -884,7 +886,7 @@ pub fn profile(distance: &[f64], value: &[f64], bins: usize) -> Result<Profile> 
     }
     let hi = distance.iter().copied().fold(0.0f64, f64::max);
     let lo_pos = distance.iter().copied().filter(|&x| x > 0.0).fold(f64::INFINITY, f64::min);
-    let has_zero = distance.iter().any(|&x| x == 0.0);
+    let has_zero = distance.contains(&0.0);
     let single = !lo_pos.is_finite() || lo_pos >= hi;
     let nb = if single { 1 } else { bins };
     let edges: Vec<f64> = if single {
@@ -901,7 +903,14 @@ pub fn profile(distance: &[f64], value: &[f64], bins: usize) -> Result<Profile> 
             .collect()
     };
     let mut rows: Vec<ProfileRow> = (0..nb)
-        .map(|b| ProfileRow { lo: edges[b], hi: edges[b + 1], count: 0, mean: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY })
+        .map(|b| ProfileRow {
+            lo: edges[b],
+            hi: edges[b + 1],
+            count: 0,
+            mean: 0.0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+        })
         .collect();
     for (&x, &v) in distance.iter().zip(value) {
         let b = if single || x <= lo_pos {
@@ -1160,7 +1169,8 @@ mod tests {
         let xc = uniform(n, d, -1.0, 1.0, 13);
         let lin = |a: &[f64], b: &[f64]| dot(a, b);
         let poly = |a: &[f64], b: &[f64]| (1.0 + dot(a, b)).powi(2);
-        let cases: [(&str, &[f64], Box<dyn Fn(&[f64], &[f64]) -> f64>, f64); 5] = [
+        type Kernel = Box<dyn Fn(&[f64], &[f64]) -> f64>;
+        let cases: [(&str, &[f64], Kernel, f64); 5] = [
             ("linear [0,1]^2", &x01, Box::new(lin), 0.2),
             // Centred data: x·x' = |c|² − |δ|²/4, 70 % of the variance is displacement-driven.
             ("linear [-1,1]^2", &xc, Box::new(lin), 0.5),
@@ -1244,12 +1254,18 @@ mod tests {
         assert!(s.score > 0.95 && s.displacement_r2 == s.distance_r2, "{s:?}");
         let s = score(&x, &gram_of(&x, n, d, |a: &[f64], b: &[f64]| a[0] * b[0]), n, d);
         assert!(s.score < 0.6, "{s:?}"); // x·x' = c² − δ²/4 on centred data: mostly displacement-driven
-        // Asymmetric Gram: only the symmetric part counts.
+                                         // Asymmetric Gram: only the symmetric part counts.
         let g = gram_of(&x, n, d, rbf(0.3));
         let mut asym = g.clone();
         for i in 0..n {
             for j in 0..n {
-                asym[i * n + j] += if i < j { 0.7 } else if i > j { -0.7 } else { 0.0 };
+                asym[i * n + j] += if i < j {
+                    0.7
+                } else if i > j {
+                    -0.7
+                } else {
+                    0.0
+                };
             }
         }
         assert_eq!(score(&x, &asym, n, d).score, score(&x, &g, n, d).score);
@@ -1375,7 +1391,7 @@ mod tests {
         assert!(p.rows[1].mean.is_nan());
         // Ties get average ranks; a constant value has no rank correlation.
         assert!((spearman(&[1.0, 2.0, 2.0, 3.0], &[1.0, 2.0, 2.0, 3.0]) - 1.0).abs() < 1e-12);
-        assert!(profile(&dist, &vec![1.0; 10], 3).unwrap().spearman.is_nan());
+        assert!(profile(&dist, &[1.0; 10], 3).unwrap().spearman.is_nan());
         assert_eq!(profile(&[2.0; 3], &[1.0, 2.0, 3.0], 5).unwrap().rows.len(), 1);
         assert!(matches!(profile(&dist, &up[..3], 3), Err(Error::ShapeMismatch { .. })));
         assert!(matches!(profile(&[-1.0], &[0.0], 3), Err(Error::Data(_))));

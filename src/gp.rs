@@ -212,8 +212,9 @@ struct ClassFit {
 
 /// A fitted per-class GP: Cholesky factors, `α`, and the hyper-parameters actually used.
 ///
-/// Memory: one dense `M × M` factor per class (`8·K·M²` bytes).
-#[derive(Clone, Debug)]
+/// Memory: one dense `M × M` factor per class (`8·K·M²` bytes). `Debug` prints a summary (not
+/// the factors).
+#[derive(Clone)]
 pub struct FittedGp {
     m: usize,
     k: usize,
@@ -231,6 +232,19 @@ pub struct Posterior {
     pub p: usize,
     /// Number of classes `K`.
     pub k: usize,
+}
+
+impl std::fmt::Debug for FittedGp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FittedGp")
+            .field("m", &self.m)
+            .field("k", &self.k)
+            .field("noise", &self.noise())
+            .field("output_scale", &self.output_scale())
+            .field("jitter_used", &self.jitter_used())
+            .field("log_marginal_likelihood", &self.log_marginal_likelihood())
+            .finish()
+    }
 }
 
 impl FittedGp {
@@ -925,6 +939,11 @@ mod tests {
                     assert!(v >= 0.0 && v <= prior * (1.0 + 1e-12), "noise {noise}: var {v}, prior {prior}");
                 }
             }
+            // A test point unrelated to every training point (zero cross kernel, zero prior):
+            // mean and variance exactly 0.
+            let kc = vec![0.0; pb.k * pb.m];
+            let post0 = gp.predict(&kc, &vec![0.0; pb.k], 1).unwrap();
+            assert_eq!((post0.mean.clone(), post0.var.clone()), (vec![0.0; pb.k], vec![0.0; pb.k]));
             // At a training point the variance collapses towards the noise level.
             if noise > 0.0 {
                 assert!(post.var[0] < 2.0 * noise + 1e-9, "var at training point {}", post.var[0]);
@@ -964,7 +983,12 @@ mod tests {
         let mean_diag = (0..m).map(|i| g[i * m + i]).sum::<f64>() / m as f64;
         let gp = GpParams::new().noise(0.0).fit(&g, &y, m, 1).unwrap();
         let j = gp.jitter_used()[0];
-        assert!(j > 0.0 && j <= 1e-2 * mean_diag, "jitter used {j}");
+        assert!(j > 0.0 && j < 1e-2 * mean_diag, "jitter used {j}");
+        // On the ladder 1e-12·d̄·10^n.
+        let n = (j / (1e-12 * mean_diag)).log10();
+        assert!((n - n.round()).abs() < 1e-9 && n.round() >= 0.0, "jitter {j} not on the ladder (n = {n})");
+        let dbg = format!("{gp:?}");
+        assert!(dbg.contains("jitter_used") && dbg.len() < 400, "{dbg}");
         assert!(gp.log_marginal_likelihood()[0].is_finite());
         let kd: Vec<f64> = (0..m).map(|i| g[i * m + i]).collect();
         let post = gp.predict(&g, &kd, m).unwrap();
@@ -1051,6 +1075,11 @@ mod tests {
         let gp = fit(GpParams::new().noise(1e-3)).unwrap();
         assert!(matches!(gp.predict(&pb.k_cross, &pb.k_test_diag, pb.p + 1), Err(Error::ShapeMismatch { .. })));
         assert!(matches!(gp.predict_cov(&pb.k_cross, &pb.k_test_diag, pb.p), Err(Error::ShapeMismatch { .. })));
+        // P = 0 is a valid, empty request.
+        let empty = gp.predict(&[], &[], 0).unwrap();
+        assert!(empty.mean.is_empty() && empty.var.is_empty());
+        assert!(gp.predict_cov(&[], &[], 0).unwrap().is_empty());
+        assert!(mc_softmax(&empty, 10, 0).unwrap().entropy.is_empty());
         // Serde round trip of the parameters (partial configs take defaults).
         let p = GpParams::new().noise(0.5).fit_hyper(true);
         let s = serde_json::to_string(&p).unwrap();
@@ -1179,6 +1208,43 @@ mod tests {
         }
     }
 
+    /// E[σ(u)] and E[σ(u)²] for u ~ N(a, b) by a fine trapezoid rule (independent of the MC code).
+    fn logistic_normal_moments(a: f64, b: f64) -> (f64, f64) {
+        let sd = b.sqrt();
+        let n = 20_000;
+        let (lo, hi) = (a - 12.0 * sd, a + 12.0 * sd);
+        let h = (hi - lo) / n as f64;
+        let (mut m1, mut m2) = (0.0, 0.0);
+        for i in 0..=n {
+            let u = lo + i as f64 * h;
+            let w = if i == 0 || i == n { 0.5 } else { 1.0 } * h * (-(u - a).powi(2) / (2.0 * b)).exp()
+                / (2.0 * std::f64::consts::PI * b).sqrt();
+            let sg = 1.0 / (1.0 + (-u).exp());
+            m1 += w * sg;
+            m2 += w * sg * sg;
+        }
+        (m1, m2)
+    }
+
+    #[test]
+    fn mc_softmax_two_classes_matches_quadrature() {
+        // K = 2: softmax(z)_0 = σ(z0 − z1), z0 − z1 ~ N(μ0 − μ1, v0 + v1).
+        let post = post_of(vec![0.7, -0.2, 0.0, 1.5], vec![2.0, 0.5, 0.3, 0.1], 2);
+        let mc = mc_softmax(&post, 20_000, 3).unwrap();
+        for q in 0..2 {
+            let (mu, v) = (&post.mean[2 * q..2 * q + 2], &post.var[2 * q..2 * q + 2]);
+            let (m1, m2) = logistic_normal_moments(mu[0] - mu[1], v[0] + v[1]);
+            let std = (m2 - m1 * m1).sqrt();
+            let d = (mc.mean_prob[2 * q] - m1).abs();
+            assert!(d < 4.0 * mc.se_mean_prob[2 * q], "point {q}: MC {} vs quadrature {m1}", mc.mean_prob[2 * q]);
+            assert!((mc.mean_prob[2 * q + 1] - (1.0 - m1)).abs() < 4.0 * mc.se_mean_prob[2 * q + 1]);
+            assert!((mc.std_prob[2 * q] / std - 1.0).abs() < 0.05, "std {} vs {std}", mc.std_prob[2 * q]);
+            assert!((mc.se_mean_prob[2 * q] - mc.std_prob[2 * q] / (20_000f64).sqrt()).abs() < 1e-15);
+            let h = -(m1 * m1.ln() + (1.0 - m1) * (1.0 - m1).ln());
+            assert!((mc.entropy[q] - h).abs() < 4.0 * mc.se_entropy[q] + 1e-4, "entropy {} vs {h}", mc.entropy[q]);
+        }
+    }
+
     #[test]
     fn mc_softmax_is_deterministic_per_seed() {
         let post = post_of(vec![0.1, 0.2, -0.3, 1.0], vec![0.5, 0.5, 1.0, 1.0], 2);
@@ -1192,6 +1258,10 @@ mod tests {
         let d = mc_softmax(&more, 500, 7).unwrap();
         assert_eq!(d.mean_prob[..4], a.mean_prob[..]);
         assert_eq!(d.se_entropy[..2], a.se_entropy[..]);
+        // Identical points get independent draws (one stream per point).
+        let twins = post_of(vec![0.0, 1.0, 0.0, 1.0], vec![1.0, 1.0, 1.0, 1.0], 2);
+        let t = mc_softmax(&twins, 500, 7).unwrap();
+        assert_ne!(t.mean_prob[..2], t.mean_prob[2..]);
         assert!(matches!(mc_softmax(&post, 1, 7), Err(Error::Config(_))));
         let bad = post_of(vec![0.0, 0.0], vec![-1.0, 0.0], 2);
         assert!(matches!(mc_softmax(&bad, 10, 7), Err(Error::Data(_))));

@@ -6,6 +6,7 @@
 //! path kernel, the Exact Path Kernel and the kernel machine that reproduces the network.
 #![warn(missing_docs)]
 
+pub mod analysis;
 pub mod bench;
 pub mod cli;
 pub mod data;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod io;
 pub mod kernel;
 pub mod model;
+pub mod plot;
 pub mod study;
 pub mod svm;
 pub mod train;

@@ -46,7 +46,11 @@ pub struct Series {
 impl Series {
     /// A series from a label and its points.
     pub fn new(label: impl Into<String>, x: Vec<f64>, y: Vec<f64>) -> Self {
-        Series { label: label.into(), x, y }
+        Series {
+            label: label.into(),
+            x,
+            y,
+        }
     }
 }
 
@@ -183,7 +187,8 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// The embedded font, parsed and registered with plotters once per process.
 fn face() -> Result<&'static FontRef<'static>> {
     FACE.get_or_init(|| {
-        let ok = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT_BYTES).is_ok();
+        let ok =
+            plotters::style::register_font("sans-serif", FontStyle::Normal, FONT_BYTES).is_ok();
         FontRef::try_from_slice(FONT_BYTES).ok().filter(|_| ok)
     })
     .as_ref()
@@ -266,7 +271,17 @@ impl Txt {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn put_color(&self, area: &Area, s: &str, at: (i32, i32), px: f32, color: RGBColor, h: H, v: V, up: bool) {
+    fn put_color(
+        &self,
+        area: &Area,
+        s: &str,
+        at: (i32, i32),
+        px: f32,
+        color: RGBColor,
+        h: H,
+        v: V,
+        up: bool,
+    ) {
         let (bx, by) = area.get_base_pixel();
         self.put_abs(s, (bx + at.0, by + at.1), px, color, h, v, up);
     }
@@ -276,7 +291,15 @@ impl Txt {
         if s.is_empty() {
             return;
         }
-        self.cmds.borrow_mut().push(TextCmd { s: s.to_string(), at, px, color, h, v, up });
+        self.cmds.borrow_mut().push(TextCmd {
+            s: s.to_string(),
+            at,
+            px,
+            color,
+            h,
+            v,
+            up,
+        });
     }
 
     /// Rasterises all queued texts into an RGB buffer of width `w` and height `h`.
@@ -309,7 +332,9 @@ impl Txt {
                 let g = id.with_scale_and_position(f.scale(), ab_glyph::point(x, base));
                 x += f.h_advance(id);
                 prev = Some(id);
-                let Some(o) = f.outline_glyph(g) else { continue };
+                let Some(o) = f.outline_glyph(g) else {
+                    continue;
+                };
                 let b = o.px_bounds();
                 o.draw(|gx, gy, cov| {
                     let (dx, dy) = (b.min.x as i32 + gx as i32, b.min.y as i32 + gy as i32);
@@ -320,7 +345,8 @@ impl Txt {
                     }
                     let a = cov.clamp(0.0, 1.0) as f64;
                     let i = (py as usize * w as usize + px as usize) * 3;
-                    let blend = |old: u8, new: u8| (old as f64 * (1.0 - a) + new as f64 * a).round() as u8;
+                    let blend =
+                        |old: u8, new: u8| (old as f64 * (1.0 - a) + new as f64 * a).round() as u8;
                     buf[i] = blend(buf[i], cmd.color.0);
                     buf[i + 1] = blend(buf[i + 1], cmd.color.1);
                     buf[i + 2] = blend(buf[i + 2], cmd.color.2);
@@ -345,7 +371,10 @@ thread_local! {
 
 /// Renders `(w, h)` pixels with `draw` in memory, then writes the PNG atomically to `path`.
 fn render(path: &Path, (w, h): (u32, u32), draw: impl FnOnce(&Area, &Txt) -> Drawn) -> Result<()> {
-    let txt = Txt { face: face()?, cmds: RefCell::new(Vec::new()) };
+    let txt = Txt {
+        face: face()?,
+        cmds: RefCell::new(Vec::new()),
+    };
     let file_name = path
         .file_name()
         .ok_or_else(|| Error::Data(format!("{}: not a file path", path.display())))?
@@ -358,7 +387,10 @@ fn render(path: &Path, (w, h): (u32, u32), draw: impl FnOnce(&Area, &Txt) -> Dra
     if !dir.is_dir() {
         return Err(Error::io(
             path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "parent directory does not exist"),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "parent directory does not exist",
+            ),
         ));
     }
 
@@ -425,7 +457,11 @@ fn mix(a: RGBColor, b: RGBColor, t: f64) -> RGBColor {
 }
 
 fn interp(stops: &[RGBColor], t: f64) -> RGBColor {
-    let t = if t.is_finite() { t.clamp(0.0, 1.0) } else { 0.5 };
+    let t = if t.is_finite() {
+        t.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
     let s = t * (stops.len() - 1) as f64;
     let i = (s.floor() as usize).min(stops.len() - 2);
     mix(stops[i], stops[i + 1], s - i as f64)
@@ -488,10 +524,12 @@ impl Cmap {
 }
 
 fn finite_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    values.filter(|v| v.is_finite()).fold(None, |acc, v| match acc {
-        None => Some((v, v)),
-        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-    })
+    values
+        .filter(|v| v.is_finite())
+        .fold(None, |acc, v| match acc {
+            None => Some((v, v)),
+            Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+        })
 }
 
 /// Widens a degenerate range so that it has a positive span.
@@ -535,7 +573,11 @@ fn trim_zeros(s: &str) -> String {
 /// decimals (three significant digits of the largest value), scientific for extreme scales.
 fn cell_formatter(maxabs: f64) -> impl Fn(f64) -> String {
     let sci = !(maxabs == 0.0 || (1e-2..1e4).contains(&maxabs));
-    let decimals = if maxabs > 0.0 { (2 - maxabs.log10().floor() as i32).clamp(0, 4) as usize } else { 2 };
+    let decimals = if maxabs > 0.0 {
+        (2 - maxabs.log10().floor() as i32).clamp(0, 4) as usize
+    } else {
+        2
+    };
     move |v: f64| {
         if !v.is_finite() {
             format!("{v}")
@@ -548,7 +590,10 @@ fn cell_formatter(maxabs: f64) -> impl Fn(f64) -> String {
         } else {
             let s = format!("{v:.decimals$}");
             // Avoid "-0.00".
-            if s.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') {
+            if s.trim_start_matches('-')
+                .chars()
+                .all(|c| c == '0' || c == '.')
+            {
                 s.trim_start_matches('-').to_string()
             } else {
                 s
@@ -659,9 +704,18 @@ impl Axis {
                 return vec![];
             }
             let (first, last) = (first as i64, last as i64);
-            (first..=last).map(|k| if k == 0 { 0.0 } else { k as f64 * step }).collect()
+            (first..=last)
+                .map(|k| if k == 0 { 0.0 } else { k as f64 * step })
+                .collect()
         };
-        Axis { log: false, sup: false, lo, hi, ticks: multiples(step), light: multiples(step / 2.0) }
+        Axis {
+            log: false,
+            sup: false,
+            lo,
+            hi,
+            ticks: multiples(step),
+            light: multiples(step / 2.0),
+        }
     }
 
     /// A log10 axis covering [lo, hi] (data units, both > 0).
@@ -682,7 +736,10 @@ impl Axis {
         let decades = hi_t - lo_t;
         let stride = ((decades / 8.0).ceil() as i64).max(1);
         let (kf, kl) = (lo_t.ceil() as i64, hi_t.floor() as i64);
-        let mut ticks: Vec<f64> = (kf..=kl).filter(|k| k.rem_euclid(stride) == 0).map(|k| k as f64).collect();
+        let mut ticks: Vec<f64> = (kf..=kl)
+            .filter(|k| k.rem_euclid(stride) == 0)
+            .map(|k| k as f64)
+            .collect();
         let mut light: Vec<f64> = (kf..=kl).map(|k| k as f64).collect();
         if stride == 1 && decades <= 6.0 {
             for k in (kf - 1)..=kl {
@@ -699,8 +756,17 @@ impl Axis {
             }
         }
         ticks.sort_by(f64::total_cmp);
-        let sup = ticks.iter().any(|t| t.fract() == 0.0 && !(-2.0..=3.0).contains(t));
-        Axis { log: true, sup, lo: lo_t, hi: hi_t, ticks, light }
+        let sup = ticks
+            .iter()
+            .any(|t| t.fract() == 0.0 && !(-2.0..=3.0).contains(t));
+        Axis {
+            log: true,
+            sup,
+            lo: lo_t,
+            hi: hi_t,
+            ticks,
+            light,
+        }
     }
 
     /// An axis fitted to the drawable values in `values`.
@@ -718,12 +784,21 @@ impl Axis {
     }
 
     fn coord(&self) -> Axis1 {
-        Axis1 { lo: self.lo, hi: self.hi, ticks: self.ticks.clone(), light: self.light.clone() }
+        Axis1 {
+            lo: self.lo,
+            hi: self.hi,
+            ticks: self.ticks.clone(),
+            light: self.light.clone(),
+        }
     }
 
     /// Widest tick label in pixels.
     fn label_w(&self, txt: &Txt, px: f32) -> i32 {
-        self.ticks.iter().map(|t| txt.width(&self.label(*t), px)).max().unwrap_or(0)
+        self.ticks
+            .iter()
+            .map(|t| txt.width(&self.label(*t), px))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -771,8 +846,20 @@ fn build_chart<'a>(
     right: u32,
 ) -> std::result::Result<Chart<'a>, Box<dyn std::error::Error>> {
     let tick_h = txt.measure("0", TICK_PX).1.ceil() as u32;
-    let y_area = ya.label_w(txt, TICK_PX) as u32 + 12 + if y_desc.is_empty() { 0 } else { DESC_PX as u32 + 14 };
-    let x_area = tick_h + 12 + if x_desc.is_empty() { 0 } else { DESC_PX as u32 + 12 };
+    let y_area = ya.label_w(txt, TICK_PX) as u32
+        + 12
+        + if y_desc.is_empty() {
+            0
+        } else {
+            DESC_PX as u32 + 14
+        };
+    let x_area = tick_h
+        + 12
+        + if x_desc.is_empty() {
+            0
+        } else {
+            DESC_PX as u32 + 12
+        };
     let mut chart = ChartBuilder::on(area)
         .margin_top(top)
         .margin_right(right)
@@ -794,19 +881,51 @@ fn build_chart<'a>(
     let (xr, yr) = chart.plotting_area().get_pixel_range();
     for t in &xa.ticks {
         let (px, _) = chart.backend_coord(&(*t, ya.lo));
-        txt.put_abs(&xa.label(*t), (px, yr.end + 7), TICK_PX, INK, H::Center, V::Top, false);
+        txt.put_abs(
+            &xa.label(*t),
+            (px, yr.end + 7),
+            TICK_PX,
+            INK,
+            H::Center,
+            V::Top,
+            false,
+        );
     }
     for t in &ya.ticks {
         let (_, py) = chart.backend_coord(&(xa.lo, *t));
-        txt.put_abs(&ya.label(*t), (xr.start - 8, py), TICK_PX, INK, H::Right, V::Center, false);
+        txt.put_abs(
+            &ya.label(*t),
+            (xr.start - 8, py),
+            TICK_PX,
+            INK,
+            H::Right,
+            V::Center,
+            false,
+        );
     }
     let xmid = (xr.start + xr.end) / 2;
     let ymid = (yr.start + yr.end) / 2;
     let xpx = txt.fit(x_desc, DESC_PX, xr.end - xr.start);
-    txt.put_abs(x_desc, (xmid, yr.end + 7 + tick_h as i32 + 10), xpx, INK, H::Center, V::Top, false);
+    txt.put_abs(
+        x_desc,
+        (xmid, yr.end + 7 + tick_h as i32 + 10),
+        xpx,
+        INK,
+        H::Center,
+        V::Top,
+        false,
+    );
     let (bx, _) = area.get_base_pixel();
     let ypx = txt.fit(y_desc, DESC_PX, yr.end - yr.start);
-    txt.put_abs(y_desc, (bx + 4 + (DESC_PX as i32) / 2, ymid), ypx, INK, H::Center, V::Center, true);
+    txt.put_abs(
+        y_desc,
+        (bx + 4 + (DESC_PX as i32) / 2, ymid),
+        ypx,
+        INK,
+        H::Center,
+        V::Center,
+        true,
+    );
     Ok(chart)
 }
 
@@ -828,7 +947,14 @@ fn marker_polygon(shape: usize, r: i32) -> Option<Vec<(i32, i32)>> {
 }
 
 /// Draws a marker centred on the plot point `p`.
-fn draw_marker(pa: &Plot, p: (f64, f64), shape: usize, r: i32, fill: RGBColor, edge: RGBColor) -> Drawn {
+fn draw_marker(
+    pa: &Plot,
+    p: (f64, f64),
+    shape: usize,
+    r: i32,
+    fill: RGBColor,
+    edge: RGBColor,
+) -> Drawn {
     let fs = ShapeStyle::from(&fill).filled();
     let es = ShapeStyle::from(&edge).stroke_width(1);
     match marker_polygon(shape, r) {
@@ -847,7 +973,14 @@ fn draw_marker(pa: &Plot, p: (f64, f64), shape: usize, r: i32, fill: RGBColor, e
 }
 
 /// Draws a marker in pixel coordinates of a plain area (legends).
-fn legend_marker(a: &Area, (x, y): (i32, i32), shape: usize, r: i32, fill: RGBColor, edge: RGBColor) -> Drawn {
+fn legend_marker(
+    a: &Area,
+    (x, y): (i32, i32),
+    shape: usize,
+    r: i32,
+    fill: RGBColor,
+    edge: RGBColor,
+) -> Drawn {
     let fs = ShapeStyle::from(&fill).filled();
     let es = ShapeStyle::from(&edge).stroke_width(1);
     match marker_polygon(shape, r) {
@@ -888,7 +1021,13 @@ fn draw_cross(pa: &Plot, p: (f64, f64), r: i32) -> Drawn {
 
 /// Draws a vertical colour bar in `area` spanning the absolute pixel rows `rows`, with tick
 /// labels and a rotated `label` to its right.
-fn draw_colorbar(area: &Area, txt: &Txt, cmap: Cmap, label: &str, rows: std::ops::Range<i32>) -> Drawn {
+fn draw_colorbar(
+    area: &Area,
+    txt: &Txt,
+    cmap: Cmap,
+    label: &str,
+    rows: std::ops::Range<i32>,
+) -> Drawn {
     let (lo, hi) = cmap.range();
     let ax = Axis::linear(lo, hi, 0.0, 6);
     let (_, by) = area.get_base_pixel();
@@ -900,17 +1039,36 @@ fn draw_colorbar(area: &Area, txt: &Txt, cmap: Cmap, label: &str, rows: std::ops
     let y_of = |v: f64| y1 - ((v - lo) / (hi - lo) * (y1 - y0) as f64).round() as i32;
     for y in y0..y1 {
         let v = lo + (hi - lo) * ((y1 - y) as f64 - 0.5) / (y1 - y0) as f64;
-        area.draw(&Rectangle::new([(x0, y), (x1, y + 1)], cmap.color(v).filled()))?;
+        area.draw(&Rectangle::new(
+            [(x0, y), (x1, y + 1)],
+            cmap.color(v).filled(),
+        ))?;
     }
     area.draw(&Rectangle::new([(x0, y0), (x1, y1)], AXIS_INK))?;
     for t in &ax.ticks {
         let y = y_of(*t);
         area.draw(&PathElement::new(vec![(x1, y), (x1 + 4, y)], AXIS_INK))?;
-        txt.put(area, &ax.label(*t), (x1 + 7, y), CBAR_TICK_PX, H::Left, V::Center, false);
+        txt.put(
+            area,
+            &ax.label(*t),
+            (x1 + 7, y),
+            CBAR_TICK_PX,
+            H::Left,
+            V::Center,
+            false,
+        );
     }
     let lx = x1 + 7 + ax.label_w(txt, CBAR_TICK_PX) + 8 + DESC_PX as i32 / 2;
     let px = txt.fit(label, DESC_PX, y1 - y0);
-    txt.put(area, label, (lx, (y0 + y1) / 2), px, H::Center, V::Center, true);
+    txt.put(
+        area,
+        label,
+        (lx, (y0 + y1) / 2),
+        px,
+        H::Center,
+        V::Center,
+        true,
+    );
     Ok(())
 }
 
@@ -919,7 +1077,13 @@ type Entry = (String, RGBColor, usize);
 
 /// Draws legend entries top-down in `area` starting at pixel row `top`; `key` draws the key
 /// centred on the given pixel.
-fn draw_legend(area: &Area, txt: &Txt, entries: &[Entry], top: i32, key: impl Fn(&Area, (i32, i32), RGBColor, usize) -> Drawn) -> Drawn {
+fn draw_legend(
+    area: &Area,
+    txt: &Txt,
+    entries: &[Entry],
+    top: i32,
+    key: impl Fn(&Area, (i32, i32), RGBColor, usize) -> Drawn,
+) -> Drawn {
     let row = LEGEND_PX as i32 + 10;
     let (w, _) = area.dim_in_pixel();
     for (i, (label, color, kind)) in entries.iter().enumerate() {
@@ -933,7 +1097,12 @@ fn draw_legend(area: &Area, txt: &Txt, entries: &[Entry], top: i32, key: impl Fn
 
 /// Width of a legend column for these labels (capped at a third of a chart).
 fn legend_w(txt: &Txt, labels: &[&str]) -> u32 {
-    let w = labels.iter().map(|l| txt.width(l, LEGEND_PX)).max().unwrap_or(0) as u32 + 56;
+    let w = labels
+        .iter()
+        .map(|l| txt.width(l, LEGEND_PX))
+        .max()
+        .unwrap_or(0) as u32
+        + 56;
     w.min(CHART_W / 3)
 }
 
@@ -945,14 +1114,25 @@ fn titled<'a>(root: &Area<'a>, txt: &Txt, title: &str) -> Area<'a> {
     }
     let (w, _) = root.dim_in_pixel();
     let px = txt.fit(title, TITLE_PX, w as i32 - 20);
-    txt.put(root, title, (w as i32 / 2, TITLE_H as i32 / 2), px, H::Center, V::Center, false);
+    txt.put(
+        root,
+        title,
+        (w as i32 / 2, TITLE_H as i32 / 2),
+        px,
+        H::Center,
+        V::Center,
+        false,
+    );
     let (_, rest) = root.split_vertically(TITLE_H);
     rest
 }
 
 fn check_series(path: &Path, what: &str, series: &[Series]) -> Result<()> {
     if series.is_empty() {
-        return Err(Error::Data(format!("{}: {what} needs at least one series", path.display())));
+        return Err(Error::Data(format!(
+            "{}: {what} needs at least one series",
+            path.display()
+        )));
     }
     for s in series {
         if s.x.len() != s.y.len() {
@@ -992,13 +1172,22 @@ pub fn line_chart(
     // Plot-space points per series, `None` where a point cannot be drawn.
     let pts: Vec<Vec<Option<(f64, f64)>>> = series
         .iter()
-        .map(|s| s.x.iter().zip(&s.y).map(|(&x, &y)| Some((tf(xlog, x)?, tf(ylog, y)?))).collect())
+        .map(|s| {
+            s.x.iter()
+                .zip(&s.y)
+                .map(|(&x, &y)| Some((tf(xlog, x)?, tf(ylog, y)?)))
+                .collect()
+        })
         .collect();
     if pts.iter().flatten().all(Option::is_none) {
         return Err(Error::Data(format!(
             "{}: line_chart has no drawable point (all non-finite{})",
             path.display(),
-            if xlog || ylog { " or non-positive on a log axis" } else { "" }
+            if xlog || ylog {
+                " or non-positive on a log axis"
+            } else {
+                ""
+            }
         )));
     }
     let back = |log: bool, t: f64| if log { 10f64.powf(t) } else { t };
@@ -1017,7 +1206,11 @@ pub fn line_chart(
     render(path, (CHART_W, CHART_H), |root, txt| {
         let body = titled(root, txt, title);
         let labels: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
-        let lw = if labels.is_empty() { 0 } else { legend_w(txt, &labels) };
+        let lw = if labels.is_empty() {
+            0
+        } else {
+            legend_w(txt, &labels)
+        };
         let (plot_area, legend_area) = body.split_horizontally(CHART_W - lw);
         let chart = build_chart(&plot_area, txt, &xa, &ya, x_label, y_label, 6, 20)?;
         let pa = chart.plotting_area();
@@ -1048,10 +1241,19 @@ pub fn line_chart(
         }
         let (_, yr) = pa.get_pixel_range();
         let (_, ly) = legend_area.get_base_pixel();
-        draw_legend(&legend_area, txt, &entries, yr.start - ly + 10, |a, (x, y), c, _| {
-            a.draw(&PathElement::new(vec![(x - 14, y), (x + 14, y)], c.stroke_width(3)))?;
-            Ok(())
-        })
+        draw_legend(
+            &legend_area,
+            txt,
+            &entries,
+            yr.start - ly + 10,
+            |a, (x, y), c, _| {
+                a.draw(&PathElement::new(
+                    vec![(x - 14, y), (x + 14, y)],
+                    c.stroke_width(3),
+                ))?;
+                Ok(())
+            },
+        )
     })
 }
 
@@ -1081,14 +1283,23 @@ pub fn scatter_chart(
         })
         .collect();
     let all = || pts.iter().flatten();
-    let (Some(xr), Some(yr)) = (finite_range(all().map(|p| p.0)), finite_range(all().map(|p| p.1))) else {
-        return Err(Error::Data(format!("{}: scatter_chart has no finite point", path.display())));
+    let (Some(xr), Some(yr)) = (
+        finite_range(all().map(|p| p.0)),
+        finite_range(all().map(|p| p.1)),
+    ) else {
+        return Err(Error::Data(format!(
+            "{}: scatter_chart has no finite point",
+            path.display()
+        )));
     };
     let (xa, ya) = if diagonal {
         let (lo, hi) = (xr.0.min(yr.0), xr.1.max(yr.1));
         (Axis::linear(lo, hi, 0.04, 8), Axis::linear(lo, hi, 0.04, 8))
     } else {
-        (Axis::linear(xr.0, xr.1, 0.04, 8), Axis::linear(yr.0, yr.1, 0.05, 8))
+        (
+            Axis::linear(xr.0, xr.1, 0.04, 8),
+            Axis::linear(yr.0, yr.1, 0.05, 8),
+        )
     };
     let n_total: usize = pts.iter().map(Vec::len).sum();
     let radius = if n_total > 2000 { 2 } else { 4 };
@@ -1105,7 +1316,11 @@ pub fn scatter_chart(
     render(path, (CHART_W, CHART_H), |root, txt| {
         let body = titled(root, txt, title);
         let labels: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
-        let lw = if labels.is_empty() { 0 } else { legend_w(txt, &labels) };
+        let lw = if labels.is_empty() {
+            0
+        } else {
+            legend_w(txt, &labels)
+        };
         let (plot_area, legend_area) = body.split_horizontally(CHART_W - lw);
         let mut chart = build_chart(&plot_area, txt, &xa, &ya, x_label, y_label, 6, 20)?;
         if diagonal {
@@ -1126,17 +1341,26 @@ pub fn scatter_chart(
         }
         let (_, yr) = pa.get_pixel_range();
         let (_, ly) = legend_area.get_base_pixel();
-        draw_legend(&legend_area, txt, &entries, yr.start - ly + 10, |a, (x, y), c, kind| {
-            if kind == usize::MAX {
-                for k in 0..3 {
-                    let x0 = x - 14 + k * 11;
-                    a.draw(&PathElement::new(vec![(x0, y), (x0 + 6, y)], c.stroke_width(2)))?;
+        draw_legend(
+            &legend_area,
+            txt,
+            &entries,
+            yr.start - ly + 10,
+            |a, (x, y), c, kind| {
+                if kind == usize::MAX {
+                    for k in 0..3 {
+                        let x0 = x - 14 + k * 11;
+                        a.draw(&PathElement::new(
+                            vec![(x0, y), (x0 + 6, y)],
+                            c.stroke_width(2),
+                        ))?;
+                    }
+                    Ok(())
+                } else {
+                    legend_marker(a, (x, y), kind, 5, c, mix(c, BLACK, 0.45))
                 }
-                Ok(())
-            } else {
-                legend_marker(a, (x, y), kind, 5, c, mix(c, BLACK, 0.45))
-            }
-        })
+            },
+        )
     })
 }
 
@@ -1145,18 +1369,31 @@ pub fn scatter_chart(
 // ---------------------------------------------------------------------------------------------
 
 fn check_grid(path: &Path, name: &str, g: &Grid2d) -> Result<()> {
-    let bad = |m: String| Err(Error::Data(format!("{}: grid '{name}': {m}", path.display())));
+    let bad = |m: String| {
+        Err(Error::Data(format!(
+            "{}: grid '{name}': {m}",
+            path.display()
+        )))
+    };
     if g.nx < 2 || g.ny < 2 {
         return bad(format!("needs at least 2×2 points, got {}×{}", g.nx, g.ny));
     }
     if g.nx.checked_mul(g.ny) != Some(g.values.len()) {
-        return bad(format!("{}×{} grid but {} values", g.nx, g.ny, g.values.len()));
+        return bad(format!(
+            "{}×{} grid but {} values",
+            g.nx,
+            g.ny,
+            g.values.len()
+        ));
     }
     if !(g.x0.is_finite() && g.x1.is_finite() && g.y0.is_finite() && g.y1.is_finite()) {
         return bad("non-finite extent".into());
     }
     if g.x1 <= g.x0 || g.y1 <= g.y0 {
-        return bad(format!("empty extent x {}..{}, y {}..{}", g.x0, g.x1, g.y0, g.y1));
+        return bad(format!(
+            "empty extent x {}..{}, y {}..{}",
+            g.x0, g.x1, g.y0, g.y1
+        ));
     }
     Ok(())
 }
@@ -1206,7 +1443,11 @@ impl Grid2d {
 
 /// Column/row layout for `n` panels: one row up to 4 panels, else a near-square grid.
 fn panel_layout(n: usize) -> (usize, usize) {
-    let cols = if n <= 4 { n } else { (n as f64).sqrt().ceil() as usize };
+    let cols = if n <= 4 {
+        n
+    } else {
+        (n as f64).sqrt().ceil() as usize
+    };
     (cols, n.div_ceil(cols))
 }
 
@@ -1218,8 +1459,11 @@ fn union(a: Option<(f64, f64)>, b: Option<(f64, f64)>) -> Option<(f64, f64)> {
     }
 }
 
+/// A closed interval (min, max).
+type Span = (f64, f64);
+
 /// Extent of the finite points, padded by 4 % so edge markers are not clipped.
-fn padded_extent(pts: &[(f64, f64)]) -> (Option<(f64, f64)>, Option<(f64, f64)>) {
+fn padded_extent(pts: &[(f64, f64)]) -> (Option<Span>, Option<Span>) {
     let pad = |r: Option<(f64, f64)>| {
         r.map(|(a, b)| {
             let (a, b) = widen(a, b);
@@ -1227,7 +1471,10 @@ fn padded_extent(pts: &[(f64, f64)]) -> (Option<(f64, f64)>, Option<(f64, f64)>)
             (a - p, b + p)
         })
     };
-    (pad(finite_range(pts.iter().map(|p| p.0))), pad(finite_range(pts.iter().map(|p| p.1))))
+    (
+        pad(finite_range(pts.iter().map(|p| p.0))),
+        pad(finite_range(pts.iter().map(|p| p.1))),
+    )
 }
 
 /// Splits a panel figure into its panel cells (each with title band, plot column and colour
@@ -1237,14 +1484,29 @@ struct PanelCell<'a> {
     cbar: Area<'a>,
 }
 
-fn panel_cells<'a>(root: &Area<'a>, txt: &Txt, title: &str, names: &[&str], rows: usize, cols: usize) -> (Vec<PanelCell<'a>>, Area<'a>) {
+fn panel_cells<'a>(
+    root: &Area<'a>,
+    txt: &Txt,
+    title: &str,
+    names: &[&str],
+    rows: usize,
+    cols: usize,
+) -> (Vec<PanelCell<'a>>, Area<'a>) {
     let body = titled(root, txt, title);
     let (grid_area, footer) = body.split_vertically(rows as u32 * PANEL_H);
     let cells = grid_area.split_evenly((rows, cols));
     let mut out = Vec::with_capacity(names.len());
     for (cell, name) in cells.into_iter().zip(names) {
         let px = txt.fit(name, PANEL_TITLE_PX, PANEL_W as i32 - 12);
-        txt.put(&cell, name, (PANEL_W as i32 / 2, PANEL_TITLE_H as i32 / 2 + 2), px, H::Center, V::Center, false);
+        txt.put(
+            &cell,
+            name,
+            (PANEL_W as i32 / 2, PANEL_TITLE_H as i32 / 2 + 2),
+            px,
+            H::Center,
+            V::Center,
+            false,
+        );
         let (_, body) = cell.split_vertically(PANEL_TITLE_H);
         let (main, cbar) = body.split_horizontally(PANEL_W - CBAR_W);
         out.push(PanelCell { main, cbar });
@@ -1272,8 +1534,15 @@ const FOOTER_LINE_H: u32 = 28;
 
 /// Greedy line breaking of footer items into lines at most `width` pixels wide; returns the
 /// items' widths and the index ranges of the lines.
-fn footer_lines(face: &FontRef<'static>, items: &[FooterItem], width: i32) -> (Vec<i32>, Vec<std::ops::Range<usize>>) {
-    let widths: Vec<i32> = items.iter().map(|it| measure(face, &it.label(), LEGEND_PX).0.ceil() as i32 + 52).collect();
+fn footer_lines(
+    face: &FontRef<'static>,
+    items: &[FooterItem],
+    width: i32,
+) -> (Vec<i32>, Vec<std::ops::Range<usize>>) {
+    let widths: Vec<i32> = items
+        .iter()
+        .map(|it| measure(face, &it.label(), LEGEND_PX).0.ceil() as i32 + 52)
+        .collect();
     let mut lines = Vec::new();
     let (mut start, mut acc) = (0, 0);
     for (i, w) in widths.iter().enumerate() {
@@ -1301,7 +1570,13 @@ fn footer_height(items: &[FooterItem], width: u32) -> Result<u32> {
 
 /// Draws a centred legend of classes (marker shapes; optional class-coloured fill and
 /// background-shading swatch) and the cross mark, wrapped onto several lines when needed.
-fn draw_footer(area: &Area, txt: &Txt, items: &[FooterItem], fill_by_class: bool, shading: bool) -> Drawn {
+fn draw_footer(
+    area: &Area,
+    txt: &Txt,
+    items: &[FooterItem],
+    fill_by_class: bool,
+    shading: bool,
+) -> Drawn {
     let (w, _) = area.dim_in_pixel();
     let (widths, lines) = footer_lines(txt.face, items, w as i32 - 20);
     for (li, line) in lines.into_iter().enumerate() {
@@ -1313,13 +1588,28 @@ fn draw_footer(area: &Area, txt: &Txt, items: &[FooterItem], fill_by_class: bool
                 FooterItem::Cross => cross_px(area, (x + 8, y), 6)?,
                 FooterItem::Class(c) => {
                     if shading {
-                        area.draw(&Rectangle::new([(x - 4, y - 11), (x + 20, y + 11)], light_class(*c).filled()))?;
+                        area.draw(&Rectangle::new(
+                            [(x - 4, y - 11), (x + 20, y + 11)],
+                            light_class(*c).filled(),
+                        ))?;
                     }
-                    let fill = if fill_by_class { class_color(*c) } else { RGBColor(150, 150, 150) };
+                    let fill = if fill_by_class {
+                        class_color(*c)
+                    } else {
+                        RGBColor(150, 150, 150)
+                    };
                     legend_marker(area, (x + 8, y), *c, 5, fill, BLACK)?;
                 }
             }
-            txt.put(area, &items[k].label(), (x + 26, y), LEGEND_PX, H::Left, V::Center, false);
+            txt.put(
+                area,
+                &items[k].label(),
+                (x + 26, y),
+                LEGEND_PX,
+                H::Left,
+                V::Center,
+                false,
+            );
             x += widths[k];
         }
     }
@@ -1351,32 +1641,49 @@ pub fn heatmaps(
     overlay: Option<&Overlay>,
 ) -> Result<()> {
     if panels.is_empty() {
-        return Err(Error::Data(format!("{}: heatmaps needs at least one panel", path.display())));
+        return Err(Error::Data(format!(
+            "{}: heatmaps needs at least one panel",
+            path.display()
+        )));
     }
     let mut cmaps = Vec::with_capacity(panels.len());
     for (name, g) in panels {
         check_grid(path, name, g)?;
-        let cm = Cmap::viridis_for(g.values.iter().copied())
-            .ok_or_else(|| Error::Data(format!("{}: grid '{name}' has no finite value", path.display())))?;
+        let cm = Cmap::viridis_for(g.values.iter().copied()).ok_or_else(|| {
+            Error::Data(format!(
+                "{}: grid '{name}' has no finite value",
+                path.display()
+            ))
+        })?;
         cmaps.push(cm);
     }
     if let Some(o) = overlay {
         check_overlay(path, "of heatmaps", o)?;
     }
     let opts: Vec<(f64, f64)> = overlay
-        .map(|o| o.x.iter().zip(&o.y).filter(|(x, y)| x.is_finite() && y.is_finite()).map(|(x, y)| (*x, *y)).collect())
+        .map(|o| {
+            o.x.iter()
+                .zip(&o.y)
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|(x, y)| (*x, *y))
+                .collect()
+        })
         .unwrap_or_default();
     let (oxr, oyr) = padded_extent(&opts);
     let items: Vec<FooterItem> = match overlay {
-        Some(o) if o.value.is_none() && !opts.is_empty() => {
-            distinct(o.class.iter().copied()).into_iter().map(FooterItem::Class).collect()
-        }
+        Some(o) if o.value.is_none() && !opts.is_empty() => distinct(o.class.iter().copied())
+            .into_iter()
+            .map(FooterItem::Class)
+            .collect(),
         _ => vec![],
     };
     let (cols, rows) = panel_layout(panels.len());
     let title_h = if title.is_empty() { 8 } else { TITLE_H };
     let footer_h = footer_height(&items, cols as u32 * PANEL_W)?;
-    let size = (cols as u32 * PANEL_W, title_h + rows as u32 * PANEL_H + footer_h);
+    let size = (
+        cols as u32 * PANEL_W,
+        title_h + rows as u32 * PANEL_H + footer_h,
+    );
 
     render(path, size, |root, txt| {
         let names: Vec<&str> = panels.iter().map(|p| p.0.as_str()).collect();
@@ -1385,7 +1692,10 @@ pub fn heatmaps(
             let (ex0, ex1, ey0, ey1) = g.cell_extent();
             let xr = union(Some((ex0, ex1)), oxr).unwrap_or((ex0, ex1));
             let yr = union(Some((ey0, ey1)), oyr).unwrap_or((ey0, ey1));
-            let (xa, ya) = (Axis::linear(xr.0, xr.1, 0.0, 5), Axis::linear(yr.0, yr.1, 0.0, 5));
+            let (xa, ya) = (
+                Axis::linear(xr.0, xr.1, 0.0, 5),
+                Axis::linear(yr.0, yr.1, 0.0, 5),
+            );
             let chart = build_chart(&cell.main, txt, &xa, &ya, "", "", 4, 4)?;
             let pa = chart.plotting_area();
             g.draw(pa, |v| cmap.color(v))?;
@@ -1430,7 +1740,10 @@ pub fn point_value_panels(
     colorbar_label: &str,
 ) -> Result<()> {
     if panels.is_empty() {
-        return Err(Error::Data(format!("{}: point_value_panels needs at least one panel", path.display())));
+        return Err(Error::Data(format!(
+            "{}: point_value_panels needs at least one panel",
+            path.display()
+        )));
     }
     let mut cmaps: Vec<Option<Cmap>> = Vec::with_capacity(panels.len());
     let mut any_point = false;
@@ -1439,10 +1752,16 @@ pub fn point_value_panels(
         if let Some(g) = g {
             check_grid(path, name, g)?;
         }
-        any_point |= o.x.iter().zip(&o.y).any(|(x, y)| x.is_finite() && y.is_finite());
+        any_point |=
+            o.x.iter()
+                .zip(&o.y)
+                .any(|(x, y)| x.is_finite() && y.is_finite());
         cmaps.push(match &o.value {
             Some(v) => Some(Cmap::diverging_for(v.iter().copied()).ok_or_else(|| {
-                Error::Data(format!("{}: panel '{name}' has no finite value", path.display()))
+                Error::Data(format!(
+                    "{}: panel '{name}' has no finite value",
+                    path.display()
+                ))
             })?),
             None => None,
         });
@@ -1453,9 +1772,16 @@ pub fn point_value_panels(
             path.display()
         )));
     }
-    let marks: Vec<(f64, f64)> = marks.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
+    let marks: Vec<(f64, f64)> = marks
+        .iter()
+        .copied()
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
+        .collect();
     let mut items: Vec<FooterItem> =
-        distinct(panels.iter().flat_map(|(_, o, _)| o.class.iter().copied())).into_iter().map(FooterItem::Class).collect();
+        distinct(panels.iter().flat_map(|(_, o, _)| o.class.iter().copied()))
+            .into_iter()
+            .map(FooterItem::Class)
+            .collect();
     if !marks.is_empty() {
         items.push(FooterItem::Cross);
     }
@@ -1464,20 +1790,22 @@ pub fn point_value_panels(
     let (cols, rows) = panel_layout(panels.len());
     let title_h = if title.is_empty() { 8 } else { TITLE_H };
     let footer_h = footer_height(&items, cols as u32 * PANEL_W)?;
-    let size = (cols as u32 * PANEL_W, title_h + rows as u32 * PANEL_H + footer_h);
+    let size = (
+        cols as u32 * PANEL_W,
+        title_h + rows as u32 * PANEL_H + footer_h,
+    );
 
     render(path, size, |root, txt| {
         let names: Vec<&str> = panels.iter().map(|p| p.0.as_str()).collect();
         let (cells, footer_area) = panel_cells(root, txt, title, &names, rows, cols);
         for ((cell, (_, o, g)), cmap) in cells.iter().zip(panels).zip(&cmaps) {
-            let pts: Vec<(f64, f64)> = o
-                .x
-                .iter()
-                .zip(&o.y)
-                .map(|(x, y)| (*x, *y))
-                .chain(marks.iter().copied())
-                .filter(|(x, y)| x.is_finite() && y.is_finite())
-                .collect();
+            let pts: Vec<(f64, f64)> =
+                o.x.iter()
+                    .zip(&o.y)
+                    .map(|(x, y)| (*x, *y))
+                    .chain(marks.iter().copied())
+                    .filter(|(x, y)| x.is_finite() && y.is_finite())
+                    .collect();
             let (mut xr, mut yr) = padded_extent(&pts);
             if let Some(g) = g {
                 let (ex0, ex1, ey0, ey1) = g.cell_extent();
@@ -1485,11 +1813,20 @@ pub fn point_value_panels(
                 yr = union(yr, Some((ey0, ey1)));
             }
             let (xr, yr) = (xr.unwrap_or((0.0, 1.0)), yr.unwrap_or((0.0, 1.0)));
-            let (xa, ya) = (Axis::linear(xr.0, xr.1, 0.0, 5), Axis::linear(yr.0, yr.1, 0.0, 5));
+            let (xa, ya) = (
+                Axis::linear(xr.0, xr.1, 0.0, 5),
+                Axis::linear(yr.0, yr.1, 0.0, 5),
+            );
             let chart = build_chart(&cell.main, txt, &xa, &ya, "", "", 4, 4)?;
             let pa = chart.plotting_area();
             if let Some(g) = g {
-                g.draw(pa, |v| if v.is_finite() && v > -0.5 { light_class(v.round() as usize) } else { WHITE })?;
+                g.draw(pa, |v| {
+                    if v.is_finite() && v > -0.5 {
+                        light_class(v.round() as usize)
+                    } else {
+                        WHITE
+                    }
+                })?;
             }
             let mut order: Vec<usize> = (0..o.x.len()).collect();
             if let Some(v) = &o.value {
@@ -1531,10 +1868,19 @@ pub fn point_value_panels(
 /// values have both signs, viridis otherwise; non-finite cells are grey. Column labels are
 /// rotated when they do not fit the cell width; with many rows only every k-th label is shown.
 /// Writes a 900×780 PNG.
-pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], colorbar_label: &str) -> Result<()> {
+pub fn matrix(
+    path: &Path,
+    title: &str,
+    labels: &[String],
+    values: &[f64],
+    colorbar_label: &str,
+) -> Result<()> {
     let n = labels.len();
     if n == 0 {
-        return Err(Error::Data(format!("{}: matrix needs at least one row", path.display())));
+        return Err(Error::Data(format!(
+            "{}: matrix needs at least one row",
+            path.display()
+        )));
     }
     if n.checked_mul(n) != Some(values.len()) {
         return Err(Error::Data(format!(
@@ -1558,17 +1904,33 @@ pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], color
         let title_h = if title.is_empty() { 12 } else { TITLE_H as i32 };
         if !title.is_empty() {
             let px = txt.fit(title, TITLE_PX, MATRIX_W as i32 - 20);
-            txt.put(root, title, (MATRIX_W as i32 / 2, title_h / 2), px, H::Center, V::Center, false);
+            txt.put(
+                root,
+                title,
+                (MATRIX_W as i32 / 2, title_h / 2),
+                px,
+                H::Center,
+                V::Center,
+                false,
+            );
         }
         let lab_px = if n <= 20 { TICK_PX } else { 12.0 };
-        let max_lw = labels.iter().map(|l| txt.width(l, lab_px)).max().unwrap_or(0);
+        let max_lw = labels
+            .iter()
+            .map(|l| txt.width(l, lab_px))
+            .max()
+            .unwrap_or(0);
         let left = 12 + max_lw + 8;
         let cbar_w = CBAR_W as i32;
         let avail_w = MATRIX_W as i32 - left - cbar_w - 16;
         // Column labels: horizontal when they fit a cell, else rotated (bottom band grows).
         let cell_guess = (avail_w / n as i32).max(1);
         let rotate = max_lw > cell_guess - 6;
-        let bottom = if rotate { max_lw + 16 } else { lab_px as i32 + 18 };
+        let bottom = if rotate {
+            max_lw + 16
+        } else {
+            lab_px as i32 + 18
+        };
         let avail_h = MATRIX_H as i32 - title_h - bottom - 8;
         let cell = (avail_w.min(avail_h) as f64 / n as f64).max(1e-3);
         let side = (cell * n as f64).round() as i32;
@@ -1579,19 +1941,37 @@ pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], color
             for c in 0..n {
                 let col = cmap.color(values[r * n + c]);
                 root.draw(&Rectangle::new(
-                    [(x0 + edge(c), y0 + edge(r)), (x0 + edge(c + 1), y0 + edge(r + 1))],
+                    [
+                        (x0 + edge(c), y0 + edge(r)),
+                        (x0 + edge(c + 1), y0 + edge(r + 1)),
+                    ],
                     col.filled(),
                 ))?;
             }
         }
-        root.draw(&Rectangle::new([(x0, y0), (x0 + side, y0 + side)], AXIS_INK))?;
+        root.draw(&Rectangle::new(
+            [(x0, y0), (x0 + side, y0 + side)],
+            AXIS_INK,
+        ))?;
         // Thin out labels so that they never overlap.
         let step = ((lab_px as f64 + 4.0) / cell).ceil().max(1.0) as usize;
         let centre = |k: usize| ((k as f64 + 0.5) * cell).round() as i32;
         for (r, l) in labels.iter().enumerate().step_by(step) {
-            txt.put(root, l, (x0 - 7, y0 + centre(r)), lab_px, H::Right, V::Center, false);
+            txt.put(
+                root,
+                l,
+                (x0 - 7, y0 + centre(r)),
+                lab_px,
+                H::Right,
+                V::Center,
+                false,
+            );
         }
-        for (c, l) in labels.iter().enumerate().step_by(if rotate { step } else { 1 }) {
+        for (c, l) in labels
+            .iter()
+            .enumerate()
+            .step_by(if rotate { step } else { 1 })
+        {
             let at = (x0 + centre(c), y0 + side + 7);
             if rotate {
                 txt.put(root, l, at, lab_px, H::Right, V::Center, true);
@@ -1604,7 +1984,11 @@ pub fn matrix(path: &Path, title: &str, labels: &[String], values: &[f64], color
             for r in 0..n {
                 for c in 0..n {
                     let v = values[r * n + c];
-                    let ink = if luminance(cmap.color(v)) > 0.5 { INK } else { RGBColor(255, 255, 255) };
+                    let ink = if luminance(cmap.color(v)) > 0.5 {
+                        INK
+                    } else {
+                        RGBColor(255, 255, 255)
+                    };
                     let at = (x0 + centre(c), y0 + centre(r));
                     txt.put_color(root, &fmt(v), at, px, ink, H::Center, V::Center, false);
                 }
@@ -1625,7 +2009,12 @@ mod tests {
     /// Checks signature, IHDR size, no leftover temp files, and a non-blank render.
     fn check_png(path: &Path, w: u32, h: u32) {
         let bytes = std::fs::read(path).expect("png written");
-        assert!(bytes.len() > 8_000, "{} is only {} bytes", path.display(), bytes.len());
+        assert!(
+            bytes.len() > 8_000,
+            "{} is only {} bytes",
+            path.display(),
+            bytes.len()
+        );
         assert_eq!(bytes[..8], PNG_SIG, "PNG signature");
         assert_eq!(&bytes[12..16], b"IHDR");
         let bw = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
@@ -1656,7 +2045,12 @@ mod tests {
     fn blobs(n: usize) -> Overlay {
         // Three deterministic clusters (a small toy problem like the paper's 2-D data).
         let centres = [(-1.5, -1.0), (1.5, -1.0), (0.0, 1.6)];
-        let mut o = Overlay { x: vec![], y: vec![], class: vec![], value: None };
+        let mut o = Overlay {
+            x: vec![],
+            y: vec![],
+            class: vec![],
+            value: None,
+        };
         for i in 0..n {
             let c = i % 3;
             let a = i as f64 * 2.399;
@@ -1679,7 +2073,15 @@ mod tests {
                 values.push(f(x, y));
             }
         }
-        Grid2d { nx, ny, x0, x1, y0, y1, values }
+        Grid2d {
+            nx,
+            ny,
+            x0,
+            x1,
+            y0,
+            y1,
+            values,
+        }
     }
 
     #[test]
@@ -1691,7 +2093,10 @@ mod tests {
         assert_eq!(fmt_num(1e-5), "1e-5");
         assert_eq!(fmt_num(2.5e6), "2.5e6");
         let f = cell_formatter(1.0);
-        assert_eq!((f(0.8), f(-1.0), f(-0.001)), ("0.80".into(), "-1.00".into(), "0.00".into()));
+        assert_eq!(
+            (f(0.8), f(-1.0), f(-0.001)),
+            ("0.80".into(), "-1.00".into(), "0.00".into())
+        );
         let f = cell_formatter(0.5);
         assert_eq!(f(0.12345), "0.123");
         assert_eq!(cell_formatter(2e5)(1.5e5), "1.5e5");
@@ -1699,9 +2104,16 @@ mod tests {
         let ax = Axis::log(1e-6, 1.0);
         assert!(ax.ticks.len() >= 3);
         assert_eq!(ax.label(-6.0), "10⁻⁶");
-        assert_eq!(ax.label(0.0), "10⁰", "all decades as powers once one needs it");
+        assert_eq!(
+            ax.label(0.0),
+            "10⁰",
+            "all decades as powers once one needs it"
+        );
         let ax = Axis::log(0.01, 100.0);
-        assert_eq!((ax.label(-2.0), ax.label(0.0), ax.label(2.0)), ("0.01".into(), "1".into(), "100".into()));
+        assert_eq!(
+            (ax.label(-2.0), ax.label(0.0), ax.label(2.0)),
+            ("0.01".into(), "1".into(), "100".into())
+        );
         let ax = Axis::log(2.0, 8.0);
         assert!(ax.ticks.len() >= 2, "{:?}", ax.ticks);
         let ax = Axis::linear(0.0, 1.0, 0.0, 8);
@@ -1712,37 +2124,108 @@ mod tests {
     fn line_chart_linear_and_log() {
         let dir = tempfile::tempdir().unwrap();
         let xs: Vec<f64> = (0..200).map(|i| i as f64).collect();
-        let mut a = Series::new("EPK − DPK (cosine error)", xs.clone(), xs.iter().map(|x| (x / 20.0).sin() * 0.1).collect());
+        let mut a = Series::new(
+            "EPK − DPK (cosine error)",
+            xs.clone(),
+            xs.iter().map(|x| (x / 20.0).sin() * 0.1).collect(),
+        );
         a.y[50] = f64::NAN;
-        let b = Series::new("EPK − NTK", xs.clone(), xs.iter().map(|x| (x / 35.0).cos() * 0.05 + 0.02).collect());
-        let c = Series::new("short", vec![0.0, 50.0, 100.0, 150.0], vec![0.0, 0.05, -0.05, 0.1]);
+        let b = Series::new(
+            "EPK − NTK",
+            xs.clone(),
+            xs.iter().map(|x| (x / 35.0).cos() * 0.05 + 0.02).collect(),
+        );
+        let c = Series::new(
+            "short",
+            vec![0.0, 50.0, 100.0, 150.0],
+            vec![0.0, 0.05, -0.05, 0.1],
+        );
         let p = dir.path().join("line_linear.png");
-        line_chart(&p, "Gradient alignment along the training path", "training step s", "error (rad)", &[a, b, c], Scale::Linear, Scale::Linear).unwrap();
+        line_chart(
+            &p,
+            "Gradient alignment along the training path",
+            "training step s",
+            "error (rad)",
+            &[a, b, c],
+            Scale::Linear,
+            Scale::Linear,
+        )
+        .unwrap();
         check_png(&p, CHART_W, CHART_H);
 
         let steps: Vec<f64> = (1..=500).map(|i| i as f64).collect();
-        let loss = Series::new("train loss", steps.clone(), steps.iter().map(|s| 2.0 * (-s / 60.0).exp() + 1e-4).collect());
-        let mut test = Series::new("test loss", steps.clone(), steps.iter().map(|s| 2.2 * (-s / 70.0).exp() + 3e-3).collect());
+        let loss = Series::new(
+            "train loss",
+            steps.clone(),
+            steps
+                .iter()
+                .map(|s| 2.0 * (-s / 60.0).exp() + 1e-4)
+                .collect(),
+        );
+        let mut test = Series::new(
+            "test loss",
+            steps.clone(),
+            steps
+                .iter()
+                .map(|s| 2.2 * (-s / 70.0).exp() + 3e-3)
+                .collect(),
+        );
         test.y[10] = 0.0; // skipped on a log axis
         test.y[11] = -1.0;
         let p = dir.path().join("line_log.png");
-        line_chart(&p, "Loss", "step", "loss", &[loss.clone(), test], Scale::Log, Scale::Log).unwrap();
+        line_chart(
+            &p,
+            "Loss",
+            "step",
+            "loss",
+            &[loss.clone(), test],
+            Scale::Log,
+            Scale::Log,
+        )
+        .unwrap();
         check_png(&p, CHART_W, CHART_H);
 
         let p = dir.path().join("line_semilog.png");
-        line_chart(&p, "Narrow log range", "step", "loss (nats)", &[Series::new("", vec![1.0, 2.0, 3.0], vec![2.0, 4.0, 8.0])], Scale::Linear, Scale::Log).unwrap();
+        line_chart(
+            &p,
+            "Narrow log range",
+            "step",
+            "loss (nats)",
+            &[Series::new("", vec![1.0, 2.0, 3.0], vec![2.0, 4.0, 8.0])],
+            Scale::Linear,
+            Scale::Log,
+        )
+        .unwrap();
         check_png(&p, CHART_W, CHART_H);
     }
 
     #[test]
     fn scatter_with_diagonal() {
         let dir = tempfile::tempdir().unwrap();
-        let x: Vec<f64> = (0..100).map(|i| ((i * 37) % 100) as f64 / 25.0 - 2.0).collect();
-        let y: Vec<f64> = x.iter().enumerate().map(|(i, v)| v + 1e-3 * ((i % 7) as f64 - 3.0)).collect();
+        let x: Vec<f64> = (0..100)
+            .map(|i| ((i * 37) % 100) as f64 / 25.0 - 2.0)
+            .collect();
+        let y: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + 1e-3 * ((i % 7) as f64 - 3.0))
+            .collect();
         let s1 = Series::new("class 1", x.clone(), y.clone());
-        let s2 = Series::new("class 2", x.iter().map(|v| v * 0.5).collect(), y.iter().map(|v| v * 0.5 + 0.3).collect());
+        let s2 = Series::new(
+            "class 2",
+            x.iter().map(|v| v * 0.5).collect(),
+            y.iter().map(|v| v * 0.5 + 0.3).collect(),
+        );
         let p = dir.path().join("scatter.png");
-        scatter_chart(&p, "EPK kernel machine vs network (100 test points)", "network output f(x)", "kernel machine output", &[s1, s2], true).unwrap();
+        scatter_chart(
+            &p,
+            "EPK kernel machine vs network (100 test points)",
+            "network output f(x)",
+            "kernel machine output",
+            &[s1, s2],
+            true,
+        )
+        .unwrap();
         check_png(&p, CHART_W, CHART_H);
     }
 
@@ -1760,7 +2243,14 @@ mod tests {
             })
             .collect();
         let p = dir.path().join("heatmaps3.png");
-        heatmaps(&p, "SVM-updated kernel predictions", &panels, "P(class)", Some(&o)).unwrap();
+        heatmaps(
+            &p,
+            "SVM-updated kernel predictions",
+            &panels,
+            "P(class)",
+            Some(&o),
+        )
+        .unwrap();
         check_png(&p, 3 * PANEL_W, TITLE_H + PANEL_H + FOOTER_H);
 
         let mut std_grid = grid(|x, y| 0.05 + 0.01 * (x * x + y * y).sqrt());
@@ -1769,7 +2259,17 @@ mod tests {
         let p = dir.path().join("heatmaps2.png");
         let mut ov = blobs(30);
         ov.value = Some(ov.x.iter().map(|x| 800.0 * x.tanh()).collect());
-        heatmaps(&p, "Kernel value and MC std", &[("kernel value".into(), kv), ("MC std of softmax".into(), std_grid)], "value", Some(&ov)).unwrap();
+        heatmaps(
+            &p,
+            "Kernel value and MC std",
+            &[
+                ("kernel value".into(), kv),
+                ("MC std of softmax".into(), std_grid),
+            ],
+            "value",
+            Some(&ov),
+        )
+        .unwrap();
         check_png(&p, 2 * PANEL_W, TITLE_H + PANEL_H);
     }
 
@@ -1778,24 +2278,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let centres = [(-1.5, -1.0), (1.5, -1.0), (0.0, 1.6)];
         let bg = grid(|x, y| {
-            let d: Vec<f64> = centres.iter().map(|c| (x - c.0).powi(2) + (y - c.1).powi(2)).collect();
-            (0..3).min_by(|&a, &b| d[a].partial_cmp(&d[b]).unwrap()).unwrap() as f64
+            let d: Vec<f64> = centres
+                .iter()
+                .map(|c| (x - c.0).powi(2) + (y - c.1).powi(2))
+                .collect();
+            (0..3)
+                .min_by(|&a, &b| d[a].partial_cmp(&d[b]).unwrap())
+                .unwrap() as f64
         });
         let mut panels = Vec::new();
-        for t in 0..3 {
+        for (t, centre) in centres.iter().enumerate() {
             for c in 0..3 {
                 let mut o = blobs(60);
                 o.value = Some(
                     o.x.iter()
                         .zip(&o.y)
-                        .map(|(x, y)| ((x - centres[t].0) * (c as f64 - 1.0) + y * 0.3) * 10f64.powi(t as i32 - 3))
+                        .map(|(x, y)| {
+                            ((x - centre.0) * (c as f64 - 1.0) + y * 0.3) * 10f64.powi(t as i32 - 3)
+                        })
                         .collect(),
                 );
                 panels.push((format!("test point {t}, class {c}"), o, Some(bg.clone())));
             }
         }
         let p = dir.path().join("point_values.png");
-        point_value_panels(&p, "Kernel value of each training point", &panels, &centres, "kernel value").unwrap();
+        point_value_panels(
+            &p,
+            "Kernel value of each training point",
+            &panels,
+            &centres,
+            "kernel value",
+        )
+        .unwrap();
         check_png(&p, 3 * PANEL_W, TITLE_H + 3 * PANEL_H + FOOTER_H);
     }
 
@@ -1807,16 +2321,29 @@ mod tests {
         let values: Vec<f64> = (0..n * n)
             .map(|k| {
                 let (r, c) = (k / n, k % n);
-                if r == c { 1.0 } else { ((r * 3 + c * 5) % 11) as f64 / 5.0 - 1.0 }
+                if r == c {
+                    1.0
+                } else {
+                    ((r * 3 + c * 5) % 11) as f64 / 5.0 - 1.0
+                }
             })
             .collect();
         let p = dir.path().join("matrix_small.png");
-        matrix(&p, "Gradient cosine similarity", &labels, &values, "cos ∠(∇f(xᵢ), ∇f(xⱼ))").unwrap();
+        matrix(
+            &p,
+            "Gradient cosine similarity",
+            &labels,
+            &values,
+            "cos ∠(∇f(xᵢ), ∇f(xⱼ))",
+        )
+        .unwrap();
         check_png(&p, MATRIX_W, MATRIX_H);
 
         let n = 40;
         let labels: Vec<String> = (0..n).map(|i| format!("train sample {i}")).collect();
-        let values: Vec<f64> = (0..n * n).map(|k| ((k / n) as f64 - (k % n) as f64).abs().sqrt()).collect();
+        let values: Vec<f64> = (0..n * n)
+            .map(|k| ((k / n) as f64 - (k % n) as f64).abs().sqrt())
+            .collect();
         let p = dir.path().join("matrix_large.png");
         matrix(&p, "Gram matrix", &labels, &values, "K(xᵢ, xⱼ)").unwrap();
         check_png(&p, MATRIX_W, MATRIX_H);
@@ -1836,11 +2363,29 @@ mod tests {
         line_chart(&p, "extreme log", "x", "y", &s, Scale::Log, Scale::Log).unwrap();
         scatter_chart(&p, "extreme", "x", "y", &s, true).unwrap();
         let tiny = Series::new("tiny span", vec![1.0, 1.0 + 1e-12], vec![1e-300, 2e-300]);
-        line_chart(&p, "tiny", "x", "y", &[tiny.clone()], Scale::Linear, Scale::Linear).unwrap();
+        line_chart(
+            &p,
+            "tiny",
+            "x",
+            "y",
+            std::slice::from_ref(&tiny),
+            Scale::Linear,
+            Scale::Linear,
+        )
+        .unwrap();
         line_chart(&p, "tiny", "x", "y", &[tiny], Scale::Linear, Scale::Log).unwrap();
         // A very long title and legend label are shrunk to fit.
         let long = "a very long title ".repeat(8);
-        line_chart(&p, &long, &long, &long, &[Series::new(long.clone(), vec![0.0, 1.0], vec![0.0, 1.0])], Scale::Linear, Scale::Linear).unwrap();
+        line_chart(
+            &p,
+            &long,
+            &long,
+            &long,
+            &[Series::new(long.clone(), vec![0.0, 1.0], vec![0.0, 1.0])],
+            Scale::Linear,
+            Scale::Linear,
+        )
+        .unwrap();
         check_png(&p, CHART_W, CHART_H);
         // Ten classes in one panel: the class legend wraps onto a second line.
         let o = Overlay {
@@ -1852,11 +2397,28 @@ mod tests {
         let g = grid(|x, y| x * y);
         let p = dir.path().join("ten_classes.png");
         heatmaps(&p, "ten classes", &[("one panel".into(), g)], "", Some(&o)).unwrap();
-        check_png(&p, PANEL_W, TITLE_H + PANEL_H + FOOTER_H + 2 * FOOTER_LINE_H);
+        check_png(
+            &p,
+            PANEL_W,
+            TITLE_H + PANEL_H + FOOTER_H + 2 * FOOTER_LINE_H,
+        );
         // Constant values, infinite cells, points without values, no marks, no background.
-        let gc = Grid2d { nx: 2, ny: 2, x0: 0.0, x1: 1.0, y0: 0.0, y1: 1.0, values: vec![3.0, 3.0, f64::INFINITY, 3.0] };
+        let gc = Grid2d {
+            nx: 2,
+            ny: 2,
+            x0: 0.0,
+            x1: 1.0,
+            y0: 0.0,
+            y1: 1.0,
+            values: vec![3.0, 3.0, f64::INFINITY, 3.0],
+        };
         heatmaps(&p, "", &[("constant".into(), gc)], "c", None).unwrap();
-        let o2 = Overlay { x: vec![0.0, 1.0], y: vec![0.0, 1.0], class: vec![0, 1], value: None };
+        let o2 = Overlay {
+            x: vec![0.0, 1.0],
+            y: vec![0.0, 1.0],
+            class: vec![0, 1],
+            value: None,
+        };
         point_value_panels(&p, "", &[("no values".into(), o2, None)], &[], "").unwrap();
         // A large matrix with more rows than pixels.
         let n = 900;
@@ -1882,30 +2444,121 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.png");
         let is_data = |r: Result<()>| matches!(r, Err(Error::Data(_)));
-        assert!(is_data(line_chart(&p, "t", "x", "y", &[], Scale::Linear, Scale::Linear)));
+        assert!(is_data(line_chart(
+            &p,
+            "t",
+            "x",
+            "y",
+            &[],
+            Scale::Linear,
+            Scale::Linear
+        )));
         let mismatched = Series::new("a", vec![1.0, 2.0], vec![1.0]);
-        assert!(is_data(line_chart(&p, "t", "x", "y", &[mismatched.clone()], Scale::Linear, Scale::Linear)));
+        assert!(is_data(line_chart(
+            &p,
+            "t",
+            "x",
+            "y",
+            std::slice::from_ref(&mismatched),
+            Scale::Linear,
+            Scale::Linear
+        )));
         let nan = Series::new("a", vec![f64::NAN, 1.0], vec![1.0, f64::INFINITY]);
-        assert!(is_data(line_chart(&p, "t", "x", "y", &[nan.clone()], Scale::Linear, Scale::Linear)));
+        assert!(is_data(line_chart(
+            &p,
+            "t",
+            "x",
+            "y",
+            std::slice::from_ref(&nan),
+            Scale::Linear,
+            Scale::Linear
+        )));
         let neg = Series::new("a", vec![1.0, 2.0], vec![-1.0, 0.0]);
-        assert!(is_data(line_chart(&p, "t", "x", "y", &[neg], Scale::Linear, Scale::Log)));
+        assert!(is_data(line_chart(
+            &p,
+            "t",
+            "x",
+            "y",
+            &[neg],
+            Scale::Linear,
+            Scale::Log
+        )));
         assert!(is_data(scatter_chart(&p, "t", "x", "y", &[nan], true)));
-        assert!(is_data(scatter_chart(&p, "t", "x", "y", &[mismatched], false)));
+        assert!(is_data(scatter_chart(
+            &p,
+            "t",
+            "x",
+            "y",
+            &[mismatched],
+            false
+        )));
         assert!(is_data(heatmaps(&p, "t", &[], "v", None)));
-        let g = Grid2d { nx: 2, ny: 2, x0: 0.0, x1: 1.0, y0: 0.0, y1: 1.0, values: vec![1.0; 3] };
-        assert!(is_data(heatmaps(&p, "t", &[("a".into(), g.clone())], "v", None)));
-        let g1 = Grid2d { nx: 1, values: vec![1.0; 2], ..g.clone() };
+        let g = Grid2d {
+            nx: 2,
+            ny: 2,
+            x0: 0.0,
+            x1: 1.0,
+            y0: 0.0,
+            y1: 1.0,
+            values: vec![1.0; 3],
+        };
+        assert!(is_data(heatmaps(
+            &p,
+            "t",
+            &[("a".into(), g.clone())],
+            "v",
+            None
+        )));
+        let g1 = Grid2d {
+            nx: 1,
+            values: vec![1.0; 2],
+            ..g.clone()
+        };
         assert!(is_data(heatmaps(&p, "t", &[("a".into(), g1)], "v", None)));
-        let gnan = Grid2d { values: vec![f64::NAN; 4], ..g.clone() };
+        let gnan = Grid2d {
+            values: vec![f64::NAN; 4],
+            ..g.clone()
+        };
         assert!(is_data(heatmaps(&p, "t", &[("a".into(), gnan)], "v", None)));
-        let gok = Grid2d { values: vec![1.0; 4], ..g.clone() };
-        let bad_o = Overlay { x: vec![0.0], y: vec![], class: vec![0], value: None };
-        assert!(is_data(heatmaps(&p, "t", &[("a".into(), gok)], "v", Some(&bad_o))));
+        let gok = Grid2d {
+            values: vec![1.0; 4],
+            ..g.clone()
+        };
+        let bad_o = Overlay {
+            x: vec![0.0],
+            y: vec![],
+            class: vec![0],
+            value: None,
+        };
+        assert!(is_data(heatmaps(
+            &p,
+            "t",
+            &[("a".into(), gok)],
+            "v",
+            Some(&bad_o)
+        )));
         assert!(is_data(point_value_panels(&p, "t", &[], &[], "v")));
-        let o = Overlay { x: vec![0.0], y: vec![0.0], class: vec![0], value: Some(vec![f64::NAN]) };
-        assert!(is_data(point_value_panels(&p, "t", &[("a".into(), o, None)], &[], "v")));
+        let o = Overlay {
+            x: vec![0.0],
+            y: vec![0.0],
+            class: vec![0],
+            value: Some(vec![f64::NAN]),
+        };
+        assert!(is_data(point_value_panels(
+            &p,
+            "t",
+            &[("a".into(), o, None)],
+            &[],
+            "v"
+        )));
         assert!(is_data(matrix(&p, "t", &[], &[], "v")));
-        assert!(is_data(matrix(&p, "t", &["a".into(), "b".into()], &[1.0; 3], "v")));
+        assert!(is_data(matrix(
+            &p,
+            "t",
+            &["a".into(), "b".into()],
+            &[1.0; 3],
+            "v"
+        )));
         assert!(is_data(matrix(&p, "t", &["a".into()], &[f64::NAN], "v")));
         assert!(!p.exists());
         // A missing directory is an I/O error naming the path; nothing is left behind.
@@ -1924,10 +2577,21 @@ mod tests {
         let p = dir.path().join("again.png");
         let s = Series::new("a", vec![1.0, 2.0, 3.0], vec![3.0, 1.0, 2.0]);
         for _ in 0..2 {
-            line_chart(&p, "twice", "x", "y", std::slice::from_ref(&s), Scale::Linear, Scale::Linear).unwrap();
+            line_chart(
+                &p,
+                "twice",
+                "x",
+                "y",
+                std::slice::from_ref(&s),
+                Scale::Linear,
+                Scale::Linear,
+            )
+            .unwrap();
         }
-        let names: Vec<String> =
-            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert_eq!(names, vec!["again.png".to_string()]);
     }
 }
