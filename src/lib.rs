@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod error;
+pub mod gp;
 pub mod io;
 pub mod kernel;
 pub mod model;
@@ -19,5 +20,6 @@ pub mod study;
 pub mod svm;
 pub mod train;
 pub mod trajectory;
+pub mod workflow;
 
 pub use error::{Error, Result};

@@ -2,6 +2,7 @@
 //!
 //! Every failure is printed as one line `error: …` on stderr with exit status 2.
 
+mod analyze;
 mod bench;
 mod kernel;
 mod study;
@@ -33,6 +34,14 @@ enum Command {
     Kernel(kernel::Args),
     /// Time one NTK, EPK and DPK step of a recorded run (JSON lines).
     Bench(bench::Args),
+    /// GP logit regression on a kernel and Monte-Carlo softmax posteriors.
+    Gp(analyze::GpArgs),
+    /// One-vs-rest SVM refit of the kernel machine's weights.
+    Svm(analyze::SvmArgs),
+    /// Per-training-point contributions to chosen predictions.
+    Attribute(analyze::AttributeArgs),
+    /// Stationarity score and far-field behaviour of a kernel.
+    Stationarity(analyze::StationarityArgs),
     /// Run a TOML-scripted study (training, kernels, tables, summary) into reports/.
     Study(study::Args),
 }
@@ -45,6 +54,10 @@ pub fn main() -> i32 {
         Command::Kernel(a) => kernel::exec(a),
         Command::Bench(a) => bench::exec(a),
         Command::Study(a) => study::exec(a),
+        Command::Gp(a) => analyze::gp(a),
+        Command::Svm(a) => analyze::svm(a),
+        Command::Attribute(a) => analyze::attribute(a),
+        Command::Stationarity(a) => analyze::stationarity(a),
     };
     match result {
         Ok(()) => 0,

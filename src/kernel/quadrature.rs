@@ -123,10 +123,18 @@ fn legendre(n: usize, x: f64) -> (f64, f64) {
     (p1, d)
 }
 
-/// Gauss–Legendre nodes mapped to `[a, b]`, weights scaled by `b − a`.
+/// Gauss–Legendre nodes mapped to `[a, b]`, weights scaled by `b − a` (rules up to order 64
+/// are computed once and cached).
 pub fn gauss_legendre_01(n: usize, a: f64, b: f64) -> Vec<(f64, f64)> {
+    static CACHE: std::sync::OnceLock<Vec<Vec<(f64, f64)>>> = std::sync::OnceLock::new();
     let h = b - a;
-    gauss_legendre(n).into_iter().map(|(x, w)| (a + 0.5 * h * (x + 1.0), 0.5 * h * w)).collect()
+    let map = |&(x, w): &(f64, f64)| (a + 0.5 * h * (x + 1.0), 0.5 * h * w);
+    if (1..=64).contains(&n) {
+        let table = CACHE.get_or_init(|| (0..=64).map(|k| if k == 0 { Vec::new() } else { gauss_legendre(k) }).collect());
+        table[n].iter().map(map).collect()
+    } else {
+        gauss_legendre(n).iter().map(map).collect()
+    }
 }
 
 /// Real roots of the polynomial `Σ_j c_j u^j` strictly inside `(lo, hi)`, sorted.

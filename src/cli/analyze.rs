@@ -1,0 +1,246 @@
+//! `pathkernel gp`, `svm`, `attribute` and `stationarity`: analyses of a run's kernels.
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::gp::GpParams;
+use crate::io::StagedDir;
+use crate::svm::SvmParams;
+use crate::trajectory::Run;
+use crate::workflow::{self, GpTargets, KernelFiles};
+
+/// GP logit regression with the kernel as covariance, and Monte-Carlo softmax posteriors.
+#[derive(clap::Args, Debug)]
+#[command(long_about = "Gaussian-process regression of the network's outputs with the kernel as covariance, one \
+independent GP per class (EPK paper §4.2), and a Monte-Carlo softmax posterior at the row points. \
+--train-kernel is a train x train kernel (pathkernel kernel --points train --side train); --kernel holds the rows \
+(e.g. --points test or grid:N) with their self-kernel. Writes gp.safetensors (k_train, k_cross, k_test_diag, \
+targets, noise, output_scale, jitter, mean, var, points), gp.parquet, gp_points.parquet and gp.json.")]
+pub struct GpArgs {
+    /// Run directory.
+    #[arg(long, value_name = "DIR")]
+    run: PathBuf,
+    /// Train x train kernel directory.
+    #[arg(long, value_name = "DIR")]
+    train_kernel: PathBuf,
+    /// Row kernel directory (points of interest x training set).
+    #[arg(long, value_name = "DIR")]
+    kernel: PathBuf,
+    /// Regression targets: network (outputs minus the bias, default) or labels (one-hot).
+    #[arg(long, default_value = "network")]
+    targets: String,
+    /// Noise variance.
+    #[arg(long, default_value_t = 1e-6)]
+    noise: f64,
+    /// Initial jitter added to the diagonal (escalated x10 on failure up to --max-jitter).
+    #[arg(long, default_value_t = 0.0)]
+    jitter: f64,
+    /// Largest jitter, relative to the mean diagonal.
+    #[arg(long, default_value_t = 1e-2)]
+    max_jitter: f64,
+    /// Fit noise and output scale by maximising the log marginal likelihood.
+    #[arg(long)]
+    fit_hyper: bool,
+    /// Monte-Carlo samples per point.
+    #[arg(long, default_value_t = 1000)]
+    samples: usize,
+    /// Monte-Carlo seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output directory.
+    #[arg(long, value_name = "OUT")]
+    out: PathBuf,
+    /// Replace OUT.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `gp`.
+pub fn gp(a: GpArgs) -> Result<()> {
+    let targets = match a.targets.as_str() {
+        "network" => GpTargets::Network,
+        "labels" => GpTargets::Labels,
+        other => return Err(Error::Config(format!("--targets {other}: expected network or labels"))),
+    };
+    let run = Run::open(&a.run)?;
+    let tk = KernelFiles::open(&a.train_kernel, &run)?;
+    let rk = KernelFiles::open(&a.kernel, &run)?;
+    let params = GpParams::new().noise(a.noise).jitter(a.jitter).max_jitter(a.max_jitter).fit_hyper(a.fit_hyper);
+    let staged = StagedDir::new(&a.out, a.force)?;
+    let s = workflow::gp_report(&run, &tk, &rk, &params, targets, a.samples, a.seed, staged.path())?;
+    let dir = staged.commit()?;
+    println!(
+        "gp: {} points, mean posterior std {:.4e}, mean predictive entropy {:.4}, jitter {:?}, agreement with the network {:.2}%{} -> {}",
+        s.points,
+        s.mean_std,
+        s.mean_entropy,
+        s.jitter,
+        100.0 * s.agreement_with_network,
+        s.accuracy.map_or(String::new(), |v| format!(", accuracy {:.2}%", 100.0 * v)),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// One-vs-rest SVM refit of the kernel machine's weights a_i on the kernel's class blocks.
+#[derive(clap::Args, Debug)]
+#[command(long_about = "Refit the kernel machine's weights with a one-vs-rest C-SVC (SMO, libsvm's working-set \
+selection) on the train x train kernel's class blocks, and evaluate decision values at the row kernel's points. \
+Writes svm.parquet (decision values, predicted class, the network's class) and svm.json (accuracy, agreement \
+with the network, support vectors, iterations).")]
+pub struct SvmArgs {
+    /// Run directory.
+    #[arg(long, value_name = "DIR")]
+    run: PathBuf,
+    /// Train x train kernel directory.
+    #[arg(long, value_name = "DIR")]
+    train_kernel: PathBuf,
+    /// Row kernel directory.
+    #[arg(long, value_name = "DIR")]
+    kernel: PathBuf,
+    /// Box constraint C.
+    #[arg(long, default_value_t = 1.0)]
+    c: f64,
+    /// KKT tolerance.
+    #[arg(long, default_value_t = 1e-3)]
+    tol: f64,
+    /// Iteration budget.
+    #[arg(long, default_value_t = 1_000_000)]
+    max_iter: usize,
+    /// Output directory.
+    #[arg(long, value_name = "OUT")]
+    out: PathBuf,
+    /// Replace OUT.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `svm`.
+pub fn svm(a: SvmArgs) -> Result<()> {
+    let run = Run::open(&a.run)?;
+    let tk = KernelFiles::open(&a.train_kernel, &run)?;
+    let rk = KernelFiles::open(&a.kernel, &run)?;
+    let params = SvmParams::new().c(a.c).tol(a.tol).max_iter(a.max_iter);
+    let staged = StagedDir::new(&a.out, a.force)?;
+    let s = workflow::svm_report(&run, &tk, &rk, &params, staged.path())?;
+    let dir = staged.commit()?;
+    println!(
+        "svm: {} points, support vectors {:?}, agreement with the network {:.2}%{} -> {}",
+        s.points,
+        s.support,
+        100.0 * s.agreement_with_network,
+        s.accuracy.map_or(String::new(), |v| format!(", accuracy {:.2}%", 100.0 * v)),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Per-training-point contributions to chosen predictions.
+#[derive(clap::Args, Debug)]
+#[command(long_about = "Split chosen outputs f^k(x_p) of the kernel machine into per-training-point contributions \
+sum_s a_{i,s} K_s(x_p, x_i), list the strongest supporters and opponents, and check that the contributions sum to \
+the network output minus the bias. Writes attribution.parquet, contributions.safetensors and attribution.json.")]
+pub struct AttributeArgs {
+    /// Run directory.
+    #[arg(long, value_name = "DIR")]
+    run: PathBuf,
+    /// Kernel directory (rows = the points to explain).
+    #[arg(long, value_name = "DIR")]
+    kernel: PathBuf,
+    /// Row points to explain, e.g. 0,3,7 (indices into the kernel's rows).
+    #[arg(long, value_name = "LIST", default_value = "0")]
+    points: String,
+    /// Supporters and opponents listed per point and class.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Output directory.
+    #[arg(long, value_name = "OUT")]
+    out: PathBuf,
+    /// Replace OUT.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `attribute`.
+pub fn attribute(a: AttributeArgs) -> Result<()> {
+    let points: Vec<usize> = a
+        .points
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().map_err(|_| Error::Config(format!("--points `{}`: expected indices like 0,3,7", a.points))))
+        .collect::<Result<_>>()?;
+    let run = Run::open(&a.run)?;
+    let kf = KernelFiles::open(&a.kernel, &run)?;
+    let staged = StagedDir::new(&a.out, a.force)?;
+    let s = workflow::attribution_report(&run, &kf, &points, a.top, staged.path())?;
+    let dir = staged.commit()?;
+    println!("attribution ({}): {} outputs explained, max |network - bias - sum of contributions| {:.3e} -> {}", s.form, s.attributions.len(), s.max_abs_residual, dir.display());
+    Ok(())
+}
+
+/// How far a kernel is from stationary, and its far field.
+#[derive(clap::Args, Debug)]
+#[command(long_about = "Stationarity score of a train x train kernel (1 = stationary: k depends on x - x' only; \
+one minus the RMS error of the best stationary fit relative to the kernel's spread, see src/analysis.rs) with an RBF \
+kernel on the same points as the stationary reference, and the far field: the kernel's self-value and the GP \
+posterior standard deviation along rays leaving the training data. Writes stationarity.json, far_field.parquet \
+and far_profile.parquet.")]
+pub struct StationarityArgs {
+    /// Run directory.
+    #[arg(long, value_name = "DIR")]
+    run: PathBuf,
+    /// Train x train kernel directory.
+    #[arg(long, value_name = "DIR")]
+    train_kernel: PathBuf,
+    /// Ray directions.
+    #[arg(long, default_value_t = 16)]
+    dirs: usize,
+    /// Points per ray.
+    #[arg(long, default_value_t = 10)]
+    ray_steps: usize,
+    /// Radius growth factor between points of a ray (from the data's RMS radius).
+    #[arg(long, default_value_t = 1.5)]
+    growth: f64,
+    /// Quadrature of the far-field kernel at the ray points (far from the data the logits are
+    /// large and a looser tolerance saves much time; the kernel machine's error there is reported
+    /// by `pathkernel kernel` if needed).
+    #[arg(long, default_value = "auto:1e-8", value_name = "RULE")]
+    quadrature: String,
+    /// GP noise variance for the far-field standard deviation.
+    #[arg(long, default_value_t = 1e-6)]
+    noise: f64,
+    /// Fit the far-field GP's noise and output scale by maximum marginal likelihood.
+    #[arg(long)]
+    fit_hyper: bool,
+    /// Seed (pair subsampling, ray directions).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output directory.
+    #[arg(long, value_name = "OUT")]
+    out: PathBuf,
+    /// Replace OUT.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `stationarity`.
+pub fn stationarity(a: StationarityArgs) -> Result<()> {
+    if a.dirs == 0 || a.ray_steps == 0 || !(a.growth.is_finite() && a.growth > 1.0) {
+        return Err(Error::Config("--dirs and --ray-steps must be >= 1 and --growth > 1".into()));
+    }
+    let rule: crate::kernel::Rule = a.quadrature.parse()?;
+    let run = Run::open(&a.run)?;
+    let tk = KernelFiles::open(&a.train_kernel, &run)?;
+    let staged = StagedDir::new(&a.out, a.force)?;
+    let s = workflow::stationarity_report(&run, &tk, &GpParams::new().noise(a.noise).fit_hyper(a.fit_hyper), rule, a.dirs, a.ray_steps, a.growth, a.seed, staged.path())?;
+    let dir = staged.commit()?;
+    println!(
+        "stationarity score {:.3} (RBF reference {:.3}); far field, Spearman vs distance: kernel self-value {:+.3}, GP logit std {:+.3}, MC probability std {:+.3} -> {}",
+        s.score,
+        s.rbf_score,
+        s.far_kernel_spearman,
+        s.far_std_spearman,
+        s.far_prob_std_spearman,
+        dir.display()
+    );
+    Ok(())
+}
