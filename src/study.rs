@@ -27,9 +27,13 @@ use crate::data::DataConfig;
 use crate::error::{Error, Result};
 use crate::io::{self, StagedDir, Table};
 use crate::kernel::{self, output::Exactness, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use crate::io::Column;
 use crate::model::ModelConfig;
 use crate::train::{fnv1a, train_to_dir, RunConfig, TrainConfig, TrainOptions};
 use crate::trajectory::Run;
+
+/// Bumped whenever the kernel output files change, so cached kernels are recomputed.
+const KERNEL_OUTPUT_VERSION: u32 = 2;
 
 fn default_quadrature() -> String {
     "auto:1e-12".into()
@@ -83,6 +87,41 @@ impl KernelSpec {
     }
 }
 
+fn default_true() -> bool {
+    true
+}
+
+/// The optional `[analysis]` section: what to do with the kernels beyond the kernel machines.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnalysisSpec {
+    /// GP logit regression + Monte-Carlo softmax at every non-training kernel's points
+    /// (hyper-parameters fitted by marginal likelihood).
+    #[serde(default)]
+    pub gp: bool,
+    /// One-vs-rest SVM refit of a_i, evaluated at every non-training kernel's points.
+    #[serde(default)]
+    pub svm: bool,
+    /// Stationarity score and far field of the train×train EPK.
+    #[serde(default)]
+    pub stationarity: bool,
+    /// Test points to attribute (indices into the first `epk` kernel on test points).
+    #[serde(default)]
+    pub attribution_points: Vec<usize>,
+    /// Points of the linear interpolation `w_0 → w_N` (the paper's Fig. 8); 0 = off.
+    #[serde(default)]
+    pub interpolation: usize,
+    /// Write PNG charts.
+    #[serde(default = "default_true")]
+    pub charts: bool,
+}
+
+impl Default for AnalysisSpec {
+    fn default() -> Self {
+        AnalysisSpec { gp: false, svm: false, stationarity: false, attribution_points: Vec::new(), interpolation: 0, charts: true }
+    }
+}
+
 /// A study file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +142,9 @@ pub struct StudyConfig {
     /// `[[kernel]]` entries.
     #[serde(default, rename = "kernel")]
     pub kernels: Vec<KernelSpec>,
+    /// `[analysis]`
+    #[serde(default)]
+    pub analysis: AnalysisSpec,
 }
 
 impl StudyConfig {
@@ -179,36 +221,45 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     let states = run.load_all()?;
 
     let mut kernels = Vec::new();
+    let mut kernel_dirs = Vec::new();
     for spec in &cfg.kernels {
-        let (req, points) = spec.request()?;
+        let (reused, ex, kdir) = cached_kernel(&run, &states, spec, &cache)?;
         let label = spec.label();
-        let key = format!(
-            "{:016x}",
-            fnv1a(format!("{}|{}|{}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), env!("CARGO_PKG_VERSION")).as_bytes())
-        );
-        let kdir = cache.join("kernels").join(&label);
-        let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
-        if !reused {
-            let pts = points.resolve(&run.dataset)?;
-            let kstage = StagedDir::new(&kdir, true)?;
-            let o = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {})?;
-            kernel::output::write(kstage.path(), &o, &pts, &run.manifest.run_id)?;
-            io::write_atomic(&kstage.path().join("inputs.key"), key.as_bytes())?;
-            kstage.commit()?;
-        }
-        let ex: Exactness = read_exactness(&kdir.join("exactness.json"))?;
         let dst = staged.path().join("kernels").join(&label);
         io::create_dir_all(&dst)?;
         for f in ["exactness.json", "predictions.parquet", "steps.parquet"] {
             std::fs::copy(kdir.join(f), dst.join(f)).map_err(|e| Error::io(kdir.join(f), e))?;
         }
-        kernels.push((label, reused, ex));
+        kernels.push((label.clone(), reused, ex));
+        kernel_dirs.push((spec.clone(), label, kdir));
     }
-    let summary_md = summary_markdown(&cfg, &text, &run, &kernels, opts)?;
+    let notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path())?;
+    let summary_md = summary_markdown(&cfg, &text, &run, &kernels, &notes, opts)?;
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
     let out = staged.commit()?;
     Ok(StudySummary { out, reused_run, kernels, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Computes a kernel into the cache (or reuses it when its inputs are unchanged).
+fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, cache: &Path) -> Result<(bool, Exactness, PathBuf)> {
+    let (req, points) = spec.request()?;
+    let label = spec.label();
+    let key = format!(
+        "{:016x}",
+        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), env!("CARGO_PKG_VERSION")).as_bytes())
+    );
+    let kdir = cache.join("kernels").join(&label);
+    let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
+    if !reused {
+        let pts = points.resolve(&run.dataset)?;
+        let kstage = StagedDir::new(&kdir, true)?;
+        let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, u64::MAX, &|_, _| {})?;
+        kernel::output::write(kstage.path(), &o, &pts, &run.manifest.run_id)?;
+        io::write_atomic(&kstage.path().join("inputs.key"), key.as_bytes())?;
+        kstage.commit()?;
+    }
+    Ok((reused, read_exactness(&kdir.join("exactness.json"))?, kdir))
 }
 
 fn read_exactness(path: &Path) -> Result<Exactness> {
@@ -216,7 +267,7 @@ fn read_exactness(path: &Path) -> Result<Exactness> {
     serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid exactness.json: {e}")))
 }
 
-fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String, bool, Exactness)], opts: &StudyOptions) -> Result<String> {
+fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String, bool, Exactness)], notes: &[String], opts: &StudyOptions) -> Result<String> {
     use std::fmt::Write;
     let log = Table::read_parquet(&run.dir.join("train_log.parquet"))?;
     let col = |name: &str| log.f64(name).map(|v| v.to_vec()).unwrap_or_default();
@@ -263,6 +314,321 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String
         }
         let _ = writeln!(s, "\nPer-step validation (predicted vs actual change of the output over each step): `kernels/*/steps.parquet`; predictions: `kernels/*/predictions.parquet`.\n");
     }
+    if !notes.is_empty() {
+        let _ = writeln!(s, "## Analyses\n");
+        for n in notes {
+            let _ = writeln!(s, "{n}");
+        }
+        let _ = writeln!(s);
+    }
     let _ = writeln!(s, "## Configuration\n\n```toml\n{}\n```", text.trim());
     Ok(s)
+}
+
+/// Grid geometry of 2-D row points laid out by [`crate::data::grid_2d`] (x fastest).
+fn grid_of(points: &[f64], values: Vec<f64>) -> Option<crate::plot::Grid2d> {
+    let p = points.len() / 2;
+    let n = (p as f64).sqrt().round() as usize;
+    if n < 2 || n * n != p || values.len() != p {
+        return None;
+    }
+    let xs: Vec<f64> = points.chunks(2).map(|r| r[0]).collect();
+    let ys: Vec<f64> = points.chunks(2).map(|r| r[1]).collect();
+    let (x0, x1) = (xs.iter().cloned().fold(f64::INFINITY, f64::min), xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+    let (y0, y1) = (ys.iter().cloned().fold(f64::INFINITY, f64::min), ys.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+    Some(crate::plot::Grid2d { nx: n, ny: n, x0, x1, y0, y1, values })
+}
+
+fn train_overlay(run: &Run) -> Option<crate::plot::Overlay> {
+    if run.dataset.dim != 2 {
+        return None;
+    }
+    let crate::data::Targets::Labels(y) = &run.dataset.y_train else { return None };
+    let x = &run.dataset.x_train;
+    Some(crate::plot::Overlay { x: x.chunks(2).map(|r| r[0]).collect(), y: x.chunks(2).map(|r| r[1]).collect(), class: y.clone(), value: None })
+}
+
+/// The `[analysis]` section and the charts; returns markdown lines for the summary.
+fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kernels: &[(KernelSpec, String, PathBuf)], cache: &Path, out: &Path) -> Result<Vec<String>> {
+    use crate::plot::{self, Scale, Series};
+    use crate::workflow::{self, GpTargets, KernelFiles};
+    let a = &cfg.analysis;
+    let mut notes = Vec::new();
+    let charts = out.join("charts");
+    if a.charts {
+        io::create_dir_all(&charts)?;
+    }
+    let log = Table::read_parquet(&run.dir.join("train_log.parquet"))?;
+    let steps: Vec<f64> = log.i64("step").unwrap_or(&[]).iter().map(|&v| v as f64).collect();
+    if a.charts {
+        let col = |n: &str| log.f64(n).map(|v| v.to_vec()).unwrap_or_default();
+        plot::line_chart(&charts.join("training_loss.png"), "Training loss", "step", "mean loss", &[Series::new("training loss", steps.clone(), col("loss"))], Scale::Linear, Scale::Log)?;
+        if run.dataset.is_classification() {
+            plot::line_chart(
+                &charts.join("training_accuracy.png"),
+                "Accuracy during training",
+                "step",
+                "accuracy (fraction)",
+                &[Series::new("train", steps.clone(), col("accuracy")), Series::new("held-out test", steps.clone(), col("test_accuracy"))],
+                Scale::Linear,
+                Scale::Linear,
+            )?;
+        }
+        notes.push("- Charts: `charts/training_loss.png`, `charts/training_accuracy.png`.".to_string());
+        // Per-step validation and Fig. 2 from the kernels' steps tables.
+        let mut err_series = Vec::new();
+        let mut cos_series = Vec::new();
+        let mut scatter = Vec::new();
+        for (spec, label, kdir) in kernels {
+            let t = Table::read_parquet(&kdir.join("steps.parquet"))?;
+            let st: Vec<f64> = t.i64("step").unwrap_or(&[]).iter().map(|&v| v as f64).collect();
+            if spec.kind != "ntk" {
+                err_series.push(Series::new(label.clone(), st.clone(), t.f64("max_abs_error").unwrap_or(&[]).to_vec()));
+            }
+            if spec.kind == "epk" && spec.side == "test" {
+                let c = t.f64("dpk_cosine_error").unwrap_or(&[]).to_vec();
+                if c.iter().any(|v| v.is_finite()) {
+                    cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
+                }
+            }
+            if spec.points == "test" {
+                let pr = Table::read_parquet(&kdir.join("predictions.parquet"))?;
+                let cls = pr.i64("class").unwrap_or(&[]);
+                let sel: Vec<usize> = (0..cls.len()).filter(|&i| cls[i] == 0).take(100).collect();
+                let net = pr.f64("network").unwrap_or(&[]);
+                let km = pr.f64("kernel_machine").unwrap_or(&[]);
+                scatter.push(Series::new(label.clone(), sel.iter().map(|&i| net[i]).collect(), sel.iter().map(|&i| km[i]).collect()));
+            }
+        }
+        if !err_series.is_empty() {
+            plot::line_chart(&charts.join("per_step_error.png"), "Kernel machine vs network, change over each step", "step", "max |predicted − actual change|", &err_series, Scale::Linear, Scale::Log)?;
+            notes.push("- `charts/per_step_error.png`: per step, the largest difference between the change of the output predicted by that step's kernel and the network's actual change (ExPLAIND-style validation).".into());
+        }
+        if !cos_series.is_empty() {
+            plot::line_chart(&charts.join("fig2_dpk_gradient_error.png"), "DPK vs EPK test gradients (paper Fig. 2)", "step", "mean 1 − cosine", &cos_series, Scale::Linear, Scale::Log)?;
+            notes.push("- `charts/fig2_dpk_gradient_error.png`: per step, the mean angle error (1 − cosine) between the DPK's test gradient at t = 0 and the EPK's integrated test gradient (paper Fig. 2).".into());
+        }
+        if !scatter.is_empty() {
+            plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 output: kernel machine vs network (paper Fig. 4)", "network log-probability f⁰(x)", "kernel machine", &scatter, true)?;
+            notes.push("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4).".into());
+        }
+    }
+    let needs_train = a.gp || a.svm || a.stationarity;
+    let train_kernel = if needs_train {
+        let spec = KernelSpec { kind: "epk".into(), quadrature: default_quadrature(), points: "train".into(), side: "train".into(), step: None, label: Some("train-train".into()) };
+        let (_, _, kdir) = cached_kernel(run, states, &spec, cache)?;
+        Some(KernelFiles::open(&kdir, run)?)
+    } else {
+        None
+    };
+    let overlay = train_overlay(run);
+    for (spec, label, kdir) in kernels {
+        if spec.points == "train" || spec.kind == "chen" || spec.kind == "kprime" {
+            continue;
+        }
+        let Some(tk) = &train_kernel else { break };
+        let rk = KernelFiles::open(kdir, run)?;
+        if a.gp && spec.kind != "ntk" {
+            // gp.safetensors (the GP's exact inputs, M² per class) stays in the cache; the report
+            // gets the tables.
+            let cdir = cache.join("analysis").join(format!("gp-{label}"));
+            io::create_dir_all(&cdir)?;
+            let g = workflow::gp_report(run, tk, &rk, &crate::gp::GpParams::new().fit_hyper(true), GpTargets::Network, 1000, 0, &cdir)?;
+            let dir = out.join("analysis").join(format!("gp-{label}"));
+            io::create_dir_all(&dir)?;
+            for f in ["gp.json", "gp.parquet", "gp_points.parquet"] {
+                std::fs::copy(cdir.join(f), dir.join(f)).map_err(|e| Error::io(cdir.join(f), e))?;
+            }
+            notes.push(format!(
+                "- GP on `{label}` (targets: network outputs minus bias, hyper-parameters by marginal likelihood; inputs and outputs in `{cd}/gp.safetensors`): mean posterior logit std {:.3e}, mean predictive entropy {:.3}, MC arg-max agrees with the network on {:.1} %{}.",
+                g.mean_std,
+                g.mean_entropy,
+                100.0 * g.agreement_with_network,
+                g.accuracy.map_or(String::new(), |v| format!(", test accuracy {:.1} %", 100.0 * v))
+                cd = cdir.display()
+            ));
+            if a.charts && spec.points.starts_with("grid:") {
+                let t = Table::read_parquet(&dir.join("gp.parquet"))?;
+                let k = rk.k;
+                let ps = t.f64("mc_std_prob").unwrap_or(&[]);
+                let pstd: Vec<f64> = ps.chunks(k).map(|r| r.iter().sum::<f64>() / k as f64).collect();
+                let diag = rk.diag.clone().unwrap_or_default();
+                let kv: Vec<f64> = (0..rk.p).map(|q| (0..k).map(|c| diag.get((q * k + c) * k + c).copied().unwrap_or(f64::NAN)).sum::<f64>() / k as f64).collect();
+                let logkv: Vec<f64> = kv.iter().map(|v| v.log10()).collect();
+                if let (Some(g1), Some(g2)) = (grid_of(&rk.points, logkv), grid_of(&rk.points, pstd)) {
+                    plot::heatmaps(
+                        &charts.join(format!("fig5_{label}.png")),
+                        "Kernel value and Monte-Carlo std of the softmax probabilities (paper Fig. 5)",
+                        &[("log10 K(x, x) (mean over classes)".into(), g1), ("MC std of probabilities (mean over classes)".into(), g2)],
+                        "value",
+                        overlay.as_ref(),
+                    )?;
+                    notes.push(format!("- `charts/fig5_{label}.png`: the kernel's self-value and the MC standard deviation of the GP's softmax probabilities on the grid (paper Fig. 5)."));
+                }
+            }
+        }
+        if a.svm {
+            let dir = out.join("analysis").join(format!("svm-{label}"));
+            io::create_dir_all(&dir)?;
+            let s = workflow::svm_report(run, tk, &rk, &crate::svm::SvmParams::new(), &dir)?;
+            notes.push(format!(
+                "- SVM refit of a_i (one-vs-rest, C = 1) on `{label}`: agrees with the network on {:.1} %{}; support vectors per class {:?}.",
+                100.0 * s.agreement_with_network,
+                s.accuracy.map_or(String::new(), |v| format!(", accuracy {:.1} %", 100.0 * v)),
+                s.support
+            ));
+            if a.charts && spec.points.starts_with("grid:") {
+                let t = Table::read_parquet(&dir.join("svm.parquet"))?;
+                let mut panels = Vec::new();
+                for c in 0..rk.k {
+                    if let Some(g) = grid_of(&rk.points, t.f64(&format!("decision_{c}")).unwrap_or(&[]).to_vec()) {
+                        panels.push((format!("class {c}"), g));
+                    }
+                }
+                if !panels.is_empty() {
+                    plot::heatmaps(&charts.join(format!("fig3_svm_{label}.png")), "SVM-refit kernel machine: decision value per class (paper Fig. 3)", &panels, "decision value", overlay.as_ref())?;
+                    notes.push(format!("- `charts/fig3_svm_{label}.png`: decision values of the SVM-refit kernel machine per class on the grid, with the training data (paper Fig. 3)."));
+                }
+            }
+        }
+    }
+    if a.stationarity {
+        if let Some(tk) = &train_kernel {
+            let dir = out.join("analysis").join("stationarity");
+            io::create_dir_all(&dir)?;
+            let s = workflow::stationarity_report(run, tk, &crate::gp::GpParams::new().fit_hyper(true), Rule::Auto(1e-8), 16, 10, 1.5, 0, &dir)?;
+            notes.push(format!(
+                "- Stationarity (1 = stationary): train×train EPK {:.3} (per class {:?}), RBF on the same points {:.3}. Far field along {} ray points, Spearman correlation with the distance from the training data: kernel self-value {:+.2}, GP logit std {:+.2}, MC probability std {:+.2}.",
+                s.score,
+                s.class_scores.iter().map(|v| (v * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+                s.rbf_score,
+                s.ray_points,
+                s.far_kernel_spearman,
+                s.far_std_spearman,
+                s.far_prob_std_spearman
+            ));
+            if a.charts {
+                let t = Table::read_parquet(&dir.join("far_profile.parquet"))?;
+                let lo = t.f64("distance_lo").unwrap_or(&[]);
+                let hi = t.f64("distance_hi").unwrap_or(&[]);
+                let mid: Vec<f64> = lo.iter().zip(hi).map(|(a, b)| (a.max(1e-12) * b).sqrt()).collect();
+                plot::line_chart(
+                    &charts.join("far_field.png"),
+                    "Far from the data: GP uncertainty along rays",
+                    "distance to the nearest training point",
+                    "mean over ray points",
+                    &[
+                        Series::new("GP logit std", mid.clone(), t.f64("gp_std_mean").unwrap_or(&[]).to_vec()),
+                        Series::new("MC std of probabilities", mid.clone(), t.f64("mc_prob_std_mean").unwrap_or(&[]).to_vec()),
+                    ],
+                    Scale::Log,
+                    Scale::Log,
+                )?;
+                notes.push("- `charts/far_field.png`: GP logit standard deviation and MC probability standard deviation against the distance from the training data, along rays.".into());
+            }
+        }
+    }
+    if !a.attribution_points.is_empty() {
+        if let Some((_, label, kdir)) = kernels.iter().find(|(sp, _, _)| sp.kind == "epk" && sp.points == "test" && sp.side == "test") {
+            let rk = KernelFiles::open(kdir, run)?;
+            let dir = out.join("analysis").join("attribution");
+            io::create_dir_all(&dir)?;
+            let s = workflow::attribution_report(run, &rk, &a.attribution_points, 10, &dir)?;
+            notes.push(format!(
+                "- Attribution on `{label}` for test points {:?}: contributions of the training points sum to the network output minus the bias to {:.1e} ({}).",
+                a.attribution_points, s.max_abs_residual, s.form
+            ));
+        }
+    }
+    if let Some((_, label, kdir)) = kernels.iter().find(|(sp, _, _)| sp.points == "class-means" && sp.kind == "epk") {
+        if a.charts && run.dataset.dim == 2 {
+            let rk = KernelFiles::open(kdir, run)?;
+            let (m, k) = (rk.m, rk.k);
+            let contrib = crate::analysis::contributions(&rk.gram, &rk.a[..m * k], rk.p, m, k)?;
+            let mut ov = train_overlay(run).expect("2-D classification");
+            let mut panels = Vec::new();
+            for p in 0..rk.p {
+                for c in 0..k {
+                    ov.value = Some((0..m).map(|i| contrib[(p * m + i) * k + c]).collect());
+                    panels.push((format!("mean of class {p}: output {c}"), ov.clone(), None));
+                }
+            }
+            let marks: Vec<(f64, f64)> = rk.points.chunks(2).map(|r| (r[0], r[1])).collect();
+            plot::point_value_panels(&charts.join(format!("fig6_{label}.png")), "Per-training-point contribution Σ_s a_i,s K_s(x, x_i) at the class means (paper Fig. 6)", &panels, &marks, "contribution", )?;
+            notes.push(format!("- `charts/fig6_{label}.png`: each training point's contribution to each output at the three class means (paper Fig. 6)."));
+        }
+    }
+    if a.interpolation >= 2 {
+        let (t, loss, acc, proj, norm) = interpolation(run, states, a.interpolation)?;
+        Table::new()
+            .with("t", Column::F64(t.clone()))
+            .with("loss", Column::F64(loss.clone()))
+            .with("accuracy", Column::F64(acc.clone()))
+            .with("gradient_projection", Column::F64(proj.clone()))
+            .with("weight_norm", Column::F64(norm.clone()))
+            .write_parquet(&out.join("interpolation.parquet"))?;
+        notes.push(format!(
+            "- Linear interpolation w(t) = w_0 + t(w_N − w_0) (paper Fig. 8, `interpolation.parquet`): loss {:.4} → {:.4}, weight norm {:.3} → {:.3} ({:+.1} %).",
+            loss[0],
+            loss[loss.len() - 1],
+            norm[0],
+            norm[norm.len() - 1],
+            100.0 * (norm[norm.len() - 1] / norm[0] - 1.0)
+        ));
+        if a.charts {
+            let scaled = |v: &[f64]| {
+                let m = v.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-300);
+                (v.iter().map(|x| x / m).collect::<Vec<f64>>(), m)
+            };
+            let (l, lm) = scaled(&loss);
+            let (p, pm) = scaled(&proj);
+            let (n, nm) = scaled(&norm);
+            plot::line_chart(
+                &charts.join("fig8_interpolation.png"),
+                "Straight line from w_0 to w_N (paper Fig. 8)",
+                "t",
+                "value / its maximum",
+                &[
+                    Series::new(format!("loss (max {lm:.3})"), t.clone(), l),
+                    Series::new("accuracy", t.clone(), acc),
+                    Series::new(format!("∇L along the path (max |·| {pm:.3})"), t.clone(), p),
+                    Series::new(format!("‖w(t)‖ (max {nm:.3})"), t, n),
+                ],
+                Scale::Linear,
+                Scale::Linear,
+            )?;
+            notes.push("- `charts/fig8_interpolation.png`: loss, accuracy, the loss gradient projected on the straight path, and the weight norm along w(t) (paper Fig. 8).".into());
+        }
+    }
+    Ok(notes)
+}
+
+/// Loss, accuracy, `⟨∇L(w(t)), u⟩` (u the unit direction `w_N − w_0`) and `‖w(t)‖` along the
+/// straight line `w(t) = w_0 + t(w_N − w_0)`, at `n` evenly spaced t.
+#[allow(clippy::type_complexity)]
+fn interpolation(run: &Run, states: &[crate::model::Params], n: usize) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    use crate::model::net::Objective;
+    let arch = &run.manifest.architecture;
+    let (w0, wn) = (&states[0], &states[states.len() - 1]);
+    let (labels, values) = match &run.dataset.y_train {
+        crate::data::Targets::Labels(y) => (Some(y.as_slice()), None),
+        crate::data::Targets::Values(v) => (None, Some(v.as_slice())),
+    };
+    let obj = Objective::new(dfdx::tensor::Cpu::default(), arch, &run.dataset.x_train, labels, values, run.manifest.loss, Some(w0))?;
+    let dir: Vec<f64> = wn.flat().iter().zip(w0.flat()).map(|(a, b)| a - b).collect();
+    let dn = dir.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-300);
+    let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for j in 0..n {
+        let t = j as f64 / (n - 1) as f64;
+        let w = crate::kernel::generic::interpolate(w0, Some(wn), t);
+        let lg = obj.evaluate(&w);
+        let acc = labels.map_or(f64::NAN, |y| crate::train::accuracy(&lg.outputs, y, arch.outputs()));
+        let proj = lg.grad.flat().iter().zip(&dir).map(|(g, d)| g * d).sum::<f64>() / dn;
+        out.0.push(t);
+        out.1.push(lg.loss);
+        out.2.push(acc);
+        out.3.push(proj);
+        out.4.push(w.norm());
+    }
+    Ok(out)
 }

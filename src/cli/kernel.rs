@@ -31,7 +31,7 @@ pub struct Args {
     /// Quadrature for integrated rows: left:T, midpoint:T, gauss:T, auto:TOL.
     #[arg(long, default_value = "auto:1e-12", value_name = "RULE")]
     quadrature: String,
-    /// Row points: test, train or grid:N (2-D data).
+    /// Row points: test, train, class-means or grid:N (2-D data).
     #[arg(long, default_value = "test", value_name = "SET")]
     points: String,
     /// Side of the row points (EPK Definition 3.3): test (integrated) or train (t = 0).

@@ -851,6 +851,8 @@ pub enum PointsSpec {
     Train,
     /// An N×N grid over the 2-D training data (10 % margin).
     Grid(usize),
+    /// The mean of the training points of each class (the EPK paper's Fig. 6 test points).
+    ClassMeans,
 }
 
 impl std::str::FromStr for PointsSpec {
@@ -859,9 +861,10 @@ impl std::str::FromStr for PointsSpec {
         match s {
             "test" => Ok(PointsSpec::Test),
             "train" => Ok(PointsSpec::Train),
+            "class-means" => Ok(PointsSpec::ClassMeans),
             _ => match s.strip_prefix("grid:").map(str::parse::<usize>) {
                 Some(Ok(n)) if (2..=2000).contains(&n) => Ok(PointsSpec::Grid(n)),
-                _ => Err(Error::Config(format!("--points `{s}`: expected test, train or grid:N with 2 <= N <= 2000"))),
+                _ => Err(Error::Config(format!("--points `{s}`: expected test, train, class-means or grid:N with 2 <= N <= 2000"))),
             },
         }
     }
@@ -878,6 +881,27 @@ impl PointsSpec {
                     return Err(Error::Config(format!("--points grid:{n} needs 2-D data; this dataset has d = {}", data.dim)));
                 }
                 crate::data::grid_2d(&data.x_train, *n, 0.1)?
+            }
+            PointsSpec::ClassMeans => {
+                let crate::data::Targets::Labels(y) = &data.y_train else {
+                    return Err(Error::Config("--points class-means needs a classification dataset".into()));
+                };
+                let d = data.dim;
+                let mut sums = vec![0.0; data.num_outputs * d];
+                let mut counts = vec![0usize; data.num_outputs];
+                for (i, &c) in y.iter().enumerate() {
+                    counts[c] += 1;
+                    for j in 0..d {
+                        sums[c * d + j] += data.x_train[i * d + j];
+                    }
+                }
+                let mut x = Vec::new();
+                for c in 0..data.num_outputs {
+                    if counts[c] > 0 {
+                        x.extend(sums[c * d..(c + 1) * d].iter().map(|v| v / counts[c] as f64));
+                    }
+                }
+                x
             }
         };
         if x.is_empty() {

@@ -1,7 +1,81 @@
+//! Fuzzes the trajectory loader: `manifest.json`, a step file and (optionally) `dataset.safetensors`.
+//!
+//! Input layout: `MANIFEST_JSON SEP STEP_SAFETENSORS [SEP DATASET_SAFETENSORS]` with
+//! `SEP = "\n--8<--\n"` (a missing separator means the whole input is the manifest and the step
+//! file is empty). Each iteration:
+//!
+//! 1. `SafeFile::from_bytes` on the step bytes; when it parses, every accessor (`metadata`,
+//!    `names`, `shape`, `f64`, `i64`) on every tensor;
+//! 2. the manifest bytes are written to `DIR/manifest.json` of a scratch run directory and read
+//!    back with `trajectory::read_manifest` (serde_json into `Manifest`, then the format, version,
+//!    architecture/parameter, `num_params` and learning-rate checks);
+//! 3. when the manifest is accepted, the step bytes are written to
+//!    `DIR/trajectory/step-000000.safetensors` and loaded with `trajectory::load_step(DIR, &m, 0)`
+//!    (run id, step number, names, shapes, dtypes, finiteness); the dataset bytes, when present,
+//!    are written to `DIR/dataset.safetensors` and loaded with `trajectory::read_dataset`.
+//!
+//! These are exactly the functions `Run::open` chains; none may panic.
 #![no_main]
-use libfuzzer_sys::fuzz_target;
 use std::path::Path;
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use pathkernel::io::SafeFile;
+use pathkernel::trajectory;
+
+const SEP: &[u8] = b"\n--8<--\n";
+
+fn split(data: &[u8]) -> (&[u8], &[u8], Option<&[u8]>) {
+    let find = |d: &[u8]| d.windows(SEP.len()).position(|w| w == SEP);
+    let Some(i) = find(data) else { return (data, &[], None) };
+    let (manifest, rest) = (&data[..i], &data[i + SEP.len()..]);
+    match find(rest) {
+        Some(j) => (manifest, &rest[..j], Some(&rest[j + SEP.len()..])),
+        None => (manifest, rest, None),
+    }
+}
+
+fn run_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::Builder::new().prefix("pathkernel-fuzz-run").tempdir().expect("temp dir");
+        std::fs::create_dir_all(d.path().join("trajectory")).expect("trajectory dir");
+        d
+    })
+    .path()
+}
+
+fn exercise_safefile(bytes: &[u8]) {
+    let Ok(f) = SafeFile::from_bytes(Path::new("fuzz.safetensors"), bytes.to_vec()) else { return };
+    let _ = f.metadata();
+    for name in f.names() {
+        let _ = f.shape(&name);
+        let _ = f.f64(&name, None);
+        let _ = f.i64(&name, None);
+    }
+    let _ = f.f64("no such tensor", Some(&[1]));
+}
 
 fuzz_target!(|data: &[u8]| {
-    let _ = pathkernel::data::parse_idx(data, Path::new("fuzz.idx"));
+    let (manifest, step, dataset) = split(data);
+    exercise_safefile(step);
+
+    let dir = run_dir();
+    std::fs::write(dir.join("manifest.json"), manifest).expect("write manifest");
+    let step_file = trajectory::step_path(dir, 0);
+    let dataset_file = dir.join("dataset.safetensors");
+    let _ = std::fs::remove_file(&step_file);
+    let _ = std::fs::remove_file(&dataset_file);
+
+    let Ok(m) = trajectory::read_manifest(dir) else { return };
+    std::fs::write(&step_file, step).expect("write step file");
+    if let Ok(p) = trajectory::load_step(dir, &m, 0) {
+        assert_eq!(p.specs, m.params);
+    }
+    // Past the last step and a missing file are errors, not panics.
+    let _ = trajectory::load_step(dir, &m, m.steps.saturating_add(1));
+    if let Some(ds) = dataset {
+        std::fs::write(&dataset_file, ds).expect("write dataset");
+        let _ = trajectory::read_dataset(&dataset_file, &m);
+    }
 });
