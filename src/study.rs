@@ -444,7 +444,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 g.mean_std,
                 g.mean_entropy,
                 100.0 * g.agreement_with_network,
-                g.accuracy.map_or(String::new(), |v| format!(", test accuracy {:.1} %", 100.0 * v))
+                g.accuracy.map_or(String::new(), |v| format!(", test accuracy {:.1} %", 100.0 * v)),
                 cd = cdir.display()
             ));
             if a.charts && spec.points.starts_with("grid:") {
