@@ -165,6 +165,24 @@ pub struct TrainSummary {
     pub seconds: f64,
 }
 
+impl TrainSummary {
+    /// Rich display in evcxr notebooks: an HTML table.
+    pub fn evcxr_display(&self) {
+        let pct = |v: Option<f64>| v.map_or("—".to_string(), |a| format!("{:.2} %", 100.0 * a));
+        println!(
+            "EVCXR_BEGIN_CONTENT text/html\n<table><tr><th>steps</th><th>parameters</th><th>loss</th><th>train accuracy</th><th>test accuracy</th><th>seconds</th><th>run</th></tr><tr><td>{}</td><td>{}</td><td>{:.6} → {:.6}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td></tr></table>\nEVCXR_END_CONTENT",
+            self.steps,
+            self.num_params,
+            self.initial_loss,
+            self.final_loss,
+            pct(self.train_accuracy),
+            pct(self.test_accuracy),
+            self.seconds,
+            self.dir.display()
+        );
+    }
+}
+
 impl std::fmt::Display for TrainSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "trained {} steps, {} parameters: loss {:.6} -> {:.6}", self.steps, self.num_params, self.initial_loss, self.final_loss)?;

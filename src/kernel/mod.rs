@@ -200,6 +200,27 @@ impl KernelOutput {
     }
 }
 
+impl KernelOutput {
+    /// Rich display in evcxr notebooks: an HTML table of the headline numbers.
+    pub fn evcxr_display(&self) {
+        println!(
+            "EVCXR_BEGIN_CONTENT text/html\n<table><tr><th>kernel</th><th>side</th><th>quadrature</th><th>P × M × K</th><th>steps</th><th>max |machine − network|</th><th>mean</th><th>gradient evaluations / point / step</th><th>seconds</th></tr><tr><td>{}</td><td>{:?}</td><td>{}</td><td>{} × {} × {}</td><td>{}</td><td>{:.3e}</td><td>{:.3e}</td><td>{:.2} (max {})</td><td>{:.2}</td></tr></table>\nEVCXR_END_CONTENT",
+            self.kind,
+            self.side,
+            if self.integrated { self.rule.to_string() } else { "none (t = 0)".into() },
+            self.p,
+            self.m,
+            self.k,
+            self.steps.len(),
+            self.max_abs_error(),
+            self.mean_abs_error(),
+            self.mean_evaluations(),
+            self.max_evaluations(),
+            self.seconds
+        );
+    }
+}
+
 impl std::fmt::Display for KernelOutput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
