@@ -265,7 +265,7 @@ pub fn train_to_dir(cfg: &RunConfig, out: &Path, opts: &TrainOptions) -> Result<
         std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
     }
     let result = match cfg.train.device {
-        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), cfg, &data, loss, &arch, &partial, opts, false),
+        DeviceKind::Cpu => record_cpu(cfg, &data, loss, &arch, &partial, opts, false),
         DeviceKind::Cuda => cuda_record(cfg, &data, loss, &arch, &partial, opts, false),
     };
     finish(result, &partial, out)
@@ -316,7 +316,7 @@ pub fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
     let data = cfg.data.load(&opts.base_dir)?;
     let (loss, arch) = resolve(&cfg, &data)?;
     let result = match cfg.train.device {
-        DeviceKind::Cpu => record(dfdx::tensor::Cpu::default(), &cfg, &data, loss, &arch, &partial, opts, true),
+        DeviceKind::Cpu => record_cpu(&cfg, &data, loss, &arch, &partial, opts, true),
         DeviceKind::Cuda => cuda_record(&cfg, &data, loss, &arch, &partial, opts, true),
     };
     finish(result, &partial, out)
@@ -332,7 +332,7 @@ pub fn partial_dir(out: &Path) -> PathBuf {
 #[cfg(feature = "cuda")]
 fn cuda_record(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, dir: &Path, opts: &TrainOptions, resume: bool) -> Result<TrainSummary> {
     let dev = dfdx::tensor::Cuda::try_build(0, cfg.train.seed).map_err(|e| Error::Backend(format!("CUDA device 0: {e:?}")))?;
-    record(dev, cfg, data, loss, arch, dir, opts, resume)
+    record_inner(dev, cfg, data, loss, arch, dir, opts, resume)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -340,25 +340,15 @@ fn cuda_record(_: &RunConfig, _: &Dataset, _: LossKind, _: &Architecture, _: &Pa
     Err(Error::Config("train.device = \"cuda\" but this build has no CUDA support (rebuild with --features cuda)".into()))
 }
 
-/// Runs [`record_inner`] on a one-thread rayon pool: dfdx's CPU matmul splits work over the
+/// Records on the CPU, inside a one-thread rayon pool: dfdx's CPU matmul splits work over the
 /// global pool and its results then depend on the thread schedule in the last bits; one thread
 /// makes every run of a configuration bit-identical (and `--resume` exact).
-#[allow(clippy::too_many_arguments)]
-fn record<D: dfdx::tensor_ops::Device<f64> + Send>(
-    dev: D,
-    cfg: &RunConfig,
-    data: &Dataset,
-    loss: LossKind,
-    arch: &Architecture,
-    dir: &Path,
-    opts: &TrainOptions,
-    resume: bool,
-) -> Result<TrainSummary> {
+fn record_cpu(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, dir: &Path, opts: &TrainOptions, resume: bool) -> Result<TrainSummary> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .map_err(|e| Error::Backend(format!("thread pool: {e}")))?;
-    pool.install(|| record_inner(dev, cfg, data, loss, arch, dir, opts, resume))
+    pool.install(|| record_inner(dfdx::tensor::Cpu::default(), cfg, data, loss, arch, dir, opts, resume))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -99,6 +99,21 @@ impl KernelFiles {
         (0..self.p * m).map(|idx| self.gram[(idx * k + c) * k + c]).collect()
     }
 
+    /// Class block `c` of a train×train kernel, `[M, M]`, symmetrised: `(K + Kᵀ)/2` removes the
+    /// rounding asymmetry of a kernel that is symmetric in exact arithmetic.
+    pub fn symmetric_class_block(&self, c: usize) -> Vec<f64> {
+        let m = self.m;
+        let mut b = self.class_block(c);
+        for i in 0..m {
+            for j in i + 1..m {
+                let v = 0.5 * (b[i * m + j] + b[j * m + i]);
+                b[i * m + j] = v;
+                b[j * m + i] = v;
+            }
+        }
+        b
+    }
+
     /// Requires the rows to be the run's training points (a square train×train kernel).
     pub fn require_train_rows(&self, run: &Run) -> Result<()> {
         if self.p != self.m || self.points != run.dataset.x_train {
@@ -191,20 +206,9 @@ pub fn gp_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFiles
     let mut k_cross = Vec::with_capacity(k * p * m);
     let mut k_test_diag = Vec::with_capacity(k * p);
     for c in 0..k {
-        k_train.extend(train_kernel.class_block(c));
+        k_train.extend(train_kernel.symmetric_class_block(c));
         k_cross.extend(row_kernel.class_block(c));
         k_test_diag.extend((0..p).map(|pi| diag[(pi * k + c) * k + c]));
-    }
-    // Symmetrise the train blocks' rounding (the train-side kernel is symmetric in exact arithmetic).
-    for c in 0..k {
-        let b = &mut k_train[c * m * m..(c + 1) * m * m];
-        for i in 0..m {
-            for j in i + 1..m {
-                let v = 0.5 * (b[i * m + j] + b[j * m + i]);
-                b[i * m + j] = v;
-                b[j * m + i] = v;
-            }
-        }
     }
     let y = labels(run)?;
     let f_train = network_at(run, &run.dataset.x_train)?;
@@ -315,15 +319,7 @@ pub fn svm_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFile
     let mut blocks = Vec::with_capacity(k * m * m);
     let mut cross = Vec::with_capacity(k * p * m);
     for c in 0..k {
-        let mut b = train_kernel.class_block(c);
-        for i in 0..m {
-            for j in i + 1..m {
-                let v = 0.5 * (b[i * m + j] + b[j * m + i]);
-                b[i * m + j] = v;
-                b[j * m + i] = v;
-            }
-        }
-        blocks.extend(b);
+        blocks.extend(train_kernel.symmetric_class_block(c));
         cross.extend(row_kernel.class_block(c));
     }
     let y = labels(run)?;
@@ -529,15 +525,7 @@ pub fn stationarity_report(
     let mut k_cross = Vec::with_capacity(k * r * m);
     let mut k_diag = Vec::with_capacity(k * r);
     for c in 0..k {
-        let mut b = train_kernel.class_block(c);
-        for i in 0..m {
-            for j in i + 1..m {
-                let v = 0.5 * (b[i * m + j] + b[j * m + i]);
-                b[i * m + j] = v;
-                b[j * m + i] = v;
-            }
-        }
-        k_train.extend(b);
+        k_train.extend(train_kernel.symmetric_class_block(c));
         k_cross.extend((0..r * m).map(|idx| far.gram[(idx * k + c) * k + c]));
         k_diag.extend((0..r).map(|q| far_diag[(q * k + c) * k + c]));
     }
