@@ -5,6 +5,9 @@
 //! f64 while recording every weight state, then compute the empirical NTK, Domingos' discrete
 //! path kernel, the Exact Path Kernel and the kernel machine that reproduces the network.
 #![warn(missing_docs)]
+// Numerical kernels index several arrays with one loop variable and take their shapes as explicit
+// arguments; these two lints would only obscure that.
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod analysis;
 pub mod bench;

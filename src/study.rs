@@ -223,7 +223,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     let mut kernels = Vec::new();
     let mut kernel_dirs = Vec::new();
     for spec in &cfg.kernels {
-        let (reused, ex, kdir) = cached_kernel(&run, &states, spec, &cache)?;
+        let (reused, ex, kdir) = cached_kernel(&run, &states, spec, &cache, opts.progress)?;
         let label = spec.label();
         let dst = staged.path().join("kernels").join(&label);
         io::create_dir_all(&dst)?;
@@ -233,7 +233,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         kernels.push((label.clone(), reused, ex));
         kernel_dirs.push((spec.clone(), label, kdir));
     }
-    let notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path())?;
+    let notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path(), opts.progress)?;
     let summary_md = summary_markdown(&cfg, &text, &run, &kernels, &notes, opts)?;
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
@@ -242,7 +242,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
 }
 
 /// Computes a kernel into the cache (or reuses it when its inputs are unchanged).
-fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, cache: &Path) -> Result<(bool, Exactness, PathBuf)> {
+fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, cache: &Path, progress: bool) -> Result<(bool, Exactness, PathBuf)> {
     let (req, points) = spec.request()?;
     let label = spec.label();
     let key = format!(
@@ -254,7 +254,21 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
     if !reused {
         let pts = points.resolve(&run.dataset)?;
         let kstage = StagedDir::new(&kdir, true)?;
-        let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, u64::MAX, &|_, _| {})?;
+        let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            let b = indicatif::ProgressBar::new(1);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(&format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"))
+                    .expect("valid template"),
+            );
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, u64::MAX, &|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })?;
+        bar.finish_and_clear();
         kernel::output::write(kstage.path(), &o, &pts, &run.manifest.run_id)?;
         io::write_atomic(&kstage.path().join("inputs.key"), key.as_bytes())?;
         kstage.commit()?;
@@ -349,7 +363,7 @@ fn train_overlay(run: &Run) -> Option<crate::plot::Overlay> {
 }
 
 /// The `[analysis]` section and the charts; returns markdown lines for the summary.
-fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kernels: &[(KernelSpec, String, PathBuf)], cache: &Path, out: &Path) -> Result<Vec<String>> {
+fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kernels: &[(KernelSpec, String, PathBuf)], cache: &Path, out: &Path, progress: bool) -> Result<Vec<String>> {
     use crate::plot::{self, Scale, Series};
     use crate::workflow::{self, GpTargets, KernelFiles};
     let a = &cfg.analysis;
@@ -416,7 +430,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
     let needs_train = a.gp || a.svm || a.stationarity;
     let train_kernel = if needs_train {
         let spec = KernelSpec { kind: "epk".into(), quadrature: default_quadrature(), points: "train".into(), side: "train".into(), step: None, label: Some("train-train".into()) };
-        let (_, _, kdir) = cached_kernel(run, states, &spec, cache)?;
+        let (_, _, kdir) = cached_kernel(run, states, &spec, cache, progress)?;
         Some(KernelFiles::open(&kdir, run)?)
     } else {
         None

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::Targets;
 use crate::error::{Error, Result};
 use crate::model::net::LossKind;
-use crate::model::{Architecture, Body, Params};
+use crate::model::{Body, Params};
 use crate::trajectory::Manifest;
 use eval::{Evals, MlpStep};
 use gram::{GramAccumulator, LayerFactors};
@@ -853,14 +853,6 @@ fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f
     } else {
         total / count as f64
     }
-}
-
-/// The architecture a manifest describes must be usable here.
-pub fn check_arch(arch: &Architecture) -> Result<()> {
-    if arch.outputs() == 0 {
-        return Err(Error::Config("network has no outputs".into()));
-    }
-    Ok(())
 }
 
 /// Which row points a kernel is computed at (`--points`).
