@@ -33,9 +33,44 @@ pub enum DeviceKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerKind {
-    /// Full-batch gradient descent with a fixed learning rate.
+    /// Full-batch gradient descent (forward Euler, the EPK paper's setting).
     #[default]
     Gd,
+    /// Mini-batch SGD (`train.batch_size` points per step, reshuffled every epoch).
+    Sgd,
+}
+
+/// Learning-rate schedule `ε_s` (recorded per step in the manifest).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Schedule {
+    /// `ε_s = ε`.
+    #[default]
+    Constant,
+    /// `ε_s = ε · gamma^⌊s / every⌋`.
+    Step {
+        /// Steps between decays.
+        every: usize,
+        /// Decay factor in (0, 1].
+        gamma: f64,
+    },
+    /// `ε_s = min_lr + (ε − min_lr)(1 + cos(π s / N)) / 2`.
+    Cosine {
+        /// Final learning rate.
+        #[serde(default)]
+        min_lr: f64,
+    },
+}
+
+impl Schedule {
+    /// `ε_s` for step s of n with base rate `lr`.
+    pub fn lr(&self, lr: f64, s: usize, n: usize) -> f64 {
+        match *self {
+            Schedule::Constant => lr,
+            Schedule::Step { every, gamma } => lr * gamma.powi((s / every.max(1)) as i32),
+            Schedule::Cosine { min_lr } => min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * s as f64 / n.max(1) as f64).cos()),
+        }
+    }
 }
 
 /// The `[train]` section of a run configuration.
@@ -58,6 +93,12 @@ pub struct TrainConfig {
     /// Device for dfdx (default `cpu`).
     #[serde(default)]
     pub device: DeviceKind,
+    /// Mini-batch size (required by `optimizer = "sgd"`).
+    #[serde(default)]
+    pub batch_size: Option<usize>,
+    /// Learning-rate schedule (default constant).
+    #[serde(default)]
+    pub schedule: Schedule,
 }
 
 /// A whole run configuration: the TOML file given to `pathkernel train`.
@@ -100,6 +141,23 @@ impl RunConfig {
         }
         if t.steps == 0 {
             return Err(Error::Config("train.steps = 0; at least one step is needed".into()));
+        }
+        match (t.optimizer, t.batch_size) {
+            (OptimizerKind::Sgd, None) => return Err(Error::Config("train.optimizer = \"sgd\" needs train.batch_size".into())),
+            (OptimizerKind::Sgd, Some(0)) => return Err(Error::Config("train.batch_size = 0; it must be >= 1".into())),
+            (OptimizerKind::Gd, Some(_)) => {
+                return Err(Error::Config("train.batch_size is only used by optimizer = \"sgd\" (gd uses the full batch)".into()))
+            }
+            _ => {}
+        }
+        match t.schedule {
+            Schedule::Step { every, gamma } if every == 0 || !(gamma > 0.0 && gamma <= 1.0) => {
+                return Err(Error::Config(format!("train.schedule: step needs every >= 1 and 0 < gamma <= 1 (got every = {every}, gamma = {gamma})")));
+            }
+            Schedule::Cosine { min_lr } if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= t.lr) => {
+                return Err(Error::Config(format!("train.schedule: cosine needs 0 <= min_lr <= lr (got {min_lr})")));
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -373,8 +431,15 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         run_id: cfg.run_id(),
         architecture: arch.clone(),
         loss,
-        optimizer: OptimizerRecord::Gd { lr },
-        learning_rates: vec![lr; n],
+        optimizer: match cfg.train.optimizer {
+            OptimizerKind::Gd => OptimizerRecord::Gd { lr },
+            OptimizerKind::Sgd => OptimizerRecord::Sgd {
+                lr,
+                batch_size: cfg.train.batch_size.expect("validated").min(data.n_train()),
+                shuffle_seed: cfg.train.seed,
+            },
+        },
+        learning_rates: (0..n).map(|s| cfg.train.schedule.lr(lr, s, n)).collect(),
         seed: cfg.train.seed,
         steps: n,
         params: init.specs.clone(),
@@ -418,6 +483,10 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
     } else {
         (Writer::create(dir, manifest.clone(), data)?, None)
     };
+    let batches = manifest.batches();
+    if let Some(b) = &batches {
+        trajectory::write_batches(dir, b, &manifest.run_id)?;
+    }
     let (labels, values) = match &data.y_train {
         Targets::Labels(y) => (Some(y.as_slice()), None),
         Targets::Values(v) => (None, Some(v.as_slice())),
@@ -468,7 +537,25 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
             Some(y) if !y.is_empty() => Some(accuracy(&arch.forward(&params, Some(&init), &data.x_test)?, y, k)),
             _ => None,
         };
-        log.push(s, lg.loss, acc, test_acc, lg.grad.norm(), params.norm());
+        // The update's gradient: the full batch (gd) or this step's mini-batch (sgd).
+        let grad = match &batches {
+            None => lg.grad,
+            Some(b) if s < n => {
+                let rows = &b[s];
+                let d = data.dim;
+                let xb: Vec<f64> = rows.iter().flat_map(|&i| data.x_train[i * d..(i + 1) * d].iter().copied()).collect();
+                let yb: Option<Vec<usize>> = labels.map(|y| rows.iter().map(|&i| y[i]).collect());
+                let vb: Option<Vec<f64>> = values.map(|v| rows.iter().flat_map(|&i| v[i * k..(i + 1) * k].iter().copied()).collect());
+                let obj = Objective::new(objective.device().clone(), arch, &xb, yb.as_deref(), vb.as_deref(), loss, Some(&init))?;
+                let bg = obj.evaluate(&params);
+                if let Some(name) = bg.grad.first_non_finite() {
+                    return Err(Error::Diverged { step: s, loss: bg.loss, what: format!("non-finite mini-batch gradient in {name}") });
+                }
+                bg.grad
+            }
+            Some(_) => lg.grad,
+        };
+        log.push(s, lg.loss, acc, test_acc, grad.norm(), params.norm());
         if s == 0 {
             first_loss = lg.loss;
         }
@@ -478,9 +565,10 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         if s == n {
             break;
         }
-        for (w, g) in params.data.iter_mut().zip(&lg.grad.data) {
+        let lr_s = manifest.learning_rates[s];
+        for (w, g) in params.data.iter_mut().zip(&grad.data) {
             for (wi, gi) in w.iter_mut().zip(g) {
-                *wi -= lr * gi;
+                *wi -= lr_s * gi;
             }
         }
         if let Some(name) = params.first_non_finite() {

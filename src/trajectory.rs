@@ -62,6 +62,75 @@ pub enum OptimizerRecord {
         /// Base learning rate ε.
         lr: f64,
     },
+    /// Mini-batch SGD: `w_{s+1} = w_s − ε_s ∇L_{B_s}(w_s)` with `L_B` the mean loss over the batch
+    /// `B_s` ([`batch_schedule`]; also stored in `trajectory/batches.safetensors`).
+    Sgd {
+        /// Base learning rate ε.
+        lr: f64,
+        /// Batch size (the last batch of an epoch may be smaller).
+        batch_size: usize,
+        /// Seed of the per-epoch shuffles.
+        shuffle_seed: u64,
+    },
+}
+
+/// The mini-batches of SGD: each epoch is a seeded permutation of `0..m` cut into consecutive
+/// batches of `batch_size` (the last one smaller when `batch_size` does not divide `m`); epoch e
+/// uses the permutation drawn from `ChaCha8Rng::seed_from_u64(seed)` on stream e.
+pub fn batch_schedule(m: usize, batch_size: usize, steps: usize, seed: u64) -> Vec<Vec<usize>> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut out = Vec::with_capacity(steps);
+    let mut epoch = 0u64;
+    while out.len() < steps {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(epoch);
+        let mut perm: Vec<usize> = (0..m).collect();
+        perm.shuffle(&mut rng);
+        for chunk in perm.chunks(batch_size.max(1)) {
+            if out.len() == steps {
+                break;
+            }
+            let mut b = chunk.to_vec();
+            b.sort_unstable();
+            out.push(b);
+        }
+        epoch += 1;
+    }
+    out
+}
+
+impl Manifest {
+    /// The training points of each step's update (`None` for full-batch gradient descent).
+    pub fn batches(&self) -> Option<Vec<Vec<usize>>> {
+        match self.optimizer {
+            OptimizerRecord::Gd { .. } => None,
+            OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } => Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed)),
+        }
+    }
+}
+
+/// Writes `trajectory/batches.safetensors`: `batch_indices` `[N, B]` i64 (−1 pads a smaller last
+/// batch) and `batch_sizes` `[N]` i64, for readers that do not recompute the schedule.
+pub fn write_batches(dir: &Path, batches: &[Vec<usize>], run_id: &str) -> Result<()> {
+    let n = batches.len();
+    let b = batches.iter().map(Vec::len).max().unwrap_or(0);
+    let mut idx = vec![-1i64; n * b];
+    for (s, batch) in batches.iter().enumerate() {
+        for (j, &i) in batch.iter().enumerate() {
+            idx[s * b + j] = i as i64;
+        }
+    }
+    let mut meta = HashMap::new();
+    meta.insert("run_id".to_string(), run_id.to_string());
+    io::write_safetensors(
+        &dir.join("trajectory").join("batches.safetensors"),
+        &[
+            NamedArray::i64("batch_indices", vec![n, b], idx),
+            NamedArray::i64("batch_sizes", vec![n], batches.iter().map(|v| v.len() as i64).collect()),
+        ],
+        Some(meta),
+    )
 }
 
 /// `DIR/manifest.json`.
@@ -197,6 +266,18 @@ impl Run {
         let run = Run { dir: dir.to_path_buf(), manifest, dataset };
         for s in 0..=run.manifest.steps {
             run.load_step(s)?;
+        }
+        if let Some(batches) = run.manifest.batches() {
+            let path = dir.join("trajectory").join("batches.safetensors");
+            let f = SafeFile::open(&path)?;
+            let b = batches.iter().map(Vec::len).max().unwrap_or(0);
+            let (_, idx) = f.i64("batch_indices", Some(&[batches.len(), b]))?;
+            for (s, batch) in batches.iter().enumerate() {
+                let stored: Vec<usize> = idx[s * b..(s + 1) * b].iter().filter(|&&v| v >= 0).map(|&v| v as usize).collect();
+                if &stored != batch {
+                    return Err(Error::trajectory(&path, format!("the batch of step {s} differs from the manifest's schedule")));
+                }
+            }
         }
         let extra = step_path(dir, run.manifest.steps + 1);
         if extra.exists() {

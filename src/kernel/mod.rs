@@ -247,19 +247,31 @@ impl std::fmt::Display for KernelOutput {
     }
 }
 
-/// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised (mean over M).
-pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize) -> Result<Vec<f64>> {
+/// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised at that step: the mean over
+/// all M points (gradient descent) or over the step's mini-batch (SGD; zero outside it).
+pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
     let mut g = vec![0.0; m * k];
+    let all: Vec<usize>;
+    let rows: &[usize] = match batch {
+        Some(b) => b,
+        None => {
+            all = (0..m).collect();
+            &all
+        }
+    };
+    let n = rows.len().max(1) as f64;
     match (loss, targets) {
         (LossKind::CrossEntropy, Targets::Labels(y)) => {
-            for (i, &c) in y.iter().enumerate() {
-                g[i * k + c] = -1.0 / m as f64;
+            for &i in rows {
+                g[i * k + y[i]] = -1.0 / n;
             }
         }
         (LossKind::Mse, Targets::Values(v)) => {
-            let scale = 2.0 / (m as f64 * k as f64);
-            for idx in 0..m * k {
-                g[idx] = scale * (f_train[idx] - v[idx]);
+            let scale = 2.0 / (n * k as f64);
+            for &i in rows {
+                for c in 0..k {
+                    g[i * k + c] = scale * (f_train[i * k + c] - v[i * k + c]);
+                }
             }
         }
         _ => return Err(Error::Data("loss and targets do not match (cross-entropy needs labels, mse values)".into())),
@@ -550,11 +562,12 @@ pub fn compute(
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
     let mut lossgrads: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let batches = manifest.batches();
     for s in lo..=hi {
         f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
         if s < hi {
             let ft = values(&states[s], &train.x_train, off_train.as_deref())?;
-            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k)?;
+            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k, batches.as_ref().map(|b| b[s].as_slice()))?;
             let eps = manifest.learning_rates[s];
             for idx in 0..m * k {
                 a[s * m * k + idx] = match req.kind {

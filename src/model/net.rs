@@ -241,6 +241,11 @@ impl<D: Device<f64>> Objective<D> {
         })
     }
 
+    /// The device the objective lives on.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
     /// Loss, gradient and outputs at `params` (one forward and one backward pass).
     pub fn evaluate(&self, params: &Params) -> LossGrad {
         let p = upload(&self.dev, params);
