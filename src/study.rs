@@ -111,6 +111,10 @@ pub struct AnalysisSpec {
     /// Points of the linear interpolation `w_0 → w_N` (the paper's Fig. 8); 0 = off.
     #[serde(default)]
     pub interpolation: usize,
+    /// Gradient-similarity matrix (the Domingos notebook): the train×train EPK, summed over
+    /// classes, between the first N training points; 0 = off.
+    #[serde(default)]
+    pub similarity: usize,
     /// Write PNG charts.
     #[serde(default = "default_true")]
     pub charts: bool,
@@ -118,7 +122,7 @@ pub struct AnalysisSpec {
 
 impl Default for AnalysisSpec {
     fn default() -> Self {
-        AnalysisSpec { gp: false, svm: false, stationarity: false, attribution_points: Vec::new(), interpolation: 0, charts: true }
+        AnalysisSpec { gp: false, svm: false, stationarity: false, attribution_points: Vec::new(), interpolation: 0, similarity: 0, charts: true }
     }
 }
 
@@ -427,7 +431,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
             notes.push("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4).".into());
         }
     }
-    let needs_train = a.gp || a.svm || a.stationarity;
+    let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
     let train_kernel = if needs_train {
         let spec = KernelSpec { kind: "epk".into(), quadrature: default_quadrature(), points: "train".into(), side: "train".into(), step: None, label: Some("train-train".into()) };
         let (_, _, kdir) = cached_kernel(run, states, &spec, cache, progress)?;
@@ -540,6 +544,34 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 )?;
                 notes.push("- `charts/far_field.png`: GP logit standard deviation and MC probability standard deviation against the distance from the training data, along rays.".into());
             }
+        }
+    }
+    if a.similarity > 0 {
+        if let Some(tk) = &train_kernel {
+            let n = a.similarity.min(tk.m);
+            let (m, k) = (tk.m, tk.k);
+            let mut mat = vec![0.0; n * n];
+            for i in 0..n {
+                for j in 0..n {
+                    mat[i * n + j] = (0..k).map(|c| tk.gram[((i * m + j) * k + c) * k + c]).sum();
+                }
+            }
+            let labels: Vec<String> = match &run.dataset.y_train {
+                crate::data::Targets::Labels(y) => (0..n).map(|i| format!("x{i} (y={})", y[i])).collect(),
+                _ => (0..n).map(|i| format!("x{i}")).collect(),
+            };
+            Table::new()
+                .with("i", Column::I64((0..n * n).map(|q| (q / n) as i64).collect()))
+                .with("j", Column::I64((0..n * n).map(|q| (q % n) as i64).collect()))
+                .with("kernel", Column::F64(mat.clone()))
+                .write_parquet(&out.join("similarity.parquet"))?;
+            if a.charts {
+                plot::matrix(&charts.join("similarity.png"), "Path-kernel similarity of training points (Σ_k K[k,k])", &labels, &mat, "kernel value")?;
+            }
+            notes.push(format!(
+                "- Gradient-similarity matrix (the Domingos notebook, done with the train×train EPK summed over classes) of the first {n} training points: `similarity.parquet`{}.",
+                if a.charts { ", `charts/similarity.png`" } else { "" }
+            ));
         }
     }
     if !a.attribution_points.is_empty() {
