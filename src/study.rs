@@ -149,6 +149,18 @@ pub struct StudyConfig {
     /// `[analysis]`
     #[serde(default)]
     pub analysis: AnalysisSpec,
+    /// `[sweep]`: the same training for several MLP widths (the NTK notebook's lazy-training study).
+    #[serde(default)]
+    pub sweep: Option<SweepSpec>,
+}
+
+/// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
+/// `model.hidden`), reported as relative weight change, loss and NTK change against the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    /// Hidden widths of each run, e.g. `[[10], [100], [1000]]`.
+    pub hidden: Vec<Vec<usize>>,
 }
 
 impl StudyConfig {
@@ -159,6 +171,17 @@ impl StudyConfig {
             return Err(Error::Config(format!("study name `{}` must be a plain, non-empty folder name", cfg.name)));
         }
         cfg.run_config().validate()?;
+        if let Some(sw) = &cfg.sweep {
+            if sw.hidden.is_empty() {
+                return Err(Error::Config("sweep.hidden is empty".into()));
+            }
+            if !matches!(cfg.model, ModelConfig::Mlp { .. }) {
+                return Err(Error::Config("[sweep] varies the widths of an MLP; model.kind must be \"mlp\"".into()));
+            }
+            for h in &sw.hidden {
+                cfg.sweep_config(h).validate()?;
+            }
+        }
         let mut labels = std::collections::HashSet::new();
         for k in &cfg.kernels {
             k.request()?;
@@ -168,6 +191,15 @@ impl StudyConfig {
         }
         Ok(cfg)
     }
+    /// The training part with the MLP's hidden widths replaced (for `[sweep]`).
+    pub fn sweep_config(&self, hidden: &[usize]) -> RunConfig {
+        let mut rc = self.run_config();
+        if let ModelConfig::Mlp { hidden: h, .. } = &mut rc.model {
+            *h = hidden.to_vec();
+        }
+        rc
+    }
+
     /// The training part.
     pub fn run_config(&self) -> RunConfig {
         RunConfig { data: self.data.clone(), model: self.model.clone(), train: self.train.clone() }
@@ -237,7 +269,10 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         kernels.push((label.clone(), reused, ex));
         kernel_dirs.push((spec.clone(), label, kdir));
     }
-    let notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path(), opts.progress)?;
+    let mut notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path(), opts.progress)?;
+    if let Some(sw) = &cfg.sweep {
+        notes.extend(sweep(&cfg, sw, &cache, staged.path(), opts)?);
+    }
     let summary_md = summary_markdown(&cfg, &text, &run, &kernels, &notes, opts)?;
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
@@ -392,7 +427,11 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 Scale::Linear,
             )?;
         }
-        notes.push("- Charts: `charts/training_loss.png`, `charts/training_accuracy.png`.".to_string());
+        notes.push(if run.dataset.is_classification() {
+            "- Charts: `charts/training_loss.png`, `charts/training_accuracy.png`.".to_string()
+        } else {
+            "- Chart: `charts/training_loss.png`.".to_string()
+        });
         // Per-step validation and Fig. 2 from the kernels' steps tables.
         let mut err_series = Vec::new();
         let mut cos_series = Vec::new();
@@ -579,7 +618,26 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
             let rk = KernelFiles::open(kdir, run)?;
             let dir = out.join("analysis").join("attribution");
             io::create_dir_all(&dir)?;
-            let s = workflow::attribution_report(run, &rk, &a.attribution_points, 10, &dir)?;
+            let s = if rk.constant_a() {
+                workflow::attribution_report(run, &rk, &a.attribution_points, 10, &dir)?
+            } else {
+                // a_{i,s} varies by step (SGD, MSE): the ensemble needs per-step Grams; compute
+                // them for the chosen points only.
+                let d = rk.d;
+                if let Some(&bad) = a.attribution_points.iter().find(|&&q| q >= rk.p) {
+                    return Err(Error::Config(format!("analysis.attribution_points: {bad} is out of range ({} test points)", rk.p)));
+                }
+                let x: Vec<f64> = a.attribution_points.iter().flat_map(|&q| rk.points[q * d..(q + 1) * d].iter().copied()).collect();
+                let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: true, steps: None };
+                let o = kernel::compute(&run.manifest, &run.dataset, states, &kernel::Points { x, dim: d }, &req, 4 << 30, &|_, _| {})?;
+                let kdir = cache.join("analysis").join("attribution-kernel");
+                let kst = StagedDir::new(&kdir, true)?;
+                kernel::output::write(kst.path(), &o, &kernel::Points { x: o_points(&rk, &a.attribution_points), dim: d }, &run.manifest.run_id)?;
+                kst.commit()?;
+                let kf = KernelFiles::open(&kdir, run)?;
+                let idx: Vec<usize> = (0..a.attribution_points.len()).collect();
+                workflow::attribution_report(run, &kf, &idx, 10, &dir)?
+            };
             notes.push(format!(
                 "- Attribution on `{label}` for test points {:?}: contributions of the training points sum to the network output minus the bias to {:.1e} ({}).",
                 a.attribution_points, s.max_abs_residual, s.form
@@ -677,4 +735,77 @@ fn interpolation(run: &Run, states: &[crate::model::Params], n: usize) -> Result
         out.4.push(w.norm());
     }
     Ok(out)
+}
+
+/// The `[sweep]` section: train one run per width and report the lazy-training measures.
+fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &StudyOptions) -> Result<Vec<String>> {
+    use crate::plot::{self, Scale, Series};
+    let mut notes = vec!["- Width sweep (lazy training, the NTK notebook): relative weight change ‖w_s − w_0‖/‖w_0‖, loss, and the NTK's relative change ‖K_N − K_0‖/‖K_0‖ on the training points.".to_string()];
+    let mut t_name = Vec::new();
+    let mut t_step = Vec::new();
+    let mut t_loss = Vec::new();
+    let mut t_change = Vec::new();
+    let mut change_series = Vec::new();
+    let mut loss_series = Vec::new();
+    for h in &sw.hidden {
+        let name = format!("hidden {h:?}");
+        let rc = cfg.sweep_config(h);
+        let dir = cache.join("sweep").join(h.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("x")).join("run");
+        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id());
+        if !reused {
+            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
+        }
+        let run = Run::open(&dir)?;
+        let states = run.load_all()?;
+        let w0 = states[0].flat();
+        let n0 = w0.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-300);
+        let change: Vec<f64> = states.iter().map(|w| w.flat().iter().zip(&w0).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt() / n0).collect();
+        let log = Table::read_parquet(&run.dir.join("train_log.parquet"))?;
+        let loss = log.f64("loss").unwrap_or(&[]).to_vec();
+        let steps: Vec<f64> = (0..states.len()).map(|s| s as f64).collect();
+        // NTK on the training points at w_0 and at w_N.
+        let pts = PointsSpec::Train.resolve(&run.dataset)?;
+        let ntk = |s: usize| -> Result<Vec<f64>> {
+            let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Train, ntk_step: Some(s), per_step: false, steps: None };
+            Ok(kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {})?.gram)
+        };
+        let (k0, kn) = (ntk(0)?, ntk(run.manifest.steps)?);
+        let fro = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let ntk_change = fro(&k0.iter().zip(&kn).map(|(a, b)| b - a).collect::<Vec<_>>()) / fro(&k0).max(1e-300);
+        notes.push(format!(
+            "  - {name}: {} parameters, loss {:.3e} → {:.3e}, ‖w_N − w_0‖/‖w_0‖ = {:.3e}, NTK change {:.3e}",
+            run.manifest.num_params,
+            loss.first().copied().unwrap_or(f64::NAN),
+            loss.last().copied().unwrap_or(f64::NAN),
+            change.last().copied().unwrap_or(f64::NAN),
+            ntk_change
+        ));
+        for s in 0..states.len() {
+            t_name.push(name.clone());
+            t_step.push(s as i64);
+            t_loss.push(loss.get(s).copied().unwrap_or(f64::NAN));
+            t_change.push(change[s]);
+        }
+        change_series.push(Series::new(name.clone(), steps.clone(), change));
+        loss_series.push(Series::new(name, steps, loss));
+    }
+    Table::new()
+        .with("run", Column::Str(t_name))
+        .with("step", Column::I64(t_step))
+        .with("loss", Column::F64(t_loss))
+        .with("relative_weight_change", Column::F64(t_change))
+        .write_parquet(&out.join("sweep.parquet"))?;
+    if cfg.analysis.charts {
+        let charts = out.join("charts");
+        io::create_dir_all(&charts)?;
+        plot::line_chart(&charts.join("lazy_weight_change.png"), "Relative change of the weights from initialisation", "step", "‖w_s − w_0‖ / ‖w_0‖", &change_series, Scale::Linear, Scale::Log)?;
+        plot::line_chart(&charts.join("lazy_loss.png"), "Training loss", "step", "loss", &loss_series, Scale::Linear, Scale::Log)?;
+        notes.push("- `charts/lazy_weight_change.png`, `charts/lazy_loss.png`, table `sweep.parquet`.".into());
+    }
+    Ok(notes)
+}
+
+fn o_points(rk: &crate::workflow::KernelFiles, points: &[usize]) -> Vec<f64> {
+    let d = rk.d;
+    points.iter().flat_map(|&q| rk.points[q * d..(q + 1) * d].iter().copied()).collect()
 }
