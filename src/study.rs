@@ -480,7 +480,9 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
     };
     let overlay = train_overlay(run);
     for (spec, label, kdir) in kernels {
-        if spec.points == "train" || spec.kind == "chen" || spec.kind == "kprime" {
+        // GP and SVM use the exact kernel (EPK) rows; other kinds are compared through their
+        // kernel machines above.
+        if spec.points == "train" || spec.kind != "epk" {
             continue;
         }
         let Some(tk) = &train_kernel else { break };
@@ -501,7 +503,14 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 g.mean_std,
                 g.mean_entropy,
                 100.0 * g.agreement_with_network,
-                g.accuracy.map_or(String::new(), |v| format!(", test accuracy {:.1} %", 100.0 * v)),
+                g.accuracy.map_or(String::new(), |v| format!(", test accuracy {:.1} %", 100.0 * v))
+                    + &match (&g.calibration, &g.network_calibration) {
+                        (Some(c), Some(nc)) => format!(
+                            "; calibration (GP MC vs network softmax): Brier {:.4} vs {:.4}, NLL {:.4} vs {:.4}, ECE {:.4} vs {:.4}",
+                            c.brier, nc.brier, c.nll, nc.nll, c.ece, nc.ece
+                        ),
+                        _ => String::new(),
+                    },
                 cd = cdir.display()
             ));
             if a.charts && spec.points.starts_with("grid:") {

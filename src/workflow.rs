@@ -191,6 +191,43 @@ pub struct GpSummary {
     pub accuracy: Option<f64>,
     /// Agreement of the MC arg-max with the network's.
     pub agreement_with_network: f64,
+    /// Calibration of the MC mean probabilities against the row points' labels (test points only).
+    pub calibration: Option<Calibration>,
+    /// The same measures for the network's own softmax probabilities, for comparison.
+    pub network_calibration: Option<Calibration>,
+}
+
+/// Calibration measures of predicted class probabilities against labels.
+#[derive(Clone, Debug, Serialize)]
+pub struct Calibration {
+    /// Mean Brier score `Σ_k (p_k − [y = k])²`.
+    pub brier: f64,
+    /// Mean negative log-likelihood `−log p_y` (probabilities floored at 1e-300).
+    pub nll: f64,
+    /// Expected calibration error of the top-class probability over 10 equal-width bins.
+    pub ece: f64,
+}
+
+/// Calibration of probabilities `probs` (`[P, K]`) against `labels` (`[P]`).
+pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Calibration {
+    let p = labels.len().max(1) as f64;
+    let mut brier = 0.0;
+    let mut nll = 0.0;
+    let mut bins = [(0.0f64, 0.0f64, 0usize); 10];
+    for (row, &y) in probs.chunks(k).zip(labels) {
+        for (c, &v) in row.iter().enumerate() {
+            let t = if c == y { 1.0 } else { 0.0 };
+            brier += (v - t) * (v - t);
+        }
+        nll -= row[y].max(1e-300).ln();
+        let (top, conf) = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (c, &v)| if v > b.1 { (c, v) } else { b });
+        let bin = ((conf * 10.0) as usize).min(9);
+        bins[bin].0 += conf;
+        bins[bin].1 += if top == y { 1.0 } else { 0.0 };
+        bins[bin].2 += 1;
+    }
+    let ece = bins.iter().filter(|b| b.2 > 0).map(|b| (b.0 - b.1).abs()).sum::<f64>() / p;
+    Calibration { brier: brier / p, nll: nll / p, ece }
 }
 
 /// GP logit regression on the kernel: train×train class blocks from `train_kernel`, cross blocks
@@ -229,10 +266,14 @@ pub fn gp_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFiles
     let network = network_at(run, &row_kernel.points)?;
     let net_arg = argmax_rows(&network, k);
     let mc_arg = argmax_rows(&mc.mean_prob, k);
-    let accuracy = match (&run.dataset.y_test, row_kernel.points == run.dataset.x_test) {
-        (Targets::Labels(yt), true) => Some(svm::agreement(&mc_arg, yt)),
+    let test_labels = match (&run.dataset.y_test, row_kernel.points == run.dataset.x_test) {
+        (Targets::Labels(yt), true) => Some(yt.clone()),
         _ => None,
     };
+    let accuracy = test_labels.as_ref().map(|yt| svm::agreement(&mc_arg, yt));
+    let calib = test_labels.as_ref().map(|yt| calibration(&mc.mean_prob, yt, k));
+    let net_probs: Vec<f64> = network.iter().map(|v| v.exp()).collect();
+    let net_calib = test_labels.as_ref().map(|yt| calibration(&net_probs, yt, k));
     io::write_safetensors(
         &out_dir.join("gp.safetensors"),
         &[
@@ -289,6 +330,8 @@ pub fn gp_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFiles
         mean_entropy: mc.entropy.iter().sum::<f64>() / p.max(1) as f64,
         accuracy,
         agreement_with_network: svm::agreement(&mc_arg, &net_arg),
+        calibration: calib,
+        network_calibration: net_calib,
     };
     io::write_json(&out_dir.join("gp.json"), &s)?;
     Ok(s)

@@ -120,3 +120,22 @@ fn notebooks_match_their_compiled_sources() {
     }
     assert!(count >= 1, "no notebook sources found");
 }
+
+/// Runs every notebook's code (its compiled example) as a program, in a scratch directory laid
+/// out like the repository (`NB/` as the notebook folder, so `../runs` lands in the scratch dir).
+#[test]
+fn notebook_programs_run() {
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    let dir = tempfile::tempdir().unwrap();
+    let nb = dir.path().join("nb");
+    std::fs::create_dir_all(&nb).unwrap();
+    for name in ["quickstart", "uncertainty", "attribution"] {
+        let bin = examples.join(name);
+        assert!(bin.exists(), "{} not built (cargo test builds examples)", bin.display());
+        let o = std::process::Command::new(&bin).current_dir(&nb).output().unwrap();
+        assert!(o.status.success(), "{name}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(!o.stdout.is_empty(), "{name} printed nothing");
+    }
+    assert!(nb.join("uncertainty-fig5.png").exists());
+}
