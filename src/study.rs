@@ -166,7 +166,8 @@ pub struct SweepSpec {
 impl StudyConfig {
     /// Parses and validates a study file's text.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: StudyConfig = toml::from_str(text).map_err(|e| Error::format(origin, e.message().replace('\n', " ").trim().to_string()))?;
+        let cfg: StudyConfig = toml::from_str(text)
+            .map_err(|e| Error::format(origin, e.message().replace('\n', " ").trim().to_string() + &crate::train::span_hint(text, e.span())))?;
         if cfg.name.is_empty() || cfg.name.contains(['/', '\\']) || cfg.name.starts_with('.') {
             return Err(Error::Config(format!("study name `{}` must be a plain, non-empty folder name", cfg.name)));
         }

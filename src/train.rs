@@ -169,7 +169,7 @@ impl RunConfig {
     }
 }
 
-fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+pub(crate) fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     match span {
         Some(r) => {
             let start = r.start.min(text.len());

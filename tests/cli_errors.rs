@@ -145,3 +145,23 @@ fn train_rejects_bad_data_configs() {
     std::fs::write(d.join("m.toml"), "[data]\nkind = \"mnist\"\n[model]\nkind = \"cnn\"\n[train]\nlr = 0.1\nsteps = 2\n").unwrap();
     run_fail(&["train", "--config", "m.toml", "--out", "run"], d, "fetch-mnist.sh");
 }
+
+#[test]
+fn study_rejects_bad_files_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = format!("name = \"s\"\n{}\n[[kernel]]\nkind = \"epk\"\n", toy2d("[4]", "relu", 3, 0.5, 5, 3));
+    for (text, needle) in [
+        (base.replace("name = \"s\"", "name = \"../escape\""), "plain, non-empty folder name"),
+        (base.replace("kind = \"epk\"", "kind = \"epk\"\nquadrature = \"trapezoid:3\""), "quadrature `trapezoid:3`"),
+        (base.replace("kind = \"epk\"", "kind = \"epk\"\nflavour = 1"), "unknown field"),
+        (format!("{base}[[kernel]]\nkind = \"epk\"\n"), "share the label"),
+        (format!("{base}[analysis]\ngp = \"yes\"\n"), "gp"),
+        (format!("{base}[sweep]\nhidden = []\n"), "sweep.hidden is empty"),
+    ] {
+        std::fs::write(d.join("s.toml"), text).unwrap();
+        run_fail(&["study", "run", "s.toml", "--out", "rep", "--cache", "cache"], d, needle);
+        assert!(!d.join("rep").exists() && !d.join("rep.partial").exists());
+    }
+    run_fail(&["study", "run", "missing.toml"], d, "missing.toml");
+}
