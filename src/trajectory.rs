@@ -345,6 +345,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     if manifest.version != VERSION {
         return Err(Error::format(&mpath, format!("format version {} is not supported (this build reads {VERSION})", manifest.version)));
     }
+    manifest.architecture.validate().map_err(|e| Error::format(&mpath, format!("invalid architecture: {e}")))?;
     if manifest.architecture.param_specs() != manifest.params {
         return Err(Error::format(&mpath, "parameter list does not match the architecture"));
     }

@@ -85,6 +85,17 @@ fn trajectory_load_rejects_broken_runs() {
     let d = copy("manifest");
     std::fs::write(d.join("manifest.json"), "{\"format\": 1").unwrap();
     assert!(Run::open(&d).unwrap_err().to_string().contains("invalid manifest"));
+    // An impossible architecture in the manifest (found by fuzzing: it used to panic).
+    let d = copy("arch");
+    let text = std::fs::read_to_string(d.join("manifest.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["architecture"]["body"] = serde_json::json!({"kind": "cnn", "image": [1, 28, 28], "channels": 1, "kernel": 2, "stride": 3, "padding": 0, "pool": 2, "outputs": 10});
+    std::fs::write(d.join("manifest.json"), v.to_string()).unwrap();
+    let e = Run::open(&d).unwrap_err().to_string();
+    assert!(e.contains("invalid architecture") && e.contains("pool"), "{e}");
+    v["architecture"]["body"] = serde_json::json!({"kind": "mlp", "widths": [2]});
+    std::fs::write(d.join("manifest.json"), v.to_string()).unwrap();
+    assert!(Run::open(&d).unwrap_err().to_string().contains("invalid architecture"));
     // The intact copy still opens.
     assert!(Run::open(&copy("intact")).is_ok());
 }

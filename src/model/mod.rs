@@ -391,6 +391,10 @@ impl ModelConfig {
     }
 }
 
+/// Largest width, channel count or image side accepted from a manifest (keeps every size product
+/// far from overflow).
+const MAX_SIZE: usize = 1 << 20;
+
 /// Spatial sizes of the CNN: `(Ho, Wo, Hp, Wp)` after convolution and pooling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CnnGeometry {
@@ -421,12 +425,44 @@ impl Architecture {
         }
     }
 
+    /// Checks an architecture read from outside (a manifest): at least an input and an output
+    /// layer, every width, channel count, kernel, stride and pool ≥ 1, a CNN geometry that fits,
+    /// a finite non-zero α. Everything else in this type assumes it holds.
+    pub fn validate(&self) -> Result<()> {
+        match &self.body {
+            Body::Mlp { widths } => {
+                if widths.len() < 2 {
+                    return Err(Error::Config(format!("MLP widths {widths:?}: need at least an input and an output width")));
+                }
+                if let Some(i) = widths.iter().position(|&w| w == 0 || w > MAX_SIZE) {
+                    return Err(Error::Config(format!("MLP widths {widths:?}: width {i} is 0 or above {MAX_SIZE}")));
+                }
+                if widths.len() > 1024 {
+                    return Err(Error::Config(format!("MLP with {} layers: at most 1024", widths.len())));
+                }
+            }
+            Body::Cnn { image, channels, kernel, stride, padding, pool, outputs } => {
+                if *padding > MAX_SIZE
+                    || image.iter().any(|&v| v == 0 || v > MAX_SIZE)
+                    || [channels, kernel, stride, pool, outputs].iter().any(|&&v| v == 0 || v > MAX_SIZE)
+                {
+                    return Err(Error::Config(format!("CNN sizes must all be between 1 and {MAX_SIZE}")));
+                }
+                self.cnn_geometry()?;
+            }
+        }
+        if !self.alpha.is_finite() || self.alpha == 0.0 {
+            return Err(Error::Config(format!("alpha = {}; it must be finite and non-zero", self.alpha)));
+        }
+        Ok(())
+    }
+
     /// CNN spatial geometry; errors when the kernel does not fit or the pool does not divide.
     pub fn cnn_geometry(&self) -> Result<CnnGeometry> {
         let Body::Cnn { image, kernel, stride, padding, pool, .. } = &self.body else {
             return Err(Error::Config("not a CNN".into()));
         };
-        let (h, w) = (image[1] + 2 * padding, image[2] + 2 * padding);
+        let (h, w) = (image[1].saturating_add(padding.saturating_mul(2)), image[2].saturating_add(padding.saturating_mul(2)));
         if *kernel > h || *kernel > w {
             return Err(Error::Config(format!("model.kernel = {kernel} is larger than the padded image {h}x{w}")));
         }
