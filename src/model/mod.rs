@@ -326,12 +326,26 @@ impl ModelConfig {
                 if let Some(i) = hidden.iter().position(|&h| h == 0) {
                     return Err(Error::Config(format!("model.hidden[{i}] is 0; widths must be >= 1")));
                 }
+                if let Some(i) = hidden.iter().position(|&h| h > MAX_SIZE) {
+                    return Err(Error::Config(format!("model.hidden[{i}] = {} is above the limit {MAX_SIZE}", hidden[i])));
+                }
+                if hidden.len() > 1022 {
+                    return Err(Error::Config(format!("model.hidden has {} layers; at most 1022", hidden.len())));
+                }
                 (*alpha, true)
             }
             ModelConfig::Cnn { channels, kernel, stride, pool, alpha, .. } => {
                 for (name, v) in [("channels", channels), ("kernel", kernel), ("stride", stride), ("pool", pool)] {
                     if *v == 0 {
                         return Err(Error::Config(format!("model.{name} is 0; it must be >= 1")));
+                    }
+                    if *v > MAX_SIZE {
+                        return Err(Error::Config(format!("model.{name} = {v} is above the limit {MAX_SIZE}")));
+                    }
+                }
+                if let ModelConfig::Cnn { padding, .. } = self {
+                    if *padding > MAX_SIZE {
+                        return Err(Error::Config(format!("model.padding = {padding} is above the limit {MAX_SIZE}")));
                     }
                 }
                 (*alpha, true)
@@ -353,7 +367,7 @@ impl ModelConfig {
                 let mut widths = vec![dim];
                 widths.extend_from_slice(hidden);
                 widths.push(outputs);
-                Ok(Architecture {
+                let arch = Architecture {
                     body: Body::Mlp { widths },
                     activation: *activation,
                     bias: *bias,
@@ -361,7 +375,9 @@ impl ModelConfig {
                     alpha: *alpha,
                     zero_output: *zero_output,
                     output,
-                })
+                };
+                arch.validate()?;
+                Ok(arch)
             }
             ModelConfig::Cnn { channels, kernel, stride, padding, pool, activation, bias, zero_last, alpha, zero_output } => {
                 let image = image.ok_or_else(|| {
@@ -384,7 +400,7 @@ impl ModelConfig {
                     zero_output: *zero_output,
                     output,
                 };
-                arch.cnn_geometry()?;
+                arch.validate()?;
                 Ok(arch)
             }
         }
@@ -394,6 +410,9 @@ impl ModelConfig {
 /// Largest width, channel count or image side accepted from a manifest (keeps every size product
 /// far from overflow).
 const MAX_SIZE: usize = 1 << 20;
+
+/// Largest parameter count accepted (2^34 f64 values = 128 GiB; anything larger is a typo).
+const MAX_PARAMS: u64 = 1 << 34;
 
 /// Spatial sizes of the CNN: `(Ho, Wo, Hp, Wp)` after convolution and pooling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -453,6 +472,24 @@ impl Architecture {
         }
         if !self.alpha.is_finite() || self.alpha == 0.0 {
             return Err(Error::Config(format!("alpha = {}; it must be finite and non-zero", self.alpha)));
+        }
+        // Parameter counts, without overflow: at most MAX_PARAMS in all.
+        let mut total: u128 = 0;
+        let dims: Vec<Vec<u128>> = match &self.body {
+            Body::Mlp { widths } => widths.windows(2).flat_map(|w| [vec![w[1] as u128, w[0] as u128], vec![w[1] as u128]]).collect(),
+            Body::Cnn { image, channels, kernel, outputs, .. } => {
+                let g = self.cnn_geometry()?;
+                vec![
+                    vec![*channels as u128, image[0] as u128, *kernel as u128, *kernel as u128],
+                    vec![*outputs as u128, *channels as u128, g.hp as u128, g.wp as u128],
+                ]
+            }
+        };
+        for d in dims {
+            total += d.iter().product::<u128>();
+        }
+        if total > MAX_PARAMS as u128 {
+            return Err(Error::Config(format!("the network would have {total} parameters; at most {MAX_PARAMS}")));
         }
         Ok(())
     }
