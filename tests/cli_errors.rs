@@ -135,6 +135,7 @@ fn train_rejects_bad_data_configs() {
         ("mse on labels", base.replace("seed = 7", "seed = 7\nloss = \"mse\""), "regression dataset"),
         ("cnn on vectors", base.replace("kind = \"mlp\"", "kind = \"cnn\"").replace("hidden = [6]\n", ""), "needs image data"),
         ("missing train", base.split("[train]").next().unwrap().to_string(), "train"),
+        ("huge width", base.replace("hidden = [6]", "hidden = [4294967296, 4294967296]"), "above the limit"),
     ] {
         std::fs::write(d.join("c.toml"), text).unwrap();
         run_fail(&["train", "--config", "c.toml", "--out", "run"], d, needle);
