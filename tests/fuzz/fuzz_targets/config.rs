@@ -14,6 +14,9 @@ use pathkernel::model::{OutputKind, Params};
 use pathkernel::study::StudyConfig;
 use pathkernel::train::RunConfig;
 
+#[path = "common.rs"]
+mod common;
+
 /// `(dim, image_shape, outputs, classification)` of the dataset `cfg` describes.
 fn data_shape(cfg: &DataConfig) -> (usize, Option<[usize; 3]>, usize, bool) {
     match cfg {
@@ -41,6 +44,10 @@ fn after_parse(rc: &RunConfig) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    common::guarded(|| one(data));
+});
+
+fn one(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let origin = Path::new("fuzz.toml");
     if let Ok(study) = StudyConfig::from_toml(text, origin) {
@@ -53,4 +60,4 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(rc) = RunConfig::from_toml(text, origin) {
         after_parse(&rc);
     }
-});
+}

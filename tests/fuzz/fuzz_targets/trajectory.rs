@@ -23,6 +23,9 @@ use libfuzzer_sys::fuzz_target;
 use pathkernel::io::SafeFile;
 use pathkernel::trajectory;
 
+#[path = "common.rs"]
+mod common;
+
 const SEP: &[u8] = b"\n--8<--\n";
 
 fn split(data: &[u8]) -> (&[u8], &[u8], Option<&[u8]>) {
@@ -38,7 +41,11 @@ fn split(data: &[u8]) -> (&[u8], &[u8], Option<&[u8]>) {
 fn run_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = tempfile::Builder::new().prefix("pathkernel-fuzz-run").tempdir().expect("temp dir");
+        // A RAM disk when there is one: every iteration writes up to three files.
+        let mut b = tempfile::Builder::new();
+        b.prefix("pathkernel-fuzz-run");
+        let shm = Path::new("/dev/shm");
+        let d = if shm.is_dir() { b.tempdir_in(shm) } else { b.tempdir() }.expect("temp dir");
         std::fs::create_dir_all(d.path().join("trajectory")).expect("trajectory dir");
         d
     })
@@ -57,6 +64,10 @@ fn exercise_safefile(bytes: &[u8]) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    common::guarded(|| one(data));
+});
+
+fn one(data: &[u8]) {
     let (manifest, step, dataset) = split(data);
     exercise_safefile(step);
 
@@ -78,4 +89,4 @@ fuzz_target!(|data: &[u8]| {
         std::fs::write(&dataset_file, ds).expect("write dataset");
         let _ = trajectory::read_dataset(&dataset_file, &m);
     }
-});
+}
