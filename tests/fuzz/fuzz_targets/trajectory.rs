@@ -16,7 +16,7 @@
 //!
 //! These are exactly the functions `Run::open` chains; none may panic.
 #![no_main]
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
@@ -38,18 +38,29 @@ fn split(data: &[u8]) -> (&[u8], &[u8], Option<&[u8]>) {
     }
 }
 
+/// The scratch run directory of this process: `pathkernel-fuzz-run-PID` on the RAM disk when there
+/// is one (every iteration writes up to three files), else in the temp dir. libFuzzer leaves by
+/// `exit`, which drops no static, so directories of processes that are gone are removed here.
 fn run_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        // A RAM disk when there is one: every iteration writes up to three files.
-        let mut b = tempfile::Builder::new();
-        b.prefix("pathkernel-fuzz-run");
         let shm = Path::new("/dev/shm");
-        let d = if shm.is_dir() { b.tempdir_in(shm) } else { b.tempdir() }.expect("temp dir");
-        std::fs::create_dir_all(d.path().join("trajectory")).expect("trajectory dir");
+        let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        const PREFIX: &str = "pathkernel-fuzz-run-";
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
+                if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let d = base.join(format!("{PREFIX}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("trajectory")).expect("scratch run directory");
         d
     })
-    .path()
 }
 
 fn exercise_safefile(bytes: &[u8]) {
