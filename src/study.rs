@@ -637,12 +637,13 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 if let Some(&bad) = a.attribution_points.iter().find(|&&q| q >= rk.p) {
                     return Err(Error::Config(format!("analysis.attribution_points: {bad} is out of range ({} test points)", rk.p)));
                 }
-                let x: Vec<f64> = a.attribution_points.iter().flat_map(|&q| rk.points[q * d..(q + 1) * d].iter().copied()).collect();
+                let x = o_points(&rk, &a.attribution_points);
                 let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: true, steps: None };
-                let o = kernel::compute(&run.manifest, &run.dataset, states, &kernel::Points { x, dim: d }, &req, 4 << 30, &|_, _| {})?;
+                let pts = kernel::Points { x, dim: d };
+                let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, 4 << 30, &|_, _| {})?;
                 let kdir = cache.join("analysis").join("attribution-kernel");
                 let kst = StagedDir::new(&kdir, true)?;
-                kernel::output::write(kst.path(), &o, &kernel::Points { x: o_points(&rk, &a.attribution_points), dim: d }, &run.manifest.run_id)?;
+                kernel::output::write(kst.path(), &o, &pts, &run.manifest.run_id)?;
                 kst.commit()?;
                 let kf = KernelFiles::open(&kdir, run)?;
                 let idx: Vec<usize> = (0..a.attribution_points.len()).collect();
@@ -815,6 +816,7 @@ fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &Stu
     Ok(notes)
 }
 
+/// The rows `points` of a kernel directory's row points.
 fn o_points(rk: &crate::workflow::KernelFiles, points: &[usize]) -> Vec<f64> {
     let d = rk.d;
     points.iter().flat_map(|&q| rk.points[q * d..(q + 1) * d].iter().copied()).collect()

@@ -150,18 +150,8 @@ impl MlpStep {
             tangents.push(u);
         }
         // Output map.
-        let zout = pre.last().expect("at least one layer");
-        let mut f = vec![0.0; r * k];
+        let mut f = self.scaled_output(pre.last().expect("at least one layer"), offset);
         let mut soft = vec![0.0; r * k];
-        for row in 0..r {
-            for c in 0..k {
-                let mut v = zout[row * k + c];
-                if let Some(off) = offset {
-                    v -= off[row * k + c];
-                }
-                f[row * k + c] = self.alpha * v;
-            }
-        }
         if self.output == OutputKind::LogSoftmax {
             crate::model::log_softmax_rows(&mut f, k);
             for (s, v) in soft.iter_mut().zip(&f) {
@@ -287,18 +277,8 @@ impl MlpStep {
                 zdot_out = zdot;
             }
         }
-        let mut f = vec![0.0; r * k];
-        let mut fdot = vec![0.0; r * k];
-        for row in 0..r {
-            for c in 0..k {
-                let mut v = zout[row * k + c];
-                if let Some(off) = offset {
-                    v -= off[row * k + c];
-                }
-                f[row * k + c] = self.alpha * v;
-                fdot[row * k + c] = self.alpha * zdot_out[row * k + c];
-            }
-        }
+        let mut f = self.scaled_output(&zout, offset);
+        let mut fdot: Vec<f64> = zdot_out.iter().map(|v| self.alpha * v).collect();
         if self.output == OutputKind::LogSoftmax {
             crate::model::log_softmax_rows(&mut f, k);
             for row in 0..r {
@@ -309,6 +289,14 @@ impl MlpStep {
             }
         }
         (f, fdot)
+    }
+
+    /// `α (z − offset)` for the last layer's pre-activations `z` (`[R, K]`), before the output map.
+    fn scaled_output(&self, z: &[f64], offset: Option<&[f64]>) -> Vec<f64> {
+        match offset {
+            Some(off) => z.iter().zip(off).map(|(v, o)| self.alpha * (v - o)).collect(),
+            None => z.iter().map(|v| self.alpha * v).collect(),
+        }
     }
 
     /// Kinks of the network along `t ∈ (a, b)` for input `x` (`[d]`): the times where some
