@@ -1,6 +1,8 @@
 //! Timing harness behind `pathkernel bench`: wall-clock seconds of kernel computations on a
 //! recorded run, as JSON lines (name, sizes, min/median seconds, evaluations).
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -8,6 +10,74 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::kernel::{self, KernelKind, KernelRequest, Points, Rule, Side};
 use crate::trajectory::Run;
+
+/// A global allocator that counts live heap bytes and their peak (for `bench`'s `peak_bytes`).
+///
+/// Wraps [`System`]; the binary registers it with `#[global_allocator]`. Counting costs two
+/// relaxed atomic operations per allocation. In a program that does not register it,
+/// [`CountingAlloc::current`] and [`CountingAlloc::peak`] stay 0.
+pub struct CountingAlloc;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+static REGISTERED: AtomicU64 = AtomicU64::new(0);
+
+impl CountingAlloc {
+    /// Live heap bytes now.
+    pub fn current() -> usize {
+        CURRENT.load(Ordering::Relaxed)
+    }
+    /// Highest live heap bytes since the last [`CountingAlloc::reset_peak`].
+    pub fn peak() -> usize {
+        PEAK.load(Ordering::Relaxed)
+    }
+    /// Sets the peak to the live bytes now.
+    pub fn reset_peak() {
+        PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    /// Whether the running program counts (it registered [`CountingAlloc`]).
+    pub fn is_counting() -> bool {
+        REGISTERED.load(Ordering::Relaxed) > 0
+    }
+    fn add(n: usize) {
+        let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+        REGISTERED.store(1, Ordering::Relaxed);
+    }
+    fn sub(n: usize) {
+        CURRENT.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; only counters are updated.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        Self::sub(layout.size());
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            Self::sub(layout.size());
+            Self::add(new_size);
+        }
+        p
+    }
+}
 
 /// One benchmark result.
 #[derive(Clone, Debug, Serialize)]

@@ -1,3 +1,6 @@
+#[global_allocator]
+static ALLOC: pathkernel::bench::CountingAlloc = pathkernel::bench::CountingAlloc;
+
 fn main() {
     std::process::exit(pathkernel::cli::main());
 }
