@@ -6,14 +6,15 @@
 //! `K_s[p, i, k, k'] = Σ_l Σ_{r∈p} w_r (δ_{r,l}[k]·δ_{i,l}[k']) (a_{r,l}·a_{i,l} + [bias])`.
 //!
 //! - **Layer 0** sees the point itself (`a_{r,0} = x_p` for every node), so its term is
-//!   `(x_p·x_i + 1)(δ̄_p[k]·δ_i[k'])` with `δ̄_p = Σ_r w_r δ_{r,0}`: the δ-products are summed
-//!   over all steps with one accumulating GEMM per step, and multiplied by `x_p·x_i + 1` once.
+//!   `(x_p·x_i + 1)(δ̄_p[k]·δ_i[k'])` with `δ̄_p = Σ_r w_r δ_{r,0}`: one GEMM per step and block
+//!   of row points, scaled by `x_p·x_i + 1` (formed once) and folded into the Gram at once.
 //! - **Deeper layers** first form the t-averaged layer gradient
 //!   `J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]` (only `P·K·out·(in+1)` numbers), then
 //!   `T = J̄ · A_trainᵀ` (one GEMM) and `K[p, i, k, k'] += Σ_o T[(p,k,o), i] δ_i[k', o]`.
 //!
-//! Nothing of size `M·K·W` is ever formed. The accumulator keeps its matrix in the layout
-//! `[(p, k), (i, k')]` and permutes to `[P, M, K, K]` at the end.
+//! Nothing of size `M·K·W` is ever formed. Each block of row points is assembled in the layout
+//! `[(p, k), (i, k')]` in a bounded scratch and added, permuted, into the `[P, M, K, K]` Gram, so
+//! the accumulator holds one Gram-sized array.
 
 use rayon::prelude::*;
 
@@ -31,180 +32,233 @@ pub struct LayerFactors<'a> {
     pub n_out: usize,
 }
 
-/// Scratch bytes allowed for one block of the deeper-layer contraction.
-const BLOCK_BYTES: usize = 64 << 20;
+/// Scratch bytes allowed for one block of row points (the block's Gram rows in
+/// `[(p, k), (i, k')]` layout plus the deeper layers' `J̄` and `T`).
+const BLOCK_BYTES: usize = 16 << 20;
 
 /// Accumulates `Σ_s K_s` over steps.
+///
+/// Memory: the Gram `[P, M, K, K]` itself, the layer-0 scale `x_p·x_i + 1` (`[P, M]`) and a
+/// scratch block of at most [`BLOCK_BYTES`] (plus the training factors of the current step).
+/// Each step is folded into the Gram block by block of row points, layer 0 included, so no
+/// second Gram-sized array is ever held.
 pub struct GramAccumulator {
     p: usize,
     m: usize,
     k: usize,
     bias: bool,
-    /// Deeper layers, layout `[(p, k), (i, k')]`.
+    /// `Σ_s K_s`, layout `[P, M, K, K]`.
     g: Vec<f64>,
-    /// Layer-0 δ-products summed over steps, layout `[(p, k), (i, k')]`.
-    d0: Vec<f64>,
-    /// Scratch reused across steps (J̄ block and T block).
+    /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
+    s0: Option<Vec<f64>>,
+    /// Scratch reused across steps: the block's Gram rows, J̄ and T.
+    scratch_g: Vec<f64>,
     scratch_j: Vec<f64>,
     scratch_t: Vec<f64>,
+}
+
+/// A zero vector whose pages are first touched by a write (a read-first touch of fresh
+/// `calloc` pages maps the shared zero page and then pays a copy-on-write fault with a TLB
+/// shoot-down on every thread; measured at half the time of an NTK step).
+fn zeroed(n: usize) -> Vec<f64> {
+    let mut v = vec![0.0; n];
+    v.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0));
+    v
 }
 
 impl GramAccumulator {
     /// A zero accumulator for P row points, M training points and K outputs.
     pub fn new(p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, g: vec![0.0; p * k * m * k], d0: vec![0.0; p * k * m * k], scratch_j: Vec::new(), scratch_t: Vec::new() }
+        GramAccumulator { p, m, k, bias, g: zeroed(p * m * k * k), s0: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
     /// Adds one step. `layers[l]` pairs the rows' factors (per node, scattered to
     /// `point[r]` with `weight[r]`) with the training points' factors; `colw` (`[M, K]`)
     /// optionally scales every training gradient `∇f^{k'}(x_i)` (Chen's kernel).
+    ///
+    /// Layer 0's row activations are the points themselves (every node of point p has
+    /// `a_{r,0} = x_p`), so `x_p·x_i + 1` is formed once, from the first step's factors.
+    ///
+    /// # Panics
+    /// If `layers` is empty or a row point has no node.
     pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], point: &[usize], weight: &[f64], colw: Option<&[f64]>) {
-        let (p, m, k) = (self.p, self.m, self.k);
-        let mk = m * k;
-        for (l, (rows, train)) in layers.iter().enumerate() {
-            let no = rows.n_out;
-            // Training δ, optionally column-weighted: [(i, k'), o].
-            let dtrain: std::borrow::Cow<'_, [f64]> = match colw {
-                None => std::borrow::Cow::Borrowed(train.deltas),
-                Some(cw) => {
-                    let mut v = train.deltas.to_vec();
-                    for (c, chunk) in v.chunks_mut(no).enumerate() {
-                        let s = cw[c];
-                        chunk.iter_mut().for_each(|x| *x *= s);
-                    }
-                    std::borrow::Cow::Owned(v)
-                }
-            };
-            if l == 0 {
-                let mut dbar = vec![0.0; p * k * no];
-                for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
-                    let src = &rows.deltas[r * k * no..(r + 1) * k * no];
-                    let dst = &mut dbar[pi * k * no..(pi + 1) * k * no];
-                    for (a, b) in dst.iter_mut().zip(src) {
-                        *a += w * b;
-                    }
-                }
-                gemm_abt(&mut self.d0, &dbar, &dtrain, p * k, mk, no, 1.0, true);
-            } else {
-                self.add_formed(rows, train, &dtrain, point, weight);
-            }
-        }
-    }
-
-    fn add_formed(&mut self, rows: &LayerFactors<'_>, train: &LayerFactors<'_>, dtrain: &[f64], point: &[usize], weight: &[f64]) {
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
-        let (ni, no) = (rows.n_in, rows.n_out);
-        let ne = ni + usize::from(bias);
         let mk = m * k;
-        // Training activations with the bias column: [M, ne].
-        let a_train: Vec<f64> = if bias {
-            let mut v = Vec::with_capacity(m * ne);
-            for i in 0..m {
-                v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
-                v.push(1.0);
-            }
-            v
-        } else {
-            train.acts.to_vec()
-        };
-        // δ_train transposed per o: [o, (i, k')].
-        let mut dt = vec![0.0; no * mk];
-        for c in 0..mk {
-            for o in 0..no {
-                dt[o * mk + c] = dtrain[c * no + o];
-            }
-        }
-        // Rows of each point.
+        let mkk = mk * k;
+        let b = if bias { 1.0 } else { 0.0 };
         let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
         for (r, &pi) in point.iter().enumerate() {
             rows_of[pi].push(r);
         }
-        let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p);
+        let (rows0, train0) = &layers[0];
+        let d = rows0.n_in;
+        if self.s0.is_none() {
+            let mut xr = Vec::with_capacity(p * d);
+            for rs in &rows_of {
+                let r = *rs.first().expect("every row point has a node");
+                xr.extend_from_slice(&rows0.acts[r * d..(r + 1) * d]);
+            }
+            let mut s0 = vec![0.0; p * m];
+            gemm_abt(&mut s0, &xr, train0.acts, p, m, d, 1.0, false);
+            s0.iter_mut().for_each(|v| *v += b);
+            self.s0 = Some(s0);
+        }
+        // Training δ, optionally column-weighted: [(i, k'), o].
+        let weighted = |train: &'_ LayerFactors<'_>| -> Vec<f64> {
+            let no = train.n_out;
+            let mut v = train.deltas.to_vec();
+            if let Some(cw) = colw {
+                for (c, chunk) in v.chunks_mut(no).enumerate() {
+                    let s = cw[c];
+                    chunk.iter_mut().for_each(|x| *x *= s);
+                }
+            }
+            v
+        };
+        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o].
+        let no0 = rows0.n_out;
+        let dtrain0: std::borrow::Cow<'_, [f64]> = if colw.is_some() { weighted(train0).into() } else { train0.deltas.into() };
+        let mut dbar = vec![0.0; p * k * no0];
+        for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
+            let src = &rows0.deltas[r * k * no0..(r + 1) * k * no0];
+            let dst = &mut dbar[pi * k * no0..(pi + 1) * k * no0];
+            for (a, x) in dst.iter_mut().zip(src) {
+                *a += w * x;
+            }
+        }
+        // Deeper layers: training activations with the bias column [M, ne] and δ transposed
+        // per o: [o, (i, k')].
+        let deep: Vec<(Vec<f64>, Vec<f64>)> = layers[1..]
+            .iter()
+            .map(|(_, train)| {
+                let (ni, no) = (train.n_in, train.n_out);
+                let a_train: Vec<f64> = if bias {
+                    let mut v = Vec::with_capacity(m * (ni + 1));
+                    for i in 0..m {
+                        v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
+                        v.push(1.0);
+                    }
+                    v
+                } else {
+                    train.acts.to_vec()
+                };
+                let dtrain = if colw.is_some() { weighted(train) } else { train.deltas.to_vec() };
+                let mut dt = vec![0.0; no * mk];
+                for c in 0..mk {
+                    for o in 0..no {
+                        dt[o * mk + c] = dtrain[c * no + o];
+                    }
+                }
+                (a_train, dt)
+            })
+            .collect();
+        let per_point = 8 * k * (mk + layers[1..].iter().map(|(r, _)| r.n_out * (m + r.n_in + 1)).max().unwrap_or(0));
+        let pb = (BLOCK_BYTES / per_point.max(1)).clamp(1, p);
+        let mut gb = std::mem::take(&mut self.scratch_g);
+        gb.resize(pb * k * mk, 0.0);
         let mut jbar = std::mem::take(&mut self.scratch_j);
-        jbar.resize(pb * k * no * ne, 0.0);
         let mut t = std::mem::take(&mut self.scratch_t);
-        t.resize(pb * k * no * m, 0.0);
+        let s0 = self.s0.as_deref().expect("formed above");
         for p0 in (0..p).step_by(pb) {
             let nb = pb.min(p - p0);
-            let jb = &mut jbar[..nb * k * no * ne];
-            jb.iter_mut().for_each(|v| *v = 0.0);
-            for pl in 0..nb {
-                for &r in &rows_of[p0 + pl] {
-                    let w = weight[r];
-                    let ar = &rows.acts[r * ni..(r + 1) * ni];
-                    for kt in 0..k {
-                        let dr = &rows.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                        for o in 0..no {
-                            let c = w * dr[o];
-                            if c == 0.0 {
-                                continue;
-                            }
-                            let base = ((pl * k + kt) * no + o) * ne;
-                            let dst = &mut jb[base..base + ne];
-                            for (d, a) in dst[..ni].iter_mut().zip(ar) {
-                                *d += c * a;
-                            }
-                            if bias {
-                                dst[ni] += c;
+            let gbb = &mut gb[..nb * k * mk];
+            // Layer 0's δ-products, then scaled by x_p·x_i + 1 row by row.
+            gemm_abt(gbb, &dbar[p0 * k * no0..(p0 + nb) * k * no0], &dtrain0, nb * k, mk, no0, 1.0, false);
+            let mut scaled = false;
+            for ((rows, _), (a_train, dt)) in layers[1..].iter().zip(&deep) {
+                let (ni, no) = (rows.n_in, rows.n_out);
+                let ne = ni + usize::from(bias);
+                jbar.resize(pb * k * no * ne, 0.0);
+                t.resize(pb * k * no * m, 0.0);
+                let jb = &mut jbar[..nb * k * no * ne];
+                jb.iter_mut().for_each(|v| *v = 0.0);
+                // J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]
+                for pl in 0..nb {
+                    for &r in &rows_of[p0 + pl] {
+                        let w = weight[r];
+                        let ar = &rows.acts[r * ni..(r + 1) * ni];
+                        for kt in 0..k {
+                            let dr = &rows.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
+                            for o in 0..no {
+                                let c = w * dr[o];
+                                if c == 0.0 {
+                                    continue;
+                                }
+                                let base = ((pl * k + kt) * no + o) * ne;
+                                let dst = &mut jb[base..base + ne];
+                                for (dv, av) in dst[..ni].iter_mut().zip(ar) {
+                                    *dv += c * av;
+                                }
+                                if bias {
+                                    dst[ni] += c;
+                                }
                             }
                         }
                     }
                 }
-            }
-            // T [(p, k, o), i] = J̄ · A_trainᵀ
-            let tb = &mut t[..nb * k * no * m];
-            gemm_abt(tb, jb, &a_train, nb * k * no, m, ne, 1.0, false);
-            // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')]
-            let tb = &*tb;
-            let dt = &dt;
-            self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each_init(
-                || vec![0.0; mk],
-                |texp, (row, grow)| {
-                    for o in 0..no {
-                        let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
-                        let drow = &dt[o * mk..(o + 1) * mk];
-                        // Expand t over k' so the update is one contiguous, vectorisable pass.
-                        for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
-                            chunk.iter_mut().for_each(|v| *v = tv);
+                // T [(p, k, o), i] = J̄ · A_trainᵀ
+                let tb = &mut t[..nb * k * no * m];
+                gemm_abt(tb, jb, a_train, nb * k * no, m, ne, 1.0, false);
+                // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')]
+                let tb = &*tb;
+                let scale_first = !scaled;
+                gbb.par_chunks_mut(mk).enumerate().for_each_init(
+                    || vec![0.0; mk],
+                    |texp, (row, grow)| {
+                        if scale_first {
+                            scale_row(grow, &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k);
                         }
-                        for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
-                            *g += tv * dv;
+                        for o in 0..no {
+                            let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                            let drow = &dt[o * mk..(o + 1) * mk];
+                            // Expand t over k' so the update is one contiguous, vectorisable pass.
+                            for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
+                                chunk.iter_mut().for_each(|v| *v = tv);
+                            }
+                            for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
+                                *g += tv * dv;
+                            }
+                        }
+                    },
+                );
+                scaled = true;
+            }
+            if !scaled {
+                gbb.par_chunks_mut(mk).enumerate().for_each(|(row, grow)| scale_row(grow, &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k));
+            }
+            // Permute [(p, k), (i, k')] -> [p, i, k, k'] into the Gram.
+            let gbb = &*gbb;
+            self.g[p0 * mkk..(p0 + nb) * mkk].par_chunks_mut(mkk).enumerate().for_each(|(pl, gp)| {
+                let src = &gbb[pl * k * mk..(pl + 1) * k * mk];
+                for i in 0..m {
+                    for kt in 0..k {
+                        let s = &src[kt * mk + i * k..kt * mk + (i + 1) * k];
+                        let dst = &mut gp[(i * k + kt) * k..(i * k + kt + 1) * k];
+                        for (a, &x) in dst.iter_mut().zip(s) {
+                            *a += x;
                         }
                     }
-                },
-            );
+                }
+            });
         }
+        self.scratch_g = gb;
         self.scratch_j = jbar;
         self.scratch_t = t;
     }
 
-    /// Finishes: adds the layer-0 term `(x_p·x_i + 1) ∘ D0` and permutes to `[P, M, K, K]`.
+    /// The Gram `Σ_s K_s`.
     ///
     /// # Shapes
-    /// `x_rows` `[P, d]`, `x_train` `[M, d]`; returns `[P, M, K, K]`.
-    pub fn finish(mut self, x_rows: &[f64], x_train: &[f64], d: usize) -> Vec<f64> {
-        let (p, m, k) = (self.p, self.m, self.k);
-        let mk = m * k;
-        let mut aa = vec![0.0; p * m];
-        gemm_abt(&mut aa, x_rows, x_train, p, m, d, 1.0, false);
-        let b = if self.bias { 1.0 } else { 0.0 };
-        let d0 = std::mem::take(&mut self.d0);
-        let aa = &aa;
-        self.g.par_chunks_mut(k * mk).zip(d0.par_chunks(k * mk)).enumerate().for_each(|(pi, (gp, dp))| {
-            // Layer 0 term, then permute [(k, (i, k'))] -> [(i, k, k')] within this point.
-            let mut tmp = vec![0.0; k * mk];
-            for kt in 0..k {
-                for i in 0..m {
-                    let s = aa[pi * m + i] + b;
-                    for ks in 0..k {
-                        let src = kt * mk + i * k + ks;
-                        tmp[(i * k + kt) * k + ks] = gp[src] + s * dp[src];
-                    }
-                }
-            }
-            gp.copy_from_slice(&tmp);
-        });
+    /// Returns `[P, M, K, K]`.
+    pub fn finish(self) -> Vec<f64> {
         self.g
+    }
+}
+
+/// `row[(i, k')] *= s[i]`.
+fn scale_row(row: &mut [f64], s: &[f64], k: usize) {
+    for (chunk, &sv) in row.chunks_exact_mut(k).zip(s) {
+        chunk.iter_mut().for_each(|v| *v *= sv);
     }
 }
 

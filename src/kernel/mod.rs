@@ -644,7 +644,7 @@ pub fn compute(
                 None => {
                     let mut one = GramAccumulator::new(p, m, k, arch.bias);
                     one.add_step(&layers, &nodes.point, &nodes.weight, colw.as_deref());
-                    let gs = one.finish(&rows.x, &train.x_train, d);
+                    let gs = one.finish();
                     add_into(&mut extra, &gs);
                     if let Some(ps) = per_step.as_mut() {
                         ps.extend_from_slice(&gs);
@@ -705,9 +705,9 @@ pub fn compute(
         records.push(rec);
     }
     let gram = match (acc, extra) {
-        (Some(acc), None) => acc.finish(&rows.x, &train.x_train, d),
+        (Some(acc), None) => acc.finish(),
         (Some(acc), Some(e)) => {
-            let mut g = acc.finish(&rows.x, &train.x_train, d);
+            let mut g = acc.finish();
             g.iter_mut().zip(&e).for_each(|(a, b)| *a += b);
             g
         }
