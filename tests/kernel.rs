@@ -258,3 +258,64 @@ fn ntk_matches_an_independent_closed_form() {
     assert!(scale > 1e-3);
     assert!(worst <= 1e-12 * scale, "NTK differs from closed form by {worst:e} (scale {scale:e})");
 }
+
+#[test]
+fn row_blocked_kernels_equal_unblocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "blocked", &toy2d("[8, 6]", "relu", 12, 1.0, 15, 13));
+    let states = run.load_all().unwrap();
+    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let cases = [
+        (KernelKind::Epk, Rule::Auto(1e-12), false, None),
+        (KernelKind::Epk, Rule::Gauss(3), true, Some((2, 9))),
+        (KernelKind::Ntk, Rule::Gauss(1), false, None),
+        (KernelKind::Dpk, Rule::Gauss(1), false, None),
+        (KernelKind::Chen, Rule::Gauss(1), false, None),
+        (KernelKind::Kprime, Rule::Auto(1e-10), false, None),
+    ];
+    for (kind, rule, per_step, steps) in cases {
+        let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: Some(5).filter(|_| kind == KernelKind::Ntk), per_step, steps };
+        let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap();
+        for block in [1, 4, 5, 12] {
+            let b = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, block, &|_, _| {}).unwrap();
+            let rel = |x: &[f64], y: &[f64]| max_abs_diff(x, y) / max_abs(y).max(1e-300);
+            let what = format!("{kind} block {block}");
+            assert_eq!(b.p, whole.p, "{what}");
+            assert!(rel(&b.gram, &whole.gram) <= 1e-12, "{what}: gram {:e}", rel(&b.gram, &whole.gram));
+            if let (Some(x), Some(y)) = (&b.per_step, &whole.per_step) {
+                assert!(rel(x, y) <= 1e-12, "{what}: per-step");
+            }
+            assert_eq!(b.per_step.is_some(), whole.per_step.is_some());
+            if let (Some(x), Some(y)) = (&b.diag, &whole.diag) {
+                assert!(rel(x, y) <= 1e-12, "{what}: diag");
+            }
+            assert!(rel(&b.machine, &whole.machine) <= 1e-12, "{what}: machine");
+            assert!(rel(&b.bias, &whole.bias) <= 1e-12 && rel(&b.network, &whole.network) <= 1e-12, "{what}");
+            assert_eq!(b.a, whole.a, "{what}");
+            assert_eq!(b.records.len(), whole.records.len());
+            for (x, y) in b.records.iter().zip(&whole.records) {
+                // Machine-vs-network errors sit at rounding level; they agree to the scale of f.
+                let scale = y.max_abs_change.max(max_abs(&whole.network));
+                assert!((x.max_abs_error - y.max_abs_error).abs() <= 1e-12 * scale, "{what}: {} vs {}", x.max_abs_error, y.max_abs_error);
+                assert!((x.mean_evaluations - y.mean_evaluations).abs() <= 1e-12 * y.mean_evaluations, "{what}");
+                assert_eq!(x.max_evaluations, y.max_evaluations, "{what}");
+                assert_eq!(x.unconverged_pieces, y.unconverged_pieces, "{what}");
+            }
+        }
+    }
+    // A budget that holds the output but not the whole computation blocks; one that cannot
+    // hold the output refuses with the estimate.
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let p = pts.len();
+    let m = run.dataset.n_train();
+    let full = kernel::blocked::plan(&run.manifest, p, m, &req, u64::MAX).unwrap();
+    assert_eq!(full.blocks, 1);
+    let tight = full.output_bytes + full.fixed_bytes + 3 * full.row_bytes;
+    let (out, plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &pts, &req, tight, &|_, _| {}).unwrap();
+    assert_eq!(plan.block_rows, 3);
+    assert!(plan.blocks > 1 && plan.estimated_peak() <= tight);
+    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {}).unwrap();
+    assert!(max_abs_diff(&out.gram, &whole.gram) <= 1e-12 * max_abs(&whole.gram));
+    let err = kernel::blocked::plan(&run.manifest, p, m, &req, full.output_bytes).unwrap_err();
+    assert!(matches!(err, pathkernel::Error::OutOfMemoryBudget { .. }), "{err}");
+}

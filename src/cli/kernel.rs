@@ -43,7 +43,9 @@ pub struct Args {
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
-    /// Memory budget for the outputs, e.g. 8G, 512M.
+    /// Memory budget for the computation, e.g. 8G, 512M: row points are computed in blocks so
+    /// that the output plus one block's work fits; refused with an estimate when the output
+    /// alone (plus one row point's work) does not.
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     memory: String,
     /// Output directory.
@@ -88,7 +90,7 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let out = kernel::compute(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
+    let (out, _plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
     let dir = staged.commit()?;

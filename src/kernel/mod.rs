@@ -18,6 +18,7 @@
 //! outputs and a constant learning rate `a_{i,s}` does not depend on s and the single machine
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
 
+pub mod blocked;
 pub mod eval;
 pub mod generic;
 pub mod gram;
@@ -483,11 +484,13 @@ impl Points {
     }
 }
 
-/// Estimated peak bytes of a request: the Gram and the layer-0 accumulator (2 × `P·M·K²`
-/// doubles), plus every per-step Gram with `per_step`.
+/// Bytes of the arrays a request outputs: the Gram `[P, M, K, K]`, every per-step Gram with
+/// `per_step` (`steps` of them), the self-kernels `[P, K, K]`, `a` `[N, M, K]` (`N = steps`)
+/// and the four `[P, K]` vectors (bias, network, machine, single machine).
 pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
-    let g = (p as u64) * (m as u64) * (k as u64) * (k as u64) * 8;
-    2 * g + if per_step { g * steps as u64 } else { 0 }
+    let (p, m, k, n) = (p as u64, m as u64, k as u64, steps as u64);
+    let g = p * m * k * k * 8;
+    g + if per_step { g * n } else { 0 } + p * k * k * 8 + n * m * k * 8 + 4 * p * k * 8
 }
 
 /// Computes a kernel over the recorded path between row points and the training set, with the

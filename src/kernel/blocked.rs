@@ -1,0 +1,246 @@
+//! Kernels under a memory budget: [`compute`](super::compute) over blocks of row points.
+//!
+//! Row points are independent (each has its own quadrature nodes, Gram rows, bias, network
+//! value and machine), so a kernel over P rows is the concatenation of kernels over blocks of
+//! rows. [`compute_blocked`] picks the largest block whose working memory, together with the
+//! complete output, fits the budget, runs [`compute`](super::compute) per block and assembles
+//! the output; it refuses (with an estimate) only when the output alone, plus one row's work,
+//! cannot fit. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
+//! numbers) are part of the fixed cost of every block.
+
+use crate::error::{Error, Result};
+use crate::model::{Body, Params};
+use crate::trajectory::Manifest;
+
+use super::{compute, output_bytes, KernelOutput, KernelRequest, Points, StepRecord};
+
+/// Auto-rule nodes per row point assumed by the working-memory estimate (the paper toy uses
+/// about 5 on average; a point with many kinks may use more, the estimate is not a bound).
+const NODES_PER_ROW: u64 = 32;
+
+/// Scratch of the Gram accumulator's row block (`gram::BLOCK_BYTES`) and slack.
+const SCRATCH_BYTES: u64 = 24 << 20;
+
+/// How a kernel computation is split to fit a memory budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockPlan {
+    /// Row points per block (the last block may be smaller).
+    pub block_rows: usize,
+    /// Number of blocks.
+    pub blocks: usize,
+    /// Bytes of the complete output (all arrays of [`KernelOutput`]).
+    pub output_bytes: u64,
+    /// Estimated working bytes independent of the block size (training factors, scratch).
+    pub fixed_bytes: u64,
+    /// Estimated working bytes per row point of a block.
+    pub row_bytes: u64,
+}
+
+impl BlockPlan {
+    /// Estimated peak bytes of the plan: output, fixed work and one block's rows.
+    pub fn estimated_peak(&self) -> u64 {
+        self.output_bytes + self.fixed_bytes + self.row_bytes * self.block_rows as u64
+    }
+}
+
+/// Plans a computation of `p` rows against the run's `m` training points within `budget`
+/// bytes (see the module docs). With one block, no extra copy is made.
+///
+/// Errors: [`Error::OutOfMemoryBudget`] with the estimate when the output plus one row's work
+/// does not fit.
+pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget: u64) -> Result<BlockPlan> {
+    let arch = &manifest.architecture;
+    let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
+    let (m64, p64) = (m as u64, p as u64);
+    let out = output_bytes(p, m, k as usize, manifest.steps, req.per_step);
+    let gram_row = m64 * k * k * 8;
+    // Per-layer factor numbers per point: activations, pre-activations, tangents and δ's.
+    let factors: u64 = match &arch.body {
+        Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + 3 * w[1] + k as usize * w[1]) as u64).sum(),
+        // The generic path forms per-point Jacobians [K, W].
+        Body::Cnn { .. } => k * manifest.num_params as u64,
+    };
+    // Training side per step: evaluations, the accumulator's copies and transposes, the
+    // step prediction's products; plus the network values and a_{i,s} of every block.
+    let fixed = 3 * m64 * factors * 8 + SCRATCH_BYTES + n * m64 * k * 8 + 2 * m64 * k * 8;
+    // Per row: its Gram rows in the block (and per-step rows), the layer-0 scale, its nodes'
+    // factors, its network values at every state.
+    let steps_kept = if req.per_step { n } else { 0 };
+    let row = gram_row * (1 + steps_kept) + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
+    let one_row = out + fixed + row;
+    if one_row > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!(
+                "the {} Gram [{p}, {m}, {k}, {k}]{} (output {} bytes, one row point's work {} bytes on top)",
+                req.kind,
+                if req.per_step { " with per-step Grams" } else { "" },
+                out,
+                fixed + row
+            ),
+            needed_bytes: one_row,
+            budget_bytes: budget,
+            hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
+        });
+    }
+    let fit = ((budget - out - fixed) / row).min(p64).max(1) as usize;
+    let blocks = p.div_ceil(fit);
+    // Even blocks: the same number of blocks, the smallest block size that gives it.
+    let block_rows = p.div_ceil(blocks);
+    Ok(BlockPlan { block_rows, blocks, output_bytes: out, fixed_bytes: fixed, row_bytes: row })
+}
+
+/// [`compute`](super::compute) within a memory budget: row points in blocks of
+/// `plan.block_rows`, outputs concatenated (records combined: maxima of maxima, means weighted
+/// by block size). Equal to the unblocked computation up to rounding of the combined means.
+///
+/// `progress(done, total)` counts steps over all blocks.
+///
+/// # Shapes
+/// As [`compute`](super::compute): `rows.x` `[P, d]`; the output's arrays have P rows.
+pub fn compute_blocked(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<(KernelOutput, BlockPlan)> {
+    let p = rows.len();
+    if p == 0 {
+        return Err(Error::Data("no row points".into()));
+    }
+    let plan = plan(manifest, p, train.n_train(), req, budget)?;
+    let out = compute_in_blocks(manifest, train, states, rows, req, plan.block_rows, progress)?;
+    Ok((out, plan))
+}
+
+/// [`compute`](super::compute) over blocks of `block_rows` row points, concatenated. One block
+/// (`block_rows >= P`) is `compute` itself.
+///
+/// # Panics
+/// If `block_rows == 0`.
+pub fn compute_in_blocks(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    block_rows: usize,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    assert!(block_rows > 0, "block_rows must be >= 1");
+    let p = rows.len();
+    let d = rows.dim;
+    if block_rows >= p {
+        return compute(manifest, train, states, rows, req, u64::MAX, progress);
+    }
+    let start = std::time::Instant::now();
+    let blocks = p.div_ceil(block_rows);
+    let mut acc: Option<Assembly> = None;
+    for b in 0..blocks {
+        let (lo, hi) = (b * block_rows, ((b + 1) * block_rows).min(p));
+        let pts = Points { x: rows.x[lo * d..hi * d].to_vec(), dim: d };
+        let o = compute(manifest, train, states, &pts, req, u64::MAX, &|done, total| progress(b * total + done, blocks * total))?;
+        match acc.as_mut() {
+            None => acc = Some(Assembly::new(o, p, lo)),
+            Some(a) => a.add(o, lo)?,
+        }
+    }
+    let mut out = acc.expect("at least one block").finish();
+    out.seconds = start.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// The output being assembled from blocks.
+struct Assembly {
+    out: KernelOutput,
+    /// Row points covered so far, per step record (for weighted means).
+    rows_seen: usize,
+}
+
+impl Assembly {
+    /// Starts from the first block (rows `lo..lo + o.p`, `lo = 0`), sized for `p` rows.
+    fn new(first: KernelOutput, p: usize, lo: usize) -> Self {
+        debug_assert_eq!(lo, 0);
+        let (m, k, nb) = (first.m, first.k, first.p);
+        let row = m * k * k;
+        let mut gram = vec![0.0; p * row];
+        gram[..nb * row].copy_from_slice(&first.gram);
+        let per_step = first.per_step.as_ref().map(|ps| {
+            let s = ps.len() / (nb * row);
+            let mut v = vec![0.0; s * p * row];
+            for si in 0..s {
+                v[si * p * row..si * p * row + nb * row].copy_from_slice(&ps[si * nb * row..(si + 1) * nb * row]);
+            }
+            v
+        });
+        let grow = |v: &[f64], w: usize| {
+            let mut out = vec![0.0; p * w];
+            out[..v.len()].copy_from_slice(v);
+            out
+        };
+        let out = KernelOutput {
+            gram,
+            per_step,
+            diag: first.diag.as_deref().map(|v| grow(v, k * k)),
+            bias: grow(&first.bias, k),
+            network: grow(&first.network, k),
+            machine: grow(&first.machine, k),
+            single_machine: first.single_machine.as_deref().map(|v| grow(v, k)),
+            p,
+            ..first
+        };
+        Assembly { out, rows_seen: nb }
+    }
+
+    fn add(&mut self, o: KernelOutput, lo: usize) -> Result<()> {
+        let a = &mut self.out;
+        let (m, k, nb, p) = (a.m, a.k, o.p, a.p);
+        if o.m != m || o.k != k || o.records.len() != a.records.len() {
+            return Err(Error::Numerical("kernel blocks disagree in shape".into()));
+        }
+        let row = m * k * k;
+        a.gram[lo * row..(lo + nb) * row].copy_from_slice(&o.gram);
+        if let (Some(dst), Some(src)) = (a.per_step.as_mut(), o.per_step.as_ref()) {
+            let s = src.len() / (nb * row);
+            for si in 0..s {
+                dst[(si * p + lo) * row..(si * p + lo + nb) * row].copy_from_slice(&src[si * nb * row..(si + 1) * nb * row]);
+            }
+        }
+        let put = |dst: &mut [f64], src: &[f64], w: usize| dst[lo * w..(lo + nb) * w].copy_from_slice(src);
+        if let (Some(dst), Some(src)) = (a.diag.as_mut(), o.diag.as_ref()) {
+            put(dst, src, k * k);
+        }
+        put(&mut a.bias, &o.bias, k);
+        put(&mut a.network, &o.network, k);
+        put(&mut a.machine, &o.machine, k);
+        if let (Some(dst), Some(src)) = (a.single_machine.as_mut(), o.single_machine.as_ref()) {
+            put(dst, src, k);
+        }
+        let (w0, w1) = (self.rows_seen as f64, nb as f64);
+        for (r, s) in a.records.iter_mut().zip(&o.records) {
+            combine(r, s, w0, w1);
+        }
+        self.rows_seen += nb;
+        Ok(())
+    }
+
+    fn finish(self) -> KernelOutput {
+        self.out
+    }
+}
+
+/// Combines the records of two disjoint row sets of sizes `w0` and `w1`.
+fn combine(r: &mut StepRecord, s: &StepRecord, w0: f64, w1: f64) {
+    let mean = |a: f64, b: f64| (a * w0 + b * w1) / (w0 + w1);
+    r.max_abs_error = r.max_abs_error.max(s.max_abs_error);
+    r.mean_abs_error = mean(r.mean_abs_error, s.mean_abs_error);
+    r.max_abs_change = r.max_abs_change.max(s.max_abs_change);
+    r.mean_evaluations = mean(r.mean_evaluations, s.mean_evaluations);
+    r.max_evaluations = r.max_evaluations.max(s.max_evaluations);
+    r.mean_jvp_evaluations = mean(r.mean_jvp_evaluations, s.mean_jvp_evaluations);
+    r.mean_pieces = mean(r.mean_pieces, s.mean_pieces);
+    r.unconverged_pieces += s.unconverged_pieces;
+    r.dpk_cosine_error = mean(r.dpk_cosine_error, s.dpk_cosine_error);
+}
