@@ -84,72 +84,335 @@ unsafe impl GlobalAlloc for CountingAlloc {
 pub struct BenchResult {
     /// What was timed.
     pub name: String,
-    /// Row points P.
+    /// Row points P (GP/SVM: M).
     pub points: usize,
     /// Training points M.
     pub train: usize,
-    /// Outputs K.
+    /// Outputs K (GP/SVM: 1, one class block).
     pub outputs: usize,
     /// Parameters W.
     pub params: usize,
-    /// The step timed.
+    /// The step timed (the first step summed).
     pub step: usize,
+    /// Steps summed.
+    pub steps: usize,
     /// Repetitions.
     pub repeat: usize,
     /// Fastest repetition, seconds.
     pub seconds_min: f64,
     /// Median repetition, seconds.
     pub seconds_median: f64,
-    /// Gradient evaluations per point (mean) in the timed step.
+    /// Gradient evaluations per point (mean) in the timed steps (NaN for GP/SVM).
     pub evaluations: f64,
-    /// Max |kernel machine − network| over the step (ntk: not applicable, NaN).
+    /// Max |kernel machine − network| over the steps (ntk, GP, SVM: not applicable, NaN).
     pub step_max_abs_error: f64,
+    /// Peak live heap bytes above those live when the case started (max over repetitions;
+    /// 0 when the program does not register [`CountingAlloc`]).
+    pub peak_bytes: u64,
+    /// Bytes of the arrays the case returns (kernels: all of [`kernel::KernelOutput`]'s arrays).
+    pub output_bytes: u64,
+    /// Row blocks (kernels; 1 = unblocked).
+    pub blocks: usize,
+    /// SMO iterations (SVM only).
+    pub iterations: Option<usize>,
 }
 
-/// Times one NTK step and one EPK step (`auto:tol`) at `step` on the run's test points.
-pub fn kernel_steps(run: &Run, step: usize, repeat: usize, tol: f64) -> Result<Vec<BenchResult>> {
-    let n = run.manifest.steps;
-    if step >= n {
-        return Err(Error::Config(format!("--step {step}: the run has steps 0..{n}")));
-    }
-    if repeat == 0 {
-        return Err(Error::Config("--repeat must be >= 1".into()));
-    }
-    let states = run.load_all()?;
-    let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
-    let mut out = Vec::new();
-    let cases = [
-        ("ntk_step", KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(step), per_step: false, steps: Some((step, step + 1)) }),
-        (
-            "epk_step",
-            KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(tol), side: Side::Test, ntk_step: None, per_step: false, steps: Some((step, step + 1)) },
-        ),
-        ("dpk_step", KernelRequest { kind: KernelKind::Dpk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: Some((step, step + 1)) }),
-    ];
-    for (name, req) in cases {
-        let mut times = Vec::with_capacity(repeat);
-        let mut last = None;
-        for _ in 0..repeat {
-            let t0 = Instant::now();
-            let o = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {})?;
-            times.push(t0.elapsed().as_secs_f64());
-            last = Some(o);
-        }
-        times.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
-        let o = last.expect("repeat >= 1");
-        out.push(BenchResult {
+impl BenchResult {
+    fn kernel(name: &str, o: &kernel::KernelOutput, params: usize, t: &Timing, blocks: usize) -> Self {
+        BenchResult {
             name: name.into(),
             points: o.p,
             train: o.m,
             outputs: o.k,
-            params: run.manifest.num_params,
-            step,
-            repeat,
-            seconds_min: times[0],
-            seconds_median: times[times.len() / 2],
+            params,
+            step: o.steps.first().copied().unwrap_or(0),
+            steps: o.steps.len(),
+            repeat: t.times.len(),
+            seconds_min: t.min(),
+            seconds_median: t.median(),
             evaluations: o.mean_evaluations(),
-            step_max_abs_error: if req.kind == KernelKind::Ntk { f64::NAN } else { o.max_abs_error() },
-        });
+            step_max_abs_error: if o.kind == KernelKind::Ntk { f64::NAN } else { o.max_abs_error() },
+            peak_bytes: t.peak,
+            output_bytes: kernel_output_bytes(o),
+            blocks,
+            iterations: None,
+        }
     }
-    Ok(out)
+}
+
+/// Bytes of all arrays of a kernel output.
+pub fn kernel_output_bytes(o: &kernel::KernelOutput) -> u64 {
+    let n = o.gram.len()
+        + o.per_step.as_ref().map_or(0, Vec::len)
+        + o.diag.as_ref().map_or(0, Vec::len)
+        + o.a.len()
+        + o.bias.len()
+        + o.network.len()
+        + o.machine.len()
+        + o.single_machine.as_ref().map_or(0, Vec::len);
+    8 * n as u64
+}
+
+/// Wall-clock seconds of the repetitions (sorted) and the peak heap above the start.
+struct Timing {
+    times: Vec<f64>,
+    peak: u64,
+}
+
+impl Timing {
+    fn min(&self) -> f64 {
+        self.times[0]
+    }
+    fn median(&self) -> f64 {
+        self.times[self.times.len() / 2]
+    }
+}
+
+/// Runs `f` `repeat` times (the previous result dropped before each run) and returns the
+/// timing and the last result.
+fn timed<T>(repeat: usize, mut f: impl FnMut() -> Result<T>) -> Result<(Timing, T)> {
+    let mut times = Vec::with_capacity(repeat);
+    let mut peak = 0u64;
+    let mut last: Option<T> = None;
+    for _ in 0..repeat.max(1) {
+        drop(last.take());
+        let base = CountingAlloc::current();
+        CountingAlloc::reset_peak();
+        let t0 = Instant::now();
+        let v = f()?;
+        times.push(t0.elapsed().as_secs_f64());
+        peak = peak.max(CountingAlloc::peak().saturating_sub(base) as u64);
+        last = Some(v);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((Timing { times, peak }, last.expect("repeat >= 1")))
+}
+
+/// Which benchmark cases to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// The step timed.
+    pub step: usize,
+    /// Repetitions of the fast cases.
+    pub repeat: usize,
+    /// Tolerance of the EPK's auto quadrature.
+    pub tol: f64,
+    /// Also the whole EPK over all steps, unblocked and in `full_blocks` row blocks.
+    pub full: bool,
+    /// Row blocks of the blocked whole EPK.
+    pub full_blocks: usize,
+    /// Also GP (Cholesky + solve) and SVM (SMO) on the class-0 block of the NTK Gram of the
+    /// first `gram_m` training points at `step`.
+    pub gram_m: Option<usize>,
+    /// Also the scaling sweep over these training-set sizes (Gaussian mixture, same network).
+    pub scaling: Vec<usize>,
+    /// Step counts of the scaling sweep in the number of steps.
+    pub scaling_steps: Vec<usize>,
+}
+
+/// Everything `bench` measured, with the arrays the Python peers compare against.
+pub struct BenchReport {
+    /// One result per case.
+    pub results: Vec<BenchResult>,
+    /// The NTK step's Gram `[P, M, K, K]`.
+    pub ntk_gram: Vec<f64>,
+    /// The GP/SVM problem and our solutions, when run.
+    pub gram_problem: Option<GramProblem>,
+    /// Scaling sweep rows: (kind, M, P, steps, seconds_min, seconds_median).
+    pub scaling: Vec<(String, usize, usize, usize, f64, f64)>,
+}
+
+/// The GP/SVM benchmark problem: `K` = the NTK's class-0 block on training points, rounded to
+/// f32 values (libsvm caches `Q` in f32; with f32-valued entries its iterates equal ours).
+pub struct GramProblem {
+    /// M.
+    pub m: usize,
+    /// `[M, M]`.
+    pub k: Vec<f64>,
+    /// ±1: class 0 against the rest, `[M]`.
+    pub y: Vec<f64>,
+    /// GP noise σ² (1e-2 × mean diagonal).
+    pub noise: f64,
+    /// SVM C.
+    pub c: f64,
+    /// SVM tolerance.
+    pub tol: f64,
+    /// GP weights `(K + σ²I)⁻¹ y`.
+    pub gp_alpha: Vec<f64>,
+    /// SVM `y_i α_i` `[M]`.
+    pub svm_dual_coef: Vec<f64>,
+    /// SVM intercept.
+    pub svm_intercept: f64,
+    /// SVM decision values on the training points `[M]`.
+    pub svm_decision: Vec<f64>,
+    /// SMO iterations.
+    pub svm_iterations: usize,
+}
+
+fn step_request(kind: KernelKind, rule: Rule, step: usize, steps: usize) -> KernelRequest {
+    KernelRequest {
+        kind,
+        rule,
+        side: Side::Test,
+        ntk_step: (kind == KernelKind::Ntk).then_some(step),
+        per_step: false,
+        steps: Some((step, step + steps)),
+    }
+}
+
+/// Times one NTK step and one EPK step (`auto:tol`) at `step` on the run's test points.
+pub fn kernel_steps(run: &Run, step: usize, repeat: usize, tol: f64) -> Result<Vec<BenchResult>> {
+    let opts = BenchOptions { step, repeat, tol, full: false, full_blocks: 4, gram_m: None, scaling: Vec::new(), scaling_steps: Vec::new() };
+    Ok(run_all(run, &opts, &mut |_| {})?.results)
+}
+
+/// Runs the cases of `opts` on a recorded run; `report` sees each result as it is measured.
+pub fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResult)) -> Result<BenchReport> {
+    let n = run.manifest.steps;
+    let step = opts.step;
+    if step >= n {
+        return Err(Error::Config(format!("--step {step}: the run has steps 0..{n}")));
+    }
+    if opts.repeat == 0 {
+        return Err(Error::Config("--repeat must be >= 1".into()));
+    }
+    let states = run.load_all()?;
+    let w = run.manifest.num_params;
+    let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
+    let mut results = Vec::new();
+    let mut push = |r: BenchResult, results: &mut Vec<BenchResult>| {
+        report(&r);
+        results.push(r);
+    };
+    let run_kernel = |ds: &crate::data::Dataset, pts: &Points, req: &KernelRequest, repeat: usize| {
+        timed(repeat, || kernel::compute(&run.manifest, ds, &states, pts, req, u64::MAX, &|_, _| {}))
+    };
+    let mut ntk_gram = Vec::new();
+    for (name, kind, rule) in [
+        ("ntk_step", KernelKind::Ntk, Rule::Gauss(1)),
+        ("epk_step", KernelKind::Epk, Rule::Auto(opts.tol)),
+        ("dpk_step", KernelKind::Dpk, Rule::Gauss(1)),
+    ] {
+        let (t, o) = run_kernel(&run.dataset, &pts, &step_request(kind, rule, step, 1), opts.repeat)?;
+        push(BenchResult::kernel(name, &o, w, &t, 1), &mut results);
+        if kind == KernelKind::Ntk {
+            ntk_gram = o.gram;
+        }
+    }
+    if opts.full {
+        let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(opts.tol), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+        let (t, o) = run_kernel(&run.dataset, &pts, &req, 1)?;
+        push(BenchResult::kernel("epk_full", &o, w, &t, 1), &mut results);
+        drop(o);
+        let rows = pts.len().div_ceil(opts.full_blocks.max(1));
+        let (t, o) = timed(1, || kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, rows, &|_, _| {}))?;
+        push(BenchResult::kernel("epk_full_blocked", &o, w, &t, pts.len().div_ceil(rows)), &mut results);
+    }
+    let gram_problem = match opts.gram_m {
+        None => None,
+        Some(mreq) => Some(gram_cases(run, &states, step, mreq, opts.repeat, &mut |r| push(r, &mut results))?),
+    };
+    let mut scaling = Vec::new();
+    if !opts.scaling.is_empty() || !opts.scaling_steps.is_empty() {
+        let repeat = opts.repeat.min(3);
+        for &m in &opts.scaling {
+            let per_class = (m / 3).max(1);
+            let ds = crate::data::DataConfig::GaussianMixture { dim: run.dataset.dim, per_class, n_test: pts.len(), std: 1.0, seed: 0 }.load(std::path::Path::new("."))?;
+            if ds.num_outputs != run.dataset.num_outputs || ds.dim != run.dataset.dim {
+                return Err(Error::Config("--scaling needs a run on the paper's Gaussian mixture (d and K of the run)".into()));
+            }
+            let spts = Points { x: ds.x_test.clone(), dim: ds.dim };
+            for (name, kind, rule) in [("ntk_step", KernelKind::Ntk, Rule::Gauss(1)), ("epk_step", KernelKind::Epk, Rule::Auto(opts.tol))] {
+                let (t, o) = run_kernel(&ds, &spts, &step_request(kind, rule, step, 1), repeat)?;
+                let r = BenchResult::kernel(&format!("scaling_{name}"), &o, w, &t, 1);
+                scaling.push((kind.to_string(), o.m, o.p, 1, r.seconds_min, r.seconds_median));
+                push(r, &mut results);
+            }
+        }
+        for &ns in &opts.scaling_steps {
+            if ns == 0 || ns > n {
+                return Err(Error::Config(format!("--scaling-steps {ns}: need 1..={n}")));
+            }
+            let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(opts.tol), side: Side::Test, ntk_step: None, per_step: false, steps: Some((0, ns)) };
+            let (t, o) = run_kernel(&run.dataset, &pts, &req, if ns > 10 { 1 } else { repeat })?;
+            let r = BenchResult::kernel("scaling_epk_steps", &o, w, &t, 1);
+            scaling.push(("epk-steps".into(), o.m, o.p, ns, r.seconds_min, r.seconds_median));
+            push(r, &mut results);
+        }
+    }
+    Ok(BenchReport { results, ntk_gram, gram_problem, scaling })
+}
+
+/// GP and SVM cases on the NTK's class-0 block over the first `mreq` training points.
+fn gram_cases(run: &Run, states: &[crate::model::Params], step: usize, mreq: usize, repeat: usize, push: &mut dyn FnMut(BenchResult)) -> Result<GramProblem> {
+    let ds = &run.dataset;
+    let m = mreq.min(ds.n_train());
+    if m < 2 {
+        return Err(Error::Config("--gram-m must be >= 2".into()));
+    }
+    let crate::data::Targets::Labels(labels) = &ds.y_train else {
+        return Err(Error::Config("the GP/SVM cases need a classification run".into()));
+    };
+    let w = run.manifest.num_params;
+    let pts = Points { x: ds.x_train[..m * ds.dim].to_vec(), dim: ds.dim };
+    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Train, ntk_step: Some(step), per_step: false, steps: Some((step, step + 1)) };
+    let (t, o) = timed(1, || kernel::compute(&run.manifest, ds, states, &pts, &req, u64::MAX, &|_, _| {}))?;
+    push(BenchResult::kernel("ntk_train_gram", &o, w, &t, 1));
+    let (kk, mt) = (o.k, o.m);
+    let mut k = vec![0.0; m * m];
+    for i in 0..m {
+        for j in 0..m {
+            k[i * m + j] = o.gram[((i * mt + j) * kk) * kk] as f32 as f64;
+        }
+    }
+    drop(o);
+    // Symmetrise exactly (the NTK is symmetric to rounding).
+    for i in 0..m {
+        for j in 0..i {
+            let v = k[i * m + j];
+            k[j * m + i] = v;
+        }
+    }
+    let y: Vec<f64> = labels[..m].iter().map(|&l| if l == 0 { 1.0 } else { -1.0 }).collect();
+    let noise = 1e-2 * (0..m).map(|i| k[i * m + i]).sum::<f64>() / m as f64;
+    let gp = crate::gp::GpParams::new().noise(noise).jitter(0.0);
+    let (t, fit) = timed(repeat, || gp.fit(&k, &y, m, 1))?;
+    let gp_alpha = fit.alpha(0).expect("one class").to_vec();
+    let plain = |name: &str, t: &Timing, out: u64, iterations: Option<usize>| BenchResult {
+        name: name.into(),
+        points: m,
+        train: m,
+        outputs: 1,
+        params: w,
+        step,
+        steps: 1,
+        repeat: t.times.len(),
+        seconds_min: t.min(),
+        seconds_median: t.median(),
+        evaluations: f64::NAN,
+        step_max_abs_error: f64::NAN,
+        peak_bytes: t.peak,
+        output_bytes: out,
+        blocks: 1,
+        iterations,
+    };
+    push(plain("cholesky_solve", &t, 8 * (m * m + m) as u64, None));
+    drop(fit);
+    let svm = crate::svm::SvmParams::new();
+    let (t, s) = timed(repeat, || svm.fit_binary(&k, &y, m))?;
+    push(plain("smo", &t, 8 * 2 * m as u64, Some(s.iterations)));
+    let svm_decision = s.decision(&k, m)?;
+    Ok(GramProblem {
+        m,
+        k,
+        y,
+        noise,
+        c: 1.0,
+        tol: 1e-3,
+        gp_alpha,
+        svm_dual_coef: s.dual_coef.clone(),
+        svm_intercept: s.intercept,
+        svm_decision,
+        svm_iterations: s.iterations,
+    })
 }

@@ -1,15 +1,24 @@
 //! `pathkernel bench`
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::error::Result;
+use crate::io::{Column, NamedArray, Table};
+use crate::plot::{Scale, Series};
 use crate::trajectory::Run;
 
-/// Time one NTK, one EPK and one DPK step of a recorded run (JSON lines on stdout).
+/// Time kernel steps, the whole EPK, GP and SVM solves and a scaling sweep (JSON lines).
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Time one NTK step, one EPK step (auto quadrature) and one DPK step of a recorded run \
 on its test points against its whole training set, and print one JSON line per measurement: name, sizes, \
-fastest and median wall-clock seconds over --repeat runs, gradient evaluations per point. \
+fastest and median wall-clock seconds over --repeat runs, gradient evaluations per point, peak heap bytes \
+above the start of the case and the bytes of its outputs.\n\n\
+--full adds the whole EPK (all steps) unblocked and in row blocks; --gram-m M adds GP (Cholesky + solve) and \
+SVM (SMO) on the class-0 block of the NTK on the first M training points; --scaling M1,M2,.. and \
+--scaling-steps T1,T2,.. add the scaling sweep (Gaussian-mixture training sets of those sizes, EPK over the \
+first T steps), written with --scaling-out as scaling.parquet and scaling.png. --export DIR writes the \
+arrays the Python peers compare against (bench/compare.sh).\n\
 Example (the paper toy: 200 test x 3000 train): pathkernel bench --run runs/toy --step 50")]
 pub struct Args {
     /// Run directory written by `pathkernel train`.
@@ -24,6 +33,27 @@ pub struct Args {
     /// Tolerance of the EPK's auto quadrature.
     #[arg(long, default_value_t = 1e-12)]
     tol: f64,
+    /// Also the whole EPK over all steps (unblocked, and in --full-blocks row blocks).
+    #[arg(long)]
+    full: bool,
+    /// Row blocks of the blocked whole EPK.
+    #[arg(long, default_value_t = 8)]
+    full_blocks: usize,
+    /// Also GP and SVM on the NTK Gram of the first M training points.
+    #[arg(long, value_name = "M")]
+    gram_m: Option<usize>,
+    /// Scaling sweep over training-set sizes, e.g. 300,1000,3000,10000.
+    #[arg(long, value_name = "M,..", value_delimiter = ',')]
+    scaling: Vec<usize>,
+    /// Scaling sweep over the number of EPK steps, e.g. 1,3,10,30,100.
+    #[arg(long, value_name = "T,..", value_delimiter = ',')]
+    scaling_steps: Vec<usize>,
+    /// Where the scaling sweep's table and chart go.
+    #[arg(long, value_name = "DIR", default_value = "bench/out")]
+    scaling_out: PathBuf,
+    /// Write the compared arrays (NTK step Gram, GP/SVM problem and solutions) and results.jsonl.
+    #[arg(long, value_name = "DIR")]
+    export: Option<PathBuf>,
 }
 
 /// Runs the subcommand.
@@ -33,8 +63,87 @@ pub fn exec(a: Args) -> Result<()> {
     if !(a.tol.is_finite() && a.tol > 0.0) {
         return Err(crate::Error::Config(format!("--tol {}: must be > 0", a.tol)));
     }
-    for r in crate::bench::kernel_steps(&run, step, a.repeat, a.tol)? {
-        println!("{}", serde_json::to_string(&r).expect("serialisable"));
+    let opts = crate::bench::BenchOptions {
+        step,
+        repeat: a.repeat,
+        tol: a.tol,
+        full: a.full,
+        full_blocks: a.full_blocks,
+        gram_m: a.gram_m,
+        scaling: a.scaling.clone(),
+        scaling_steps: a.scaling_steps.clone(),
+    };
+    let mut lines = Vec::new();
+    let rep = crate::bench::run_all(&run, &opts, &mut |r| {
+        let line = serde_json::to_string(r).expect("serialisable");
+        println!("{line}");
+        lines.push(line);
+    })?;
+    if !rep.scaling.is_empty() {
+        crate::io::create_dir_all(&a.scaling_out)?;
+        let col = |f: &dyn Fn(&(String, usize, usize, usize, f64, f64)) -> f64| rep.scaling.iter().map(f).collect::<Vec<f64>>();
+        let table = Table::new()
+            .with("kind", Column::Str(rep.scaling.iter().map(|r| r.0.clone()).collect()))
+            .with("m", Column::I64(rep.scaling.iter().map(|r| r.1 as i64).collect()))
+            .with("p", Column::I64(rep.scaling.iter().map(|r| r.2 as i64).collect()))
+            .with("steps", Column::I64(rep.scaling.iter().map(|r| r.3 as i64).collect()))
+            .with("seconds_min", Column::F64(col(&|r| r.4)))
+            .with("seconds_median", Column::F64(col(&|r| r.5)));
+        table.write_parquet(&a.scaling_out.join("scaling.parquet"))?;
+        let mut series = Vec::new();
+        for (kind, label) in [("ntk", "NTK, one step"), ("epk", "EPK auto, one step"), ("epk-steps", "EPK auto, M = run's, x = M·P·steps")] {
+            let rows: Vec<_> = rep.scaling.iter().filter(|r| r.0 == kind).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let x: Vec<f64> = rows.iter().map(|r| (r.1 * r.2 * r.3) as f64).collect();
+            let y: Vec<f64> = rows.iter().map(|r| r.4).collect();
+            // Slope-1 reference through the series' last point.
+            let (x1, y1) = (*x.last().expect("non-empty"), *y.last().expect("non-empty"));
+            series.push(Series::new(label, x.clone(), y));
+            series.push(Series::new(format!("linear through {label}"), x.clone(), x.iter().map(|v| y1 * v / x1).collect()));
+        }
+        crate::plot::line_chart(
+            &a.scaling_out.join("scaling.png"),
+            "Gram time vs work (log-log; straight lines: slope 1)",
+            "M · P · steps",
+            "seconds (fastest of repeats)",
+            &series,
+            Scale::Log,
+            Scale::Log,
+        )?;
+        eprintln!("wrote {}", a.scaling_out.join("scaling.{parquet,png}").display());
+    }
+    if let Some(dir) = &a.export {
+        crate::io::create_dir_all(dir)?;
+        let meta = HashMap::from([("step".to_string(), step.to_string()), ("run".to_string(), a.run.display().to_string())]);
+        let ntk = rep.results.iter().find(|r| r.name == "ntk_step").expect("always run");
+        crate::io::write_safetensors(
+            &dir.join("ntk_step.safetensors"),
+            &[NamedArray::f64("gram", vec![ntk.points, ntk.train, ntk.outputs, ntk.outputs], rep.ntk_gram.clone())],
+            Some(meta.clone()),
+        )?;
+        if let Some(g) = &rep.gram_problem {
+            let m = g.m;
+            crate::io::write_safetensors(
+                &dir.join("gram_problem.safetensors"),
+                &[
+                    NamedArray::f64("k", vec![m, m], g.k.clone()),
+                    NamedArray::f64("y", vec![m], g.y.clone()),
+                    NamedArray::f64("noise", vec![1], vec![g.noise]),
+                    NamedArray::f64("c", vec![1], vec![g.c]),
+                    NamedArray::f64("tol", vec![1], vec![g.tol]),
+                    NamedArray::f64("gp_alpha", vec![m], g.gp_alpha.clone()),
+                    NamedArray::f64("svm_dual_coef", vec![m], g.svm_dual_coef.clone()),
+                    NamedArray::f64("svm_intercept", vec![1], vec![g.svm_intercept]),
+                    NamedArray::f64("svm_decision", vec![m], g.svm_decision.clone()),
+                    NamedArray::i64("svm_iterations", vec![1], vec![g.svm_iterations as i64]),
+                ],
+                Some(meta),
+            )?;
+        }
+        crate::io::write_atomic(&dir.join("results.jsonl"), (lines.join("\n") + "\n").as_bytes())?;
+        eprintln!("wrote {}", dir.display());
     }
     Ok(())
 }

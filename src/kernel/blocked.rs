@@ -19,7 +19,7 @@ use super::{compute, output_bytes, KernelOutput, KernelRequest, Points, StepReco
 const NODES_PER_ROW: u64 = 32;
 
 /// Scratch of the Gram accumulator's row block (`gram::BLOCK_BYTES`) and slack.
-const SCRATCH_BYTES: u64 = 24 << 20;
+const SCRATCH_BYTES: u64 = 8 << 20;
 
 /// How a kernel computation is split to fit a memory budget.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -34,7 +34,7 @@ pub struct LayerFactors<'a> {
 
 /// Scratch bytes allowed for one block of row points (the block's Gram rows in
 /// `[(p, k), (i, k')]` layout plus the deeper layers' `J̄` and `T`).
-const BLOCK_BYTES: usize = 16 << 20;
+const BLOCK_BYTES: usize = 4 << 20;
 
 /// Accumulates `Σ_s K_s` over steps.
 ///

@@ -329,6 +329,22 @@ fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: 
     RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
 }
 
+/// Rows per forward-mode evaluation in the node search (bounds its scratch to a few MB).
+const JVP_CHUNK: usize = 2048;
+
+/// `step.jvp` at points `idx` (rows of `x`) and times `t`, in chunks of [`JVP_CHUNK`] rows.
+fn jvp_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (d, k) = (step.input_dim(), step.k);
+    let mut f = Vec::with_capacity(idx.len() * k);
+    let mut fdot = Vec::with_capacity(idx.len() * k);
+    for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
+        let (a, b) = step.jvp(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref());
+        f.extend_from_slice(&a);
+        fdot.extend_from_slice(&b);
+    }
+    (f, fdot)
+}
+
 /// Gauss orders tried in turn on a piece before it is bisected, and the bisection limit.
 const AUTO_ORDERS: [usize; 8] = [2, 3, 4, 5, 6, 8, 10, 12];
 const AUTO_MAX_DEPTH: u32 = 40;
@@ -367,7 +383,7 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
             tt.push(t);
         }
     }
-    let fv = step.jvp(&gather_rows(x, d, &idx), &tt, gather_offsets(off, k, &idx).as_deref()).0;
+    let fv = jvp_rows(step, x, off, &idx, &tt).0;
     let mut pending: Vec<Piece> = Vec::new();
     let mut pos = 0;
     for (pi, v) in bps.iter().enumerate() {
@@ -405,7 +421,7 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
             }
             jvp_evals[pc.p] += n;
         }
-        let (_, fdot) = step.jvp(&gather_rows(x, d, &rp), &rt, gather_offsets(off, k, &rp).as_deref());
+        let (_, fdot) = jvp_rows(step, x, off, &rp, &rt);
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
@@ -442,7 +458,7 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
         if !to_split.is_empty() {
             let mids: Vec<f64> = to_split.iter().map(|pc| 0.5 * (pc.a + pc.b)).collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
-            let fm = step.jvp(&gather_rows(x, d, &pidx), &mids, gather_offsets(off, k, &pidx).as_deref()).0;
+            let fm = jvp_rows(step, x, off, &pidx, &mids).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
                 next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1 });
