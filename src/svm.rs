@@ -49,6 +49,8 @@
 //! * One-vs-rest ([`SvmParams::fit_ovr`]) takes one Gram per class, because the EPK of class `c`
 //!   is the path kernel of output `c`; pass the same Gram `K` times for a shared kernel.
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 
 /// libsvm's curvature floor for non-positive-definite pairs (`TAU` in svm.cpp).
@@ -248,38 +250,27 @@ fn check_gram(gram: &[f64], m: usize, what: &str) -> Result<()> {
     if gram.len() != m * m {
         return Err(Error::ShapeMismatch { what: what.into(), expected: vec![m, m], got: vec![gram.len()] });
     }
-    let (scale, finite) = max_abs_and_finite(gram);
-    if !finite {
+    // One pass over row bands on the rayon pool: each band's asymmetry, max |entry| and
+    // finiteness (every entry is read as a row entry or as a transposed one); the first
+    // offending band (in band order, as a serial scan would find it) is located afterwards.
+    let bands: Vec<(f64, f64, bool)> = (0..m.div_ceil(TILE)).into_par_iter().map(|t| band_scan(gram, m, t * TILE)).collect();
+    let scale = bands.iter().fold(0.0f64, |a, b| a.max(b.1));
+    if !bands.iter().all(|b| b.2) {
         let idx = gram.iter().position(|v| !v.is_finite()).unwrap_or(0);
         return Err(Error::Data(format!("{what}: non-finite entry {} at ({}, {})", gram[idx], idx / m, idx % m)));
     }
     let atol = SYMMETRY_RTOL * scale;
-    // Tiled so that both the (bi, bj) tile and its transpose stay in L1 (a plain
-    // column-strided scan costs a cache miss per entry), branch-free inside a tile; the
-    // offending entry is located only on failure.
-    const TILE: usize = 32;
-    for bi in (0..m).step_by(TILE) {
-        let i_end = (bi + TILE).min(m);
+    if let Some(t) = bands.iter().position(|b| b.0 > atol) {
+        let bi = t * TILE;
         for bj in (bi..m).step_by(TILE) {
-            let j_end = (bj + TILE).min(m);
-            let mut worst = 0.0f64;
-            for i in bi..i_end {
-                let row = &gram[i * m + bj..i * m + j_end];
-                for (jj, &a) in row.iter().enumerate() {
-                    let d = (a - gram[(bj + jj) * m + i]).abs();
-                    worst = if d > worst { d } else { worst };
-                }
-            }
-            if worst > atol {
-                for i in bi..i_end {
-                    for j in bj..j_end {
-                        let (a, b) = (gram[i * m + j], gram[j * m + i]);
-                        if (a - b).abs() > atol {
-                            return Err(Error::Data(format!(
-                                "{what} is not symmetric: K[{i},{j}] = {a:e} but K[{j},{i}] = {b:e} \
-                                 (tolerance {atol:e} = {SYMMETRY_RTOL:e} × max |K|)"
-                            )));
-                        }
+            for i in bi..(bi + TILE).min(m) {
+                for j in bj..(bj + TILE).min(m) {
+                    let (a, b) = (gram[i * m + j], gram[j * m + i]);
+                    if (a - b).abs() > atol {
+                        return Err(Error::Data(format!(
+                            "{what} is not symmetric: K[{i},{j}] = {a:e} but K[{j},{i}] = {b:e} \
+                             (tolerance {atol:e} = {SYMMETRY_RTOL:e} × max |K|)"
+                        )));
                     }
                 }
             }
@@ -288,28 +279,31 @@ fn check_gram(gram: &[f64], m: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `(max |v|, all finite)` in one streaming pass, written so that it vectorises
-/// (independent lanes; `v · 0` is NaN exactly for ±inf and NaN).
-fn max_abs_and_finite(v: &[f64]) -> (f64, bool) {
-    const L: usize = 8;
-    let mut mx = [0.0f64; L];
-    let mut nan = [0.0f64; L];
-    let chunks = v.chunks_exact(L);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for k in 0..L {
-            let a = c[k].abs();
-            mx[k] = if a > mx[k] { a } else { mx[k] };
-            nan[k] += c[k] * 0.0;
+/// Tile size of the symmetry check.
+const TILE: usize = 32;
+
+/// Over rows `bi..bi + TILE` and columns `j ≥ bi` (and their transposes): `(max |K_ij − K_ji|,
+/// max |K_ij|, all finite)`. Tiled so that both the (bi, bj) tile and its transpose stay in L1
+/// (a plain column-strided scan costs a cache miss per entry), branch-free inside a tile
+/// (`v · 0` is NaN exactly for ±inf and NaN).
+fn band_scan(gram: &[f64], m: usize, bi: usize) -> (f64, f64, bool) {
+    let i_end = (bi + TILE).min(m);
+    let (mut worst, mut mx, mut nan) = (0.0f64, 0.0f64, 0.0f64);
+    for bj in (bi..m).step_by(TILE) {
+        let j_end = (bj + TILE).min(m);
+        for i in bi..i_end {
+            let row = &gram[i * m + bj..i * m + j_end];
+            for (jj, &a) in row.iter().enumerate() {
+                let b = gram[(bj + jj) * m + i];
+                let d = (a - b).abs();
+                worst = if d > worst { d } else { worst };
+                let e = a.abs().max(b.abs());
+                mx = if e > mx { e } else { mx };
+                nan += (a + b) * 0.0;
+            }
         }
     }
-    let mut m = mx.iter().fold(0.0f64, |a, &b| a.max(b));
-    let mut finite = nan.iter().all(|x| *x == 0.0);
-    for &x in rest {
-        finite &= x.is_finite();
-        m = m.max(x.abs());
-    }
-    (m, finite)
+    (worst, mx, nan == 0.0)
 }
 
 /// SMO on a validated problem. State is kept as `F_t = y_t ∇_t f(α)` (libsvm's `y[t]*G[t]`),
