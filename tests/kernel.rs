@@ -319,3 +319,19 @@ fn row_blocked_kernels_equal_unblocked() {
     let err = kernel::blocked::plan(&run.manifest, p, m, &req, full.output_bytes).unwrap_err();
     assert!(matches!(err, pathkernel::Error::OutOfMemoryBudget { .. }), "{err}");
 }
+
+#[test]
+fn chunked_node_evaluation_equals_small_blocks() {
+    // 1600 grid points with the auto rule give more nodes than one evaluation chunk (2048 rows);
+    // blocks of 100 points stay below it, so the two paths differ only in chunking.
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "chunks", &toy2d("[8]", "relu", 6, 1.0, 10, 5));
+    let states = run.load_all().unwrap();
+    let pts = PointsSpec::Grid(40).resolve(&run.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap();
+    assert!(whole.mean_evaluations() * whole.p as f64 > 2048.0);
+    let small = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, 100, &|_, _| {}).unwrap();
+    assert!(max_abs_diff(&whole.gram, &small.gram) <= 1e-12 * max_abs(&whole.gram));
+    assert!(whole.max_abs_error() <= 1e-11, "{:e}", whole.max_abs_error());
+}

@@ -345,6 +345,29 @@ fn jvp_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[
     (f, fdot)
 }
 
+/// `step.eval` with gradients at points `idx` (rows of `x`) and times `t`, in chunks of
+/// [`JVP_CHUNK`] rows (bounds the evaluation's intermediates; the result is the same).
+fn eval_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Evals {
+    let (d, k) = (step.input_dim(), step.k);
+    if idx.len() <= JVP_CHUNK {
+        return step.eval(&gather_rows(x, d, idx), t, gather_offsets(off, k, idx).as_deref(), true);
+    }
+    let mut out = Evals::default();
+    for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
+        let e = step.eval(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref(), true);
+        if out.acts.is_empty() {
+            out.acts = vec![Vec::new(); e.acts.len()];
+            out.deltas = vec![Vec::new(); e.deltas.len()];
+        }
+        out.rows += e.rows;
+        out.acts.iter_mut().zip(&e.acts).for_each(|(a, b)| a.extend_from_slice(b));
+        out.deltas.iter_mut().zip(&e.deltas).for_each(|(a, b)| a.extend_from_slice(b));
+        out.f.extend_from_slice(&e.f);
+        out.jvp.extend_from_slice(&e.jvp);
+    }
+    out
+}
+
 /// Gauss orders tried in turn on a piece before it is bisected, and the bisection limit.
 const AUTO_ORDERS: [usize; 8] = [2, 3, 4, 5, 6, 8, 10, 12];
 const AUTO_MAX_DEPTH: u32 = 40;
@@ -468,7 +491,7 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
         pending = next;
     }
     // Gradients once, at the accepted nodes.
-    let evals = step.eval(&gather_rows(x, d, &point), &times, gather_offsets(off, k, &point).as_deref(), true);
+    let evals = eval_rows(step, x, off, &point, &times);
     let mut evaluations = vec![0usize; p];
     for &pi in &point {
         evaluations[pi] += 1;
