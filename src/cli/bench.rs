@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long)]
     full: bool,
     /// Row blocks of the blocked whole EPK.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 10)]
     full_blocks: usize,
     /// Also GP and SVM on the NTK Gram of the first M training points.
     #[arg(long, value_name = "M")]
@@ -91,21 +91,22 @@ pub fn exec(a: Args) -> Result<()> {
             .with("seconds_median", Column::F64(col(&|r| r.5)));
         table.write_parquet(&a.scaling_out.join("scaling.parquet"))?;
         let mut series = Vec::new();
-        for (kind, label) in [("ntk", "NTK, one step"), ("epk", "EPK auto, one step"), ("epk-steps", "EPK auto, M = run's, x = M·P·steps")] {
+        for (kind, label) in [("ntk", "NTK, one step (P = 200, M varies)"), ("epk", "EPK auto, one step (P = 200, M varies)"), ("epk-steps", "EPK auto, M = 3000, P = 200, steps vary")] {
             let rows: Vec<_> = rep.scaling.iter().filter(|r| r.0 == kind).collect();
-            if rows.is_empty() {
-                continue;
+            if !rows.is_empty() {
+                series.push(Series::new(label, rows.iter().map(|r| (r.1 * r.2 * r.3) as f64).collect(), rows.iter().map(|r| r.4).collect()));
             }
-            let x: Vec<f64> = rows.iter().map(|r| (r.1 * r.2 * r.3) as f64).collect();
-            let y: Vec<f64> = rows.iter().map(|r| r.4).collect();
-            // Slope-1 reference through the series' last point.
-            let (x1, y1) = (*x.last().expect("non-empty"), *y.last().expect("non-empty"));
-            series.push(Series::new(label, x.clone(), y));
-            series.push(Series::new(format!("linear through {label}"), x.clone(), x.iter().map(|v| y1 * v / x1).collect()));
+        }
+        // One slope-1 reference through the NTK's largest point, over the whole x range.
+        let xs: Vec<f64> = series.iter().flat_map(|s| s.x.iter().copied()).collect();
+        let (xmin, xmax) = (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(0.0, f64::max));
+        if let Some(s0) = series.first() {
+            let (x1, y1) = (*s0.x.last().expect("non-empty"), *s0.y.last().expect("non-empty"));
+            series.push(Series::new("slope 1 (time ∝ M·P·steps)", vec![xmin, xmax], vec![y1 * xmin / x1, y1 * xmax / x1]));
         }
         crate::plot::line_chart(
             &a.scaling_out.join("scaling.png"),
-            "Gram time vs work (log-log; straight lines: slope 1)",
+            "Kernel time vs M·P·steps (paper-toy MLP 100-64-3, log-log)",
             "M · P · steps",
             "seconds (fastest of repeats)",
             &series,

@@ -18,8 +18,8 @@ use super::{compute, output_bytes, KernelOutput, KernelRequest, Points, StepReco
 /// about 5 on average; a point with many kinks may use more, the estimate is not a bound).
 const NODES_PER_ROW: u64 = 32;
 
-/// Scratch of the Gram accumulator's row block (`gram::BLOCK_BYTES`) and slack.
-const SCRATCH_BYTES: u64 = 8 << 20;
+/// Slack for small per-step buffers.
+const SCRATCH_BYTES: u64 = 4 << 20;
 
 /// How a kernel computation is split to fit a memory budget.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +66,12 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
     // Per row: its Gram rows in the block (and per-step rows), the layer-0 scale, its nodes'
     // factors, its network values at every state.
     let steps_kept = if req.per_step { n } else { 0 };
-    let row = gram_row * (1 + steps_kept) + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
+    // The accumulator's scratch per point of its row block (its blocks are at most ours).
+    let scratch = match &arch.body {
+        Body::Mlp { widths } => super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64,
+        Body::Cnn { .. } => 0,
+    };
+    let row = gram_row * (1 + steps_kept) + scratch + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
     let one_row = out + fixed + row;
     if one_row > budget {
         return Err(Error::OutOfMemoryBudget {
