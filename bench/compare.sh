@@ -8,13 +8,14 @@
 #   REPEAT=3 SKIP_NT=1 bash bench/compare.sh
 #
 # Environment: VENV (default $HOME/.cache/pathkernel-bench-venv), OUT (default bench/out),
-# REPEAT (default 5), SKIP_NT=1 (no neural-tangents), SKIP_STUDY=1, SKIP_SCALING=1,
+# REPEAT (default 5), ROUNDS (default 3: our fast cases and the peers timed alternately), SKIP_NT=1 (no neural-tangents), SKIP_STUDY=1, SKIP_SCALING=1,
 # CARGO_TARGET_DIR as usual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-$HOME/.cache/pathkernel-bench-venv}
 OUT=${OUT:-bench/out}
 REPEAT=${REPEAT:-5}
+ROUNDS=${ROUNDS:-3}
 TARGET=${CARGO_TARGET_DIR:-target}
 PK="$TARGET/release/pathkernel"
 
@@ -45,7 +46,7 @@ fi
 # 3. The peers on the same inputs, and the table.
 NT_ARGS=()
 if [ -n "${SKIP_NT:-}" ]; then NT_ARGS=(--skip-nt); fi
-"$VENV/bin/python" bench/compare.py "$OUT/run" "$OUT" --repeat "$REPEAT" "${NT_ARGS[@]}" 2> >(grep -v -E "^(I0000|W0000)|oneDNN|cuda" >&2)
+"$VENV/bin/python" bench/compare.py "$OUT/run" "$OUT" --repeat "$REPEAT" --rounds "$ROUNDS" --pk "$PK" "${NT_ARGS[@]}" 2> >(grep -v -E "^(I0000|W0000)|oneDNN|cuda" >&2)
 
 # 4. The whole paper-toy study, from scratch (fresh cache and report directories).
 if [ -z "${SKIP_STUDY:-}" ]; then
