@@ -90,11 +90,21 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let (out, _plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
+    let (out, plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
     let dir = staged.commit()?;
     println!("{out}");
+    if plan.blocks > 1 {
+        println!(
+            "computed in {} row blocks of {} points to fit --memory {} (estimated peak {} MiB, output {} MiB)",
+            plan.blocks,
+            plan.block_rows,
+            a.memory,
+            plan.estimated_peak() >> 20,
+            plan.output_bytes >> 20
+        );
+    }
     println!("wrote {}", dir.display());
     Ok(())
 }

@@ -54,24 +54,24 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
     let (m64, p64) = (m as u64, p as u64);
     let out = output_bytes(p, m, k as usize, manifest.steps, req.per_step);
     let gram_row = m64 * k * k * 8;
-    // Per-layer factor numbers per point: activations, pre-activations, tangents and δ's.
+    // Per-layer factor numbers kept per evaluated point: input activations and δ's.
     let factors: u64 = match &arch.body {
-        Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + 3 * w[1] + k as usize * w[1]) as u64).sum(),
+        Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
         // The generic path forms per-point Jacobians [K, W].
         Body::Cnn { .. } => k * manifest.num_params as u64,
     };
-    // Training side per step: evaluations, the accumulator's copies and transposes, the
-    // step prediction's products; plus the network values and a_{i,s} of every block.
-    let fixed = 3 * m64 * factors * 8 + SCRATCH_BYTES + n * m64 * k * 8 + 2 * m64 * k * 8;
+    // The accumulator's scratch: its row blocks aim at 8 MiB, at least 16 points.
+    let scratch = match &arch.body {
+        Body::Mlp { widths } => (super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64 * 16).max(8 << 20),
+        Body::Cnn { .. } => 0,
+    };
+    // Fixed per block: the training factors of a step and the accumulator's copies of them,
+    // the scratch, and each block's own a_{i,s} and loss gradients ([N, M, K] each).
+    let fixed = 2 * m64 * factors * 8 + scratch + SCRATCH_BYTES + 2 * n * m64 * k * 8;
     // Per row: its Gram rows in the block (and per-step rows), the layer-0 scale, its nodes'
     // factors, its network values at every state.
     let steps_kept = if req.per_step { n } else { 0 };
-    // The accumulator's scratch per point of its row block (its blocks are at most ours).
-    let scratch = match &arch.body {
-        Body::Mlp { widths } => super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64,
-        Body::Cnn { .. } => 0,
-    };
-    let row = gram_row * (1 + steps_kept) + scratch + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
+    let row = gram_row * (1 + steps_kept) + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
     let one_row = out + fixed + row;
     if one_row > budget {
         return Err(Error::OutOfMemoryBudget {
