@@ -60,9 +60,9 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
         // The generic path forms per-point Jacobians [K, W].
         Body::Cnn { .. } => k * manifest.num_params as u64,
     };
-    // The accumulator's scratch: its row blocks aim at 8 MiB, at least 16 points.
+    // The accumulator's scratch: its row blocks aim at 16 MiB, at least 16 points.
     let scratch = match &arch.body {
-        Body::Mlp { widths } => (super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64 * 16).max(8 << 20),
+        Body::Mlp { widths } => (super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64 * 16).max(16 << 20),
         Body::Cnn { .. } => 0,
     };
     // Fixed per block: the training factors of a step and the accumulator's copies of them,

@@ -12,9 +12,10 @@
 //!   `J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]` (only `P·K·out·(in+1)` numbers), then
 //!   `T = J̄ · A_trainᵀ` (one GEMM) and `K[p, i, k, k'] += Σ_o T[(p,k,o), i] δ_i[k', o]`.
 //!
-//! Nothing of size `M·K·W` is ever formed. Each block of row points is assembled in the layout
-//! `[(p, k), (i, k')]` in a bounded scratch and added, permuted, into the `[P, M, K, K]` Gram, so
-//! the accumulator holds one Gram-sized array.
+//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in the layout
+//! `[(p, k), (i, k')]`, each row updated once per step (layer 0 and the deeper layers together,
+//! from a bounded scratch block of row points), and permuted to `[P, M, K, K]` at the end, so the
+//! accumulator holds one Gram-sized array.
 
 use rayon::prelude::*;
 
@@ -34,7 +35,7 @@ pub struct LayerFactors<'a> {
 
 /// Scratch bytes aimed at for one block of row points (the block's Gram rows in
 /// `[(p, k), (i, k')]` layout plus the deeper layers' `J̄` and `T`).
-const BLOCK_BYTES: usize = 8 << 20;
+const BLOCK_BYTES: usize = 16 << 20;
 
 /// Fewest row points per block: every block re-reads the training factors (`M·K·out`
 /// numbers per layer), so thin blocks turn the GEMMs memory-bound (at M = 10 000, blocks of 2
@@ -60,7 +61,7 @@ pub struct GramAccumulator {
     m: usize,
     k: usize,
     bias: bool,
-    /// `Σ_s K_s`, layout `[P, M, K, K]`.
+    /// `Σ_s K_s`, layout `[(p, k), (i, k')]` (permuted to `[P, M, K, K]` by `finish`).
     g: Vec<f64>,
     /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
     s0: Option<Vec<f64>>,
@@ -97,7 +98,6 @@ impl GramAccumulator {
     pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], point: &[usize], weight: &[f64], colw: Option<&[f64]>) {
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
         let mk = m * k;
-        let mkk = mk * k;
         let b = if bias { 1.0 } else { 0.0 };
         let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
         for (r, &pi) in point.iter().enumerate() {
@@ -175,9 +175,9 @@ impl GramAccumulator {
         for p0 in (0..p).step_by(pb) {
             let nb = pb.min(p - p0);
             let gbb = &mut gb[..nb * k * mk];
-            // Layer 0's δ-products, then scaled by x_p·x_i + 1 row by row.
+            // Layer 0's δ-products D0 of the block; folded in, scaled by x_p·x_i + 1, below.
             gemm_abt(gbb, &dbar[p0 * k * no0..(p0 + nb) * k * no0], &dtrain0, nb * k, mk, no0, 1.0, false);
-            let mut scaled = false;
+            let mut folded = false;
             for ((rows, _), (a_train, dt)) in layers[1..].iter().zip(&deep) {
                 let (ni, no) = (rows.n_in, rows.n_out);
                 let ne = ni + usize::from(bias);
@@ -212,14 +212,16 @@ impl GramAccumulator {
                 // T [(p, k, o), i] = J̄ · A_trainᵀ
                 let tb = &mut t[..nb * k * no * m];
                 gemm_abt(tb, jb, a_train, nb * k * no, m, ne, 1.0, false);
-                // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')]
+                // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')] (the first deep layer
+                // also adds layer 0's (x_p·x_i + 1) ∘ D0, so each Gram row is updated once).
                 let tb = &*tb;
-                let scale_first = !scaled;
-                gbb.par_chunks_mut(mk).enumerate().for_each_init(
+                let fold0 = !folded;
+                let gb0 = &*gbb;
+                self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each_init(
                     || vec![0.0; mk],
                     |texp, (row, grow)| {
-                        if scale_first {
-                            scale_row(grow, &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k);
+                        if fold0 {
+                            add_scaled_row(grow, &gb0[row * mk..(row + 1) * mk], &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k);
                         }
                         for o in 0..no {
                             let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
@@ -234,44 +236,49 @@ impl GramAccumulator {
                         }
                     },
                 );
-                scaled = true;
+                folded = true;
             }
-            if !scaled {
-                gbb.par_chunks_mut(mk).enumerate().for_each(|(row, grow)| scale_row(grow, &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k));
+            if !folded {
+                let gb0 = &*gbb;
+                self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each(|(row, grow)| {
+                    add_scaled_row(grow, &gb0[row * mk..(row + 1) * mk], &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k)
+                });
             }
-            // Permute [(p, k), (i, k')] -> [p, i, k, k'] into the Gram.
-            let gbb = &*gbb;
-            self.g[p0 * mkk..(p0 + nb) * mkk].par_chunks_mut(mkk).enumerate().for_each(|(pl, gp)| {
-                let src = &gbb[pl * k * mk..(pl + 1) * k * mk];
-                for i in 0..m {
-                    for kt in 0..k {
-                        let s = &src[kt * mk + i * k..kt * mk + (i + 1) * k];
-                        let dst = &mut gp[(i * k + kt) * k..(i * k + kt + 1) * k];
-                        for (a, &x) in dst.iter_mut().zip(s) {
-                            *a += x;
-                        }
-                    }
-                }
-            });
         }
         self.scratch_g = gb;
         self.scratch_j = jbar;
         self.scratch_t = t;
     }
 
-    /// The Gram `Σ_s K_s`.
+    /// The Gram `Σ_s K_s`, permuted from the accumulation layout `[(p, k), (i, k')]` point by
+    /// point in place.
     ///
     /// # Shapes
     /// Returns `[P, M, K, K]`.
-    pub fn finish(self) -> Vec<f64> {
+    pub fn finish(mut self) -> Vec<f64> {
+        let (m, k) = (self.m, self.k);
+        let mk = m * k;
+        self.g.par_chunks_mut(k * mk).for_each_init(
+            || vec![0.0; k * mk],
+            |tmp, gp| {
+                for kt in 0..k {
+                    for i in 0..m {
+                        for ks in 0..k {
+                            tmp[(i * k + kt) * k + ks] = gp[kt * mk + i * k + ks];
+                        }
+                    }
+                }
+                gp.copy_from_slice(tmp);
+            },
+        );
         self.g
     }
 }
 
-/// `row[(i, k')] *= s[i]`.
-fn scale_row(row: &mut [f64], s: &[f64], k: usize) {
-    for (chunk, &sv) in row.chunks_exact_mut(k).zip(s) {
-        chunk.iter_mut().for_each(|v| *v *= sv);
+/// `row[(i, k')] += s[i] · src[(i, k')]`.
+fn add_scaled_row(row: &mut [f64], src: &[f64], s: &[f64], k: usize) {
+    for ((chunk, sc), &sv) in row.chunks_exact_mut(k).zip(src.chunks_exact(k)).zip(s) {
+        chunk.iter_mut().zip(sc).for_each(|(v, &x)| *v += sv * x);
     }
 }
 
