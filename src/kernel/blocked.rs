@@ -60,18 +60,22 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
         // The generic path forms per-point Jacobians [K, W].
         Body::Cnn { .. } => k * manifest.num_params as u64,
     };
-    // The accumulator's scratch: its row blocks aim at 16 MiB, at least 16 points.
-    let scratch = match &arch.body {
-        Body::Mlp { widths } => (super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64 * 16).max(16 << 20),
-        Body::Cnn { .. } => 0,
+    // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
+    // (16 MiB, at least 16 points) and at most ours.
+    let (per_point, cap) = match &arch.body {
+        Body::Mlp { widths } => {
+            let pp = super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64;
+            (pp, ((16u64 << 20) / pp.max(1)).max(16))
+        }
+        Body::Cnn { .. } => (0, 1),
     };
     // Fixed per block: the training factors of a step and the accumulator's copies of them,
-    // the scratch, and each block's own a_{i,s} and loss gradients ([N, M, K] each).
-    let fixed = 2 * m64 * factors * 8 + scratch + SCRATCH_BYTES + 2 * n * m64 * k * 8;
-    // Per row: its Gram rows in the block (and per-step rows), the layer-0 scale, its nodes'
-    // factors, its network values at every state.
+    // and each block's own a_{i,s} and loss gradients ([N, M, K] each).
+    let mut fixed = 2 * m64 * factors * 8 + SCRATCH_BYTES + 2 * n * m64 * k * 8;
+    // Per row: its Gram rows in the block (and per-step rows), the accumulator's scratch, the
+    // layer-0 scale, its nodes' factors, its network values at every state.
     let steps_kept = if req.per_step { n } else { 0 };
-    let row = gram_row * (1 + steps_kept) + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
+    let mut row = gram_row * (1 + steps_kept) + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
     let one_row = out + fixed + row;
     if one_row > budget {
         return Err(Error::OutOfMemoryBudget {
@@ -87,7 +91,14 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
             hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
         });
     }
-    let fit = ((budget - out - fixed) / row).min(p64).max(1) as usize;
+    let mut fit = (budget - out - fixed) / row;
+    if fit > cap {
+        // Blocks above `cap` points add no accumulator scratch.
+        fixed += cap * per_point;
+        row -= per_point;
+        fit = (budget - out - fixed) / row;
+    }
+    let fit = fit.min(p64).max(1) as usize;
     let blocks = p.div_ceil(fit);
     // Even blocks: the same number of blocks, the smallest block size that gives it.
     let block_rows = p.div_ceil(blocks);
