@@ -127,7 +127,7 @@ pub fn compute_blocked(
         return Err(Error::Data("no row points".into()));
     }
     let plan = plan(manifest, p, train.n_train(), req, budget)?;
-    let out = compute_in_blocks(manifest, train, states, rows, req, plan.block_rows, progress)?;
+    let out = in_blocks(rows, plan.block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))?;
     Ok((out, plan))
 }
 
@@ -145,11 +145,27 @@ pub fn compute_in_blocks(
     block_rows: usize,
     progress: &dyn Fn(usize, usize),
 ) -> Result<KernelOutput> {
+    in_blocks(rows, block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))
+}
+
+/// Any kernel computation over blocks of `block_rows` row points, concatenated:
+/// `compute_block(points, progress)` computes one block (e.g. [`compute`](super::compute) or a
+/// variant that loads optimizer state); all blocks must use the same request. One block
+/// (`block_rows >= P`) is a single call on `rows`.
+///
+/// # Panics
+/// If `block_rows == 0`.
+pub fn in_blocks(
+    rows: &Points,
+    block_rows: usize,
+    progress: &dyn Fn(usize, usize),
+    compute_block: &mut dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput>,
+) -> Result<KernelOutput> {
     assert!(block_rows > 0, "block_rows must be >= 1");
     let p = rows.len();
     let d = rows.dim;
     if block_rows >= p {
-        return compute(manifest, train, states, rows, req, u64::MAX, progress);
+        return compute_block(rows, progress);
     }
     let start = std::time::Instant::now();
     let blocks = p.div_ceil(block_rows);
@@ -157,7 +173,7 @@ pub fn compute_in_blocks(
     for b in 0..blocks {
         let (lo, hi) = (b * block_rows, ((b + 1) * block_rows).min(p));
         let pts = Points { x: rows.x[lo * d..hi * d].to_vec(), dim: d };
-        let o = compute(manifest, train, states, &pts, req, u64::MAX, &|done, total| progress(b * total + done, blocks * total))?;
+        let o = compute_block(&pts, &|done, total| progress(b * total + done, blocks * total))?;
         match acc.as_mut() {
             None => acc = Some(Assembly::new(o, p, lo)),
             Some(a) => a.add(o, lo)?,
