@@ -88,7 +88,7 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let out = kernel::compute(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
+    let out = kernel::compute_run(&run, &states, &points, &req, budget, &progress)?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
     let dir = staged.commit()?;

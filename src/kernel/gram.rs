@@ -96,24 +96,8 @@ impl GramAccumulator {
         let (ni, no) = (rows.n_in, rows.n_out);
         let ne = ni + usize::from(bias);
         let mk = m * k;
-        // Training activations with the bias column: [M, ne].
-        let a_train: Vec<f64> = if bias {
-            let mut v = Vec::with_capacity(m * ne);
-            for i in 0..m {
-                v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
-                v.push(1.0);
-            }
-            v
-        } else {
-            train.acts.to_vec()
-        };
-        // δ_train transposed per o: [o, (i, k')].
-        let mut dt = vec![0.0; no * mk];
-        for c in 0..mk {
-            for o in 0..no {
-                dt[o * mk + c] = dtrain[c * no + o];
-            }
-        }
+        let a_train = train_acts_ext(train, bias);
+        let dt = deltas_by_output(dtrain, mk, no);
         // Rows of each point.
         let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
         for (r, &pi) in point.iter().enumerate() {
@@ -123,7 +107,6 @@ impl GramAccumulator {
         let mut jbar = std::mem::take(&mut self.scratch_j);
         jbar.resize(pb * k * no * ne, 0.0);
         let mut t = std::mem::take(&mut self.scratch_t);
-        t.resize(pb * k * no * m, 0.0);
         for p0 in (0..p).step_by(pb) {
             let nb = pb.min(p - p0);
             let jb = &mut jbar[..nb * k * no * ne];
@@ -151,28 +134,7 @@ impl GramAccumulator {
                     }
                 }
             }
-            // T [(p, k, o), i] = J̄ · A_trainᵀ
-            let tb = &mut t[..nb * k * no * m];
-            gemm_abt(tb, jb, &a_train, nb * k * no, m, ne, 1.0, false);
-            // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')]
-            let tb = &*tb;
-            let dt = &dt;
-            self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each_init(
-                || vec![0.0; mk],
-                |texp, (row, grow)| {
-                    for o in 0..no {
-                        let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
-                        let drow = &dt[o * mk..(o + 1) * mk];
-                        // Expand t over k' so the update is one contiguous, vectorisable pass.
-                        for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
-                            chunk.iter_mut().for_each(|v| *v = tv);
-                        }
-                        for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
-                            *g += tv * dv;
-                        }
-                    }
-                },
-            );
+            contract_formed(&mut self.g[p0 * k * mk..(p0 + nb) * k * mk], jb, &a_train, &dt, nb * k, m, k, no, ne, &mut t);
         }
         self.scratch_j = jbar;
         self.scratch_t = t;
@@ -206,6 +168,62 @@ impl GramAccumulator {
         });
         self.g
     }
+}
+
+/// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.
+pub(super) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
+    let (m, ni) = (train.acts.len() / train.n_in.max(1), train.n_in);
+    if bias {
+        let mut v = Vec::with_capacity(m * (ni + 1));
+        for i in 0..m {
+            v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
+            v.push(1.0);
+        }
+        v
+    } else {
+        train.acts.to_vec()
+    }
+}
+
+/// Training sensitivities `[(i, k'), o]` transposed to `[o, (i, k')]`.
+pub(super) fn deltas_by_output(dtrain: &[f64], mk: usize, no: usize) -> Vec<f64> {
+    let mut dt = vec![0.0; no * mk];
+    for c in 0..mk {
+        for o in 0..no {
+            dt[o * mk + c] = dtrain[c * no + o];
+        }
+    }
+    dt
+}
+
+/// Contracts formed row-side layer gradients with the training points' factors:
+/// `G[row, (i, k')] += Σ_o (J[(row, o), :]·[a_i, 1]) δ_i[k', o]`, as one GEMM
+/// `T = J · A_extᵀ` and a vectorised pass over o.
+///
+/// # Shapes
+/// `g` `[R, M·K]`, `j` `[R·no, ne]`, `a_ext` `[M, ne]`, `dt` `[no, M·K]`; `t` is scratch.
+pub(super) fn contract_formed(g: &mut [f64], j: &[f64], a_ext: &[f64], dt: &[f64], r: usize, m: usize, k: usize, no: usize, ne: usize, t: &mut Vec<f64>) {
+    let mk = m * k;
+    t.resize(r * no * m, 0.0);
+    let tb = &mut t[..r * no * m];
+    gemm_abt(tb, j, a_ext, r * no, m, ne, 1.0, false);
+    let tb = &*tb;
+    g[..r * mk].par_chunks_mut(mk).enumerate().for_each_init(
+        || vec![0.0; mk],
+        |texp, (row, grow)| {
+            for o in 0..no {
+                let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                let drow = &dt[o * mk..(o + 1) * mk];
+                // Expand t over k' so the update is one contiguous, vectorisable pass.
+                for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
+                    chunk.iter_mut().for_each(|v| *v = tv);
+                }
+                for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
+                    *g += tv * dv;
+                }
+            }
+        },
+    );
 }
 
 /// One step's kernel-machine prediction in factor form:

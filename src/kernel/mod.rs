@@ -24,6 +24,7 @@ pub mod gram;
 pub mod linalg;
 pub mod output;
 pub mod quadrature;
+mod stateful;
 
 use std::time::Instant;
 
@@ -78,6 +79,62 @@ impl std::fmt::Display for KernelKind {
             KernelKind::Kprime => "kprime",
         };
         f.write_str(s)
+    }
+}
+
+/// Which kernel form the optimizer of a run admits ([`crate::optim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelForm {
+    /// Plain gradient steps (GD/SGD): `K_s(x, x') = ⟨J̄_s(x), ∇f(x'; w_s)⟩`, the path kernel of
+    /// Definition 3.4 (symmetric in form; exactly symmetric on the train side).
+    Gradient,
+    /// Gradient steps with weight decay: the same kernel, plus the non-data term `R(x)`.
+    GradientWithDecay,
+    /// Heavy-ball momentum: `K_r(x, x') = ⟨F_r(x), ∇f(x'; w_r)⟩` where `F_r` sums the integrated
+    /// gradients of steps s ≥ r weighted by `(ε_s/ε_r) β^{s−r}`: not a symmetric kernel.
+    Momentum,
+    /// Adam(W): `F_r` also carries the diagonal preconditioner `κ_s D_s` of each step: not a
+    /// symmetric kernel.
+    Preconditioned,
+}
+
+impl KernelForm {
+    /// The form of an optimizer's kernel.
+    pub fn of(rule: &crate::optim::UpdateRule) -> Self {
+        match (rule.adam.is_some(), rule.beta != 0.0, rule.wd_coupled != 0.0 || rule.wd_decoupled != 0.0) {
+            (true, _, _) => KernelForm::Preconditioned,
+            (false, true, _) => KernelForm::Momentum,
+            (false, false, true) => KernelForm::GradientWithDecay,
+            (false, false, false) => KernelForm::Gradient,
+        }
+    }
+
+    /// Whether `K(x, x')` is an inner product of one feature map evaluated on both sides (up to
+    /// the EPK's train/test asymmetry).
+    pub fn symmetric(&self) -> bool {
+        matches!(self, KernelForm::Gradient | KernelForm::GradientWithDecay)
+    }
+
+    /// The formula, for output manifests.
+    pub fn formula(&self) -> &'static str {
+        match self {
+            KernelForm::Gradient => "K_s(x,x') = <Jbar_s(x), grad f(x'; w_s)>, Jbar_s = int_0^1 grad f(x; w_s(t)) dt; f = b + sum_s sum_i a_is K_s",
+            KernelForm::GradientWithDecay => "K_s as for gradient steps; f = b + sum_s sum_i a_is K_s + R(x), R = weight-decay term (no training point)",
+            KernelForm::Momentum => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) beta^(s-r) Jbar_s(x); not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+            KernelForm::Preconditioned => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) (1-beta1) beta1^(s-r) kappa_s D_s * Jbar_s(x), D_s = Adam's diagonal preconditioner; not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+        }
+    }
+}
+
+impl std::fmt::Display for KernelForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelForm::Gradient => "gradient",
+            KernelForm::GradientWithDecay => "gradient-with-decay",
+            KernelForm::Momentum => "momentum",
+            KernelForm::Preconditioned => "preconditioned",
+        })
     }
 }
 
@@ -177,6 +234,17 @@ pub struct KernelOutput {
     pub records: Vec<StepRecord>,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// The kernel form the run's optimizer admits.
+    pub form: KernelForm,
+    /// The weight-decay term `R(x)` `[P, K]` (included in `machine`), when the run used weight
+    /// decay: the part of the output that belongs to no training point.
+    pub reg: Option<Vec<f64>>,
+    /// Max over steps of `‖Σ_i u_{i,s} + r_s − (w_{s+1} − w_s)‖_∞ / ‖w_{s+1} − w_s‖_∞`: how well
+    /// the replayed optimizer reproduces the recorded path (momentum/Adam/weight-decay runs).
+    pub decomposition_residual: Option<f64>,
+    /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` `[P, K]` (included in `machine`):
+    /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
+    pub rounding: Option<Vec<f64>>,
 }
 
 impl KernelOutput {
@@ -243,7 +311,17 @@ impl std::fmt::Display for KernelOutput {
             self.mean_evaluations(),
             self.max_evaluations(),
             self.seconds
-        )
+        )?;
+        if self.form != KernelForm::Gradient {
+            write!(f, "; form {}{}", self.form, if self.form.symmetric() { "" } else { " (not a symmetric kernel)" })?;
+        }
+        if let Some(r) = &self.reg {
+            write!(f, "; weight-decay term max |R| {:.3e}", r.iter().fold(0.0f64, |a, v| a.max(v.abs())))?;
+        }
+        if let (Some(res), Some(r)) = (self.decomposition_residual, &self.rounding) {
+            write!(f, "; optimizer replay residual {res:.1e}, rounding term max {:.1e}", r.iter().fold(0.0f64, |a, v| a.max(v.abs())))?;
+        }
+        Ok(())
     }
 }
 
@@ -494,11 +572,39 @@ pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) 
 /// kernel machine and its per-step validation.
 ///
 /// `states` are `w_0 … w_N`. MLPs use the structured fast path; other architectures the
-/// generic autodiff path (fixed quadrature rules only).
+/// generic autodiff path (fixed quadrature rules only). Runs trained with Adam(W) need their
+/// recorded preconditioners: use [`compute_run`] for them.
 pub fn compute(
     manifest: &Manifest,
     train: &crate::data::Dataset,
     states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress)
+}
+
+/// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
+/// preconditioners), so it works for every optimizer.
+pub fn compute_run(
+    run: &crate::trajectory::Run,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    let precond = run.load_preconditioners()?;
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, memory_budget, progress)
+}
+
+fn compute_inner(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    precond: Option<&[Vec<f64>]>,
     rows: &Points,
     req: &KernelRequest,
     memory_budget: u64,
@@ -558,6 +664,35 @@ pub fn compute(
         }
     };
     let (lo, hi) = (s0, s1);
+    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    if !rule.is_plain() {
+        let setup = stateful::Setup {
+            manifest,
+            train,
+            states,
+            rows,
+            req,
+            rule,
+            structured,
+            integrate: match req.kind {
+                KernelKind::Epk => req.side == Side::Test,
+                KernelKind::Kprime => true,
+                _ => false,
+            },
+            tol_step: match req.rule {
+                Rule::Auto(tol) => tol / n.max(1) as f64,
+                _ => 0.0,
+            },
+            lo,
+            hi,
+            off_rows,
+            off_train,
+            budget: memory_budget,
+            start,
+            precond,
+        };
+        return stateful::compute(&setup, progress);
+    }
     // Network values at the states used, and a_{i,s} (zero outside the steps summed).
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
@@ -757,6 +892,10 @@ pub fn compute(
         single_machine,
         records,
         seconds: start.elapsed().as_secs_f64(),
+        form: KernelForm::Gradient,
+        reg: None,
+        decomposition_residual: None,
+        rounding: None,
     })
 }
 
