@@ -248,7 +248,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     // Training, reused when the configuration is unchanged.
     let rc = cfg.run_config();
     let run_dir = cache.join("run");
-    let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable"));
+    let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
     if !reused_run {
         train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
     }
@@ -287,7 +287,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
     let label = spec.label();
     let key = format!(
         "{:016x}",
-        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), env!("CARGO_PKG_VERSION")).as_bytes())
+        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by).as_bytes())
     );
     let kdir = cache.join("kernels").join(&label);
     let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
@@ -779,7 +779,7 @@ fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &Stu
         let name = format!("hidden {h:?}");
         let rc = cfg.sweep_config(h);
         let dir = cache.join("sweep").join(h.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("x")).join("run");
-        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id());
+        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.created_by == crate::train::created_by());
         if !reused {
             train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
         }

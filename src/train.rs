@@ -289,6 +289,16 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// Revision of the trainer's numerics: bumped whenever the same configuration would record a
+/// different path (2: max-pool sends a tied window's gradient to its first maximum only).
+/// Study caches compare it, so stale trajectories are never reused.
+pub const TRAINER_REVISION: u32 = 2;
+
+/// The manifest's `created_by`: crate version and trainer revision.
+pub fn created_by() -> String {
+    format!("pathkernel {} (trainer revision {TRAINER_REVISION})", env!("CARGO_PKG_VERSION"))
+}
+
 /// Options of a training run that do not change its result.
 #[derive(Clone, Debug, Default)]
 pub struct TrainOptions {
@@ -546,7 +556,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
             task: if data.is_classification() { "classification".into() } else { "regression".into() },
         },
         config: serde_json::to_value(cfg).expect("config serialises"),
-        created_by: format!("pathkernel {}", env!("CARGO_PKG_VERSION")),
+        created_by: created_by(),
     };
     // Resuming: the states already on disk are replayed (and checked bit for bit against the
     // recomputed path); recording continues after the last complete one.

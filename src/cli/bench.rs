@@ -24,6 +24,10 @@ pub struct Args {
     /// Tolerance of the EPK's auto quadrature.
     #[arg(long, default_value_t = 1e-12)]
     tol: f64,
+    /// CNN runs: time one EPK step with this fixed rule (e.g. left:10) through the generic
+    /// autodiff Gram path and the structured CNN path, and print their speed-up.
+    #[arg(long, value_name = "RULE")]
+    conv_compare: Option<crate::kernel::Rule>,
 }
 
 /// Runs the subcommand.
@@ -32,6 +36,11 @@ pub fn exec(a: Args) -> Result<()> {
     let step = a.step.unwrap_or(run.manifest.steps / 2);
     if !(a.tol.is_finite() && a.tol > 0.0) {
         return Err(crate::Error::Config(format!("--tol {}: must be > 0", a.tol)));
+    }
+    if let Some(rule) = a.conv_compare {
+        let r = crate::bench::conv_paths(&run, step, a.repeat, rule)?;
+        println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        return Ok(());
     }
     for r in crate::bench::kernel_steps(&run, step, a.repeat, a.tol)? {
         println!("{}", serde_json::to_string(&r).expect("serialisable"));

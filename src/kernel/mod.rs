@@ -18,6 +18,7 @@
 //! outputs and a constant learning rate `a_{i,s}` does not depend on s and the single machine
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
 
+pub mod convgram;
 pub mod eval;
 pub mod generic;
 pub mod gram;
@@ -427,8 +428,51 @@ struct Piece {
 /// search uses forward-mode evaluations only (`f` and `df/dt`, no backward pass); gradients are
 /// then computed once, at the accepted nodes.
 fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
+    let c = choose_auto_nodes(step, x, p, off, tol_step);
+    // Gradients once, at the accepted nodes.
+    let evals = step.eval(&gather_rows(x, step.input_dim(), &c.point), &c.times, gather_offsets(off, step.k, &c.point).as_deref(), true);
+    RowNodes { point: c.point, weight: c.weight, evals, evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged }
+}
+
+/// What the adaptive rule needs of a network along one step: its kinks in t and forward-mode
+/// `(f, df/dt)` (`x` `[R, d]`, `t` `[R]`, `off` `[R, K]`).
+trait AlongPath {
+    fn input_dim(&self) -> usize;
+    fn outputs(&self) -> usize;
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64>;
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+}
+
+impl AlongPath for MlpStep {
+    fn input_dim(&self) -> usize {
+        MlpStep::input_dim(self)
+    }
+    fn outputs(&self) -> usize {
+        self.k
+    }
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        MlpStep::kinks(self, x, a, b)
+    }
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        MlpStep::jvp(self, x, t, off)
+    }
+}
+
+/// Nodes chosen by the auto rule: node j of point `point[j]` at `times[j]` with `weight[j]`.
+struct AutoNodes {
+    point: Vec<usize>,
+    weight: Vec<f64>,
+    times: Vec<f64>,
+    evaluations: Vec<usize>,
+    jvp_evaluations: Vec<usize>,
+    pieces: Vec<usize>,
+    unconverged: usize,
+}
+
+/// The node search of [`auto_nodes`], for any network with [`AlongPath`].
+fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
     let d = step.input_dim();
-    let k = step.k;
+    let k = step.outputs();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     for pi in 0..p {
         let mut v = vec![0.0];
@@ -528,13 +572,11 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
         }
         pending = next;
     }
-    // Gradients once, at the accepted nodes.
-    let evals = step.eval(&gather_rows(x, d, &point), &times, gather_offsets(off, k, &point).as_deref(), true);
     let mut evaluations = vec![0usize; p];
     for &pi in &point {
         evaluations[pi] += 1;
     }
-    RowNodes { point, weight, evals, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
+    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
 }
 
 /// Row points of a kernel computation.
@@ -583,7 +625,7 @@ pub fn compute(
     memory_budget: u64,
     progress: &dyn Fn(usize, usize),
 ) -> Result<KernelOutput> {
-    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress)
+    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress, GramPath::Fast)
 }
 
 /// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
@@ -597,9 +639,35 @@ pub fn compute_run(
     progress: &dyn Fn(usize, usize),
 ) -> Result<KernelOutput> {
     let precond = run.load_preconditioners()?;
-    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, memory_budget, progress)
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, memory_budget, progress, GramPath::Fast)
 }
 
+/// Which Gram path a CNN takes (MLPs always take the structured one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GramPath {
+    /// The structured path ([`convgram`] for CNNs); any quadrature rule.
+    Fast,
+    /// The generic autodiff path ([`generic`], the reference); fixed rules only.
+    Generic,
+}
+
+/// [`compute`] with the CNN's Gram path chosen: [`GramPath::Generic`] forces the autodiff
+/// reference (benchmarks, differential tests).
+#[allow(clippy::too_many_arguments)]
+pub fn compute_with_path(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+    path: GramPath,
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress, path)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn compute_inner(
     manifest: &Manifest,
     train: &crate::data::Dataset,
@@ -609,6 +677,7 @@ fn compute_inner(
     req: &KernelRequest,
     memory_budget: u64,
     progress: &dyn Fn(usize, usize),
+    path: GramPath,
 ) -> Result<KernelOutput> {
     let start = Instant::now();
     let arch = &manifest.architecture;
@@ -636,7 +705,8 @@ fn compute_inner(
         });
     }
     let structured = matches!(arch.body, Body::Mlp { .. });
-    if !structured && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+    let conv_fast = path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
+    if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
         return Err(Error::Config(
             "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
         ));
@@ -797,9 +867,14 @@ fn compute_inner(
             }
             (pred, nodes.evaluations, nodes.jvp_evaluations, nodes.pieces, nodes.unconverged)
         } else {
-            let nodes = fixed.expect("auto rejected above for the generic path");
             let mut gs = vec![0.0; gsize];
-            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs, &mut diag)?;
+            let stats = if conv_fast {
+                convgram::step(arch, &states[s], next, &rows.x, off_rows.as_deref(), fixed.as_deref(), tol_step, &train.x_train, off_train.as_deref(), &mut gs, &mut diag)?
+            } else {
+                let nodes = fixed.expect("auto rejected above for the generic path");
+                generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs, &mut diag)?;
+                convgram::NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
+            };
             let pred = contract(&gs, &a_eff, p, m, k);
             if let Some(cw) = &colw {
                 for (c, v) in gs.iter_mut().enumerate() {
@@ -811,7 +886,7 @@ fn compute_inner(
             if let Some(ps) = per_step.as_mut() {
                 ps.extend_from_slice(&gs);
             }
-            (pred, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+            (pred, stats.evaluations, stats.jvp_evaluations, stats.pieces, stats.unconverged)
         };
         // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };

@@ -189,13 +189,28 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>) -> Result
     let (p, k, w) = (s.rows.len(), arch.outputs(), state.numel());
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
     if !s.structured {
-        let nodes = fixed.expect("auto is rejected for the generic path");
+        // Other architectures (the CNN): dense Jacobians at each node; the auto rule's nodes come
+        // from the CNN's kinks and forward-mode derivative (convgram::CnnStep).
+        let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
+            Some(nodes) => {
+                let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat(pi).take(nodes.len())).collect();
+                let times: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.0)).collect();
+                let weights: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.1)).collect();
+                (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+            }
+            None => {
+                let st = super::convgram::CnnStep::new(arch, state, next)?;
+                let c = super::choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
+            }
+        };
+        let d = arch.input_dim();
         let mut jbar = vec![0.0; p * k * w];
-        for &(t, wq) in &nodes {
-            let j = generic::jacobians(arch, &generic::interpolate(state, next, t), &s.states[0], &s.rows.x)?;
-            jbar.iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
+        for ((&pi, &t), &wq) in point.iter().zip(&times).zip(&weights) {
+            let j = generic::jacobians(arch, &generic::interpolate(state, next, t), &s.states[0], &s.rows.x[pi * d..(pi + 1) * d])?;
+            jbar[pi * k * w..(pi + 1) * k * w].iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
         }
-        return Ok(RowGradients { jbar, evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 });
+        return Ok(RowGradients { jbar, evaluations, jvp_evaluations, pieces, unconverged });
     }
     let step = MlpStep::new(arch, state, next)?;
     let nodes = match &fixed {
