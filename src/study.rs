@@ -250,7 +250,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     let run_dir = cache.join("run");
     let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
     if !reused_run {
-        train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
+        train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
     }
     let run = Run::open(&run_dir)?;
     std::fs::copy(run_dir.join("train_log.parquet"), staged.path().join("train_log.parquet")).map_err(|e| Error::io(staged.path(), e))?;
@@ -781,7 +781,7 @@ fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &Stu
         let dir = cache.join("sweep").join(h.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("x")).join("run");
         let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.created_by == crate::train::created_by());
         if !reused {
-            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
+            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
         }
         let run = Run::open(&dir)?;
         let states = run.load_all()?;

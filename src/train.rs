@@ -308,6 +308,18 @@ pub struct TrainOptions {
     pub force: bool,
     /// Directory relative paths in the config (e.g. MNIST's) are resolved against.
     pub base_dir: PathBuf,
+    /// Memory budget in bytes (`None`: unlimited); training is refused with an estimate above it.
+    pub memory_budget: Option<u64>,
+}
+
+/// Estimated peak bytes of training: the dataset, one forward/backward pass over the training
+/// set (activations and their gradients), and the parameters with their gradient and optimizer
+/// buffers.
+pub fn estimate_bytes(data: &Dataset, arch: &Architecture, w: usize) -> u64 {
+    let rows = (data.n_train() + data.n_test()) as u64;
+    let data_bytes = 2 * 8 * rows * data.dim as u64;
+    let pass = 8 * data.n_train() as u64 * arch.floats_per_row();
+    data_bytes + pass + 8 * 8 * w as u64
 }
 
 /// What a finished run reports.
@@ -419,6 +431,7 @@ pub fn train_to_dir(cfg: &RunConfig, out: &Path, opts: &TrainOptions) -> Result<
     }
     let data = cfg.data.load(&opts.base_dir)?;
     let (loss, arch) = resolve(cfg, &data)?;
+    check_memory(&data, &arch, opts)?;
     let partial = partial_dir(out);
     if partial.exists() {
         if !opts.force {
@@ -481,11 +494,27 @@ pub fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
     }
     let data = cfg.data.load(&opts.base_dir)?;
     let (loss, arch) = resolve(&cfg, &data)?;
+    check_memory(&data, &arch, opts)?;
     let result = match cfg.train.device {
         DeviceKind::Cpu => record_cpu(&cfg, &data, loss, &arch, &partial, opts, true),
         DeviceKind::Cuda => cuda_record(&cfg, &data, loss, &arch, &partial, opts, true),
     };
     finish(result, &partial, out)
+}
+
+fn check_memory(data: &Dataset, arch: &Architecture, opts: &TrainOptions) -> Result<()> {
+    let Some(budget) = opts.memory_budget else { return Ok(()) };
+    let w = arch.param_specs().iter().map(|s| s.numel()).sum::<usize>();
+    let need = estimate_bytes(data, arch, w);
+    if need > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("training on {} points ({} parameters, full-batch passes over the training set)", data.n_train(), w),
+            needed_bytes: need,
+            budget_bytes: budget,
+            hint: "use fewer training points ([data] per_class / n_train) or raise --memory".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The staging directory of a run being recorded.

@@ -192,6 +192,43 @@ impl KernelFiles {
     }
 }
 
+/// What a GP or SVM fit would allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// One GP per class: Cholesky factors and solves.
+    Gp,
+    /// One-vs-rest SMO: class blocks and the solver's kernel rows.
+    Svm,
+}
+
+/// Estimated peak bytes of a GP/SVM fit from the kernel directories on disk, checked against
+/// `budget` *before* anything is loaded: reading both `gram.safetensors` (file bytes plus the
+/// decoded arrays), then per class an `[M, M]` block with its factor (GP: also the
+/// marginal-likelihood search's copy) and the `[P, M]` cross block.
+pub fn check_fit_memory(fit: Fit, run: &Run, train_kernel: &Path, row_kernel: &Path, budget: u64) -> Result<()> {
+    let size = |d: &Path| -> Result<u64> {
+        let p = d.join("gram.safetensors");
+        std::fs::metadata(&p).map(|m| m.len()).map_err(|e| Error::io(&p, e))
+    };
+    let (tb, rb) = (size(train_kernel)?, size(row_kernel)?);
+    let (m, k) = (run.dataset.n_train() as u64, run.dataset.num_outputs as u64);
+    let p = rb / (8 * m * k * k).max(1);
+    let per_class = match fit {
+        Fit::Gp => 8 * (3 * m * m + 3 * p * m),
+        Fit::Svm => 8 * (2 * m * m + 2 * p * m),
+    };
+    let need = 2 * (tb + rb) + per_class;
+    if need > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} fit on M = {m} training points and P = {p} rows (K = {k})", if fit == Fit::Gp { "GP" } else { "SVM" }),
+            needed_bytes: need,
+            budget_bytes: budget,
+            hint: "use fewer row points in --kernel, a smaller training set, or raise --memory".into(),
+        });
+    }
+    Ok(())
+}
+
 fn labels(run: &Run) -> Result<Vec<usize>> {
     match &run.dataset.y_train {
         Targets::Labels(y) => Ok(y.clone()),

@@ -34,6 +34,9 @@ pub struct Args {
     /// valid TOML are taken as strings).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
+    /// Memory budget, e.g. 8G or 512M: training is refused with an estimate when it would need more.
+    #[arg(long, default_value = "16G")]
+    memory: String,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -69,7 +72,8 @@ fn apply_overrides(text: &str, origin: &std::path::Path, sets: &[String]) -> Res
 
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
-    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from(".") };
+    let budget = crate::io::parse_bytes(&a.memory)?;
+    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from("."), memory_budget: Some(budget) };
     if let Some(dir) = &a.resume {
         if a.device.is_some() || !a.set.is_empty() {
             return Err(crate::Error::Config("--device and --set cannot change a run being resumed".into()));
