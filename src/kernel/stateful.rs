@@ -253,11 +253,13 @@ fn matvec(a: &[f64], v: &[f64]) -> Vec<f64> {
 }
 
 /// Estimated peak bytes: the outputs (Gram, per-step Grams) plus the recursion's two
-/// `[P·K, W]` arrays and one step's `[P·K, M·K]` block.
-pub(super) fn peak_bytes(p: usize, m: usize, k: usize, w: usize, steps: usize, per_step: bool) -> u64 {
+/// `[P·K, W]` arrays, one step's `[P·K, M·K]` block and, without a structured path, the
+/// training points' dense Jacobians `[M·K, W]`.
+pub(super) fn peak_bytes(p: usize, m: usize, k: usize, w: usize, steps: usize, per_step: bool, dense: bool) -> u64 {
     let g = (p * m * k * k) as u64 * 8;
     let h = (p * k * w) as u64 * 8;
-    2 * g + 2 * h + if per_step { g * steps as u64 } else { 0 }
+    let jt = if dense { (m * k * w) as u64 * 8 } else { 0 };
+    2 * g + 2 * h + jt + if per_step { g * steps as u64 } else { 0 }
 }
 
 /// Computes the kernel of a run whose optimizer is not plain gradient steps.
@@ -290,7 +292,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     }
     let first = if s.rule.beta == 0.0 { lo } else { 0 };
     let kept = hi - first;
-    let need = peak_bytes(p, m, k, w, kept, req.per_step);
+    let need = peak_bytes(p, m, k, w, kept, req.per_step, !s.structured);
     if need > s.budget {
         return Err(Error::OutOfMemoryBudget {
             what: format!("the {} Gram [{p}, {m}, {k}, {k}] of a {} run (with its [P·K, W] recursion)", req.kind, s.manifest.optimizer),
