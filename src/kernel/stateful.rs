@@ -193,7 +193,7 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>) -> Result
         // from the CNN's kinks and forward-mode derivative (convgram::CnnStep).
         let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
             Some(nodes) => {
-                let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat(pi).take(nodes.len())).collect();
+                let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat_n(pi, nodes.len())).collect();
                 let times: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.0)).collect();
                 let weights: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.1)).collect();
                 (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
