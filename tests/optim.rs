@@ -13,7 +13,11 @@ use pathkernel::optim::UpdateRule;
 use pathkernel::trajectory::Run;
 
 fn config(extra: &str) -> String {
-    toy2d("[10]", "relu", 20, 0.05, 10, 8).replace("seed = 7\n", &format!("seed = 7\n{extra}\n"))
+    config_with("[10]", "relu", extra)
+}
+
+fn config_with(hidden: &str, activation: &str, extra: &str) -> String {
+    toy2d(hidden, activation, 20, 0.05, 10, 8).replace("seed = 7\n", &format!("seed = 7\n{extra}\n"))
 }
 
 /// The obvious decomposition: per-point updates `u[s][i]` (`[W]`) and non-data terms `r[s]`.
@@ -79,8 +83,12 @@ fn obvious_decomposition(run: &Run) -> (Vec<Vec<Vec<f64>>>, Vec<Vec<f64>>) {
 }
 
 fn check(name: &str, extra: &str, form: KernelForm) {
+    check_net(name, "[10]", "relu", extra, form);
+}
+
+fn check_net(name: &str, hidden: &str, activation: &str, extra: &str, form: KernelForm) {
     let dir = tempfile::tempdir().unwrap();
-    let run = train(dir.path(), name, &config(extra));
+    let run = train(dir.path(), name, &config_with(hidden, activation, extra));
     let states = run.load_all().unwrap();
     let arch = &run.manifest.architecture;
     let (m, k, n) = (run.dataset.n_train(), arch.outputs(), run.manifest.steps);
@@ -183,6 +191,39 @@ fn check(name: &str, extra: &str, form: KernelForm) {
 #[test]
 fn heavy_ball_momentum() {
     check("momentum", "momentum = 0.9", KernelForm::Momentum);
+}
+
+#[test]
+fn momentum_on_a_deeper_tanh_net_and_its_ntk() {
+    check_net("momentum-deep", "[8, 6]", "tanh", "momentum = 0.8", KernelForm::Momentum);
+    // The NTK of a momentum run is the plain NTK at w_N (its machine is the frozen-Jacobian one).
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "m", &config_with("[8, 6]", "relu", "momentum = 0.8"));
+    let states = run.load_all().unwrap();
+    let arch = &run.manifest.architecture;
+    let (m, k, n) = (run.dataset.n_train(), arch.outputs(), run.manifest.steps);
+    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let w = states[n].numel();
+    let jt = generic::jacobians(arch, &states[n], &states[0], &run.dataset.x_train).unwrap();
+    let jr = generic::jacobians(arch, &states[n], &states[0], &pts.x).unwrap();
+    let p = pts.len();
+    let mut want = vec![0.0; p * m * k * k];
+    for pi in 0..p {
+        for i in 0..m {
+            for kt in 0..k {
+                for ks in 0..k {
+                    let a = &jr[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                    let b = &jt[(i * k + ks) * w..(i * k + ks + 1) * w];
+                    want[((pi * m + i) * k + kt) * k + ks] = a.iter().zip(b).map(|(x, y)| x * y).sum();
+                }
+            }
+        }
+    }
+    let err = max_abs_diff(&out.gram, &want);
+    assert!(err <= 1e-12 * max_abs(&want), "NTK of a momentum run off by {err:e}");
+    assert!(out.max_abs_error().is_finite());
 }
 
 #[test]

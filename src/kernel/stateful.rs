@@ -138,8 +138,9 @@ impl TrainSide {
     /// `out[(p,k), (i,k')] += H[(p,k), :]·∇f^{k'}(x_i)`.
     ///
     /// # Shapes
-    /// `h` `[R, W]`, `out` `[R, M·K]`.
-    fn contract(&self, h: &[f64], w: usize, out: &mut [f64], scratch: &mut Vec<f64>) {
+    /// `h` `[R, W]` (R = P·K), `out` `[R, M·K]`.
+    fn contract(&self, feature: &Feature, w: usize, out: &mut [f64], scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
+        let h = &feature.dense;
         let r = h.len() / w;
         match self {
             TrainSide::Dense { jt, .. } => {
@@ -152,6 +153,24 @@ impl TrainSide {
                 for (l, layer) in step.layers.iter().enumerate() {
                     let (ni, no) = (layer.n_in, layer.n_out);
                     let m = ev.acts[l].len() / ni;
+                    if let (0, Some(f0), Some(l0)) = (l, &feature.f0, l0) {
+                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one GEMM, scaled per (p, i).
+                        let mk = m * k;
+                        let mut dd = vec![0.0; r * mk];
+                        gemm_abt(&mut dd, f0, &ev.deltas[0], r, mk, no, 1.0, false);
+                        let mut xx = vec![0.0; l0.p * m];
+                        gemm_abt(&mut xx, l0.x, &ev.acts[0], l0.p, m, ni, 1.0, false);
+                        let b = if step.bias { 1.0 } else { 0.0 };
+                        for (row, (orow, drow)) in out.chunks_exact_mut(mk).zip(dd.chunks_exact(mk)).enumerate() {
+                            let xrow = &xx[(row / k) * m..(row / k + 1) * m];
+                            for (i, (oc, dc)) in orow.chunks_exact_mut(k).zip(drow.chunks_exact(k)).enumerate() {
+                                let sx = xrow[i] + b;
+                                oc.iter_mut().zip(dc).for_each(|(o, d)| *o += sx * d);
+                            }
+                        }
+                        off += no * ni + if step.bias { no } else { 0 };
+                        continue;
+                    }
                     let ne = ni + usize::from(step.bias);
                     let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
                     let a_ext = train_acts_ext(&train, step.bias);
@@ -175,16 +194,94 @@ impl TrainSide {
     }
 }
 
+/// Layer 0 of an MLP: its gradient block for row p is `δ̄[p,k] ⊗ [x_p, 1]`, and without a
+/// preconditioner every combination of such blocks keeps that form, so it is carried as the
+/// factor `δ̄` (`[P·K, out_0]`) instead of `P·K·out_0·(in_0+1)` numbers: momentum then costs what
+/// plain gradient steps cost.
+struct Layer0<'a> {
+    x: &'a [f64],
+    p: usize,
+    k: usize,
+    ni: usize,
+    no: usize,
+    bias: bool,
+}
+
+impl Layer0<'_> {
+    /// `y[p, o] = W0[o, :]·x_p + b0[o]` for a flat parameter vector `v` `[W]`; returns `[P, out_0]`.
+    fn apply(&self, v: &[f64]) -> Vec<f64> {
+        let (p, ni, no) = (self.p, self.ni, self.no);
+        let mut y = vec![0.0; p * no];
+        gemm_abt(&mut y, self.x, &v[..no * ni], p, no, ni, 1.0, false);
+        if self.bias {
+            for row in y.chunks_exact_mut(no) {
+                row.iter_mut().zip(&v[no * ni..no * ni + no]).for_each(|(a, b)| *a += b);
+            }
+        }
+        y
+    }
+}
+
+/// A row-side feature `[P·K, W]` (a step's `J̄_s`, or the recursion's `H_r`): dense, or with
+/// layer 0 in factor form ([`Layer0`]; the dense layer-0 block is then zero).
+#[derive(Clone)]
+struct Feature {
+    dense: Vec<f64>,
+    f0: Option<Vec<f64>>,
+}
+
+impl Feature {
+    fn zeros(pk: usize, w: usize, l0: Option<&Layer0<'_>>) -> Self {
+        Feature { dense: vec![0.0; pk * w], f0: l0.map(|l| vec![0.0; pk * l.no]) }
+    }
+
+    fn scale(&mut self, beta: f64) {
+        self.dense.iter_mut().for_each(|v| *v *= beta);
+        if let Some(f) = &mut self.f0 {
+            f.iter_mut().for_each(|v| *v *= beta);
+        }
+    }
+
+    /// `self += c·(d ⊙ other)` with a diagonal `d` (`[W]`, only without a layer-0 factor).
+    fn add(&mut self, c: f64, other: &Feature, d: Option<&[f64]>) {
+        let w = d.map_or(0, <[f64]>::len);
+        match d {
+            Some(sc) => self.dense.chunks_exact_mut(w).zip(other.dense.chunks_exact(w)).for_each(|(hr, jr)| {
+                for ((x, j), dd) in hr.iter_mut().zip(jr).zip(sc) {
+                    *x += c * dd * j;
+                }
+            }),
+            None => self.dense.iter_mut().zip(&other.dense).for_each(|(x, j)| *x += c * j),
+        }
+        if let (Some(a), Some(b)) = (&mut self.f0, &other.f0) {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += c * y);
+        }
+    }
+
+    /// `out[(p,k)] = F[(p,k), :]·v` for a flat `v` `[W]`.
+    fn dot(&self, v: &[f64], l0: Option<&Layer0<'_>>) -> Vec<f64> {
+        let mut out = matvec(&self.dense, v);
+        if let (Some(f), Some(l)) = (&self.f0, l0) {
+            let y = l.apply(v);
+            for (row, o) in out.iter_mut().enumerate() {
+                let pi = row / l.k;
+                *o += f[row * l.no..(row + 1) * l.no].iter().zip(&y[pi * l.no..(pi + 1) * l.no]).map(|(a, b)| a * b).sum::<f64>();
+            }
+        }
+        out
+    }
+}
+
 /// The rows' integrated gradients of one step, `J̄_s` `[P·K, W]`, with quadrature statistics.
 struct RowGradients {
-    jbar: Vec<f64>,
+    jbar: Feature,
     evaluations: Vec<usize>,
     jvp_evaluations: Vec<usize>,
     pieces: Vec<usize>,
     unconverged: usize,
 }
 
-fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>) -> Result<RowGradients> {
+fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Option<&Layer0<'_>>) -> Result<RowGradients> {
     let arch = s.arch();
     let (p, k, w) = (s.rows.len(), arch.outputs(), state.numel());
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
@@ -210,22 +307,31 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>) -> Result
             let j = generic::jacobians(arch, &generic::interpolate(state, next, t), &s.states[0], &s.rows.x[pi * d..(pi + 1) * d])?;
             jbar[pi * k * w..(pi + 1) * k * w].iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
         }
-        return Ok(RowGradients { jbar, evaluations, jvp_evaluations, pieces, unconverged });
+        return Ok(RowGradients { jbar: Feature { dense: jbar, f0: None }, evaluations, jvp_evaluations, pieces, unconverged });
     }
     let step = MlpStep::new(arch, state, next)?;
     let nodes = match &fixed {
         Some(nodes) => fixed_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), nodes),
         None => auto_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step),
     };
-    let mut jbar = vec![0.0; p * k * w];
+    let mut jbar = Feature::zeros(p * k, w, l0);
     let mut off = 0;
     for (l, layer) in step.layers.iter().enumerate() {
         let (ni, no) = (layer.n_in, layer.n_out);
         let (acts, deltas) = (&nodes.evals.acts[l], &nodes.evals.deltas[l]);
+        if let (0, Some(f0)) = (l, jbar.f0.as_mut()) {
+            // δ̄_0[p,k] = Σ_{r∈p} w_r δ_{r,0}[k]
+            for (r, (&pi, &wr)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
+                let dst = &mut f0[pi * k * no..(pi + 1) * k * no];
+                dst.iter_mut().zip(&deltas[r * k * no..(r + 1) * k * no]).for_each(|(a, b)| *a += wr * b);
+            }
+            off += no * ni + if step.bias { no } else { 0 };
+            continue;
+        }
         for (r, (&pi, &wr)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
             let ar = &acts[r * ni..(r + 1) * ni];
             for kt in 0..k {
-                let row = &mut jbar[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                let row = &mut jbar.dense[(pi * k + kt) * w..(pi * k + kt + 1) * w];
                 let dr = &deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
                 for o in 0..no {
                     let c = wr * dr[o];
@@ -346,11 +452,17 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     // Phase 2: backward recursion for H_r = ε_r F_r.
     let pk = p * k;
     let mk = m * k;
+    // Layer 0 in factor form when no preconditioner mixes its entries.
+    let l0_ctx = match (&arch.body, s.structured && s.rule.adam.is_none()) {
+        (crate::model::Body::Mlp { widths }, true) => Some(Layer0 { x: &s.rows.x, p, k, ni: widths[0], no: widths[1], bias: arch.bias }),
+        _ => None,
+    };
+    let l0 = l0_ctx.as_ref();
     let frozen = match ntk_step {
-        Some(st) => Some((TrainSide::at(s, &s.states[st])?, row_gradients(s, &s.states[st], None)?)),
+        Some(st) => Some((TrainSide::at(s, &s.states[st])?, row_gradients(s, &s.states[st], None, l0)?)),
         None => None,
     };
-    let mut h = vec![0.0; pk * w];
+    let mut h = Feature::zeros(pk, w, l0);
     let mut gram = vec![0.0; pk * mk];
     let mut per_step: Vec<Vec<f64>> = Vec::new();
     let mut machine = bias.clone();
@@ -361,33 +473,25 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     let (beta, gamma) = (s.rule.beta, s.rule.gamma);
     for (count, r) in (first..hi).rev().enumerate() {
         progress(hi + count, total_work);
-        h.iter_mut().for_each(|v| *v *= beta);
+        h.scale(beta);
         let wr = s.states[r].flat();
         if r >= lo {
             let next = if s.integrate { Some(&s.states[r + 1]) } else { None };
             let rg = match &frozen {
                 Some((_, rg0)) => RowGradients { jbar: rg0.jbar.clone(), evaluations: vec![1; p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 },
-                None => row_gradients(s, &s.states[r], next)?,
+                None => row_gradients(s, &s.states[r], next, l0)?,
             };
-            let c = lrs[r] * gamma;
-            match &scale[r] {
-                Some(sc) => h.chunks_exact_mut(w).zip(rg.jbar.chunks_exact(w)).for_each(|(hr, jr)| {
-                    for ((x, j), d) in hr.iter_mut().zip(jr).zip(sc) {
-                        *x += c * d * j;
-                    }
-                }),
-                None => h.iter_mut().zip(&rg.jbar).for_each(|(x, j)| *x += c * j),
-            }
+            h.add(lrs[r] * gamma, &rg.jbar, scale[r].as_deref());
             if s.rule.wd_decoupled != 0.0 {
-                let jw = matvec(&rg.jbar, &wr);
+                let jw = rg.jbar.dot(&wr, l0);
                 reg.iter_mut().zip(&jw).for_each(|(a, b)| *a -= s.rule.wd_decoupled * lrs[r] * b);
             }
             // The ExPLAIND-style check of this step: J̄_r·Δw_r (the split plus what it does not
             // carry) vs the actual change of the outputs.
-            let ju = matvec(&rg.jbar, &unsplit[r]);
+            let ju = rg.jbar.dot(&unsplit[r], l0);
             rounding.iter_mut().zip(&ju).for_each(|(a, b)| *a += b);
             let actual_dw: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
-            let pred = matvec(&rg.jbar, &actual_dw);
+            let pred = rg.jbar.dot(&actual_dw, l0);
             let f0 = values(&s.states[r], &s.rows.x, s.off_rows.as_deref())?;
             let f1 = values(&s.states[r + 1], &s.rows.x, s.off_rows.as_deref())?;
             let mut rec = StepRecord { step: r, dpk_cosine_error: f64::NAN, ..Default::default() };
@@ -425,15 +529,15 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?
         };
         let g = ts.gradient(&lg, w);
-        let hg = matvec(&h, &g);
+        let hg = h.dot(&g, l0);
         machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= y);
         if s.rule.wd_coupled != 0.0 {
-            let hw = matvec(&h, &wr);
+            let hw = h.dot(&wr, l0);
             reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * y);
         }
         if frozen.is_none() {
             let mut kr = vec![0.0; pk * mk];
-            ts.contract(&h, w, &mut kr, &mut scratch);
+            ts.contract(&h, w, &mut kr, &mut scratch, l0);
             let inv = 1.0 / lrs[r];
             kr.iter_mut().for_each(|v| *v *= inv);
             gram.iter_mut().zip(&kr).for_each(|(x, y)| *x += y);
@@ -452,7 +556,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     let gram = match &frozen {
         Some((ts0, rg0)) => {
             let mut g0 = vec![0.0; pk * mk];
-            ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch);
+            ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch, l0);
             permute(&g0, p, m, k)
         }
         None => permute(&gram, p, m, k),
