@@ -36,6 +36,9 @@ use crate::model::{Architecture, Params};
 use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::Manifest;
 
+/// Scratch bytes allowed for one block of a dense layer's contraction.
+const BLOCK_BYTES: usize = 64 << 20;
+
 /// What [`super::compute`] has checked and resolved.
 pub(super) struct Setup<'a> {
     pub manifest: &'a Manifest,
@@ -175,18 +178,23 @@ impl TrainSide {
                     let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
                     let a_ext = train_acts_ext(&train, step.bias);
                     let dt = deltas_by_output(&ev.deltas[l], m * k, no);
-                    let mut hext = vec![0.0; r * no * ne];
-                    for row in 0..r {
-                        let hr = &h[row * w..(row + 1) * w];
-                        for o in 0..no {
-                            let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
-                            dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
-                            if step.bias {
-                                dst[ni] = hr[off + no * ni + o];
+                    // Row blocks bound the GEMM's `[rows·out, M]` product to BLOCK_BYTES.
+                    let rb = (BLOCK_BYTES / 8 / (no * m).max(1)).clamp(1, r.max(1));
+                    let mut hext = vec![0.0; rb * no * ne];
+                    for r0 in (0..r).step_by(rb) {
+                        let nb = rb.min(r - r0);
+                        for row in 0..nb {
+                            let hr = &h[(r0 + row) * w..(r0 + row + 1) * w];
+                            for o in 0..no {
+                                let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                                dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
+                                if step.bias {
+                                    dst[ni] = hr[off + no * ni + o];
+                                }
                             }
                         }
+                        contract_formed(&mut out[r0 * m * k..(r0 + nb) * m * k], &hext[..nb * no * ne], &a_ext, &dt, nb, m, k, no, ne, scratch);
                     }
-                    contract_formed(out, &hext, &a_ext, &dt, r, m, k, no, ne, scratch);
                     off += no * ni + if step.bias { no } else { 0 };
                 }
             }
