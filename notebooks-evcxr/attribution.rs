@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Path::new("notebook"),
     )?;
     let out = PathBuf::from("../runs/notebook-attribution");
-    train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from("..") })?;
+    train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from(".."), memory_budget: None })?;
     let run = Run::open(&out)?;
     let states = run.load_all()?;
     let points = PointsSpec::ClassMeans.resolve(&run.dataset)?;

@@ -37,7 +37,7 @@ steps = 60
         Path::new("notebook"),
     )?;
     let out = PathBuf::from("../runs/notebook-quickstart");
-    let summary = train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from("..") })?;
+    let summary = train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from(".."), memory_budget: None })?;
     show(&summary);
     // %% md
     // The run directory holds the manifest, the dataset and one safetensors file per weight state

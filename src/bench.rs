@@ -416,3 +416,76 @@ fn gram_cases(run: &Run, states: &[crate::model::Params], step: usize, mreq: usi
         svm_iterations: s.iterations,
     })
 }
+
+/// One EPK step (`rule`) on the run's test points through the generic autodiff Gram path and
+/// through the structured CNN path, with the speed-up (for CNN runs).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConvCompare {
+    /// Always `"conv_paths"`.
+    pub name: String,
+    /// The quadrature rule of the EPK step.
+    pub rule: String,
+    /// Row points P, training points M, outputs K, parameters W.
+    pub points: usize,
+    /// Training points M.
+    pub train: usize,
+    /// Outputs K.
+    pub outputs: usize,
+    /// Parameters W.
+    pub params: usize,
+    /// The step timed.
+    pub step: usize,
+    /// Repetitions.
+    pub repeat: usize,
+    /// Fastest repetition on the generic path, seconds.
+    pub generic_seconds_min: f64,
+    /// Fastest repetition on the structured path, seconds.
+    pub fast_seconds_min: f64,
+    /// `generic_seconds_min / fast_seconds_min`.
+    pub speedup: f64,
+    /// max |G_fast − G_generic| / max |G_generic| over the step's Gram.
+    pub gram_rel_diff: f64,
+}
+
+/// Times one EPK step with `rule` at `step` through both Gram paths of a CNN run.
+pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<ConvCompare> {
+    let n = run.manifest.steps;
+    if step >= n {
+        return Err(Error::Config(format!("--step {step}: the run has steps 0..{n}")));
+    }
+    if repeat == 0 {
+        return Err(Error::Config("--repeat must be >= 1".into()));
+    }
+    if !matches!(run.manifest.architecture.body, crate::model::Body::Cnn { .. }) {
+        return Err(Error::Config("--conv-compare needs a CNN run".into()));
+    }
+    let states = run.load_all()?;
+    let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
+    let req = KernelRequest { kind: KernelKind::Epk, rule, side: Side::Test, ntk_step: None, per_step: false, steps: Some((step, step + 1)) };
+    let mut best = [f64::INFINITY; 2];
+    let mut grams: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for (j, path) in [kernel::GramPath::Generic, kernel::GramPath::Fast].into_iter().enumerate() {
+        for _ in 0..repeat {
+            let t0 = Instant::now();
+            let o = kernel::compute_with_path(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {}, path)?;
+            best[j] = best[j].min(t0.elapsed().as_secs_f64());
+            grams[j] = o.gram;
+        }
+    }
+    let scale = grams[0].iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let diff = grams[0].iter().zip(&grams[1]).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+    Ok(ConvCompare {
+        name: "conv_paths".into(),
+        rule: rule.to_string(),
+        points: pts.len(),
+        train: run.dataset.n_train(),
+        outputs: run.manifest.architecture.outputs(),
+        params: run.manifest.num_params,
+        step,
+        repeat,
+        generic_seconds_min: best[0],
+        fast_seconds_min: best[1],
+        speedup: best[0] / best[1],
+        gram_rel_diff: diff / scale,
+    })
+}

@@ -18,6 +18,7 @@ pub mod gp;
 pub mod io;
 pub mod kernel;
 pub mod model;
+pub mod optim;
 pub mod plot;
 pub mod study;
 pub mod svm;

@@ -248,9 +248,9 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     // Training, reused when the configuration is unchanged.
     let rc = cfg.run_config();
     let run_dir = cache.join("run");
-    let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable"));
+    let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
     if !reused_run {
-        train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
+        train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
     }
     let run = Run::open(&run_dir)?;
     std::fs::copy(run_dir.join("train_log.parquet"), staged.path().join("train_log.parquet")).map_err(|e| Error::io(staged.path(), e))?;
@@ -287,7 +287,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
     let label = spec.label();
     let key = format!(
         "{:016x}",
-        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), env!("CARGO_PKG_VERSION")).as_bytes())
+        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by).as_bytes())
     );
     let kdir = cache.join("kernels").join(&label);
     let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
@@ -304,7 +304,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
         } else {
             indicatif::ProgressBar::hidden()
         };
-        let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, u64::MAX, &|done, total| {
+        let o = kernel::compute_run(run, states, &pts, &req, u64::MAX, &|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         })?;
@@ -337,7 +337,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String
     let _ = writeln!(s, "## Training\n");
     let _ = writeln!(s, "- data: {}", m.dataset.description);
     let _ = writeln!(s, "- network: {:?}, {} parameters, activation {:?}, output {:?}", m.architecture.body, m.num_params, m.architecture.activation, m.architecture.output);
-    let _ = writeln!(s, "- optimizer: {:?}, {} steps, loss {:?}", m.optimizer, m.steps, m.loss);
+    let _ = writeln!(s, "- optimizer: {}, {} steps, loss {:?}", m.optimizer, m.steps, m.loss);
     let _ = writeln!(s, "- loss {:.6} → {:.6}", loss.first().copied().unwrap_or(f64::NAN), last(&loss));
     if !acc.is_empty() && acc.iter().any(|v| v.is_finite()) {
         let _ = writeln!(s, "- final accuracy: train {:.2} %, held-out test {:.2} %", 100.0 * last(&acc), 100.0 * last(&tacc));
@@ -365,6 +365,23 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String
                 e.evaluations_per_step.max,
                 e.seconds
             );
+        }
+        if kernels.iter().any(|(_, _, e)| e.form != "gradient") {
+            let _ = writeln!(s, "\nThis run's optimizer changes the kernel's form (see `pathkernel::optim`): `K_r(x, x') = <F_r(x), ∇f(x'; w_r)>`. Non-data terms are included in the machine and belong to no training point.\n");
+            let _ = writeln!(s, "| kernel | form | symmetric kernel | optimizer replay residual (rel.) | max weight-decay term | max rounding term |");
+            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            let opt = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.2e}"));
+            for (label, _, e) in kernels {
+                let _ = writeln!(
+                    s,
+                    "| {label} | {} | {} | {} | {} | {} |",
+                    e.form,
+                    if e.symmetric_kernel { "yes" } else { "no" },
+                    opt(e.decomposition_residual),
+                    opt(e.reg_term_max_abs),
+                    opt(e.rounding_term_max_abs)
+                );
+            }
         }
         let _ = writeln!(s, "\nPer-step validation (predicted vs actual change of the output over each step): `kernels/*/steps.parquet`; predictions: `kernels/*/predictions.parquet`.\n");
     }
@@ -640,7 +657,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 let x = o_points(&rk, &a.attribution_points);
                 let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: true, steps: None };
                 let pts = kernel::Points { x, dim: d };
-                let o = kernel::compute(&run.manifest, &run.dataset, states, &pts, &req, 4 << 30, &|_, _| {})?;
+                let o = kernel::compute_run(run, states, &pts, &req, 4 << 30, &|_, _| {})?;
                 let kdir = cache.join("analysis").join("attribution-kernel");
                 let kst = StagedDir::new(&kdir, true)?;
                 kernel::output::write(kst.path(), &o, &pts, &run.manifest.run_id)?;
@@ -762,9 +779,9 @@ fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &Stu
         let name = format!("hidden {h:?}");
         let rc = cfg.sweep_config(h);
         let dir = cache.join("sweep").join(h.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("x")).join("run");
-        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id());
+        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.created_by == crate::train::created_by());
         if !reused {
-            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone() })?;
+            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
         }
         let run = Run::open(&dir)?;
         let states = run.load_all()?;
@@ -778,7 +795,7 @@ fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &Stu
         let pts = PointsSpec::Train.resolve(&run.dataset)?;
         let ntk = |s: usize| -> Result<Vec<f64>> {
             let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Train, ntk_step: Some(s), per_step: false, steps: None };
-            Ok(kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {})?.gram)
+            Ok(kernel::compute_run(&run, &states, &pts, &req, u64::MAX, &|_, _| {})?.gram)
         };
         let (k0, kn) = (ntk(0)?, ntk(run.manifest.steps)?);
         let fro = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();

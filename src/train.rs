@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::io::{Column, Table};
 use crate::model::net::{LossKind, Objective};
 use crate::model::{Architecture, ModelConfig, OutputKind, Params};
+use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::{self, DatasetInfo, Manifest, OptimizerRecord, Writer};
 
 /// Where dfdx runs.
@@ -38,6 +39,20 @@ pub enum OptimizerKind {
     Gd,
     /// Mini-batch SGD (`train.batch_size` points per step, reshuffled every epoch).
     Sgd,
+    /// Adam (`train.weight_decay` coupled, as an L2 term), full batch or with `train.batch_size`.
+    Adam,
+    /// AdamW (decoupled weight decay), full batch or with `train.batch_size`.
+    Adamw,
+}
+
+/// How `train.weight_decay` enters the update ([`crate::optim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightDecayMode {
+    /// An L2 term `λ w` added to the gradient (goes through momentum and Adam's moments).
+    Coupled,
+    /// `w ← w − ε_s λ w` applied to the weights directly (SGDW, AdamW).
+    Decoupled,
 }
 
 /// Learning-rate schedule `ε_s` (recorded per step in the manifest).
@@ -99,6 +114,58 @@ pub struct TrainConfig {
     /// Learning-rate schedule (default constant).
     #[serde(default)]
     pub schedule: Schedule,
+    /// Heavy-ball momentum μ in [0, 1) for `gd` and `sgd` (PyTorch convention).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub momentum: f64,
+    /// Weight decay λ ≥ 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub weight_decay: f64,
+    /// Coupled or decoupled weight decay (default: decoupled for `adamw`, coupled otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay_mode: Option<WeightDecayMode>,
+    /// Adam's (β1, β2), default (0.9, 0.999).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub betas: Option<[f64; 2]>,
+    /// Adam's eps, default 1e-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+impl TrainConfig {
+    /// The optimizer as the manifest records it (call on a validated configuration).
+    pub fn optimizer_record(&self, n_train: usize) -> OptimizerRecord {
+        let decoupled = match self.weight_decay_mode {
+            Some(m) => m == WeightDecayMode::Decoupled,
+            None => self.optimizer == OptimizerKind::Adamw,
+        };
+        let [beta1, beta2] = self.betas.unwrap_or([0.9, 0.999]);
+        let lr = self.lr;
+        match self.optimizer {
+            OptimizerKind::Gd => OptimizerRecord::Gd { lr, momentum: self.momentum, weight_decay: self.weight_decay, decoupled_weight_decay: decoupled },
+            OptimizerKind::Sgd => OptimizerRecord::Sgd {
+                lr,
+                batch_size: self.batch_size.expect("validated").min(n_train),
+                shuffle_seed: self.seed,
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+                decoupled_weight_decay: decoupled,
+            },
+            OptimizerKind::Adam | OptimizerKind::Adamw => OptimizerRecord::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps: self.eps.unwrap_or(1e-8),
+                weight_decay: self.weight_decay,
+                decoupled_weight_decay: decoupled,
+                batch_size: self.batch_size.map(|b| b.min(n_train)),
+                shuffle_seed: self.seed,
+            },
+        }
+    }
 }
 
 /// A whole run configuration: the TOML file given to `pathkernel train`.
@@ -144,11 +211,42 @@ impl RunConfig {
         }
         match (t.optimizer, t.batch_size) {
             (OptimizerKind::Sgd, None) => return Err(Error::Config("train.optimizer = \"sgd\" needs train.batch_size".into())),
-            (OptimizerKind::Sgd, Some(0)) => return Err(Error::Config("train.batch_size = 0; it must be >= 1".into())),
+            (_, Some(0)) => return Err(Error::Config("train.batch_size = 0; it must be >= 1".into())),
             (OptimizerKind::Gd, Some(_)) => {
-                return Err(Error::Config("train.batch_size is only used by optimizer = \"sgd\" (gd uses the full batch)".into()))
+                return Err(Error::Config(
+                    "train.batch_size is only used by optimizer = \"sgd\", \"adam\" or \"adamw\" (gd uses the full batch)".into(),
+                ))
             }
             _ => {}
+        }
+        let adam = matches!(t.optimizer, OptimizerKind::Adam | OptimizerKind::Adamw);
+        if !(t.momentum.is_finite() && (0.0..1.0).contains(&t.momentum)) {
+            return Err(Error::Config(format!("train.momentum = {}; it must be in [0, 1)", t.momentum)));
+        }
+        if adam && t.momentum != 0.0 {
+            return Err(Error::Config("train.momentum is for gd and sgd; adam and adamw take train.betas = [beta1, beta2]".into()));
+        }
+        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
+            return Err(Error::Config(format!("train.weight_decay = {}; it must be a finite number >= 0", t.weight_decay)));
+        }
+        if t.optimizer == OptimizerKind::Adamw && t.weight_decay_mode == Some(WeightDecayMode::Coupled) {
+            return Err(Error::Config("train.weight_decay_mode = \"coupled\" with adamw: that is adam; use optimizer = \"adam\"".into()));
+        }
+        if t.weight_decay_mode.is_some() && t.weight_decay == 0.0 {
+            return Err(Error::Config("train.weight_decay_mode is set but train.weight_decay is 0".into()));
+        }
+        if !adam && (t.betas.is_some() || t.eps.is_some()) {
+            return Err(Error::Config("train.betas and train.eps are for optimizer = \"adam\" or \"adamw\"".into()));
+        }
+        if let Some([b1, b2]) = t.betas {
+            if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
+                return Err(Error::Config(format!("train.betas = [{b1}, {b2}]; both must be in [0, 1)")));
+            }
+        }
+        if let Some(e) = t.eps {
+            if !(e.is_finite() && e > 0.0) {
+                return Err(Error::Config(format!("train.eps = {e}; it must be a finite number > 0")));
+            }
         }
         match t.schedule {
             Schedule::Step { every, gamma } if every == 0 || !(gamma > 0.0 && gamma <= 1.0) => {
@@ -191,6 +289,16 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// Revision of the trainer's numerics: bumped whenever the same configuration would record a
+/// different path (2: max-pool sends a tied window's gradient to its first maximum only).
+/// Study caches compare it, so stale trajectories are never reused.
+pub const TRAINER_REVISION: u32 = 2;
+
+/// The manifest's `created_by`: crate version and trainer revision.
+pub fn created_by() -> String {
+    format!("pathkernel {} (trainer revision {TRAINER_REVISION})", env!("CARGO_PKG_VERSION"))
+}
+
 /// Options of a training run that do not change its result.
 #[derive(Clone, Debug, Default)]
 pub struct TrainOptions {
@@ -200,6 +308,18 @@ pub struct TrainOptions {
     pub force: bool,
     /// Directory relative paths in the config (e.g. MNIST's) are resolved against.
     pub base_dir: PathBuf,
+    /// Memory budget in bytes (`None`: unlimited); training is refused with an estimate above it.
+    pub memory_budget: Option<u64>,
+}
+
+/// Estimated peak bytes of training: the dataset, one forward/backward pass over the training
+/// set (activations and their gradients), and the parameters with their gradient and optimizer
+/// buffers.
+pub fn estimate_bytes(data: &Dataset, arch: &Architecture, w: usize) -> u64 {
+    let rows = (data.n_train() + data.n_test()) as u64;
+    let data_bytes = 2 * 8 * rows * data.dim as u64;
+    let pass = 8 * data.n_train() as u64 * arch.floats_per_row();
+    data_bytes + pass + 8 * 8 * w as u64
 }
 
 /// What a finished run reports.
@@ -311,6 +431,7 @@ pub fn train_to_dir(cfg: &RunConfig, out: &Path, opts: &TrainOptions) -> Result<
     }
     let data = cfg.data.load(&opts.base_dir)?;
     let (loss, arch) = resolve(cfg, &data)?;
+    check_memory(&data, &arch, opts)?;
     let partial = partial_dir(out);
     if partial.exists() {
         if !opts.force {
@@ -373,11 +494,27 @@ pub fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
     }
     let data = cfg.data.load(&opts.base_dir)?;
     let (loss, arch) = resolve(&cfg, &data)?;
+    check_memory(&data, &arch, opts)?;
     let result = match cfg.train.device {
         DeviceKind::Cpu => record_cpu(&cfg, &data, loss, &arch, &partial, opts, true),
         DeviceKind::Cuda => cuda_record(&cfg, &data, loss, &arch, &partial, opts, true),
     };
     finish(result, &partial, out)
+}
+
+fn check_memory(data: &Dataset, arch: &Architecture, opts: &TrainOptions) -> Result<()> {
+    let Some(budget) = opts.memory_budget else { return Ok(()) };
+    let w = arch.param_specs().iter().map(|s| s.numel()).sum::<usize>();
+    let need = estimate_bytes(data, arch, w);
+    if need > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("training on {} points ({} parameters, full-batch passes over the training set)", data.n_train(), w),
+            needed_bytes: need,
+            budget_bytes: budget,
+            hint: "use fewer training points ([data] per_class / n_train) or raise --memory".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The staging directory of a run being recorded.
@@ -431,14 +568,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         run_id: cfg.run_id(),
         architecture: arch.clone(),
         loss,
-        optimizer: match cfg.train.optimizer {
-            OptimizerKind::Gd => OptimizerRecord::Gd { lr },
-            OptimizerKind::Sgd => OptimizerRecord::Sgd {
-                lr,
-                batch_size: cfg.train.batch_size.expect("validated").min(data.n_train()),
-                shuffle_seed: cfg.train.seed,
-            },
-        },
+        optimizer: cfg.train.optimizer_record(data.n_train()),
         learning_rates: (0..n).map(|s| cfg.train.schedule.lr(lr, s, n)).collect(),
         seed: cfg.train.seed,
         steps: n,
@@ -455,7 +585,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
             task: if data.is_classification() { "classification".into() } else { "regression".into() },
         },
         config: serde_json::to_value(cfg).expect("config serialises"),
-        created_by: format!("pathkernel {}", env!("CARGO_PKG_VERSION")),
+        created_by: created_by(),
     };
     // Resuming: the states already on disk are replayed (and checked bit for bit against the
     // recomputed path); recording continues after the last complete one.
@@ -508,6 +638,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
     };
     let mut log = TrainLog::default();
     let mut params: Params = init.clone();
+    let mut optimizer = OptimizerState::new(UpdateRule::of(&manifest.optimizer), init.numel());
     let mut first_loss = f64::NAN;
     let mut last = (f64::NAN, None, None);
     for s in 0..=n {
@@ -566,10 +697,16 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
             break;
         }
         let lr_s = manifest.learning_rates[s];
-        for (w, g) in params.data.iter_mut().zip(&grad.data) {
-            for (wi, gi) in w.iter_mut().zip(g) {
-                *wi -= lr_s * gi;
+        let delta = optimizer.step(lr_s, &params.flat(), &grad.flat());
+        if let Some(scale) = optimizer.last_scale() {
+            writer.write_preconditioner(s, scale)?;
+        }
+        let mut off = 0;
+        for w in params.data.iter_mut() {
+            for (wi, di) in w.iter_mut().zip(&delta[off..]) {
+                *wi += di;
             }
+            off += w.len();
         }
         if let Some(name) = params.first_non_finite() {
             return Err(Error::Diverged { step: s + 1, loss: lg.loss, what: format!("non-finite weight in {name}") });

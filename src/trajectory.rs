@@ -9,6 +9,8 @@
 //! DIR/trajectory/step-000000.safetensors  w_0 … w_N, one file per state, f64 tensors named as in
 //!                                         the manifest (dense weights [out, in]); metadata holds
 //!                                         the run id and the step number
+//! DIR/trajectory/precond-000000.safetensors  Adam(W) only: `scale` [W] = κ_s D_s of steps 0 … N−1,
+//!                                         the preconditioner each update used (crate::optim)
 //! DIR/train_log.parquet                   step, loss, accuracy, test_accuracy, grad_norm, weight_norm
 //! ```
 //! All files are written atomically; [`Run::open`] validates everything and reports the first
@@ -53,17 +55,30 @@ pub struct DatasetInfo {
     pub task: String,
 }
 
-/// The optimizer as recorded in the manifest.
+/// The optimizer as recorded in the manifest (the update rules are in [`crate::optim`]).
+/// Fields at their defaults (no momentum, no weight decay) are omitted, so plain GD/SGD
+/// manifests read `{"kind": "gd", "lr": …}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum OptimizerRecord {
-    /// Full-batch gradient descent (forward Euler): `w_{s+1} = w_s − ε_s ∇L(w_s)`.
+    /// Full-batch gradient descent (forward Euler): `w_{s+1} = w_s − ε_s ∇L(w_s)`, optionally with
+    /// heavy-ball momentum and weight decay.
     Gd {
         /// Base learning rate ε.
         lr: f64,
+        /// Heavy-ball momentum μ (PyTorch convention, no dampening).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        momentum: f64,
+        /// Weight decay λ.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        weight_decay: f64,
+        /// Decoupled (`w ← w − ε λ w`) rather than coupled (L2 added to the gradient).
+        #[serde(default, skip_serializing_if = "is_false")]
+        decoupled_weight_decay: bool,
     },
     /// Mini-batch SGD: `w_{s+1} = w_s − ε_s ∇L_{B_s}(w_s)` with `L_B` the mean loss over the batch
-    /// `B_s` ([`batch_schedule`]; also stored in `trajectory/batches.safetensors`).
+    /// `B_s` ([`batch_schedule`]; also stored in `trajectory/batches.safetensors`), optionally with
+    /// momentum and weight decay.
     Sgd {
         /// Base learning rate ε.
         lr: f64,
@@ -71,7 +86,79 @@ pub enum OptimizerRecord {
         batch_size: usize,
         /// Seed of the per-epoch shuffles.
         shuffle_seed: u64,
+        /// Heavy-ball momentum μ.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        momentum: f64,
+        /// Weight decay λ.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        weight_decay: f64,
+        /// Decoupled rather than coupled weight decay.
+        #[serde(default, skip_serializing_if = "is_false")]
+        decoupled_weight_decay: bool,
     },
+    /// Adam (coupled weight decay) or AdamW (decoupled), full-batch or on mini-batches.
+    Adam {
+        /// Base learning rate ε.
+        lr: f64,
+        /// β1.
+        beta1: f64,
+        /// β2.
+        beta2: f64,
+        /// eps.
+        eps: f64,
+        /// Weight decay λ.
+        weight_decay: f64,
+        /// AdamW's decoupled weight decay.
+        decoupled_weight_decay: bool,
+        /// Mini-batch size (`None`: full batch).
+        batch_size: Option<usize>,
+        /// Seed of the per-epoch shuffles.
+        shuffle_seed: u64,
+    },
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+impl std::fmt::Display for OptimizerRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extras = |f: &mut std::fmt::Formatter<'_>, momentum: f64, wd: f64, decoupled: bool| -> std::fmt::Result {
+            if momentum != 0.0 {
+                write!(f, ", momentum {momentum}")?;
+            }
+            if wd != 0.0 {
+                write!(f, ", weight decay {wd} ({})", if decoupled { "decoupled" } else { "coupled" })?;
+            }
+            Ok(())
+        };
+        match *self {
+            OptimizerRecord::Gd { lr, momentum, weight_decay, decoupled_weight_decay } => {
+                write!(f, "gd (lr {lr}, full batch")?;
+                extras(f, momentum, weight_decay, decoupled_weight_decay)?;
+            }
+            OptimizerRecord::Sgd { lr, batch_size, momentum, weight_decay, decoupled_weight_decay, .. } => {
+                write!(f, "sgd (lr {lr}, batch {batch_size}")?;
+                extras(f, momentum, weight_decay, decoupled_weight_decay)?;
+            }
+            OptimizerRecord::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, batch_size, .. } => {
+                let name = if decoupled_weight_decay { "adamw" } else { "adam" };
+                write!(f, "{name} (lr {lr}, betas {beta1}/{beta2}, eps {eps:e}, ")?;
+                match batch_size {
+                    Some(b) => write!(f, "batch {b}")?,
+                    None => write!(f, "full batch")?,
+                }
+                if weight_decay != 0.0 {
+                    write!(f, ", weight decay {weight_decay}")?;
+                }
+            }
+        }
+        f.write_str(")")
+    }
 }
 
 /// The mini-batches of SGD: each epoch is a seeded permutation of `0..m` cut into consecutive
@@ -104,8 +191,10 @@ impl Manifest {
     /// The training points of each step's update (`None` for full-batch gradient descent).
     pub fn batches(&self) -> Option<Vec<Vec<usize>>> {
         match self.optimizer {
-            OptimizerRecord::Gd { .. } => None,
-            OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } => Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed)),
+            OptimizerRecord::Gd { .. } | OptimizerRecord::Adam { batch_size: None, .. } => None,
+            OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } | OptimizerRecord::Adam { batch_size: Some(batch_size), shuffle_seed, .. } => {
+                Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed))
+            }
         }
     }
 }
@@ -172,6 +261,32 @@ pub fn step_path(dir: &Path, s: usize) -> PathBuf {
     dir.join("trajectory").join(format!("step-{s:06}.safetensors"))
 }
 
+/// Path of the Adam preconditioner file of step `s` (`κ_s D_s`, see [`crate::optim`]).
+pub fn preconditioner_path(dir: &Path, s: usize) -> PathBuf {
+    dir.join("trajectory").join(format!("precond-{s:06}.safetensors"))
+}
+
+/// Loads and validates Adam's `κ_s D_s` (`[W]`, finite and > 0) of step `s < N`.
+pub fn load_preconditioner(dir: &Path, manifest: &Manifest, s: usize) -> Result<Vec<f64>> {
+    let path = preconditioner_path(dir, s);
+    if !path.exists() {
+        return Err(Error::trajectory(&path, format!("missing Adam preconditioner of step {s} (the kernel of an Adam run needs every step's)")));
+    }
+    let f = SafeFile::open(&path)?;
+    let meta = f.metadata();
+    if meta.get("run_id") != Some(&manifest.run_id) {
+        return Err(Error::trajectory(&path, format!("belongs to run {:?}, not to this run {}", meta.get("run_id"), manifest.run_id)));
+    }
+    if meta.get("step").map(String::as_str) != Some(s.to_string().as_str()) {
+        return Err(Error::trajectory(&path, format!("metadata says step {:?}, expected {s}", meta.get("step"))));
+    }
+    let (_, v) = f.f64("scale", Some(&[manifest.num_params]))?;
+    if let Some(i) = v.iter().position(|x| !(x.is_finite() && *x > 0.0)) {
+        return Err(Error::trajectory(&path, format!("scale[{i}] = {} is not a finite positive number", v[i])));
+    }
+    Ok(v)
+}
+
 /// Writes a run directory incrementally: manifest and dataset first, then one file per state.
 pub struct Writer {
     dir: PathBuf,
@@ -212,6 +327,16 @@ impl Writer {
         meta.insert("run_id".to_string(), self.manifest.run_id.clone());
         meta.insert("step".to_string(), s.to_string());
         io::write_safetensors(&step_path(&self.dir, s), &arrays, Some(meta))
+    }
+
+    /// Writes Adam's `κ_s D_s` of step s (`[W]`): the preconditioner the update used, recorded
+    /// so that the kernel decomposes exactly the update that was made (it is a sensitive
+    /// function of gradients near zero; recomputing it would not reproduce it to the last bit).
+    pub fn write_preconditioner(&self, s: usize, scale: &[f64]) -> Result<()> {
+        let mut meta = HashMap::new();
+        meta.insert("run_id".to_string(), self.manifest.run_id.clone());
+        meta.insert("step".to_string(), s.to_string());
+        io::write_safetensors(&preconditioner_path(&self.dir, s), &[NamedArray::f64("scale", vec![scale.len()], scale.to_vec())], Some(meta))
     }
 
     /// The run directory.
@@ -294,6 +419,14 @@ impl Run {
     /// Loads all states `w_0 … w_N`.
     pub fn load_all(&self) -> Result<Vec<Params>> {
         (0..=self.manifest.steps).map(|s| self.load_step(s)).collect()
+    }
+
+    /// Adam's recorded `κ_s D_s` for every step (`None` for other optimizers).
+    pub fn load_preconditioners(&self) -> Result<Option<Vec<Vec<f64>>>> {
+        match self.manifest.optimizer {
+            OptimizerRecord::Adam { .. } => (0..self.manifest.steps).map(|s| load_preconditioner(&self.dir, &self.manifest, s)).collect::<Result<Vec<_>>>().map(Some),
+            _ => Ok(None),
+        }
     }
 }
 

@@ -52,6 +52,13 @@ pub struct KernelFiles {
     pub d: usize,
     /// Steps N of the run.
     pub n: usize,
+    /// The steps whose Grams are summed (and stored in `gram_steps`), ascending.
+    pub steps: Vec<usize>,
+    /// Non-data terms `[P, K]` (weight decay plus the rounding the per-point split does not
+    /// carry), when present: they belong to no training point.
+    pub reg: Option<Vec<f64>>,
+    /// Kernel form (`gradient`, `gradient-with-decay`, `momentum`, `preconditioned`).
+    pub form: String,
 }
 
 impl KernelFiles {
@@ -90,7 +97,51 @@ impl KernelFiles {
             }
         }
         let get = |key: &str| meta.get(key).cloned().unwrap_or_default();
-        Ok(KernelFiles { dir: dir.to_path_buf(), gram, a, bias, points, diag, gram_steps, kind: get("kind"), side: get("side"), quadrature: get("quadrature"), p, m, k, d, n })
+        let steps: Vec<usize> = if names.iter().any(|x| x == "steps") {
+            let s = f.shape("steps")?;
+            let v = f.i64("steps", Some(&[s[0]]))?.1;
+            if v.iter().any(|&x| x < 0 || x as usize >= n.max(1)) {
+                return Err(Error::format(&path, "steps holds a step outside the run"));
+            }
+            v.into_iter().map(|x| x as usize).collect()
+        } else {
+            (0..gram_steps.as_ref().map_or(n, |g| g.len() / (p * m * k * k).max(1))).collect()
+        };
+        if let Some(g) = &gram_steps {
+            if g.len() != steps.len() * p * m * k * k {
+                return Err(Error::format(&path, format!("gram_steps holds {} steps but steps lists {}", g.len() / (p * m * k * k).max(1), steps.len())));
+            }
+        }
+        let mut reg = if names.iter().any(|x| x == "reg") { Some(f.f64("reg", Some(&[p, k]))?.1) } else { None };
+        if names.iter().any(|x| x == "rounding") {
+            // Attribution treats the rounding term like the weight decay: it belongs to no point.
+            let rd = f.f64("rounding", Some(&[p, k]))?.1;
+            reg = Some(match reg {
+                Some(r) => r.iter().zip(&rd).map(|(a, b)| a + b).collect(),
+                None => rd,
+            });
+        }
+        let form = meta.get("form").cloned().unwrap_or_else(|| "gradient".into());
+        Ok(KernelFiles {
+            dir: dir.to_path_buf(),
+            gram,
+            a,
+            bias,
+            points,
+            diag,
+            gram_steps,
+            kind: get("kind"),
+            side: get("side"),
+            quadrature: get("quadrature"),
+            p,
+            m,
+            k,
+            d,
+            n,
+            steps,
+            reg,
+            form,
+        })
     }
 
     /// Class block `c` of the Gram, `[P, M]`: `K^{cc}(x_p, x_i)`.
@@ -114,8 +165,17 @@ impl KernelFiles {
         b
     }
 
-    /// Requires the rows to be the run's training points (a square train×train kernel).
+    /// Requires the rows to be the run's training points (a square train×train kernel) and a
+    /// symmetric kernel form (momentum and Adam kernels are not symmetric; symmetrising them
+    /// would change what they mean).
     pub fn require_train_rows(&self, run: &Run) -> Result<()> {
+        if self.form == "momentum" || self.form == "preconditioned" {
+            return Err(Error::Config(format!(
+                "{}: the kernel of this run is in `{}` form, which is not a symmetric kernel; a GP or SVM needs one (train with gd/sgd, or use this kernel only as a kernel machine and for attribution)",
+                self.dir.display(),
+                self.form
+            )));
+        }
         if self.p != self.m || self.points != run.dataset.x_train {
             return Err(Error::Config(format!(
                 "{} is not a train×train kernel (compute it with `pathkernel kernel --points train --side train`)",
@@ -130,6 +190,43 @@ impl KernelFiles {
         let mk = self.m * self.k;
         (1..self.n).all(|s| self.a[s * mk..(s + 1) * mk] == self.a[..mk])
     }
+}
+
+/// What a GP or SVM fit would allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// One GP per class: Cholesky factors and solves.
+    Gp,
+    /// One-vs-rest SMO: class blocks and the solver's kernel rows.
+    Svm,
+}
+
+/// Estimated peak bytes of a GP/SVM fit from the kernel directories on disk, checked against
+/// `budget` *before* anything is loaded: reading both `gram.safetensors` (file bytes plus the
+/// decoded arrays), then per class an `[M, M]` block with its factor (GP: also the
+/// marginal-likelihood search's copy) and the `[P, M]` cross block.
+pub fn check_fit_memory(fit: Fit, run: &Run, train_kernel: &Path, row_kernel: &Path, budget: u64) -> Result<()> {
+    let size = |d: &Path| -> Result<u64> {
+        let p = d.join("gram.safetensors");
+        std::fs::metadata(&p).map(|m| m.len()).map_err(|e| Error::io(&p, e))
+    };
+    let (tb, rb) = (size(train_kernel)?, size(row_kernel)?);
+    let (m, k) = (run.dataset.n_train() as u64, run.dataset.num_outputs as u64);
+    let p = rb / (8 * m * k * k).max(1);
+    let per_class = match fit {
+        Fit::Gp => 8 * (3 * m * m + 3 * p * m),
+        Fit::Svm => 8 * (2 * m * m + 2 * p * m),
+    };
+    let need = 2 * (tb + rb) + per_class;
+    if need > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} fit on M = {m} training points and P = {p} rows (K = {k})", if fit == Fit::Gp { "GP" } else { "SVM" }),
+            needed_bytes: need,
+            budget_bytes: budget,
+            hint: "use fewer row points in --kernel, a smaller training set, or raise --memory".into(),
+        });
+    }
+    Ok(())
 }
 
 fn labels(run: &Run) -> Result<Vec<usize>> {
@@ -432,10 +529,16 @@ pub fn attribution_report(run: &Run, kf: &KernelFiles, points: &[usize], top: us
             Error::Config("a_{i,s} varies by step: recompute the kernel with --per-step for the ensemble attribution".into())
         })?;
         let s = gs.len() / (p * m * k * k);
-        (analysis::contributions_per_step(gs, &kf.a[..s * m * k], s, p, m, k)?, "ensemble (Theorem 3.6)".to_string())
+        let a_steps: Vec<f64> = kf.steps.iter().flat_map(|&st| kf.a[st * m * k..(st + 1) * m * k].iter().copied()).collect();
+        (analysis::contributions_per_step(gs, &a_steps, s, p, m, k)?, "ensemble (Theorem 3.6)".to_string())
     };
     let network = network_at(run, &kf.points)?;
-    let at = analysis::attribute(&contrib, &kf.bias, &network, points, p, m, k, top)?;
+    // The weight-decay term belongs to no training point: it is part of the baseline.
+    let baseline: Vec<f64> = match &kf.reg {
+        Some(r) => kf.bias.iter().zip(r).map(|(b, r)| b + r).collect(),
+        None => kf.bias.clone(),
+    };
+    let at = analysis::attribute(&contrib, &baseline, &network, points, p, m, k, top)?;
     let max_abs_residual = at.iter().map(|a| a.residual.abs()).fold(0.0, f64::max);
     let mut rows = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for a in &at {
@@ -559,7 +662,7 @@ pub fn stationarity_report(
     let kind: KernelKind = if train_kernel.kind.is_empty() { KernelKind::Epk } else { train_kernel.kind.parse()? };
     let states = run.load_all()?;
     let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let far = kernel::compute(&run.manifest, &run.dataset, &states, &Points { x: rx.clone(), dim: d }, &req, u64::MAX, &|_, _| {})?;
+    let far = kernel::compute_run(run, &states, &Points { x: rx.clone(), dim: d }, &req, u64::MAX, &|_, _| {})?;
     let far_diag = far.diag.clone().ok_or_else(|| Error::Config(format!("kernel kind {kind} has no self-kernel for the far field")))?;
     let kval: Vec<f64> = (0..r).map(|q| (0..k).map(|c| far_diag[(q * k + c) * k + c]).sum::<f64>() / k as f64).collect();
     let nearest = analysis::nearest_distance(&rx, x, d)?;

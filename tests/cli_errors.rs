@@ -166,3 +166,36 @@ fn study_rejects_bad_files_without_writing() {
     }
     run_fail(&["study", "run", "missing.toml"], d, "missing.toml");
 }
+
+#[test]
+fn resource_guards_refuse_training_and_fits_with_an_estimate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("c.toml"), toy2d("[6]", "relu", 5, 0.5, 6, 4)).unwrap();
+    let before = listing(d);
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run", "--memory", "1k"], d, "over the budget");
+    assert_eq!(listing(d), before, "a refused training run must leave nothing behind");
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run", "--set", "train.optimizer"], d, "SECTION.KEY=VALUE");
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run", "--set", "train.optimizer=adamw", "--set", "train.momentum=0.9"], d, "train.momentum");
+    assert_eq!(listing(d), before);
+    let ok = |args: &[&str]| {
+        let o = Command::new(bin()).args(args).current_dir(d).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    ok(&["train", "-q", "--config", "c.toml", "--out", "run"]);
+    ok(&["kernel", "--run", "run", "--kind", "epk", "--points", "train", "--side", "train", "--out", "ktrain"]);
+    ok(&["kernel", "--run", "run", "--kind", "epk", "--out", "ktest"]);
+    let before = listing(d);
+    for fit in ["gp", "svm"] {
+        run_fail(&[fit, "--run", "run", "--train-kernel", "ktrain", "--kernel", "ktest", "--memory", "10k", "--out", "fit"], d, "over the budget");
+        assert_eq!(listing(d), before, "{fit}: a refused fit must leave nothing behind");
+    }
+    // A momentum run's kernel is not symmetric: GP and SVM refuse it instead of symmetrising it.
+    ok(&["train", "-q", "--config", "c.toml", "--out", "mom", "--set", "train.momentum=0.9"]);
+    ok(&["kernel", "--run", "mom", "--kind", "epk", "--points", "train", "--side", "train", "--out", "mtrain"]);
+    ok(&["kernel", "--run", "mom", "--kind", "epk", "--out", "mtest"]);
+    let before = listing(d);
+    run_fail(&["gp", "--run", "mom", "--train-kernel", "mtrain", "--kernel", "mtest", "--out", "fit"], d, "not a symmetric kernel");
+    run_fail(&["kernel", "--run", "mom", "--kind", "chen", "--out", "kc"], d, "defined for plain gradient steps");
+    assert_eq!(listing(d), before);
+}

@@ -338,3 +338,87 @@ fn chunked_node_evaluation_equals_small_blocks() {
     assert!(max_abs_diff(&whole.gram, &small.gram) <= 1e-12 * max_abs(&whole.gram));
     assert!(whole.max_abs_error() <= 1e-11, "{:e}", whole.max_abs_error());
 }
+
+/// Writes IDX files of seeded random 28×28 "MNIST" images and labels into `dir`.
+fn fake_mnist(dir: &std::path::Path, n_train: u32, n_test: u32) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let idx = |ty: u8, dims: &[u32], data: Vec<u8>| -> Vec<u8> {
+        let mut b = vec![0u8, 0, ty, dims.len() as u8];
+        dims.iter().for_each(|d| b.extend_from_slice(&d.to_be_bytes()));
+        b.extend(data);
+        b
+    };
+    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
+        // Sparse like MNIST: most pixels 0.
+        let pixels: Vec<u8> = (0..n * 784).map(|_| if rng.gen_bool(0.3) { rng.gen_range(1..=255) } else { 0 }).collect();
+        let labels: Vec<u8> = (0..n).map(|_| rng.gen_range(0..10)).collect();
+        std::fs::write(dir.join(format!("{prefix}-images.idx3-ubyte")), idx(8, &[n, 28, 28], pixels)).unwrap();
+        std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(8, &[n], labels)).unwrap();
+    }
+}
+
+/// A small CNN on fake MNIST, trained by full-batch gradient descent.
+fn cnn_run(dir: &std::path::Path, name: &str, model: &str) -> Run {
+    let data = dir.join(format!("{name}-mnist"));
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 12, 4);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 12\nn_test = 4\n\n[model]\nkind = \"cnn\"\n{model}\n\n[train]\nlr = 0.5\nsteps = 3\nseed = 2\n",
+        data.to_str().unwrap()
+    );
+    train(dir, name, &toml)
+}
+
+#[test]
+fn cnn_fast_path_equals_generic_path_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut worst: f64 = 0.0;
+    for (name, model) in [
+        ("relu", "channels = 2\nkernel = 5\nstride = 2\npool = 2"),
+        ("tanh-nobias", "channels = 3\nkernel = 3\nstride = 2\npadding = 1\npool = 2\nactivation = \"tanh\"\nbias = false\nzero_output = true"),
+    ] {
+        let run = cnn_run(dir.path(), name, model);
+        let states = run.load_all().unwrap();
+        for (kind, rule, points) in [
+            (KernelKind::Epk, Rule::Gauss(3), PointsSpec::Test),
+            (KernelKind::Dpk, Rule::Gauss(1), PointsSpec::Train),
+            (KernelKind::Ntk, Rule::Gauss(1), PointsSpec::Test),
+            (KernelKind::Chen, Rule::Gauss(1), PointsSpec::Test),
+        ] {
+            let pts = points.resolve(&run.dataset).unwrap();
+            let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+            let [fast, slow] = [kernel::GramPath::Fast, kernel::GramPath::Generic]
+                .map(|path| kernel::compute_with_path(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}, path).unwrap());
+            let rel = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
+            assert!(rel <= 1e-12, "{name} {kind}: Gram relative difference {rel:e}");
+            worst = worst.max(rel);
+            if let (Some(a), Some(b)) = (&fast.diag, &slow.diag) {
+                let rel = max_abs_diff(a, b) / max_abs(b);
+                assert!(rel <= 1e-12, "{name} {kind}: self-kernel relative difference {rel:e}");
+                worst = worst.max(rel);
+            }
+            let rel = max_abs_diff(&fast.machine, &slow.machine) / max_abs(&slow.machine);
+            assert!(rel <= 1e-12, "{name} {kind}: kernel machine relative difference {rel:e}");
+        }
+    }
+    eprintln!("CNN fast vs generic through compute(): max relative difference {worst:e}");
+}
+
+#[test]
+fn cnn_epk_auto_reproduces_the_network() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, model) in [
+        ("relu", "channels = 2\nkernel = 5\nstride = 2\npool = 2"),
+        ("tanh", "channels = 2\nkernel = 3\nstride = 1\npool = 2\nactivation = \"tanh\""),
+    ] {
+        let run = cnn_run(dir.path(), name, model);
+        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+        eprintln!("{name}: EPK auto:1e-12 max |machine − network| {:e}, {:.1} evaluations/point/step", epk.max_abs_error(), epk.mean_evaluations());
+        assert!(epk.max_abs_error() <= 1e-11, "{name}: EPK auto:1e-12 error {:e}", epk.max_abs_error());
+        assert!(max_abs_diff(&epk.network, &epk.bias) > 0.1, "{name}: the network barely moved");
+        let dpk = compute(&run, KernelKind::Dpk, Rule::Gauss(1), Side::Test, PointsSpec::Test);
+        assert!(dpk.max_abs_error() > 1e3 * epk.max_abs_error().max(1e-14), "{name}: dpk {:e}", dpk.max_abs_error());
+    }
+}
+

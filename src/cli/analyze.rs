@@ -47,6 +47,9 @@ pub struct GpArgs {
     /// Monte-Carlo seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Memory budget, e.g. 8G: the fit is refused with an estimate when it would need more.
+    #[arg(long, default_value = "16G")]
+    memory: String,
     /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
@@ -63,6 +66,7 @@ pub fn gp(a: GpArgs) -> Result<()> {
         other => return Err(Error::Config(format!("--targets {other}: expected network or labels"))),
     };
     let run = Run::open(&a.run)?;
+    workflow::check_fit_memory(workflow::Fit::Gp, &run, &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
     let tk = KernelFiles::open(&a.train_kernel, &run)?;
     let rk = KernelFiles::open(&a.kernel, &run)?;
     let params = GpParams::new().noise(a.noise).jitter(a.jitter).max_jitter(a.max_jitter).fit_hyper(a.fit_hyper);
@@ -107,7 +111,10 @@ pub struct SvmArgs {
     /// Iteration budget.
     #[arg(long, default_value_t = 1_000_000)]
     max_iter: usize,
-    /// Output directory.
+    /// Memory budget, e.g. 8G: the fit is refused with an estimate when it would need more.
+    #[arg(long, default_value = "16G")]
+    memory: String,
+    /// Output directory.    /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
     /// Replace OUT.
@@ -118,6 +125,7 @@ pub struct SvmArgs {
 /// Runs `svm`.
 pub fn svm(a: SvmArgs) -> Result<()> {
     let run = Run::open(&a.run)?;
+    workflow::check_fit_memory(workflow::Fit::Svm, &run, &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
     let tk = KernelFiles::open(&a.train_kernel, &run)?;
     let rk = KernelFiles::open(&a.kernel, &run)?;
     let params = SvmParams::new().c(a.c).tol(a.tol).max_iter(a.max_iter);

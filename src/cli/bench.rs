@@ -54,6 +54,10 @@ pub struct Args {
     /// Write the compared arrays (NTK step Gram, GP/SVM problem and solutions) and results.jsonl.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// CNN runs: time one EPK step with this fixed rule (e.g. left:10) through the generic
+    /// autodiff Gram path and the structured CNN path, and print their speed-up.
+    #[arg(long, value_name = "RULE")]
+    conv_compare: Option<crate::kernel::Rule>,
 }
 
 /// Runs the subcommand.
@@ -62,6 +66,11 @@ pub fn exec(a: Args) -> Result<()> {
     let step = a.step.unwrap_or(run.manifest.steps / 2);
     if !(a.tol.is_finite() && a.tol > 0.0) {
         return Err(crate::Error::Config(format!("--tol {}: must be > 0", a.tol)));
+    }
+    if let Some(rule) = a.conv_compare {
+        let r = crate::bench::conv_paths(&run, step, a.repeat, rule)?;
+        println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        return Ok(());
     }
     let opts = crate::bench::BenchOptions {
         step,

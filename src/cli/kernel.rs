@@ -90,7 +90,8 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let (out, plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &points, &req, budget, &progress)?;
+    let plan = kernel::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
+    let out = kernel::blocked::in_blocks(&points, plan.block_rows, &progress, &mut |pts, prog| kernel::compute_run(&run, &states, pts, &req, u64::MAX, prog))?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
     let dir = staged.commit()?;

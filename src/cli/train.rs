@@ -29,17 +29,54 @@ pub struct Args {
     /// Override train.device from the config (cpu or cuda; cuda needs the `cuda` build feature).
     #[arg(long, value_name = "DEVICE")]
     device: Option<String>,
+    /// Override one key of the configuration, as TOML: `--set train.optimizer=adamw
+    /// --set train.lr=0.01 --set 'train.betas=[0.9, 0.99]'` (repeatable; values that are not
+    /// valid TOML are taken as strings).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Memory budget, e.g. 8G or 512M: training is refused with an estimate when it would need more.
+    #[arg(long, default_value = "16G")]
+    memory: String,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
 }
 
+/// Applies `SECTION.KEY=VALUE` overrides to a TOML document.
+fn apply_overrides(text: &str, origin: &std::path::Path, sets: &[String]) -> Result<String> {
+    if sets.is_empty() {
+        return Ok(text.to_string());
+    }
+    let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| crate::Error::format(origin, e.message().replace('\n', " ")))?;
+    for set in sets {
+        let bad = || crate::Error::Config(format!("--set `{set}`: expected SECTION.KEY=VALUE, e.g. train.optimizer=adamw"));
+        let (path, value) = set.split_once('=').ok_or_else(bad)?;
+        let (section, key) = path.trim().split_once('.').ok_or_else(bad)?;
+        if section.is_empty() || key.is_empty() || key.contains('.') {
+            return Err(bad());
+        }
+        let v: toml::Value = match format!("v = {}", value.trim()).parse::<toml::Table>() {
+            Ok(mut t) => t.remove("v").expect("parsed key"),
+            Err(_) => toml::Value::String(value.trim().to_string()),
+        };
+        let table = doc.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        match table {
+            toml::Value::Table(t) => {
+                t.insert(key.to_string(), v);
+            }
+            _ => return Err(crate::Error::Config(format!("--set `{set}`: `{section}` is not a section of the configuration"))),
+        }
+    }
+    Ok(toml::to_string(&doc).expect("a TOML table serialises"))
+}
+
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
-    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from(".") };
+    let budget = crate::io::parse_bytes(&a.memory)?;
+    let opts = TrainOptions { progress: !a.quiet, force: a.force, base_dir: PathBuf::from("."), memory_budget: Some(budget) };
     if let Some(dir) = &a.resume {
-        if a.device.is_some() {
-            return Err(crate::Error::Config("--device cannot change a run being resumed".into()));
+        if a.device.is_some() || !a.set.is_empty() {
+            return Err(crate::Error::Config("--device and --set cannot change a run being resumed".into()));
         }
         let summary = crate::train::resume_to_dir(dir, &opts)?;
         println!("{summary}");
@@ -47,6 +84,7 @@ pub fn exec(a: Args) -> Result<()> {
     }
     let (config, out) = (a.config.expect("clap requires --config"), a.out.expect("clap requires --out"));
     let text = std::fs::read_to_string(&config).map_err(|e| crate::Error::io(&config, e))?;
+    let text = apply_overrides(&text, &config, &a.set)?;
     // A study file (with `name` and [[kernel]] entries) also configures a training run.
     let is_study = text.parse::<toml::Table>().map(|t| t.contains_key("name")).unwrap_or(false);
     let mut cfg = if is_study {

@@ -282,6 +282,62 @@ fn add_scaled_row(row: &mut [f64], src: &[f64], s: &[f64], k: usize) {
     }
 }
 
+/// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.
+pub(super) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
+    let (m, ni) = (train.acts.len() / train.n_in.max(1), train.n_in);
+    if bias {
+        let mut v = Vec::with_capacity(m * (ni + 1));
+        for i in 0..m {
+            v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
+            v.push(1.0);
+        }
+        v
+    } else {
+        train.acts.to_vec()
+    }
+}
+
+/// Training sensitivities `[(i, k'), o]` transposed to `[o, (i, k')]`.
+pub(super) fn deltas_by_output(dtrain: &[f64], mk: usize, no: usize) -> Vec<f64> {
+    let mut dt = vec![0.0; no * mk];
+    for c in 0..mk {
+        for o in 0..no {
+            dt[o * mk + c] = dtrain[c * no + o];
+        }
+    }
+    dt
+}
+
+/// Contracts formed row-side layer gradients with the training points' factors:
+/// `G[row, (i, k')] += Σ_o (J[(row, o), :]·[a_i, 1]) δ_i[k', o]`, as one GEMM
+/// `T = J · A_extᵀ` and a vectorised pass over o.
+///
+/// # Shapes
+/// `g` `[R, M·K]`, `j` `[R·no, ne]`, `a_ext` `[M, ne]`, `dt` `[no, M·K]`; `t` is scratch.
+pub(super) fn contract_formed(g: &mut [f64], j: &[f64], a_ext: &[f64], dt: &[f64], r: usize, m: usize, k: usize, no: usize, ne: usize, t: &mut Vec<f64>) {
+    let mk = m * k;
+    t.resize(r * no * m, 0.0);
+    let tb = &mut t[..r * no * m];
+    gemm_abt(tb, j, a_ext, r * no, m, ne, 1.0, false);
+    let tb = &*tb;
+    g[..r * mk].par_chunks_mut(mk).enumerate().for_each_init(
+        || vec![0.0; mk],
+        |texp, (row, grow)| {
+            for o in 0..no {
+                let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                let drow = &dt[o * mk..(o + 1) * mk];
+                // Expand t over k' so the update is one contiguous, vectorisable pass.
+                for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
+                    chunk.iter_mut().for_each(|v| *v = tv);
+                }
+                for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
+                    *g += tv * dv;
+                }
+            }
+        },
+    );
+}
+
 /// One step's kernel-machine prediction in factor form:
 /// `Σ_i Σ_{k'} a[i, k'] K_s[p, i, k, k'] = ⟨∇̄f^k(x_p), v⟩` with `v = Σ_i Σ_{k'} a[i,k'] ∇f^{k'}(x_i)`
 /// formed per layer as `V_l = Σ_i (Σ_{k'} a[i,k'] δ_{i,l}[k']) [a_{i,l}, 1]ᵀ` (`[out, in+1]`).

@@ -19,12 +19,14 @@
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
 
 pub mod blocked;
+pub mod convgram;
 pub mod eval;
 pub mod generic;
 pub mod gram;
 pub mod linalg;
 pub mod output;
 pub mod quadrature;
+mod stateful;
 
 use std::time::Instant;
 
@@ -79,6 +81,62 @@ impl std::fmt::Display for KernelKind {
             KernelKind::Kprime => "kprime",
         };
         f.write_str(s)
+    }
+}
+
+/// Which kernel form the optimizer of a run admits ([`crate::optim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelForm {
+    /// Plain gradient steps (GD/SGD): `K_s(x, x') = ⟨J̄_s(x), ∇f(x'; w_s)⟩`, the path kernel of
+    /// Definition 3.4 (symmetric in form; exactly symmetric on the train side).
+    Gradient,
+    /// Gradient steps with weight decay: the same kernel, plus the non-data term `R(x)`.
+    GradientWithDecay,
+    /// Heavy-ball momentum: `K_r(x, x') = ⟨F_r(x), ∇f(x'; w_r)⟩` where `F_r` sums the integrated
+    /// gradients of steps s ≥ r weighted by `(ε_s/ε_r) β^{s−r}`: not a symmetric kernel.
+    Momentum,
+    /// Adam(W): `F_r` also carries the diagonal preconditioner `κ_s D_s` of each step: not a
+    /// symmetric kernel.
+    Preconditioned,
+}
+
+impl KernelForm {
+    /// The form of an optimizer's kernel.
+    pub fn of(rule: &crate::optim::UpdateRule) -> Self {
+        match (rule.adam.is_some(), rule.beta != 0.0, rule.wd_coupled != 0.0 || rule.wd_decoupled != 0.0) {
+            (true, _, _) => KernelForm::Preconditioned,
+            (false, true, _) => KernelForm::Momentum,
+            (false, false, true) => KernelForm::GradientWithDecay,
+            (false, false, false) => KernelForm::Gradient,
+        }
+    }
+
+    /// Whether `K(x, x')` is an inner product of one feature map evaluated on both sides (up to
+    /// the EPK's train/test asymmetry).
+    pub fn symmetric(&self) -> bool {
+        matches!(self, KernelForm::Gradient | KernelForm::GradientWithDecay)
+    }
+
+    /// The formula, for output manifests.
+    pub fn formula(&self) -> &'static str {
+        match self {
+            KernelForm::Gradient => "K_s(x,x') = <Jbar_s(x), grad f(x'; w_s)>, Jbar_s = int_0^1 grad f(x; w_s(t)) dt; f = b + sum_s sum_i a_is K_s",
+            KernelForm::GradientWithDecay => "K_s as for gradient steps; f = b + sum_s sum_i a_is K_s + R(x), R = weight-decay term (no training point)",
+            KernelForm::Momentum => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) beta^(s-r) Jbar_s(x); not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+            KernelForm::Preconditioned => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) (1-beta1) beta1^(s-r) kappa_s D_s * Jbar_s(x), D_s = Adam's diagonal preconditioner; not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+        }
+    }
+}
+
+impl std::fmt::Display for KernelForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelForm::Gradient => "gradient",
+            KernelForm::GradientWithDecay => "gradient-with-decay",
+            KernelForm::Momentum => "momentum",
+            KernelForm::Preconditioned => "preconditioned",
+        })
     }
 }
 
@@ -178,6 +236,17 @@ pub struct KernelOutput {
     pub records: Vec<StepRecord>,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// The kernel form the run's optimizer admits.
+    pub form: KernelForm,
+    /// The weight-decay term `R(x)` `[P, K]` (included in `machine`), when the run used weight
+    /// decay: the part of the output that belongs to no training point.
+    pub reg: Option<Vec<f64>>,
+    /// Max over steps of `‖Σ_i u_{i,s} + r_s − (w_{s+1} − w_s)‖_∞ / ‖w_{s+1} − w_s‖_∞`: how well
+    /// the replayed optimizer reproduces the recorded path (momentum/Adam/weight-decay runs).
+    pub decomposition_residual: Option<f64>,
+    /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` `[P, K]` (included in `machine`):
+    /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
+    pub rounding: Option<Vec<f64>>,
 }
 
 impl KernelOutput {
@@ -244,7 +313,17 @@ impl std::fmt::Display for KernelOutput {
             self.mean_evaluations(),
             self.max_evaluations(),
             self.seconds
-        )
+        )?;
+        if self.form != KernelForm::Gradient {
+            write!(f, "; form {}{}", self.form, if self.form.symmetric() { "" } else { " (not a symmetric kernel)" })?;
+        }
+        if let Some(r) = &self.reg {
+            write!(f, "; weight-decay term max |R| {:.3e}", r.iter().fold(0.0f64, |a, v| a.max(v.abs())))?;
+        }
+        if let (Some(res), Some(r)) = (self.decomposition_residual, &self.rounding) {
+            write!(f, "; optimizer replay residual {res:.1e}, rounding term max {:.1e}", r.iter().fold(0.0f64, |a, v| a.max(v.abs())))?;
+        }
+        Ok(())
     }
 }
 
@@ -333,8 +412,8 @@ fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: 
 const JVP_CHUNK: usize = 2048;
 
 /// `step.jvp` at points `idx` (rows of `x`) and times `t`, in chunks of [`JVP_CHUNK`] rows.
-fn jvp_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let (d, k) = (step.input_dim(), step.k);
+fn jvp_rows<S: AlongPath>(step: &S, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (d, k) = (step.input_dim(), step.outputs());
     let mut f = Vec::with_capacity(idx.len() * k);
     let mut fdot = Vec::with_capacity(idx.len() * k);
     for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
@@ -389,8 +468,51 @@ struct Piece {
 /// search uses forward-mode evaluations only (`f` and `df/dt`, no backward pass); gradients are
 /// then computed once, at the accepted nodes.
 fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
+    let c = choose_auto_nodes(step, x, p, off, tol_step);
+    // Gradients once, at the accepted nodes.
+    let evals = eval_rows(step, x, off, &c.point, &c.times);
+    RowNodes { point: c.point, weight: c.weight, evals, evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged }
+}
+
+/// What the adaptive rule needs of a network along one step: its kinks in t and forward-mode
+/// `(f, df/dt)` (`x` `[R, d]`, `t` `[R]`, `off` `[R, K]`).
+trait AlongPath {
+    fn input_dim(&self) -> usize;
+    fn outputs(&self) -> usize;
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64>;
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+}
+
+impl AlongPath for MlpStep {
+    fn input_dim(&self) -> usize {
+        MlpStep::input_dim(self)
+    }
+    fn outputs(&self) -> usize {
+        self.k
+    }
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        MlpStep::kinks(self, x, a, b)
+    }
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        MlpStep::jvp(self, x, t, off)
+    }
+}
+
+/// Nodes chosen by the auto rule: node j of point `point[j]` at `times[j]` with `weight[j]`.
+struct AutoNodes {
+    point: Vec<usize>,
+    weight: Vec<f64>,
+    times: Vec<f64>,
+    evaluations: Vec<usize>,
+    jvp_evaluations: Vec<usize>,
+    pieces: Vec<usize>,
+    unconverged: usize,
+}
+
+/// The node search of [`auto_nodes`], for any network with [`AlongPath`].
+fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
     let d = step.input_dim();
-    let k = step.k;
+    let k = step.outputs();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     for pi in 0..p {
         let mut v = vec![0.0];
@@ -490,13 +612,11 @@ fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step
         }
         pending = next;
     }
-    // Gradients once, at the accepted nodes.
-    let evals = eval_rows(step, x, off, &point, &times);
     let mut evaluations = vec![0usize; p];
     for &pi in &point {
         evaluations[pi] += 1;
     }
-    RowNodes { point, weight, evals, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
+    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
 }
 
 /// Row points of a kernel computation.
@@ -536,7 +656,8 @@ pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) 
 /// kernel machine and its per-step validation.
 ///
 /// `states` are `w_0 … w_N`. MLPs use the structured fast path; other architectures the
-/// generic autodiff path (fixed quadrature rules only).
+/// generic autodiff path (fixed quadrature rules only). Runs trained with Adam(W) need their
+/// recorded preconditioners: use [`compute_run`] for them.
 pub fn compute(
     manifest: &Manifest,
     train: &crate::data::Dataset,
@@ -545,6 +666,60 @@ pub fn compute(
     req: &KernelRequest,
     memory_budget: u64,
     progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress, GramPath::Fast)
+}
+
+/// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
+/// preconditioners), so it works for every optimizer.
+pub fn compute_run(
+    run: &crate::trajectory::Run,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    let precond = run.load_preconditioners()?;
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, memory_budget, progress, GramPath::Fast)
+}
+
+/// Which Gram path a CNN takes (MLPs always take the structured one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GramPath {
+    /// The structured path ([`convgram`] for CNNs); any quadrature rule.
+    Fast,
+    /// The generic autodiff path ([`generic`], the reference); fixed rules only.
+    Generic,
+}
+
+/// [`compute`] with the CNN's Gram path chosen: [`GramPath::Generic`] forces the autodiff
+/// reference (benchmarks, differential tests).
+#[allow(clippy::too_many_arguments)]
+pub fn compute_with_path(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+    path: GramPath,
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, memory_budget, progress, path)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compute_inner(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    precond: Option<&[Vec<f64>]>,
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+    path: GramPath,
 ) -> Result<KernelOutput> {
     let start = Instant::now();
     let arch = &manifest.architecture;
@@ -572,7 +747,8 @@ pub fn compute(
         });
     }
     let structured = matches!(arch.body, Body::Mlp { .. });
-    if !structured && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+    let conv_fast = path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
+    if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
         return Err(Error::Config(
             "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
         ));
@@ -600,6 +776,35 @@ pub fn compute(
         }
     };
     let (lo, hi) = (s0, s1);
+    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    if !rule.is_plain() {
+        let setup = stateful::Setup {
+            manifest,
+            train,
+            states,
+            rows,
+            req,
+            rule,
+            structured,
+            integrate: match req.kind {
+                KernelKind::Epk => req.side == Side::Test,
+                KernelKind::Kprime => true,
+                _ => false,
+            },
+            tol_step: match req.rule {
+                Rule::Auto(tol) => tol / n.max(1) as f64,
+                _ => 0.0,
+            },
+            lo,
+            hi,
+            off_rows,
+            off_train,
+            budget: memory_budget,
+            start,
+            precond,
+        };
+        return stateful::compute(&setup, progress);
+    }
     // Network values at the states used, and a_{i,s} (zero outside the steps summed).
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
@@ -704,9 +909,14 @@ pub fn compute(
             }
             (pred, nodes.evaluations, nodes.jvp_evaluations, nodes.pieces, nodes.unconverged)
         } else {
-            let nodes = fixed.expect("auto rejected above for the generic path");
             let mut gs = vec![0.0; gsize];
-            generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs, &mut diag)?;
+            let stats = if conv_fast {
+                convgram::step(arch, &states[s], next, &rows.x, off_rows.as_deref(), fixed.as_deref(), tol_step, &train.x_train, off_train.as_deref(), &mut gs, &mut diag)?
+            } else {
+                let nodes = fixed.expect("auto rejected above for the generic path");
+                generic::step_gram(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut gs, &mut diag)?;
+                convgram::NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
+            };
             let pred = contract(&gs, &a_eff, p, m, k);
             if let Some(cw) = &colw {
                 for (c, v) in gs.iter_mut().enumerate() {
@@ -718,7 +928,7 @@ pub fn compute(
             if let Some(ps) = per_step.as_mut() {
                 ps.extend_from_slice(&gs);
             }
-            (pred, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+            (pred, stats.evaluations, stats.jvp_evaluations, stats.pieces, stats.unconverged)
         };
         // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };
@@ -799,6 +1009,10 @@ pub fn compute(
         single_machine,
         records,
         seconds: start.elapsed().as_secs_f64(),
+        form: KernelForm::Gradient,
+        reg: None,
+        decomposition_residual: None,
+        rounding: None,
     })
 }
 

@@ -3,8 +3,10 @@
 //! ```text
 //! OUT/gram.safetensors   gram [P, M, K, K] f64 (Σ_s K_s; ntk: at step S), a [N, M, K], bias [P, K],
 //!                        points [P, d], diag [P, K, K] (K(x_p, x_p) on the rows' side; ntk/dpk/epk);
-//!                        gram_steps [S, P, M, K, K] with --per-step
-//! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine)
+//!                        gram_steps [S, P, M, K, K] with --per-step, steps [S] (the steps summed),
+//!                        reg [P, K] (weight-decay term), rounding [P, K] (what the per-point split
+//!                        does not carry); both included in the machine; metadata `form`
+//! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine, reg_term)
 //! OUT/exactness.json     max_abs_error, mean_abs_error, quadrature, evaluations per step, steps, seconds, …
 //! OUT/steps.parquet      per step: predicted vs actual change of the output (ExPLAIND-style)
 //! ```
@@ -51,6 +53,35 @@ pub struct Exactness {
     pub seconds: f64,
     /// Run id of the trajectory.
     pub run_id: String,
+    /// The kernel form the run's optimizer admits (`gradient`, `gradient-with-decay`,
+    /// `momentum`, `preconditioned`).
+    #[serde(default = "default_form")]
+    pub form: String,
+    /// Whether that form is a symmetric kernel (false for momentum and Adam).
+    #[serde(default = "default_true")]
+    pub symmetric_kernel: bool,
+    /// The form's formula.
+    #[serde(default)]
+    pub formula: String,
+    /// How well the replayed optimizer reproduces the recorded weight changes (relative, max over
+    /// steps), for momentum/Adam/weight-decay runs.
+    #[serde(default)]
+    pub decomposition_residual: Option<f64>,
+    /// max |R(x)|, the weight-decay term that belongs to no training point, when present.
+    #[serde(default)]
+    pub reg_term_max_abs: Option<f64>,
+    /// max |rounding term|: the part of the recorded updates the per-point split does not carry
+    /// (included in the machine; large only where Adam amplifies gradient rounding by 1/eps).
+    #[serde(default)]
+    pub rounding_term_max_abs: Option<f64>,
+}
+
+fn default_form() -> String {
+    "gradient".into()
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// Mean and max evaluations.
@@ -95,6 +126,12 @@ impl Exactness {
             },
             seconds: o.seconds,
             run_id: run_id.to_string(),
+            form: o.form.to_string(),
+            symmetric_kernel: o.form.symmetric(),
+            formula: o.form.formula().to_string(),
+            decomposition_residual: o.decomposition_residual,
+            reg_term_max_abs: o.reg.as_ref().map(|r| r.iter().fold(0.0, |a: f64, v| a.max(v.abs()))),
+            rounding_term_max_abs: o.rounding.as_ref().map(|r| r.iter().fold(0.0, |a: f64, v| a.max(v.abs()))),
         }
     }
 }
@@ -115,11 +152,19 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
     if let Some(ps) = &o.per_step {
         arrays.push(NamedArray::f64("gram_steps", vec![o.steps.len(), p, m, k, k], ps.clone()));
     }
+    arrays.push(NamedArray::i64("steps", vec![o.steps.len()], o.steps.iter().map(|&s| s as i64).collect()));
+    if let Some(r) = &o.reg {
+        arrays.push(NamedArray::f64("reg", vec![p, k], r.clone()));
+    }
+    if let Some(r) = &o.rounding {
+        arrays.push(NamedArray::f64("rounding", vec![p, k], r.clone()));
+    }
     let mut meta = HashMap::new();
     meta.insert("kind".to_string(), o.kind.to_string());
     meta.insert("quadrature".to_string(), if o.integrated { o.rule.to_string() } else { "none (t = 0)".to_string() });
     meta.insert("side".to_string(), format!("{:?}", o.side).to_lowercase());
     meta.insert("run_id".to_string(), run_id.to_string());
+    meta.insert("form".to_string(), o.form.to_string());
     io::write_safetensors(&dir.join("gram.safetensors"), &arrays, Some(meta))?;
 
     let mut point = Vec::with_capacity(p * k);
@@ -140,6 +185,9 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
         .with("abs_error", Column::F64(err));
     if let Some(s) = &o.single_machine {
         t = t.with("single_machine", Column::F64(s.clone()));
+    }
+    if let Some(r) = &o.reg {
+        t = t.with("reg_term", Column::F64(r.clone()));
     }
     t.write_parquet(&dir.join("predictions.parquet"))?;
 

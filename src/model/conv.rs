@@ -12,8 +12,11 @@
 //!   `[K·P, B]` block is, without copying, the column-major matrix `[P·B, K]`; it is multiplied
 //!   by `weightᵀ` (`[K, Co]`), the bias is added, and the `[P·B, Co]` result is permuted to
 //!   `[B, Co, Ho, Wo]` and made contiguous.
-//! - [`max_pool2d`] reshapes `[B, C, Ho·k, Wo·k]` to `[B, C, Ho, k, Wo, k]` and takes `max`
-//!   over axes 3 and 5.
+//! - [`max_pool2d`] finds each window's first maximal entry on the values (no tape) and
+//!   **gathers** those entries from the flattened input, so the backward pass sends each window's
+//!   gradient to exactly one entry, as PyTorch does (dfdx's `max` would send the full gradient to
+//!   every tied entry, which double-counts exact ties, e.g. identical patches of a blank image
+//!   border).
 //!
 //! All of these record onto the tape carried by the *input*; parameters are `NoneTape` tensors
 //! and receive gradients by id (`grads.get(&weight)`), as elsewhere in the crate.
@@ -24,7 +27,7 @@
 use dfdx::shapes::{Axes2, Axes4, Axis, HasShape};
 use dfdx::tensor::{Merge, NoneTape, Tape, Tensor};
 use dfdx::tensor_ops::{
-    BroadcastTo, Device, GatherTo, MaxTo, PermuteTo, ReshapeTo, TryConcatAlong, TryMatMul,
+    BroadcastTo, Device, GatherTo, PermuteTo, ReshapeTo, TryConcatAlong, TryMatMul,
 };
 
 /// 4-D runtime shape `(B, C, H, W)`.
@@ -149,13 +152,13 @@ where
         .contiguous()
 }
 
-/// Non-overlapping `k×k` max pooling (stride `k`), with autodiff through dfdx's `max`.
+/// Non-overlapping `k×k` max pooling (stride `k`), with autodiff through a gather.
 ///
 /// Like PyTorch's `MaxPool2d(k)` (floor mode): when `H` or `W` is not a multiple of `k`, the
-/// trailing rows/columns that do not fill a window are dropped. The backward pass is dfdx's
-/// max-reduction backward: every element equal to its window's maximum receives the full
-/// upstream gradient, so exact ties are *not* split (PyTorch picks one); with distinct values
-/// this is the exact derivative.
+/// trailing rows/columns that do not fill a window are dropped. The backward pass sends each
+/// window's upstream gradient to its first maximal entry (row-major within the window) only, as
+/// PyTorch does: with distinct values this is the exact derivative, and under an exact tie it is
+/// a valid one (a tie that persists, such as two identical patches, is one function counted once).
 ///
 /// # Shapes
 /// `x [B, C, H, W]` → `[B, C, H / k, W / k]` (integer division). The result is contiguous.
@@ -174,13 +177,29 @@ where
         "max_pool2d: window {k} larger than input {h}x{w}"
     );
     let (ho, wo) = (h / k, w / k);
-    let x = if ho * k != h || wo * k != w {
-        x.slice((0..b, 0..c, 0..ho * k, 0..wo * k))
-    } else {
-        x
-    };
-    x.reshape_like(&(b, c, ho, k, wo, k))
-        .max::<Shape4, Axes2<3, 5>>()
+    let v = x.as_vec();
+    let mut idx = Vec::with_capacity(b * c * ho * wo);
+    for bc in 0..b * c {
+        for oh in 0..ho {
+            for ow in 0..wo {
+                let mut best = (bc * h + oh * k) * w + ow * k;
+                for i in 0..k {
+                    for j in 0..k {
+                        let q = (bc * h + oh * k + i) * w + ow * k + j;
+                        if v[q] > v[best] {
+                            best = q;
+                        }
+                    }
+                }
+                idx.push(best);
+            }
+        }
+    }
+    let dev = x.device().clone();
+    let idx = dev.tensor_from_vec(idx, (b * c * ho * wo,));
+    x.reshape_like(&(b * c * h * w,))
+        .gather::<(usize,), (usize,)>(idx)
+        .reshape_like(&(b, c, ho, wo))
 }
 
 /// Plain-loop reference for [`conv2d`] on row-major (NCHW) slices; same semantics.
@@ -555,6 +574,21 @@ mod tests {
             let nz = gx.iter().filter(|g| **g != 0.0).count();
             assert_eq!(nz, ys.iter().product::<usize>());
         }
+    }
+
+    #[test]
+    fn max_pool2d_sends_a_tied_window_gradient_to_its_first_maximum_only() {
+        let dev: Cpu = Default::default();
+        #[rustfmt::skip]
+        let x = vec![
+            1.0, 1.0,   0.0, 2.0,
+            0.5, 1.0,   2.0, 2.0,
+        ];
+        let xt = t4(&dev, &x, [1, 1, 2, 4]);
+        let y = max_pool2d(xt.leaky_trace(), 2);
+        assert_eq!(y.as_vec(), vec![1.0, 2.0]);
+        let g = y.sum().backward().get(&xt).as_vec();
+        assert_eq!(g, vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
     }
 
     #[test]

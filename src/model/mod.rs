@@ -428,6 +428,21 @@ pub struct CnnGeometry {
 }
 
 impl Architecture {
+    /// Floats one input row occupies in a forward and backward pass (activations, the
+    /// convolution's im2col patches, their gradients), for memory estimates.
+    pub fn floats_per_row(&self) -> u64 {
+        match &self.body {
+            Body::Mlp { widths } => 3 * widths.iter().map(|&w| w as u64).sum::<u64>(),
+            Body::Cnn { image, channels, kernel, outputs, .. } => {
+                let (ho, wo, hp, wp) = self.cnn_geometry().map_or((0, 0, 0, 0), |g| (g.ho as u64, g.wo as u64, g.hp as u64, g.wp as u64));
+                let patches = ho * wo * (image[0] * kernel * kernel) as u64;
+                let maps = ho * wo * *channels as u64;
+                let img = (image[0] * image[1] * image[2]) as u64;
+                3 * (img + patches + 2 * maps + hp * wp * *channels as u64 + *outputs as u64)
+            }
+        }
+    }
+
     /// Number of network outputs K.
     pub fn outputs(&self) -> usize {
         match &self.body {

@@ -10,7 +10,7 @@ use pathkernel::trajectory::Run;
 pub fn train(dir: &Path, name: &str, toml: &str) -> Run {
     let cfg = RunConfig::from_toml(toml, Path::new("test.toml")).expect("valid test config");
     let out = dir.join(name);
-    train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from(".") }).expect("training succeeds");
+    train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).expect("training succeeds");
     Run::open(&out).expect("run opens")
 }
 

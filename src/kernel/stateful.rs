@@ -1,0 +1,622 @@
+//! Kernels of runs trained with momentum, Adam(W) or weight decay: the backward recursion of
+//! [`crate::optim`] in weight space.
+//!
+//! - **Phase 1** walks the path forward. At every step r it recomputes the data gradient `g_r`
+//!   from the training points' structured factors, replays the optimizer
+//!   ([`OptimizerState`]) to get `κ_r D_r` and the decomposed update `Σ_i u_{i,r} + r_r`, and
+//!   measures how far that is from the recorded `w_{r+1} − w_r` (`decomposition_residual`).
+//! - **Phase 2** walks backwards carrying `H_r = ε_r F_r` (`[P·K, W]`) for the row points:
+//!   `H_r = ε_r γ κ_r D_r ⊙ J̄_r + β H_{r+1}`. Each step's kernel is `K_r = H_r·∇f(x_i; w_r)ᵀ / ε_r`,
+//!   contracted per layer against the training points' factors (MLPs: `H_l·A_trainᵀ` then δ, as
+//!   in [`super::gram`]; other architectures: dense Jacobians). The machine's step-r term is
+//!   `Σ_i a_{i,r}·K_r = −H_r·g_r`, the weight-decay term `R = −λ_c Σ_r H_r·w_r − λ_d Σ_s ε_s J̄_s·w_s`,
+//!   and the rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)`: the part of the recorded update
+//!   the per-point split does not carry. It is at rounding level for momentum, but Adam
+//!   multiplies gradients by up to `1/eps`: where per-point gradients cancel to `|g| ≲ eps`
+//!   (e.g. the output bias of a balanced problem at a zero-initialised last layer) the update is
+//!   amplified rounding noise that no per-point split can reproduce. It is reported, never hidden.
+//!
+//! With momentum the gradients of steps before a `--steps A:B` range still move the weights
+//! inside it; those steps then appear in the Gram and in `a` with their own `K_r` (the row side
+//! carries only the steps of the range).
+//!
+//! Cost per step: `P·K·W·M` multiply-adds for the contraction (every layer is formed), against
+//! `P·K·M·Σ_l K·out_l` for plain gradient steps; that is the price of a row side which no longer
+//! factors per layer. Memory: two `[P·K, W]` arrays besides the outputs.
+
+use std::time::Instant;
+
+use super::eval::{Evals, MlpStep};
+use super::gram::{contract_formed, deltas_by_output, train_acts_ext, LayerFactors};
+use super::linalg::{gemm_ab, gemm_abt};
+use super::{auto_nodes, fixed_nodes, generic, loss_gradient, KernelForm, KernelKind, KernelOutput, KernelRequest, Points, StepRecord};
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::model::{Architecture, Params};
+use crate::optim::{OptimizerState, UpdateRule};
+use crate::trajectory::Manifest;
+
+/// Scratch bytes allowed for one block of a dense layer's contraction.
+const BLOCK_BYTES: usize = 64 << 20;
+
+/// What [`super::compute`] has checked and resolved.
+pub(super) struct Setup<'a> {
+    pub manifest: &'a Manifest,
+    pub train: &'a Dataset,
+    pub states: &'a [Params],
+    pub rows: &'a Points,
+    pub req: &'a KernelRequest,
+    pub rule: UpdateRule,
+    pub structured: bool,
+    pub integrate: bool,
+    pub tol_step: f64,
+    pub lo: usize,
+    pub hi: usize,
+    pub off_rows: Option<Vec<f64>>,
+    pub off_train: Option<Vec<f64>>,
+    pub budget: u64,
+    pub start: Instant,
+    /// Adam's recorded `κ_s D_s` per step (required for Adam runs).
+    pub precond: Option<&'a [Vec<f64>]>,
+}
+
+impl Setup<'_> {
+    fn arch(&self) -> &Architecture {
+        &self.manifest.architecture
+    }
+}
+
+/// The training points at one state: outputs and what the contraction needs.
+enum TrainSide {
+    Mlp { step: MlpStep, ev: Evals },
+    /// Dense Jacobians `[M·K, W]` (architectures without a structured path).
+    Dense { jt: Vec<f64>, f: Vec<f64> },
+}
+
+impl TrainSide {
+    fn at(s: &Setup<'_>, state: &Params) -> Result<Self> {
+        let x = &s.train.x_train;
+        if s.structured {
+            let step = MlpStep::new(s.arch(), state, None)?;
+            let m = x.len() / step.input_dim();
+            let ev = step.eval(x, &vec![0.0; m], s.off_train.as_deref(), true);
+            Ok(TrainSide::Mlp { step, ev })
+        } else {
+            let jt = generic::jacobians(s.arch(), state, &s.states[0], x)?;
+            let f = s.arch().forward(state, Some(&s.states[0]), x)?;
+            Ok(TrainSide::Dense { jt, f })
+        }
+    }
+
+    /// Network outputs `[M, K]`.
+    fn f(&self) -> &[f64] {
+        match self {
+            TrainSide::Mlp { ev, .. } => &ev.f,
+            TrainSide::Dense { f, .. } => f,
+        }
+    }
+
+    /// `Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i)`, flat in parameter order `[W]`.
+    fn gradient(&self, c: &[f64], w: usize) -> Vec<f64> {
+        let mut g = vec![0.0; w];
+        match self {
+            TrainSide::Dense { jt, .. } => {
+                // gᵀ = cᵀ·J  ([1, M·K] × [M·K, W])
+                gemm_ab(&mut g, c, jt, 1, w, c.len(), 1.0, false);
+            }
+            TrainSide::Mlp { step, ev } => {
+                let k = step.k;
+                let m = c.len() / k;
+                let mut off = 0;
+                for (l, layer) in step.layers.iter().enumerate() {
+                    let (ni, no) = (layer.n_in, layer.n_out);
+                    // uᵀ [no, M] with u_i = Σ_k' c[i,k'] δ_i[k'].
+                    let mut ut = vec![0.0; no * m];
+                    for i in 0..m {
+                        for kk in 0..k {
+                            let ci = c[i * k + kk];
+                            if ci == 0.0 {
+                                continue;
+                            }
+                            let di = &ev.deltas[l][(i * k + kk) * no..(i * k + kk + 1) * no];
+                            for o in 0..no {
+                                ut[o * m + i] += ci * di[o];
+                            }
+                        }
+                    }
+                    gemm_ab(&mut g[off..off + no * ni], &ut, &ev.acts[l], no, ni, m, 1.0, false);
+                    off += no * ni;
+                    if step.bias {
+                        for o in 0..no {
+                            g[off + o] = ut[o * m..(o + 1) * m].iter().sum();
+                        }
+                        off += no;
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// `out[(p,k), (i,k')] += H[(p,k), :]·∇f^{k'}(x_i)`.
+    ///
+    /// # Shapes
+    /// `h` `[R, W]` (R = P·K), `out` `[R, M·K]`.
+    fn contract(&self, feature: &Feature, w: usize, out: &mut [f64], scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
+        let h = &feature.dense;
+        let r = h.len() / w;
+        match self {
+            TrainSide::Dense { jt, .. } => {
+                let mk = jt.len() / w;
+                gemm_abt(out, h, jt, r, mk, w, 1.0, true);
+            }
+            TrainSide::Mlp { step, ev } => {
+                let k = step.k;
+                let mut off = 0;
+                for (l, layer) in step.layers.iter().enumerate() {
+                    let (ni, no) = (layer.n_in, layer.n_out);
+                    let m = ev.acts[l].len() / ni;
+                    if let (0, Some(f0), Some(l0)) = (l, &feature.f0, l0) {
+                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one GEMM, scaled per (p, i).
+                        let mk = m * k;
+                        let mut dd = vec![0.0; r * mk];
+                        gemm_abt(&mut dd, f0, &ev.deltas[0], r, mk, no, 1.0, false);
+                        let mut xx = vec![0.0; l0.p * m];
+                        gemm_abt(&mut xx, l0.x, &ev.acts[0], l0.p, m, ni, 1.0, false);
+                        let b = if step.bias { 1.0 } else { 0.0 };
+                        for (row, (orow, drow)) in out.chunks_exact_mut(mk).zip(dd.chunks_exact(mk)).enumerate() {
+                            let xrow = &xx[(row / k) * m..(row / k + 1) * m];
+                            for (i, (oc, dc)) in orow.chunks_exact_mut(k).zip(drow.chunks_exact(k)).enumerate() {
+                                let sx = xrow[i] + b;
+                                oc.iter_mut().zip(dc).for_each(|(o, d)| *o += sx * d);
+                            }
+                        }
+                        off += no * ni + if step.bias { no } else { 0 };
+                        continue;
+                    }
+                    let ne = ni + usize::from(step.bias);
+                    let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
+                    let a_ext = train_acts_ext(&train, step.bias);
+                    let dt = deltas_by_output(&ev.deltas[l], m * k, no);
+                    // Row blocks bound the GEMM's `[rows·out, M]` product to BLOCK_BYTES.
+                    let rb = (BLOCK_BYTES / 8 / (no * m).max(1)).clamp(1, r.max(1));
+                    let mut hext = vec![0.0; rb * no * ne];
+                    for r0 in (0..r).step_by(rb) {
+                        let nb = rb.min(r - r0);
+                        for row in 0..nb {
+                            let hr = &h[(r0 + row) * w..(r0 + row + 1) * w];
+                            for o in 0..no {
+                                let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                                dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
+                                if step.bias {
+                                    dst[ni] = hr[off + no * ni + o];
+                                }
+                            }
+                        }
+                        contract_formed(&mut out[r0 * m * k..(r0 + nb) * m * k], &hext[..nb * no * ne], &a_ext, &dt, nb, m, k, no, ne, scratch);
+                    }
+                    off += no * ni + if step.bias { no } else { 0 };
+                }
+            }
+        }
+    }
+}
+
+/// Layer 0 of an MLP: its gradient block for row p is `δ̄[p,k] ⊗ [x_p, 1]`, and without a
+/// preconditioner every combination of such blocks keeps that form, so it is carried as the
+/// factor `δ̄` (`[P·K, out_0]`) instead of `P·K·out_0·(in_0+1)` numbers: momentum then costs what
+/// plain gradient steps cost.
+struct Layer0<'a> {
+    x: &'a [f64],
+    p: usize,
+    k: usize,
+    ni: usize,
+    no: usize,
+    bias: bool,
+}
+
+impl Layer0<'_> {
+    /// `y[p, o] = W0[o, :]·x_p + b0[o]` for a flat parameter vector `v` `[W]`; returns `[P, out_0]`.
+    fn apply(&self, v: &[f64]) -> Vec<f64> {
+        let (p, ni, no) = (self.p, self.ni, self.no);
+        let mut y = vec![0.0; p * no];
+        gemm_abt(&mut y, self.x, &v[..no * ni], p, no, ni, 1.0, false);
+        if self.bias {
+            for row in y.chunks_exact_mut(no) {
+                row.iter_mut().zip(&v[no * ni..no * ni + no]).for_each(|(a, b)| *a += b);
+            }
+        }
+        y
+    }
+}
+
+/// A row-side feature `[P·K, W]` (a step's `J̄_s`, or the recursion's `H_r`): dense, or with
+/// layer 0 in factor form ([`Layer0`]; the dense layer-0 block is then zero).
+#[derive(Clone)]
+struct Feature {
+    dense: Vec<f64>,
+    f0: Option<Vec<f64>>,
+}
+
+impl Feature {
+    fn zeros(pk: usize, w: usize, l0: Option<&Layer0<'_>>) -> Self {
+        Feature { dense: vec![0.0; pk * w], f0: l0.map(|l| vec![0.0; pk * l.no]) }
+    }
+
+    fn scale(&mut self, beta: f64) {
+        self.dense.iter_mut().for_each(|v| *v *= beta);
+        if let Some(f) = &mut self.f0 {
+            f.iter_mut().for_each(|v| *v *= beta);
+        }
+    }
+
+    /// `self += c·(d ⊙ other)` with a diagonal `d` (`[W]`, only without a layer-0 factor).
+    fn add(&mut self, c: f64, other: &Feature, d: Option<&[f64]>) {
+        let w = d.map_or(0, <[f64]>::len);
+        match d {
+            Some(sc) => self.dense.chunks_exact_mut(w).zip(other.dense.chunks_exact(w)).for_each(|(hr, jr)| {
+                for ((x, j), dd) in hr.iter_mut().zip(jr).zip(sc) {
+                    *x += c * dd * j;
+                }
+            }),
+            None => self.dense.iter_mut().zip(&other.dense).for_each(|(x, j)| *x += c * j),
+        }
+        if let (Some(a), Some(b)) = (&mut self.f0, &other.f0) {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += c * y);
+        }
+    }
+
+    /// `out[(p,k)] = F[(p,k), :]·v` for a flat `v` `[W]`.
+    fn dot(&self, v: &[f64], l0: Option<&Layer0<'_>>) -> Vec<f64> {
+        let mut out = matvec(&self.dense, v);
+        if let (Some(f), Some(l)) = (&self.f0, l0) {
+            let y = l.apply(v);
+            for (row, o) in out.iter_mut().enumerate() {
+                let pi = row / l.k;
+                *o += f[row * l.no..(row + 1) * l.no].iter().zip(&y[pi * l.no..(pi + 1) * l.no]).map(|(a, b)| a * b).sum::<f64>();
+            }
+        }
+        out
+    }
+}
+
+/// The rows' integrated gradients of one step, `J̄_s` `[P·K, W]`, with quadrature statistics.
+struct RowGradients {
+    jbar: Feature,
+    evaluations: Vec<usize>,
+    jvp_evaluations: Vec<usize>,
+    pieces: Vec<usize>,
+    unconverged: usize,
+}
+
+fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Option<&Layer0<'_>>) -> Result<RowGradients> {
+    let arch = s.arch();
+    let (p, k, w) = (s.rows.len(), arch.outputs(), state.numel());
+    let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
+    if !s.structured {
+        // Other architectures (the CNN): dense Jacobians at each node; the auto rule's nodes come
+        // from the CNN's kinks and forward-mode derivative (convgram::CnnStep).
+        let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
+            Some(nodes) => {
+                let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat_n(pi, nodes.len())).collect();
+                let times: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.0)).collect();
+                let weights: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.1)).collect();
+                (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+            }
+            None => {
+                let st = super::convgram::CnnStep::new(arch, state, next)?;
+                let c = super::choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
+            }
+        };
+        let d = arch.input_dim();
+        let mut jbar = vec![0.0; p * k * w];
+        for ((&pi, &t), &wq) in point.iter().zip(&times).zip(&weights) {
+            let j = generic::jacobians(arch, &generic::interpolate(state, next, t), &s.states[0], &s.rows.x[pi * d..(pi + 1) * d])?;
+            jbar[pi * k * w..(pi + 1) * k * w].iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
+        }
+        return Ok(RowGradients { jbar: Feature { dense: jbar, f0: None }, evaluations, jvp_evaluations, pieces, unconverged });
+    }
+    let step = MlpStep::new(arch, state, next)?;
+    let nodes = match &fixed {
+        Some(nodes) => fixed_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), nodes),
+        None => auto_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step),
+    };
+    let mut jbar = Feature::zeros(p * k, w, l0);
+    let mut off = 0;
+    for (l, layer) in step.layers.iter().enumerate() {
+        let (ni, no) = (layer.n_in, layer.n_out);
+        let (acts, deltas) = (&nodes.evals.acts[l], &nodes.evals.deltas[l]);
+        if let (0, Some(f0)) = (l, jbar.f0.as_mut()) {
+            // δ̄_0[p,k] = Σ_{r∈p} w_r δ_{r,0}[k]
+            for (r, (&pi, &wr)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
+                let dst = &mut f0[pi * k * no..(pi + 1) * k * no];
+                dst.iter_mut().zip(&deltas[r * k * no..(r + 1) * k * no]).for_each(|(a, b)| *a += wr * b);
+            }
+            off += no * ni + if step.bias { no } else { 0 };
+            continue;
+        }
+        for (r, (&pi, &wr)) in nodes.point.iter().zip(&nodes.weight).enumerate() {
+            let ar = &acts[r * ni..(r + 1) * ni];
+            for kt in 0..k {
+                let row = &mut jbar.dense[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                let dr = &deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
+                for o in 0..no {
+                    let c = wr * dr[o];
+                    if c == 0.0 {
+                        continue;
+                    }
+                    for (x, a) in row[off + o * ni..off + (o + 1) * ni].iter_mut().zip(ar) {
+                        *x += c * a;
+                    }
+                    if step.bias {
+                        row[off + no * ni + o] += c;
+                    }
+                }
+            }
+        }
+        off += no * ni + if step.bias { no } else { 0 };
+    }
+    Ok(RowGradients { jbar, evaluations: nodes.evaluations, jvp_evaluations: nodes.jvp_evaluations, pieces: nodes.pieces, unconverged: nodes.unconverged })
+}
+
+/// `out[r] = A[r, :]·v`.
+fn matvec(a: &[f64], v: &[f64]) -> Vec<f64> {
+    let w = v.len();
+    a.chunks_exact(w).map(|row| row.iter().zip(v).map(|(x, y)| x * y).sum()).collect()
+}
+
+/// Estimated peak bytes: the outputs (Gram, per-step Grams) plus the recursion's two
+/// `[P·K, W]` arrays, one step's `[P·K, M·K]` block and, without a structured path, the
+/// training points' dense Jacobians `[M·K, W]`.
+pub(super) fn peak_bytes(p: usize, m: usize, k: usize, w: usize, steps: usize, per_step: bool, dense: bool) -> u64 {
+    let g = (p * m * k * k) as u64 * 8;
+    let h = (p * k * w) as u64 * 8;
+    let jt = if dense { (m * k * w) as u64 * 8 } else { 0 };
+    2 * g + 2 * h + jt + if per_step { g * steps as u64 } else { 0 }
+}
+
+/// Computes the kernel of a run whose optimizer is not plain gradient steps.
+pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    let arch = s.arch();
+    let req = s.req;
+    let (p, m, k) = (s.rows.len(), s.train.n_train(), arch.outputs());
+    let (lo, hi) = (s.lo, s.hi);
+    let n = s.manifest.steps;
+    let w = s.states[0].numel();
+    if req.kind == KernelKind::Chen {
+        return Err(Error::Config(format!(
+            "chen's kernel (eq. 18) is defined for plain gradient steps; this run uses {}: use epk, dpk, kprime or ntk",
+            s.manifest.optimizer
+        )));
+    }
+    let ntk_step = if req.kind == KernelKind::Ntk {
+        let st = req.ntk_step.unwrap_or(n);
+        if st > n {
+            return Err(Error::Config(format!("--step {st} is beyond the last state {n}")));
+        }
+        Some(st)
+    } else {
+        None
+    };
+    if s.rule.adam.is_some() && s.precond.map(<[Vec<f64>]>::len) != Some(n) {
+        return Err(Error::Config(
+            "this run was trained with Adam: its kernel needs the recorded preconditioners (use kernel::compute_run on the run directory)".into(),
+        ));
+    }
+    let first = if s.rule.beta == 0.0 { lo } else { 0 };
+    let kept = hi - first;
+    let need = peak_bytes(p, m, k, w, kept, req.per_step, !s.structured);
+    if need > s.budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} Gram [{p}, {m}, {k}, {k}] of a {} run (with its [P·K, W] recursion)", req.kind, s.manifest.optimizer),
+            needed_bytes: need,
+            budget_bytes: s.budget,
+            hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
+        });
+    }
+    let values = |state: &Params, x: &[f64], off: Option<&[f64]>| -> Result<Vec<f64>> {
+        if s.structured {
+            Ok(MlpStep::new(arch, state, None)?.eval(x, &vec![0.0; x.len() / arch.input_dim()], off, false).f)
+        } else {
+            arch.forward(state, Some(&s.states[0]), x)
+        }
+    };
+    let bias = values(&s.states[lo], &s.rows.x, s.off_rows.as_deref())?;
+    let network = values(&s.states[hi], &s.rows.x, s.off_rows.as_deref())?;
+    let batches = s.manifest.batches();
+    let lrs = &s.manifest.learning_rates;
+
+    // Phase 1: forward replay of the optimizer.
+    let mut opt = OptimizerState::new(s.rule, w);
+    let mut a = vec![0.0; n * m * k];
+    // Δw_r − (Σ_i u_{i,r} + r_r): what the per-point split does not carry (rounding).
+    let mut unsplit: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut scale: Vec<Option<Vec<f64>>> = vec![None; n];
+    let mut residual: f64 = 0.0;
+    let total_work = 2 * hi - first;
+    for r in 0..hi {
+        progress(r, total_work);
+        let ts = TrainSide::at(s, &s.states[r])?;
+        let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+        let g = ts.gradient(&lg, w);
+        let wr = s.states[r].flat();
+        let dw = opt.step_with(lrs[r], &wr, &g, s.precond.map(|pc| pc[r].as_slice()));
+        let actual: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
+        let scale_dw = actual.iter().fold(0.0f64, |acc, v| acc.max(v.abs())).max(f64::MIN_POSITIVE);
+        let dev = dw.iter().zip(&actual).fold(0.0f64, |acc, (x, y)| acc.max((x - y).abs()));
+        residual = residual.max(dev / scale_dw);
+        if r >= first {
+            for idx in 0..m * k {
+                a[r * m * k + idx] = -lrs[r] * lg[idx];
+            }
+        }
+        if r >= lo {
+            unsplit[r] = actual.iter().zip(&dw).map(|(a, d)| a - d).collect();
+            scale[r] = opt.last_scale().map(<[f64]>::to_vec);
+        }
+    }
+
+    // Phase 2: backward recursion for H_r = ε_r F_r.
+    let pk = p * k;
+    let mk = m * k;
+    // Layer 0 in factor form when no preconditioner mixes its entries.
+    let l0_ctx = match (&arch.body, s.structured && s.rule.adam.is_none()) {
+        (crate::model::Body::Mlp { widths }, true) => Some(Layer0 { x: &s.rows.x, p, k, ni: widths[0], no: widths[1], bias: arch.bias }),
+        _ => None,
+    };
+    let l0 = l0_ctx.as_ref();
+    let frozen = match ntk_step {
+        Some(st) => Some((TrainSide::at(s, &s.states[st])?, row_gradients(s, &s.states[st], None, l0)?)),
+        None => None,
+    };
+    let mut h = Feature::zeros(pk, w, l0);
+    let mut gram = vec![0.0; pk * mk];
+    let mut per_step: Vec<Vec<f64>> = Vec::new();
+    let mut machine = bias.clone();
+    let mut reg = vec![0.0; pk];
+    let mut rounding = vec![0.0; pk];
+    let mut records: Vec<StepRecord> = Vec::new();
+    let mut scratch = Vec::new();
+    let (beta, gamma) = (s.rule.beta, s.rule.gamma);
+    for (count, r) in (first..hi).rev().enumerate() {
+        progress(hi + count, total_work);
+        h.scale(beta);
+        let wr = s.states[r].flat();
+        if r >= lo {
+            let next = if s.integrate { Some(&s.states[r + 1]) } else { None };
+            let rg = match &frozen {
+                Some((_, rg0)) => RowGradients { jbar: rg0.jbar.clone(), evaluations: vec![1; p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 },
+                None => row_gradients(s, &s.states[r], next, l0)?,
+            };
+            h.add(lrs[r] * gamma, &rg.jbar, scale[r].as_deref());
+            if s.rule.wd_decoupled != 0.0 {
+                let jw = rg.jbar.dot(&wr, l0);
+                reg.iter_mut().zip(&jw).for_each(|(a, b)| *a -= s.rule.wd_decoupled * lrs[r] * b);
+            }
+            // The ExPLAIND-style check of this step: J̄_r·Δw_r (the split plus what it does not
+            // carry) vs the actual change of the outputs.
+            let ju = rg.jbar.dot(&unsplit[r], l0);
+            rounding.iter_mut().zip(&ju).for_each(|(a, b)| *a += b);
+            let actual_dw: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
+            let pred = rg.jbar.dot(&actual_dw, l0);
+            let f0 = values(&s.states[r], &s.rows.x, s.off_rows.as_deref())?;
+            let f1 = values(&s.states[r + 1], &s.rows.x, s.off_rows.as_deref())?;
+            let mut rec = StepRecord { step: r, dpk_cosine_error: f64::NAN, ..Default::default() };
+            let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
+            for idx in 0..pk {
+                let actual = f1[idx] - f0[idx];
+                let e = (pred[idx] - actual).abs();
+                mx = mx.max(e);
+                sum += e;
+                ch = ch.max(actual.abs());
+            }
+            rec.max_abs_error = mx;
+            rec.mean_abs_error = sum / pk as f64;
+            rec.max_abs_change = ch;
+            rec.mean_evaluations = rg.evaluations.iter().sum::<usize>() as f64 / p as f64;
+            rec.max_evaluations = rg.evaluations.iter().copied().max().unwrap_or(0);
+            rec.mean_jvp_evaluations = rg.jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
+            rec.mean_pieces = rg.pieces.iter().sum::<usize>() as f64 / p as f64;
+            rec.unconverged_pieces = rg.unconverged;
+            records.push(rec);
+        }
+        // Step r's kernel K_r = H_r·∇f(x_i; w_r)ᵀ / ε_r (NTK: training gradients frozen at w_S).
+        let ts_owned;
+        let ts = match &frozen {
+            Some((ts0, _)) => ts0,
+            None => {
+                ts_owned = TrainSide::at(s, &s.states[r])?;
+                &ts_owned
+            }
+        };
+        let lg = if frozen.is_some() {
+            let tr = TrainSide::at(s, &s.states[r])?;
+            loss_gradient(s.manifest.loss, tr.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?
+        } else {
+            loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?
+        };
+        let g = ts.gradient(&lg, w);
+        let hg = h.dot(&g, l0);
+        machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= y);
+        if s.rule.wd_coupled != 0.0 {
+            let hw = h.dot(&wr, l0);
+            reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * y);
+        }
+        if frozen.is_none() {
+            let mut kr = vec![0.0; pk * mk];
+            ts.contract(&h, w, &mut kr, &mut scratch, l0);
+            let inv = 1.0 / lrs[r];
+            kr.iter_mut().for_each(|v| *v *= inv);
+            gram.iter_mut().zip(&kr).for_each(|(x, y)| *x += y);
+            if req.per_step {
+                per_step.push(permute(&kr, p, m, k));
+            }
+        }
+    }
+    machine.iter_mut().zip(&reg).zip(&rounding).for_each(|((x, y), z)| *x += y + z);
+    records.reverse();
+    per_step.reverse();
+    let steps: Vec<usize> = match ntk_step {
+        Some(st) => vec![st],
+        None => (first..hi).collect(),
+    };
+    let gram = match &frozen {
+        Some((ts0, rg0)) => {
+            let mut g0 = vec![0.0; pk * mk];
+            ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch, l0);
+            permute(&g0, p, m, k)
+        }
+        None => permute(&gram, p, m, k),
+    };
+    if let Some(st) = ntk_step {
+        // One record, as for plain runs: the linearised machine's error.
+        let max_abs_error = machine.iter().zip(&network).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        records = vec![StepRecord { step: st, max_abs_error, mean_evaluations: 1.0, max_evaluations: 1, mean_pieces: 1.0, dpk_cosine_error: f64::NAN, ..Default::default() }];
+        if req.per_step {
+            per_step = vec![gram.clone()];
+        }
+    }
+    progress(total_work, total_work);
+    let per_step = if req.per_step { Some(per_step.concat()) } else { None };
+    let form = KernelForm::of(&s.rule);
+    Ok(KernelOutput {
+        kind: req.kind,
+        rule: req.rule,
+        side: req.side,
+        integrated: s.integrate,
+        p,
+        m,
+        k,
+        steps,
+        gram,
+        per_step,
+        diag: None,
+        a,
+        bias,
+        network,
+        machine,
+        single_machine: None,
+        records,
+        seconds: s.start.elapsed().as_secs_f64(),
+        form,
+        reg: if s.rule.wd_coupled != 0.0 || s.rule.wd_decoupled != 0.0 { Some(reg) } else { None },
+        decomposition_residual: Some(residual),
+        rounding: Some(rounding),
+    })
+}
+
+/// `[(p, k), (i, k')]` → `[P, M, K, K]`.
+fn permute(g: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0.0; g.len()];
+    for pi in 0..p {
+        for kt in 0..k {
+            for i in 0..m {
+                for ks in 0..k {
+                    out[((pi * m + i) * k + kt) * k + ks] = g[(pi * k + kt) * m * k + i * k + ks];
+                }
+            }
+        }
+    }
+    out
+}
