@@ -325,8 +325,9 @@ fn row_blocked_kernels_equal_unblocked() {
 
 #[test]
 fn chunked_node_evaluation_equals_small_blocks() {
-    // 1600 grid points with the auto rule give more nodes than one evaluation chunk (2048 rows);
-    // blocks of 100 points stay below it, so the two paths differ only in chunking.
+    // 1600 grid points with the auto rule give more nodes than one evaluation chunk (2048 rows)
+    // and are processed in chunks of 32 points inside each step; blocks of 16 points stay below
+    // both, so the two paths differ only in chunking.
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "chunks", &toy2d("[8]", "relu", 6, 1.0, 10, 5));
     let states = run.load_all().unwrap();
@@ -334,8 +335,14 @@ fn chunked_node_evaluation_equals_small_blocks() {
     let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
     let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap();
     assert!(whole.mean_evaluations() * whole.p as f64 > 2048.0);
-    let small = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, 100, &|_, _| {}).unwrap();
+    let small = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, 16, &|_, _| {}).unwrap();
     assert!(max_abs_diff(&whole.gram, &small.gram) <= 1e-12 * max_abs(&whole.gram));
+    assert!(max_abs_diff(&whole.machine, &small.machine) <= 1e-12 * max_abs(&whole.machine));
+    assert!(max_abs_diff(whole.diag.as_ref().unwrap(), small.diag.as_ref().unwrap()) <= 1e-12 * max_abs(whole.diag.as_ref().unwrap()));
+    for (x, y) in whole.records.iter().zip(&small.records) {
+        assert!((x.dpk_cosine_error - y.dpk_cosine_error).abs() <= 1e-12, "{} vs {}", x.dpk_cosine_error, y.dpk_cosine_error);
+        assert_eq!(x.max_evaluations, y.max_evaluations);
+    }
     assert!(whole.max_abs_error() <= 1e-11, "{:e}", whole.max_abs_error());
 }
 

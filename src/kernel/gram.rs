@@ -86,16 +86,18 @@ impl GramAccumulator {
         GramAccumulator { p, m, k, bias, g: zeroed(p * m * k * k), s0: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
-    /// Adds one step. `layers[l]` pairs the rows' factors (per node, scattered to
-    /// `point[r]` with `weight[r]`) with the training points' factors; `colw` (`[M, K]`)
-    /// optionally scales every training gradient `∇f^{k'}(x_i)` (Chen's kernel).
+    /// Adds one step for the row points `points` (a range of `0..P`; call once per chunk of
+    /// points to bound the node data held at once). `layers[l]` pairs the rows' factors (per
+    /// node, scattered to `point[r]` ∈ `points` with `weight[r]`) with the training points'
+    /// factors; `colw` (`[M, K]`) optionally scales every training gradient `∇f^{k'}(x_i)`
+    /// (Chen's kernel).
     ///
-    /// Layer 0's row activations are the points themselves (every node of point p has
-    /// `a_{r,0} = x_p`), so `x_p·x_i + 1` is formed once, from the first step's factors.
+    /// Layer 0's row activations are the points themselves (`x_rows` `[P, d]`), so
+    /// `x_p·x_i + 1` is formed once, at the first call.
     ///
     /// # Panics
-    /// If `layers` is empty or a row point has no node.
-    pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], point: &[usize], weight: &[f64], colw: Option<&[f64]>) {
+    /// If `layers` is empty.
+    pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], x_rows: &[f64], point: &[usize], weight: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
         let mk = m * k;
         let b = if bias { 1.0 } else { 0.0 };
@@ -106,13 +108,8 @@ impl GramAccumulator {
         let (rows0, train0) = &layers[0];
         let d = rows0.n_in;
         if self.s0.is_none() {
-            let mut xr = Vec::with_capacity(p * d);
-            for rs in &rows_of {
-                let r = *rs.first().expect("every row point has a node");
-                xr.extend_from_slice(&rows0.acts[r * d..(r + 1) * d]);
-            }
             let mut s0 = vec![0.0; p * m];
-            gemm_abt(&mut s0, &xr, train0.acts, p, m, d, 1.0, false);
+            gemm_abt(&mut s0, x_rows, train0.acts, p, m, d, 1.0, false);
             s0.iter_mut().for_each(|v| *v += b);
             self.s0 = Some(s0);
         }
@@ -166,14 +163,15 @@ impl GramAccumulator {
             })
             .collect();
         let per_point = 8 * k * (mk + layers[1..].iter().map(|(r, _)| r.n_out * (m + r.n_in + 1)).max().unwrap_or(0));
-        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p);
+        let (first, last) = (points.start, points.end.min(p));
+        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(last - first).max(1);
         let mut gb = std::mem::take(&mut self.scratch_g);
         gb.resize(pb * k * mk, 0.0);
         let mut jbar = std::mem::take(&mut self.scratch_j);
         let mut t = std::mem::take(&mut self.scratch_t);
         let s0 = self.s0.as_deref().expect("formed above");
-        for p0 in (0..p).step_by(pb) {
-            let nb = pb.min(p - p0);
+        for p0 in (first..last).step_by(pb) {
+            let nb = pb.min(last - p0);
             let gbb = &mut gb[..nb * k * mk];
             // Layer 0's δ-products D0 of the block; folded in, scaled by x_p·x_i + 1, below.
             gemm_abt(gbb, &dbar[p0 * k * no0..(p0 + nb) * k * no0], &dtrain0, nb * k, mk, no0, 1.0, false);
@@ -338,75 +336,68 @@ pub(super) fn contract_formed(g: &mut [f64], j: &[f64], a_ext: &[f64], dt: &[f64
     );
 }
 
-/// One step's kernel-machine prediction in factor form:
-/// `Σ_i Σ_{k'} a[i, k'] K_s[p, i, k, k'] = ⟨∇̄f^k(x_p), v⟩` with `v = Σ_i Σ_{k'} a[i,k'] ∇f^{k'}(x_i)`
-/// formed per layer as `V_l = Σ_i (Σ_{k'} a[i,k'] δ_{i,l}[k']) [a_{i,l}, 1]ᵀ` (`[out, in+1]`).
+/// The training side of one step's kernel-machine prediction:
+/// `v = Σ_i Σ_{k'} a[i,k'] ∇f^{k'}(x_i)` formed per layer as
+/// `V_l = Σ_i (Σ_{k'} a[i,k'] δ_{i,l}[k']) [a_{i,l}, 1]ᵀ` (`[out, in(+1)]`).
 ///
 /// # Shapes
-/// `a` `[M, K]`; returns `[P, K]`.
-pub fn step_prediction(
-    layers: &[(LayerFactors<'_>, LayerFactors<'_>)],
-    point: &[usize],
-    weight: &[f64],
-    a: &[f64],
-    p: usize,
-    m: usize,
-    k: usize,
-    bias: bool,
-) -> Vec<f64> {
-    let mut pred = vec![0.0; p * k];
-    for (rows, train) in layers {
-        let (ni, no) = (rows.n_in, rows.n_out);
+/// `a` `[M, K]`; returns one `[out_l, in_l(+1)]` matrix per layer.
+pub fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize, k: usize, bias: bool) -> Vec<Vec<f64>> {
+    train
+        .iter()
+        .map(|t| {
+            let (ni, no) = (t.n_in, t.n_out);
+            let ne = ni + usize::from(bias);
+            // uᵀ [out, M], u_i = Σ_k' a[i,k'] δ_i[k']
+            let mut ut = vec![0.0; no * m];
+            for i in 0..m {
+                for ks in 0..k {
+                    let c = a[i * k + ks];
+                    if c == 0.0 {
+                        continue;
+                    }
+                    let di = &t.deltas[(i * k + ks) * no..(i * k + ks + 1) * no];
+                    for o in 0..no {
+                        ut[o * m + i] += c * di[o];
+                    }
+                }
+            }
+            let a_ext = train_acts_ext(t, bias);
+            let mut v = vec![0.0; no * ne];
+            gemm_ab(&mut v, &ut, &a_ext, no, ne, m, 1.0, false);
+            v
+        })
+        .collect()
+}
+
+/// One step's kernel-machine prediction in factor form,
+/// `Σ_i Σ_{k'} a[i, k'] K_s[p, i, k, k'] = ⟨∇̄f^k(x_p), v⟩`, added into `pred` for the row
+/// points that have nodes here, with `v` from [`prediction_weights`].
+///
+/// # Shapes
+/// `pred` `[P, K]`.
+pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool) {
+    for (layer, vl) in rows.iter().zip(v) {
+        let (ni, no) = (layer.n_in, layer.n_out);
         let ne = ni + usize::from(bias);
-        // u_i = Σ_k' a[i,k'] δ_i[k']  [M, out]
-        let mut u = vec![0.0; m * no];
-        for i in 0..m {
-            for ks in 0..k {
-                let c = a[i * k + ks];
-                if c == 0.0 {
-                    continue;
-                }
-                let di = &train.deltas[(i * k + ks) * no..(i * k + ks + 1) * no];
-                for o in 0..no {
-                    u[i * no + o] += c * di[o];
-                }
-            }
-        }
-        let mut a_ext = Vec::with_capacity(m * ne);
-        for i in 0..m {
-            a_ext.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
-            if bias {
-                a_ext.push(1.0);
-            }
-        }
-        // V = uᵀ A_ext  [out, ne]
-        let mut ut = vec![0.0; no * m];
-        for i in 0..m {
-            for o in 0..no {
-                ut[o * m + i] = u[i * no + o];
-            }
-        }
-        let mut v = vec![0.0; no * ne];
-        gemm_ab(&mut v, &ut, &a_ext, no, ne, m, 1.0, false);
-        // pred[p, k] += Σ_r w_r δ_r[k]ᵀ V [a_r, 1]
-        let mut va = vec![0.0; point.len() * no];
         let mut ar_ext = Vec::with_capacity(point.len() * ne);
         for r in 0..point.len() {
-            ar_ext.extend_from_slice(&rows.acts[r * ni..(r + 1) * ni]);
+            ar_ext.extend_from_slice(&layer.acts[r * ni..(r + 1) * ni]);
             if bias {
                 ar_ext.push(1.0);
             }
         }
-        gemm_abt(&mut va, &ar_ext, &v, point.len(), no, ne, 1.0, false);
+        // va[r, o] = V[o, :]·[a_r, 1]
+        let mut va = vec![0.0; point.len() * no];
+        gemm_abt(&mut va, &ar_ext, vl, point.len(), no, ne, 1.0, false);
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
             for kt in 0..k {
-                let dr = &rows.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
+                let dr = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
                 let s: f64 = dr.iter().zip(&va[r * no..(r + 1) * no]).map(|(x, y)| x * y).sum();
                 pred[pi * k + kt] += w * s;
             }
         }
     }
-    pred
 }
 
 /// Adds each row point's self-kernel over one step to `diag` (`[P, K, K]`):

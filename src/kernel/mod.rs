@@ -359,6 +359,10 @@ pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usiz
     Ok(g)
 }
 
+/// Row points whose quadrature nodes are evaluated and folded into the Gram together: bounds the
+/// node data held at once (a kink-rich step can need 100+ gradient evaluations per point).
+const NODE_CHUNK_POINTS: usize = 32;
+
 /// Test-side nodes of one step for all row points.
 struct RowNodes {
     point: Vec<usize>,
@@ -822,7 +826,10 @@ fn compute_inner(
                     _ => -eps * g[idx],
                 };
             }
-            lossgrads[s] = g;
+            if req.kind == KernelKind::Chen {
+                // Only Chen's kernel needs ∂L/∂f beside a (its a is −ε·sign(∂L/∂f)).
+                lossgrads[s] = g;
+            }
         }
     }
     let bias = f_rows[lo].clone();
@@ -864,50 +871,79 @@ fn compute_inner(
         let a_eff: Vec<f64> = if req.kind == KernelKind::Ntk {
             vec![0.0; m * k]
         } else {
-            let g = &lossgrads[s];
-            (0..m * k).map(|idx| -manifest.learning_rates[s] * g[idx]).collect()
+            match req.kind {
+                KernelKind::Chen => lossgrads[s].iter().map(|g| -manifest.learning_rates[s] * g).collect(),
+                _ => a[s * m * k..(s + 1) * m * k].to_vec(),
+            }
         };
         let colw: Option<Vec<f64>> = if req.kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
         let (pred, evaluations, jvp_evaluations, pieces, unconverged) = if structured {
             let step = MlpStep::new(arch, &states[s], next)?;
             let tr = step.eval(&train.x_train, &zeros_m, off_train.as_deref(), true);
-            let nodes = match &fixed {
-                Some(nodes) => fixed_nodes(&step, &rows.x, p, off_rows.as_deref(), nodes),
-                None => auto_nodes(&step, &rows.x, p, off_rows.as_deref(), tol_step),
-            };
-            let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
+            let train_layers: Vec<LayerFactors<'_>> = step
                 .layers
                 .iter()
                 .enumerate()
-                .map(|(l, layer)| {
-                    (
-                        LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                        LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                    )
-                })
+                .map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out })
                 .collect();
-            match acc.as_mut() {
-                Some(acc) => acc.add_step(&layers, &nodes.point, &nodes.weight, colw.as_deref()),
-                None => {
-                    let mut one = GramAccumulator::new(p, m, k, arch.bias);
-                    one.add_step(&layers, &nodes.point, &nodes.weight, colw.as_deref());
-                    let gs = one.finish();
-                    add_into(&mut extra, &gs);
-                    if let Some(ps) = per_step.as_mut() {
-                        ps.extend_from_slice(&gs);
-                    }
+            let v = gram::prediction_weights(&train_layers, &a_eff, m, k, arch.bias);
+            let mut one = if acc.is_none() { Some(GramAccumulator::new(p, m, k, arch.bias)) } else { None };
+            let target = match acc.as_mut() {
+                Some(a) => a,
+                None => one.as_mut().expect("created above"),
+            };
+            let mut pred = vec![0.0; p * k];
+            let (mut evaluations, mut jvp_evaluations, mut pieces, mut unconverged) = (Vec::with_capacity(p), Vec::with_capacity(p), Vec::with_capacity(p), 0);
+            let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+            // Row points in chunks: the node data of one chunk is all that is held at once.
+            for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
+                let pc = NODE_CHUNK_POINTS.min(p - c0);
+                let xc = &rows.x[c0 * d..(c0 + pc) * d];
+                let offc = off_rows.as_deref().map(|o| &o[c0 * k..(c0 + pc) * k]);
+                let mut nodes = match &fixed {
+                    Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes),
+                    None => auto_nodes(&step, xc, pc, offc, tol_step),
+                };
+                if integrate {
+                    let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc);
+                    cos_sum += sum;
+                    cos_count += count;
                 }
-            }
-            let pred = gram::step_prediction(&layers, &nodes.point, &nodes.weight, &a_eff, p, m, k, arch.bias);
-            if want_diag {
+                nodes.point.iter_mut().for_each(|q| *q += c0);
+                let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(l, layer)| {
+                        (
+                            LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                            LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                        )
+                    })
+                    .collect();
+                target.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, colw.as_deref(), c0..c0 + pc);
                 let row_layers: Vec<LayerFactors<'_>> =
                     layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
-                gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias);
+                gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias);
+                if want_diag {
+                    gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias);
+                }
+                evaluations.extend_from_slice(&nodes.evaluations);
+                jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
+                pieces.extend_from_slice(&nodes.pieces);
+                unconverged += nodes.unconverged;
+            }
+            if let Some(one) = one {
+                let gs = one.finish();
+                add_into(&mut extra, &gs);
+                if let Some(ps) = per_step.as_mut() {
+                    ps.extend_from_slice(&gs);
+                }
             }
             if integrate {
-                cosine = dpk_cosine_error(&step, &nodes, &rows.x, off_rows.as_deref(), p);
+                cosine = if cos_count == 0 { f64::NAN } else { cos_sum / cos_count as f64 };
             }
-            (pred, nodes.evaluations, nodes.jvp_evaluations, nodes.pieces, nodes.unconverged)
+            (pred, evaluations, jvp_evaluations, pieces, unconverged)
         } else {
             let mut gs = vec![0.0; gsize];
             let stats = if conv_fast {
@@ -1044,10 +1080,10 @@ fn add_into(dst: &mut Option<Vec<f64>>, src: &[f64]) {
     }
 }
 
-/// The paper's Fig. 2 measure for one step: mean over points and classes of
+/// The paper's Fig. 2 measure for one step: its sum over points and classes (and their count) of
 /// `1 − cos(∇f_{w_s}(x), ∫∇f_{w_s(t)}(x) dt)`, from the structured factors (layer 0 in its
 /// rank-one form, deeper layers by forming the t-averaged layer gradient).
-fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize) -> f64 {
+fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize) -> (f64, usize) {
     let k = step.k;
     let zeros = vec![0.0; p];
     let at0 = step.eval(x, &zeros, off, true);
@@ -1117,11 +1153,7 @@ fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f
             count += 1;
         }
     }
-    if count == 0 {
-        f64::NAN
-    } else {
-        total / count as f64
-    }
+    (total, count)
 }
 
 /// Which row points a kernel is computed at (`--points`).
