@@ -141,24 +141,9 @@ impl GramAccumulator {
         let deep: Vec<(Vec<f64>, Vec<f64>)> = layers[1..]
             .iter()
             .map(|(_, train)| {
-                let (ni, no) = (train.n_in, train.n_out);
-                let a_train: Vec<f64> = if bias {
-                    let mut v = Vec::with_capacity(m * (ni + 1));
-                    for i in 0..m {
-                        v.extend_from_slice(&train.acts[i * ni..(i + 1) * ni]);
-                        v.push(1.0);
-                    }
-                    v
-                } else {
-                    train.acts.to_vec()
-                };
+                let a_train = train_acts_ext(train, bias);
                 let dtrain = if colw.is_some() { weighted(train) } else { train.deltas.to_vec() };
-                let mut dt = vec![0.0; no * mk];
-                for c in 0..mk {
-                    for o in 0..no {
-                        dt[o * mk + c] = dtrain[c * no + o];
-                    }
-                }
+                let dt = deltas_by_output(&dtrain, mk, train.n_out);
                 (a_train, dt)
             })
             .collect();

@@ -434,6 +434,8 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     let mut unsplit: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut scale: Vec<Option<Vec<f64>>> = vec![None; n];
     let mut residual: f64 = 0.0;
+    // The NTK's frozen-Jacobian machine needs the path's ∂L/∂f at every step: kept from here.
+    let mut path_lg: Vec<Vec<f64>> = vec![Vec::new(); n];
     let total_work = 2 * hi - first;
     for r in 0..hi {
         progress(r, total_work);
@@ -449,6 +451,9 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         if r >= first {
             for idx in 0..m * k {
                 a[r * m * k + idx] = -lrs[r] * lg[idx];
+            }
+            if ntk_step.is_some() {
+                path_lg[r] = lg;
             }
         }
         if r >= lo {
@@ -485,9 +490,14 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         let wr = s.states[r].flat();
         if r >= lo {
             let next = if s.integrate { Some(&s.states[r + 1]) } else { None };
+            // NTK: the row gradients at w_S, computed once.
+            let rg_owned;
             let rg = match &frozen {
-                Some((_, rg0)) => RowGradients { jbar: rg0.jbar.clone(), evaluations: vec![1; p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 },
-                None => row_gradients(s, &s.states[r], next, l0)?,
+                Some((_, rg0)) => rg0,
+                None => {
+                    rg_owned = row_gradients(s, &s.states[r], next, l0)?;
+                    &rg_owned
+                }
             };
             h.add(lrs[r] * gamma, &rg.jbar, scale[r].as_deref());
             if s.rule.wd_decoupled != 0.0 {
@@ -530,11 +540,9 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
                 &ts_owned
             }
         };
-        let lg = if frozen.is_some() {
-            let tr = TrainSide::at(s, &s.states[r])?;
-            loss_gradient(s.manifest.loss, tr.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?
-        } else {
-            loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?
+        let lg = match &frozen {
+            Some(_) => std::mem::take(&mut path_lg[r]),
+            None => loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?,
         };
         let g = ts.gradient(&lg, w);
         let hg = h.dot(&g, l0);
