@@ -196,7 +196,7 @@ impl Assembly {
     fn new(first: KernelOutput, p: usize, lo: usize) -> Self {
         debug_assert_eq!(lo, 0);
         let (m, k, nb) = (first.m, first.k, first.p);
-        let row = m * k * k;
+        let row = m * first.layout.per_pair(k);
         let mut gram = vec![0.0; p * row];
         gram[..nb * row].copy_from_slice(&first.gram);
         let per_step = first.per_step.as_ref().map(|ps| {
@@ -229,10 +229,10 @@ impl Assembly {
     fn add(&mut self, o: KernelOutput, lo: usize) -> Result<()> {
         let a = &mut self.out;
         let (m, k, nb, p) = (a.m, a.k, o.p, a.p);
-        if o.m != m || o.k != k || o.records.len() != a.records.len() {
+        if o.m != m || o.k != k || o.layout != a.layout || o.records.len() != a.records.len() {
             return Err(Error::Numerical("kernel blocks disagree in shape".into()));
         }
-        let row = m * k * k;
+        let row = m * a.layout.per_pair(k);
         a.gram[lo * row..(lo + nb) * row].copy_from_slice(&o.gram);
         if let (Some(dst), Some(src)) = (a.per_step.as_mut(), o.per_step.as_ref()) {
             let s = src.len() / (nb * row);
@@ -266,9 +266,9 @@ impl Assembly {
 /// Combines the records of two disjoint row sets of sizes `w0` and `w1`.
 fn combine(r: &mut StepRecord, s: &StepRecord, w0: f64, w1: f64) {
     let mean = |a: f64, b: f64| (a * w0 + b * w1) / (w0 + w1);
-    r.max_abs_error = r.max_abs_error.max(s.max_abs_error);
+    r.max_abs_error = super::nan_max(r.max_abs_error, s.max_abs_error);
     r.mean_abs_error = mean(r.mean_abs_error, s.mean_abs_error);
-    r.max_abs_change = r.max_abs_change.max(s.max_abs_change);
+    r.max_abs_change = super::nan_max(r.max_abs_change, s.max_abs_change);
     r.mean_evaluations = mean(r.mean_evaluations, s.mean_evaluations);
     r.max_evaluations = r.max_evaluations.max(s.max_evaluations);
     r.mean_jvp_evaluations = mean(r.mean_jvp_evaluations, s.mean_jvp_evaluations);

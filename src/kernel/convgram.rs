@@ -31,6 +31,7 @@
 
 use rayon::prelude::*;
 
+use super::layout::{add_dense, add_formed, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
@@ -473,7 +474,11 @@ pub fn step_gram(
 ) -> Result<()> {
     let off_rows = offsets(arch, init, rows)?;
     let off_train = offsets(arch, init, x_train)?;
-    step(arch, ws, next, rows, off_rows.as_deref(), Some(nodes), 0.0, x_train, off_train.as_deref(), g, diag)?;
+    let (d, k) = (arch.input_dim(), arch.outputs());
+    let (p, m) = (rows.len() / d, x_train.len() / d);
+    let mut sink = GramSink::new(Layout::Full, p, m, k);
+    step_into(arch, ws, next, rows, off_rows.as_deref(), Some(nodes), 0.0, x_train, off_train.as_deref(), &mut sink, diag, &vec![0.0; m * k], None)?;
+    g.iter_mut().zip(sink.finish()).for_each(|(a, b)| *a += b);
     Ok(())
 }
 
@@ -548,10 +553,13 @@ fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f6
 }
 
 /// The Gram of one step for row points whose nodes may differ per point: node j belongs to
-/// point `point[j]` with weight `weight[j]` at time `times[j]`. Adds to `g` `[P, M, K, K]` and
-/// `diag` `[P, K, K]`. Offsets (`zero_output`) are `[P, K]` and `[M, K]`.
+/// point `point[j]` with weight `weight[j]` at time `times[j]`. Adds to `sink` (any layout) and
+/// `diag` `[P, K, K]`, and returns the step's kernel-machine prediction
+/// `Σ_i Σ_k' a[i, k'] K_s[p, i, k, k']` `[P, K]` contracted from the factors (no layout needs the
+/// off-diagonal blocks for it). `colw` (`[M, K]`) scales the stored Gram's training gradients
+/// (Chen's kernel), not the prediction. Offsets (`zero_output`) are `[P, K]` and `[M, K]`.
 #[allow(clippy::too_many_arguments)]
-pub fn step_gram_at(
+fn step_into_at(
     step: &CnnStep,
     rows: &[f64],
     off_rows: Option<&[f64]>,
@@ -560,60 +568,64 @@ pub fn step_gram_at(
     times: &[f64],
     x_train: &[f64],
     off_train: Option<&[f64]>,
-    g: &mut [f64],
+    sink: &mut GramSink,
     diag: &mut [f64],
-) {
+    a: &[f64],
+    colw: Option<&[f64]>,
+) -> Vec<f64> {
     let (k, cne, nf, d) = (step.k, step.co * step.ne, step.nf, step.input_dim());
     let (p, m) = (rows.len() / d, x_train.len() / d);
-    let mk = m * k;
+    let layout = sink.layout();
     let train_nodes = vec![vec![(0.0, 1.0)]; m];
-    let (tr, a_train, d_train) = side_factors(step, x_train, off_train, &train_nodes, true);
-    // δ_out of the training points transposed per o: [o, (i, k')].
-    let mut dt = vec![0.0; k * mk];
-    for c in 0..mk {
-        for o in 0..k {
-            dt[o * mk + c] = d_train[c * k + o];
+    let (mut tr, a_train, d_train) = side_factors(step, x_train, off_train, &train_nodes, true);
+    // The prediction's training side: v_conv = Σ a[i,k'] G_conv[(i,k')], and for the dense
+    // layer V[o, :] = Σ_{i,k'} a[i,k'] δ_out,i[k', o] a_i.
+    let mut v_conv = vec![0.0; cne];
+    gemm_ab(&mut v_conv, a, &tr.gc, 1, cne, m * k, 1.0, false);
+    let mut ut = vec![0.0; k * m];
+    for i in 0..m {
+        for ks in 0..k {
+            let c = a[i * k + ks];
+            if c != 0.0 {
+                for o in 0..k {
+                    ut[o * m + i] += c * d_train[(i * k + ks) * k + o];
+                }
+            }
         }
     }
+    let mut v_dense = vec![0.0; k * nf];
+    gemm_ab(&mut v_dense, &ut, &a_train, k, nf, m, 1.0, false);
+    if let Some(cw) = colw {
+        tr.gc.chunks_mut(cne).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
+    }
+    let dt = TrainDeltas::new(layout, &d_train, m, k, k, colw);
     let mut nodes_of: Vec<Vec<(f64, f64)>> = vec![Vec::new(); p];
     for ((&pi, &w), &t) in point.iter().zip(weight).zip(times) {
         nodes_of[pi].push((t, w));
     }
+    let mut pred = vec![0.0; p * k];
+    let mut t = Vec::new();
     let pb = (BLOCK_BYTES / 8 / (k * k * nf.max(m)).max(1)).clamp(1, p.max(1));
     for p0 in (0..p).step_by(pb) {
         let nb = pb.min(p - p0);
         let (rf, jd, _) = side_factors(step, &rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]), &nodes_of[p0..p0 + nb], false);
         diag[p0 * k * k..(p0 + nb) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
-        // Conv: G[(p, k), (i, k')] = J̄c · G_trainᵀ.
-        let mut gb = vec![0.0; nb * k * mk];
-        gemm_abt(&mut gb, &rf.gc, &tr.gc, nb * k, mk, cne, 1.0, false);
-        // Dense: T[(p, k, o), i] = J̄d · A_trainᵀ, then G[(p, k), (i, k')] += Σ_o T δT[o, (i, k')].
-        let mut t = vec![0.0; nb * k * k * m];
-        gemm_abt(&mut t, &jd, &a_train, nb * k * k, m, nf, 1.0, false);
-        let (t, dt) = (&t, &dt);
-        gb.par_chunks_mut(mk).enumerate().for_each(|(row, grow)| {
-            let mut texp = vec![0.0; mk];
+        let out = sink.rows_mut(p0..p0 + nb);
+        // Conv: ⟨J̄c[(p, k)], G_train[(i, k')]⟩.
+        add_dense(layout, out, &rf.gc, &tr.gc, nb, m, k, cne, 1.0);
+        // Dense: T[(p, k, o), i] = J̄d · A_trainᵀ, then Σ_o T δ_out,i[k', o].
+        add_formed(out, &jd, &a_train, &dt, nb, nf, &mut t);
+        // Prediction: J̄c·v_conv + Σ_o J̄d[(p,k,o), :]·V[o, :].
+        let pb_pred = &mut pred[p0 * k..(p0 + nb) * k];
+        gemm_abt(pb_pred, &rf.gc, &v_conv, nb * k, 1, cne, 1.0, true);
+        for (row, pv) in pb_pred.iter_mut().enumerate() {
             for o in 0..k {
-                let trow = &t[(row * k + o) * m..(row * k + o + 1) * m];
-                for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
-                    chunk.iter_mut().for_each(|v| *v = tv);
-                }
-                for ((gv, &tv), &dv) in grow.iter_mut().zip(&texp).zip(&dt[o * mk..(o + 1) * mk]) {
-                    *gv += tv * dv;
-                }
-            }
-        });
-        // [(p, k), (i, k')] → [p, i, k, k'].
-        for pl in 0..nb {
-            for kt in 0..k {
-                for i in 0..m {
-                    let dst = (((p0 + pl) * m + i) * k + kt) * k;
-                    let src = (pl * k + kt) * mk + i * k;
-                    g[dst..dst + k].iter_mut().zip(&gb[src..src + k]).for_each(|(a, b)| *a += b);
-                }
+                let jr = &jd[(row * k + o) * nf..(row * k + o + 1) * nf];
+                *pv += jr.iter().zip(&v_dense[o * nf..(o + 1) * nf]).map(|(x, y)| x * y).sum::<f64>();
             }
         }
     }
+    pred
 }
 
 impl super::AlongPath for CnnStep {
@@ -644,15 +656,16 @@ pub struct NodeStats {
     pub unconverged: usize,
 }
 
-/// One CNN step of [`super::compute`]: the rows' nodes from the fixed rule `fixed`
-/// (`(t, weight)` pairs, the same for every point) or, when `None`, from the adaptive rule with
-/// per-step tolerance `tol_step`; then the Gram and self-kernel as in [`step_gram`].
+/// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`
+/// pairs, the same for every point) or, when `None`, from the adaptive rule with per-step
+/// tolerance `tol_step`; then the Gram into `sink` (any layout), the self-kernel into `diag` and
+/// the step's kernel-machine prediction for training weights `a`, as in [`step_into_at`].
 ///
 /// # Shapes
 /// `rows` `[P, d]`, `off_rows` `[P, K]`, `x_train` `[M, d]`, `off_train` `[M, K]`,
-/// `g` `[P, M, K, K]`, `diag` `[P, K, K]`.
+/// `diag` `[P, K, K]`, `a` and `colw` `[M, K]`; returns `[P, K]`.
 #[allow(clippy::too_many_arguments)]
-pub fn step(
+pub fn step_into(
     arch: &Architecture,
     ws: &Params,
     next: Option<&Params>,
@@ -662,9 +675,11 @@ pub fn step(
     tol_step: f64,
     x_train: &[f64],
     off_train: Option<&[f64]>,
-    g: &mut [f64],
+    sink: &mut GramSink,
     diag: &mut [f64],
-) -> Result<NodeStats> {
+    a: &[f64],
+    colw: Option<&[f64]>,
+) -> Result<(Vec<f64>, NodeStats)> {
     let step = CnnStep::new(arch, ws, next)?;
     let p = rows.len() / step.input_dim();
     let (point, weight, times, stats) = match fixed {
@@ -685,8 +700,8 @@ pub fn step(
             (c.point, c.weight, c.times, stats)
         }
     };
-    step_gram_at(&step, rows, off_rows, &point, &weight, &times, x_train, off_train, g, diag);
-    Ok(stats)
+    let pred = step_into_at(&step, rows, off_rows, &point, &weight, &times, x_train, off_train, sink, diag, a, colw);
+    Ok((pred, stats))
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 
 use dfdx::tensor::Cpu;
 
+use super::layout::{add_dense, GramSink, Layout};
+use super::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
 use crate::model::{net, Architecture, Params};
 
@@ -61,8 +63,37 @@ pub fn step_gram(
     diag: &mut [f64],
 ) -> Result<()> {
     let d = arch.input_dim();
+    let (p, m, k) = (rows.len() / d, x_train.len() / d, arch.outputs());
+    let mut sink = GramSink::new(Layout::Full, p, m, k);
+    step_into(arch, ws, next, init, rows, nodes, x_train, &mut sink, diag, &vec![0.0; m * k], None)?;
+    g.iter_mut().zip(sink.finish()).for_each(|(a, b)| *a += b);
+    Ok(())
+}
+
+/// One step into `sink` (any layout) and the rows' self-kernel into `diag`, as [`step_gram`];
+/// returns the step's kernel-machine prediction `Σ_i Σ_k' a[i, k'] K_s[p, i, k, k']` (`[P, K]`),
+/// contracted from the features so that no layout needs the off-diagonal blocks. `colw`
+/// (`[M, K]`) scales the stored Gram's training gradients (Chen's kernel), not the prediction.
+///
+/// # Shapes
+/// `rows` `[P, d]`, `x_train` `[M, d]`, `diag` `[P, K, K]`, `a` `[M, K]`.
+#[allow(clippy::too_many_arguments)]
+pub fn step_into(
+    arch: &Architecture,
+    ws: &Params,
+    next: Option<&Params>,
+    init: &Params,
+    rows: &[f64],
+    nodes: &[(f64, f64)],
+    x_train: &[f64],
+    sink: &mut GramSink,
+    diag: &mut [f64],
+    a: &[f64],
+    colw: Option<&[f64]>,
+) -> Result<Vec<f64>> {
+    let d = arch.input_dim();
     let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
-    let jt = jacobians(arch, ws, init, x_train)?;
+    let mut jt = jacobians(arch, ws, init, x_train)?;
     let mut jbar = vec![0.0; p * k * w];
     for &(t, wq) in nodes {
         let at = interpolate(ws, next, t);
@@ -81,17 +112,14 @@ pub fn step_gram(
             }
         }
     }
-    // [P·K, W] × [M·K, W]ᵀ, reordered to [P, M, K, K].
-    let mut prod = vec![0.0; p * k * m * k];
-    super::linalg::gemm_abt(&mut prod, &jbar, &jt, p * k, m * k, w, 1.0, false);
-    for pi in 0..p {
-        for kt in 0..k {
-            for i in 0..m {
-                for ks in 0..k {
-                    g[((pi * m + i) * k + kt) * k + ks] += prod[(pi * k + kt) * m * k + i * k + ks];
-                }
-            }
-        }
+    // The prediction: J̄·v with v = Σ_i Σ_k' a[i,k'] ∇f^{k'}(x_i) = Jᵀa.
+    let mut v = vec![0.0; w];
+    gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
+    let mut pred = vec![0.0; p * k];
+    gemm_abt(&mut pred, &jbar, &v, p * k, 1, w, 1.0, false);
+    if let Some(cw) = colw {
+        jt.chunks_mut(w).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
     }
-    Ok(())
+    add_dense(sink.layout(), sink.rows_mut(0..p), &jbar, &jt, p, m, k, w, 1.0);
+    Ok(pred)
 }

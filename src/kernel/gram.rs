@@ -12,13 +12,12 @@
 //!   `J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]` (only `P·K·out·(in+1)` numbers), then
 //!   `T = J̄ · A_trainᵀ` (one GEMM) and `K[p, i, k, k'] += Σ_o T[(p,k,o), i] δ_i[k', o]`.
 //!
-//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in the layout
-//! `[(p, k), (i, k')]`, each row updated once per step (layer 0 and the deeper layers together,
-//! from a bounded scratch block of row points), and permuted to `[P, M, K, K]` at the end, so the
-//! accumulator holds one Gram-sized array.
+//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in a [`GramSink`] of the
+//! requested [`Layout`] (`full`, `diag` or `trace`), only the entries of that layout being
+//! computed, block by block of row points, and permuted once at the end, so the accumulator holds
+//! one Gram-sized array.
 
-use rayon::prelude::*;
-
+use super::layout::{add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 
 /// One layer's factors for a set of rows.
@@ -50,40 +49,34 @@ pub fn scratch_bytes_per_point(widths: &[usize], m: usize, k: usize) -> usize {
     8 * k * (m * k + widths.windows(2).skip(1).map(|w| w[1] * (m + w[0] + 1)).max().unwrap_or(0))
 }
 
-/// Accumulates `Σ_s K_s` over steps.
+/// Accumulates `Σ_s K_s` over steps in one [`Layout`].
 ///
-/// Memory: the Gram `[P, M, K, K]` itself, the layer-0 scale `x_p·x_i + 1` (`[P, M]`) and a
-/// scratch block of at most [`BLOCK_BYTES`] (plus the training factors of the current step).
-/// Each step is folded into the Gram block by block of row points, layer 0 included, so no
-/// second Gram-sized array is ever held.
+/// Memory: the Gram itself, the layer-0 scale `x_p·x_i + 1` (`[P, M]`) and a scratch block of
+/// at most [`BLOCK_BYTES`] (plus the training factors of the current step).
 pub struct GramAccumulator {
     p: usize,
     m: usize,
     k: usize,
     bias: bool,
-    /// `Σ_s K_s`, layout `[(p, k), (i, k')]` (permuted to `[P, M, K, K]` by `finish`).
-    g: Vec<f64>,
+    /// `Σ_s K_s` in accumulation rows.
+    sink: GramSink,
     /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
     s0: Option<Vec<f64>>,
-    /// Scratch reused across steps: the block's Gram rows, J̄ and T.
+    /// Scratch reused across steps: layer 0's product, J̄ and T.
     scratch_g: Vec<f64>,
     scratch_j: Vec<f64>,
     scratch_t: Vec<f64>,
 }
 
-/// A zero vector whose pages are first touched by a write (a read-first touch of fresh
-/// `calloc` pages maps the shared zero page and then pays a copy-on-write fault with a TLB
-/// shoot-down on every thread; measured at half the time of an NTK step).
-fn zeroed(n: usize) -> Vec<f64> {
-    let mut v = vec![0.0; n];
-    v.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0));
-    v
-}
-
 impl GramAccumulator {
-    /// A zero accumulator for P row points, M training points and K outputs.
+    /// A zero accumulator of the full Gram for P row points, M training points and K outputs.
     pub fn new(p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, g: zeroed(p * m * k * k), s0: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
+        Self::with_layout(Layout::Full, p, m, k, bias)
+    }
+
+    /// A zero accumulator in `layout`.
+    pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
     /// Adds one step for the row points `points` (a range of `0..P`; call once per chunk of
@@ -99,78 +92,66 @@ impl GramAccumulator {
     /// If `layers` is empty.
     pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], x_rows: &[f64], point: &[usize], weight: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
-        let mk = m * k;
-        let b = if bias { 1.0 } else { 0.0 };
-        let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
+        let layout = self.sink.layout();
+        let (first, last) = (points.start, points.end.min(p));
+        if first >= last {
+            return;
+        }
+        let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); last - first];
         for (r, &pi) in point.iter().enumerate() {
-            rows_of[pi].push(r);
+            rows_of[pi - first].push(r);
         }
         let (rows0, train0) = &layers[0];
         let d = rows0.n_in;
         if self.s0.is_none() {
             let mut s0 = vec![0.0; p * m];
             gemm_abt(&mut s0, x_rows, train0.acts, p, m, d, 1.0, false);
+            let b = if bias { 1.0 } else { 0.0 };
             s0.iter_mut().for_each(|v| *v += b);
             self.s0 = Some(s0);
         }
-        // Training δ, optionally column-weighted: [(i, k'), o].
-        let weighted = |train: &'_ LayerFactors<'_>| -> Vec<f64> {
-            let no = train.n_out;
-            let mut v = train.deltas.to_vec();
-            if let Some(cw) = colw {
-                for (c, chunk) in v.chunks_mut(no).enumerate() {
-                    let s = cw[c];
-                    chunk.iter_mut().for_each(|x| *x *= s);
-                }
-            }
-            v
-        };
-        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o].
+        // Training δ of layer 0, optionally column-weighted: [(i, k'), o].
         let no0 = rows0.n_out;
-        let dtrain0: std::borrow::Cow<'_, [f64]> = if colw.is_some() { weighted(train0).into() } else { train0.deltas.into() };
-        let mut dbar = vec![0.0; p * k * no0];
+        let dtrain0: std::borrow::Cow<'_, [f64]> = match colw {
+            Some(cw) => {
+                let mut v = train0.deltas.to_vec();
+                v.chunks_mut(no0).zip(cw).for_each(|(ch, &s)| ch.iter_mut().for_each(|x| *x *= s));
+                v.into()
+            }
+            None => train0.deltas.into(),
+        };
+        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o] for the points of the range.
+        let mut dbar = vec![0.0; (last - first) * k * no0];
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
             let src = &rows0.deltas[r * k * no0..(r + 1) * k * no0];
-            let dst = &mut dbar[pi * k * no0..(pi + 1) * k * no0];
+            let dst = &mut dbar[(pi - first) * k * no0..(pi - first + 1) * k * no0];
             for (a, x) in dst.iter_mut().zip(src) {
                 *a += w * x;
             }
         }
-        // Deeper layers: training activations with the bias column [M, ne] and δ transposed
-        // per o: [o, (i, k')].
-        let deep: Vec<(Vec<f64>, Vec<f64>)> = layers[1..]
-            .iter()
-            .map(|(_, train)| {
-                let a_train = train_acts_ext(train, bias);
-                let dtrain = if colw.is_some() { weighted(train) } else { train.deltas.to_vec() };
-                let dt = deltas_by_output(&dtrain, mk, train.n_out);
-                (a_train, dt)
-            })
-            .collect();
-        let per_point = 8 * k * (mk + layers[1..].iter().map(|(r, _)| r.n_out * (m + r.n_in + 1)).max().unwrap_or(0));
-        let (first, last) = (points.start, points.end.min(p));
+        // Deeper layers: training activations with the bias column [M, ne] and δ arranged for
+        // the layout.
+        let deep: Vec<(Vec<f64>, TrainDeltas)> =
+            layers[1..].iter().map(|(_, train)| (train_acts_ext(train, bias), TrainDeltas::new(layout, train.deltas, m, k, train.n_out, colw))).collect();
+        let per_point = scratch_bytes_per_point_layout(layers, m, k, layout);
         let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(last - first).max(1);
-        let mut gb = std::mem::take(&mut self.scratch_g);
-        gb.resize(pb * k * mk, 0.0);
         let mut jbar = std::mem::take(&mut self.scratch_j);
         let mut t = std::mem::take(&mut self.scratch_t);
+        let mut tmp = std::mem::take(&mut self.scratch_g);
         let s0 = self.s0.as_deref().expect("formed above");
         for p0 in (first..last).step_by(pb) {
             let nb = pb.min(last - p0);
-            let gbb = &mut gb[..nb * k * mk];
-            // Layer 0's δ-products D0 of the block; folded in, scaled by x_p·x_i + 1, below.
-            gemm_abt(gbb, &dbar[p0 * k * no0..(p0 + nb) * k * no0], &dtrain0, nb * k, mk, no0, 1.0, false);
-            let mut folded = false;
+            let out = self.sink.rows_mut(p0..p0 + nb);
+            let (b0, b1) = ((p0 - first) * k * no0, (p0 - first + nb) * k * no0);
+            add_dense_scaled(layout, out, &dbar[b0..b1], &dtrain0, &s0[p0 * m..(p0 + nb) * m], nb, m, k, no0, &mut tmp);
             for ((rows, _), (a_train, dt)) in layers[1..].iter().zip(&deep) {
                 let (ni, no) = (rows.n_in, rows.n_out);
                 let ne = ni + usize::from(bias);
-                jbar.resize(pb * k * no * ne, 0.0);
-                t.resize(pb * k * no * m, 0.0);
-                let jb = &mut jbar[..nb * k * no * ne];
-                jb.iter_mut().for_each(|v| *v = 0.0);
+                jbar.clear();
+                jbar.resize(nb * k * no * ne, 0.0);
                 // J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]
                 for pl in 0..nb {
-                    for &r in &rows_of[p0 + pl] {
+                    for &r in &rows_of[p0 - first + pl] {
                         let w = weight[r];
                         let ar = &rows.acts[r * ni..(r + 1) * ni];
                         for kt in 0..k {
@@ -181,7 +162,7 @@ impl GramAccumulator {
                                     continue;
                                 }
                                 let base = ((pl * k + kt) * no + o) * ne;
-                                let dst = &mut jb[base..base + ne];
+                                let dst = &mut jbar[base..base + ne];
                                 for (dv, av) in dst[..ni].iter_mut().zip(ar) {
                                     *dv += c * av;
                                 }
@@ -192,77 +173,24 @@ impl GramAccumulator {
                         }
                     }
                 }
-                // T [(p, k, o), i] = J̄ · A_trainᵀ
-                let tb = &mut t[..nb * k * no * m];
-                gemm_abt(tb, jb, a_train, nb * k * no, m, ne, 1.0, false);
-                // G[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δT[o, (i, k')] (the first deep layer
-                // also adds layer 0's (x_p·x_i + 1) ∘ D0, so each Gram row is updated once).
-                let tb = &*tb;
-                let fold0 = !folded;
-                let gb0 = &*gbb;
-                self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each_init(
-                    || vec![0.0; mk],
-                    |texp, (row, grow)| {
-                        if fold0 {
-                            add_scaled_row(grow, &gb0[row * mk..(row + 1) * mk], &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k);
-                        }
-                        for o in 0..no {
-                            let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
-                            let drow = &dt[o * mk..(o + 1) * mk];
-                            // Expand t over k' so the update is one contiguous, vectorisable pass.
-                            for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
-                                chunk.iter_mut().for_each(|v| *v = tv);
-                            }
-                            for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
-                                *g += tv * dv;
-                            }
-                        }
-                    },
-                );
-                folded = true;
-            }
-            if !folded {
-                let gb0 = &*gbb;
-                self.g[p0 * k * mk..(p0 + nb) * k * mk].par_chunks_mut(mk).enumerate().for_each(|(row, grow)| {
-                    add_scaled_row(grow, &gb0[row * mk..(row + 1) * mk], &s0[(p0 + row / k) * m..(p0 + row / k + 1) * m], k)
-                });
+                add_formed(out, &jbar, a_train, dt, nb, ne, &mut t);
             }
         }
-        self.scratch_g = gb;
+        self.scratch_g = tmp;
         self.scratch_j = jbar;
         self.scratch_t = t;
     }
 
-    /// The Gram `Σ_s K_s`, permuted from the accumulation layout `[(p, k), (i, k')]` point by
-    /// point in place.
-    ///
-    /// # Shapes
-    /// Returns `[P, M, K, K]`.
-    pub fn finish(mut self) -> Vec<f64> {
-        let (m, k) = (self.m, self.k);
-        let mk = m * k;
-        self.g.par_chunks_mut(k * mk).for_each_init(
-            || vec![0.0; k * mk],
-            |tmp, gp| {
-                for kt in 0..k {
-                    for i in 0..m {
-                        for ks in 0..k {
-                            tmp[(i * k + kt) * k + ks] = gp[kt * mk + i * k + ks];
-                        }
-                    }
-                }
-                gp.copy_from_slice(tmp);
-            },
-        );
-        self.g
+    /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`).
+    pub fn finish(self) -> Vec<f64> {
+        self.sink.finish()
     }
 }
 
-/// `row[(i, k')] += s[i] · src[(i, k')]`.
-fn add_scaled_row(row: &mut [f64], src: &[f64], s: &[f64], k: usize) {
-    for ((chunk, sc), &sv) in row.chunks_exact_mut(k).zip(src.chunks_exact(k)).zip(s) {
-        chunk.iter_mut().zip(sc).for_each(|(v, &x)| *v += sv * x);
-    }
+/// Scratch bytes per row point of one block in `layout`: layer 0's product and the deepest
+/// layer's `J̄` and `T`.
+fn scratch_bytes_per_point_layout(layers: &[(LayerFactors<'_>, LayerFactors<'_>)], m: usize, k: usize, layout: Layout) -> usize {
+    8 * (m * layout.per_pair(k) + k * layers[1..].iter().map(|(r, _)| r.n_out * (m + r.n_in + 1)).max().unwrap_or(0))
 }
 
 /// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.
@@ -278,47 +206,6 @@ pub(super) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
     } else {
         train.acts.to_vec()
     }
-}
-
-/// Training sensitivities `[(i, k'), o]` transposed to `[o, (i, k')]`.
-pub(super) fn deltas_by_output(dtrain: &[f64], mk: usize, no: usize) -> Vec<f64> {
-    let mut dt = vec![0.0; no * mk];
-    for c in 0..mk {
-        for o in 0..no {
-            dt[o * mk + c] = dtrain[c * no + o];
-        }
-    }
-    dt
-}
-
-/// Contracts formed row-side layer gradients with the training points' factors:
-/// `G[row, (i, k')] += Σ_o (J[(row, o), :]·[a_i, 1]) δ_i[k', o]`, as one GEMM
-/// `T = J · A_extᵀ` and a vectorised pass over o.
-///
-/// # Shapes
-/// `g` `[R, M·K]`, `j` `[R·no, ne]`, `a_ext` `[M, ne]`, `dt` `[no, M·K]`; `t` is scratch.
-pub(super) fn contract_formed(g: &mut [f64], j: &[f64], a_ext: &[f64], dt: &[f64], r: usize, m: usize, k: usize, no: usize, ne: usize, t: &mut Vec<f64>) {
-    let mk = m * k;
-    t.resize(r * no * m, 0.0);
-    let tb = &mut t[..r * no * m];
-    gemm_abt(tb, j, a_ext, r * no, m, ne, 1.0, false);
-    let tb = &*tb;
-    g[..r * mk].par_chunks_mut(mk).enumerate().for_each_init(
-        || vec![0.0; mk],
-        |texp, (row, grow)| {
-            for o in 0..no {
-                let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
-                let drow = &dt[o * mk..(o + 1) * mk];
-                // Expand t over k' so the update is one contiguous, vectorisable pass.
-                for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
-                    chunk.iter_mut().for_each(|v| *v = tv);
-                }
-                for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
-                    *g += tv * dv;
-                }
-            }
-        },
-    );
 }
 
 /// The training side of one step's kernel-machine prediction:

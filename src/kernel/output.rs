@@ -1,7 +1,8 @@
 //! Writing a kernel computation to disk (the interchange contract of `pathkernel kernel`).
 //!
 //! ```text
-//! OUT/gram.safetensors   gram [P, M, K, K] f64 (Σ_s K_s; ntk: at step S), a [N, M, K], bias [P, K],
+//! OUT/gram.safetensors   gram [P, M, K, K] f64 (Σ_s K_s; ntk: at step S; `diag` layout [P, M, K],
+//!                        `trace` [P, M]; metadata `layout`), a [N, M, K], bias [P, K],
 //!                        points [P, d], diag [P, K, K] (K(x_p, x_p) on the rows' side; ntk/dpk/epk);
 //!                        gram_steps [S, P, M, K, K] with --per-step, steps [S] (the steps summed),
 //!                        reg [P, K] (weight-decay term), rounding [P, K] (what the per-point split
@@ -74,6 +75,10 @@ pub struct Exactness {
     /// (included in the machine; large only where Adam amplifies gradient rounding by 1/eps).
     #[serde(default)]
     pub rounding_term_max_abs: Option<f64>,
+    /// Which blocks `gram.safetensors` holds (`full` `[P, M, K, K]`, `diag` `[P, M, K]`,
+    /// `trace` `[P, M]`).
+    #[serde(default)]
+    pub layout: super::Layout,
 }
 
 fn default_form() -> String {
@@ -109,7 +114,7 @@ impl Exactness {
             single_machine_max_abs_error: o
                 .single_machine
                 .as_ref()
-                .map(|s| s.iter().zip(&o.network).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)),
+                .map(|s| super::max_abs_diff(s, &o.network)),
             evaluations_per_step: EvalStats {
                 mean: o.mean_evaluations(),
                 max: o.max_evaluations(),
@@ -130,8 +135,9 @@ impl Exactness {
             symmetric_kernel: o.form.symmetric(),
             formula: o.form.formula().to_string(),
             decomposition_residual: o.decomposition_residual,
-            reg_term_max_abs: o.reg.as_ref().map(|r| r.iter().fold(0.0, |a: f64, v| a.max(v.abs()))),
-            rounding_term_max_abs: o.rounding.as_ref().map(|r| r.iter().fold(0.0, |a: f64, v| a.max(v.abs()))),
+            reg_term_max_abs: o.reg.as_deref().map(super::max_abs),
+            rounding_term_max_abs: o.rounding.as_deref().map(super::max_abs),
+            layout: o.layout,
         }
     }
 }
@@ -141,7 +147,7 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
     let (p, m, k) = (o.p, o.m, o.k);
     let n_a = o.a.len() / (m * k).max(1);
     let mut arrays = vec![
-        NamedArray::f64("gram", vec![p, m, k, k], o.gram.clone()),
+        NamedArray::f64("gram", o.layout.shape(p, m, k), o.gram.clone()),
         NamedArray::f64("a", vec![n_a, m, k], o.a.clone()),
         NamedArray::f64("bias", vec![p, k], o.bias.clone()),
         NamedArray::f64("points", vec![p, points.dim], points.x.clone()),
@@ -150,7 +156,9 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
         arrays.push(NamedArray::f64("diag", vec![p, k, k], dg.clone()));
     }
     if let Some(ps) = &o.per_step {
-        arrays.push(NamedArray::f64("gram_steps", vec![o.steps.len(), p, m, k, k], ps.clone()));
+        let mut shape = vec![o.steps.len()];
+        shape.extend(o.layout.shape(p, m, k));
+        arrays.push(NamedArray::f64("gram_steps", shape, ps.clone()));
     }
     arrays.push(NamedArray::i64("steps", vec![o.steps.len()], o.steps.iter().map(|&s| s as i64).collect()));
     if let Some(r) = &o.reg {
@@ -165,6 +173,7 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, run_id: &str) -> Res
     meta.insert("side".to_string(), format!("{:?}", o.side).to_lowercase());
     meta.insert("run_id".to_string(), run_id.to_string());
     meta.insert("form".to_string(), o.form.to_string());
+    meta.insert("layout".to_string(), o.layout.to_string());
     io::write_safetensors(&dir.join("gram.safetensors"), &arrays, Some(meta))?;
 
     let mut point = Vec::with_capacity(p * k);

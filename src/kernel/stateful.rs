@@ -27,9 +27,10 @@
 use std::time::Instant;
 
 use super::eval::{Evals, MlpStep};
-use super::gram::{contract_formed, deltas_by_output, train_acts_ext, LayerFactors};
+use super::gram::{train_acts_ext, LayerFactors};
+use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
-use super::{auto_nodes, fixed_nodes, generic, loss_gradient, KernelForm, KernelKind, KernelOutput, KernelRequest, Points, StepRecord};
+use super::{auto_nodes, fixed_nodes, generic, loss_gradient, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput, KernelRequest, Points, StepRecord};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::model::{Architecture, Params};
@@ -58,6 +59,8 @@ pub(super) struct Setup<'a> {
     pub start: Instant,
     /// Adam's recorded `κ_s D_s` per step (required for Adam runs).
     pub precond: Option<&'a [Vec<f64>]>,
+    /// Which blocks of the Gram are computed.
+    pub layout: Layout,
 }
 
 impl Setup<'_> {
@@ -138,53 +141,46 @@ impl TrainSide {
         g
     }
 
-    /// `out[(p,k), (i,k')] += H[(p,k), :]·∇f^{k'}(x_i)`.
+    /// `out += H[(p,k), :]·∇f^{k'}(x_i)` for the entries of `out`'s layout.
     ///
     /// # Shapes
-    /// `h` `[R, W]` (R = P·K), `out` `[R, M·K]`.
-    fn contract(&self, feature: &Feature, w: usize, out: &mut [f64], scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
+    /// `feature.dense` `[P·K, W]`; `out` the accumulation rows of all P row points.
+    fn contract(&self, feature: &Feature, w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
         let h = &feature.dense;
-        let r = h.len() / w;
+        let layout = out.layout();
         match self {
             TrainSide::Dense { jt, .. } => {
-                let mk = jt.len() / w;
-                gemm_abt(out, h, jt, r, mk, w, 1.0, true);
+                let (p, m, k) = out.dims();
+                add_dense(layout, out.rows_mut(0..p), h, jt, p, m, k, w, 1.0);
             }
             TrainSide::Mlp { step, ev } => {
                 let k = step.k;
+                let p = h.len() / w / k;
                 let mut off = 0;
                 for (l, layer) in step.layers.iter().enumerate() {
                     let (ni, no) = (layer.n_in, layer.n_out);
                     let m = ev.acts[l].len() / ni;
                     if let (0, Some(f0), Some(l0)) = (l, &feature.f0, l0) {
-                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one GEMM, scaled per (p, i).
-                        let mk = m * k;
-                        let mut dd = vec![0.0; r * mk];
-                        gemm_abt(&mut dd, f0, &ev.deltas[0], r, mk, no, 1.0, false);
+                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one product, scaled per (p, i).
                         let mut xx = vec![0.0; l0.p * m];
                         gemm_abt(&mut xx, l0.x, &ev.acts[0], l0.p, m, ni, 1.0, false);
                         let b = if step.bias { 1.0 } else { 0.0 };
-                        for (row, (orow, drow)) in out.chunks_exact_mut(mk).zip(dd.chunks_exact(mk)).enumerate() {
-                            let xrow = &xx[(row / k) * m..(row / k + 1) * m];
-                            for (i, (oc, dc)) in orow.chunks_exact_mut(k).zip(drow.chunks_exact(k)).enumerate() {
-                                let sx = xrow[i] + b;
-                                oc.iter_mut().zip(dc).for_each(|(o, d)| *o += sx * d);
-                            }
-                        }
+                        xx.iter_mut().for_each(|v| *v += b);
+                        add_dense_scaled(layout, out.rows_mut(0..p), f0, &ev.deltas[0], &xx, p, m, k, no, scratch);
                         off += no * ni + if step.bias { no } else { 0 };
                         continue;
                     }
                     let ne = ni + usize::from(step.bias);
                     let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
                     let a_ext = train_acts_ext(&train, step.bias);
-                    let dt = deltas_by_output(&ev.deltas[l], m * k, no);
-                    // Row blocks bound the GEMM's `[rows·out, M]` product to BLOCK_BYTES.
-                    let rb = (BLOCK_BYTES / 8 / (no * m).max(1)).clamp(1, r.max(1));
-                    let mut hext = vec![0.0; rb * no * ne];
-                    for r0 in (0..r).step_by(rb) {
-                        let nb = rb.min(r - r0);
-                        for row in 0..nb {
-                            let hr = &h[(r0 + row) * w..(r0 + row + 1) * w];
+                    let dt = TrainDeltas::new(layout, &ev.deltas[l], m, k, no, None);
+                    // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
+                    let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
+                    let mut hext = vec![0.0; pb * k * no * ne];
+                    for p0 in (0..p).step_by(pb) {
+                        let nb = pb.min(p - p0);
+                        for row in 0..nb * k {
+                            let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
                             for o in 0..no {
                                 let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
                                 dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
@@ -193,7 +189,7 @@ impl TrainSide {
                                 }
                             }
                         }
-                        contract_formed(&mut out[r0 * m * k..(r0 + nb) * m * k], &hext[..nb * no * ne], &a_ext, &dt, nb, m, k, no, ne, scratch);
+                        add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], &a_ext, &dt, nb, ne, scratch);
                     }
                     off += no * ni + if step.bias { no } else { 0 };
                 }
@@ -464,7 +460,6 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
 
     // Phase 2: backward recursion for H_r = ε_r F_r.
     let pk = p * k;
-    let mk = m * k;
     // Layer 0 in factor form when no preconditioner mixes its entries.
     let l0_ctx = match (&arch.body, s.structured && s.rule.adam.is_none()) {
         (crate::model::Body::Mlp { widths }, true) => Some(Layer0 { x: &s.rows.x, p, k, ni: widths[0], no: widths[1], bias: arch.bias }),
@@ -475,8 +470,9 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         Some(st) => Some((TrainSide::at(s, &s.states[st])?, row_gradients(s, &s.states[st], None, l0)?)),
         None => None,
     };
+    let layout = s.layout;
     let mut h = Feature::zeros(pk, w, l0);
-    let mut gram = vec![0.0; pk * mk];
+    let mut gram = GramSink::new(layout, p, m, k);
     let mut per_step: Vec<Vec<f64>> = Vec::new();
     let mut machine = bias.clone();
     let mut reg = vec![0.0; pk];
@@ -517,9 +513,9 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             for idx in 0..pk {
                 let actual = f1[idx] - f0[idx];
                 let e = (pred[idx] - actual).abs();
-                mx = mx.max(e);
+                mx = nan_max(mx, e);
                 sum += e;
-                ch = ch.max(actual.abs());
+                ch = nan_max(ch, actual.abs());
             }
             rec.max_abs_error = mx;
             rec.mean_abs_error = sum / pk as f64;
@@ -552,13 +548,12 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * y);
         }
         if frozen.is_none() {
-            let mut kr = vec![0.0; pk * mk];
+            let mut kr = GramSink::new(layout, p, m, k);
             ts.contract(&h, w, &mut kr, &mut scratch, l0);
-            let inv = 1.0 / lrs[r];
-            kr.iter_mut().for_each(|v| *v *= inv);
-            gram.iter_mut().zip(&kr).for_each(|(x, y)| *x += y);
+            kr.scale(1.0 / lrs[r]);
+            gram.add(&kr);
             if req.per_step {
-                per_step.push(permute(&kr, p, m, k));
+                per_step.push(kr.finish());
             }
         }
     }
@@ -571,15 +566,15 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     };
     let gram = match &frozen {
         Some((ts0, rg0)) => {
-            let mut g0 = vec![0.0; pk * mk];
+            let mut g0 = GramSink::new(layout, p, m, k);
             ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch, l0);
-            permute(&g0, p, m, k)
+            g0.finish()
         }
-        None => permute(&gram, p, m, k),
+        None => gram.finish(),
     };
     if let Some(st) = ntk_step {
         // One record, as for plain runs: the linearised machine's error.
-        let max_abs_error = machine.iter().zip(&network).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        let max_abs_error = max_abs_diff(&machine, &network);
         records = vec![StepRecord { step: st, max_abs_error, mean_evaluations: 1.0, max_evaluations: 1, mean_pieces: 1.0, dpk_cosine_error: f64::NAN, ..Default::default() }];
         if req.per_step {
             per_step = vec![gram.clone()];
@@ -597,6 +592,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         m,
         k,
         steps,
+        layout,
         gram,
         per_step,
         diag: None,
@@ -612,19 +608,4 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         decomposition_residual: Some(residual),
         rounding: Some(rounding),
     })
-}
-
-/// `[(p, k), (i, k')]` → `[P, M, K, K]`.
-fn permute(g: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
-    let mut out = vec![0.0; g.len()];
-    for pi in 0..p {
-        for kt in 0..k {
-            for i in 0..m {
-                for ks in 0..k {
-                    out[((pi * m + i) * k + kt) * k + ks] = g[(pi * k + kt) * m * k + i * k + ks];
-                }
-            }
-        }
-    }
-    out
 }

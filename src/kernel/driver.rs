@@ -1,0 +1,485 @@
+//! The driver: one kernel computation from validated inputs to the kernel machine and its
+//! per-step validation (nodes → contraction → accumulation → validation).
+
+use std::time::Instant;
+
+use super::eval::MlpStep;
+use super::gram::{self, GramAccumulator, LayerFactors};
+use super::layout::GramSink;
+use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
+use super::types::*;
+use super::{convgram, generic, stateful};
+use crate::data::Targets;
+use crate::error::{Error, Result};
+use crate::model::net::LossKind;
+use crate::model::{Body, Params};
+use crate::trajectory::Manifest;
+
+/// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised at that step: the mean over
+/// all M points (gradient descent) or over the step's mini-batch (SGD; zero outside it).
+pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
+    let mut g = vec![0.0; m * k];
+    let all: Vec<usize>;
+    let rows: &[usize] = match batch {
+        Some(b) => b,
+        None => {
+            all = (0..m).collect();
+            &all
+        }
+    };
+    let n = rows.len().max(1) as f64;
+    match (loss, targets) {
+        (LossKind::CrossEntropy, Targets::Labels(y)) => {
+            for &i in rows {
+                g[i * k + y[i]] = -1.0 / n;
+            }
+        }
+        (LossKind::Mse, Targets::Values(v)) => {
+            let scale = 2.0 / (n * k as f64);
+            for &i in rows {
+                for c in 0..k {
+                    g[i * k + c] = scale * (f_train[i * k + c] - v[i * k + c]);
+                }
+            }
+        }
+        _ => return Err(Error::Data("loss and targets do not match (cross-entropy needs labels, mse values)".into())),
+    }
+    Ok(g)
+}
+
+/// Computes a kernel over the recorded path between row points and the training set, with the
+/// kernel machine and its per-step validation.
+///
+/// `states` are `w_0 … w_N`. MLPs use the structured fast path; other architectures the
+/// generic autodiff path (fixed quadrature rules only). Runs trained with Adam(W) need their
+/// recorded preconditioners: use [`compute_run`] for them.
+pub fn compute(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, Layout::Full, memory_budget, progress, GramPath::Fast)
+}
+
+/// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
+/// preconditioners), so it works for every optimizer.
+pub fn compute_run(
+    run: &crate::trajectory::Run,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    compute_in(run, states, rows, req, Layout::Full, memory_budget, progress)
+}
+
+/// The kernel of a run on disk with its Gram in `layout` (`full`, `diag` or `trace`): only the
+/// entries of that layout are computed and held. The kernel machine and its per-step validation
+/// are computed for every layout (contracted with `a_{i,s}` on the fly, from the factors); the
+/// single machine of Theorem 3.7 needs the off-diagonal blocks and comes with `full` only.
+pub fn compute_in(
+    run: &crate::trajectory::Run,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    layout: Layout,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+) -> Result<KernelOutput> {
+    let precond = run.load_preconditioners()?;
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, layout, memory_budget, progress, GramPath::Fast)
+}
+
+/// Which Gram path a CNN takes (MLPs always take the structured one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GramPath {
+    /// The structured path ([`convgram`] for CNNs); any quadrature rule.
+    Fast,
+    /// The generic autodiff path ([`generic`], the reference); fixed rules only.
+    Generic,
+}
+
+/// [`compute`] with the CNN's Gram path chosen: [`GramPath::Generic`] forces the autodiff
+/// reference (benchmarks, differential tests).
+#[allow(clippy::too_many_arguments)]
+pub fn compute_with_path(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    rows: &Points,
+    req: &KernelRequest,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+    path: GramPath,
+) -> Result<KernelOutput> {
+    compute_inner(manifest, train, states, None, rows, req, Layout::Full, memory_budget, progress, path)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn compute_inner(
+    manifest: &Manifest,
+    train: &crate::data::Dataset,
+    states: &[Params],
+    precond: Option<&[Vec<f64>]>,
+    rows: &Points,
+    req: &KernelRequest,
+    layout: Layout,
+    memory_budget: u64,
+    progress: &dyn Fn(usize, usize),
+    path: GramPath,
+) -> Result<KernelOutput> {
+    let start = Instant::now();
+    let arch = &manifest.architecture;
+    let n = manifest.steps;
+    if states.len() != n + 1 {
+        return Err(Error::Data(format!("{} states for {} steps", states.len(), n)));
+    }
+    if rows.dim != arch.input_dim() {
+        return Err(Error::ShapeMismatch { what: "row points".into(), expected: vec![arch.input_dim()], got: vec![rows.dim] });
+    }
+    if rows.is_empty() {
+        return Err(Error::Data("no row points".into()));
+    }
+    if let Some(i) = rows.x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Data(format!("row point value {i} is not finite")));
+    }
+    let (p, m, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
+    let out_bytes = output_bytes_in(layout, p, m, k, n, req.per_step);
+    if out_bytes > memory_budget {
+        let shape = layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+        let blocks = if layout == Layout::Full { String::new() } else { format!(" ({layout} blocks)") };
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} Gram [{shape}]{blocks}{}", req.kind, if req.per_step { " with per-step Grams" } else { "" }),
+            needed_bytes: out_bytes,
+            budget_bytes: memory_budget,
+            hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
+        });
+    }
+    let structured = matches!(arch.body, Body::Mlp { .. });
+    let conv_fast = path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
+    if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+        return Err(Error::Config(
+            "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
+        ));
+    }
+    let init = &states[0];
+    let values = |state: &Params, x: &[f64], off: Option<&[f64]>| -> Result<Vec<f64>> {
+        if structured {
+            let z = vec![0.0; x.len() / d];
+            Ok(MlpStep::new(arch, state, None)?.eval(x, &z, off, false).f)
+        } else {
+            arch.forward(state, Some(init), x)
+        }
+    };
+    let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
+    let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
+    let zeros_m = vec![0.0; m];
+    // The steps summed: all by default, or [s0, s1) (then b = f_{w_{s0}}, network = f_{w_{s1}}).
+    let (s0, s1) = match req.steps {
+        None => (0, n),
+        Some((a0, b0)) => {
+            if a0 >= b0 || b0 > n {
+                return Err(Error::Config(format!("--steps {a0}:{b0}: need 0 <= A < B <= {n}")));
+            }
+            (a0, b0)
+        }
+    };
+    let (lo, hi) = (s0, s1);
+    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    if !rule.is_plain() {
+        let setup = stateful::Setup {
+            manifest,
+            train,
+            states,
+            rows,
+            req,
+            rule,
+            structured,
+            integrate: match req.kind {
+                KernelKind::Epk => req.side == Side::Test,
+                KernelKind::Kprime => true,
+                _ => false,
+            },
+            tol_step: match req.rule {
+                Rule::Auto(tol) => tol / n.max(1) as f64,
+                _ => 0.0,
+            },
+            lo,
+            hi,
+            off_rows,
+            off_train,
+            budget: memory_budget,
+            start,
+            precond,
+            layout,
+        };
+        return stateful::compute(&setup, progress);
+    }
+    // Network values at the states used, and a_{i,s} (zero outside the steps summed).
+    let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
+    let mut a = vec![0.0; n * m * k];
+    let mut lossgrads: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let batches = manifest.batches();
+    for s in lo..=hi {
+        f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
+        if s < hi {
+            let ft = values(&states[s], &train.x_train, off_train.as_deref())?;
+            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k, batches.as_ref().map(|b| b[s].as_slice()))?;
+            let eps = manifest.learning_rates[s];
+            for idx in 0..m * k {
+                a[s * m * k + idx] = match req.kind {
+                    KernelKind::Chen => -eps * g[idx].signum() * if g[idx] == 0.0 { 0.0 } else { 1.0 },
+                    _ => -eps * g[idx],
+                };
+            }
+            if req.kind == KernelKind::Chen {
+                // Only Chen's kernel needs ∂L/∂f beside a (its a is −ε·sign(∂L/∂f)).
+                lossgrads[s] = g;
+            }
+        }
+    }
+    let bias = f_rows[lo].clone();
+    let network = f_rows[hi].clone();
+    let steps: Vec<usize> = match req.kind {
+        KernelKind::Ntk => {
+            let s = req.ntk_step.unwrap_or(n);
+            if s > n {
+                return Err(Error::Config(format!("--step {s} is beyond the last state {n}")));
+            }
+            vec![s]
+        }
+        _ => (s0..s1).collect(),
+    };
+    let integrate = match req.kind {
+        KernelKind::Epk => req.side == Side::Test,
+        KernelKind::Kprime => true,
+        _ => false,
+    };
+    let gsize = p * m * layout.per_pair(k);
+    // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
+    let mut extra: Option<Vec<f64>> = None;
+    let mut acc = if structured && !req.per_step { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias)) } else { None };
+    let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
+    let mut machine = bias.clone();
+    let mut records = Vec::with_capacity(steps.len());
+    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
+    let mut diag = vec![0.0; p * k * k];
+    let tol_step = match req.rule {
+        Rule::Auto(tol) => tol / n.max(1) as f64,
+        _ => 0.0,
+    };
+    for (count, &s) in steps.iter().enumerate() {
+        progress(count, steps.len());
+        let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
+        let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
+        let mut cosine = f64::NAN;
+        // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f);
+        // for the NTK the path's Σ_s a_{i,s}, so that the step's prediction is the linearised
+        // machine's whole change.
+        let a_eff: Vec<f64> = if req.kind == KernelKind::Ntk {
+            let mut asum = vec![0.0; m * k];
+            for s in lo..hi {
+                asum.iter_mut().zip(&a[s * m * k..(s + 1) * m * k]).for_each(|(x, y)| *x += y);
+            }
+            asum
+        } else {
+            match req.kind {
+                KernelKind::Chen => lossgrads[s].iter().map(|g| -manifest.learning_rates[s] * g).collect(),
+                _ => a[s * m * k..(s + 1) * m * k].to_vec(),
+            }
+        };
+        let colw: Option<Vec<f64>> = if req.kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
+        let (pred, evaluations, jvp_evaluations, pieces, unconverged) = if structured {
+            let step = MlpStep::new(arch, &states[s], next)?;
+            let tr = step.eval(&train.x_train, &zeros_m, off_train.as_deref(), true);
+            let train_layers: Vec<LayerFactors<'_>> = step
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out })
+                .collect();
+            let v = gram::prediction_weights(&train_layers, &a_eff, m, k, arch.bias);
+            let mut one = if acc.is_none() { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias)) } else { None };
+            let target = match acc.as_mut() {
+                Some(a) => a,
+                None => one.as_mut().expect("created above"),
+            };
+            let mut pred = vec![0.0; p * k];
+            let (mut evaluations, mut jvp_evaluations, mut pieces, mut unconverged) = (Vec::with_capacity(p), Vec::with_capacity(p), Vec::with_capacity(p), 0);
+            let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+            // Row points in chunks: the node data of one chunk is all that is held at once.
+            for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
+                let pc = NODE_CHUNK_POINTS.min(p - c0);
+                let xc = &rows.x[c0 * d..(c0 + pc) * d];
+                let offc = off_rows.as_deref().map(|o| &o[c0 * k..(c0 + pc) * k]);
+                let mut nodes = match &fixed {
+                    Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes),
+                    None => auto_nodes(&step, xc, pc, offc, tol_step),
+                };
+                if integrate {
+                    let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc);
+                    cos_sum += sum;
+                    cos_count += count;
+                }
+                nodes.point.iter_mut().for_each(|q| *q += c0);
+                let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(l, layer)| {
+                        (
+                            LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                            LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                        )
+                    })
+                    .collect();
+                target.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, colw.as_deref(), c0..c0 + pc);
+                let row_layers: Vec<LayerFactors<'_>> =
+                    layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
+                gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias);
+                if want_diag {
+                    gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias);
+                }
+                evaluations.extend_from_slice(&nodes.evaluations);
+                jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
+                pieces.extend_from_slice(&nodes.pieces);
+                unconverged += nodes.unconverged;
+            }
+            if let Some(one) = one {
+                let gs = one.finish();
+                add_into(&mut extra, &gs);
+                if let Some(ps) = per_step.as_mut() {
+                    ps.extend_from_slice(&gs);
+                }
+            }
+            if integrate {
+                cosine = if cos_count == 0 { f64::NAN } else { cos_sum / cos_count as f64 };
+            }
+            (pred, evaluations, jvp_evaluations, pieces, unconverged)
+        } else {
+            let mut sink = GramSink::new(layout, p, m, k);
+            let (pred, stats) = if conv_fast {
+                convgram::step_into(arch, &states[s], next, &rows.x, off_rows.as_deref(), fixed.as_deref(), tol_step, &train.x_train, off_train.as_deref(), &mut sink, &mut diag, &a_eff, colw.as_deref())?
+            } else {
+                let nodes = fixed.expect("auto rejected above for the generic path");
+                let pred = generic::step_into(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut sink, &mut diag, &a_eff, colw.as_deref())?;
+                (pred, convgram::NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 })
+            };
+            let gs = sink.finish();
+            add_into(&mut extra, &gs);
+            if let Some(ps) = per_step.as_mut() {
+                ps.extend_from_slice(&gs);
+            }
+            (pred, stats.evaluations, stats.jvp_evaluations, stats.pieces, stats.unconverged)
+        };
+        // Predicted change over this step vs the network's actual change.
+        let mut rec = StepRecord { step: s, ..Default::default() };
+        if req.kind == KernelKind::Ntk {
+            // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
+            machine.iter_mut().zip(&pred).for_each(|(mv, pv)| *mv += pv);
+        } else {
+            let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
+            for pi in 0..p {
+                for kt in 0..k {
+                    let actual = f_rows[s + 1][pi * k + kt] - f_rows[s][pi * k + kt];
+                    let e = (pred[pi * k + kt] - actual).abs();
+                    mx = nan_max(mx, e);
+                    sum += e;
+                    ch = nan_max(ch, actual.abs());
+                    machine[pi * k + kt] += pred[pi * k + kt];
+                }
+            }
+            rec.max_abs_error = mx;
+            rec.mean_abs_error = sum / (p * k) as f64;
+            rec.max_abs_change = ch;
+        }
+        rec.mean_evaluations = evaluations.iter().sum::<usize>() as f64 / p as f64;
+        rec.max_evaluations = evaluations.iter().copied().max().unwrap_or(0);
+        rec.mean_jvp_evaluations = jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
+        rec.mean_pieces = pieces.iter().sum::<usize>() as f64 / p as f64;
+        rec.unconverged_pieces = unconverged;
+        rec.dpk_cosine_error = cosine;
+        records.push(rec);
+    }
+    let gram = match (acc, extra) {
+        (Some(acc), None) => acc.finish(),
+        (Some(acc), Some(e)) => {
+            let mut g = acc.finish();
+            g.iter_mut().zip(&e).for_each(|(a, b)| *a += b);
+            g
+        }
+        (None, Some(e)) => e,
+        (None, None) => vec![0.0; gsize],
+    };
+    if req.kind == KernelKind::Ntk {
+        records[0].max_abs_error = max_abs_diff(&machine, &network);
+    }
+    // Theorem 3.7: one machine when a_{i,s} does not depend on s (it contracts the off-diagonal
+    // blocks too, so it needs the full layout).
+    let constant_a = n > 0 && (1..n).all(|s| a[s * m * k..(s + 1) * m * k] == a[..m * k]);
+    let single_machine = if constant_a && req.kind != KernelKind::Ntk && layout == Layout::Full {
+        let pred = contract(&gram, &a[..m * k], p, m, k);
+        Some(bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
+    } else {
+        None
+    };
+    progress(steps.len(), steps.len());
+    Ok(KernelOutput {
+        kind: req.kind,
+        rule: req.rule,
+        side: req.side,
+        integrated: integrate,
+        p,
+        m,
+        k,
+        steps,
+        layout,
+        gram,
+        per_step,
+        diag: if want_diag { Some(diag) } else { None },
+        a,
+        bias,
+        network,
+        machine,
+        single_machine,
+        records,
+        seconds: start.elapsed().as_secs_f64(),
+        form: KernelForm::Gradient,
+        reg: None,
+        decomposition_residual: None,
+        rounding: None,
+    })
+}
+
+/// `out[p, kt] = Σ_{i,ks} a[i, ks] G[p, i, kt, ks]`.
+///
+/// # Shapes
+/// `g` `[P, M, K, K]`, `a` `[M, K]`; returns `[P, K]`.
+pub fn contract(g: &[f64], a: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0.0; p * k];
+    for pi in 0..p {
+        for i in 0..m {
+            for kt in 0..k {
+                let base = ((pi * m + i) * k + kt) * k;
+                let mut s = 0.0;
+                for ks in 0..k {
+                    s += a[i * k + ks] * g[base + ks];
+                }
+                out[pi * k + kt] += s;
+            }
+        }
+    }
+    out
+}
+
+fn add_into(dst: &mut Option<Vec<f64>>, src: &[f64]) {
+    match dst {
+        Some(d) => d.iter_mut().zip(src).for_each(|(a, b)| *a += b),
+        None => *dst = Some(src.to_vec()),
+    }
+}

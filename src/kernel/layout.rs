@@ -1,0 +1,493 @@
+//! Output layouts of a Gram, the one accumulator every step model writes into, and the three
+//! contractions they are all built from.
+//!
+//! A Gram between P row points and M training points with K outputs has `K²` numbers per pair.
+//! What is stored is what the question needs ([`Layout`]):
+//!
+//! - `full`: every class block, `[P, M, K, K]` (`G[p, i, k, k']`);
+//! - `diag`: the class-diagonal blocks `K^{cc}`, `[P, M, K]` (per-class GPs, the SVM);
+//! - `trace`: `Σ_c K^{cc}`, `[P, M]` (attribution summaries, stationarity).
+//!
+//! Every step model produces row-side and training-side features in one of three forms and
+//! hands them to [`add_dense`], [`add_dense_scaled`] or [`add_formed`], which compute only the
+//! entries of the layout: `diag` costs about `1/K` of `full` for a dense block and `trace` one
+//! GEMM with a K-times longer inner dimension. [`GramSink`] holds the accumulation rows
+//! (`[(p, k), (i, k')]`, `[(p, c), i]` or `[p, i]`) and is the one place they are permuted into
+//! the output layout.
+
+use std::ops::Range;
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::linalg::gemm_abt;
+use crate::error::{Error, Result};
+
+/// Which blocks of a Gram are computed and stored (`--blocks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// Every class block: `[P, M, K, K]`.
+    #[default]
+    Full,
+    /// The class-diagonal blocks `K^{cc}`: `[P, M, K]`.
+    Diag,
+    /// Their sum `Σ_c K^{cc}`: `[P, M]`.
+    Trace,
+}
+
+impl Layout {
+    /// Accumulation rows per row point: K (`full`, `diag`) or 1 (`trace`).
+    pub fn rows_per_point(self, k: usize) -> usize {
+        match self {
+            Layout::Full | Layout::Diag => k,
+            Layout::Trace => 1,
+        }
+    }
+
+    /// Columns per training point in one accumulation row: K (`full`) or 1.
+    pub fn cols_per_train(self, k: usize) -> usize {
+        match self {
+            Layout::Full => k,
+            Layout::Diag | Layout::Trace => 1,
+        }
+    }
+
+    /// Numbers stored per (row point, training point) pair: K², K or 1.
+    pub fn per_pair(self, k: usize) -> usize {
+        self.rows_per_point(k) * self.cols_per_train(k)
+    }
+
+    /// The output shape for P row points, M training points and K outputs.
+    pub fn shape(self, p: usize, m: usize, k: usize) -> Vec<usize> {
+        match self {
+            Layout::Full => vec![p, m, k, k],
+            Layout::Diag => vec![p, m, k],
+            Layout::Trace => vec![p, m],
+        }
+    }
+
+    /// Whether a Gram in this layout holds every entry of `need` (full ⊇ diag ⊇ trace).
+    pub fn provides(self, need: Layout) -> bool {
+        matches!((self, need), (Layout::Full, _) | (Layout::Diag, Layout::Diag | Layout::Trace) | (Layout::Trace, Layout::Trace))
+    }
+
+    /// Extracts this layout from a full Gram `[P, M, K, K]` (the slow, obvious reference).
+    pub fn from_full(self, full: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+        match self {
+            Layout::Full => full.to_vec(),
+            Layout::Diag => (0..p * m).flat_map(|pm| (0..k).map(move |c| full[(pm * k + c) * k + c])).collect(),
+            Layout::Trace => (0..p * m).map(|pm| (0..k).map(|c| full[(pm * k + c) * k + c]).sum()).collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "full" => Ok(Layout::Full),
+            "diag" => Ok(Layout::Diag),
+            "trace" => Ok(Layout::Trace),
+            _ => Err(Error::Config(format!("--blocks `{s}`: expected full, diag or trace"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Layout::Full => "full",
+            Layout::Diag => "diag",
+            Layout::Trace => "trace",
+        })
+    }
+}
+
+/// A zero vector whose pages are first touched by a write (a read-first touch of fresh
+/// `calloc` pages maps the shared zero page and then pays a copy-on-write fault with a TLB
+/// shoot-down on every thread; measured at half the time of an NTK step).
+pub(crate) fn zeroed(n: usize) -> Vec<f64> {
+    let mut v = vec![0.0; n];
+    v.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0));
+    v
+}
+
+/// The accumulation rows of a Gram in one layout.
+///
+/// Rows are `(p, k)` for `full` and `diag` and `p` for `trace`; a row holds `(i, k')` (`full`)
+/// or `i` (`diag`, `trace`). [`GramSink::finish`] permutes to the output layout.
+pub struct GramSink {
+    layout: Layout,
+    p: usize,
+    m: usize,
+    k: usize,
+    g: Vec<f64>,
+}
+
+impl GramSink {
+    /// A zero Gram for P row points, M training points and K outputs.
+    pub fn new(layout: Layout, p: usize, m: usize, k: usize) -> Self {
+        GramSink { layout, p, m, k, g: zeroed(p * m * layout.per_pair(k)) }
+    }
+
+    /// `(P, M, K)`.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.p, self.m, self.k)
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Numbers in one accumulation row.
+    pub fn row_len(&self) -> usize {
+        self.m * self.layout.cols_per_train(self.k)
+    }
+
+    /// Numbers per row point (its accumulation rows).
+    pub fn point_len(&self) -> usize {
+        self.row_len() * self.layout.rows_per_point(self.k)
+    }
+
+    /// The accumulation rows of the row points `points`.
+    pub fn rows_mut(&mut self, points: Range<usize>) -> &mut [f64] {
+        let n = self.point_len();
+        &mut self.g[points.start * n..points.end * n]
+    }
+
+    /// `self += other` (same layout and shape).
+    ///
+    /// # Panics
+    /// If the two differ in layout or shape.
+    pub fn add(&mut self, other: &GramSink) {
+        assert_eq!((self.layout, self.p, self.m, self.k), (other.layout, other.p, other.m, other.k), "sinks differ");
+        self.g.par_iter_mut().zip(&other.g).for_each(|(a, b)| *a += b);
+    }
+
+    /// `self *= c`.
+    pub fn scale(&mut self, c: f64) {
+        self.g.par_iter_mut().for_each(|v| *v *= c);
+    }
+
+    /// The Gram in its output layout ([`Layout::shape`]), permuted point by point in place.
+    pub fn finish(mut self) -> Vec<f64> {
+        let (m, k) = (self.m, self.k);
+        match self.layout {
+            Layout::Full => {
+                let mk = m * k;
+                self.g.par_chunks_mut(k * mk).for_each_init(
+                    || vec![0.0; k * mk],
+                    |tmp, gp| {
+                        for kt in 0..k {
+                            for i in 0..m {
+                                for ks in 0..k {
+                                    tmp[(i * k + kt) * k + ks] = gp[kt * mk + i * k + ks];
+                                }
+                            }
+                        }
+                        gp.copy_from_slice(tmp);
+                    },
+                );
+            }
+            Layout::Diag => {
+                self.g.par_chunks_mut(k * m).for_each_init(
+                    || vec![0.0; k * m],
+                    |tmp, gp| {
+                        for c in 0..k {
+                            for i in 0..m {
+                                tmp[i * k + c] = gp[c * m + i];
+                            }
+                        }
+                        gp.copy_from_slice(tmp);
+                    },
+                );
+            }
+            Layout::Trace => {}
+        }
+        self.g
+    }
+}
+
+fn par_for(m: usize, n: usize, k: usize) -> Par {
+    if (m as f64) * (n as f64) * (k as f64) > 2.0e6 {
+        Par::rayon(0)
+    } else {
+        Par::Seq
+    }
+}
+
+/// Dense features on both sides: `out += α · ⟨rows[(p, k)], train[(i, k')]⟩` for the entries of
+/// the layout (`diag`: k = k'; `trace`: summed over k = k').
+///
+/// # Shapes
+/// `out` the accumulation rows of `nb` points (`[nb·K, M·K]`, `[nb·K, M]` or `[nb, M]`),
+/// `rows` `[nb·K, dim]`, `train` `[M·K, dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], nb: usize, m: usize, k: usize, dim: usize, alpha: f64) {
+    assert_eq!(rows.len(), nb * k * dim, "row features have the wrong size");
+    assert_eq!(train.len(), m * k * dim, "training features have the wrong size");
+    assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
+    if nb == 0 || m == 0 || dim == 0 {
+        return;
+    }
+    match layout {
+        Layout::Full => gemm_abt(out, rows, train, nb * k, m * k, dim, alpha, true),
+        // Σ_c rows[(p,c), :]·train[(i,c), :] is one product with inner dimension K·dim.
+        Layout::Trace => gemm_abt(out, rows, train, nb, m, k * dim, alpha, true),
+        Layout::Diag => {
+            let par = par_for(nb, m, dim);
+            for c in 0..k {
+                let lhs = MatRef::from_row_major_slice_with_stride(&rows[c * dim..], nb, dim, k * dim);
+                let rhs = MatRef::from_row_major_slice_with_stride(&train[c * dim..], m, dim, k * dim).transpose();
+                let dst = MatMut::from_row_major_slice_with_stride_mut(&mut out[c * m..], nb, m, k * m);
+                matmul(dst, Accum::Add, lhs, rhs, alpha, par);
+            }
+        }
+    }
+}
+
+/// [`add_dense`] with every pair scaled by `s[p, i]`: the form of an MLP's first layer, whose
+/// gradient is `δ[k] ⊗ [x, 1]` on both sides, so that `⟨·,·⟩ = (δ_p[k]·δ_i[k'])(x_p·x_i + 1)`
+/// and `s = x_p·x_i + 1` is formed once for all steps. `tmp` is scratch.
+///
+/// # Shapes
+/// As [`add_dense`], and `s` `[nb, M]`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_dense_scaled(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], s: &[f64], nb: usize, m: usize, k: usize, dim: usize, tmp: &mut Vec<f64>) {
+    assert_eq!(s.len(), nb * m, "scale has the wrong size");
+    tmp.clear();
+    tmp.resize(out.len(), 0.0);
+    add_dense(layout, tmp, rows, train, nb, m, k, dim, 1.0);
+    let cols = layout.cols_per_train(k);
+    let row_len = m * cols;
+    let rpp = layout.rows_per_point(k);
+    out.par_chunks_mut(row_len).zip(tmp.par_chunks(row_len)).enumerate().for_each(|(row, (orow, trow))| {
+        let srow = &s[(row / rpp) * m..(row / rpp + 1) * m];
+        for ((oc, tc), &sv) in orow.chunks_exact_mut(cols).zip(trow.chunks_exact(cols)).zip(srow) {
+            oc.iter_mut().zip(tc).for_each(|(o, t)| *o += sv * t);
+        }
+    });
+}
+
+/// The training points' sensitivities of one layer, arranged for [`add_formed`] in one layout.
+pub struct TrainDeltas {
+    layout: Layout,
+    /// `full`: `[o, (i, k')]`; `diag`/`trace`: `[(c, o), i]`.
+    data: Vec<f64>,
+    m: usize,
+    k: usize,
+    no: usize,
+}
+
+impl TrainDeltas {
+    /// Arranges `δ_i[k', o]` (`[(i, k'), o]`, optionally scaled per `(i, k')` by `colw`).
+    ///
+    /// # Shapes
+    /// `deltas` `[M·K, no]`, `colw` `[M·K]`.
+    pub fn new(layout: Layout, deltas: &[f64], m: usize, k: usize, no: usize, colw: Option<&[f64]>) -> Self {
+        assert_eq!(deltas.len(), m * k * no, "training sensitivities have the wrong size");
+        let w = |c: usize| colw.map_or(1.0, |cw| cw[c]);
+        let mut data = vec![0.0; no * m * k];
+        match layout {
+            Layout::Full => {
+                let mk = m * k;
+                for c in 0..mk {
+                    let wc = w(c);
+                    for o in 0..no {
+                        data[o * mk + c] = wc * deltas[c * no + o];
+                    }
+                }
+            }
+            Layout::Diag | Layout::Trace => {
+                for i in 0..m {
+                    for c in 0..k {
+                        let wc = w(i * k + c);
+                        for o in 0..no {
+                            data[(c * no + o) * m + i] = wc * deltas[(i * k + c) * no + o];
+                        }
+                    }
+                }
+            }
+        }
+        TrainDeltas { layout, data, m, k, no }
+    }
+}
+
+/// Formed row-side layer gradients against the training points' factors:
+/// `out[(p, k), (i, k')] += Σ_o (J[(p, k, o), :]·a_i) δ_i[k', o]` for the entries of the layout,
+/// as one GEMM `T = J·Aᵀ` (`[(p, k, o), i]`) and a vectorised pass over o. `t` is scratch.
+///
+/// # Shapes
+/// `out` the accumulation rows of `nb` points, `j` `[nb·K·no, ne]`, `a_ext` `[M, ne]`.
+///
+/// # Panics
+/// If `dt` was arranged for another layout or shape.
+#[allow(clippy::too_many_arguments)]
+pub fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, t: &mut Vec<f64>) {
+    let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
+    assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
+    let mk = m * k;
+    t.resize(nb * k * no * m, 0.0);
+    let tb = &mut t[..nb * k * no * m];
+    gemm_abt(tb, j, a_ext, nb * k * no, m, ne, 1.0, false);
+    let tb = &*tb;
+    let d = &dt.data;
+    match layout {
+        Layout::Full => out.par_chunks_mut(mk).enumerate().for_each_init(
+            || vec![0.0; mk],
+            |texp, (row, grow)| {
+                for o in 0..no {
+                    let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                    let drow = &d[o * mk..(o + 1) * mk];
+                    // Expand t over k' so the update is one contiguous, vectorisable pass.
+                    for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
+                        chunk.iter_mut().for_each(|v| *v = tv);
+                    }
+                    for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
+                        *g += tv * dv;
+                    }
+                }
+            },
+        ),
+        Layout::Diag => out.par_chunks_mut(m).enumerate().for_each(|(row, grow)| {
+            let c = row % k;
+            for o in 0..no {
+                let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                let drow = &d[(c * no + o) * m..(c * no + o + 1) * m];
+                for ((g, &tv), &dv) in grow.iter_mut().zip(trow).zip(drow) {
+                    *g += tv * dv;
+                }
+            }
+        }),
+        Layout::Trace => out.par_chunks_mut(m).enumerate().for_each(|(pl, grow)| {
+            for c in 0..k {
+                let row = pl * k + c;
+                for o in 0..no {
+                    let trow = &tb[(row * no + o) * m..(row * no + o + 1) * m];
+                    let drow = &d[(c * no + o) * m..(c * no + o + 1) * m];
+                    for ((g, &tv), &dv) in grow.iter_mut().zip(trow).zip(drow) {
+                        *g += tv * dv;
+                    }
+                }
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f64> {
+        (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+    }
+
+    const LAYOUTS: [Layout; 3] = [Layout::Full, Layout::Diag, Layout::Trace];
+
+    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+    }
+
+    /// Obvious full Gram `[P, M, K, K]` of dense features.
+    fn full_dense(rows: &[f64], train: &[f64], p: usize, m: usize, k: usize, dim: usize, s: Option<&[f64]>) -> Vec<f64> {
+        let mut g = vec![0.0; p * m * k * k];
+        for pi in 0..p {
+            for i in 0..m {
+                for a in 0..k {
+                    for b in 0..k {
+                        let r = &rows[(pi * k + a) * dim..(pi * k + a + 1) * dim];
+                        let t = &train[(i * k + b) * dim..(i * k + b + 1) * dim];
+                        let v: f64 = r.iter().zip(t).map(|(x, y)| x * y).sum();
+                        g[((pi * m + i) * k + a) * k + b] = v * s.map_or(1.0, |s| s[pi * m + i]);
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    #[test]
+    fn dense_layouts_match_the_full_gram() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let (p, m, k, dim) = (5, 7, 3, 4);
+        let rows = rand_vec(&mut rng, p * k * dim);
+        let train = rand_vec(&mut rng, m * k * dim);
+        let s = rand_vec(&mut rng, p * m);
+        for scaled in [false, true] {
+            let full = full_dense(&rows, &train, p, m, k, dim, if scaled { Some(&s) } else { None });
+            for layout in LAYOUTS {
+                let mut sink = GramSink::new(layout, p, m, k);
+                // Two blocks of points, as the engines call it.
+                let mut tmp = Vec::new();
+                for (a, b) in [(0, 2), (2, 5)] {
+                    let out = sink.rows_mut(a..b);
+                    let (r, sb) = (&rows[a * k * dim..b * k * dim], &s[a * m..b * m]);
+                    if scaled {
+                        add_dense_scaled(layout, out, r, &train, sb, b - a, m, k, dim, &mut tmp);
+                    } else {
+                        add_dense(layout, out, r, &train, b - a, m, k, dim, 1.0);
+                    }
+                }
+                let got = sink.finish();
+                assert_eq!(got.len(), layout.shape(p, m, k).iter().product::<usize>());
+                let want = layout.from_full(&full, p, m, k);
+                assert!(max_rel(&got, &want) < 1e-14, "{layout} scaled={scaled}");
+            }
+        }
+    }
+
+    #[test]
+    fn formed_layouts_match_the_full_gram() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let (p, m, k, no, ne) = (4, 6, 3, 5, 3);
+        let j = rand_vec(&mut rng, p * k * no * ne);
+        let a = rand_vec(&mut rng, m * ne);
+        let delta = rand_vec(&mut rng, m * k * no);
+        let colw = rand_vec(&mut rng, m * k);
+        let mut full = vec![0.0; p * m * k * k];
+        for pi in 0..p {
+            for i in 0..m {
+                for kt in 0..k {
+                    for ks in 0..k {
+                        let mut v = 0.0;
+                        for o in 0..no {
+                            let jr = &j[((pi * k + kt) * no + o) * ne..((pi * k + kt) * no + o + 1) * ne];
+                            let ja: f64 = jr.iter().zip(&a[i * ne..(i + 1) * ne]).map(|(x, y)| x * y).sum();
+                            v += ja * delta[(i * k + ks) * no + o] * colw[i * k + ks];
+                        }
+                        full[((pi * m + i) * k + kt) * k + ks] = v;
+                    }
+                }
+            }
+        }
+        for layout in LAYOUTS {
+            let dt = TrainDeltas::new(layout, &delta, m, k, no, Some(&colw));
+            let mut sink = GramSink::new(layout, p, m, k);
+            let mut t = Vec::new();
+            for (a0, b0) in [(0, 1), (1, 4)] {
+                add_formed(sink.rows_mut(a0..b0), &j[a0 * k * no * ne..b0 * k * no * ne], &a, &dt, b0 - a0, ne, &mut t);
+            }
+            let got = sink.finish();
+            assert!(max_rel(&got, &layout.from_full(&full, p, m, k)) < 1e-14, "{layout}");
+        }
+    }
+
+    #[test]
+    fn layouts_parse_print_and_nest() {
+        for l in LAYOUTS {
+            assert_eq!(l.to_string().parse::<Layout>().unwrap(), l);
+            assert!(Layout::Full.provides(l));
+            assert!(l.provides(Layout::Trace));
+        }
+        assert!(!Layout::Diag.provides(Layout::Full));
+        assert!(!Layout::Trace.provides(Layout::Diag));
+        assert!("blocks".parse::<Layout>().is_err());
+    }
+}

@@ -1,0 +1,347 @@
+//! Quadrature nodes of one step for the row points: fixed rules, the adaptive kink-aware rule
+//! (forward-mode search, then gradients once at the accepted nodes), and the paper's Fig. 2
+//! cosine measure of the DPK's test gradient.
+
+use super::eval::{Evals, MlpStep};
+use super::quadrature;
+
+/// Row points whose quadrature nodes are evaluated and folded into the Gram together: bounds the
+/// node data held at once (a kink-rich step can need 100+ gradient evaluations per point).
+pub(crate) const NODE_CHUNK_POINTS: usize = 32;
+
+/// Test-side nodes of one step for all row points.
+pub(crate) struct RowNodes {
+    pub(crate) point: Vec<usize>,
+    pub(crate) weight: Vec<f64>,
+    pub(crate) evals: Evals,
+    pub(crate) evaluations: Vec<usize>,
+    pub(crate) jvp_evaluations: Vec<usize>,
+    pub(crate) pieces: Vec<usize>,
+    pub(crate) unconverged: usize,
+}
+
+pub(crate) fn gather_rows(x: &[f64], d: usize, idx: &[usize]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(idx.len() * d);
+    for &p in idx {
+        out.extend_from_slice(&x[p * d..(p + 1) * d]);
+    }
+    out
+}
+
+pub(crate) fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Option<Vec<f64>> {
+    off.map(|o| {
+        let mut v = Vec::with_capacity(idx.len() * k);
+        for &p in idx {
+            v.extend_from_slice(&o[p * k..(p + 1) * k]);
+        }
+        v
+    })
+}
+
+/// Nodes of a fixed rule (the same for every point).
+pub(crate) fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: &[(f64, f64)]) -> RowNodes {
+    let d = step.input_dim();
+    let k = step.k;
+    let mut point = Vec::with_capacity(p * nodes.len());
+    let mut weight = Vec::with_capacity(p * nodes.len());
+    let mut t = Vec::with_capacity(p * nodes.len());
+    for pi in 0..p {
+        for &(tq, wq) in nodes {
+            point.push(pi);
+            weight.push(wq);
+            t.push(tq);
+        }
+    }
+    let xr = gather_rows(x, d, &point);
+    let offr = gather_offsets(off, k, &point);
+    let evals = step.eval(&xr, &t, offr.as_deref(), true);
+    RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
+}
+
+/// Rows per forward-mode evaluation in the node search (bounds its scratch to a few MB).
+pub(crate) const JVP_CHUNK: usize = 2048;
+
+/// `step.jvp` at points `idx` (rows of `x`) and times `t`, in chunks of [`JVP_CHUNK`] rows.
+pub(crate) fn jvp_rows<S: AlongPath>(step: &S, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (d, k) = (step.input_dim(), step.outputs());
+    let mut f = Vec::with_capacity(idx.len() * k);
+    let mut fdot = Vec::with_capacity(idx.len() * k);
+    for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
+        let (a, b) = step.jvp(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref());
+        f.extend_from_slice(&a);
+        fdot.extend_from_slice(&b);
+    }
+    (f, fdot)
+}
+
+/// `step.eval` with gradients at points `idx` (rows of `x`) and times `t`, in chunks of
+/// [`JVP_CHUNK`] rows (bounds the evaluation's intermediates; the result is the same).
+pub(crate) fn eval_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Evals {
+    let (d, k) = (step.input_dim(), step.k);
+    if idx.len() <= JVP_CHUNK {
+        return step.eval(&gather_rows(x, d, idx), t, gather_offsets(off, k, idx).as_deref(), true);
+    }
+    let mut out = Evals::default();
+    for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
+        let e = step.eval(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref(), true);
+        if out.acts.is_empty() {
+            out.acts = vec![Vec::new(); e.acts.len()];
+            out.deltas = vec![Vec::new(); e.deltas.len()];
+        }
+        out.rows += e.rows;
+        out.acts.iter_mut().zip(&e.acts).for_each(|(a, b)| a.extend_from_slice(b));
+        out.deltas.iter_mut().zip(&e.deltas).for_each(|(a, b)| a.extend_from_slice(b));
+        out.f.extend_from_slice(&e.f);
+        out.jvp.extend_from_slice(&e.jvp);
+    }
+    out
+}
+
+/// Gauss orders tried in turn on a piece before it is bisected, and the bisection limit.
+pub(crate) const AUTO_ORDERS: [usize; 8] = [2, 3, 4, 5, 6, 8, 10, 12];
+pub(crate) const AUTO_MAX_DEPTH: u32 = 40;
+
+pub(crate) struct Piece {
+    p: usize,
+    a: f64,
+    b: f64,
+    fa: Vec<f64>,
+    fb: Vec<f64>,
+    order: usize,
+    depth: u32,
+}
+
+/// The adaptive, kink-aware rule. Each step is split at the kinks of every row point; each
+/// smooth piece `[a, b]` gets the smallest Gauss–Legendre order (from [`AUTO_ORDERS`]) whose
+/// quadrature of `d/dt f` matches the exact change `f(b) − f(a)` to `tol_step·(b − a)` (or to
+/// the rounding floor of that difference); pieces that fail every order are bisected. The
+/// search uses forward-mode evaluations only (`f` and `df/dt`, no backward pass); gradients are
+/// then computed once, at the accepted nodes.
+pub(crate) fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
+    let c = choose_auto_nodes(step, x, p, off, tol_step);
+    // Gradients once, at the accepted nodes.
+    let evals = eval_rows(step, x, off, &c.point, &c.times);
+    RowNodes { point: c.point, weight: c.weight, evals, evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged }
+}
+
+/// What the adaptive rule needs of a network along one step: its kinks in t and forward-mode
+/// `(f, df/dt)` (`x` `[R, d]`, `t` `[R]`, `off` `[R, K]`).
+pub(crate) trait AlongPath {
+    fn input_dim(&self) -> usize;
+    fn outputs(&self) -> usize;
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64>;
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+}
+
+impl AlongPath for MlpStep {
+    fn input_dim(&self) -> usize {
+        MlpStep::input_dim(self)
+    }
+    fn outputs(&self) -> usize {
+        self.k
+    }
+    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        MlpStep::kinks(self, x, a, b)
+    }
+    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        MlpStep::jvp(self, x, t, off)
+    }
+}
+
+/// Nodes chosen by the auto rule: node j of point `point[j]` at `times[j]` with `weight[j]`.
+pub(crate) struct AutoNodes {
+    pub(crate) point: Vec<usize>,
+    pub(crate) weight: Vec<f64>,
+    pub(crate) times: Vec<f64>,
+    pub(crate) evaluations: Vec<usize>,
+    pub(crate) jvp_evaluations: Vec<usize>,
+    pub(crate) pieces: Vec<usize>,
+    pub(crate) unconverged: usize,
+}
+
+/// The node search of [`auto_nodes`], for any network with [`AlongPath`].
+pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
+    let d = step.input_dim();
+    let k = step.outputs();
+    let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
+    for pi in 0..p {
+        let mut v = vec![0.0];
+        v.extend(step.kinks(&x[pi * d..(pi + 1) * d], 0.0, 1.0));
+        v.push(1.0);
+        bps.push(v);
+    }
+    let mut idx = Vec::new();
+    let mut tt = Vec::new();
+    for (pi, v) in bps.iter().enumerate() {
+        for &t in v {
+            idx.push(pi);
+            tt.push(t);
+        }
+    }
+    let fv = jvp_rows(step, x, off, &idx, &tt).0;
+    let mut pending: Vec<Piece> = Vec::new();
+    let mut pos = 0;
+    for (pi, v) in bps.iter().enumerate() {
+        for j in 0..v.len() - 1 {
+            pending.push(Piece {
+                p: pi,
+                a: v[j],
+                b: v[j + 1],
+                fa: fv[(pos + j) * k..(pos + j + 1) * k].to_vec(),
+                fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
+                order: 0,
+                depth: 0,
+            });
+        }
+        pos += v.len();
+    }
+    let mut point = Vec::new();
+    let mut weight = Vec::new();
+    let mut times = Vec::new();
+    let mut pieces = vec![0usize; p];
+    let mut jvp_evals = vec![0usize; p];
+    let mut unconverged = 0;
+    while !pending.is_empty() {
+        let mut rp = Vec::new();
+        let mut rt = Vec::new();
+        let mut rw = Vec::new();
+        let mut start = Vec::with_capacity(pending.len());
+        for pc in &pending {
+            start.push(rt.len());
+            let n = AUTO_ORDERS[pc.order];
+            for (tq, wq) in quadrature::gauss_legendre_01(n, pc.a, pc.b) {
+                rp.push(pc.p);
+                rt.push(tq);
+                rw.push(wq);
+            }
+            jvp_evals[pc.p] += n;
+        }
+        let (_, fdot) = jvp_rows(step, x, off, &rp, &rt);
+        let mut next: Vec<Piece> = Vec::new();
+        let mut to_split: Vec<Piece> = Vec::new();
+        for (j, pc) in pending.into_iter().enumerate() {
+            let n = AUTO_ORDERS[pc.order];
+            let rows = start[j]..start[j] + n;
+            let mut err: f64 = 0.0;
+            let mut scale: f64 = 1.0;
+            for c in 0..k {
+                let q: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c]).sum();
+                err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
+                scale = scale.max(pc.fa[c].abs()).max(pc.fb[c].abs());
+            }
+            let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale);
+            let accept = |point: &mut Vec<usize>, weight: &mut Vec<f64>, times: &mut Vec<f64>| {
+                for r in rows.clone() {
+                    point.push(rp[r]);
+                    weight.push(rw[r]);
+                    times.push(rt[r]);
+                }
+            };
+            if err <= thr {
+                accept(&mut point, &mut weight, &mut times);
+                pieces[pc.p] += 1;
+            } else if pc.order + 1 < AUTO_ORDERS.len() {
+                next.push(Piece { order: pc.order + 1, ..pc });
+            } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
+                to_split.push(pc);
+            } else {
+                accept(&mut point, &mut weight, &mut times);
+                pieces[pc.p] += 1;
+                unconverged += 1;
+            }
+        }
+        if !to_split.is_empty() {
+            let mids: Vec<f64> = to_split.iter().map(|pc| 0.5 * (pc.a + pc.b)).collect();
+            let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
+            let fm = jvp_rows(step, x, off, &pidx, &mids).0;
+            for (j, pc) in to_split.into_iter().enumerate() {
+                let fmj = fm[j * k..(j + 1) * k].to_vec();
+                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1 });
+                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1 });
+            }
+        }
+        pending = next;
+    }
+    let mut evaluations = vec![0usize; p];
+    for &pi in &point {
+        evaluations[pi] += 1;
+    }
+    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
+}
+
+
+/// The paper's Fig. 2 measure for one step: its sum over points and classes (and their count) of
+/// `1 − cos(∇f_{w_s}(x), ∫∇f_{w_s(t)}(x) dt)`, from the structured factors (layer 0 in its
+/// rank-one form, deeper layers by forming the t-averaged layer gradient).
+pub(crate) fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize) -> (f64, usize) {
+    let k = step.k;
+    let zeros = vec![0.0; p];
+    let at0 = step.eval(x, &zeros, off, true);
+    let bias = if step.bias { 1.0 } else { 0.0 };
+    let mut dot = vec![0.0; p * k];
+    let mut n0 = vec![0.0; p * k];
+    let mut nbar = vec![0.0; p * k];
+    let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); p];
+    for (r, &pi) in nodes.point.iter().enumerate() {
+        rows_of[pi].push(r);
+    }
+    for (l, layer) in step.layers.iter().enumerate() {
+        let (ni, no) = (layer.n_in, layer.n_out);
+        let mut jbar = vec![0.0; no * (ni + 1)];
+        let mut dbar = vec![0.0; no];
+        for pi in 0..p {
+            let a0 = &at0.acts[l][pi * ni..(pi + 1) * ni];
+            let aa00: f64 = a0.iter().map(|v| v * v).sum::<f64>() + bias;
+            for kt in 0..k {
+                let idx = pi * k + kt;
+                let d0 = &at0.deltas[l][(pi * k + kt) * no..(pi * k + kt + 1) * no];
+                n0[idx] += d0.iter().map(|v| v * v).sum::<f64>() * aa00;
+                if l == 0 {
+                    dbar.iter_mut().for_each(|v| *v = 0.0);
+                    for &r in &rows_of[pi] {
+                        let dr = &nodes.evals.deltas[0][(r * k + kt) * no..(r * k + kt + 1) * no];
+                        for (a, b) in dbar.iter_mut().zip(dr) {
+                            *a += nodes.weight[r] * b;
+                        }
+                    }
+                    dot[idx] += dbar.iter().zip(d0).map(|(a, b)| a * b).sum::<f64>() * aa00;
+                    nbar[idx] += dbar.iter().map(|v| v * v).sum::<f64>() * aa00;
+                } else {
+                    jbar.iter_mut().for_each(|v| *v = 0.0);
+                    for &r in &rows_of[pi] {
+                        let ar = &nodes.evals.acts[l][r * ni..(r + 1) * ni];
+                        let dr = &nodes.evals.deltas[l][(r * k + kt) * no..(r * k + kt + 1) * no];
+                        let wr = nodes.weight[r];
+                        for o in 0..no {
+                            let c = wr * dr[o];
+                            let row = &mut jbar[o * (ni + 1)..(o + 1) * (ni + 1)];
+                            for i in 0..ni {
+                                row[i] += c * ar[i];
+                            }
+                            row[ni] += c * bias;
+                        }
+                    }
+                    for o in 0..no {
+                        let row = &jbar[o * (ni + 1)..(o + 1) * (ni + 1)];
+                        let mut s = row[ni] * bias;
+                        for i in 0..ni {
+                            s += row[i] * a0[i];
+                        }
+                        dot[idx] += d0[o] * s;
+                        nbar[idx] += row.iter().map(|v| v * v).sum::<f64>();
+                    }
+                }
+            }
+        }
+    }
+    let mut total = 0.0;
+    let mut count = 0usize;
+    for idx in 0..p * k {
+        let den = (n0[idx] * nbar[idx]).sqrt();
+        if den > 0.0 {
+            total += 1.0 - (dot[idx] / den).clamp(-1.0, 1.0);
+            count += 1;
+        }
+    }
+    (total, count)
+}

@@ -1,0 +1,434 @@
+//! The vocabulary of the kernel engine: kinds, sides, forms, layouts, requests, outputs and
+//! row points.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+pub use super::layout::Layout;
+pub use super::quadrature::Rule;
+
+/// Which kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelKind {
+    /// Empirical NTK at one step.
+    Ntk,
+    /// Discrete path kernel (t = 0 on both sides).
+    Dpk,
+    /// Exact path kernel (Definition 3.4).
+    Epk,
+    /// Chen et al.'s kernel (eq. 18).
+    Chen,
+    /// The continuous, asymmetric k′ (eq. 13).
+    Kprime,
+}
+
+impl std::str::FromStr for KernelKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "ntk" => Ok(KernelKind::Ntk),
+            "dpk" => Ok(KernelKind::Dpk),
+            "epk" => Ok(KernelKind::Epk),
+            "chen" => Ok(KernelKind::Chen),
+            "kprime" => Ok(KernelKind::Kprime),
+            _ => Err(Error::Config(format!("kernel kind `{s}`: expected ntk, dpk, epk, chen or kprime"))),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            KernelKind::Ntk => "ntk",
+            KernelKind::Dpk => "dpk",
+            KernelKind::Epk => "epk",
+            KernelKind::Chen => "chen",
+            KernelKind::Kprime => "kprime",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Which kernel form the optimizer of a run admits ([`crate::optim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelForm {
+    /// Plain gradient steps (GD/SGD): `K_s(x, x') = ⟨J̄_s(x), ∇f(x'; w_s)⟩`, the path kernel of
+    /// Definition 3.4 (symmetric in form; exactly symmetric on the train side).
+    Gradient,
+    /// Gradient steps with weight decay: the same kernel, plus the non-data term `R(x)`.
+    GradientWithDecay,
+    /// Heavy-ball momentum: `K_r(x, x') = ⟨F_r(x), ∇f(x'; w_r)⟩` where `F_r` sums the integrated
+    /// gradients of steps s ≥ r weighted by `(ε_s/ε_r) β^{s−r}`: not a symmetric kernel.
+    Momentum,
+    /// Adam(W): `F_r` also carries the diagonal preconditioner `κ_s D_s` of each step: not a
+    /// symmetric kernel.
+    Preconditioned,
+}
+
+impl KernelForm {
+    /// The form of an optimizer's kernel.
+    pub fn of(rule: &crate::optim::UpdateRule) -> Self {
+        match (rule.adam.is_some(), rule.beta != 0.0, rule.wd_coupled != 0.0 || rule.wd_decoupled != 0.0) {
+            (true, _, _) => KernelForm::Preconditioned,
+            (false, true, _) => KernelForm::Momentum,
+            (false, false, true) => KernelForm::GradientWithDecay,
+            (false, false, false) => KernelForm::Gradient,
+        }
+    }
+
+    /// Whether `K(x, x')` is an inner product of one feature map evaluated on both sides (up to
+    /// the EPK's train/test asymmetry).
+    pub fn symmetric(&self) -> bool {
+        matches!(self, KernelForm::Gradient | KernelForm::GradientWithDecay)
+    }
+
+    /// The formula, for output manifests.
+    pub fn formula(&self) -> &'static str {
+        match self {
+            KernelForm::Gradient => "K_s(x,x') = <Jbar_s(x), grad f(x'; w_s)>, Jbar_s = int_0^1 grad f(x; w_s(t)) dt; f = b + sum_s sum_i a_is K_s",
+            KernelForm::GradientWithDecay => "K_s as for gradient steps; f = b + sum_s sum_i a_is K_s + R(x), R = weight-decay term (no training point)",
+            KernelForm::Momentum => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) beta^(s-r) Jbar_s(x); not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+            KernelForm::Preconditioned => "K_r(x,x') = <F_r(x), grad f(x'; w_r)>, F_r = sum_{s>=r} (eps_s/eps_r) (1-beta1) beta1^(s-r) kappa_s D_s * Jbar_s(x), D_s = Adam's diagonal preconditioner; not symmetric; f = b + sum_r sum_i a_ir K_r + R(x)",
+        }
+    }
+}
+
+impl std::fmt::Display for KernelForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelForm::Gradient => "gradient",
+            KernelForm::GradientWithDecay => "gradient-with-decay",
+            KernelForm::Momentum => "momentum",
+            KernelForm::Preconditioned => "preconditioned",
+        })
+    }
+}
+
+/// Which copy of the input space a point lives in (EPK Definition 3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Side {
+    /// Training copy: gradients taken at `w_s(0)`.
+    Train,
+    /// Test copy: gradients integrated over `w_s(t)`, t ∈ [0, 1].
+    Test,
+}
+
+/// What to compute.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelRequest {
+    /// Kernel kind.
+    pub kind: KernelKind,
+    /// Quadrature for integrated rows.
+    pub rule: Rule,
+    /// Side of the row points.
+    pub side: Side,
+    /// For the NTK: the step S (default: the last state N).
+    pub ntk_step: Option<usize>,
+    /// Keep every per-step Gram `K_s`.
+    pub per_step: bool,
+    /// Sum only the steps `[A, B)` (default: all); the machine then predicts `f_{w_B}` from
+    /// the bias `f_{w_A}`.
+    pub steps: Option<(usize, usize)>,
+}
+
+/// Per-step record (the ExPLAIND-style validation: predicted vs actual change of the output).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StepRecord {
+    /// Step s (update from w_s to w_{s+1}).
+    pub step: usize,
+    /// max over points and classes of |predicted − actual change|.
+    pub max_abs_error: f64,
+    /// mean over points and classes of |predicted − actual change|.
+    pub mean_abs_error: f64,
+    /// max |actual change| `|f_{w_{s+1}}(x) − f_{w_s}(x)|`.
+    pub max_abs_change: f64,
+    /// Mean gradient evaluations per row point.
+    pub mean_evaluations: f64,
+    /// Max gradient evaluations for one row point.
+    pub max_evaluations: usize,
+    /// Mean forward-mode (f and df/dt, no gradient) evaluations per point spent choosing the
+    /// nodes of the auto rule.
+    pub mean_jvp_evaluations: f64,
+    /// Mean number of smooth pieces per point (1 + kinks).
+    pub mean_pieces: f64,
+    /// Pieces that did not reach the tolerance (auto rule).
+    pub unconverged_pieces: usize,
+    /// Mean |cos| error angle proxy: 1 − cos(test gradient at t=0, integrated test gradient),
+    /// averaged over points and classes (the paper's Fig. 2 measure), NaN when not computed.
+    pub dpk_cosine_error: f64,
+}
+
+/// Everything a kernel computation returns.
+#[derive(Clone, Debug)]
+pub struct KernelOutput {
+    /// Kind computed.
+    pub kind: KernelKind,
+    /// Quadrature rule used.
+    pub rule: Rule,
+    /// Side of the rows.
+    pub side: Side,
+    /// Whether rows were integrated over t (EPK test side, k′); otherwise taken at t = 0.
+    pub integrated: bool,
+    /// Rows P.
+    pub p: usize,
+    /// Training points M.
+    pub m: usize,
+    /// Outputs K.
+    pub k: usize,
+    /// Number of steps summed.
+    pub steps: Vec<usize>,
+    /// Which blocks `gram` holds.
+    pub layout: Layout,
+    /// `Σ_s K_s` (NTK: at step S) in `layout`: `[P, M, K, K]`, `[P, M, K]` or `[P, M]`.
+    pub gram: Vec<f64>,
+    /// Per-step Grams `[S, …]` (each in `layout`) when requested.
+    pub per_step: Option<Vec<f64>>,
+    /// Each row point's self-kernel on its own side, `K(x_p, x_p)` summed like the Gram,
+    /// `[P, K, K]` (ntk, dpk, epk; `None` for chen and k′, whose self-kernel is not defined by
+    /// the same formula).
+    pub diag: Option<Vec<f64>>,
+    /// `a_{i,s}` `[N, M, K]` (Chen: `−ε_s sign(∂L/∂f)`).
+    pub a: Vec<f64>,
+    /// Bias `b = f_{w_0}(x)` `[P, K]`.
+    pub bias: Vec<f64>,
+    /// Network output `f_{w_N}(x)` `[P, K]`.
+    pub network: Vec<f64>,
+    /// Kernel machine (ensemble form, Theorem 3.6) `[P, K]`.
+    pub machine: Vec<f64>,
+    /// Single kernel machine `b + Σ_i a_i·G` (Theorem 3.7) when `a` is constant over steps.
+    pub single_machine: Option<Vec<f64>>,
+    /// Per-step validation records.
+    pub records: Vec<StepRecord>,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// The kernel form the run's optimizer admits.
+    pub form: KernelForm,
+    /// The weight-decay term `R(x)` `[P, K]` (included in `machine`), when the run used weight
+    /// decay: the part of the output that belongs to no training point.
+    pub reg: Option<Vec<f64>>,
+    /// Max over steps of `‖Σ_i u_{i,s} + r_s − (w_{s+1} − w_s)‖_∞ / ‖w_{s+1} − w_s‖_∞`: how well
+    /// the replayed optimizer reproduces the recorded path (momentum/Adam/weight-decay runs).
+    pub decomposition_residual: Option<f64>,
+    /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` `[P, K]` (included in `machine`):
+    /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
+    pub rounding: Option<Vec<f64>>,
+}
+
+impl KernelOutput {
+    /// max |kernel machine − network|; NaN when any entry of either is NaN (a machine that
+    /// produced NaN is never reported exact).
+    pub fn max_abs_error(&self) -> f64 {
+        max_abs_diff(&self.machine, &self.network)
+    }
+    /// mean |kernel machine − network|.
+    pub fn mean_abs_error(&self) -> f64 {
+        let n = self.machine.len().max(1) as f64;
+        self.machine.iter().zip(&self.network).map(|(a, b)| (a - b).abs()).sum::<f64>() / n
+    }
+    /// Mean over steps of the mean evaluations per point.
+    pub fn mean_evaluations(&self) -> f64 {
+        let n = self.records.len().max(1) as f64;
+        self.records.iter().map(|r| r.mean_evaluations).sum::<f64>() / n
+    }
+    /// Max evaluations for one point in one step.
+    pub fn max_evaluations(&self) -> usize {
+        self.records.iter().map(|r| r.max_evaluations).max().unwrap_or(0)
+    }
+}
+
+impl KernelOutput {
+    /// Rich display in evcxr notebooks: an HTML table of the headline numbers.
+    pub fn evcxr_display(&self) {
+        println!(
+            "EVCXR_BEGIN_CONTENT text/html\n<table><tr><th>kernel</th><th>side</th><th>quadrature</th><th>P × M × K</th><th>steps</th><th>max |machine − network|</th><th>mean</th><th>gradient evaluations / point / step</th><th>seconds</th></tr><tr><td>{}</td><td>{:?}</td><td>{}</td><td>{} × {} × {}</td><td>{}</td><td>{:.3e}</td><td>{:.3e}</td><td>{:.2} (max {})</td><td>{:.2}</td></tr></table>\nEVCXR_END_CONTENT",
+            self.kind,
+            self.side,
+            if self.integrated { self.rule.to_string() } else { "none (t = 0)".into() },
+            self.p,
+            self.m,
+            self.k,
+            self.steps.len(),
+            self.max_abs_error(),
+            self.mean_abs_error(),
+            self.mean_evaluations(),
+            self.max_evaluations(),
+            self.seconds
+        );
+    }
+}
+
+impl std::fmt::Display for KernelOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}, {} rows, quadrature {}) over {} step(s): gram [{}]{}, kernel machine vs network max |err| {:.3e}, mean {:.3e}; {:.2} gradient evaluations per point and step (max {}); {:.2} s",
+            self.kind,
+            match self.side {
+                Side::Test => "test side",
+                Side::Train => "train side",
+            },
+            self.p,
+            if self.integrated { self.rule.to_string() } else { "none, t = 0".to_string() },
+            self.steps.len(),
+            self.layout.shape(self.p, self.m, self.k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+            if self.layout == Layout::Full { String::new() } else { format!(" ({} blocks)", self.layout) },
+            self.max_abs_error(),
+            self.mean_abs_error(),
+            self.mean_evaluations(),
+            self.max_evaluations(),
+            self.seconds
+        )?;
+        if self.form != KernelForm::Gradient {
+            write!(f, "; form {}{}", self.form, if self.form.symmetric() { "" } else { " (not a symmetric kernel)" })?;
+        }
+        if let Some(r) = &self.reg {
+            write!(f, "; weight-decay term max |R| {:.3e}", max_abs(r))?;
+        }
+        if let (Some(res), Some(r)) = (self.decomposition_residual, &self.rounding) {
+            write!(f, "; optimizer replay residual {res:.1e}, rounding term max {:.1e}", max_abs(r))?;
+        }
+        Ok(())
+    }
+}
+
+/// `max(a, b)` that propagates NaN (`f64::max` drops it): for every reduction that decides
+/// "exact" or "converged".
+pub fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// `max_i |a_i − b_i|`, NaN when any difference is NaN, 0 for empty slices.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, nan_max)
+}
+
+/// `max_i |a_i|`, NaN when any entry is NaN.
+pub fn max_abs(a: &[f64]) -> f64 {
+    a.iter().map(|x| x.abs()).fold(0.0, nan_max)
+}
+
+/// Row points of a kernel computation.
+#[derive(Clone, Debug)]
+pub struct Points {
+    /// Inputs `[P, d]`.
+    pub x: Vec<f64>,
+    /// d.
+    pub dim: usize,
+}
+
+impl Points {
+    /// Number of points P.
+    pub fn len(&self) -> usize {
+        if self.dim == 0 {
+            0
+        } else {
+            self.x.len() / self.dim
+        }
+    }
+    /// Whether there are no points.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Bytes of the arrays a request outputs: the Gram `[P, M, K, K]`, every per-step Gram with
+/// `per_step` (`steps` of them), the self-kernels `[P, K, K]`, `a` `[N, M, K]` (`N = steps`)
+/// and the four `[P, K]` vectors (bias, network, machine, single machine).
+pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
+    output_bytes_in(Layout::Full, p, m, k, steps, per_step)
+}
+
+/// [`output_bytes`] for a Gram stored in `layout`.
+pub fn output_bytes_in(layout: Layout, p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
+    let g = (p * m * layout.per_pair(k)) as u64 * 8;
+    let (p, m, k, n) = (p as u64, m as u64, k as u64, steps as u64);
+    g + if per_step { g * n } else { 0 } + p * k * k * 8 + n * m * k * 8 + 4 * p * k * 8
+}
+
+/// Which row points a kernel is computed at (`--points`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointsSpec {
+    /// The held-out test set.
+    Test,
+    /// The training set.
+    Train,
+    /// An N×N grid over the 2-D training data (10 % margin).
+    Grid(usize),
+    /// The mean of the training points of each class (the EPK paper's Fig. 6 test points).
+    ClassMeans,
+}
+
+impl std::str::FromStr for PointsSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "test" => Ok(PointsSpec::Test),
+            "train" => Ok(PointsSpec::Train),
+            "class-means" => Ok(PointsSpec::ClassMeans),
+            _ => match s.strip_prefix("grid:").map(str::parse::<usize>) {
+                Some(Ok(n)) if (2..=2000).contains(&n) => Ok(PointsSpec::Grid(n)),
+                _ => Err(Error::Config(format!("--points `{s}`: expected test, train, class-means or grid:N with 2 <= N <= 2000"))),
+            },
+        }
+    }
+}
+
+impl PointsSpec {
+    /// The points for a dataset.
+    pub fn resolve(&self, data: &crate::data::Dataset) -> Result<Points> {
+        let x = match self {
+            PointsSpec::Test => data.x_test.clone(),
+            PointsSpec::Train => data.x_train.clone(),
+            PointsSpec::Grid(n) => {
+                if data.dim != 2 {
+                    return Err(Error::Config(format!("--points grid:{n} needs 2-D data; this dataset has d = {}", data.dim)));
+                }
+                crate::data::grid_2d(&data.x_train, *n, 0.1)?
+            }
+            PointsSpec::ClassMeans => {
+                let crate::data::Targets::Labels(y) = &data.y_train else {
+                    return Err(Error::Config("--points class-means needs a classification dataset".into()));
+                };
+                let d = data.dim;
+                let mut sums = vec![0.0; data.num_outputs * d];
+                let mut counts = vec![0usize; data.num_outputs];
+                for (i, &c) in y.iter().enumerate() {
+                    counts[c] += 1;
+                    for j in 0..d {
+                        sums[c * d + j] += data.x_train[i * d + j];
+                    }
+                }
+                let mut x = Vec::new();
+                for c in 0..data.num_outputs {
+                    if counts[c] > 0 {
+                        x.extend(sums[c * d..(c + 1) * d].iter().map(|v| v / counts[c] as f64));
+                    }
+                }
+                x
+            }
+        };
+        if x.is_empty() {
+            return Err(Error::Data(format!("the {self:?} point set is empty")));
+        }
+        Ok(Points { x, dim: data.dim })
+    }
+}
+
+/// Parses a step range `A:B` (steps A ≤ s < B).
+pub fn parse_step_range(s: &str) -> Result<(usize, usize)> {
+    let bad = || Error::Config(format!("--steps `{s}`: expected A:B with integers 0 <= A < B"));
+    let (a, b) = s.split_once(':').ok_or_else(bad)?;
+    let a: usize = a.trim().parse().map_err(|_| bad())?;
+    let b: usize = b.trim().parse().map_err(|_| bad())?;
+    if a >= b {
+        return Err(bad());
+    }
+    Ok((a, b))
+}
