@@ -615,11 +615,12 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
     if a.similarity > 0 {
         if let Some(tk) = &train_kernel {
             let n = a.similarity.min(tk.m);
-            let (m, k) = (tk.m, tk.k);
+            let m = tk.m;
+            let trace = tk.trace();
             let mut mat = vec![0.0; n * n];
             for i in 0..n {
                 for j in 0..n {
-                    mat[i * n + j] = (0..k).map(|c| tk.gram[((i * m + j) * k + c) * k + c]).sum();
+                    mat[i * n + j] = trace[i * m + j];
                 }
             }
             let labels: Vec<String> = match &run.dataset.y_train {
@@ -675,6 +676,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
     if let Some((_, label, kdir)) = kernels.iter().find(|(sp, _, _)| sp.points == "class-means" && sp.kind == "epk") {
         if a.charts && run.dataset.dim == 2 {
             let rk = KernelFiles::open(kdir, run)?;
+            rk.require_layout(crate::kernel::Layout::Full, "the class-means attribution chart")?;
             let (m, k) = (rk.m, rk.k);
             let contrib = crate::analysis::contributions(&rk.gram, &rk.a[..m * k], rk.p, m, k)?;
             let mut ov = train_overlay(run).expect("2-D classification");

@@ -15,7 +15,7 @@ use crate::data::Targets;
 use crate::error::{Error, Result};
 use crate::gp::{self, GpParams};
 use crate::io::{self, Column, NamedArray, SafeFile, Table};
-use crate::kernel::{self, KernelKind, KernelRequest, Points, Rule, Side};
+use crate::kernel::{self, KernelKind, KernelRequest, Layout, Points, Rule, Side};
 use crate::svm::{self, SvmParams};
 use crate::trajectory::Run;
 
@@ -24,7 +24,9 @@ use crate::trajectory::Run;
 pub struct KernelFiles {
     /// The directory.
     pub dir: PathBuf,
-    /// `Σ_s K_s` `[P, M, K, K]`.
+    /// Which blocks `gram` holds.
+    pub layout: Layout,
+    /// `Σ_s K_s` in `layout`: `[P, M, K, K]`, `[P, M, K]` or `[P, M]`.
     pub gram: Vec<f64>,
     /// `a_{i,s}` `[N, M, K]`.
     pub a: Vec<f64>,
@@ -34,7 +36,7 @@ pub struct KernelFiles {
     pub points: Vec<f64>,
     /// Self-kernel `[P, K, K]` when present.
     pub diag: Option<Vec<f64>>,
-    /// Per-step Grams `[S, P, M, K, K]` when present.
+    /// Per-step Grams `[S, …]` (each in `layout`) when present.
     pub gram_steps: Option<Vec<f64>>,
     /// Kind, side, quadrature and run id from the file's metadata.
     pub kind: String,
@@ -71,15 +73,21 @@ impl KernelFiles {
             return Err(Error::format(&path, format!("computed for run {:?}, not for {} ({})", meta.get("run_id"), run.manifest.run_id, run.dir.display())));
         }
         let shape = f.shape("gram")?;
-        let [p, m, k, k2] = shape[..] else {
-            return Err(Error::format(&path, format!("gram has shape {shape:?}, expected [P, M, K, K]")));
+        let layout: Layout = meta.get("layout").map_or(Ok(Layout::Full), |l| l.parse()).map_err(|_| Error::format(&path, format!("unknown layout {:?}", meta.get("layout"))))?;
+        let k = run.dataset.num_outputs;
+        let (p, m) = match (layout, &shape[..]) {
+            (Layout::Full, &[p, m, k1, k2]) if k1 == k && k2 == k => (p, m),
+            (Layout::Diag, &[p, m, k1]) if k1 == k => (p, m),
+            (Layout::Trace, &[p, m]) => (p, m),
+            _ => return Err(Error::format(&path, format!("gram has shape {shape:?}, expected {} layout with K = {k}", layout))),
         };
-        if k != k2 || m != run.dataset.n_train() || k != run.dataset.num_outputs {
+        if m != run.dataset.n_train() {
             return Err(Error::format(&path, format!("gram shape {shape:?} does not match the run (M = {}, K = {})", run.dataset.n_train(), run.dataset.num_outputs)));
         }
         let d = run.dataset.dim;
         let n = run.manifest.steps;
-        let gram = f.f64("gram", Some(&[p, m, k, k]))?.1;
+        let per_pair = layout.per_pair(k);
+        let gram = f.f64("gram", Some(&layout.shape(p, m, k)))?.1;
         let a = f.f64("a", Some(&[n, m, k]))?.1;
         let bias = f.f64("bias", Some(&[p, k]))?.1;
         let points = f.f64("points", Some(&[p, d]))?.1;
@@ -87,7 +95,9 @@ impl KernelFiles {
         let diag = if names.iter().any(|x| x == "diag") { Some(f.f64("diag", Some(&[p, k, k]))?.1) } else { None };
         let gram_steps = if names.iter().any(|x| x == "gram_steps") {
             let s = f.shape("gram_steps")?;
-            Some(f.f64("gram_steps", Some(&[s[0], p, m, k, k]))?.1)
+            let mut want = vec![s.first().copied().unwrap_or(0)];
+            want.extend(layout.shape(p, m, k));
+            Some(f.f64("gram_steps", Some(&want))?.1)
         } else {
             None
         };
@@ -105,11 +115,11 @@ impl KernelFiles {
             }
             v.into_iter().map(|x| x as usize).collect()
         } else {
-            (0..gram_steps.as_ref().map_or(n, |g| g.len() / (p * m * k * k).max(1))).collect()
+            (0..gram_steps.as_ref().map_or(n, |g| g.len() / (p * m * per_pair).max(1))).collect()
         };
         if let Some(g) = &gram_steps {
-            if g.len() != steps.len() * p * m * k * k {
-                return Err(Error::format(&path, format!("gram_steps holds {} steps but steps lists {}", g.len() / (p * m * k * k).max(1), steps.len())));
+            if g.len() != steps.len() * p * m * per_pair {
+                return Err(Error::format(&path, format!("gram_steps holds {} steps but steps lists {}", g.len() / (p * m * per_pair).max(1), steps.len())));
             }
         }
         let mut reg = if names.iter().any(|x| x == "reg") { Some(f.f64("reg", Some(&[p, k]))?.1) } else { None };
@@ -124,6 +134,7 @@ impl KernelFiles {
         let form = meta.get("form").cloned().unwrap_or_else(|| "gradient".into());
         Ok(KernelFiles {
             dir: dir.to_path_buf(),
+            layout,
             gram,
             a,
             bias,
@@ -144,14 +155,43 @@ impl KernelFiles {
         })
     }
 
+    /// Refuses, with what to do instead, when the stored layout lacks blocks `need`s.
+    pub fn require_layout(&self, need: Layout, what: &str) -> Result<()> {
+        if self.layout.provides(need) {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "{}: holds the {} blocks of the Gram (--blocks {}); {what} needs the {need} blocks: recompute it with `pathkernel kernel … --blocks {need}`",
+                self.dir.display(),
+                self.layout,
+                self.layout
+            )))
+        }
+    }
+
     /// Class block `c` of the Gram, `[P, M]`: `K^{cc}(x_p, x_i)`.
+    ///
+    /// # Panics
+    /// If the layout is `trace` (check with [`KernelFiles::require_layout`] first).
     pub fn class_block(&self, c: usize) -> Vec<f64> {
         let (m, k) = (self.m, self.k);
-        (0..self.p * m).map(|idx| self.gram[(idx * k + c) * k + c]).collect()
+        match self.layout {
+            Layout::Full => (0..self.p * m).map(|idx| self.gram[(idx * k + c) * k + c]).collect(),
+            Layout::Diag => (0..self.p * m).map(|idx| self.gram[idx * k + c]).collect(),
+            Layout::Trace => panic!("a trace Gram has no class blocks"),
+        }
+    }
+
+    /// `Σ_c K^{cc}(x_p, x_i)`, `[P, M]`, from any layout.
+    pub fn trace(&self) -> Vec<f64> {
+        Layout::Trace.from_layout(self.layout, &self.gram, self.p, self.m, self.k)
     }
 
     /// Class block `c` of a train×train kernel, `[M, M]`, symmetrised: `(K + Kᵀ)/2` removes the
     /// rounding asymmetry of a kernel that is symmetric in exact arithmetic.
+    ///
+    /// # Panics
+    /// If the layout is `trace`.
     pub fn symmetric_class_block(&self, c: usize) -> Vec<f64> {
         let m = self.m;
         let mut b = self.class_block(c);
@@ -332,6 +372,8 @@ pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Calibration {
 /// `gp.safetensors` (its exact inputs and outputs), `gp.parquet` and `gp.json` into `out_dir`.
 pub fn gp_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFiles, params: &GpParams, targets: GpTargets, samples: usize, seed: u64, out_dir: &Path) -> Result<GpSummary> {
     train_kernel.require_train_rows(run)?;
+    train_kernel.require_layout(Layout::Diag, "a per-class GP")?;
+    row_kernel.require_layout(Layout::Diag, "a per-class GP")?;
     let diag = row_kernel.diag.as_ref().ok_or_else(|| {
         Error::Config(format!("{} has no self-kernel `diag` (compute the row kernel with --kind ntk, dpk or epk)", row_kernel.dir.display()))
     })?;
@@ -455,6 +497,8 @@ pub struct SvmSummary {
 /// decision values at the row kernel's points. Writes `svm.parquet` and `svm.json`.
 pub fn svm_report(run: &Run, train_kernel: &KernelFiles, row_kernel: &KernelFiles, params: &SvmParams, out_dir: &Path) -> Result<SvmSummary> {
     train_kernel.require_train_rows(run)?;
+    train_kernel.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
+    row_kernel.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
     let (m, k, p) = (train_kernel.m, train_kernel.k, row_kernel.p);
     let mut blocks = Vec::with_capacity(k * m * m);
     let mut cross = Vec::with_capacity(k * p * m);
@@ -522,6 +566,7 @@ pub fn attribution_report(run: &Run, kf: &KernelFiles, points: &[usize], top: us
     if kf.kind == "ntk" {
         return Err(Error::Config("attribution needs a path kernel (epk, dpk, kprime); the NTK machine is only a linearisation".into()));
     }
+    kf.require_layout(Layout::Full, "attribution (it contracts a_i with the off-diagonal blocks)")?;
     let (contrib, form) = if kf.constant_a() {
         (analysis::contributions(&kf.gram, &kf.a[..m * k], p, m, k)?, "single machine (Theorem 3.7)".to_string())
     } else {
@@ -626,6 +671,7 @@ pub fn stationarity_report(
     out_dir: &Path,
 ) -> Result<StationaritySummary> {
     train_kernel.require_train_rows(run)?;
+    train_kernel.require_layout(Layout::Diag, "stationarity (per-class scores and the far-field GP)")?;
     let (m, k, d) = (train_kernel.m, train_kernel.k, train_kernel.d);
     let x = &run.dataset.x_train;
     let opts = StationarityOptions { seed, ..StationarityOptions::default() };

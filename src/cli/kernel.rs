@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use crate::error::Result;
 use crate::io::StagedDir;
-use crate::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelKind, KernelRequest, Layout, PointsSpec, Rule, Side};
 use crate::trajectory::Run;
 
 /// Compute a kernel of a recorded run and the kernel machine that reproduces the network.
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Compute a kernel over a recorded training path between row points and the training set, \
-and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gram.safetensors (gram [P,M,K,K], \
+and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gram.safetensors (gram [P,M,K,K], or [P,M,K] / [P,M] with --blocks diag / trace, \
 a [N,M,K], bias [P,K], points [P,d]), OUT/predictions.parquet, OUT/exactness.json and OUT/steps.parquet.\n\n\
 Kinds: ntk (at --step S, default the last state), dpk (Domingos' discrete path kernel, t = 0), \
 epk (Exact Path Kernel, Definition 3.4: test-side rows integrated over each step), chen (eq. 18), \
@@ -43,6 +43,11 @@ pub struct Args {
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
+    /// Which blocks of the Gram to compute and store: full ([P,M,K,K]), diag (the class-diagonal
+    /// blocks K^cc, [P,M,K]: per-class GPs, the SVM) or trace (sum_c K^cc, [P,M]: stationarity).
+    /// Work and memory scale with the layout; the kernel machine is checked for every layout.
+    #[arg(long, default_value = "full", value_name = "LAYOUT")]
+    blocks: String,
     /// Memory budget for the computation, e.g. 8G, 512M: row points are computed in blocks so
     /// that the output plus one block's work fits; refused with an estimate when the output
     /// alone (plus one row point's work) does not.
@@ -64,6 +69,7 @@ pub fn exec(a: Args) -> Result<()> {
     let kind: KernelKind = a.kind.parse()?;
     let rule: Rule = a.quadrature.parse()?;
     let spec: PointsSpec = a.points.parse()?;
+    let layout: Layout = a.blocks.parse()?;
     let side = match a.side.as_str() {
         "test" => Side::Test,
         "train" => Side::Train,
@@ -90,8 +96,9 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let plan = kernel::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
-    let out = kernel::blocked::in_blocks(&points, plan.block_rows, &progress, &mut |pts, prog| kernel::compute_run(&run, &states, pts, &req, u64::MAX, prog))?;
+    let plan = kernel::blocked::plan_in(&run.manifest, points.len(), run.dataset.n_train(), &req, layout, budget)?;
+    let opts = kernel::Options::layout(layout);
+    let out = kernel::blocked::in_blocks(&points, plan.block_rows, &progress, &mut |pts, prog| kernel::compute_in(&run, &states, pts, &req, &opts, prog))?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
     let dir = staged.commit()?;

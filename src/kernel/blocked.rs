@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::model::{Body, Params};
 use crate::trajectory::Manifest;
 
-use super::{compute, output_bytes, KernelOutput, KernelRequest, Points, StepRecord};
+use super::{compute, output_bytes_in, KernelOutput, KernelRequest, Layout, Points, StepRecord};
 
 /// Auto-rule nodes per row point assumed by the working-memory estimate (the paper toy uses
 /// about 5 on average; a point with many kinks may use more, the estimate is not a bound).
@@ -49,11 +49,16 @@ impl BlockPlan {
 /// Errors: [`Error::OutOfMemoryBudget`] with the estimate when the output plus one row's work
 /// does not fit.
 pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget: u64) -> Result<BlockPlan> {
+    plan_in(manifest, p, m, req, Layout::Full, budget)
+}
+
+/// [`plan`] for a Gram stored in `layout`.
+pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
     let (m64, p64) = (m as u64, p as u64);
-    let out = output_bytes(p, m, k as usize, manifest.steps, req.per_step);
-    let gram_row = m64 * k * k * 8;
+    let out = output_bytes_in(layout, p, m, k as usize, manifest.steps, req.per_step);
+    let gram_row = m64 * layout.per_pair(k as usize) as u64 * 8;
     // Per-layer factor numbers kept per evaluated point: input activations and δ's.
     let factors: u64 = match &arch.body {
         Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
@@ -80,8 +85,10 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
     if one_row > budget {
         return Err(Error::OutOfMemoryBudget {
             what: format!(
-                "the {} Gram [{p}, {m}, {k}, {k}]{} (output {} bytes, one row point's work {} bytes on top)",
+                "the {} Gram [{}]{}{} (output {} bytes, one row point's work {} bytes on top)",
                 req.kind,
+                layout.shape(p, m, k as usize).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+                if layout == Layout::Full { String::new() } else { format!(" ({layout} blocks)") },
                 if req.per_step { " with per-step Grams" } else { "" },
                 out,
                 fixed + row

@@ -75,24 +75,42 @@ pub fn compute_run(
     memory_budget: u64,
     progress: &dyn Fn(usize, usize),
 ) -> Result<KernelOutput> {
-    compute_in(run, states, rows, req, Layout::Full, memory_budget, progress)
+    compute_in(run, states, rows, req, &Options { memory_budget, ..Default::default() }, progress)
 }
 
-/// The kernel of a run on disk with its Gram in `layout` (`full`, `diag` or `trace`): only the
-/// entries of that layout are computed and held. The kernel machine and its per-step validation
-/// are computed for every layout (contracted with `a_{i,s}` on the fly, from the factors); the
-/// single machine of Theorem 3.7 needs the off-diagonal blocks and comes with `full` only.
-pub fn compute_in(
-    run: &crate::trajectory::Run,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    layout: Layout,
-    memory_budget: u64,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
+/// How a kernel computation runs: which blocks of the Gram it computes, which path a CNN takes,
+/// and the memory it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Which blocks of the Gram are computed and held (`full`, `diag`, `trace`).
+    pub layout: Layout,
+    /// The CNN's Gram path (MLPs always take the structured one).
+    pub path: GramPath,
+    /// Bytes the outputs may take; refused with an estimate above it.
+    pub memory_budget: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX }
+    }
+}
+
+impl Options {
+    /// The default options with the Gram in `layout`.
+    pub fn layout(layout: Layout) -> Self {
+        Options { layout, ..Default::default() }
+    }
+}
+
+/// The kernel of a run on disk: the engine's front door. Only the entries of `opts.layout` are
+/// computed and held; the kernel machine and its per-step validation are computed for every
+/// layout (contracted with `a_{i,s}` on the fly, from the factors); the single machine of
+/// Theorem 3.7 contracts the off-diagonal blocks and comes with `full` only. Loads what the run
+/// recorded besides its states (Adam's preconditioners), so it works for every optimizer.
+pub fn compute_in(run: &crate::trajectory::Run, states: &[Params], rows: &Points, req: &KernelRequest, opts: &Options, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let precond = run.load_preconditioners()?;
-    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, layout, memory_budget, progress, GramPath::Fast)
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, opts.layout, opts.memory_budget, progress, opts.path)
 }
 
 /// Which Gram path a CNN takes (MLPs always take the structured one).
@@ -263,7 +281,7 @@ pub(super) fn compute_inner(
     let gsize = p * m * layout.per_pair(k);
     // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
     let mut extra: Option<Vec<f64>> = None;
-    let mut acc = if structured && !req.per_step { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias)) } else { None };
+    let mut acc = if structured && !req.per_step { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha)) } else { None };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut machine = bias.clone();
     let mut records = Vec::with_capacity(steps.len());
@@ -304,7 +322,7 @@ pub(super) fn compute_inner(
                 .map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out })
                 .collect();
             let v = gram::prediction_weights(&train_layers, &a_eff, m, k, arch.bias);
-            let mut one = if acc.is_none() { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias)) } else { None };
+            let mut one = if acc.is_none() { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha)) } else { None };
             let target = match acc.as_mut() {
                 Some(a) => a,
                 None => one.as_mut().expect("created above"),

@@ -17,7 +17,7 @@
 //! computed, block by block of row points, and permuted once at the end, so the accumulator holds
 //! one Gram-sized array.
 
-use super::layout::{add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
+use super::layout::{add_dense_scaled, add_formed, add_output_layer, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 
 /// One layer's factors for a set of rows.
@@ -62,6 +62,9 @@ pub struct GramAccumulator {
     sink: GramSink,
     /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
     s0: Option<Vec<f64>>,
+    /// `Some(α)` when the last layer's sensitivities are `α(δ_ko − q_o)` (log-softmax or
+    /// identity output): it is then contracted in its structured form ([`add_output_layer`]).
+    output_alpha: Option<f64>,
     /// Scratch reused across steps: layer 0's product, J̄ and T.
     scratch_g: Vec<f64>,
     scratch_j: Vec<f64>,
@@ -76,7 +79,15 @@ impl GramAccumulator {
 
     /// A zero accumulator in `layout`.
     pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, output_alpha: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
+    }
+
+    /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
+    /// [`super::eval::MlpStep`]: log-softmax or identity output scaled by α), so that it is
+    /// contracted with K + 1 instead of K² rows per point.
+    pub fn with_output_alpha(mut self, alpha: f64) -> Self {
+        self.output_alpha = (alpha != 0.0 && self.k >= 2).then_some(alpha);
+        self
     }
 
     /// Adds one step for the row points `points` (a range of `0..P`; call once per chunk of
@@ -144,9 +155,36 @@ impl GramAccumulator {
             let out = self.sink.rows_mut(p0..p0 + nb);
             let (b0, b1) = ((p0 - first) * k * no0, (p0 - first + nb) * k * no0);
             add_dense_scaled(layout, out, &dbar[b0..b1], &dtrain0, &s0[p0 * m..(p0 + nb) * m], nb, m, k, no0, &mut tmp);
-            for ((rows, _), (a_train, dt)) in layers[1..].iter().zip(&deep) {
+            for (li, ((rows, _), (a_train, dt))) in layers[1..].iter().zip(&deep).enumerate() {
                 let (ni, no) = (rows.n_in, rows.n_out);
                 let ne = ni + usize::from(bias);
+                if let (Some(alpha), true) = (self.output_alpha, li + 2 == layers.len()) {
+                    // [Ā; B̄] per point, q_{r,o} = −δ_r[(o+1) mod K, o]/α.
+                    jbar.clear();
+                    jbar.resize(nb * (k + 1) * ne, 0.0);
+                    for pl in 0..nb {
+                        for &r in &rows_of[p0 - first + pl] {
+                            let w = weight[r];
+                            let ar = &rows.acts[r * ni..(r + 1) * ni];
+                            let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
+                            for j in 0..=k {
+                                let c = if j == 0 { w } else { -w * dr[(j % k) * no + (j - 1)] / alpha };
+                                if c == 0.0 {
+                                    continue;
+                                }
+                                let dst = &mut jbar[(pl * (k + 1) + j) * ne..(pl * (k + 1) + j + 1) * ne];
+                                for (dv, av) in dst[..ni].iter_mut().zip(ar) {
+                                    *dv += c * av;
+                                }
+                                if bias {
+                                    dst[ni] += c;
+                                }
+                            }
+                        }
+                    }
+                    add_output_layer(out, &jbar, a_train, dt, nb, ne, alpha, &mut t);
+                    continue;
+                }
                 jbar.clear();
                 jbar.resize(nb * k * no * ne, 0.0);
                 // J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]

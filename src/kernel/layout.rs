@@ -17,8 +17,6 @@
 
 use std::ops::Range;
 
-use faer::linalg::matmul::matmul;
-use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -80,6 +78,22 @@ impl Layout {
             Layout::Full => full.to_vec(),
             Layout::Diag => (0..p * m).flat_map(|pm| (0..k).map(move |c| full[(pm * k + c) * k + c])).collect(),
             Layout::Trace => (0..p * m).map(|pm| (0..k).map(|c| full[(pm * k + c) * k + c]).sum()).collect(),
+        }
+    }
+}
+
+impl Layout {
+    /// Extracts this layout from a Gram stored in layout `from`.
+    ///
+    /// # Panics
+    /// If `from` does not provide this layout ([`Layout::provides`]) or `g` has the wrong size.
+    pub fn from_layout(self, from: Layout, g: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+        assert!(from.provides(self), "a {from} Gram does not hold the {self} blocks");
+        assert_eq!(g.len(), p * m * from.per_pair(k), "Gram has the wrong size");
+        match (from, self) {
+            (Layout::Full, _) => self.from_full(g, p, m, k),
+            (Layout::Diag, Layout::Trace) => g.chunks_exact(k).map(|c| c.iter().sum()).collect(),
+            _ => g.to_vec(),
         }
     }
 }
@@ -212,14 +226,6 @@ impl GramSink {
     }
 }
 
-fn par_for(m: usize, n: usize, k: usize) -> Par {
-    if (m as f64) * (n as f64) * (k as f64) > 2.0e6 {
-        Par::rayon(0)
-    } else {
-        Par::Seq
-    }
-}
-
 /// Dense features on both sides: `out += α · ⟨rows[(p, k)], train[(i, k')]⟩` for the entries of
 /// the layout (`diag`: k = k'; `trace`: summed over k = k').
 ///
@@ -239,12 +245,22 @@ pub fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], n
         // Σ_c rows[(p,c), :]·train[(i,c), :] is one product with inner dimension K·dim.
         Layout::Trace => gemm_abt(out, rows, train, nb, m, k * dim, alpha, true),
         Layout::Diag => {
-            let par = par_for(nb, m, dim);
+            // Per class: gather its rows on both sides, one GEMM, scatter-add into the rows (p, c).
+            let mut lhs = vec![0.0; nb * dim];
+            let mut rhs = vec![0.0; m * dim];
+            let mut prod = vec![0.0; nb * m];
             for c in 0..k {
-                let lhs = MatRef::from_row_major_slice_with_stride(&rows[c * dim..], nb, dim, k * dim);
-                let rhs = MatRef::from_row_major_slice_with_stride(&train[c * dim..], m, dim, k * dim).transpose();
-                let dst = MatMut::from_row_major_slice_with_stride_mut(&mut out[c * m..], nb, m, k * m);
-                matmul(dst, Accum::Add, lhs, rhs, alpha, par);
+                for (dst, src) in lhs.chunks_exact_mut(dim).zip(rows.chunks_exact(dim).skip(c).step_by(k)) {
+                    dst.copy_from_slice(src);
+                }
+                for (dst, src) in rhs.chunks_exact_mut(dim).zip(train.chunks_exact(dim).skip(c).step_by(k)) {
+                    dst.copy_from_slice(src);
+                }
+                gemm_abt(&mut prod, &lhs, &rhs, nb, m, dim, alpha, false);
+                for (pl, pr) in prod.chunks_exact(m).enumerate() {
+                    let orow = &mut out[(pl * k + c) * m..(pl * k + c + 1) * m];
+                    orow.iter_mut().zip(pr).for_each(|(o, v)| *o += v);
+                }
             }
         }
     }
@@ -378,6 +394,80 @@ pub fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, n
     }
 }
 
+/// [`add_formed`] for an output layer whose sensitivities are `δ[k, o] = α(δ_ko − q_o)` on the
+/// row side (log-softmax: q = softmax; identity: q = 0). The rows' formed gradient
+/// `J̄[p, k, o, :] = α(δ_ko Ā_p − B̄_p[o])` then has only K + 1 distinct rows per point,
+/// `Ā_p = Σ_r w_r [a_r, 1]` and `B̄_p[o] = Σ_r w_r q_{r,o} [a_r, 1]`, so the GEMM shrinks from
+/// `K·K` to `K + 1` rows per point (`T = [Ā; B̄]·Aᵀ`), and
+/// `G[(p, k), (i, k')] += α(T_A δ_i[k', k] − Σ_o T_B[o] δ_i[k', o])`.
+///
+/// # Shapes
+/// `out` the accumulation rows of `nb` points, `ab` `[nb·(K+1), ne]` (per point `Ā` then the
+/// K rows `B̄[o]`), `a_ext` `[M, ne]`.
+///
+/// # Panics
+/// If `dt` does not have `no = K` (an output layer).
+pub fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, alpha: f64, t: &mut Vec<f64>) {
+    let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
+    assert_eq!(no, k, "an output layer has K outputs");
+    assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
+    let k1 = k + 1;
+    let mk = m * k;
+    t.resize(nb * k1 * m, 0.0);
+    let tb = &mut t[..nb * k1 * m];
+    gemm_abt(tb, ab, a_ext, nb * k1, m, ne, 1.0, false);
+    let tb = &*tb;
+    let d = &dt.data;
+    // Row point pl's T_A and T_B[o], each [M].
+    let ta = |pl: usize| &tb[pl * k1 * m..(pl * k1 + 1) * m];
+    let tbo = |pl: usize, o: usize| &tb[(pl * k1 + 1 + o) * m..(pl * k1 + 2 + o) * m];
+    match layout {
+        Layout::Full => out.par_chunks_mut(mk).enumerate().for_each_init(
+            || vec![0.0; mk],
+            |texp, (row, grow)| {
+                let (pl, kt) = (row / k, row % k);
+                expand_add(grow, texp, ta(pl), &d[kt * mk..(kt + 1) * mk], alpha, k);
+                for o in 0..k {
+                    expand_add(grow, texp, tbo(pl, o), &d[o * mk..(o + 1) * mk], -alpha, k);
+                }
+            },
+        ),
+        Layout::Diag => out.par_chunks_mut(m).enumerate().for_each(|(row, grow)| {
+            let (pl, c) = (row / k, row % k);
+            diag_output_row(grow, ta(pl), &|o| tbo(pl, o), &d[c * no * m..(c + 1) * no * m], c, k, m, alpha);
+        }),
+        Layout::Trace => out.par_chunks_mut(m).enumerate().for_each(|(pl, grow)| {
+            for c in 0..k {
+                diag_output_row(grow, ta(pl), &|o| tbo(pl, o), &d[c * no * m..(c + 1) * no * m], c, k, m, alpha);
+            }
+        }),
+    }
+}
+
+/// `grow[(i, k')] += c · trow[i] · drow[(i, k')]`, with `trow` expanded over k' into `texp` so the
+/// update is one contiguous, vectorisable pass.
+fn expand_add(grow: &mut [f64], texp: &mut [f64], trow: &[f64], drow: &[f64], c: f64, k: usize) {
+    for (chunk, &tv) in texp.chunks_exact_mut(k).zip(trow) {
+        chunk.iter_mut().for_each(|v| *v = c * tv);
+    }
+    for ((g, &tv), &dv) in grow.iter_mut().zip(texp.iter()).zip(drow) {
+        *g += tv * dv;
+    }
+}
+
+/// `grow[i] += α(T_A[i] δ_i[c, c] − Σ_o T_B[o][i] δ_i[c, o])` with `dc` `[o, i]` = δ_i[c, o].
+#[allow(clippy::too_many_arguments)]
+fn diag_output_row<'a>(grow: &mut [f64], ta: &[f64], tbo: &dyn Fn(usize) -> &'a [f64], dc: &[f64], c: usize, k: usize, m: usize, alpha: f64) {
+    for ((g, &a), &dv) in grow.iter_mut().zip(ta).zip(&dc[c * m..(c + 1) * m]) {
+        *g += alpha * a * dv;
+    }
+    for o in 0..k {
+        for ((g, &b), &dv) in grow.iter_mut().zip(tbo(o)).zip(&dc[o * m..(o + 1) * m]) {
+            *g -= alpha * b * dv;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,6 +566,48 @@ mod tests {
             }
             let got = sink.finish();
             assert!(max_rel(&got, &layout.from_full(&full, p, m, k)) < 1e-14, "{layout}");
+        }
+    }
+
+    #[test]
+    fn structured_output_layer_matches_the_formed_contraction() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (p, m, k, ne, alpha) = (3, 5, 4, 3, 0.7);
+        let colw = rand_vec(&mut rng, m * k);
+        let a = rand_vec(&mut rng, m * ne);
+        let delta = rand_vec(&mut rng, m * k * k);
+        // Rows with a few nodes each: J̄[p,k,o,:] = Σ_r w_r α(δ_ko − q_ro) a_r, and [Ā; B̄].
+        let mut j = vec![0.0; p * k * k * ne];
+        let mut ab = vec![0.0; p * (k + 1) * ne];
+        for pi in 0..p {
+            for _ in 0..3 {
+                let w: f64 = rng.gen_range(0.1..1.0);
+                let ar = rand_vec(&mut rng, ne);
+                let q: Vec<f64> = (0..k).map(|_| rng.gen_range(0.0..1.0)).collect();
+                for kt in 0..k {
+                    for o in 0..k {
+                        let dl = alpha * (if kt == o { 1.0 } else { 0.0 } - q[o]);
+                        for e in 0..ne {
+                            j[((pi * k + kt) * k + o) * ne + e] += w * dl * ar[e];
+                        }
+                    }
+                }
+                for e in 0..ne {
+                    ab[pi * (k + 1) * ne + e] += w * ar[e];
+                    for o in 0..k {
+                        ab[(pi * (k + 1) + 1 + o) * ne + e] += w * q[o] * ar[e];
+                    }
+                }
+            }
+        }
+        for layout in LAYOUTS {
+            let dt = TrainDeltas::new(layout, &delta, m, k, k, Some(&colw));
+            let (mut g1, mut g2) = (GramSink::new(layout, p, m, k), GramSink::new(layout, p, m, k));
+            let mut t = Vec::new();
+            add_formed(g1.rows_mut(0..p), &j, &a, &dt, p, ne, &mut t);
+            add_output_layer(g2.rows_mut(0..p), &ab, &a, &dt, p, ne, alpha, &mut t);
+            let (x, y) = (g2.finish(), g1.finish());
+            assert!(max_rel(&x, &y) < 1e-13, "{layout}: {:e}", max_rel(&x, &y));
         }
     }
 

@@ -32,7 +32,7 @@ pub mod quadrature;
 mod stateful;
 mod types;
 
-pub use driver::{compute, compute_run, compute_with_path, contract, loss_gradient, GramPath};
+pub use driver::{compute, compute_in, compute_run, compute_with_path, contract, loss_gradient, GramPath, Options};
 pub use layout::Layout;
 pub use quadrature::Rule;
 pub use types::*;

@@ -1,0 +1,120 @@
+//! Output layouts: the `diag` and `trace` Grams equal the corresponding parts of the `full` Gram
+//! for every step model (MLP, CNN on its structured and generic paths, the stateful optimizers),
+//! the kernel machine is the same in every layout, and a NaN machine is never reported exact.
+
+mod common;
+
+use common::*;
+use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
+use pathkernel::trajectory::Run;
+
+fn req(kind: KernelKind, rule: Rule, side: Side) -> KernelRequest {
+    KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None }
+}
+
+fn in_layout(run: &Run, r: &KernelRequest, points: PointsSpec, layout: Layout, path: GramPath) -> KernelOutput {
+    let states = run.load_all().unwrap();
+    let pts = points.resolve(&run.dataset).unwrap();
+    kernel::compute_in(run, &states, &pts, r, &Options { layout, path, memory_budget: 1 << 32 }, &|_, _| {}).unwrap()
+}
+
+/// Every layout against the full Gram of the same job, and the machine against the full one's.
+fn check_layouts(name: &str, run: &Run, r: &KernelRequest, points: PointsSpec, path: GramPath) {
+    let full = in_layout(run, r, points, Layout::Full, path);
+    let (p, m, k) = (full.p, full.m, full.k);
+    assert!(max_abs(&full.gram) > 1e-8, "{name}: trivial Gram");
+    for layout in [Layout::Diag, Layout::Trace] {
+        let got = in_layout(run, r, points, layout, path);
+        assert_eq!(got.layout, layout);
+        assert_eq!(got.gram.len(), layout.shape(p, m, k).iter().product::<usize>(), "{name} {layout}: shape");
+        let want = layout.from_full(&full.gram, p, m, k);
+        let rel = max_abs_diff(&got.gram, &want) / max_abs(&want);
+        assert!(rel <= 1e-12, "{name} {layout}: relative difference to the full Gram {rel:e}");
+        let rel = max_abs_diff(&got.machine, &full.machine) / max_abs(&full.machine);
+        assert!(rel <= 1e-12, "{name} {layout}: kernel machine differs from the full layout's by {rel:e}");
+        assert_eq!(got.records.len(), full.records.len());
+        for (a, b) in got.records.iter().zip(&full.records) {
+            assert!((a.max_abs_error - b.max_abs_error).abs() <= 1e-12 * (1.0 + b.max_abs_error), "{name} {layout}: step {} record", a.step);
+        }
+        assert!(got.single_machine.is_none(), "{name} {layout}: the single machine needs the off-diagonal blocks");
+    }
+}
+
+#[test]
+fn mlp_layouts_are_parts_of_the_full_gram() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, hidden, act) in [("relu2", "[5, 4]", "relu"), ("tanh1", "[6]", "tanh"), ("linear", "[]", "relu")] {
+        let run = train(dir.path(), name, &toy2d(hidden, act, 4, 0.5, 6, 4));
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Train), PointsSpec::Train, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
+    }
+}
+
+#[test]
+fn stateful_optimizer_layouts_are_parts_of_the_full_gram() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [("momentum", "momentum = 0.9"), ("adamw", "optimizer = \"adamw\"\nweight_decay = 0.01")] {
+        let toml = toy2d("[5]", "relu", 6, 0.05, 6, 4).replace("seed = 7\n", &format!("seed = 7\n{extra}\n"));
+        let run = train(dir.path(), name, &toml);
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Test), PointsSpec::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
+    }
+}
+
+/// Writes IDX files of seeded random 28×28 "MNIST" images and labels into `dir`.
+fn fake_mnist(dir: &std::path::Path, n_train: u32, n_test: u32) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let idx = |ty: u8, dims: &[u32], data: Vec<u8>| -> Vec<u8> {
+        let mut b = vec![0u8, 0, ty, dims.len() as u8];
+        dims.iter().for_each(|d| b.extend_from_slice(&d.to_be_bytes()));
+        b.extend(data);
+        b
+    };
+    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
+        let pixels: Vec<u8> = (0..n * 784).map(|_| if rng.gen_bool(0.3) { rng.gen_range(1..=255) } else { 0 }).collect();
+        let labels: Vec<u8> = (0..n).map(|_| rng.gen_range(0..10)).collect();
+        std::fs::write(dir.join(format!("{prefix}-images.idx3-ubyte")), idx(8, &[n, 28, 28], pixels)).unwrap();
+        std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(8, &[n], labels)).unwrap();
+    }
+}
+
+#[test]
+fn cnn_layouts_are_parts_of_the_full_gram_on_both_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 10, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npool = 2\n\n[train]\nlr = 0.5\nsteps = 2\nseed = 2\n",
+        data.to_str().unwrap()
+    );
+    let run = train(dir.path(), "cnn", &toml);
+    for path in [GramPath::Fast, GramPath::Generic] {
+        check_layouts(&format!("cnn {path:?} epk"), &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), PointsSpec::Test, path);
+        check_layouts(&format!("cnn {path:?} chen"), &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), PointsSpec::Test, path);
+    }
+    check_layouts("cnn auto", &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, GramPath::Fast);
+    // A momentum CNN goes through the stateful path with dense Jacobians.
+    let run = train(dir.path(), "cnn-mom", &toml.replace("seed = 2\n", "seed = 2\nmomentum = 0.5\n"));
+    check_layouts("cnn momentum", &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), PointsSpec::Test, GramPath::Fast);
+}
+
+#[test]
+fn a_nan_machine_is_not_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "r", &toy2d("[4]", "relu", 2, 0.5, 4, 3));
+    let mut out = in_layout(&run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, Layout::Diag, GramPath::Fast);
+    assert!(out.max_abs_error() <= 1e-12);
+    // One entry of the machine becomes NaN: the verdict must say so, not drop it.
+    out.machine[1] = f64::NAN;
+    assert!(out.max_abs_error().is_nan(), "a NaN machine reported max error {}", out.max_abs_error());
+    let ex = kernel::output::Exactness::of(&out, "run");
+    assert!(ex.max_abs_error.is_nan());
+    assert_eq!(ex.tolerance_met, Some(false), "a NaN machine must not meet the tolerance");
+    assert!(kernel::max_abs_diff(&[1e-14, f64::NAN], &[0.0, 0.0]).is_nan());
+    assert!(kernel::nan_max(f64::NAN, 1.0).is_nan() && kernel::nan_max(1.0, f64::NAN).is_nan());
+    assert_eq!(kernel::nan_max(1.0, 2.0), 2.0);
+}
