@@ -629,17 +629,16 @@ fn step_into_at(
 }
 
 impl super::AlongPath for CnnStep {
-    fn input_dim(&self) -> usize {
-        CnnStep::input_dim(self)
-    }
     fn outputs(&self) -> usize {
         self.k
     }
-    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
-        CnnStep::kinks(self, x, a, b)
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
+        let d = self.input_dim();
+        CnnStep::kinks(self, &x[p * d..(p + 1) * d], a, b)
     }
-    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        CnnStep::jvp(self, x, t, off)
+    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        let (d, k) = (self.input_dim(), self.k);
+        CnnStep::jvp(self, &super::nodes::gather_rows(x, d, idx), t, super::nodes::gather_offsets(off, k, idx).as_deref())
     }
 }
 

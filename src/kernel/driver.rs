@@ -335,12 +335,14 @@ pub(super) fn compute_inner(
                 let pc = NODE_CHUNK_POINTS.min(p - c0);
                 let xc = &rows.x[c0 * d..(c0 + pc) * d];
                 let offc = off_rows.as_deref().map(|o| &o[c0 * k..(c0 + pc) * k]);
+                // Layer 0 once per point: every node's pre-activation is z + t·u.
+                let first = step.first_layer(xc);
                 let mut nodes = match &fixed {
-                    Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes),
-                    None => auto_nodes(&step, xc, pc, offc, tol_step),
+                    Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes, Some(&first)),
+                    None => auto_nodes(&step, xc, pc, offc, tol_step, Some(&first)),
                 };
                 if integrate {
-                    let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc);
+                    let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc, Some(&first));
                     cos_sum += sum;
                     cos_count += count;
                 }
@@ -359,15 +361,16 @@ pub(super) fn compute_inner(
                 target.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, colw.as_deref(), c0..c0 + pc);
                 let row_layers: Vec<LayerFactors<'_>> =
                     layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
-                gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias);
+                gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
                 if want_diag {
-                    gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias);
+                    gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
                 }
                 evaluations.extend_from_slice(&nodes.evaluations);
                 jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
                 pieces.extend_from_slice(&nodes.pieces);
                 unconverged += nodes.unconverged;
             }
+            target.end_step(&train_layers[0], colw.as_deref());
             if let Some(one) = one {
                 let gs = one.finish();
                 add_into(&mut extra, &gs);

@@ -49,6 +49,32 @@ pub struct MlpStep {
     pub k: usize,
 }
 
+/// Layer 0 of a step at a set of points ([`MlpStep::first_layer`]): `z = W_s x + b_s` and
+/// `u = ΔW x + Δb`, `[P, out_0]` each.
+#[derive(Clone, Debug)]
+pub struct FirstLayer {
+    /// `W_s x + b_s` `[P, out_0]`.
+    pub z: Vec<f64>,
+    /// `ΔW x + Δb` `[P, out_0]`.
+    pub u: Vec<f64>,
+    /// out_0.
+    pub h: usize,
+}
+
+impl FirstLayer {
+    /// The rows of points `idx`: `(z, u)`, `[R, out_0]` each.
+    fn rows(&self, idx: &[usize]) -> (Vec<f64>, Vec<f64>) {
+        let h = self.h;
+        let mut z = Vec::with_capacity(idx.len() * h);
+        let mut u = Vec::with_capacity(idx.len() * h);
+        for &p in idx {
+            z.extend_from_slice(&self.z[p * h..(p + 1) * h]);
+            u.extend_from_slice(&self.u[p * h..(p + 1) * h]);
+        }
+        (z, u)
+    }
+}
+
 /// Per-row results of [`MlpStep::eval`].
 #[derive(Clone, Debug, Default)]
 pub struct Evals {
@@ -116,17 +142,66 @@ impl MlpStep {
     /// the frozen initial network for `zero_output`) before scaling. With `grads`, also the
     /// sensitivities δ and the t-derivative of f.
     pub fn eval(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+        debug_assert_eq!(x.len(), t.len() * self.input_dim());
+        self.eval_impl(Some(x), None, t, offset, grads)
+    }
+
+    /// Layer 0 of this step at the points `x` (`[P, d]`): along the step its pre-activation is
+    /// `z + t·u` for every t, so evaluations at any node skip the input-sized GEMM.
+    pub fn first_layer(&self, x: &[f64]) -> FirstLayer {
+        let l0 = &self.layers[0];
+        let (ni, no) = (l0.n_in, l0.n_out);
+        let p = x.len() / ni;
+        let mut z = vec![0.0; p * no];
+        let mut u = vec![0.0; p * no];
+        gemm_abt(&mut z, x, &l0.w, p, no, ni, 1.0, false);
+        gemm_abt(&mut u, x, &l0.dw, p, no, ni, 1.0, false);
+        for (zr, ur) in z.chunks_exact_mut(no).zip(u.chunks_exact_mut(no)) {
+            zr.iter_mut().zip(&l0.b).for_each(|(a, b)| *a += b);
+            ur.iter_mut().zip(&l0.db).for_each(|(a, b)| *a += b);
+        }
+        FirstLayer { z, u, h: no }
+    }
+
+    /// [`MlpStep::eval`] at the points `idx` of a [`FirstLayer`] (row j: point `idx[j]` at
+    /// time `t[j]`, `offset` `[R, K]` per row). The input activations of layer 0 are the points
+    /// themselves and are not copied per row: `acts[0]` is empty.
+    pub fn eval_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+        self.eval_impl(None, Some(first.rows(idx)), t, offset, grads)
+    }
+
+    /// [`MlpStep::jvp`] at the points `idx` of a [`FirstLayer`].
+    pub fn jvp_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.jvp_impl(None, Some(first.rows(idx)), t, offset)
+    }
+
+    fn eval_impl(&self, x: Option<&[f64]>, first: Option<(Vec<f64>, Vec<f64>)>, t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
         let r = t.len();
         let k = self.k;
         let nl = self.layers.len();
-        debug_assert_eq!(x.len(), r * self.input_dim());
         let moving = t.iter().any(|&v| v != 0.0);
         let mut acts: Vec<Vec<f64>> = Vec::with_capacity(nl);
         let mut pre: Vec<Vec<f64>> = Vec::with_capacity(nl);
         let mut tangents: Vec<Vec<f64>> = Vec::with_capacity(nl);
-        let mut a = x.to_vec();
+        let mut a = x.map(<[f64]>::to_vec).unwrap_or_default();
+        let mut first = first;
         for (l, layer) in self.layers.iter().enumerate() {
             let (ni, no) = (layer.n_in, layer.n_out);
+            if let (0, Some((z0, u0))) = (l, first.take()) {
+                // z + t·u from the cached first layer (biases included).
+                let mut z = z0;
+                for (row, (zr, ur)) in z.chunks_exact_mut(no).zip(u0.chunks_exact(no)).enumerate() {
+                    let tr = t[row];
+                    if tr != 0.0 {
+                        zr.iter_mut().zip(ur).for_each(|(zv, uv)| *zv += tr * uv);
+                    }
+                }
+                let next: Vec<f64> = if l + 1 < nl { z.iter().map(|&v| self.activation.apply(v)).collect() } else { Vec::new() };
+                acts.push(std::mem::replace(&mut a, next));
+                pre.push(z);
+                tangents.push(if moving { u0 } else { Vec::new() });
+                continue;
+            }
             let mut z = vec![0.0; r * no];
             gemm_abt(&mut z, &a, &layer.w, r, no, ni, 1.0, false);
             let mut u = vec![0.0; if moving { r * no } else { 0 }];
@@ -236,15 +311,35 @@ impl MlpStep {
     /// # Shapes
     /// returns `(f [R, K], df/dt [R, K])`.
     pub fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.jvp_impl(Some(x), None, t, offset)
+    }
+
+    fn jvp_impl(&self, x: Option<&[f64]>, first: Option<(Vec<f64>, Vec<f64>)>, t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         let r = t.len();
         let k = self.k;
         let nl = self.layers.len();
-        let mut a = x.to_vec();
+        let mut a = x.map(<[f64]>::to_vec).unwrap_or_default();
         let mut adot: Option<Vec<f64>> = None;
         let mut zout = Vec::new();
         let mut zdot_out = Vec::new();
+        let mut first = first;
         for (l, layer) in self.layers.iter().enumerate() {
             let (ni, no) = (layer.n_in, layer.n_out);
+            if let (0, Some((mut z, u0))) = (l, first.take()) {
+                // z + t·u and ż = u from the cached first layer.
+                for (row, (zr, ur)) in z.chunks_exact_mut(no).zip(u0.chunks_exact(no)).enumerate() {
+                    let tr = t[row];
+                    zr.iter_mut().zip(ur).for_each(|(zv, uv)| *zv += tr * uv);
+                }
+                if l + 1 < nl {
+                    a = z.iter().map(|&v| self.activation.apply(v)).collect();
+                    adot = Some(z.iter().zip(&u0).map(|(&zv, &zd)| self.activation.derivative(zv) * zd).collect());
+                } else {
+                    zout = z;
+                    zdot_out = u0;
+                }
+                continue;
+            }
             let mut z = vec![0.0; r * no];
             let mut u = vec![0.0; r * no];
             gemm_abt(&mut z, &a, &layer.w, r, no, ni, 1.0, false);
@@ -305,6 +400,17 @@ impl MlpStep {
     /// layer, with the activation pattern of the piece), so its zeros are polynomial roots.
     /// Tanh networks have no kinks.
     pub fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        self.kinks_impl(x, None, a, b)
+    }
+
+    /// [`MlpStep::kinks`] for point `p` of a [`FirstLayer`] (whose input row is `x`, `[d]`),
+    /// with layer 0's polynomials `z + t·u` taken from the cache.
+    pub fn kinks_at(&self, first: &FirstLayer, p: usize, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+        let h = first.h;
+        self.kinks_impl(x, Some((&first.z[p * h..(p + 1) * h], &first.u[p * h..(p + 1) * h])), a, b)
+    }
+
+    fn kinks_impl(&self, x: &[f64], first: Option<(&[f64], &[f64])>, a: f64, b: f64) -> Vec<f64> {
         if self.activation != Activation::Relu || self.layers.len() < 2 {
             return Vec::new();
         }
@@ -313,7 +419,7 @@ impl MlpStep {
         for depth in 0..self.layers.len() - 1 {
             let mut next_pieces = Vec::with_capacity(pieces.len());
             for &(pa, pb) in &pieces {
-                let polys = self.hidden_polys(x, depth, 0.5 * (pa + pb));
+                let polys = self.hidden_polys(x, first, depth, 0.5 * (pa + pb));
                 let mut cuts: Vec<f64> = Vec::new();
                 for c in &polys {
                     cuts.extend(poly_roots_in(c, pa, pb));
@@ -334,11 +440,22 @@ impl MlpStep {
 
     /// Coefficients (in t) of every pre-activation of hidden layer `depth`, with the
     /// activation pattern of the shallower layers taken at time `tm`.
-    fn hidden_polys(&self, x: &[f64], depth: usize, tm: f64) -> Vec<Vec<f64>> {
+    fn hidden_polys(&self, x: &[f64], first: Option<(&[f64], &[f64])>, depth: usize, tm: f64) -> Vec<Vec<f64>> {
         // a: per unit, polynomial coefficients (lowest degree first).
         let mut a: Vec<Vec<f64>> = x.iter().map(|&v| vec![v]).collect();
         for l in 0..=depth {
             let layer = &self.layers[l];
+            if let (0, Some((z0, u0))) = (l, first) {
+                let z: Vec<Vec<f64>> = z0.iter().zip(u0).map(|(&zv, &uv)| vec![zv, uv]).collect();
+                if l == depth {
+                    return z;
+                }
+                a = z
+                    .into_iter()
+                    .map(|c| if super::quadrature::horner(&c, tm) > 0.0 { c } else { vec![0.0; c.len()] })
+                    .collect();
+                continue;
+            }
             let deg_in = a.first().map_or(1, |c| c.len());
             let mut z: Vec<Vec<f64>> = vec![vec![0.0; deg_in + 1]; layer.n_out];
             for o in 0..layer.n_out {

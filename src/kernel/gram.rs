@@ -17,7 +17,9 @@
 //! computed, block by block of row points, and permuted once at the end, so the accumulator holds
 //! one Gram-sized array.
 
-use super::layout::{add_dense_scaled, add_formed, add_output_layer, GramSink, Layout, TrainDeltas};
+use rayon::prelude::*;
+
+use super::layout::{add_formed, add_output_layer, zeroed, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 
 /// One layer's factors for a set of rows.
@@ -62,11 +64,12 @@ pub struct GramAccumulator {
     sink: GramSink,
     /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
     s0: Option<Vec<f64>>,
+    /// Layer 0's unscaled products, buffered over steps (applied with `s0` in `finish`).
+    l0: Option<Layer0Sum>,
     /// `Some(α)` when the last layer's sensitivities are `α(δ_ko − q_o)` (log-softmax or
     /// identity output): it is then contracted in its structured form ([`add_output_layer`]).
     output_alpha: Option<f64>,
-    /// Scratch reused across steps: layer 0's product, J̄ and T.
-    scratch_g: Vec<f64>,
+    /// Scratch reused across steps: J̄ and T.
     scratch_j: Vec<f64>,
     scratch_t: Vec<f64>,
 }
@@ -79,7 +82,7 @@ impl GramAccumulator {
 
     /// A zero accumulator in `layout`.
     pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, output_alpha: None, scratch_g: Vec::new(), scratch_j: Vec::new(), scratch_t: Vec::new() }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
@@ -121,17 +124,9 @@ impl GramAccumulator {
             s0.iter_mut().for_each(|v| *v += b);
             self.s0 = Some(s0);
         }
-        // Training δ of layer 0, optionally column-weighted: [(i, k'), o].
+        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o] for the points of the range, into the
+        // step buffer (its products are formed over several steps at once, see Layer0Sum).
         let no0 = rows0.n_out;
-        let dtrain0: std::borrow::Cow<'_, [f64]> = match colw {
-            Some(cw) => {
-                let mut v = train0.deltas.to_vec();
-                v.chunks_mut(no0).zip(cw).for_each(|(ch, &s)| ch.iter_mut().for_each(|x| *x *= s));
-                v.into()
-            }
-            None => train0.deltas.into(),
-        };
-        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o] for the points of the range.
         let mut dbar = vec![0.0; (last - first) * k * no0];
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
             let src = &rows0.deltas[r * k * no0..(r + 1) * k * no0];
@@ -140,6 +135,7 @@ impl GramAccumulator {
                 *a += w * x;
             }
         }
+        self.l0.get_or_insert_with(|| Layer0Sum::new(layout, p, m, k, no0)).put_rows(first, &dbar);
         // Deeper layers: training activations with the bias column [M, ne] and δ arranged for
         // the layout.
         let deep: Vec<(Vec<f64>, TrainDeltas)> =
@@ -148,13 +144,9 @@ impl GramAccumulator {
         let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(last - first).max(1);
         let mut jbar = std::mem::take(&mut self.scratch_j);
         let mut t = std::mem::take(&mut self.scratch_t);
-        let mut tmp = std::mem::take(&mut self.scratch_g);
-        let s0 = self.s0.as_deref().expect("formed above");
         for p0 in (first..last).step_by(pb) {
             let nb = pb.min(last - p0);
             let out = self.sink.rows_mut(p0..p0 + nb);
-            let (b0, b1) = ((p0 - first) * k * no0, (p0 - first + nb) * k * no0);
-            add_dense_scaled(layout, out, &dbar[b0..b1], &dtrain0, &s0[p0 * m..(p0 + nb) * m], nb, m, k, no0, &mut tmp);
             for (li, ((rows, _), (a_train, dt))) in layers[1..].iter().zip(&deep).enumerate() {
                 let (ni, no) = (rows.n_in, rows.n_out);
                 let ne = ni + usize::from(bias);
@@ -214,14 +206,142 @@ impl GramAccumulator {
                 add_formed(out, &jbar, a_train, dt, nb, ne, &mut t);
             }
         }
-        self.scratch_g = tmp;
         self.scratch_j = jbar;
         self.scratch_t = t;
     }
 
+    /// Ends a step whose row points were all added: hands layer 0's training factors to the
+    /// step buffer (`train0.deltas` `[M, K, out_0]`, weighted by `colw` `[M, K]` as in
+    /// [`GramAccumulator::add_step`]).
+    pub fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
+        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
+            l0.end_step(train0.deltas, colw, &mut self.sink, s0);
+        }
+    }
+
     /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`).
-    pub fn finish(self) -> Vec<f64> {
+    pub fn finish(mut self) -> Vec<f64> {
+        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
+            l0.flush(&mut self.sink, s0);
+        }
         self.sink.finish()
+    }
+}
+
+/// Bytes aimed at for layer 0's step buffers (rows and training points together), at most a
+/// quarter of the Gram itself.
+const LAYER0_BUFFER_BYTES: usize = 128 << 20;
+
+/// Layer 0's term `(x_p·x_i + 1) Σ_s ⟨δ̄_s[p, k], δ_s[i, k']⟩`. The scale does not depend on the
+/// step, so the factors of several steps are buffered side by side and contracted by one GEMM
+/// whose inner dimension is `steps·out_0`, block by block of row points, each block's product
+/// scaled and folded into the Gram at once. Only the layout's entries are formed (`diag`: one
+/// GEMM per class, `trace`: one with the classes in the inner dimension too).
+///
+/// Buffers (`slot` = step in the buffer, `o` < out_0): `full` rows `[(p, k), slot, o]`, training
+/// `[(i, k'), slot, o]`; `diag` `[c, p, slot, o]`, `[c, i, slot, o]`; `trace` `[p, slot, k, o]`,
+/// `[i, slot, k, o]`.
+struct Layer0Sum {
+    layout: Layout,
+    p: usize,
+    m: usize,
+    k: usize,
+    h: usize,
+    slots: usize,
+    filled: usize,
+    rows: Vec<f64>,
+    train: Vec<f64>,
+}
+
+impl Layer0Sum {
+    fn new(layout: Layout, p: usize, m: usize, k: usize, h: usize) -> Self {
+        let per_slot = 8 * (p + m) * k * h;
+        let gram = 8 * p * m * layout.per_pair(k);
+        let slots = (LAYER0_BUFFER_BYTES.min(gram / 4) / per_slot.max(1)).clamp(1, 16);
+        Layer0Sum { layout, p, m, k, h, slots, filled: 0, rows: zeroed(p * k * slots * h), train: zeroed(m * k * slots * h) }
+    }
+
+    /// Index of `(point, class, slot, o)` in a buffer of `n` points.
+    fn at(&self, n: usize, pt: usize, c: usize, slot: usize, o: usize) -> usize {
+        let (k, h, sl) = (self.k, self.h, self.slots);
+        match self.layout {
+            Layout::Full => ((pt * k + c) * sl + slot) * h + o,
+            Layout::Diag => ((c * n + pt) * sl + slot) * h + o,
+            Layout::Trace => ((pt * sl + slot) * k + c) * h + o,
+        }
+    }
+
+    /// Writes the current step's `δ̄` of the points `first..` (`[(p, k), o]`).
+    fn put_rows(&mut self, first: usize, dbar: &[f64]) {
+        let (k, h, p, slot) = (self.k, self.h, self.p, self.filled);
+        for (row, src) in dbar.chunks_exact(h).enumerate() {
+            let base = self.at(p, first + row / k, row % k, slot, 0);
+            self.rows[base..base + h].copy_from_slice(src);
+        }
+    }
+
+    /// Writes the current step's training `δ` (`[(i, k'), o]`, weighted by `colw`) and advances;
+    /// contracts the buffer into `sink` when it is full.
+    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64]) {
+        let (k, h, m, slot) = (self.k, self.h, self.m, self.filled);
+        for (row, src) in dtrain.chunks_exact(h).enumerate() {
+            let base = self.at(m, row / k, row % k, slot, 0);
+            let c = colw.map_or(1.0, |cw| cw[row]);
+            self.train[base..base + h].iter_mut().zip(src).for_each(|(d, v)| *d = c * v);
+        }
+        self.filled += 1;
+        if self.filled == self.slots {
+            self.flush(sink, s0);
+        }
+    }
+
+    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (unused slots of a partial buffer zeroed).
+    fn flush(&mut self, sink: &mut GramSink, s0: &[f64]) {
+        if self.filled == 0 {
+            return;
+        }
+        let (p, m, k, h, sl, layout) = (self.p, self.m, self.k, self.h, self.slots, self.layout);
+        if self.filled < sl {
+            let (filled, per) = (self.filled, sl * h);
+            for buf in [&mut self.rows, &mut self.train] {
+                match layout {
+                    Layout::Full | Layout::Diag => buf.chunks_exact_mut(per).for_each(|c| c[filled * h..].fill(0.0)),
+                    Layout::Trace => buf.chunks_exact_mut(per * k).for_each(|c| c[filled * k * h..].fill(0.0)),
+                }
+            }
+        }
+        let cols = layout.cols_per_train(k);
+        let per_point = 8 * m * layout.per_pair(k);
+        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
+        let mut prod = vec![0.0; pb * m * layout.per_pair(k)];
+        for p0 in (0..p).step_by(pb) {
+            let nb = pb.min(p - p0);
+            let pr = &mut prod[..nb * m * layout.per_pair(k)];
+            // pr in accumulation rows of the block: [(p, k), (i, k')], [(p, c), i] or [p, i].
+            match layout {
+                Layout::Full => gemm_abt(pr, &self.rows[p0 * k * sl * h..(p0 + nb) * k * sl * h], &self.train, nb * k, m * k, sl * h, 1.0, false),
+                Layout::Trace => gemm_abt(pr, &self.rows[p0 * sl * k * h..(p0 + nb) * sl * k * h], &self.train, nb, m, sl * k * h, 1.0, false),
+                Layout::Diag => {
+                    let mut tmp = vec![0.0; nb * m];
+                    for c in 0..k {
+                        let r = &self.rows[(c * p + p0) * sl * h..(c * p + p0 + nb) * sl * h];
+                        gemm_abt(&mut tmp, r, &self.train[c * m * sl * h..(c + 1) * m * sl * h], nb, m, sl * h, 1.0, false);
+                        for (pl, t) in tmp.chunks_exact(m).enumerate() {
+                            pr[(pl * k + c) * m..(pl * k + c + 1) * m].copy_from_slice(t);
+                        }
+                    }
+                }
+            }
+            let rpp = layout.rows_per_point(k);
+            let out = sink.rows_mut(p0..p0 + nb);
+            out.par_chunks_mut(m * cols).zip(pr.par_chunks(m * cols)).enumerate().for_each(|(row, (g, l))| {
+                let sr = &s0[(p0 + row / rpp) * m..(p0 + row / rpp + 1) * m];
+                for ((gc, lc), &sv) in g.chunks_exact_mut(cols).zip(l.chunks_exact(cols)).zip(sr) {
+                    gc.iter_mut().zip(lc).for_each(|(a, b)| *a += sv * b);
+                }
+            });
+        }
+        self.filled = 0;
     }
 }
 
@@ -286,24 +406,40 @@ pub fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize, k: us
 ///
 /// # Shapes
 /// `pred` `[P, K]`.
-pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool) {
+///
+/// A layer whose `acts` are empty (layer 0 evaluated from a cached first layer) takes its input
+/// rows from the points themselves, `x_points` `[P, d]`, once per point instead of per node.
+#[allow(clippy::too_many_arguments)]
+pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
     for (layer, vl) in rows.iter().zip(v) {
         let (ni, no) = (layer.n_in, layer.n_out);
         let ne = ni + usize::from(bias);
-        let mut ar_ext = Vec::with_capacity(point.len() * ne);
-        for r in 0..point.len() {
-            ar_ext.extend_from_slice(&layer.acts[r * ni..(r + 1) * ni]);
+        // Input rows: one per node, or one per point with `slot[r]` its row.
+        let (inputs, slot): (Vec<usize>, Vec<usize>) = if layer.acts.is_empty() {
+            let mut pts: Vec<usize> = point.to_vec();
+            pts.sort_unstable();
+            pts.dedup();
+            let slot = point.iter().map(|q| pts.binary_search(q).expect("present")).collect();
+            (pts, slot)
+        } else {
+            ((0..point.len()).collect(), (0..point.len()).collect())
+        };
+        let mut ar_ext = Vec::with_capacity(inputs.len() * ne);
+        for &q in &inputs {
+            let src = if layer.acts.is_empty() { &x_points[q * ni..(q + 1) * ni] } else { &layer.acts[q * ni..(q + 1) * ni] };
+            ar_ext.extend_from_slice(src);
             if bias {
                 ar_ext.push(1.0);
             }
         }
-        // va[r, o] = V[o, :]·[a_r, 1]
-        let mut va = vec![0.0; point.len() * no];
-        gemm_abt(&mut va, &ar_ext, vl, point.len(), no, ne, 1.0, false);
+        // va[row, o] = V[o, :]·[a_row, 1]
+        let mut va = vec![0.0; inputs.len() * no];
+        gemm_abt(&mut va, &ar_ext, vl, inputs.len(), no, ne, 1.0, false);
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
+            let vr = &va[slot[r] * no..(slot[r] + 1) * no];
             for kt in 0..k {
                 let dr = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                let s: f64 = dr.iter().zip(&va[r * no..(r + 1) * no]).map(|(x, y)| x * y).sum();
+                let s: f64 = dr.iter().zip(vr).map(|(x, y)| x * y).sum();
                 pred[pi * k + kt] += w * s;
             }
         }
@@ -313,12 +449,16 @@ pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>
 /// Adds each row point's self-kernel over one step to `diag` (`[P, K, K]`):
 /// `Σ_{r∈p} w_r Σ_l (δ_{r,l}[k]·δ_{r,l}[k']) (|a_{r,l}|² + [bias])`, i.e. the quadrature of
 /// `⟨∇f^k_{w_s(t)}(x), ∇f^{k'}_{w_s(t)}(x)⟩` at the row's own nodes.
-pub fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool) {
+///
+/// A layer whose `acts` are empty takes its inputs from `x_points` (`[P, d]`), as in
+/// [`add_prediction`].
+#[allow(clippy::too_many_arguments)]
+pub fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
     let b = if bias { 1.0 } else { 0.0 };
     for layer in rows {
         let (ni, no) = (layer.n_in, layer.n_out);
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
-            let ar = &layer.acts[r * ni..(r + 1) * ni];
+            let ar = if layer.acts.is_empty() { &x_points[pi * ni..(pi + 1) * ni] } else { &layer.acts[r * ni..(r + 1) * ni] };
             let aa: f64 = ar.iter().map(|v| v * v).sum::<f64>() + b;
             for kt in 0..k {
                 let dt = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];

@@ -2,7 +2,7 @@
 //! (forward-mode search, then gradients once at the accepted nodes), and the paper's Fig. 2
 //! cosine measure of the DPK's test gradient.
 
-use super::eval::{Evals, MlpStep};
+use super::eval::{Evals, FirstLayer, MlpStep};
 use super::quadrature;
 
 /// Row points whose quadrature nodes are evaluated and folded into the Gram together: bounds the
@@ -38,10 +38,9 @@ pub(crate) fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Op
     })
 }
 
-/// Nodes of a fixed rule (the same for every point).
-pub(crate) fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: &[(f64, f64)]) -> RowNodes {
-    let d = step.input_dim();
-    let k = step.k;
+/// Nodes of a fixed rule (the same for every point). With `first` (layer 0 of the step at the
+/// points `x`) the evaluations skip the input GEMM and leave `acts[0]` empty.
+pub(crate) fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, nodes: &[(f64, f64)], first: Option<&FirstLayer>) -> RowNodes {
     let mut point = Vec::with_capacity(p * nodes.len());
     let mut weight = Vec::with_capacity(p * nodes.len());
     let mut t = Vec::with_capacity(p * nodes.len());
@@ -52,22 +51,20 @@ pub(crate) fn fixed_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64
             t.push(tq);
         }
     }
-    let xr = gather_rows(x, d, &point);
-    let offr = gather_offsets(off, k, &point);
-    let evals = step.eval(&xr, &t, offr.as_deref(), true);
+    let evals = eval_rows(step, x, off, &point, &t, first);
     RowNodes { point, weight, evals, evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }
 }
 
 /// Rows per forward-mode evaluation in the node search (bounds its scratch to a few MB).
 pub(crate) const JVP_CHUNK: usize = 2048;
 
-/// `step.jvp` at points `idx` (rows of `x`) and times `t`, in chunks of [`JVP_CHUNK`] rows.
+/// `step.jvp_points` at points `idx` (rows of `x`) and times `t`, in chunks of [`JVP_CHUNK`] rows.
 pub(crate) fn jvp_rows<S: AlongPath>(step: &S, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let (d, k) = (step.input_dim(), step.outputs());
+    let k = step.outputs();
     let mut f = Vec::with_capacity(idx.len() * k);
     let mut fdot = Vec::with_capacity(idx.len() * k);
     for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
-        let (a, b) = step.jvp(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref());
+        let (a, b) = step.jvp_points(x, ic, tc, off);
         f.extend_from_slice(&a);
         fdot.extend_from_slice(&b);
     }
@@ -75,15 +72,23 @@ pub(crate) fn jvp_rows<S: AlongPath>(step: &S, x: &[f64], off: Option<&[f64]>, i
 }
 
 /// `step.eval` with gradients at points `idx` (rows of `x`) and times `t`, in chunks of
-/// [`JVP_CHUNK`] rows (bounds the evaluation's intermediates; the result is the same).
-pub(crate) fn eval_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Evals {
+/// [`JVP_CHUNK`] rows (bounds the evaluation's intermediates; the result is the same). With
+/// `first`, layer 0 comes from the cache and `acts[0]` stays empty.
+pub(crate) fn eval_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], first: Option<&FirstLayer>) -> Evals {
     let (d, k) = (step.input_dim(), step.k);
+    let one = |ic: &[usize], tc: &[f64]| -> Evals {
+        let offr = gather_offsets(off, k, ic);
+        match first {
+            Some(fl) => step.eval_at(fl, ic, tc, offr.as_deref(), true),
+            None => step.eval(&gather_rows(x, d, ic), tc, offr.as_deref(), true),
+        }
+    };
     if idx.len() <= JVP_CHUNK {
-        return step.eval(&gather_rows(x, d, idx), t, gather_offsets(off, k, idx).as_deref(), true);
+        return one(idx, t);
     }
     let mut out = Evals::default();
     for (ic, tc) in idx.chunks(JVP_CHUNK).zip(t.chunks(JVP_CHUNK)) {
-        let e = step.eval(&gather_rows(x, d, ic), tc, gather_offsets(off, k, ic).as_deref(), true);
+        let e = one(ic, tc);
         if out.acts.is_empty() {
             out.acts = vec![Vec::new(); e.acts.len()];
             out.deltas = vec![Vec::new(); e.deltas.len()];
@@ -117,34 +122,55 @@ pub(crate) struct Piece {
 /// the rounding floor of that difference); pieces that fail every order are bisected. The
 /// search uses forward-mode evaluations only (`f` and `df/dt`, no backward pass); gradients are
 /// then computed once, at the accepted nodes.
-pub(crate) fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> RowNodes {
-    let c = choose_auto_nodes(step, x, p, off, tol_step);
+pub(crate) fn auto_nodes(step: &MlpStep, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64, first: Option<&FirstLayer>) -> RowNodes {
+    let c = match first {
+        Some(fl) => choose_auto_nodes(&MlpAt { step, first: fl }, x, p, off, tol_step),
+        None => choose_auto_nodes(step, x, p, off, tol_step),
+    };
     // Gradients once, at the accepted nodes.
-    let evals = eval_rows(step, x, off, &c.point, &c.times);
+    let evals = eval_rows(step, x, off, &c.point, &c.times, first);
     RowNodes { point: c.point, weight: c.weight, evals, evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged }
 }
 
-/// What the adaptive rule needs of a network along one step: its kinks in t and forward-mode
-/// `(f, df/dt)` (`x` `[R, d]`, `t` `[R]`, `off` `[R, K]`).
+/// What the adaptive rule needs of a network along one step: the kinks in t of point `p` of
+/// `x` (`[P, d]`), and forward-mode `(f, df/dt)` at rows `(x[idx[j]], t[j])` (`off` `[P, K]`
+/// per point; returns `[R, K]` each).
 pub(crate) trait AlongPath {
-    fn input_dim(&self) -> usize;
     fn outputs(&self) -> usize;
-    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64>;
-    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64>;
+    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
 }
 
 impl AlongPath for MlpStep {
-    fn input_dim(&self) -> usize {
-        MlpStep::input_dim(self)
-    }
     fn outputs(&self) -> usize {
         self.k
     }
-    fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
-        MlpStep::kinks(self, x, a, b)
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
+        let d = self.input_dim();
+        MlpStep::kinks(self, &x[p * d..(p + 1) * d], a, b)
     }
-    fn jvp(&self, x: &[f64], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        MlpStep::jvp(self, x, t, off)
+    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        MlpStep::jvp(self, &gather_rows(x, self.input_dim(), idx), t, gather_offsets(off, self.k, idx).as_deref())
+    }
+}
+
+/// An MLP step with its layer 0 precomputed at the row points ([`MlpStep::first_layer`]): the
+/// node search then never touches the inputs again.
+pub(crate) struct MlpAt<'a> {
+    pub(crate) step: &'a MlpStep,
+    pub(crate) first: &'a FirstLayer,
+}
+
+impl AlongPath for MlpAt<'_> {
+    fn outputs(&self) -> usize {
+        self.step.k
+    }
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
+        let d = self.step.input_dim();
+        self.step.kinks_at(self.first, p, &x[p * d..(p + 1) * d], a, b)
+    }
+    fn jvp_points(&self, _x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.step.jvp_at(self.first, idx, t, gather_offsets(off, self.step.k, idx).as_deref())
     }
 }
 
@@ -161,12 +187,11 @@ pub(crate) struct AutoNodes {
 
 /// The node search of [`auto_nodes`], for any network with [`AlongPath`].
 pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
-    let d = step.input_dim();
     let k = step.outputs();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     for pi in 0..p {
         let mut v = vec![0.0];
-        v.extend(step.kinks(&x[pi * d..(pi + 1) * d], 0.0, 1.0));
+        v.extend(step.kinks(x, pi, 0.0, 1.0));
         v.push(1.0);
         bps.push(v);
     }
@@ -273,10 +298,16 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
 /// The paper's Fig. 2 measure for one step: its sum over points and classes (and their count) of
 /// `1 − cos(∇f_{w_s}(x), ∫∇f_{w_s(t)}(x) dt)`, from the structured factors (layer 0 in its
 /// rank-one form, deeper layers by forming the t-averaged layer gradient).
-pub(crate) fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize) -> (f64, usize) {
+pub(crate) fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off: Option<&[f64]>, p: usize, first: Option<&FirstLayer>) -> (f64, usize) {
     let k = step.k;
     let zeros = vec![0.0; p];
-    let at0 = step.eval(x, &zeros, off, true);
+    let mut at0 = match first {
+        Some(fl) => step.eval_at(fl, &(0..p).collect::<Vec<_>>(), &zeros, off, true),
+        None => step.eval(x, &zeros, off, true),
+    };
+    if at0.acts[0].is_empty() {
+        at0.acts[0] = x.to_vec();
+    }
     let bias = if step.bias { 1.0 } else { 0.0 };
     let mut dot = vec![0.0; p * k];
     let mut n0 = vec![0.0; p * k];

@@ -315,8 +315,8 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Optio
     }
     let step = MlpStep::new(arch, state, next)?;
     let nodes = match &fixed {
-        Some(nodes) => fixed_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), nodes),
-        None => auto_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step),
+        Some(nodes) => fixed_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), nodes, None),
+        None => auto_nodes(&step, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, None),
     };
     let mut jbar = Feature::zeros(p * k, w, l0);
     let mut off = 0;
