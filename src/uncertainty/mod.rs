@@ -186,6 +186,18 @@ pub struct ExternalMethod {
     pub settings: BTreeMap<String, Predictive>,
 }
 
+impl ExternalMethod {
+    /// A GP method from its logit posterior in every setting (keyed by setting name), each
+    /// pushed through [`Predictive::from_gp`] with the same `samples` and `seed`.
+    ///
+    /// # Shapes
+    /// Each posterior's `mean`, `var`: `[N_s, K]`.
+    pub fn from_gp_posteriors(name: impl Into<String>, posteriors: &BTreeMap<String, Posterior>, samples: usize, seed: u64) -> Result<Self> {
+        let settings = posteriors.iter().map(|(s, p)| Ok((s.clone(), Predictive::from_gp(p, samples, seed)?))).collect::<Result<_>>()?;
+        Ok(ExternalMethod { name: name.into(), settings })
+    }
+}
+
 /// The trained network under test.
 #[derive(Clone, Copy, Debug)]
 pub struct Network<'a> {
