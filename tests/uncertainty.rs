@@ -228,6 +228,23 @@ fn benchmark_end_to_end_on_mnist_format_files() {
     assert!(uncertainty::run_benchmark(net, &data, None, &[taken], &bc).unwrap_err().to_string().contains("taken"));
 }
 
+/// The rotation against scipy's `ndimage.rotate(..., reshape=False, order=1, mode="grid-constant")`
+/// (golden values made by `tests/data/uncertainty/make_rotation_golden.py`).
+#[test]
+fn rotation_matches_scipy_golden_values() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/uncertainty/rotation_golden.json");
+    let golden: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let img: Vec<f64> = (0..28).flat_map(|r| (0..28).map(move |c| ((7 * r + 13 * c) % 17) as f64 / 16.0)).collect();
+    let rots = golden["rotations"].as_object().unwrap();
+    assert_eq!(rots.len(), 4);
+    for (angle, want) in rots {
+        let want: Vec<f64> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let got = uncertainty::shift::rotate_image(&img, angle.parse().unwrap());
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(err < 1e-12, "{angle}°: max difference {err}");
+    }
+}
+
 /// The protocol of issue 15 on the real MNIST files (about a minute; run with `--ignored` after
 /// `bash data/fetch-mnist.sh`): 200 + 50 images per digit, 2 000 test images, 784-128-10,
 /// full-batch GD, a five-member ensemble, the default settings.

@@ -3,8 +3,10 @@
 //!
 //! Rotation convention: pixel `(r, c)` (row `r` downwards, column `c` rightwards, both 0..28)
 //! sits at `(r − 13.5, c − 13.5)` relative to the image centre. A positive angle `θ` rotates the
-//! image content **counter-clockwise as displayed** (row 0 at the top), like `scipy.ndimage.rotate`
-//! with `reshape=False` and `np.rot90` for 90°. The output pixel `(r, c)` samples the input at
+//! image content **counter-clockwise as displayed** (row 0 at the top), as `np.rot90` does for
+//! 90°; the whole operation equals `scipy.ndimage.rotate(img, θ, reshape=False, order=1,
+//! mode="grid-constant", cval=0)` (tested against golden values from it; scipy's default
+//! `mode="constant"` differs near the border). The output pixel `(r, c)` samples the input at
 //!
 //! ```text
 //! r_in = 13.5 + sin θ · (c − 13.5) + cos θ · (r − 13.5)
