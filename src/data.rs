@@ -63,7 +63,18 @@ impl Targets {
     }
 }
 
-/// An in-memory dataset: training and test inputs with their targets.
+/// A held-out split besides the training and test sets (e.g. a validation set for fitting a
+/// temperature or other post-hoc calibration parameters).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    /// Inputs, `[n, dim]` row-major.
+    pub x: Vec<f64>,
+    /// Targets of the same kind as the dataset's (`[n]` labels or `[n, K]` values).
+    pub y: Targets,
+}
+
+/// An in-memory dataset: training and test inputs with their targets, and optionally a
+/// validation split.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
     /// Short name, e.g. `"gaussian-mixture"`.
@@ -85,6 +96,11 @@ pub struct Dataset {
     pub x_test: Vec<f64>,
     /// Test targets (`[P]` labels or `[P, K]` values).
     pub y_test: Targets,
+    /// A validation split (`[V, dim]` inputs, `[V]`/`[V, K]` targets), `None` unless the
+    /// configuration asks for one (MNIST's `val_per_class`). It is not part of a run's
+    /// `dataset.safetensors`: training never sees it, and it is regenerated from the
+    /// configuration when needed.
+    pub validation: Option<Split>,
 }
 
 impl Dataset {
@@ -98,6 +114,11 @@ impl Dataset {
         self.x_test.len().checked_div(self.dim).unwrap_or(0)
     }
 
+    /// Number of validation rows `V` (0 without a validation split).
+    pub fn n_val(&self) -> usize {
+        self.validation.as_ref().map_or(0, |v| v.x.len().checked_div(self.dim).unwrap_or(0))
+    }
+
     /// True when the targets are class labels.
     pub fn is_classification(&self) -> bool {
         matches!(self.y_train, Targets::Labels(_))
@@ -108,9 +129,11 @@ impl Dataset {
     /// set, input lengths that are multiples of `dim` and consistent with the targets, train and
     /// test targets of the same kind, all values finite, labels `< num_outputs`, and at least two
     /// distinct classes among the training labels for classification. The test set may be empty.
+    /// A validation split, when present, is checked like the test set (split name `val`).
     ///
     /// # Shapes
-    /// `x_train: [M, dim]`, `x_test: [P, dim]`, labels `[M]`/`[P]`, values `[M, K]`/`[P, K]`.
+    /// `x_train: [M, dim]`, `x_test: [P, dim]`, labels `[M]`/`[P]`, values `[M, K]`/`[P, K]`;
+    /// validation `x: [V, dim]`, `y: [V]`/`[V, K]`.
     pub fn validate(&self) -> Result<()> {
         let what = |m: String| Error::Data(format!("dataset '{}': {m}", self.name));
         if self.dim == 0 {
@@ -142,10 +165,19 @@ impl Dataset {
                 ))
             }
         }
-        for (split, x, y) in [
+        let mut splits = vec![
             ("train", &self.x_train, &self.y_train),
             ("test", &self.x_test, &self.y_test),
-        ] {
+        ];
+        if let Some(v) = &self.validation {
+            if std::mem::discriminant(&v.y) != std::mem::discriminant(&self.y_train) {
+                return Err(what(
+                    "y_val and y_train are of different kinds (labels vs regression values)".into(),
+                ));
+            }
+            splits.push(("val", &v.x, &v.y));
+        }
+        for (split, x, y) in splits {
             if x.len() % self.dim != 0 {
                 return Err(what(format!(
                     "x_{split} has {} values, not a multiple of dim = {}",
@@ -242,6 +274,7 @@ impl Dataset {
             y_train,
             x_test,
             y_test,
+            validation: None,
         };
         ds.validate()?;
         Ok(ds)
@@ -344,6 +377,20 @@ pub enum DataConfig {
     },
     /// MNIST from the raw IDX files in `path`: training images `offset..offset + n_train` and test
     /// images `offset..offset + n_test`. `image_shape = [1, 28, 28]`, `K = 10`.
+    ///
+    /// With `per_class`, the training set is instead the first `per_class` images of each digit
+    /// among the training images from `offset` on, kept in file order (digits interleaved as in
+    /// the file); `val_per_class` then adds a validation split of the next `val_per_class`
+    /// images of each digit (those after that digit's training images), also in file order.
+    /// The uncertainty benchmark's protocol is
+    /// ```toml
+    /// [data]
+    /// kind = "mnist"
+    /// per_class = 200       # 2 000 training images
+    /// val_per_class = 50    # 500 validation images
+    /// n_test = 2000         # t10k images 0..2000
+    /// normalize = false     # pixels x/255 in [0, 1]
+    /// ```
     Mnist {
         /// Directory holding the IDX files (default `"data/mnist"`), relative to the `base_dir`
         /// passed to [`DataConfig::load`] unless absolute.
@@ -358,9 +405,18 @@ pub enum DataConfig {
         /// Images skipped at the start of both files (default 0).
         #[serde(default)]
         offset: usize,
-        /// Map pixels to `(x/255 − 0.1307)/0.3081` (default true), else to `x/255`.
+        /// Map pixels to `(x/255 − 0.1307)/0.3081` (default true), else to `x/255` (in `[0, 1]`).
         #[serde(default = "default_true")]
         normalize: bool,
+        /// Select the training set per digit: the first `per_class` images of each digit from
+        /// image `offset` on, in file order (default unset: `n_train` consecutive images).
+        /// `n_train` is not used then and must be left out.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        per_class: Option<usize>,
+        /// With `per_class`: a validation split of the next `val_per_class` images of each digit
+        /// (default unset: no validation split).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        val_per_class: Option<usize>,
     },
 }
 
@@ -462,6 +518,8 @@ impl DataConfig {
                 n_test,
                 offset,
                 normalize: _,
+                per_class,
+                val_per_class,
             } => {
                 if path.is_empty() {
                     return Err(cfg_err("data.path must not be empty".into()));
@@ -474,6 +532,36 @@ impl DataConfig {
                 }
                 if offset.checked_add(n_train.max(n_test)).is_none() {
                     return Err(cfg_err("data.offset + data.n_train overflows".into()));
+                }
+                match (per_class, val_per_class) {
+                    (None, Some(_)) => {
+                        return Err(cfg_err(
+                            "data.val_per_class needs data.per_class (the validation split is the next images of each digit after its training images)".into(),
+                        ))
+                    }
+                    (Some(0), _) => {
+                        return Err(cfg_err("data.per_class must be >= 1, got 0".into()))
+                    }
+                    (Some(_), Some(0)) => {
+                        return Err(cfg_err(
+                            "data.val_per_class must be >= 1, got 0 (leave it out for no validation split)".into(),
+                        ))
+                    }
+                    (Some(pc), v) => {
+                        if n_train != default_mnist_n_train() {
+                            return Err(cfg_err(format!(
+                                "data.n_train = {n_train} and data.per_class = {pc} both select the training set; give one of them"
+                            )));
+                        }
+                        // 60 000 images in the real file; anything near usize::MAX is a typo.
+                        if pc.checked_add(v.unwrap_or(0)).is_none_or(|t| t > isize::MAX as usize / (8 * 784 * 10)) {
+                            return Err(cfg_err(format!(
+                                "data.per_class = {pc} (+ val_per_class = {}) is too large",
+                                v.unwrap_or(0)
+                            )));
+                        }
+                    }
+                    (None, None) => {}
                 }
             }
         }
@@ -507,10 +595,37 @@ impl DataConfig {
                 n_test,
                 offset,
                 normalize,
+                per_class,
+                val_per_class,
             } => {
                 let dir = base_dir.join(path);
-                let (x_train, y_train) =
-                    load_mnist(&dir, MnistSplit::Train, offset, n_train, normalize)?;
+                let (x_train, y_train, validation, train_desc) = match per_class {
+                    None => {
+                        let (x, y) =
+                            load_mnist(&dir, MnistSplit::Train, offset, n_train, normalize)?;
+                        (x, y, None, format!("train images {offset}..{}", offset + n_train))
+                    }
+                    Some(pc) => {
+                        let sel = load_mnist_per_class(
+                            &dir,
+                            MnistSplit::Train,
+                            offset,
+                            &[pc, val_per_class.unwrap_or(0)],
+                            normalize,
+                        )?;
+                        let mut sel = sel.into_iter();
+                        let (x, y) = sel.next().expect("one selection per count");
+                        let val = sel.next().filter(|_| val_per_class.is_some());
+                        let mut desc = format!(
+                            "train: the first {pc} images of each digit from image {offset} (file order)"
+                        );
+                        if let Some(v) = val_per_class {
+                            desc += &format!(", validation: the next {v} of each digit");
+                        }
+                        let val = val.map(|(x, y)| Split { x, y: Targets::Labels(y) });
+                        (x, y, val, desc)
+                    }
+                };
                 let (x_test, y_test) =
                     load_mnist(&dir, MnistSplit::Test, offset, n_test, normalize)?;
                 let pixels = if normalize {
@@ -521,8 +636,7 @@ impl DataConfig {
                 Dataset {
                     name: "mnist".into(),
                     description: format!(
-                        "mnist from {path}, train images {offset}..{}, test images {offset}..{}, {pixels}",
-                        offset + n_train,
+                        "mnist from {path}, {train_desc}, test images {offset}..{}, {pixels}",
                         offset + n_test
                     ),
                     dim: 784,
@@ -532,6 +646,7 @@ impl DataConfig {
                     y_train: Targets::Labels(y_train),
                     x_test,
                     y_test: Targets::Labels(y_test),
+                    validation,
                 }
             }
         };
@@ -578,6 +693,7 @@ fn gaussian_mixture(dim: usize, per_class: usize, n_test: usize, std: f64, seed:
         y_train: Targets::Labels(train_labels),
         x_test,
         y_test: Targets::Labels(test_labels),
+        validation: None,
     }
 }
 
@@ -612,6 +728,7 @@ fn linear_2d(n_train: usize, n_test: usize, seed: u64) -> Dataset {
         y_train: Targets::Labels(y_train),
         x_test,
         y_test: Targets::Labels(y_test),
+        validation: None,
     }
 }
 
@@ -632,6 +749,7 @@ fn regression_1d(n_test: usize) -> Dataset {
         y_train: Targets::Values(REGRESSION1D_Y.to_vec()),
         x_test,
         y_test: Targets::Values(vec![0.0; n_test]),
+        validation: None,
     }
 }
 
@@ -838,6 +956,103 @@ pub fn load_mnist(
     count: usize,
     normalize: bool,
 ) -> Result<(Vec<f64>, Vec<usize>)> {
+    let (images, labels, img_path) = read_mnist_pair(dir, split)?;
+    let n = images.dims[0];
+    let end = match offset.checked_add(count) {
+        Some(end) if end <= n => end,
+        _ => {
+            return Err(Error::Data(format!(
+                "requested MNIST {split:?} images {offset}..{} but {} holds only {n}",
+                offset as u128 + count as u128,
+                img_path.display()
+            )))
+        }
+    };
+    let px = 28 * 28;
+    let x: Vec<f64> = images.data[offset * px..end * px]
+        .iter()
+        .map(|&b| mnist_pixel(b, normalize))
+        .collect();
+    let y: Vec<usize> = labels.data[offset..end]
+        .iter()
+        .map(|&l| l as usize)
+        .collect();
+    Ok((x, y))
+}
+
+/// Pixel byte → `f64`: `(b/255 − 0.1307)/0.3081` when `normalize`, else `b/255`.
+fn mnist_pixel(b: u8, normalize: bool) -> f64 {
+    let v = f64::from(b) / 255.0;
+    if normalize {
+        (v - MNIST_MEAN) / MNIST_STD
+    } else {
+        v
+    }
+}
+
+/// Loads consecutive per-digit selections of MNIST `split` from image `offset` on: selection
+/// `s` holds, for every digit 0–9, that digit's images number `c_0 + … + c_{s−1}` to
+/// `c_0 + … + c_s − 1` (counting that digit's images from `offset` in file order), where
+/// `c = counts`. Rows of each selection stay in file order (digits interleaved as in the file).
+/// With `counts = [200, 50]` this is "the first 200 images of each digit, and the next 50".
+///
+/// Files, checks and pixel mapping as in [`load_mnist`]; an [`Error::Data`] names the first
+/// digit with too few images after `offset`.
+///
+/// # Shapes
+/// Returns one `(x: [10·c_s, 784], labels: [10·c_s])` per entry of `counts`.
+pub fn load_mnist_per_class(
+    dir: &Path,
+    split: MnistSplit,
+    offset: usize,
+    counts: &[usize],
+    normalize: bool,
+) -> Result<Vec<(Vec<f64>, Vec<usize>)>> {
+    let (images, labels, img_path) = read_mnist_pair(dir, split)?;
+    let n = images.dims[0];
+    let need = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).ok_or_else(|| {
+        Error::Data(format!("MNIST per-digit counts {counts:?} overflow"))
+    })?;
+    // Cumulative ends: selection s takes ranks ends[s-1]..ends[s] of each digit.
+    let ends: Vec<usize> = counts
+        .iter()
+        .scan(0usize, |a, &c| {
+            *a += c;
+            Some(*a)
+        })
+        .collect();
+    let px = 28 * 28;
+    let mut out: Vec<(Vec<f64>, Vec<usize>)> = counts
+        .iter()
+        .map(|&c| (Vec::with_capacity(10 * c * px), Vec::with_capacity(10 * c)))
+        .collect();
+    let mut seen = [0usize; 10];
+    for i in offset.min(n)..n {
+        let d = labels.data[i] as usize;
+        let rank = seen[d];
+        if rank >= need {
+            if seen.iter().all(|&s| s >= need) {
+                break;
+            }
+            continue;
+        }
+        seen[d] += 1;
+        let s = ends.iter().position(|&e| rank < e).expect("rank < need = last end");
+        out[s].0.extend(images.data[i * px..(i + 1) * px].iter().map(|&b| mnist_pixel(b, normalize)));
+        out[s].1.push(d);
+    }
+    if let Some(d) = (0..10).find(|&d| seen[d] < need) {
+        return Err(Error::Data(format!(
+            "{} holds only {} images of digit {d} from image {offset} on; {need} are needed ({counts:?} per digit)",
+            img_path.display(),
+            seen[d]
+        )));
+    }
+    Ok(out)
+}
+
+/// Reads and checks an MNIST image/label file pair; returns `(images, labels, image path)`.
+fn read_mnist_pair(dir: &Path, split: MnistSplit) -> Result<(IdxArray, IdxArray, PathBuf)> {
     if !dir.is_dir() {
         return Err(not_found(dir, "MNIST directory not found".into()));
     }
@@ -881,33 +1096,7 @@ pub fn load_mnist(
             format!("label {i} is {l}, not a digit 0..=9"),
         ));
     }
-    let end = match offset.checked_add(count) {
-        Some(end) if end <= n => end,
-        _ => {
-            return Err(Error::Data(format!(
-                "requested MNIST {split:?} images {offset}..{} but {} holds only {n}",
-                offset as u128 + count as u128,
-                img_path.display()
-            )))
-        }
-    };
-    let px = 28 * 28;
-    let x: Vec<f64> = images.data[offset * px..end * px]
-        .iter()
-        .map(|&b| {
-            let v = f64::from(b) / 255.0;
-            if normalize {
-                (v - MNIST_MEAN) / MNIST_STD
-            } else {
-                v
-            }
-        })
-        .collect();
-    let y: Vec<usize> = labels.data[offset..end]
-        .iter()
-        .map(|&l| l as usize)
-        .collect();
-    Ok((x, y))
+    Ok((images, labels, img_path))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1179,6 +1368,8 @@ mod tests {
             n_test: 1,
             offset: 1,
             normalize: true,
+            per_class: None,
+            val_per_class: None,
         };
         let ds = cfg.load(dir.path()).unwrap();
         assert_eq!(
@@ -1259,6 +1450,154 @@ mod tests {
         let (_, y) = load_mnist(&dir, MnistSplit::Test, 0, 5, false).unwrap();
         assert_eq!(y, vec![7, 2, 1, 0, 4]);
         assert!(load_mnist(&dir, MnistSplit::Test, 9998, 3, false).is_err());
+    }
+
+    /// The obvious per-digit selection: file indices of each selection, scanning from `offset`.
+    fn select_by_rank(labels: &[usize], offset: usize, counts: &[usize]) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); counts.len()];
+        let mut seen = [0usize; 10];
+        for (i, &d) in labels.iter().enumerate().skip(offset) {
+            let mut lo = 0;
+            for (s, &c) in counts.iter().enumerate() {
+                if seen[d] >= lo && seen[d] < lo + c {
+                    out[s].push(i);
+                }
+                lo += c;
+            }
+            seen[d] += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn mnist_per_class_selection_fake_files() {
+        let dir = tempfile::tempdir().unwrap();
+        // 25 images; digit counts are uneven and interleaved. Image i has every pixel (10 i)/255.
+        let labels: Vec<u8> = (0..25u32).map(|i| ((i * 7 + i / 10) % 10) as u8).collect();
+        write_fake_mnist(dir.path(), "train", ".", 25, &labels);
+        write_fake_mnist(dir.path(), "t10k", ".", 3, &[7, 8, 9]);
+        let lab: Vec<usize> = labels.iter().map(|&l| l as usize).collect();
+        // Every digit occurs at least twice from image 1 on.
+        for offset in [0, 1] {
+            let sel = load_mnist_per_class(dir.path(), MnistSplit::Train, offset, &[1, 1], false)
+                .unwrap();
+            let want = select_by_rank(&lab, offset, &[1, 1]);
+            for (s, (x, y)) in sel.iter().enumerate() {
+                assert_eq!(y.len(), 10);
+                assert_eq!(x.len(), 10 * 784);
+                assert_eq!(*y, want[s].iter().map(|&i| lab[i]).collect::<Vec<_>>());
+                let ids: Vec<usize> = x.chunks(784).map(|r| (r[0] * 255.0 / 10.0).round() as usize).collect();
+                assert_eq!(ids, want[s], "selection {s}, offset {offset}");
+                // Rows in file order.
+                assert!(ids.windows(2).all(|w| w[0] < w[1]));
+            }
+            let mut per_digit = [0; 10];
+            sel[0].1.iter().for_each(|&d| per_digit[d] += 1);
+            assert_eq!(per_digit, [1; 10]);
+        }
+        // Too few images of some digit.
+        let e = load_mnist_per_class(dir.path(), MnistSplit::Train, 0, &[2, 2], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("images of digit") && e.contains("4 are needed"), "{e}");
+        // Through DataConfig: per_class with a validation split, and without.
+        let cfg: DataConfig = toml::from_str(
+            "kind = \"mnist\"\npath = \".\"\nper_class = 1\nval_per_class = 1\nn_test = 3\nnormalize = false\n",
+        )
+        .unwrap();
+        let ds = cfg.load(dir.path()).unwrap();
+        assert_eq!((ds.n_train(), ds.n_val(), ds.n_test()), (10, 10, 3));
+        let want = select_by_rank(&lab, 0, &[1, 1]);
+        assert_eq!(ds.y_train, Targets::Labels(want[0].iter().map(|&i| lab[i]).collect()));
+        let v = ds.validation.as_ref().unwrap();
+        assert_eq!(v.y, Targets::Labels(want[1].iter().map(|&i| lab[i]).collect()));
+        assert_eq!(v.x[0], (10 * want[1][0]) as f64 / 255.0);
+        assert_eq!(ds.x_test[784], 10.0 / 255.0);
+        assert!(
+            ds.description.contains("first 1 images of each digit")
+                && ds.description.contains("validation: the next 1 of each digit")
+                && ds.description.contains("pixels x/255"),
+            "{}",
+            ds.description
+        );
+        let cfg: DataConfig =
+            toml::from_str("kind = \"mnist\"\npath = \".\"\nper_class = 2\nn_test = 3\n").unwrap();
+        let ds = cfg.load(dir.path()).unwrap();
+        assert_eq!((ds.n_train(), ds.n_val()), (20, 0));
+        assert!(ds.validation.is_none());
+        // A validation split of the same kind is checked like the test set.
+        let mut bad = ds.clone();
+        bad.validation = Some(Split { x: vec![0.0; 784], y: Targets::Labels(vec![10]) });
+        assert!(bad.validate().unwrap_err().to_string().contains("y_val[0] = 10"));
+        bad.validation = Some(Split { x: vec![0.0; 783], y: Targets::Labels(vec![1]) });
+        assert!(bad.validate().unwrap_err().to_string().contains("x_val has 783 values"));
+        bad.validation = Some(Split { x: vec![f64::NAN; 784], y: Targets::Labels(vec![1]) });
+        assert!(bad.validate().unwrap_err().to_string().contains("x_val[0, 0]"));
+        bad.validation = Some(Split { x: vec![0.0; 784], y: Targets::Values(vec![0.0; 10]) });
+        assert!(bad.validate().unwrap_err().to_string().contains("y_val and y_train"));
+    }
+
+    #[test]
+    fn mnist_per_class_config_validation_and_stable_serialisation() {
+        let bad = |s: &str, needle: &str| {
+            let c: DataConfig = toml::from_str(s).unwrap();
+            let e = c.validate().unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{e}");
+            assert!(e.to_string().contains(needle), "{s}: {e}");
+        };
+        bad("kind = \"mnist\"\nval_per_class = 5", "needs data.per_class");
+        bad("kind = \"mnist\"\nper_class = 0", "per_class must be >= 1");
+        bad("kind = \"mnist\"\nper_class = 3\nval_per_class = 0", "val_per_class must be >= 1");
+        bad("kind = \"mnist\"\nper_class = 3\nn_train = 50", "give one of them");
+        bad("kind = \"mnist\"\nper_class = 9223372036854775807", "too large");
+        assert!(toml::from_str::<DataConfig>("kind = \"mnist\"\nper_class = -1").is_err());
+        // Existing configurations serialise exactly as before (their run ids do not change).
+        let old: DataConfig = toml::from_str("kind = \"mnist\"\nn_train = 100\nn_test = 20\n").unwrap();
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"kind":"mnist","path":"data/mnist","n_train":100,"n_test":20,"offset":0,"normalize":true}"#
+        );
+        let new: DataConfig =
+            toml::from_str("kind = \"mnist\"\nper_class = 200\nval_per_class = 50\n").unwrap();
+        let json = serde_json::to_string(&new).unwrap();
+        assert!(json.ends_with(r#""normalize":true,"per_class":200,"val_per_class":50}"#), "{json}");
+        assert_eq!(serde_json::from_str::<DataConfig>(&json).unwrap(), new);
+        assert_eq!(toml::from_str::<DataConfig>(&toml::to_string(&new).unwrap()).unwrap(), new);
+    }
+
+    /// The uncertainty benchmark's split on the real files (skipped when absent): 200 + 50 per
+    /// digit from the training file, checked against the obvious selection.
+    #[test]
+    fn mnist_real_per_class_if_present() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+        if !dir.join("train-images.idx3-ubyte").is_file() {
+            eprintln!("skipping: {} not present", dir.display());
+            return;
+        }
+        let cfg: DataConfig = toml::from_str(&format!(
+            "kind = \"mnist\"\npath = \"{}\"\nper_class = 200\nval_per_class = 50\nn_test = 2000\nnormalize = false\n",
+            dir.display()
+        ))
+        .unwrap();
+        let ds = cfg.load(Path::new(".")).unwrap();
+        assert_eq!((ds.n_train(), ds.n_val(), ds.n_test()), (2000, 500, 2000));
+        let (xa, ya) = load_mnist(&dir, MnistSplit::Train, 0, 5000, false).unwrap();
+        let want = select_by_rank(&ya, 0, &[200, 50]);
+        assert_eq!(want[0].len(), 2000, "5000 images hold 250 of each digit");
+        assert_eq!(want[1].len(), 500);
+        let rows = |ids: &[usize]| -> Vec<f64> {
+            ids.iter().flat_map(|&i| xa[i * 784..(i + 1) * 784].iter().copied()).collect()
+        };
+        assert_eq!(ds.x_train, rows(&want[0]));
+        assert_eq!(ds.y_train, Targets::Labels(want[0].iter().map(|&i| ya[i]).collect()));
+        let v = ds.validation.as_ref().unwrap();
+        assert_eq!(v.x, rows(&want[1]));
+        assert_eq!(v.y, Targets::Labels(want[1].iter().map(|&i| ya[i]).collect()));
+        let Targets::Labels(y) = &ds.y_train else { panic!() };
+        assert_eq!(&y[..5], &[5, 0, 4, 1, 9]);
+        assert!(ds.x_train.iter().chain(&ds.x_test).all(|v| (0.0..=1.0).contains(v)));
+        let (xt, _) = load_mnist(&dir, MnistSplit::Test, 0, 2000, false).unwrap();
+        assert_eq!(ds.x_test, xt);
     }
 
     fn mixture(dim: usize, per_class: usize, n_test: usize, std: f64, seed: u64) -> Dataset {
@@ -1410,7 +1749,9 @@ mod tests {
                 n_train: 50,
                 n_test: 200,
                 offset: 0,
-                normalize: true
+                normalize: true,
+                per_class: None,
+                val_per_class: None,
             }
         );
         let c: DataConfig = toml::from_str("kind = \"regression1d\"").unwrap();
@@ -1479,6 +1820,8 @@ mod tests {
             n_test: 1,
             offset: usize::MAX,
             normalize: true,
+            per_class: None,
+            val_per_class: None,
         };
         assert!(c.validate().unwrap_err().to_string().contains("overflow"));
         for c in [

@@ -24,6 +24,7 @@ pub mod study;
 pub mod svm;
 pub mod train;
 pub mod trajectory;
+pub mod uncertainty;
 pub mod workflow;
 
 pub use error::{Error, Result};

@@ -1,0 +1,297 @@
+//! An uncertainty benchmark for a trained classifier: calibration under rotation shift and
+//! out-of-distribution detection, for the network's softmax (MAP), temperature scaling,
+//! last-layer Laplace, a deep ensemble and any method that hands in `[N, K]` probabilities (the
+//! GPs on the EPK and NTK Grams of [`crate::gp`]).
+//!
+//! The pieces, one per module:
+//! - [`metrics`]: accuracy, NLL, Brier, 15-bin ECE, Mann–Whitney AUROC (NaN-loud, conventions
+//!   documented there);
+//! - [`temperature`]: one temperature fitted on the validation set by NLL;
+//! - [`laplace`]: last-layer Laplace with the exact GGN, λ by marginal likelihood, MC predictive;
+//! - [`ensemble`]: members trained with the existing trainer from several seeds;
+//! - [`shift`]: rotations, uniform noise and inverted images;
+//! - [`report`]: scoring and the parquet/JSON results.
+//!
+//! The front door is [`run_benchmark`]: a trained network, its dataset (with a validation
+//! split), an optional ensemble and optional external methods in, [`UqResults`] out.
+//! [`settings`] gives the inputs of every setting, so that external methods (a GP on a kernel)
+//! can be evaluated at exactly the same points first.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use pathkernel::trajectory::Run;
+//! use pathkernel::train::RunConfig;
+//! use pathkernel::uncertainty::{self, BenchmarkConfig, Network};
+//! # fn main() -> pathkernel::Result<()> {
+//! let cfg = RunConfig::load(Path::new("mnist-uq.toml"))?;     // data: per_class 200, val_per_class 50
+//! let data = cfg.data.load(Path::new("."))?;                  // regenerated: carries the validation split
+//! let run = Run::open(Path::new("runs/mnist-uq/run"))?;
+//! let (init, last) = (run.load_step(0)?, run.load_step(run.manifest.steps)?);
+//! let ens = uncertainty::ensemble::train_ensemble(&cfg, &uncertainty::ensemble::ENSEMBLE_SEEDS,
+//!                                                 Path::new("runs/mnist-uq/ensemble"), &Default::default())?;
+//! let net = Network { arch: &run.manifest.architecture, params: &last, init: Some(&init) };
+//! let results = uncertainty::run_benchmark(net, &data, Some(&ens), &[], &BenchmarkConfig::default())?;
+//! results.write(Path::new("reports/mnist-uncertainty"))?;
+//! println!("{results}");
+//! # Ok(()) }
+//! ```
+
+pub mod ensemble;
+pub mod laplace;
+pub mod metrics;
+pub mod report;
+pub mod shift;
+pub mod temperature;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::{Dataset, Targets};
+use crate::error::{Error, Result};
+use crate::gp::{self, Posterior};
+use crate::model::{Architecture, Params};
+
+pub use ensemble::{network_logits, train_ensemble, Ensemble};
+pub use laplace::{LaplaceParams, LastLayerLaplace, LogitPosterior};
+pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, ScoreDirection};
+pub use report::{LaplaceSummary, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
+pub use temperature::{fit_temperature, TemperatureFit};
+
+/// Settings and Monte-Carlo parameters of the benchmark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BenchmarkConfig {
+    /// Rotation angles in degrees (counter-clockwise), one shifted setting `rot-{angle}` each
+    /// (default 15, 30, 45, 60, 75, 90, 135, 180).
+    pub angles: Vec<f64>,
+    /// Uniform-noise OOD images (default `None`: as many as test points).
+    pub noise_points: Option<usize>,
+    /// Seed of the noise images (default 0).
+    pub noise_seed: u64,
+    /// Include the inverted test images `1 − x` as an OOD setting (default true).
+    pub inverted: bool,
+    /// Prior precision search of the last-layer Laplace.
+    pub laplace: LaplaceParams,
+    /// Monte-Carlo samples per point of the Laplace predictive (default 1000).
+    pub mc_samples: usize,
+    /// Monte-Carlo seed (default 0; the same seed in every setting, point `p` on stream `p`).
+    pub mc_seed: u64,
+}
+
+impl Default for BenchmarkConfig {
+    fn default() -> Self {
+        BenchmarkConfig {
+            angles: vec![15.0, 30.0, 45.0, 60.0, 75.0, 90.0, 135.0, 180.0],
+            noise_points: None,
+            noise_seed: 0,
+            inverted: true,
+            laplace: LaplaceParams::default(),
+            mc_samples: 1000,
+            mc_seed: 0,
+        }
+    }
+}
+
+/// One setting's inputs and labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Setting {
+    /// What it is (name, kind, size, labels).
+    pub info: SettingInfo,
+    /// Inputs. # Shapes `[N, 784]`.
+    pub x: Vec<f64>,
+}
+
+/// The name of the rotation setting for `degrees` (`rot-45`, `rot-22.5`).
+pub fn rotation_name(degrees: f64) -> String {
+    format!("rot-{degrees}")
+}
+
+/// The settings of the benchmark on `data`'s test set, in order: `clean` (the test set),
+/// `rot-{a}` for every angle (labelled), `noise` (uniform images, seeded) and `inverted`
+/// (`1 − x`) when enabled. Needs 28×28 images with pixels in `[0, 1]`.
+///
+/// # Shapes
+/// Each setting's `x` is `[N, 784]`.
+pub fn settings(data: &Dataset, cfg: &BenchmarkConfig) -> Result<Vec<Setting>> {
+    if data.dim != shift::PIXELS {
+        return Err(Error::Config(format!("the uncertainty benchmark needs 28x28 images (dim 784), got dim {}", data.dim)));
+    }
+    let Targets::Labels(y) = &data.y_test else {
+        return Err(Error::Config("the uncertainty benchmark needs a classification dataset".into()));
+    };
+    if y.is_empty() {
+        return Err(Error::Config("the uncertainty benchmark needs test points".into()));
+    }
+    let n = y.len();
+    let mk = |name: String, kind: SettingKind, x: Vec<f64>, labels: Option<Vec<usize>>| Setting {
+        info: SettingInfo { name, kind, n: x.len() / shift::PIXELS, labels },
+        x,
+    };
+    let mut out = vec![mk("clean".into(), SettingKind::Clean, data.x_test.clone(), Some(y.clone()))];
+    for &a in &cfg.angles {
+        out.push(mk(rotation_name(a), SettingKind::Shifted, shift::rotate_images(&data.x_test, a)?, Some(y.clone())));
+    }
+    let m = cfg.noise_points.unwrap_or(n);
+    if m > 0 {
+        out.push(mk("noise".into(), SettingKind::Ood, shift::uniform_noise_images(m, cfg.noise_seed), None));
+    }
+    if cfg.inverted {
+        out.push(mk("inverted".into(), SettingKind::Ood, shift::invert_images(&data.x_test)?, None));
+    }
+    let mut names: Vec<&str> = out.iter().map(|s| s.info.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::Config(format!("benchmark settings have duplicate names (angles {:?})", cfg.angles)));
+    }
+    Ok(out)
+}
+
+/// A method's predictive in one setting: probabilities and an optional variance OOD score.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Predictive {
+    /// Class probabilities. # Shapes `[N, K]`.
+    pub probs: Vec<f64>,
+    /// A variance score, larger = more OOD. # Shapes `[N]`.
+    pub ood_score: Option<Vec<f64>>,
+}
+
+impl Predictive {
+    /// Probabilities without a variance score.
+    pub fn from_probs(probs: Vec<f64>) -> Self {
+        Predictive { probs, ood_score: None }
+    }
+
+    /// A GP logit posterior ([`crate::gp::FittedGp::predict`]) pushed through the Monte-Carlo
+    /// softmax ([`crate::gp::mc_softmax`], `samples` draws, `seed`); the OOD score is the summed
+    /// posterior logit variance `Σ_k var_k`.
+    ///
+    /// # Shapes
+    /// `post.mean`, `post.var`: `[N, K]`.
+    pub fn from_gp(post: &Posterior, samples: usize, seed: u64) -> Result<Self> {
+        let mc = gp::mc_softmax(post, samples, seed)?;
+        let k = post.k;
+        let score = post.var.chunks_exact(k.max(1)).map(|r| r.iter().sum()).collect();
+        Ok(Predictive { probs: mc.mean_prob, ood_score: Some(score) })
+    }
+}
+
+/// A method computed elsewhere (e.g. a GP on the EPK Gram), given by its predictive in every
+/// setting of [`settings`] (keyed by setting name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternalMethod {
+    /// Method name (must differ from `map`, `temperature`, `laplace`, `ensemble`).
+    pub name: String,
+    /// Predictive per setting name.
+    pub settings: BTreeMap<String, Predictive>,
+}
+
+impl ExternalMethod {
+    /// A GP method from its logit posterior in every setting (keyed by setting name), each
+    /// pushed through [`Predictive::from_gp`] with the same `samples` and `seed`.
+    ///
+    /// # Shapes
+    /// Each posterior's `mean`, `var`: `[N_s, K]`.
+    pub fn from_gp_posteriors(name: impl Into<String>, posteriors: &BTreeMap<String, Posterior>, samples: usize, seed: u64) -> Result<Self> {
+        let settings = posteriors.iter().map(|(s, p)| Ok((s.clone(), Predictive::from_gp(p, samples, seed)?))).collect::<Result<_>>()?;
+        Ok(ExternalMethod { name: name.into(), settings })
+    }
+}
+
+/// The trained network under test.
+#[derive(Clone, Copy, Debug)]
+pub struct Network<'a> {
+    /// Its architecture (a classifier).
+    pub arch: &'a Architecture,
+    /// The trained parameters `w_N`.
+    pub params: &'a Params,
+    /// The initial parameters `w_0` (needed with `zero_output`).
+    pub init: Option<&'a Params>,
+}
+
+/// Runs the benchmark: fits the temperature on `data`'s validation split, the last-layer
+/// Laplace on its training set, evaluates every method in every setting of [`settings`] and
+/// scores them ([`report::score`]).
+///
+/// Methods: `map` (the network's softmax), `temperature` (`softmax(z / T)`), `laplace` (MC
+/// predictive with `cfg.mc_samples` draws; OOD score the trace of the logit covariance),
+/// `ensemble` (when given: the members' mean softmax), then each external method.
+///
+/// Errors: no validation split, not 28×28 images, an external method missing a setting or
+/// named like a built-in one, and every error of the pieces.
+///
+/// # Shapes
+/// `data.x_train: [M, 784]`, validation `[V, 784]`, `x_test: [P, 784]`; external predictives
+/// `[N_s, K]` per setting.
+pub fn run_benchmark(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensemble>, external: &[ExternalMethod], cfg: &BenchmarkConfig) -> Result<UqResults> {
+    let k = net.arch.outputs();
+    if k != data.num_outputs {
+        return Err(Error::ShapeMismatch { what: "network outputs vs dataset classes".into(), expected: vec![data.num_outputs], got: vec![k] });
+    }
+    let Targets::Labels(y_train) = &data.y_train else {
+        return Err(Error::Config("the uncertainty benchmark needs a classification dataset".into()));
+    };
+    let val = data.validation.as_ref().ok_or_else(|| {
+        Error::Config("the uncertainty benchmark fits the temperature on a validation split; the dataset has none (data.val_per_class)".into())
+    })?;
+    let Targets::Labels(y_val) = &val.y else {
+        return Err(Error::Config("validation targets must be labels".into()));
+    };
+    const BUILTIN: [&str; 4] = ["map", "temperature", "laplace", "ensemble"];
+    for (i, e) in external.iter().enumerate() {
+        if BUILTIN.contains(&e.name.as_str()) || external[..i].iter().any(|o| o.name == e.name) {
+            return Err(Error::Config(format!("external method name {:?} is taken", e.name)));
+        }
+    }
+    if let Some(ens) = ensemble {
+        if let Some(m) = ens.members.iter().find(|m| m.arch.outputs() != k || m.arch.input_dim() != data.dim) {
+            return Err(Error::Config(format!("ensemble member {} does not fit the dataset", m.dir.display())));
+        }
+    }
+    let settings = settings(data, cfg)?;
+
+    let temperature = fit_temperature(&network_logits(net.arch, net.params, net.init, &val.x)?, y_val, k)?;
+    let lap = LastLayerLaplace::fit(net.arch, net.params, net.init, &data.x_train, y_train, &cfg.laplace)?;
+
+    let mut predictions = Vec::new();
+    for s in &settings {
+        let name = &s.info.name;
+        let push = |preds: &mut Vec<MethodPrediction>, method: &str, p: Predictive| {
+            preds.push(MethodPrediction { method: method.into(), setting: name.clone(), probs: p.probs, ood_score: p.ood_score });
+        };
+        let z = network_logits(net.arch, net.params, net.init, &s.x)?;
+        push(&mut predictions, "map", Predictive::from_probs(metrics::softmax_rows(&z, k)?));
+        push(&mut predictions, "temperature", Predictive::from_probs(temperature::tempered_softmax(&z, k, temperature.temperature)?));
+        let post = lap.predict(&s.x)?;
+        push(&mut predictions, "laplace", Predictive { probs: post.mc_softmax(cfg.mc_samples, cfg.mc_seed)?, ood_score: Some(post.total_variance()) });
+        if let Some(ens) = ensemble {
+            push(&mut predictions, "ensemble", Predictive::from_probs(ens.predict(&s.x)?));
+        }
+        for e in external {
+            let p = e.settings.get(name).ok_or_else(|| Error::Data(format!("external method {} has no predictive for setting {name}", e.name)))?;
+            push(&mut predictions, &e.name, p.clone());
+        }
+    }
+    let infos: Vec<SettingInfo> = settings.into_iter().map(|s| s.info).collect();
+    let metrics = report::score(k, &infos, &predictions)?;
+    let p = lap.posterior();
+    let laplace = LaplaceSummary {
+        prior_precision: p.prior_precision(),
+        log_marginal_likelihood: p.evidence(),
+        log_likelihood: p.log_likelihood(),
+        num_params: p.num_params(),
+        clamped_eigenvalues: p.clamped_eigenvalues(),
+        mc_samples: cfg.mc_samples,
+        mc_seed: cfg.mc_seed,
+        grid: p.grid().to_vec(),
+    };
+    Ok(UqResults {
+        k,
+        settings: infos,
+        predictions,
+        metrics,
+        temperature: Some(temperature),
+        laplace: Some(laplace),
+        config: serde_json::to_value(cfg).map_err(|e| Error::Data(format!("benchmark config: {e}")))?,
+    })
+}
