@@ -294,16 +294,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
     if !reused {
         let pts = points.resolve(&run.dataset)?;
         let kstage = StagedDir::new(&kdir, true)?;
-        let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            let b = indicatif::ProgressBar::new(1);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(&format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"))
-                    .expect("valid template"),
-            );
-            b
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let bar = crate::progress::Progress::new(progress, 1, &format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
         let o = kernel::compute_run(run, states, &pts, &req, u64::MAX, &|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
