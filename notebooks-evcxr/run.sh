@@ -1,18 +1,70 @@
 #!/usr/bin/env bash
-# Execute the evcxr notebooks headless (not part of CI: installing evcxr_jupyter takes 12+ minutes
-# and each notebook's first `:dep pathkernel` compiles the crate with polars and dfdx).
+# Execute the evcxr notebooks headless, each in a fresh Rust kernel, and report which failed
+# (not part of CI: installing evcxr_jupyter compiles it, and each notebook's first
+# `:dep pathkernel` cell compiles the crate with polars and dfdx).
 #
-#   bash notebooks-evcxr/run.sh
+#   bash notebooks-evcxr/run.sh                      # every notebook here
+#   bash notebooks-evcxr/run.sh quickstart.ipynb     # some of them
 #
-# Needs: cargo, python3 with pip. Writes executed copies as notebooks-evcxr/executed/*.ipynb.
-set -euo pipefail
+# Needs cargo and python3 with pip; installs evcxr_jupyter 0.22.0, jupyter and nbconvert when
+# missing. Executed copies (with their outputs, errors included) go to
+# notebooks-evcxr/executed/NAME.ipynb. Every notebook runs even when an earlier one fails; the
+# script prints the wall time of each and exits 1 when any failed.
+#
+# evcxr's build cache is on: evcxr reads `init.evcxr` from its config directory, which this
+# script points at notebooks-evcxr/evcxr-config/ (EVCXR_CONFIG_DIR) whose init.evcxr holds
+# `:cache 6000` (MiB). The cache keeps compiled dependencies between kernel sessions, so only
+# the first `:dep pathkernel` compiles polars and dfdx; later runs reuse them.
+set -uo pipefail
 cd "$(dirname "$0")"
-command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter
-python3 -m pip install --quiet jupyter nbconvert
-evcxr_jupyter --install
+
+command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter --version 0.22.0 || exit 1
+python3 -c 'import nbconvert, jupyter_client' 2>/dev/null || python3 -m pip install --quiet jupyter nbconvert || exit 1
+evcxr_jupyter --install >/dev/null || exit 1
+export EVCXR_CONFIG_DIR="$PWD/evcxr-config"
+
+if [ "$#" -gt 0 ]; then
+  notebooks=("$@")
+else
+  notebooks=(*.ipynb)
+fi
 mkdir -p executed
-for nb in quickstart uncertainty attribution; do
-  jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 \
-    --ExecutePreprocessor.kernel_name=rust --output-dir executed "$nb.ipynb"
+failed=()
+report=()
+for nb in "${notebooks[@]}"; do
+  name=$(basename "$nb" .ipynb)
+  echo "== $name" >&2
+  start=$EPOCHREALTIME
+  # --allow-errors: keep the outputs of a failing notebook; failure is read from them below.
+  if jupyter nbconvert --to notebook --execute --allow-errors \
+      --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_name=rust \
+      --output-dir executed --output "$name" "$nb" \
+    && python3 - "executed/$name.ipynb" <<'EOF'
+import json, sys
+nb = json.load(open(sys.argv[1]))
+bad = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+       and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+for i in bad:
+    err = next(o for o in nb["cells"][i]["outputs"] if o.get("output_type") == "error")
+    print(f"  cell {i}: {err.get('ename', '')}: {err.get('evalue', '')}"[:2000], file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+  then
+    status=ok
+  else
+    status=FAILED
+    failed+=("$name")
+  fi
+  seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  report+=("$(printf '%-14s %-6s %8s s' "$name" "$status" "$seconds")")
+  echo "${report[-1]}" >&2
 done
+
+echo
+echo "notebook       status   wall time"
+printf '%s\n' "${report[@]}"
 echo "executed notebooks in $(pwd)/executed"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "failed: ${failed[*]}"
+  exit 1
+fi

@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 
 use pathkernel::gp::{mc_softmax, GpParams};
 use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use pathkernel::plot::{Chart, Grid2d, Heatmap};
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
 
@@ -23,7 +24,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from(".."), memory_budget: None })?;
     let run = Run::open(&out)?;
     let states = run.load_all()?;
-    // evcxr keeps every variable between cells, so no closure here borrows another variable.
+    // evcxr keeps every top-level variable between cells: none may be a closure or a borrow
+    // (`tests/notebooks.rs` checks), so the progress callbacks below are passed inline.
     let train_req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Train, ntk_step: None, per_step: false, steps: None };
     let train = kernel::compute(&run.manifest, &run.dataset, &states, &PointsSpec::Train.resolve(&run.dataset)?, &train_req, 1 << 32, &|_, _| {})?;
     let grid_req = KernelRequest { side: Side::Test, ..train_req.clone() };
@@ -36,14 +38,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // network's outputs at the training points minus the bias `b = log(1/3)`; noise and output scale
     // are fitted by maximising the log marginal likelihood.
     // %%
+    // A function, not a closure: evcxr keeps every top-level variable between cells and cannot
+    // keep a closure.
+    /// The class-`c` block `[rows, m]` of a Gram `[rows, m, k, k]`.
+    fn class_block(g: &[f64], rows: usize, m: usize, k: usize, c: usize) -> Vec<f64> {
+        (0..rows * m).map(|idx| g[(idx * k + c) * k + c]).collect()
+    }
     let (m, k, p) = (train.m, train.k, grid.p);
-    let block = move |g: &[f64], rows: usize, c: usize| -> Vec<f64> { (0..rows * m).map(|idx| g[(idx * k + c) * k + c]).collect() };
     let mut k_train = Vec::new();
     let mut k_cross = Vec::new();
     let mut k_diag = Vec::new();
     let gdiag = grid.diag.clone().expect("epk has a self-kernel");
     for c in 0..k {
-        let mut b = block(&train.gram, m, c);
+        let mut b = class_block(&train.gram, m, m, k, c);
         for i in 0..m {
             for j in 0..i {
                 let v = 0.5 * (b[i * m + j] + b[j * m + i]);
@@ -52,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         k_train.extend(b);
-        k_cross.extend(block(&grid.gram, p, c));
+        k_cross.extend(class_block(&grid.gram, p, m, k, c));
         k_diag.extend((0..p).map(|q| gdiag[(q * k + c) * k + c]));
     }
     let targets: Vec<f64> = train.network.iter().zip(&train.bias).map(|(f, b)| f - b).collect();
@@ -71,19 +78,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("x = ({:6.2}, {:6.2})  K(x,x) = {:10.1}  std of probabilities = {:.4}", x[2 * q], x[2 * q + 1], kval[q], prob_std[q]);
     }
     // %% md
-    // A chart of both over the grid, written next to the notebook: where does the kernel's self-value
-    // grow, and where is the spread of the probabilities largest? (The paper's Figure 5 reports larger
-    // kernel values and more confident probabilities far from the data; `data/studies/toy-2d.toml`
-    // measures this along rays.)
+    // A chart of both over the grid (shown here, and written next to the notebook): where does the
+    // kernel's self-value grow, and where is the spread of the probabilities largest? (The paper's
+    // Figure 5 reports larger kernel values and more confident probabilities far from the data;
+    // `data/studies/toy-2d.toml` measures this along rays.)
     // %%
-    let (x0, x1, y0, y1) = (x[0], x[2 * 24], x[1], x[2 * (p - 1) + 1]);
-    let g = move |values: Vec<f64>| pathkernel::plot::Grid2d { nx: 25, ny: 25, x0, x1, y0, y1, values };
-    pathkernel::plot::heatmaps(
-        Path::new("uncertainty-fig5.png"),
+    /// Values at the 25 × 25 grid points `x` ([625, 2], x fastest) as a plottable grid.
+    fn grid25(x: &[f64], values: Vec<f64>) -> Grid2d {
+        Grid2d { nx: 25, ny: 25, x0: x[0], x1: x[2 * 24], y0: x[1], y1: x[2 * 624 + 1], values }
+    }
+    let fig5 = Chart::heatmaps(
         "EPK self-value and MC std of the softmax probabilities",
-        &[("log10 K(x, x)".into(), g(kval.iter().map(|v| v.log10()).collect())), ("MC std of probabilities".into(), g(prob_std))],
-        "value",
+        &[
+            Heatmap::new("log10 K(x, x), mean over classes", grid25(&x, kval.iter().map(|v| v.log10()).collect()), "log10 K(x, x)"),
+            Heatmap::new("MC std of the probabilities, mean over classes", grid25(&x, prob_std), "std of p(class)"),
+        ],
         None,
     )?;
+    fig5.save(Path::new("uncertainty-fig5.png"))?;
+    show(&fig5);
     Ok(())
+}
+
+/// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr; a chart
+/// inline).
+fn show<T: std::fmt::Display>(x: &T) {
+    println!("{x}");
 }

@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
+use statrs::statistics::{Data, OrderStatistics, RankTieBreaker, Statistics};
 
 use crate::error::{Error, Result};
 
@@ -404,13 +405,9 @@ fn select_pairs(n: usize, max_pairs: usize, seed: u64) -> Vec<[u32; 2]> {
         .collect()
 }
 
-/// Population variance (two-pass).
+/// Population variance `Σ (v − v̄)² / n` (statrs; NaN for no values).
 fn variance(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mean = v.iter().sum::<f64>() / v.len() as f64;
-    v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64
+    Statistics::population_variance(v)
 }
 
 fn disjoint(a: [u32; 2], b: [u32; 2]) -> bool {
@@ -937,33 +934,15 @@ pub fn profile(distance: &[f64], value: &[f64], bins: usize) -> Result<Profile> 
     Ok(Profile { rows, spearman: spearman(distance, value) })
 }
 
-/// Ranks 1..n with ties given their average rank.
-fn average_ranks(v: &[f64]) -> Vec<f64> {
-    let mut order: Vec<usize> = (0..v.len()).collect();
-    order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
-    let mut ranks = vec![0.0; v.len()];
-    let mut s = 0;
-    while s < order.len() {
-        let mut e = s + 1;
-        while e < order.len() && v[order[e]] == v[order[s]] {
-            e += 1;
-        }
-        let r = (s + e + 1) as f64 / 2.0; // mean of ranks s+1..=e
-        for &o in &order[s..e] {
-            ranks[o] = r;
-        }
-        s = e;
-    }
-    ranks
-}
-
-/// Spearman rank correlation (Pearson correlation of average ranks); NaN when either input is
-/// constant or has fewer than 2 entries.
+/// Spearman rank correlation: the Pearson correlation of the ranks `1..=n`, tied values sharing
+/// their average rank (statrs's `ranks` with [`RankTieBreaker::Average`]). NaN when either input
+/// is constant, has fewer than 2 entries or holds a non-finite value, or when the lengths differ.
 fn spearman(a: &[f64], b: &[f64]) -> f64 {
-    if a.len() < 2 {
+    if a.len() < 2 || a.len() != b.len() || a.iter().chain(b).any(|v| !v.is_finite()) {
         return f64::NAN;
     }
-    let (ra, rb) = (average_ranks(a), average_ranks(b));
+    let ranks = |v: &[f64]| Data::new(v.to_vec()).ranks(RankTieBreaker::Average);
+    let (ra, rb) = (ranks(a), ranks(b));
     let n = ra.len() as f64;
     let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
     let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);
@@ -1362,6 +1341,60 @@ mod tests {
         assert!(matches!(nearest_distance(&pts[..5], &tr, d), Err(Error::ShapeMismatch { .. })));
         assert!(matches!(nearest_distance(&pts, &[], d), Err(Error::Data(_))));
         assert!(matches!(nearest_distance(&pts, &tr, 0), Err(Error::Config(_))));
+    }
+
+    /// The hand-written average ranks that statrs's `ranks(RankTieBreaker::Average)` replaced.
+    fn average_ranks_reference(v: &[f64]) -> Vec<f64> {
+        let mut order: Vec<usize> = (0..v.len()).collect();
+        order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+        let mut ranks = vec![0.0; v.len()];
+        let mut s = 0;
+        while s < order.len() {
+            let mut e = s + 1;
+            while e < order.len() && v[order[e]] == v[order[s]] {
+                e += 1;
+            }
+            for &o in &order[s..e] {
+                ranks[o] = (s + e + 1) as f64 / 2.0;
+            }
+            s = e;
+        }
+        ranks
+    }
+
+    #[test]
+    fn statrs_ranks_and_variance_match_the_definitions() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for n in [2usize, 3, 10, 257] {
+            // Values on a coarse lattice so that ties (runs of 2..many) are common.
+            let a: Vec<f64> = (0..n).map(|_| (rng.gen_range(0..(n / 3).max(2)) as f64) * 0.25 - 1.0).collect();
+            let b: Vec<f64> = (0..n).map(|_| rng.gen::<f64>()).collect();
+            assert_eq!(Data::new(a.clone()).ranks(RankTieBreaker::Average), average_ranks_reference(&a), "n = {n}");
+            let rho = spearman(&a, &b);
+            let (ra, rb) = (average_ranks_reference(&a), average_ranks_reference(&b));
+            let mean = |r: &[f64]| r.iter().sum::<f64>() / n as f64;
+            let (ma, mb) = (mean(&ra), mean(&rb));
+            let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+            let (va, vb): (f64, f64) = (ra.iter().map(|x| (x - ma).powi(2)).sum(), rb.iter().map(|y| (y - mb).powi(2)).sum());
+            if va == 0.0 {
+                assert!(rho.is_nan());
+            } else {
+                assert_eq!(rho, cov / (va * vb).sqrt(), "n = {n}");
+            }
+            // Population variance: statrs's one-pass update against the two-pass definition.
+            let two_pass = {
+                let m = b.iter().sum::<f64>() / n as f64;
+                b.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n as f64
+            };
+            assert!((variance(&b) - two_pass).abs() <= 1e-14 * two_pass, "n = {n}: {} vs {two_pass}", variance(&b));
+        }
+        assert_eq!(variance(&[3.0; 7]), 0.0);
+        assert!(variance(&[]).is_nan());
+        // NaN-loud: a non-finite input has no rank correlation (statrs's ranks would panic on NaN).
+        assert!(spearman(&[1.0, f64::NAN, 3.0], &[1.0, 2.0, 3.0]).is_nan());
+        assert!(spearman(&[1.0, 2.0, 3.0], &[1.0, 2.0, f64::INFINITY]).is_nan());
+        assert!(spearman(&[1.0, 2.0], &[1.0, 2.0, 3.0]).is_nan());
+        assert_eq!(spearman(&[3.0, 2.0, 1.0], &[1.0, 2.0, 3.0]), -1.0);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
+use statrs::statistics::{Data, Median};
 
 use crate::error::{Error, Result};
 use crate::kernel::{self, KernelKind, KernelRequest, Points, Rule, Side};
@@ -163,8 +164,9 @@ impl Timing {
     fn min(&self) -> f64 {
         self.times[0]
     }
+    /// The median (statrs: the mean of the two middle repetitions for an even count).
     fn median(&self) -> f64 {
-        self.times[self.times.len() / 2]
+        Median::median(&Data::new(self.times.clone()))
     }
 }
 
@@ -488,4 +490,19 @@ pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<C
         speedup: best[0] / best[1],
         gram_rel_diff: diff / scale,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timing;
+
+    #[test]
+    fn timing_min_and_median() {
+        let odd = Timing { times: vec![1.0, 2.0, 7.0], peak: 0 };
+        assert_eq!((odd.min(), odd.median()), (1.0, 2.0));
+        // An even count: the mean of the two middle repetitions (it used to be the upper one).
+        let even = Timing { times: vec![1.0, 2.0, 3.0, 10.0], peak: 0 };
+        assert_eq!(even.median(), 2.5);
+        assert_eq!(Timing { times: vec![4.0], peak: 0 }.median(), 4.0);
+    }
 }

@@ -10,7 +10,9 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod analysis;
+#[cfg(feature = "cli")]
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod data;
 pub mod error;
@@ -20,6 +22,7 @@ pub mod kernel;
 pub mod model;
 pub mod optim;
 pub mod plot;
+pub mod progress;
 pub mod study;
 pub mod svm;
 pub mod train;

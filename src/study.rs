@@ -294,16 +294,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
     if !reused {
         let pts = points.resolve(&run.dataset)?;
         let kstage = StagedDir::new(&kdir, true)?;
-        let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            let b = indicatif::ProgressBar::new(1);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(&format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"))
-                    .expect("valid template"),
-            );
-            b
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let bar = crate::progress::Progress::new(progress, 1, &format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
         let o = kernel::compute_run(run, states, &pts, &req, u64::MAX, &|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -540,13 +531,15 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
                 let kv: Vec<f64> = (0..rk.p).map(|q| (0..k).map(|c| diag.get((q * k + c) * k + c).copied().unwrap_or(f64::NAN)).sum::<f64>() / k as f64).collect();
                 let logkv: Vec<f64> = kv.iter().map(|v| v.log10()).collect();
                 if let (Some(g1), Some(g2)) = (grid_of(&rk.points, logkv), grid_of(&rk.points, pstd)) {
-                    plot::heatmaps(
-                        &charts.join(format!("fig5_{label}.png")),
+                    plot::Chart::heatmaps(
                         "Kernel value and Monte-Carlo std of the softmax probabilities (paper Fig. 5)",
-                        &[("log10 K(x, x) (mean over classes)".into(), g1), ("MC std of probabilities (mean over classes)".into(), g2)],
-                        "value",
+                        &[
+                            plot::Heatmap::new("log10 K(x, x) (mean over classes)", g1, "log10 K(x, x)"),
+                            plot::Heatmap::new("MC std of probabilities (mean over classes)", g2, "std of p(class)"),
+                        ],
                         overlay.as_ref(),
-                    )?;
+                    )?
+                    .save(&charts.join(format!("fig5_{label}.png")))?;
                     notes.push(format!("- `charts/fig5_{label}.png`: the kernel's self-value and the MC standard deviation of the GP's softmax probabilities on the grid (paper Fig. 5)."));
                 }
             }

@@ -5,7 +5,6 @@
 //! classification, MSE for regression. Every state `w_0 … w_N` is written to the run directory
 //! (see [`crate::trajectory`]). Gradients come from dfdx; the update is done in f64 on the host.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -626,16 +625,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         Targets::Values(_) => None,
     };
     let objective = Objective::new(dev, arch, &data.x_train, labels, values, loss, Some(&init))?;
-    let bar = if opts.progress && std::io::stderr().is_terminal() {
-        let b = indicatif::ProgressBar::new(n as u64 + 1);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("train {bar:40} {pos}/{len} steps  loss {msg}  [{elapsed} < {eta}]")
-                .expect("valid template"),
-        );
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = crate::progress::Progress::new(opts.progress, n as u64 + 1, "train {bar:40} {pos}/{len} steps  loss {msg}  [{elapsed} < {eta}]");
     let mut log = TrainLog::default();
     let mut params: Params = init.clone();
     let mut optimizer = OptimizerState::new(UpdateRule::of(&manifest.optimizer), init.numel());

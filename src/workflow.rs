@@ -692,8 +692,9 @@ pub fn stationarity_report(
             dists.push((0..d).map(|c| (x[i * d + c] - x[j * d + c]).powi(2)).sum::<f64>().sqrt());
         }
     }
-    dists.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    let rbf_length = dists.get(dists.len() / 2).copied().unwrap_or(1.0).max(1e-12);
+    // statrs's median: the mean of the two middle distances for an even count, NaN for none.
+    let median = statrs::statistics::Median::median(&statrs::statistics::Data::new(dists));
+    let rbf_length = if median.is_nan() { 1.0 } else { median.max(1e-12) };
     let rbf: Vec<f64> = (0..m * m)
         .map(|idx| {
             let (i, j) = (idx / m, idx % m);

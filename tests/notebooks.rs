@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 /// `Ok(())` and everything after `main` are dropped.
 fn cells(src: &str) -> Vec<(&'static str, String)> {
     let mut out: Vec<(&'static str, String)> = Vec::new();
-    let mut prelude = vec![":dep pathkernel = { path = \"..\" }".to_string()];
+    // The library alone: `default-features = false` leaves out the application (feature `cli`).
+    let mut prelude = vec![":dep pathkernel = { path = \"..\", default-features = false }".to_string()];
     let mut lines = src.lines();
     for line in lines.by_ref() {
         if line.starts_with("fn main()") {
@@ -60,6 +61,97 @@ fn cells(src: &str) -> Vec<(&'static str, String)> {
     out
 }
 
+/// What evcxr needs that `fn main` does not: evcxr keeps every top-level `let` binding of a
+/// cell for the next cells, and it cannot keep a closure ("The variable `f` is a closure, which
+/// cannot be persisted") nor a value that borrows another variable (a non-`'static` reference).
+/// Returns one message per top-level `let` in the code cells that binds a closure (`|…|`,
+/// `move |…|`), a reference (`&…`, or a `&` in its type), or the result of a method that
+/// returns a borrow (`.iter()`, `.as_slice()`, …). Nested blocks (loops, functions) may do as
+/// they like: their bindings are not kept.
+fn evcxr_persistence_problems(cells: &[(&'static str, String)]) -> Vec<String> {
+    const BORROWING: [&str; 12] = ["iter", "iter_mut", "as_slice", "as_str", "as_ref", "as_deref", "as_path", "chunks", "windows", "lines", "keys", "values"];
+    let mut problems = Vec::new();
+    for (n, (kind, text)) in cells.iter().enumerate() {
+        if *kind != "code" {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            // Top level of the cell: no indentation.
+            let Some(rest) = line.strip_prefix("let ") else { continue };
+            let (pattern, init) = match rest.split_once(" = ") {
+                Some((p, init)) => (p, init.trim().to_string()),
+                None => match rest.strip_suffix(" =") {
+                    Some(p) => (p, lines.get(i + 1).map_or(String::new(), |l| l.trim().to_string())),
+                    None => continue, // `let x;` binds nothing yet
+                },
+            };
+            let name = pattern.split(':').next().unwrap_or(pattern).trim();
+            let ty = pattern.split_once(':').map(|(_, t)| t.trim());
+            let init = init.trim_end_matches(';').trim_end_matches('?');
+            let why = if init.starts_with('|') || init.starts_with("move |") || init.starts_with("move|") {
+                Some("binds a closure")
+            } else if init.starts_with('&') || ty.is_some_and(|t| t.contains('&')) {
+                Some("binds a reference")
+            } else {
+                last_method(init).filter(|m| BORROWING.contains(&m.as_str())).map(|_| "binds a borrow (the result of a borrowing method)")
+            };
+            if let Some(why) = why {
+                problems.push(format!("cell {n}: `let {name}` {why}, which evcxr cannot keep between cells: `{}`", line.trim()));
+            }
+        }
+    }
+    problems
+}
+
+/// The name of the last method called at the outermost level of `expr` (`a.b(x).c()` → `c`).
+fn last_method(expr: &str) -> Option<String> {
+    // Drop turbofish arguments (`collect::<Vec<f64>>()` → `collect()`).
+    let mut plain = String::with_capacity(expr.len());
+    let mut rest = expr;
+    while let Some(at) = rest.find("::<") {
+        plain.push_str(&rest[..at]);
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (j, ch) in rest[at + 2..].char_indices() {
+            match ch {
+                '<' => depth += 1,
+                '>' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = at + 2 + j + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    plain.push_str(rest);
+    let expr = plain.as_str();
+    let bytes = expr.as_bytes();
+    let mut depth = 0i32;
+    let mut last = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'(' | b'[' | b'{' => {
+                if depth == 0 && b == b'(' {
+                    // The identifier before this parenthesis, if it follows a `.`.
+                    let start = expr[..i].rfind(|c: char| !(c.is_alphanumeric() || c == '_')).map_or(0, |p| p + 1);
+                    if start > 0 && bytes[start - 1] == b'.' {
+                        last = Some(expr[start..i].to_string());
+                    }
+                }
+                depth += 1;
+            }
+            b')' | b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+    }
+    last
+}
+
 fn notebook(cells: &[(&'static str, String)]) -> Value {
     let cells: Vec<Value> = cells
         .iter()
@@ -101,6 +193,8 @@ fn notebooks_match_their_compiled_sources() {
         let c = cells(&src);
         assert!(c.len() >= 4, "{}: too few cells", p.display());
         assert!(c.iter().any(|(k, _)| *k == "markdown"));
+        let problems = evcxr_persistence_problems(&c);
+        assert!(problems.is_empty(), "{}:\n{}", p.display(), problems.join("\n"));
         let expected = notebook(&c);
         let nb_path = p.with_extension("ipynb");
         if std::env::var_os("UPDATE_NOTEBOOKS").is_some() {
@@ -119,6 +213,36 @@ fn notebooks_match_their_compiled_sources() {
         assert_eq!(strip(&actual), strip(&expected), "{} is out of date with its source", nb_path.display());
     }
     assert!(count >= 1, "no notebook sources found");
+}
+
+#[test]
+fn the_evcxr_check_finds_closures_and_borrows() {
+    let src = r#"use a::b;
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // %%
+    let owned = vec![1.0, 2.0];
+    let n = owned.len();
+    let f = move |i: usize| owned[i];
+    let g = |x: f64| x + 1.0;
+    let r = &owned;
+    let s: &[f64] = owned.as_slice();
+    let it = owned.iter();
+    let c = owned.chunks(2).map(|r| r[0]).collect::<Vec<f64>>();
+    let w = owned.windows(2).count();
+    let keys = std::collections::HashMap::<u8, Vec<u8>>::new().into_keys().collect::<Vec<u8>>();
+    let v = owned.iter().copied().collect::<Vec<f64>>();
+    for x in &owned {
+        let inner = &x;
+    }
+    fn helper(x: &[f64]) -> f64 {
+        x[0]
+    }
+    Ok(())
+}
+"#;
+    let problems = evcxr_persistence_problems(&cells(src));
+    let names: Vec<&str> = problems.iter().map(|p| p.split('`').nth(1).unwrap()).collect();
+    assert_eq!(names, ["let f", "let g", "let r", "let s", "let it"], "{problems:#?}");
 }
 
 /// Runs every notebook's code (its compiled example) as a program, in a scratch directory laid

@@ -26,11 +26,11 @@ pub struct GpArgs {
     /// Row kernel directory (points of interest x training set).
     #[arg(long, value_name = "DIR")]
     kernel: PathBuf,
-    /// Regression targets: network (outputs minus the bias, default) or labels (one-hot).
+    /// Regression targets: network (the network's outputs minus the bias) or labels (one-hot).
     #[arg(long, default_value = "network")]
     targets: String,
     /// Noise variance.
-    #[arg(long, default_value_t = 1e-6)]
+    #[arg(long, default_value = "1e-6")]
     noise: f64,
     /// Initial jitter added to the diagonal (escalated x10 on failure up to --max-jitter).
     #[arg(long, default_value_t = 0.0)]
@@ -48,7 +48,7 @@ pub struct GpArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Memory budget, e.g. 8G: the fit is refused with an estimate when it would need more.
-    #[arg(long, default_value = "16G")]
+    #[arg(long, default_value = "16G", value_name = "SIZE")]
     memory: String,
     /// Output directory.
     #[arg(long, value_name = "OUT")]
@@ -112,9 +112,9 @@ pub struct SvmArgs {
     #[arg(long, default_value_t = 1_000_000)]
     max_iter: usize,
     /// Memory budget, e.g. 8G: the fit is refused with an estimate when it would need more.
-    #[arg(long, default_value = "16G")]
+    #[arg(long, default_value = "16G", value_name = "SIZE")]
     memory: String,
-    /// Output directory.    /// Output directory.
+    /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
     /// Replace OUT.
@@ -214,7 +214,7 @@ pub struct StationarityArgs {
     #[arg(long, default_value = "auto:1e-8", value_name = "RULE")]
     quadrature: String,
     /// GP noise variance for the far-field standard deviation.
-    #[arg(long, default_value_t = 1e-6)]
+    #[arg(long, default_value = "1e-6")]
     noise: f64,
     /// Fit the far-field GP's noise and output scale by maximum marginal likelihood.
     #[arg(long)]

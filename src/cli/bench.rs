@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     repeat: usize,
     /// Tolerance of the EPK's auto quadrature.
-    #[arg(long, default_value_t = 1e-12)]
+    #[arg(long, default_value = "1e-12")]
     tol: f64,
     /// Also the whole EPK over all steps (unblocked, and in --full-blocks row blocks).
     #[arg(long)]

@@ -26,23 +26,18 @@ pub struct Cli {
     command: Command,
 }
 
+// The variants carry no doc comments on purpose: clap would take a variant's doc comment as the
+// subcommand's `about` and reset its `long_about`, hiding the long help (outputs written,
+// examples) that each subcommand's `Args` declares in its own file.
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Train a network from a TOML config and record its trajectory into a run directory.
     Train(train::Args),
-    /// Compute NTK, DPK, EPK, Chen or k' Grams of a recorded run and the kernel machine.
     Kernel(kernel::Args),
-    /// Time one NTK, EPK and DPK step of a recorded run (JSON lines).
     Bench(bench::Args),
-    /// GP logit regression on a kernel and Monte-Carlo softmax posteriors.
     Gp(analyze::GpArgs),
-    /// One-vs-rest SVM refit of the kernel machine's weights.
     Svm(analyze::SvmArgs),
-    /// Per-training-point contributions to chosen predictions.
     Attribute(analyze::AttributeArgs),
-    /// Stationarity score and far-field behaviour of a kernel.
     Stationarity(analyze::StationarityArgs),
-    /// Run a TOML-scripted study (training, kernels, tables, summary) into reports/.
     Study(study::Args),
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::error::Result;
 use crate::study::{self, StudyOptions};
 
-/// Scripted studies.
+/// Run a TOML-scripted study (training, kernels, tables, summary) into reports/.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(subcommand)]

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
     /// Memory budget, e.g. 8G or 512M: training is refused with an estimate when it would need more.
-    #[arg(long, default_value = "16G")]
+    #[arg(long, default_value = "16G", value_name = "SIZE")]
     memory: String,
     /// No progress bar.
     #[arg(long, short)]
