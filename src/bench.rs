@@ -492,6 +492,98 @@ pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<C
     })
 }
 
+/// The Gram contraction's rate against the machine's GEMM rate, measured in the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContractionRate {
+    /// Always `"contraction"`.
+    pub name: String,
+    /// Kernel kind, layout and quadrature.
+    pub kind: String,
+    /// Layout of the Gram.
+    pub layout: String,
+    /// Quadrature rule.
+    pub quadrature: String,
+    /// Row points P.
+    pub points: usize,
+    /// Training points M.
+    pub train: usize,
+    /// Outputs K.
+    pub outputs: usize,
+    /// Steps summed.
+    pub steps: usize,
+    /// Gradient evaluations per point and step (mean).
+    pub evaluations_per_point_step: f64,
+    /// Wall seconds of the whole kernel computation.
+    pub total_seconds: f64,
+    /// Seconds of the contraction (node evaluations excluded).
+    pub contraction_seconds: f64,
+    /// GEMM flops of the contraction, counted from the shapes (see `kernel::gram::GramAccumulator::contraction`).
+    pub contraction_flops: f64,
+    /// `contraction_flops / contraction_seconds`, GFLOP/s.
+    pub contraction_gflops: f64,
+    /// Side of the square GEMM timed for the machine's rate.
+    pub gemm_n: usize,
+    /// faer's GEMM rate on an `n × n × n` product (fastest of 3), GFLOP/s.
+    pub gemm_gflops: f64,
+    /// `contraction_gflops / gemm_gflops`.
+    pub ratio: f64,
+    /// max |kernel machine − network| of the computation.
+    pub max_abs_error: f64,
+}
+
+/// faer's f64 GEMM rate on an `n × n` by `n × n` product, GFLOP/s (fastest of `repeat`).
+pub fn gemm_rate(n: usize, repeat: usize) -> f64 {
+    let a: Vec<f64> = (0..n * n).map(|i| ((i % 97) as f64 - 48.0) / 97.0).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| ((i % 89) as f64 - 44.0) / 89.0).collect();
+    let mut c = vec![0.0; n * n];
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat.max(1) {
+        let t0 = Instant::now();
+        kernel::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    2.0 * (n as f64).powi(3) / best * 1e-9
+}
+
+/// Times a kernel computation (the run's test points against its training set, the given
+/// steps) and reports its contraction's GFLOP/s next to faer's GEMM rate on a square product of
+/// similar size (`n` = the larger of P and M, rounded up to a multiple of 64), measured right
+/// after it in the same process.
+pub fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>) -> Result<ContractionRate> {
+    if !matches!(run.manifest.architecture.body, crate::model::Body::Mlp { .. }) {
+        return Err(Error::Config("--contraction times the MLP path's contraction; this run is not an MLP".into()));
+    }
+    let states = run.load_all()?;
+    let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
+    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps };
+    let t0 = Instant::now();
+    let o = kernel::compute_in(run, &states, &pts, &req, &kernel::Options::layout(layout), &|_, _| {})?;
+    let total = t0.elapsed().as_secs_f64();
+    let n = o.p.max(o.m).div_ceil(64) * 64;
+    let gemm = gemm_rate(n, 3);
+    let c = o.contraction;
+    Ok(ContractionRate {
+        name: "contraction".into(),
+        kind: kind.to_string(),
+        layout: layout.to_string(),
+        quadrature: rule.to_string(),
+        points: o.p,
+        train: o.m,
+        outputs: o.k,
+        steps: o.steps.len(),
+        evaluations_per_point_step: o.mean_evaluations(),
+        total_seconds: total,
+        contraction_seconds: c.seconds,
+        contraction_flops: c.flops,
+        contraction_gflops: c.gflops(),
+        gemm_n: n,
+        gemm_gflops: gemm,
+        ratio: c.gflops() / gemm,
+        max_abs_error: o.max_abs_error(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::Timing;

@@ -63,6 +63,9 @@ pub struct KernelSpec {
     /// Label used for the output folder (default `kind-points`).
     #[serde(default)]
     pub label: Option<String>,
+    /// Which blocks of the Gram to compute and keep: full (default), diag or trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<String>,
 }
 
 impl KernelSpec {
@@ -80,6 +83,10 @@ impl KernelSpec {
             return Err(Error::Config("kernel.step only applies to kind = \"ntk\"".into()));
         }
         Ok((KernelRequest { kind, rule, side, ntk_step: self.step, per_step: false, steps: None }, points))
+    }
+    /// The layout of the Gram (`blocks`, default full).
+    pub fn layout(&self) -> Result<kernel::Layout> {
+        self.blocks.as_deref().map_or(Ok(kernel::Layout::Full), str::parse)
     }
     /// Output folder name.
     pub fn label(&self) -> String {
@@ -152,6 +159,9 @@ pub struct StudyConfig {
     /// `[sweep]`: the same training for several MLP widths (the NTK notebook's lazy-training study).
     #[serde(default)]
     pub sweep: Option<SweepSpec>,
+    /// Learning rate and step count chosen on the validation split (`[selection]`).
+    #[serde(default)]
+    pub selection: Option<SelectionSpec>,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -186,6 +196,7 @@ impl StudyConfig {
         let mut labels = std::collections::HashSet::new();
         for k in &cfg.kernels {
             k.request()?;
+            k.layout()?;
             if !labels.insert(k.label()) {
                 return Err(Error::Config(format!("two [[kernel]] entries share the label `{}`; set `label`", k.label())));
             }
@@ -205,6 +216,75 @@ impl StudyConfig {
     pub fn run_config(&self) -> RunConfig {
         RunConfig { data: self.data.clone(), model: self.model.clone(), train: self.train.clone() }
     }
+}
+
+/// `[selection]`: train every `lr × steps` candidate and keep the one with the best accuracy on
+/// the dataset's validation split (ties: fewer steps, then the smaller rate); the study's
+/// `[train]` lr and steps are replaced by the choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionSpec {
+    /// Candidate learning rates.
+    pub lr: Vec<f64>,
+    /// Candidate step counts.
+    pub steps: Vec<usize>,
+}
+
+/// One candidate of a `[selection]`, with its validation accuracy.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    /// Learning rate.
+    pub lr: f64,
+    /// Steps.
+    pub steps: usize,
+    /// Accuracy on the validation split.
+    pub validation_accuracy: f64,
+    /// Accuracy on the test set (reported, not used).
+    pub test_accuracy: f64,
+}
+
+/// Trains the candidates of `sel` (each cached under `cache/select/`) and returns them with the
+/// index of the chosen one.
+fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOptions) -> Result<(Vec<Candidate>, usize, PathBuf)> {
+    if sel.lr.is_empty() || sel.steps.is_empty() || sel.lr.iter().any(|v| !(v.is_finite() && *v > 0.0)) || sel.steps.contains(&0) {
+        return Err(Error::Config("[selection] needs non-empty lists of positive lr and steps".into()));
+    }
+    let data = cfg.data.load(&opts.base_dir)?;
+    let val = data.validation.as_ref().ok_or_else(|| Error::Config("[selection] chooses on the validation split: set data.val_per_class".into()))?;
+    let crate::data::Targets::Labels(yv) = &val.y else {
+        return Err(Error::Config("[selection] needs a classification dataset".into()));
+    };
+    let accuracy = |run: &Run, x: &[f64], y: &[usize]| -> Result<f64> {
+        let states = run.load_all()?;
+        let arch = &run.manifest.architecture;
+        let f = arch.forward(&states[run.manifest.steps], Some(&states[0]), x)?;
+        let k = arch.outputs();
+        let hits = f.chunks_exact(k).zip(y).filter(|(row, &c)| crate::uncertainty::metrics::argmax(row) == c).count();
+        Ok(hits as f64 / y.len().max(1) as f64)
+    };
+    let crate::data::Targets::Labels(yt) = &data.y_test else {
+        return Err(Error::Config("[selection] needs a classification dataset".into()));
+    };
+    let mut out = Vec::new();
+    let mut dirs = Vec::new();
+    for &steps in &sel.steps {
+        for &lr in &sel.lr {
+            let mut rc = cfg.run_config();
+            rc.train.lr = lr;
+            rc.train.steps = steps;
+            let dir = cache.join("select").join(format!("lr{lr}-steps{steps}")).join("run");
+            let reuse = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
+            if !reuse {
+                train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
+            }
+            let run = Run::open(&dir)?;
+            out.push(Candidate { lr, steps, validation_accuracy: accuracy(&run, &val.x, yv)?, test_accuracy: accuracy(&run, &data.x_test, yt)? });
+            dirs.push(dir);
+        }
+    }
+    // Best validation accuracy; ties to fewer steps, then the smaller rate (the order above).
+    let best = (0..out.len()).fold(0, |b, i| if out[i].validation_accuracy > out[b].validation_accuracy { i } else { b });
+    Ok((out, best, dirs[best].clone()))
 }
 
 /// Where a study reads and writes.
@@ -245,13 +325,27 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     io::create_dir_all(&cache)?;
     let staged = StagedDir::new(&out, true)?;
 
-    // Training, reused when the configuration is unchanged.
-    let rc = cfg.run_config();
-    let run_dir = cache.join("run");
-    let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
-    if !reused_run {
-        train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
-    }
+    // Training (or the validation-chosen candidate), reused when the configuration is unchanged.
+    let mut selection_notes = Vec::new();
+    let (run_dir, reused_run) = if let Some(sel) = &cfg.selection {
+        let (cands, best, dir) = select(&cfg, sel, &cache, opts)?;
+        io::write_json(&staged.path().join("selection.json"), &cands)?;
+        selection_notes.push(format!(
+            "- Learning rate and steps chosen on the validation split (`[selection]`, `selection.json`): {}; chosen lr {} with {} steps.",
+            cands.iter().map(|c| format!("lr {} × {} steps: validation {:.2} %", c.lr, c.steps, 100.0 * c.validation_accuracy)).collect::<Vec<_>>().join(", "),
+            cands[best].lr,
+            cands[best].steps
+        ));
+        (dir, true)
+    } else {
+        let rc = cfg.run_config();
+        let run_dir = cache.join("run");
+        let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
+        if !reused_run {
+            train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
+        }
+        (run_dir, reused_run)
+    };
     let run = Run::open(&run_dir)?;
     std::fs::copy(run_dir.join("train_log.parquet"), staged.path().join("train_log.parquet")).map_err(|e| Error::io(staged.path(), e))?;
     io::write_json(&staged.path().join("manifest.json"), &run.manifest)?;
@@ -270,7 +364,8 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         kernels.push((label.clone(), reused, ex));
         kernel_dirs.push((spec.clone(), label, kdir));
     }
-    let mut notes = analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path(), opts.progress)?;
+    let mut notes = selection_notes;
+    notes.extend(analyses(&cfg, &run, &states, &kernel_dirs, &cache, staged.path(), opts.progress)?);
     if let Some(sw) = &cfg.sweep {
         notes.extend(sweep(&cfg, sw, &cache, staged.path(), opts)?);
     }
@@ -284,6 +379,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
 /// Computes a kernel into the cache (or reuses it when its inputs are unchanged).
 fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, cache: &Path, progress: bool) -> Result<(bool, Exactness, PathBuf)> {
     let (req, points) = spec.request()?;
+    let layout = spec.layout()?;
     let label = spec.label();
     let key = format!(
         "{:016x}",
@@ -295,7 +391,7 @@ fn cached_kernel(run: &Run, states: &[crate::model::Params], spec: &KernelSpec, 
         let pts = points.resolve(&run.dataset)?;
         let kstage = StagedDir::new(&kdir, true)?;
         let bar = crate::progress::Progress::new(progress, 1, &format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
-        let o = kernel::compute_run(run, states, &pts, &req, u64::MAX, &|done, total| {
+        let o = kernel::compute_in(run, states, &pts, &req, &kernel::Options::layout(layout), &|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         })?;

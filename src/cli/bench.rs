@@ -58,6 +58,15 @@ pub struct Args {
     /// autodiff Gram path and the structured CNN path, and print their speed-up.
     #[arg(long, value_name = "RULE")]
     conv_compare: Option<crate::kernel::Rule>,
+    /// MLP runs: compute the EPK (auto quadrature, --tol) of the test points against the
+    /// training set in this layout (full, diag or trace) over --steps, and print the
+    /// contraction's GFLOP/s (flops counted from the product shapes) next to faer's GEMM rate on
+    /// a square product of similar size, measured in the same run.
+    #[arg(long, value_name = "LAYOUT")]
+    contraction: Option<crate::kernel::Layout>,
+    /// Steps A:B of the --contraction computation (default: all).
+    #[arg(long, value_name = "A:B")]
+    steps: Option<String>,
 }
 
 /// Runs the subcommand.
@@ -66,6 +75,12 @@ pub fn exec(a: Args) -> Result<()> {
     let step = a.step.unwrap_or(run.manifest.steps / 2);
     if !(a.tol.is_finite() && a.tol > 0.0) {
         return Err(crate::Error::Config(format!("--tol {}: must be > 0", a.tol)));
+    }
+    if let Some(layout) = a.contraction {
+        let steps = a.steps.as_deref().map(crate::kernel::parse_step_range).transpose()?;
+        let r = crate::bench::contraction_rate(&run, crate::kernel::KernelKind::Epk, crate::kernel::Rule::Auto(a.tol), layout, steps)?;
+        println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        return Ok(());
     }
     if let Some(rule) = a.conv_compare {
         let r = crate::bench::conv_paths(&run, step, a.repeat, rule)?;

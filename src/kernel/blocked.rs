@@ -257,6 +257,8 @@ impl Assembly {
         if let (Some(dst), Some(src)) = (a.single_machine.as_mut(), o.single_machine.as_ref()) {
             put(dst, src, k);
         }
+        a.contraction.seconds += o.contraction.seconds;
+        a.contraction.flops += o.contraction.flops;
         let (w0, w1) = (self.rows_seen as f64, nb as f64);
         for (r, s) in a.records.iter_mut().zip(&o.records) {
             combine(r, s, w0, w1);

@@ -244,9 +244,13 @@ pub(super) fn compute_inner(
     let mut lossgrads: Vec<Vec<f64>> = vec![Vec::new(); n];
     let batches = manifest.batches();
     for s in lo..=hi {
-        f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
+        // The NTK's machine is checked once, against f at the ends; path kernels per step.
+        if req.kind != KernelKind::Ntk || s == lo || s == hi {
+            f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
+        }
         if s < hi {
-            let ft = values(&states[s], &train.x_train, off_train.as_deref())?;
+            // Cross-entropy's ∂L/∂f depends on the labels only; MSE's on the outputs.
+            let ft = if manifest.loss == LossKind::Mse { values(&states[s], &train.x_train, off_train.as_deref())? } else { Vec::new() };
             let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k, batches.as_ref().map(|b| b[s].as_slice()))?;
             let eps = manifest.learning_rates[s];
             for idx in 0..m * k {
@@ -284,6 +288,7 @@ pub(super) fn compute_inner(
     let mut acc = if structured && !req.per_step { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha)) } else { None };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut machine = bias.clone();
+    let mut contraction = gram::Contraction::default();
     let mut records = Vec::with_capacity(steps.len());
     let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
     let mut diag = vec![0.0; p * k * k];
@@ -371,7 +376,10 @@ pub(super) fn compute_inner(
                 unconverged += nodes.unconverged;
             }
             target.end_step(&train_layers[0], colw.as_deref());
-            if let Some(one) = one {
+            if let Some(mut one) = one {
+                one.flush();
+                contraction.seconds += one.contraction().seconds;
+                contraction.flops += one.contraction().flops;
                 let gs = one.finish();
                 add_into(&mut extra, &gs);
                 if let Some(ps) = per_step.as_mut() {
@@ -427,6 +435,11 @@ pub(super) fn compute_inner(
         rec.dpk_cosine_error = cosine;
         records.push(rec);
     }
+    if let Some(a) = acc.as_mut() {
+        a.flush();
+        contraction.seconds += a.contraction().seconds;
+        contraction.flops += a.contraction().flops;
+    }
     let gram = match (acc, extra) {
         (Some(acc), None) => acc.finish(),
         (Some(acc), Some(e)) => {
@@ -460,6 +473,7 @@ pub(super) fn compute_inner(
         k,
         steps,
         layout,
+        contraction,
         gram,
         per_step,
         diag: if want_diag { Some(diag) } else { None },

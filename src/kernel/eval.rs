@@ -414,6 +414,13 @@ impl MlpStep {
         if self.activation != Activation::Relu || self.layers.len() < 2 {
             return Vec::new();
         }
+        if let (Some((z, u)), 2) = (first, self.layers.len()) {
+            // One hidden layer: its pre-activations z + t·u cross zero at t = −z/u.
+            let mut cuts: Vec<f64> = z.iter().zip(u).filter(|(&zv, &uv)| uv.abs() > 1e-15 * zv.abs().max(uv.abs())).map(|(&zv, &uv)| -zv / uv).filter(|&t| t > a && t < b).collect();
+            cuts.sort_by(f64::total_cmp);
+            cuts.dedup_by(|u, v| (*u - *v).abs() <= 1e-15);
+            return cuts;
+        }
         let mut pieces = vec![(a, b)];
         // For each hidden layer, split every current piece at the zeros of that layer.
         for depth in 0..self.layers.len() - 1 {

@@ -69,6 +69,8 @@ pub struct GramAccumulator {
     /// `Some(α)` when the last layer's sensitivities are `α(δ_ko − q_o)` (log-softmax or
     /// identity output): it is then contracted in its structured form ([`add_output_layer`]).
     output_alpha: Option<f64>,
+    /// Time and GEMM flops of the contraction so far ([`GramAccumulator::contraction`]).
+    stats: Contraction,
     /// Scratch reused across steps: J̄ and T.
     scratch_j: Vec<f64>,
     scratch_t: Vec<f64>,
@@ -82,7 +84,7 @@ impl GramAccumulator {
 
     /// A zero accumulator in `layout`.
     pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, scratch_j: Vec::new(), scratch_t: Vec::new() }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
@@ -142,6 +144,7 @@ impl GramAccumulator {
             layers[1..].iter().map(|(_, train)| (train_acts_ext(train, bias), TrainDeltas::new(layout, train.deltas, m, k, train.n_out, colw))).collect();
         let per_point = scratch_bytes_per_point_layout(layers, m, k, layout);
         let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(last - first).max(1);
+        let started = std::time::Instant::now();
         let mut jbar = std::mem::take(&mut self.scratch_j);
         let mut t = std::mem::take(&mut self.scratch_t);
         for p0 in (first..last).step_by(pb) {
@@ -175,6 +178,7 @@ impl GramAccumulator {
                         }
                     }
                     add_output_layer(out, &jbar, a_train, dt, nb, ne, alpha, &mut t);
+                    self.stats.flops += 2.0 * (nb * (k + 1)) as f64 * m as f64 * ne as f64;
                     continue;
                 }
                 jbar.clear();
@@ -204,8 +208,10 @@ impl GramAccumulator {
                     }
                 }
                 add_formed(out, &jbar, a_train, dt, nb, ne, &mut t);
+                self.stats.flops += 2.0 * (nb * k * no) as f64 * m as f64 * ne as f64;
             }
         }
+        self.stats.seconds += started.elapsed().as_secs_f64();
         self.scratch_j = jbar;
         self.scratch_t = t;
     }
@@ -215,16 +221,54 @@ impl GramAccumulator {
     /// [`GramAccumulator::add_step`]).
     pub fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
-            l0.end_step(train0.deltas, colw, &mut self.sink, s0);
+            let started = std::time::Instant::now();
+            self.stats.flops += l0.end_step(train0.deltas, colw, &mut self.sink, s0);
+            self.stats.seconds += started.elapsed().as_secs_f64();
         }
+    }
+
+    /// Wall time and GEMM flops of the contraction so far (not the node evaluations): the
+    /// flops are counted from the shapes of the products, `2·m·n·k` each — per step and row
+    /// point, `2·M·K·out_0` for layer 0 (`diag`; `full` K times more), `2·M·(K + 1)·(h + 1)`
+    /// for the structured output layer and `2·M·K·out·(in + 1)` for other hidden layers.
+    pub fn contraction(&self) -> Contraction {
+        self.stats
     }
 
     /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`).
     pub fn finish(mut self) -> Vec<f64> {
-        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
-            l0.flush(&mut self.sink, s0);
-        }
+        self.flush();
         self.sink.finish()
+    }
+
+    /// Contracts layer 0's buffered steps now (the Gram is complete only after this or
+    /// [`GramAccumulator::finish`]).
+    pub fn flush(&mut self) {
+        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
+            let started = std::time::Instant::now();
+            self.stats.flops += l0.flush(&mut self.sink, s0);
+            self.stats.seconds += started.elapsed().as_secs_f64();
+        }
+    }
+}
+
+/// Wall time and GEMM flops of a Gram contraction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Contraction {
+    /// Seconds spent contracting (node evaluations excluded).
+    pub seconds: f64,
+    /// Flops of the products, counted from their shapes.
+    pub flops: f64,
+}
+
+impl Contraction {
+    /// GFLOP/s (0 when nothing was timed).
+    pub fn gflops(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.flops / self.seconds * 1e-9
+        } else {
+            0.0
+        }
     }
 }
 
@@ -282,7 +326,7 @@ impl Layer0Sum {
 
     /// Writes the current step's training `δ` (`[(i, k'), o]`, weighted by `colw`) and advances;
     /// contracts the buffer into `sink` when it is full.
-    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64]) {
+    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64]) -> f64 {
         let (k, h, m, slot) = (self.k, self.h, self.m, self.filled);
         for (row, src) in dtrain.chunks_exact(h).enumerate() {
             let base = self.at(m, row / k, row % k, slot, 0);
@@ -291,14 +335,17 @@ impl Layer0Sum {
         }
         self.filled += 1;
         if self.filled == self.slots {
-            self.flush(sink, s0);
+            self.flush(sink, s0)
+        } else {
+            0.0
         }
     }
 
-    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (unused slots of a partial buffer zeroed).
-    fn flush(&mut self, sink: &mut GramSink, s0: &[f64]) {
+    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (unused slots of a partial buffer zeroed);
+    /// returns the GEMM flops.
+    fn flush(&mut self, sink: &mut GramSink, s0: &[f64]) -> f64 {
         if self.filled == 0 {
-            return;
+            return 0.0;
         }
         let (p, m, k, h, sl, layout) = (self.p, self.m, self.k, self.h, self.slots, self.layout);
         if self.filled < sl {
@@ -342,6 +389,7 @@ impl Layer0Sum {
             });
         }
         self.filled = 0;
+        2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * sl * h) as f64
     }
 }
 
@@ -460,12 +508,16 @@ pub fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usi
         for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
             let ar = if layer.acts.is_empty() { &x_points[pi * ni..(pi + 1) * ni] } else { &layer.acts[r * ni..(r + 1) * ni] };
             let aa: f64 = ar.iter().map(|v| v * v).sum::<f64>() + b;
+            // Symmetric in (k, k'): the upper triangle, mirrored.
             for kt in 0..k {
                 let dt = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                for ks in 0..k {
+                for ks in kt..k {
                     let ds = &layer.deltas[(r * k + ks) * no..(r * k + ks + 1) * no];
                     let dd: f64 = dt.iter().zip(ds).map(|(x, y)| x * y).sum();
                     diag[(pi * k + kt) * k + ks] += w * dd * aa;
+                    if ks != kt {
+                        diag[(pi * k + ks) * k + kt] += w * dd * aa;
+                    }
                 }
             }
         }

@@ -593,6 +593,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         k,
         steps,
         layout,
+        contraction: Default::default(),
         gram,
         per_step,
         diag: None,

@@ -182,6 +182,9 @@ pub struct KernelOutput {
     pub steps: Vec<usize>,
     /// Which blocks `gram` holds.
     pub layout: Layout,
+    /// Time and GEMM flops of the Gram contraction (node evaluations excluded; the MLP path
+    /// measures it, other paths report zeros).
+    pub contraction: super::gram::Contraction,
     /// `Σ_s K_s` (NTK: at step S) in `layout`: `[P, M, K, K]`, `[P, M, K]` or `[P, M]`.
     pub gram: Vec<f64>,
     /// Per-step Grams `[S, …]` (each in `layout`) when requested.
