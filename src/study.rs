@@ -577,7 +577,7 @@ fn analyses(cfg: &StudyConfig, run: &Run, states: &[crate::model::Params], kerne
     }
     let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
     let train_kernel = if needs_train {
-        let spec = KernelSpec { kind: "epk".into(), quadrature: default_quadrature(), points: "train".into(), side: "train".into(), step: None, label: Some("train-train".into()) };
+        let spec = KernelSpec { kind: "epk".into(), quadrature: default_quadrature(), points: "train".into(), side: "train".into(), step: None, label: Some("train-train".into()), blocks: None };
         let (_, _, kdir) = cached_kernel(run, states, &spec, cache, progress)?;
         Some(KernelFiles::open(&kdir, run)?)
     } else {
