@@ -162,6 +162,11 @@ pub struct StudyConfig {
     /// Learning rate and step count chosen on the validation split (`[selection]`).
     #[serde(default)]
     pub selection: Option<SelectionSpec>,
+    /// Put run-dependent figures (kernel seconds, the study's wall time and peak memory) into
+    /// `summary.md`. Off by default: they go to `timings.json` only (not tracked by git), so
+    /// that rerunning a study leaves a committed report unchanged.
+    #[serde(default)]
+    pub timings_in_summary: bool,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -358,9 +363,15 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         let label = spec.label();
         let dst = staged.path().join("kernels").join(&label);
         io::create_dir_all(&dst)?;
-        for f in ["exactness.json", "predictions.parquet", "steps.parquet"] {
+        for f in ["predictions.parquet", "steps.parquet"] {
             std::fs::copy(kdir.join(f), dst.join(f)).map_err(|e| Error::io(kdir.join(f), e))?;
         }
+        // The report's copy keeps the seconds only when the study shows timings.
+        let mut exv = serde_json::to_value(&ex).expect("serialisable");
+        if !cfg.timings_in_summary {
+            exv.as_object_mut().expect("an object").remove("seconds");
+        }
+        io::write_json(&dst.join("exactness.json"), &exv)?;
         kernels.push((label.clone(), reused, ex));
         kernel_dirs.push((spec.clone(), label, kdir));
     }
@@ -369,11 +380,38 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     if let Some(sw) = &cfg.sweep {
         notes.extend(sweep(&cfg, sw, &cache, staged.path(), opts)?);
     }
+    // Run-dependent figures: always in timings.json (git-ignored), in summary.md on request.
+    let peak_mib = peak_rss_bytes().map(|b| b as f64 / (1 << 20) as f64);
+    let wall = start.elapsed().as_secs_f64();
+    let timings = serde_json::json!({
+        "study_seconds_until_report": wall,
+        "peak_rss_mib": peak_mib,
+        "reused_run": reused_run,
+        "kernels": kernels.iter().map(|(l, reused, e)| serde_json::json!({"label": l, "seconds": e.seconds, "reused": reused})).collect::<Vec<_>>(),
+    });
+    io::write_json(&staged.path().join("timings.json"), &timings)?;
+    if cfg.timings_in_summary {
+        notes.push(format!(
+            "- Cost of this run: {wall:.0} s wall for the whole study (training{} and kernels{}), peak resident memory {} on this machine ({} cores).",
+            if reused_run { " reused from the cache" } else { "" },
+            if kernels.iter().any(|k| k.1) { ", some reused from the cache" } else { "" },
+            peak_mib.map_or("unknown".to_string(), |m| format!("{m:.0} MiB")),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ));
+    }
     let summary_md = summary_markdown(&cfg, &text, &run, &kernels, &notes, opts)?;
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
     let out = staged.commit()?;
     Ok(StudySummary { out, reused_run, kernels, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Peak resident set size of this process (`VmHWM` of `/proc/self/status`), when available.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Computes a kernel into the cache (or reuses it when its inputs are unchanged).
@@ -433,12 +471,13 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String
     if !kernels.is_empty() {
         let _ = writeln!(s, "## Kernel machines\n");
         let _ = writeln!(s, "max/mean |err| = |kernel machine − network| over all points and classes; evaluations = gradient evaluations per point and step (mean, max).\n");
-        let _ = writeln!(s, "| kernel | side | quadrature | P × M × K | steps | max abs err | mean abs err | single machine max err | evaluations | seconds |");
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+        let timed = cfg.timings_in_summary;
+        let _ = writeln!(s, "| kernel | side | quadrature | P × M × K | steps | max abs err | mean abs err | single machine max err | evaluations |{}", if timed { " seconds |" } else { "" });
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|{}", if timed { "---|" } else { "" });
         for (label, _, e) in kernels {
             let _ = writeln!(
                 s,
-                "| {label} | {} | {} | {} × {} × {} | {} | {:.3e} | {:.3e} | {} | {:.2} / {} | {:.2} |",
+                "| {label} | {} | {} | {} × {} × {} | {} | {:.3e} | {:.3e} | {} | {:.2} / {} |{}",
                 e.side,
                 e.quadrature,
                 e.shape[0],
@@ -450,7 +489,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, kernels: &[(String
                 e.single_machine_max_abs_error.map_or("—".to_string(), |v| format!("{v:.3e}")),
                 e.evaluations_per_step.mean,
                 e.evaluations_per_step.max,
-                e.seconds
+                if timed { format!(" {:.2} |", e.seconds) } else { String::new() }
             );
         }
         if kernels.iter().any(|(_, _, e)| e.form != "gradient") {

@@ -4,11 +4,10 @@
 use std::time::Instant;
 
 use super::eval::MlpStep;
-use super::gram::{self, GramAccumulator, LayerFactors};
-use super::layout::GramSink;
-use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
+use super::gram::{self, GramAccumulator};
+use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel};
+use super::stateful;
 use super::types::*;
-use super::{convgram, generic, stateful};
 use crate::data::Targets;
 use crate::error::{Error, Result};
 use crate::model::net::LossKind;
@@ -196,7 +195,6 @@ pub(super) fn compute_inner(
     };
     let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
     let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
-    let zeros_m = vec![0.0; m];
     // The steps summed: all by default, or [s0, s1) (then b = f_{w_{s0}}, network = f_{w_{s1}}).
     let (s0, s1) = match req.steps {
         None => (0, n),
@@ -285,7 +283,16 @@ pub(super) fn compute_inner(
     let gsize = p * m * layout.per_pair(k);
     // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
     let mut extra: Option<Vec<f64>> = None;
-    let mut acc = if structured && !req.per_step { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha)) } else { None };
+    // One step model for the architecture; one accumulator (or one per step with per_step).
+    let model: Box<dyn StepModel + '_> = if structured {
+        Box::new(MlpModel { arch })
+    } else if conv_fast {
+        Box::new(CnnModel { arch })
+    } else {
+        Box::new(GenericModel { arch, init })
+    };
+    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha);
+    let mut acc = if req.per_step { None } else { Some(new_acc()) };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut machine = bias.clone();
     let mut contraction = gram::Contraction::default();
@@ -300,7 +307,7 @@ pub(super) fn compute_inner(
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
         let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
-        let mut cosine = f64::NAN;
+        let cosine;
         // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f);
         // for the NTK the path's Σ_s a_{i,s}, so that the step's prediction is the linearised
         // machine's whole change.
@@ -317,95 +324,38 @@ pub(super) fn compute_inner(
             }
         };
         let colw: Option<Vec<f64>> = if req.kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
-        let (pred, evaluations, jvp_evaluations, pieces, unconverged) = if structured {
-            let step = MlpStep::new(arch, &states[s], next)?;
-            let tr = step.eval(&train.x_train, &zeros_m, off_train.as_deref(), true);
-            let train_layers: Vec<LayerFactors<'_>> = step
-                .layers
-                .iter()
-                .enumerate()
-                .map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out })
-                .collect();
-            let v = gram::prediction_weights(&train_layers, &a_eff, m, k, arch.bias);
-            let mut one = if acc.is_none() { Some(GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha)) } else { None };
-            let target = match acc.as_mut() {
-                Some(a) => a,
-                None => one.as_mut().expect("created above"),
-            };
-            let mut pred = vec![0.0; p * k];
-            let (mut evaluations, mut jvp_evaluations, mut pieces, mut unconverged) = (Vec::with_capacity(p), Vec::with_capacity(p), Vec::with_capacity(p), 0);
-            let (mut cos_sum, mut cos_count) = (0.0, 0usize);
-            // Row points in chunks: the node data of one chunk is all that is held at once.
-            for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
-                let pc = NODE_CHUNK_POINTS.min(p - c0);
-                let xc = &rows.x[c0 * d..(c0 + pc) * d];
-                let offc = off_rows.as_deref().map(|o| &o[c0 * k..(c0 + pc) * k]);
-                // Layer 0 once per point: every node's pre-activation is z + t·u.
-                let first = step.first_layer(xc);
-                let mut nodes = match &fixed {
-                    Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes, Some(&first)),
-                    None => auto_nodes(&step, xc, pc, offc, tol_step, Some(&first)),
-                };
-                if integrate {
-                    let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc, Some(&first));
-                    cos_sum += sum;
-                    cos_count += count;
-                }
-                nodes.point.iter_mut().for_each(|q| *q += c0);
-                let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(l, layer)| {
-                        (
-                            LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                            LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                        )
-                    })
-                    .collect();
-                target.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, colw.as_deref(), c0..c0 + pc);
-                let row_layers: Vec<LayerFactors<'_>> =
-                    layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
-                gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
-                if want_diag {
-                    gram::add_self_kernel(&mut diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
-                }
-                evaluations.extend_from_slice(&nodes.evaluations);
-                jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
-                pieces.extend_from_slice(&nodes.pieces);
-                unconverged += nodes.unconverged;
-            }
-            target.end_step(&train_layers[0], colw.as_deref());
-            if let Some(mut one) = one {
-                one.flush();
-                contraction.seconds += one.contraction().seconds;
-                contraction.flops += one.contraction().flops;
-                let gs = one.finish();
-                add_into(&mut extra, &gs);
-                if let Some(ps) = per_step.as_mut() {
-                    ps.extend_from_slice(&gs);
-                }
-            }
-            if integrate {
-                cosine = if cos_count == 0 { f64::NAN } else { cos_sum / cos_count as f64 };
-            }
-            (pred, evaluations, jvp_evaluations, pieces, unconverged)
-        } else {
-            let mut sink = GramSink::new(layout, p, m, k);
-            let (pred, stats) = if conv_fast {
-                convgram::step_into(arch, &states[s], next, &rows.x, off_rows.as_deref(), fixed.as_deref(), tol_step, &train.x_train, off_train.as_deref(), &mut sink, &mut diag, &a_eff, colw.as_deref())?
-            } else {
-                let nodes = fixed.expect("auto rejected above for the generic path");
-                let pred = generic::step_into(arch, &states[s], next, init, &rows.x, &nodes, &train.x_train, &mut sink, &mut diag, &a_eff, colw.as_deref())?;
-                (pred, convgram::NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 })
-            };
-            let gs = sink.finish();
+        let input = StepInput {
+            state: &states[s],
+            next,
+            rows,
+            off_rows: off_rows.as_deref(),
+            x_train: &train.x_train,
+            off_train: off_train.as_deref(),
+            fixed: fixed.as_deref(),
+            tol_step,
+            a: &a_eff,
+            colw: colw.as_deref(),
+            cosine: integrate && structured,
+            self_kernel: want_diag,
+        };
+        let mut one = if acc.is_none() { Some(new_acc()) } else { None };
+        let target = match acc.as_mut() {
+            Some(a) => a,
+            None => one.as_mut().expect("created above"),
+        };
+        let out = model.add_step(&input, target, &mut diag)?;
+        if let Some(mut one) = one {
+            one.flush();
+            contraction.seconds += one.contraction().seconds;
+            contraction.flops += one.contraction().flops;
+            let gs = one.finish();
             add_into(&mut extra, &gs);
             if let Some(ps) = per_step.as_mut() {
                 ps.extend_from_slice(&gs);
             }
-            (pred, stats.evaluations, stats.jvp_evaluations, stats.pieces, stats.unconverged)
-        };
+        }
+        cosine = out.cosine;
+        let (pred, evaluations, jvp_evaluations, pieces, unconverged) = (out.pred, out.stats.evaluations, out.stats.jvp_evaluations, out.stats.pieces, out.stats.unconverged);
         // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };
         if req.kind == KernelKind::Ntk {

@@ -87,6 +87,12 @@ impl GramAccumulator {
         GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), scratch_j: Vec::new(), scratch_t: Vec::new() }
     }
 
+    /// The accumulation rows, for step models that contract their own features into them
+    /// ([`super::layout::add_dense`], [`super::layout::add_formed`]).
+    pub fn sink_mut(&mut self) -> &mut GramSink {
+        &mut self.sink
+    }
+
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
     /// [`super::eval::MlpStep`]: log-softmax or identity output scaled by α), so that it is
     /// contracted with K + 1 instead of K² rows per point.

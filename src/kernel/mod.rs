@@ -26,6 +26,7 @@ pub mod generic;
 pub mod gram;
 pub mod layout;
 pub mod linalg;
+mod models;
 mod nodes;
 pub mod output;
 pub mod quadrature;

@@ -1,0 +1,169 @@
+//! The step models: what the driver asks of a network for one training step. Each adds the
+//! step's Gram (only the entries of the accumulator's layout) for all row points, the rows'
+//! self-kernel, and returns the kernel machine's predicted change of the outputs over the step
+//! (contracted from the factors, so no layout needs the off-diagonal blocks for it) with the
+//! quadrature's statistics. The driver ([`super::driver`]) owns the loop over steps, the
+//! per-step validation and the outputs; the accumulator ([`GramAccumulator`], over a
+//! [`super::layout::GramSink`]) owns the one permutation into the output layout.
+//!
+//! - [`MlpModel`]: structured factors (`δ ⊗ a` per layer), row points in chunks, layer 0 once
+//!   per point, any quadrature rule (the kink-aware `auto` included).
+//! - [`CnnModel`]: formed conv-layer gradients and dense factors ([`super::convgram`]), any rule.
+//! - [`GenericModel`]: dfdx per-sample Jacobians ([`super::generic`], the reference), fixed rules.
+//!
+//! Runs with momentum or Adam(W) walk the path backwards instead ([`super::stateful`]); they use
+//! the same accumulator and contractions.
+
+use super::convgram::{self, NodeStats};
+use super::eval::MlpStep;
+use super::gram::{self, GramAccumulator, LayerFactors};
+use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
+use super::{generic, Points};
+use crate::error::Result;
+use crate::model::{Architecture, Params};
+
+/// One step's inputs.
+pub(crate) struct StepInput<'a> {
+    /// `w_s`.
+    pub state: &'a Params,
+    /// `w_{s+1}` when the rows are integrated over the step, else `None` (t = 0).
+    pub next: Option<&'a Params>,
+    /// Row points `[P, d]` and their `zero_output` offsets `[P, K]`.
+    pub rows: &'a Points,
+    pub off_rows: Option<&'a [f64]>,
+    /// Training inputs `[M, d]` and offsets `[M, K]`.
+    pub x_train: &'a [f64],
+    pub off_train: Option<&'a [f64]>,
+    /// A fixed rule's `(t, weight)` nodes, or `None` for the adaptive rule with `tol_step`.
+    pub fixed: Option<&'a [(f64, f64)]>,
+    pub tol_step: f64,
+    /// The training weights of the prediction `Σ_i a[i, k'] K_s[p, i, k, k']` `[M, K]`.
+    pub a: &'a [f64],
+    /// Scales the stored Gram's training gradients (Chen's kernel) `[M, K]`.
+    pub colw: Option<&'a [f64]>,
+    /// Whether to compute the paper's Fig. 2 cosine measure (integrated rows).
+    pub cosine: bool,
+    /// Whether to accumulate the rows' self-kernel.
+    pub self_kernel: bool,
+}
+
+/// One step's outputs.
+pub(crate) struct StepOutput {
+    /// Predicted change of the outputs `[P, K]`.
+    pub pred: Vec<f64>,
+    /// Gradient evaluations, forward-mode evaluations, pieces per point.
+    pub stats: NodeStats,
+    /// The Fig. 2 cosine measure (NaN when not computed).
+    pub cosine: f64,
+}
+
+/// A network on one training step, as the driver needs it.
+pub(crate) trait StepModel {
+    /// Adds the step into `acc` (its layout) and the rows' self-kernel into `diag` (`[P, K, K]`).
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput>;
+}
+
+/// MLPs: structured per-layer factors.
+pub(crate) struct MlpModel<'a> {
+    pub arch: &'a Architecture,
+}
+
+impl StepModel for MlpModel<'_> {
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
+        let (arch, rows) = (self.arch, input.rows);
+        let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
+        let m = input.x_train.len() / d;
+        let step = MlpStep::new(arch, input.state, input.next)?;
+        let tr = step.eval(input.x_train, &vec![0.0; m], input.off_train, true);
+        let train_layers: Vec<LayerFactors<'_>> =
+            step.layers.iter().enumerate().map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out }).collect();
+        let v = gram::prediction_weights(&train_layers, input.a, m, k, arch.bias);
+        let mut pred = vec![0.0; p * k];
+        let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
+        let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+        // Row points in chunks: the node data of one chunk is all that is held at once.
+        for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
+            let pc = NODE_CHUNK_POINTS.min(p - c0);
+            let xc = &rows.x[c0 * d..(c0 + pc) * d];
+            let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
+            // Layer 0 once per point: every node's pre-activation is z + t·u.
+            let first = step.first_layer(xc);
+            let mut nodes = match input.fixed {
+                Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes, Some(&first)),
+                None => auto_nodes(&step, xc, pc, offc, input.tol_step, Some(&first)),
+            };
+            if input.cosine {
+                let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc, Some(&first));
+                cos_sum += sum;
+                cos_count += count;
+            }
+            nodes.point.iter_mut().for_each(|q| *q += c0);
+            let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, layer)| {
+                    (
+                        LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                        LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                    )
+                })
+                .collect();
+            acc.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, input.colw, c0..c0 + pc);
+            let row_layers: Vec<LayerFactors<'_>> = layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
+            gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
+            if input.self_kernel {
+                gram::add_self_kernel(diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
+            }
+            stats.evaluations.extend_from_slice(&nodes.evaluations);
+            stats.jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
+            stats.pieces.extend_from_slice(&nodes.pieces);
+            stats.unconverged += nodes.unconverged;
+        }
+        acc.end_step(&train_layers[0], input.colw);
+        let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
+        Ok(StepOutput { pred, stats, cosine })
+    }
+}
+
+/// CNNs on the structured path.
+pub(crate) struct CnnModel<'a> {
+    pub arch: &'a Architecture,
+}
+
+impl StepModel for CnnModel<'_> {
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
+        let (pred, stats) = convgram::step_into(
+            self.arch,
+            input.state,
+            input.next,
+            &input.rows.x,
+            input.off_rows,
+            input.fixed,
+            input.tol_step,
+            input.x_train,
+            input.off_train,
+            acc.sink_mut(),
+            diag,
+            input.a,
+            input.colw,
+        )?;
+        Ok(StepOutput { pred, stats, cosine: f64::NAN })
+    }
+}
+
+/// Any architecture through dfdx per-sample Jacobians (fixed rules only).
+pub(crate) struct GenericModel<'a> {
+    pub arch: &'a Architecture,
+    /// `w_0` (the frozen network of `zero_output`).
+    pub init: &'a Params,
+}
+
+impl StepModel for GenericModel<'_> {
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
+        let nodes = input.fixed.expect("the driver rejects the auto rule on the generic path");
+        let p = input.rows.len();
+        let pred = generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw)?;
+        Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN })
+    }
+}
