@@ -22,6 +22,7 @@ pub mod optim;
 pub mod plot;
 pub mod study;
 pub mod svm;
+pub mod tile;
 pub mod train;
 pub mod trajectory;
 pub mod workflow;
