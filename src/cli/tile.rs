@@ -233,20 +233,21 @@ fn slurm(a: SlurmArgs) -> Result<()> {
 }
 
 fn compare(a: CompareArgs) -> Result<()> {
-    if !(a.tol >= 0.0) {
+    if a.tol.is_nan() || a.tol < 0.0 {
         return Err(Error::Config(format!("--tol {}: expected a non-negative number", a.tol)));
     }
     let diffs = tile::compare_dirs(&a.a, &a.b)?;
     let mut worst: Option<&tile::ArrayDiff> = None;
     for d in &diffs {
         println!("{:<40} {:>10} values  max |a-b| {:.3e}  scale {:.3e}  relative {:.3e}{}", d.name, d.len, d.max_abs, d.scale, d.rel, if d.identical { "  (bit-identical)" } else { "" });
-        if worst.is_none_or(|w| !(d.rel <= w.rel)) {
+        // NaN is the worst of all.
+        if worst.is_none_or(|w| !w.rel.is_nan() && (d.rel.is_nan() || d.rel > w.rel)) {
             worst = Some(d);
         }
     }
     let all_identical = diffs.iter().all(|d| d.identical);
     match worst {
-        Some(w) if !(w.rel <= a.tol) => Err(Error::Numerical(format!("{} vs {}: {} differs by {:e} relative (tolerance {:e})", a.a.display(), a.b.display(), w.name, w.rel, a.tol))),
+        Some(w) if w.rel.is_nan() || w.rel > a.tol => Err(Error::Numerical(format!("{} vs {}: {} differs by {:e} relative (tolerance {:e})", a.a.display(), a.b.display(), w.name, w.rel, a.tol))),
         Some(w) => {
             println!("max relative difference {:.3e} ({}) <= {:e}{}", w.rel, w.name, a.tol, if all_identical { "; all arrays bit-identical" } else { "" });
             Ok(())

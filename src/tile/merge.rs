@@ -54,13 +54,16 @@ fn sum_in_order(acc: &mut [f64], next: &[f64]) {
     acc.iter_mut().zip(next).for_each(|(a, b)| *a += b);
 }
 
+/// Slices of `a`: `(first step, a[first step ..] [len, M, K])`.
+type ASlices = Vec<(usize, Vec<f64>)>;
+
 /// Combines the tiles of row block `b` (all steps) into one output, in step-range order.
 ///
 /// gram, self-kernel, weight-decay and rounding terms: summed in order; per-step Grams and
 /// records: concatenated; bias: the first range's; network: the last range's; machine:
 /// `machine_0 + Σ_{r≥1} (machine_r − bias_r)`; residual: the max. With one step range the tile
 /// is returned as it is.
-fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput, Vec<(usize, Vec<f64>)>)> {
+fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput, ASlices)> {
     let tiles = plan.row_block_tiles(b);
     let first = load(out, plan, &tiles[0])?;
     let mut acc = first.out;
@@ -72,7 +75,7 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
         // Consecutive ranges meet at one state: f at w_B of range r is f at w_A of range r + 1.
         let gap = kernel::max_abs_diff(&acc.network, &o.bias);
         let scale = kernel::max_abs(&o.bias).max(1.0);
-        if !(gap <= 1e-12 * scale) {
+        if gap.is_nan() || gap > 1e-12 * scale {
             return Err(Error::Numerical(format!(
                 "tiles {} and {} do not chain: the network at step {} differs by {gap:e} between them",
                 t.index - 1,
@@ -129,7 +132,9 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     let mut b = 0usize;
     // kernel::blocked's assembly keeps the first block's reg, rounding and residual only: they
     // are concatenated (and maximised) here.
-    let (mut reg, mut rounding, mut residual): (Vec<Option<Vec<f64>>>, Vec<Option<Vec<f64>>>, Option<f64>) = (Vec::new(), Vec::new(), None);
+    let mut reg: Vec<Option<Vec<f64>>> = Vec::new();
+    let mut rounding: Vec<Option<Vec<f64>>> = Vec::new();
+    let mut residual: Option<f64> = None;
     let mut merged = kernel::blocked::in_blocks(points, plan.block_rows, &|_, _| {}, &mut |pts, _| {
         let (o, slices) = combine_row_block(out, plan, b)?;
         if o.p != pts.len() {
@@ -286,16 +291,17 @@ impl TiledGram {
         if c >= k || c2 >= k {
             return Err(Error::Config(format!("class block ({c}, {c2}) of a Gram with K = {k}")));
         }
-        let pick: Box<dyn Fn(&[f64], usize) -> f64> = match self.layout() {
-            Layout::Full => Box::new(move |g, pair| g[pair * k * k + c * k + c2]),
-            Layout::Diag if c == c2 => Box::new(move |g, pair| g[pair * k + c]),
+        // Entry (c, c') of pair j (row point, training point) is g[j · per + offset].
+        let offset = match self.layout() {
+            Layout::Full => c * k + c2,
+            Layout::Diag if c == c2 => c,
             l => return Err(Error::Config(format!("class block ({c}, {c2}) is not stored in the {l} layout"))),
         };
         let per = self.layout().per_pair(k);
         let mut out = Vec::with_capacity(p * m);
         for b in 0..self.plan.row_blocks {
             let g = self.row_block(b)?;
-            out.extend((0..g.len() / per).map(|pair| pick(&g, pair)));
+            out.extend(g.chunks_exact(per).map(|pair| pair[offset]));
         }
         Ok(out)
     }
