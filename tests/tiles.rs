@@ -400,6 +400,11 @@ fn cli_tile_faults_are_one_line_errors_that_overwrite_nothing() {
     check_untouched("7 step ranges for 6 steps", &["kernel", "--run", "run", "--tiles", "1x7", "--out", "x"]);
     check_untouched("the NTK is one kernel at one state", &["kernel", "--run", "run", "--kind", "ntk", "--tiles", "2x2", "--out", "x"]);
     check_untouched("already exists", &["kernel", "--run", "run", "--tiles", "2", "--out", "job"]);
+    // Planning the same job again leaves the plan and its tiles alone.
+    let before = snapshot(d);
+    let o = ok(&["kernel", "--run", "run", "--kind", "epk", "--tiles", "2x2", "--out", "job"], d);
+    assert!(o.contains("already holds this plan"), "{o}");
+    assert!(snapshot(d) == before, "re-planning changed the directory");
     check_untouched("--index 4: the plan", &["tile", "run", "job", "--index", "4"]);
     check_untouched("no plan here", &["tile", "run", "run", "--index", "0"]);
 

@@ -126,10 +126,15 @@ pub fn exec(a: Args) -> Result<()> {
 pub fn plan(run: &Run, states: &[Params], points: &str, req: &KernelRequest, layout: Layout, budget: u64, tiles: &str, out: &Path, force: bool) -> Result<()> {
     let tiling: Tiling = tiles.parse()?;
     let plan = tile::make_plan(&tile::PlanInput { run, states, points, req, layout, memory_budget: budget, tiling, pilot: true })?;
-    let dir = plan.write(out, force)?;
+    let written = plan.write(out, force)?;
     println!("{plan}");
     let n = plan.tiles.len();
-    println!("wrote {}; next: `pathkernel tile run {} --index I` for I in 0..{n} (or `tile slurm {} --submit`), then `pathkernel tile merge {}`", dir.join("plan.json").display(), dir.display(), dir.display(), dir.display());
+    let o = out.display();
+    if written {
+        println!("wrote {o}/plan.json; next: `pathkernel tile run {o} --index I` for I in 0..{n} (or `tile slurm {o} --submit`), then `pathkernel tile merge {o}`");
+    } else {
+        println!("{o} already holds this plan: left as it is, with its tiles");
+    }
     Ok(())
 }
 

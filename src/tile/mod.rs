@@ -44,8 +44,9 @@
 //! range: `seconds/step = fixed + rows · per_row`): rough, since the auto rule's cost varies by
 //! step and point. The **plan id** is FNV-1a of the canonical JSON of the request, run id,
 //! shape, form, pathkernel version and the tiles' ranges; planning the same job again gives the
-//! same id (and the same tiles stay valid). An edited `plan.json` no longer matches its id and
-//! is refused.
+//! same id, and planning it into a directory that already holds it leaves the directory and its
+//! tiles as they are (without `--force`). An edited `plan.json` no longer matches its id and is
+//! refused.
 //!
 //! # Tile files (`OUT/tiles/tile-IIIIII.safetensors`)
 //!

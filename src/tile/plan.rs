@@ -437,13 +437,18 @@ impl Plan {
     }
 
     /// Writes `out/plan.json` and an empty `out/tiles/`, staged in `out.partial` and moved into
-    /// place. An existing non-empty `out` is refused unless `force` (which replaces it, tiles
-    /// included).
-    pub fn write(&self, out: &Path, force: bool) -> Result<PathBuf> {
+    /// place, and returns whether it wrote. An `out` that already holds this plan (same id) is
+    /// left as it is, tiles included (planning again is a no-op); another non-empty `out` is
+    /// refused unless `force` (which replaces it, tiles included).
+    pub fn write(&self, out: &Path, force: bool) -> Result<bool> {
+        if !force && Plan::read(out).is_ok_and(|old| old.plan_id == self.plan_id) {
+            return Ok(false);
+        }
         let staged = crate::io::StagedDir::new(out, force)?;
         crate::io::write_json(&staged.path().join("plan.json"), self)?;
         crate::io::create_dir_all(&staged.path().join("tiles"))?;
-        staged.commit()
+        staged.commit()?;
+        Ok(true)
     }
 
     /// Reads and checks `out/plan.json`: format, version, that its id matches its contents (an
