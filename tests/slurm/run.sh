@@ -126,6 +126,7 @@ if [[ -n "$(missing)" ]]; then
     [[ $POLICY_CREATED == 1 ]] && rm -f /usr/sbin/policy-rc.d
     [[ $ok == 1 ]] || { tail -n 20 /tmp/pk-slurm-apt.log; fail "apt-get install slurm-wlm munge failed (log /tmp/pk-slurm-apt.log)"; }
     INSTALL_S=$(since "$t")
+    rm -f /tmp/pk-slurm-apt.log
     log "installed in ${INSTALL_S} s"
 fi
 [[ -z "$(missing)" ]] || fail "$(missing) not found after installing slurm-wlm and munge"
