@@ -355,7 +355,7 @@ impl TileProblem {
     pub fn error(&self, path: &Path, index: usize, out: &Path) -> Error {
         let msg = match self {
             TileProblem::Missing => format!("tile {index} is missing; run `pathkernel tile run {} --index {index}`", out.display()),
-            TileProblem::Damaged(m) => format!("{m}; delete it and run `pathkernel tile run {} --index {index}` again", out.display()),
+            TileProblem::Damaged(m) => format!("{m}; `pathkernel tile run {} --index {index}` recomputes it", out.display()),
             TileProblem::Foreign(m) => m.clone(),
         };
         Error::format(path, msg)
