@@ -25,6 +25,7 @@ pub mod plot;
 pub mod progress;
 pub mod study;
 pub mod svm;
+pub mod tile;
 pub mod train;
 pub mod trajectory;
 pub mod uncertainty;

@@ -53,6 +53,10 @@ pub struct Args {
     /// alone (plus one row point's work) does not.
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     memory: String,
+    /// Plan a tiled job instead of computing: write OUT/plan.json with N tiles (row blocks; or
+    /// RxS: R row blocks x S step ranges), each within --memory; see `pathkernel tile --help`.
+    #[arg(long, value_name = "N|RxS")]
+    tiles: Option<String>,
     /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
@@ -84,6 +88,9 @@ pub fn exec(a: Args) -> Result<()> {
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
     let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step, steps };
+    if let Some(tiles) = &a.tiles {
+        return super::tile::plan(&run, &states, &a.points, &req, layout, budget, tiles, &a.out, a.force);
+    }
     let staged = StagedDir::new(&a.out, a.force)?;
     let bar = if !a.quiet && std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(1);

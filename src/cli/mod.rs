@@ -6,6 +6,7 @@ mod analyze;
 mod bench;
 mod kernel;
 mod study;
+mod tile;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Command {
     Attribute(analyze::AttributeArgs),
     Stationarity(analyze::StationarityArgs),
     Study(study::Args),
+    /// Tiled kernel jobs (plans from `kernel --tiles`): run, merge, status, slurm, compare.
+    Tile(tile::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -49,6 +52,7 @@ pub fn main() -> i32 {
         Command::Kernel(a) => kernel::exec(a),
         Command::Bench(a) => bench::exec(a),
         Command::Study(a) => study::exec(a),
+        Command::Tile(a) => tile::exec(a),
         Command::Gp(a) => analyze::gp(a),
         Command::Svm(a) => analyze::svm(a),
         Command::Attribute(a) => analyze::attribute(a),

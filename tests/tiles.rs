@@ -1,0 +1,573 @@
+//! Tiled kernel jobs: tiles (row blocks × step ranges) merged equal the one-process result to
+//! 1e-13 relative, bit-identically on reruns; every fault (killed, missing, truncated, corrupted,
+//! foreign tiles, edited plans) is one line on stderr, exit 2, nothing overwritten; Slurm scripts
+//! and their submission (with a stand-in `sbatch`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pathkernel::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
+use pathkernel::tile::{self, Plan, PlanInput, Tiling};
+use pathkernel::trajectory::Run;
+
+fn req(kind: KernelKind, rule: Rule, side: Side) -> KernelRequest {
+    KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None }
+}
+
+fn one_process(run: &Run, points: &str, r: &KernelRequest, layout: Layout) -> KernelOutput {
+    let states = run.load_all().unwrap();
+    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
+    kernel::compute_in(run, &states, &pts, r, &Options::layout(layout), &|_, _| {}).unwrap()
+}
+
+/// Plans, runs every tile and merges, in process.
+fn tiled(run: &Run, out: &Path, points: &str, r: &KernelRequest, layout: Layout, tiling: Tiling, budget: u64) -> (Plan, KernelOutput) {
+    let states = run.load_all().unwrap();
+    let plan = tile::make_plan(&PlanInput { run, states: &states, points, req: r, layout, memory_budget: budget, tiling, pilot: false }).unwrap();
+    plan.write(out, true).unwrap();
+    for t in &plan.tiles {
+        tile::run_tile(out, t.index, &|_, _| {}).unwrap();
+    }
+    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
+    let merged = tile::merge_output(out, &Plan::read(out).unwrap(), &pts).unwrap();
+    (plan, merged)
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = max_abs(b);
+    if scale == 0.0 {
+        max_abs_diff(a, b)
+    } else {
+        max_abs_diff(a, b) / scale
+    }
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A tile's arrays and metadata as bits, without its compute time (`seconds` and the checksum,
+/// which covers it).
+fn tile_content(path: &Path) -> Vec<(String, Vec<u64>)> {
+    let f = pathkernel::io::SafeFile::open(path).unwrap();
+    let mut out: Vec<(String, Vec<u64>)> = f
+        .names()
+        .into_iter()
+        .filter(|n| n != "seconds")
+        .map(|n| {
+            let v = match f.f64(&n, None) {
+                Ok((_, v)) => bits(&v),
+                Err(_) => f.i64(&n, None).unwrap().1.into_iter().map(|x| x as u64).collect(),
+            };
+            (n, v)
+        })
+        .collect();
+    let mut meta: Vec<(String, String)> = f.metadata().into_iter().filter(|(k, _)| k != "crc32").collect();
+    meta.sort();
+    out.extend(meta.into_iter().map(|(k, v)| (k, v.bytes().map(u64::from).collect())));
+    out
+}
+
+/// The merged output against the one-process one: ≤ 1e-13 relative where sums are re-ordered,
+/// exact where nothing is summed.
+fn assert_same(name: &str, got: &KernelOutput, want: &KernelOutput) {
+    assert_eq!((got.p, got.m, got.k, got.layout), (want.p, want.m, want.k, want.layout), "{name}: shape");
+    assert_eq!(got.steps, want.steps, "{name}: steps");
+    let close = |what: &str, a: &[f64], b: &[f64]| {
+        let r = rel(a, b);
+        assert!(r <= 1e-13, "{name}: {what} differs by {r:e} relative");
+    };
+    close("gram", &got.gram, &want.gram);
+    close("machine", &got.machine, &want.machine);
+    // f itself: the same states, but row blocks of other sizes may round the forward pass's
+    // products differently in the last bit.
+    close("bias", &got.bias, &want.bias);
+    close("network", &got.network, &want.network);
+    assert_eq!(got.a, want.a, "{name}: a");
+    assert!(max_abs(&got.gram) > 1e-6, "{name}: trivial Gram");
+    match (&got.diag, &want.diag) {
+        (Some(a), Some(b)) => close("diag", a, b),
+        (None, None) => {}
+        _ => panic!("{name}: diag present in one only"),
+    }
+    match (&got.single_machine, &want.single_machine) {
+        (Some(a), Some(b)) => close("single machine", a, b),
+        (None, None) => {}
+        _ => panic!("{name}: single machine present in one only"),
+    }
+    match (&got.per_step, &want.per_step) {
+        (Some(a), Some(b)) => close("per-step Grams", a, b),
+        (None, None) => {}
+        _ => panic!("{name}: per-step Grams present in one only"),
+    }
+    for (what, a, b) in [("reg", &got.reg, &want.reg), ("rounding", &got.rounding, &want.rounding)] {
+        match (a, b) {
+            (Some(a), Some(b)) => assert!(max_abs_diff(a, b) <= 1e-13 * (1.0 + max_abs(b)), "{name}: {what}"),
+            (None, None) => {}
+            _ => panic!("{name}: {what} present in one only"),
+        }
+    }
+    assert_eq!(got.decomposition_residual.is_some(), want.decomposition_residual.is_some(), "{name}: residual");
+    assert_eq!(got.records.len(), want.records.len(), "{name}: records");
+    for (a, b) in got.records.iter().zip(&want.records) {
+        assert_eq!(a.step, b.step);
+        assert!((a.max_abs_error - b.max_abs_error).abs() <= 1e-13 * (1.0 + b.max_abs_change), "{name}: step {} record {} vs {}", a.step, a.max_abs_error, b.max_abs_error);
+        assert_eq!(a.max_evaluations, b.max_evaluations, "{name}: step {} evaluations", a.step);
+        assert!((a.mean_evaluations - b.mean_evaluations).abs() <= 1e-12 * b.mean_evaluations.max(1.0));
+    }
+    let (e, w) = (got.max_abs_error(), want.max_abs_error());
+    assert!((e - w).abs() <= 1e-12 * (1.0 + w), "{name}: machine vs network {e:e}, one process {w:e}");
+}
+
+#[test]
+fn tiles_equal_the_one_process_kernel_in_every_split_and_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "gd", &toy2d("[6, 5]", "relu", 9, 0.5, 10, 7));
+    let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
+    for layout in [Layout::Full, Layout::Diag] {
+        let want = one_process(&run, "test", &epk, layout);
+        for tiling in [Tiling::Grid { rows: 2, steps: 3 }, Tiling::Grid { rows: 1, steps: 9 }, Tiling::Count(3), Tiling::Count(20)] {
+            let name = format!("epk {layout} {tiling:?}");
+            let (plan, got) = tiled(&run, &dir.path().join("t"), "test", &epk, layout, tiling, 1 << 30);
+            if tiling == Tiling::Count(20) {
+                // 7 row points: one block each, then ⌈20 / 7⌉ = 3 step ranges.
+                assert_eq!((plan.row_blocks, plan.step_ranges.len()), (7, 3), "{name}");
+            }
+            assert_same(&name, &got, &want);
+            if layout == Layout::Full {
+                assert!(got.single_machine.is_some(), "{name}: Theorem 3.7's machine is recomputed");
+            }
+        }
+    }
+    // Other kinds, sides, per-step Grams and a sub-range of the steps.
+    let cases: Vec<(&str, &str, KernelRequest)> = vec![
+        ("dpk", "test", req(KernelKind::Dpk, Rule::Gauss(1), Side::Test)),
+        ("chen", "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test)),
+        ("epk train side", "train", req(KernelKind::Epk, Rule::Gauss(3), Side::Train)),
+        ("kprime per-step", "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }),
+        ("epk steps 2:8", "class-means", KernelRequest { steps: Some((2, 8)), ..req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test) }),
+    ];
+    for (name, points, r) in cases {
+        let want = one_process(&run, points, &r, Layout::Full);
+        let (plan, got) = tiled(&run, &dir.path().join("t"), points, &r, Layout::Full, Tiling::Grid { rows: 2, steps: 3 }, 1 << 30);
+        if name == "epk steps 2:8" {
+            assert_eq!(plan.step_ranges, vec![[2, 4], [4, 6], [6, 8]]);
+            assert!(got.single_machine.is_none(), "a is zero outside 2:8, so not constant");
+        }
+        assert_same(name, &got, &want);
+    }
+}
+
+#[test]
+fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let gd = train(dir.path(), "gd", &toy2d("[5]", "tanh", 6, 0.5, 8, 6));
+    let ntk = req(KernelKind::Ntk, Rule::Gauss(1), Side::Test);
+    let states = gd.load_all().unwrap();
+    let input = |run: &'_ Run, states: &'_ [pathkernel::model::Params], r: &KernelRequest, tiling| {
+        tile::make_plan(&PlanInput { run, states, points: "test", req: r, layout: Layout::Full, memory_budget: 1 << 30, tiling, pilot: false }).map(|p| (p.row_blocks, p.step_ranges.len()))
+    };
+    assert_eq!(input(&gd, &states, &ntk, Tiling::Count(12)).unwrap(), (6, 1));
+    let e = input(&gd, &states, &ntk, Tiling::Grid { rows: 1, steps: 2 }).unwrap_err().to_string();
+    assert!(e.contains("step ranges need plain gradient steps") && e.contains("the NTK is one kernel"), "{e}");
+    let want = one_process(&gd, "test", &ntk, Layout::Full);
+    let (_, got) = tiled(&gd, &dir.path().join("t"), "test", &ntk, Layout::Full, Tiling::Count(3), 1 << 30);
+    assert_same("ntk", &got, &want);
+
+    let epk = req(KernelKind::Epk, Rule::Gauss(3), Side::Test);
+    let momentum = train(dir.path(), "mom", &toy2d("[5]", "relu", 6, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
+    let ms = momentum.load_all().unwrap();
+    let e = input(&momentum, &ms, &epk, Tiling::Grid { rows: 2, steps: 2 }).unwrap_err().to_string();
+    assert!(e.contains("couples its steps (kernel form momentum)"), "{e}");
+    assert_eq!(input(&momentum, &ms, &epk, Tiling::Count(9)).unwrap(), (6, 1), "more tiles than rows: rows only");
+    for (name, r) in [("momentum", epk.clone()), ("momentum steps 2:5", KernelRequest { steps: Some((2, 5)), ..epk.clone() })] {
+        let want = one_process(&momentum, "test", &r, Layout::Full);
+        let (_, got) = tiled(&momentum, &dir.path().join("t"), "test", &r, Layout::Full, Tiling::Count(3), 1 << 30);
+        assert_same(name, &got, &want);
+        assert_eq!(bits(&got.machine), bits(&want.machine), "{name}: row tiles alone are exact");
+    }
+
+    // Plain steps with weight decay split by steps too (the decay term is a sum over steps).
+    let wd = train(dir.path(), "wd", &toy2d("[5]", "relu", 6, 0.3, 8, 6).replace("seed = 7\n", "seed = 7\nweight_decay = 0.05\nweight_decay_mode = \"decoupled\"\n"));
+    let want = one_process(&wd, "test", &epk, Layout::Full);
+    assert!(want.reg.is_some());
+    let (plan, got) = tiled(&wd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 2, steps: 3 }, 1 << 30);
+    assert_eq!(plan.step_ranges.len(), 3);
+    assert_same("gd + decoupled weight decay", &got, &want);
+    // SGD mini-batches.
+    let sgd = train(dir.path(), "sgd", &toy2d("[5]", "relu", 8, 0.3, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"sgd\"\nbatch_size = 7\n"));
+    let want = one_process(&sgd, "test", &epk, Layout::Full);
+    let (_, got) = tiled(&sgd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 4 }, 1 << 30);
+    assert_same("sgd", &got, &want);
+}
+
+#[test]
+fn reruns_are_bit_identical_and_the_tiled_gram_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "gd", &toy2d("[6]", "relu", 8, 0.5, 10, 9));
+    let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
+    let out = dir.path().join("t");
+    let (plan, first) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 2 }, 1 << 30);
+    let tile0 = tile_content(&tile::tile_path(&out, 0));
+    // The same plan again (same id), every tile recomputed.
+    let (again, second) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 2 }, 1 << 30);
+    assert_eq!(plan.plan_id, again.plan_id, "planning the same job gives the same id");
+    assert!(tile_content(&tile::tile_path(&out, 0)) == tile0, "tiles are bit-identical but for their seconds");
+    assert_eq!(bits(&first.gram), bits(&second.gram));
+    assert_eq!(bits(&first.machine), bits(&second.machine));
+    assert_eq!(bits(first.single_machine.as_ref().unwrap()), bits(second.single_machine.as_ref().unwrap()));
+
+    // The streaming reader gives the merged Gram's bits, a row block or a class block at a time.
+    let g = tile::TiledGram::open(&out).unwrap();
+    let (p, m, k) = (first.p, first.m, first.k);
+    assert_eq!(g.shape(), vec![p, m, k, k]);
+    let mut rows = Vec::new();
+    for (b, r) in g.row_blocks().iter().enumerate() {
+        let block = g.row_block(b).unwrap();
+        assert_eq!(block.len(), r.len() * m * k * k);
+        rows.extend(block);
+    }
+    assert_eq!(bits(&rows), bits(&first.gram));
+    let c01 = g.class_block(0, 1).unwrap();
+    let want: Vec<f64> = (0..p * m).map(|pm| first.gram[pm * k * k + 1]).collect();
+    assert_eq!(bits(&c01), bits(&want));
+    assert!(g.class_block(0, 3).is_err());
+}
+
+#[test]
+fn each_tile_fits_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "gd", &toy2d("[8]", "relu", 5, 0.5, 40, 40));
+    let epk = req(KernelKind::Epk, Rule::Gauss(2), Side::Train);
+    let states = run.load_all().unwrap();
+    let plan_with = |budget: u64| {
+        tile::make_plan(&PlanInput { run: &run, states: &states, points: "train", req: &epk, layout: Layout::Full, memory_budget: budget, tiling: Tiling::Count(2), pilot: true })
+    };
+    let roomy = plan_with(1 << 30).unwrap();
+    assert_eq!(roomy.row_blocks, 2);
+    let pilot = roomy.pilot.as_ref().unwrap();
+    assert!(pilot.row_seconds_per_step >= 0.0 && pilot.rows == 8);
+    assert!(roomy.tiles.iter().all(|t| t.estimated_seconds.is_some_and(|s| s >= 0.0)));
+    // Shrinking budgets: more row blocks, every tile within its budget.
+    let mut grown = 0;
+    let mut last = roomy.row_blocks;
+    for mib in [64u64, 16, 8, 6, 5] {
+        let budget = mib << 20;
+        let Ok(plan) = plan_with(budget) else { break };
+        assert!(plan.row_blocks >= last, "{plan}");
+        assert!(plan.tiles.iter().all(|t| t.estimated_peak_bytes <= budget), "{plan}");
+        if plan.row_blocks > 2 {
+            assert!(plan.split.contains("grown to"), "{}", plan.split);
+            grown += 1;
+        }
+        last = plan.row_blocks;
+    }
+    assert!(grown > 0, "no budget made the tiles grow");
+    let e = plan_with(1 << 10).unwrap_err().to_string();
+    assert!(e.contains("over the budget"), "{e}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Through the binary.
+
+fn pk(args: &[&str], cwd: &Path) -> Output {
+    Command::new(bin()).args(args).current_dir(cwd).output().unwrap()
+}
+
+fn ok(args: &[&str], cwd: &Path) -> String {
+    let o = pk(args, cwd);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails(args: &[&str], cwd: &Path, needle: &str) {
+    let o = pk(args, cwd);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("error: ") && !err.contains("panicked"), "{args:?}: {err}");
+}
+
+/// Every file under `dir` with its bytes (a snapshot to check that nothing changed).
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p.clone());
+                out.push((p, Vec::new()));
+            } else {
+                let b = std::fs::read(&p).unwrap();
+                out.push((p, b));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn train_bin(d: &Path, name: &str, toml: &str) {
+    std::fs::write(d.join(format!("{name}.toml")), toml).unwrap();
+    ok(&["train", "-q", "--config", &format!("{name}.toml"), "--out", name], d);
+}
+
+#[test]
+fn cli_tiles_merge_to_the_one_process_output_and_rerun_bit_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6, 4]", "relu", 8, 0.5, 10, 9));
+    for blocks in ["full", "diag"] {
+        let one = format!("one-{blocks}");
+        let tiles = format!("tiles-{blocks}");
+        ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--blocks", blocks, "--out", &one], d);
+        let plan_out = ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--blocks", blocks, "--tiles", "2x2", "--out", &tiles], d);
+        assert!(plan_out.contains("4 tiles = 2 row blocks") && plan_out.contains("2 step ranges"), "{plan_out}");
+        assert!(!d.join(&tiles).join("gram.safetensors").exists(), "planning computes nothing");
+        let plan = Plan::read(&d.join(&tiles)).unwrap();
+        assert_eq!(plan.tiles.len(), 4);
+        assert!(plan.run_dir.is_absolute());
+        let st = ok(&["tile", "status", &tiles], d);
+        assert!(st.contains("0 of 4 tiles complete") && st.contains("4 missing"), "{st}");
+        for i in 0..4 {
+            let o = ok(&["tile", "run", &tiles, "--index", &i.to_string(), "-q"], d);
+            assert!(o.contains(&format!("tile {i}: computed")), "{o}");
+        }
+        let again = ok(&["tile", "run", &tiles, "--all", "-q"], d);
+        assert_eq!(again.matches("already complete").count(), 4, "{again}");
+        ok(&["tile", "merge", &tiles], d);
+        let merged = format!("{tiles}/merged");
+        let cmp = ok(&["tile", "compare", &merged, &one, "--tol", "1e-13"], d);
+        assert!(cmp.contains("gram.safetensors:gram") && cmp.contains("max relative difference"), "{cmp}");
+        let got = pathkernel::tile::compare_dirs(&d.join(&merged), &d.join(&one)).unwrap();
+        for diff in &got {
+            assert!(diff.rel <= 1e-13, "{blocks}: {diff:?}");
+        }
+        for f in ["exactness.json", "steps.parquet", "predictions.parquet"] {
+            assert!(d.join(&merged).join(f).exists());
+        }
+        let ex: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join(&merged).join("exactness.json")).unwrap()).unwrap();
+        assert_eq!(ex["layout"], blocks);
+        assert!(ex["max_abs_error"].as_f64().unwrap() < 1e-11);
+
+        // A rerun of the same plan from scratch: bit-identical outputs.
+        let before: Vec<Vec<u8>> = ["gram.safetensors", "predictions.parquet", "steps.parquet"].iter().map(|f| std::fs::read(d.join(&merged).join(f)).unwrap()).collect();
+        std::fs::remove_dir_all(d.join(&tiles).join("tiles")).unwrap();
+        std::fs::create_dir(d.join(&tiles).join("tiles")).unwrap();
+        fails(&["tile", "merge", &tiles], d, "4 of 4 tiles are missing");
+        ok(&["tile", "run", &tiles, "--all", "-q"], d);
+        fails(&["tile", "merge", &tiles], d, "already exists; choose another --out or pass --force");
+        ok(&["tile", "merge", &tiles, "--force"], d);
+        let after: Vec<Vec<u8>> = ["gram.safetensors", "predictions.parquet", "steps.parquet"].iter().map(|f| std::fs::read(d.join(&merged).join(f)).unwrap()).collect();
+        assert!(before == after, "{blocks}: the rerun's outputs differ");
+        let cmp = ok(&["tile", "compare", &merged, &merged], d);
+        assert!(cmp.contains("all arrays bit-identical"), "{cmp}");
+    }
+    // A different request does not pass compare at the default tolerance.
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--quadrature", "gauss:2", "--out", "gauss2"], d);
+    fails(&["tile", "compare", "gauss2", "one-full"], d, "relative (tolerance 1e-13)");
+}
+
+#[test]
+fn cli_tile_faults_are_one_line_errors_that_overwrite_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6]", "relu", 6, 0.5, 8, 8));
+    train_bin(d, "other", &toy2d("[6]", "relu", 6, 0.4, 8, 8));
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x2", "--out", "job"], d);
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "4x1", "--out", "job4"], d);
+    ok(&["kernel", "-q", "--run", "other", "--kind", "epk", "--tiles", "2x2", "--out", "jobo"], d);
+    for job in ["job", "job4", "jobo"] {
+        ok(&["tile", "run", job, "--all", "-q"], d);
+    }
+    let tile = |job: &str, i: usize| d.join(job).join("tiles").join(format!("tile-{i:06}.safetensors"));
+    let check_untouched = |needle: &str, args: &[&str]| {
+        let before = snapshot(d);
+        fails(args, d, needle);
+        assert!(snapshot(d) == before, "{args:?} changed the directory");
+    };
+
+    // Planning errors.
+    check_untouched("--tiles `0`", &["kernel", "--run", "run", "--tiles", "0", "--out", "x"]);
+    check_untouched("12 row blocks for 8 row points", &["kernel", "--run", "run", "--tiles", "12x1", "--out", "x"]);
+    check_untouched("7 step ranges for 6 steps", &["kernel", "--run", "run", "--tiles", "1x7", "--out", "x"]);
+    check_untouched("the NTK is one kernel at one state", &["kernel", "--run", "run", "--kind", "ntk", "--tiles", "2x2", "--out", "x"]);
+    check_untouched("already exists", &["kernel", "--run", "run", "--tiles", "2", "--out", "job"]);
+    // Planning the same job again leaves the plan and its tiles alone.
+    let before = snapshot(d);
+    let o = ok(&["kernel", "--run", "run", "--kind", "epk", "--tiles", "2x2", "--out", "job"], d);
+    assert!(o.contains("already holds this plan"), "{o}");
+    assert!(snapshot(d) == before, "re-planning changed the directory");
+    check_untouched("--index 4: the plan", &["tile", "run", "job", "--index", "4"]);
+    check_untouched("no plan here", &["tile", "run", "run", "--index", "0"]);
+
+    // A missing tile at merge.
+    let saved = std::fs::read(tile("job", 3)).unwrap();
+    let saved_content = tile_content(&tile("job", 3));
+    std::fs::remove_file(tile("job", 3)).unwrap();
+    check_untouched("1 of 4 tiles are missing (index 3)", &["tile", "merge", "job"]);
+    // Truncated.
+    std::fs::write(tile("job", 3), &saved[..saved.len() - 100]).unwrap();
+    check_untouched("truncated or extended", &["tile", "merge", "job"]);
+    std::fs::write(tile("job", 3), &saved[..5]).unwrap();
+    check_untouched("truncated", &["tile", "merge", "job"]);
+    // Corrupted: one bit of the data flipped (header intact): the checksum catches it.
+    let mut bad = saved.clone();
+    let at = bad.len() - 200;
+    bad[at] ^= 0x10;
+    std::fs::write(tile("job", 3), &bad).unwrap();
+    check_untouched("corrupted: the data's CRC-32", &["tile", "merge", "job"]);
+    // A damaged tile is recomputed by `tile run` (and only that one).
+    let o = pk(&["tile", "run", "job", "--all", "-q"], d);
+    assert!(o.status.success());
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(out.matches("already complete").count(), 3, "{out}");
+    assert!(out.contains("tile 3: computed") && err.contains("replaced a damaged file (corrupted"), "{out} {err}");
+    assert!(tile_content(&tile("job", 3)) == saved_content, "the recomputed tile is bit-identical but for its seconds");
+
+    // A tile of another plan (same run) and of another run.
+    std::fs::copy(tile("job4", 1), tile("job", 1)).unwrap();
+    check_untouched("belongs to plan", &["tile", "merge", "job"]);
+    check_untouched("belongs to plan", &["tile", "run", "job", "--index", "1"]);
+    std::fs::copy(tile("jobo", 1), tile("job", 1)).unwrap();
+    check_untouched("belongs to run", &["tile", "merge", "job"]);
+    check_untouched("belongs to run", &["tile", "run", "job", "--index", "1"]);
+    // A tile of this plan under another index.
+    std::fs::copy(tile("job", 2), tile("job", 1)).unwrap();
+    check_untouched("is tile 2 (rows", &["tile", "merge", "job"]);
+    std::fs::remove_file(tile("job", 1)).unwrap();
+    ok(&["tile", "run", "job", "--index", "1", "-q"], d);
+
+    // An edited plan.
+    let plan_path = d.join("job").join("plan.json");
+    let text = std::fs::read_to_string(&plan_path).unwrap();
+    std::fs::write(&plan_path, text.replacen("\"auto:1e-12\"", "\"auto:1e-10\"", 1)).unwrap();
+    check_untouched("does not match its contents", &["tile", "merge", "job"]);
+    check_untouched("does not match its contents", &["tile", "run", "job", "--index", "0"]);
+    std::fs::write(&plan_path, text.replacen("\"block_rows\": 4", "\"block_rows\": 3", 1)).unwrap();
+    check_untouched("does not match the plan's row blocks", &["tile", "merge", "job"]);
+    std::fs::write(&plan_path, &text).unwrap();
+    // The run changed under the plan (retrained in place with another config).
+    std::fs::rename(d.join("run"), d.join("run.saved")).unwrap();
+    std::fs::rename(d.join("other"), d.join("run")).unwrap();
+    std::fs::remove_file(tile("job", 0)).unwrap();
+    check_untouched("but the plan was made for run", &["tile", "run", "job", "--index", "0"]);
+    std::fs::rename(d.join("run"), d.join("other")).unwrap();
+    std::fs::rename(d.join("run.saved"), d.join("run")).unwrap();
+    ok(&["tile", "run", "job", "--index", "0", "-q"], d);
+
+    // Leftover temporary files of killed writes are ignored; the merge then succeeds.
+    std::fs::write(d.join("job/tiles/.tile-000002.safetensors.tmp-99999"), &saved[..1000]).unwrap();
+    let st = ok(&["tile", "status", "job", "--verify"], d);
+    assert!(st.contains("4 of 4 tiles complete (checksums verified)"), "{st}");
+    ok(&["tile", "merge", "job"], d);
+    assert!(d.join("job/merged/gram.safetensors").exists() && !d.join("job/merged.partial").exists());
+}
+
+#[test]
+fn cli_a_killed_tile_leaves_no_valid_looking_file_and_a_rerun_does_only_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[16, 16]", "tanh", 30, 0.3, 60, 4));
+    // 180 training rows as row points, 3 tiles of 60 rows.
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--points", "train", "--quadrature", "gauss:8", "--tiles", "3", "--out", "job"], d);
+    ok(&["tile", "run", "job", "--index", "0", "-q"], d);
+    let t0 = std::fs::read(d.join("job/tiles/tile-000000.safetensors")).unwrap();
+    for delay_ms in [30u64, 150, 400] {
+        let mut child = Command::new(bin()).args(["tile", "run", "job", "--index", "1", "-q"]).current_dir(d).spawn().unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(delay_ms) && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().ok();
+        child.wait().unwrap();
+        let st = ok(&["tile", "status", "job", "--verify"], d);
+        assert!(!st.contains("tile 1:"), "a killed tile run left a damaged tile: {st}");
+        if d.join("job/tiles/tile-000001.safetensors").exists() {
+            break; // it finished before the kill: complete and valid
+        }
+    }
+    let o = ok(&["tile", "run", "job", "--all", "-q"], d);
+    assert!(o.contains("tile 0: already complete"), "{o}");
+    assert!(o.contains("tile 2: computed"), "{o}");
+    assert!(std::fs::read(d.join("job/tiles/tile-000000.safetensors")).unwrap() == t0, "complete tiles are not rewritten");
+    ok(&["tile", "merge", "job"], d);
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--points", "train", "--quadrature", "gauss:8", "--out", "one"], d);
+    ok(&["tile", "compare", "job/merged", "one"], d);
+}
+
+#[cfg(unix)]
+#[test]
+fn cli_slurm_scripts_and_submission_with_a_stand_in_sbatch() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6]", "relu", 6, 0.5, 8, 8));
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x2", "--out", "job"], d);
+    let out = std::fs::canonicalize(d.join("job")).unwrap();
+    let o = ok(&["tile", "slurm", "job", "--max-parallel", "2", "--partition", "debug", "--time", "10:00", "--mem", "1G", "--sbatch=--account=proj"], d);
+    assert!(o.contains("--array=0-3%2"), "{o}");
+    let array = std::fs::read_to_string(out.join("slurm/array.sbatch")).unwrap();
+    let binary = std::fs::canonicalize(bin()).unwrap();
+    for line in [
+        "#SBATCH --array=0-3%2".to_string(),
+        "#SBATCH --partition=debug".into(),
+        "#SBATCH --time=10:00".into(),
+        "#SBATCH --mem=1G".into(),
+        "#SBATCH --account=proj".into(),
+        format!("#SBATCH --output={}/slurm/logs/tile-%a.out", out.display()),
+        format!("exec '{}' tile run '{}' --index \"$SLURM_ARRAY_TASK_ID\" --quiet", binary.display(), out.display()),
+    ] {
+        assert!(array.lines().any(|l| l == line), "missing `{line}` in:\n{array}");
+    }
+    let merge = std::fs::read_to_string(out.join("slurm/merge.sbatch")).unwrap();
+    assert!(merge.contains(&format!("exec '{}' tile merge '{}'", binary.display(), out.display())), "{merge}");
+    assert!(out.join("slurm/logs").is_dir());
+    fails(&["tile", "slurm", "job", "--partition", "a b"], d, "--partition `a b`");
+    fails(&["tile", "slurm", "job", "--max-parallel", "0"], d, "--max-parallel 0");
+
+    // A stand-in sbatch that logs its arguments and answers like `sbatch --parsable`.
+    let fake = d.join("bin");
+    std::fs::create_dir(&fake).unwrap();
+    let log = d.join("sbatch.log");
+    let script = format!(
+        "#!/bin/sh\necho \"$@\" >> '{}'\nn=$(wc -l < '{}')\nif [ \"$FAKE_SBATCH_FAIL\" = 1 ]; then echo 'sbatch: error: invalid partition' >&2; exit 1; fi\necho \"$((4240 + n));cluster\"\n",
+        log.display(),
+        log.display()
+    );
+    std::fs::write(fake.join("sbatch"), script).unwrap();
+    std::fs::set_permissions(fake.join("sbatch"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap_or_default());
+    let submit = |env_fail: bool| Command::new(bin()).args(["tile", "slurm", "job", "--submit"]).env("PATH", &path).env("FAKE_SBATCH_FAIL", if env_fail { "1" } else { "0" }).current_dir(d).output().unwrap();
+    let o = submit(false);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("submitted array job 4241 (4 tasks) and merge job 4242"), "{stdout}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(calls[0], format!("--parsable {}", out.join("slurm/array.sbatch").display()));
+    assert_eq!(calls[1], format!("--parsable --dependency=afterok:4241 --kill-on-invalid-dep=yes {}", out.join("slurm/merge.sbatch").display()));
+    let jobs: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("slurm/jobs.json")).unwrap()).unwrap();
+    assert_eq!((jobs["array_job"].as_str(), jobs["merge_job"].as_str()), (Some("4241"), Some("4242")));
+    let o = submit(true);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("invalid partition") && err.trim().lines().count() == 1, "{err}");
+
+    // After some tiles are done, the array covers only the rest; with all done, only the merge.
+    ok(&["tile", "run", "job", "--index", "0", "-q"], d);
+    ok(&["tile", "run", "job", "--index", "2", "-q"], d);
+    let o = ok(&["tile", "slurm", "job"], d);
+    assert!(o.contains("--array=1,3)"), "{o}");
+    ok(&["tile", "run", "job", "--all", "-q"], d);
+    let o = Command::new(bin()).args(["tile", "slurm", "job", "--submit"]).env("PATH", &path).current_dir(d).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("every tile is complete: submitted merge job"), "{stdout}");
+}
