@@ -227,6 +227,8 @@ impl Assembly {
             network: grow(&first.network, k),
             machine: grow(&first.machine, k),
             single_machine: first.single_machine.as_deref().map(|v| grow(v, k)),
+            reg: first.reg.as_deref().map(|v| grow(v, k)),
+            rounding: first.rounding.as_deref().map(|v| grow(v, k)),
             p,
             ..first
         };
@@ -256,6 +258,16 @@ impl Assembly {
         put(&mut a.machine, &o.machine, k);
         if let (Some(dst), Some(src)) = (a.single_machine.as_mut(), o.single_machine.as_ref()) {
             put(dst, src, k);
+        }
+        // The non-data terms are per row point; the replay residual is a max over steps (the
+        // same for every block, taken as the max to stay loud).
+        for (dst, src) in [(a.reg.as_mut(), o.reg.as_ref()), (a.rounding.as_mut(), o.rounding.as_ref())] {
+            if let (Some(d), Some(s)) = (dst, src) {
+                put(d, s, k);
+            }
+        }
+        if let (Some(r), Some(q)) = (a.decomposition_residual.as_mut(), o.decomposition_residual) {
+            *r = super::nan_max(*r, q);
         }
         a.contraction.seconds += o.contraction.seconds;
         a.contraction.flops += o.contraction.flops;

@@ -581,6 +581,7 @@ fn decode(path: &Path, bytes: Vec<u8>, meta: &BTreeMap<String, String>, plan: &P
         k,
         steps,
         layout,
+        contraction: Default::default(),
         gram,
         per_step,
         diag: opt("diag", &[p, k, k])?,
