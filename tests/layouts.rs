@@ -118,3 +118,23 @@ fn a_nan_machine_is_not_exact() {
     assert!(kernel::nan_max(f64::NAN, 1.0).is_nan() && kernel::nan_max(1.0, f64::NAN).is_nan());
     assert_eq!(kernel::nan_max(1.0, 2.0), 2.0);
 }
+
+#[test]
+fn row_blocks_keep_every_blocks_non_data_terms() {
+    // Momentum with weight decay: reg and rounding are per row point and must be assembled from
+    // every block, not only the first.
+    let dir = tempfile::tempdir().unwrap();
+    let toml = toy2d("[5]", "relu", 6, 0.05, 6, 5).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\nweight_decay = 0.01\n");
+    let run = train(dir.path(), "m", &toml);
+    let states = run.load_all().unwrap();
+    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let r = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
+    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &r, 1 << 30, &|_, _| {}).unwrap();
+    let blocked = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &r, 2, &|_, _| {}).unwrap();
+    for (name, a, b) in [("reg", &whole.reg, &blocked.reg), ("rounding", &whole.rounding, &blocked.rounding)] {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!(a.len(), b.len(), "{name}: blocked length");
+        assert!(max_abs_diff(a, b) <= 1e-12 * max_abs(a).max(1e-300), "{name}: blocked differs");
+    }
+    assert!(max_abs_diff(&whole.machine, &blocked.machine) <= 1e-12 * max_abs(&whole.machine));
+}
