@@ -155,16 +155,17 @@ fn last_method(expr: &str) -> Option<String> {
 fn notebook(cells: &[(&'static str, String)]) -> Value {
     let cells: Vec<Value> = cells
         .iter()
-        .map(|(kind, text)| {
+        .enumerate()
+        .map(|(i, (kind, text))| {
             let source: Vec<String> = {
                 let lines: Vec<&str> = text.split('\n').collect();
                 let n = lines.len();
                 lines.iter().enumerate().map(|(i, l)| if i + 1 < n { format!("{l}\n") } else { l.to_string() }).collect()
             };
             if *kind == "code" {
-                json!({"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], "source": source})
+                json!({"cell_type": "code", "execution_count": null, "id": format!("cell-{i}"), "metadata": {}, "outputs": [], "source": source})
             } else {
-                json!({"cell_type": "markdown", "metadata": {}, "source": source})
+                json!({"cell_type": "markdown", "id": format!("cell-{i}"), "metadata": {}, "source": source})
             }
         })
         .collect();
@@ -202,12 +203,19 @@ fn notebooks_match_their_compiled_sources() {
         }
         let text = std::fs::read_to_string(&nb_path).unwrap_or_else(|_| panic!("{} is missing; run UPDATE_NOTEBOOKS=1 cargo test --test notebooks", nb_path.display()));
         let actual: Value = serde_json::from_str(&text).unwrap();
-        let strip = |v: &Value| -> Vec<(String, String)> {
+        // Cell ids (required since nbformat 4.5), kinds and sources; outputs may differ.
+        let strip = |v: &Value| -> Vec<(String, String, String)> {
             v["cells"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|c| (c["cell_type"].as_str().unwrap().to_string(), c["source"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect::<String>()))
+                .map(|c| {
+                    (
+                        c["id"].as_str().unwrap_or("").to_string(),
+                        c["cell_type"].as_str().unwrap().to_string(),
+                        c["source"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect::<String>(),
+                    )
+                })
                 .collect()
         };
         assert_eq!(strip(&actual), strip(&expected), "{} is out of date with its source", nb_path.display());
