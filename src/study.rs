@@ -250,7 +250,7 @@ pub struct Candidate {
 
 /// Trains the candidates of `sel` (each cached under `cache/select/`) and returns them with the
 /// index of the chosen one.
-fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOptions) -> Result<(Vec<Candidate>, usize, PathBuf)> {
+fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOptions) -> Result<(Vec<Candidate>, usize, PathBuf, bool)> {
     if sel.lr.is_empty() || sel.steps.is_empty() || sel.lr.iter().any(|v| !(v.is_finite() && *v > 0.0)) || sel.steps.contains(&0) {
         return Err(Error::Config("[selection] needs non-empty lists of positive lr and steps".into()));
     }
@@ -272,6 +272,7 @@ fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOpti
     };
     let mut out = Vec::new();
     let mut dirs = Vec::new();
+    let mut all_reused = true;
     for &steps in &sel.steps {
         for &lr in &sel.lr {
             let mut rc = cfg.run_config();
@@ -280,6 +281,7 @@ fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOpti
             let dir = cache.join("select").join(format!("lr{lr}-steps{steps}")).join("run");
             let reuse = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
             if !reuse {
+                all_reused = false;
                 train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
             }
             let run = Run::open(&dir)?;
@@ -289,7 +291,7 @@ fn select(cfg: &StudyConfig, sel: &SelectionSpec, cache: &Path, opts: &StudyOpti
     }
     // Best validation accuracy; ties to fewer steps, then the smaller rate (the order above).
     let best = (0..out.len()).fold(0, |b, i| if out[i].validation_accuracy > out[b].validation_accuracy { i } else { b });
-    Ok((out, best, dirs[best].clone()))
+    Ok((out, best, dirs[best].clone(), all_reused))
 }
 
 /// Where a study reads and writes.
@@ -333,7 +335,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     // Training (or the validation-chosen candidate), reused when the configuration is unchanged.
     let mut selection_notes = Vec::new();
     let (run_dir, reused_run) = if let Some(sel) = &cfg.selection {
-        let (cands, best, dir) = select(&cfg, sel, &cache, opts)?;
+        let (cands, best, dir, reused) = select(&cfg, sel, &cache, opts)?;
         io::write_json(&staged.path().join("selection.json"), &cands)?;
         selection_notes.push(format!(
             "- Learning rate and steps chosen on the validation split (`[selection]`, `selection.json`): {}; chosen lr {} with {} steps.",
@@ -341,7 +343,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
             cands[best].lr,
             cands[best].steps
         ));
-        (dir, true)
+        (dir, reused)
     } else {
         let rc = cfg.run_config();
         let run_dir = cache.join("run");
