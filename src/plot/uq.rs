@@ -55,10 +55,11 @@ const GAP: RGBColor = RGBColor(214, 39, 40);
 
 impl Chart {
     /// Reliability diagrams, one panel per method (up to 3 per row): for every non-empty bin of
-    /// the top-label confidence a bar of the bin's accuracy, a red band from the accuracy to the
-    /// bin's mean confidence (the gap that the ECE weighs by the bin's share), a dot at the mean
-    /// confidence on the dashed diagonal, and the bin's share of the points as a grey bar along
-    /// the bottom (scaled to a tenth of the height). 400×400 pixels per panel.
+    /// the top-label confidence a blue bar up to the bin's accuracy (dark top line), a
+    /// translucent red band from the accuracy to the bin's mean confidence (the gap that the ECE
+    /// weighs by the bin's share), a dot at the mean confidence on the dashed diagonal, and the
+    /// bin's number of points as a grey bar along the bottom (the largest bin 0.15 high).
+    /// 400×400 pixels per panel.
     ///
     /// # Errors
     /// [`Error::Data`] for no panels, or a panel whose vectors do not have `B + 1` / `B` entries.
@@ -93,7 +94,7 @@ impl Chart {
                 let (_, area) = cell.split_vertically(PANEL_TITLE_H);
                 let axis = Axis::linear(0.0, 1.0, 0.0, 6);
                 let mut chart = build_chart(&area, txt, &axis, &axis, "confidence (top-label probability)", "accuracy", 6, 16)?;
-                let total: usize = p.count.iter().sum();
+                let most = p.count.iter().copied().max().unwrap_or(0).max(1) as f64;
                 for j in 0..p.accuracy.len() {
                     if p.count[j] == 0 || !p.accuracy[j].is_finite() {
                         continue;
@@ -101,10 +102,11 @@ impl Chart {
                     let (lo, hi) = (p.edges[j], p.edges[j + 1]);
                     let pad = (hi - lo) * 0.06;
                     let (a, c) = (p.accuracy[j], p.confidence[j]);
-                    let share = p.count[j] as f64 / total.max(1) as f64;
                     chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, 0.0), (hi - pad, a)], mix(BAR, WHITE, 0.15).filled())))?;
-                    chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, a.min(c)), (hi - pad, a.max(c))], mix(GAP, WHITE, 0.45).filled())))?;
-                    chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, 0.0), (hi - pad, 0.1 * share)], RGBColor(110, 110, 110).filled())))?;
+                    chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, a.min(c)), (hi - pad, a.max(c))], GAP.mix(0.35).filled())))?;
+                    chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, a.min(c)), (hi - pad, a.max(c))], GAP.stroke_width(1))))?;
+                    chart.draw_series(std::iter::once(PathElement::new(vec![(lo + pad, a), (hi - pad, a)], mix(BAR, BLACK, 0.5).stroke_width(2))))?;
+                    chart.draw_series(std::iter::once(Rectangle::new([(lo + pad, 0.0), (hi - pad, 0.15 * p.count[j] as f64 / most)], RGBColor(110, 110, 110).filled())))?;
                 }
                 chart.draw_series(DashedLineSeries::new(vec![(0.0, 0.0), (1.0, 1.0)], 8, 6, RGBColor(90, 90, 90).stroke_width(2)))?;
                 for j in 0..p.accuracy.len() {
@@ -116,8 +118,8 @@ impl Chart {
             }
             let entries: Vec<Entry> = vec![
                 ("accuracy per bin".into(), mix(BAR, WHITE, 0.15), 0),
-                ("gap to the mean confidence".into(), mix(GAP, WHITE, 0.45), 0),
-                ("share of points (×0.1)".into(), RGBColor(110, 110, 110), 0),
+                ("gap from the accuracy to the mean confidence (dot)".into(), mix(GAP, WHITE, 0.65), 0),
+                ("points per bin (largest bin = 0.15)".into(), RGBColor(110, 110, 110), 0),
             ];
             let mut x = 16;
             for (label, colour, _) in &entries {
@@ -130,8 +132,9 @@ impl Chart {
     }
 
     /// Grouped bar chart: one group per entry of `groups` along the x axis, one bar per series
-    /// in each group (colour per series, legend to the right), the value printed above each
-    /// bar; NaN values leave a gap. The y axis spans `y_range`. 900×600 pixels.
+    /// with a finite value in each group (side by side, centred; NaN values are left out; colour
+    /// per series, legend to the right), the value written upwards in or above each bar. The y
+    /// axis spans `y_range`. 900×600 pixels.
     ///
     /// # Errors
     /// [`Error::Data`] for no groups or series, a series with a value count other than the
@@ -152,7 +155,6 @@ impl Chart {
         }
         let entries: Vec<Entry> = series.iter().enumerate().map(|(i, s)| (s.label.clone(), TAB10[i % TAB10.len()], i)).collect();
         let ng = groups.len() as f64;
-        let ns = series.len() as f64;
         Chart::render(&who, (CHART_W, CHART_H), |root, txt| {
             let body = titled(root, txt, title);
             let labels: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
@@ -164,20 +166,27 @@ impl Chart {
             xa.ticks.clear();
             let chart = build_chart(&plot_area, txt, &xa, &ya, "", y_label, 6, 20)?;
             let pa = chart.plotting_area();
-            let width = 0.8 / ns;
-            for (si, s) in series.iter().enumerate() {
-                let colour = TAB10[si % TAB10.len()];
-                for (g, &v) in s.values.iter().enumerate() {
-                    if !v.is_finite() {
-                        continue;
-                    }
-                    let x0 = g as f64 + 0.1 + si as f64 * width;
+            // Each group shows its finite bars side by side, centred; a series keeps its colour.
+            let most = (0..groups.len()).map(|g| series.iter().filter(|s| s.values[g].is_finite()).count()).max().unwrap_or(1).max(1);
+            let width = 0.8 / most as f64;
+            let span = y_range.1 - y_range.0;
+            for g in 0..groups.len() {
+                let present: Vec<usize> = (0..series.len()).filter(|&si| series[si].values[g].is_finite()).collect();
+                let left = g as f64 + 0.5 - width * present.len() as f64 / 2.0;
+                for (slot, &si) in present.iter().enumerate() {
+                    let v = series[si].values[g];
+                    let colour = TAB10[si % TAB10.len()];
+                    let x0 = left + slot as f64 * width;
                     let top = v.clamp(y_range.0, y_range.1);
-                    pa.draw(&Rectangle::new([(x0, y_range.0), (x0 + width * 0.92, top)], colour.filled()))?;
-                    let (px, py) = chart.backend_coord(&(x0 + width * 0.46, top));
+                    pa.draw(&Rectangle::new([(x0 + width * 0.04, y_range.0), (x0 + width * 0.96, top)], colour.filled()))?;
+                    // The value, written upwards: inside a tall bar (white), above a short one.
+                    let (px, py) = chart.backend_coord(&(x0 + width * 0.5, top));
                     let label = format!("{v:.3}");
-                    let size = txt.fit(&label, TICK_PX - 2.0, (width * 0.98 * (CHART_W - lw) as f64 / ng) as i32 + 8);
-                    txt.put_abs(&label, (px, py - 11), size, AXIS_INK, H::Center, V::Center, false);
+                    if top - y_range.0 > 0.3 * span {
+                        txt.put_abs(&label, (px, py + 6), TICK_PX - 1.0, WHITE, H::Right, V::Center, true);
+                    } else {
+                        txt.put_abs(&label, (px, py - 6), TICK_PX - 1.0, AXIS_INK, H::Left, V::Center, true);
+                    }
                 }
             }
             let (_, yr) = pa.get_pixel_range();

@@ -35,7 +35,9 @@ use crate::train::{self, fnv1a, RunConfig, TrainOptions};
 use crate::trajectory::Run;
 
 use super::ensemble::{EnsembleMember, ENSEMBLE_SEEDS};
-use super::kernel_gp::{GramCheck, KernelGp, KernelGpFit, KernelGpSpec};
+use super::kernel_gp::{self, GramCheck, KernelGp, KernelGpFit, KernelGpSpec, TrainGram};
+use crate::gp::Posterior;
+use crate::kernel::KernelKind;
 use super::report::{LaplaceSummary, MethodPrediction, UqResults};
 use super::temperature::TemperatureFit;
 use super::{BenchmarkConfig, Ensemble, ExternalMethod, Network, Predictive, Setting};
@@ -60,6 +62,9 @@ fn default_kernel_gps() -> Vec<String> {
 }
 fn default_grid() -> usize {
     24
+}
+fn default_true() -> bool {
+    true
 }
 
 /// The `[uncertainty]` section of a study file.
@@ -95,6 +100,11 @@ pub struct UqStudySpec {
     /// Kernel GPs: any of `epk`, `ntk` (default both).
     #[serde(default = "default_kernel_gps")]
     pub kernel_gps: Vec<String>,
+    /// Also run the ablations of the kernel GPs (default true): `epk-gp-sym` (the EPK-GP on
+    /// the symmetrised training Gram with the training points on the test side) and
+    /// `{epk,ntk}-gp-netmean` (the network's outputs as the mean, the GP's variance).
+    #[serde(default = "default_true")]
+    pub variants: bool,
     /// Test images in the chart of the largest EPK-GP/MAP confidence differences (default 24).
     #[serde(default = "default_grid")]
     pub disagreement_images: usize,
@@ -111,6 +121,7 @@ impl Default for UqStudySpec {
             ensemble_seeds: default_seeds(),
             quadrature: default_quadrature(),
             kernel_gps: default_kernel_gps(),
+            variants: true,
             disagreement_images: default_grid(),
             benchmark: BenchmarkConfig::default(),
         }
@@ -160,15 +171,39 @@ impl UqStudySpec {
         self.quadrature.parse()
     }
 
-    /// The kernel GPs to run.
-    fn kernel_specs(&self) -> Result<Vec<(String, KernelGpSpec)>> {
+    /// The kernel GPs to run, one family per kernel.
+    fn kernel_families(&self) -> Result<Vec<KernelFamily>> {
         let rule = self.rule()?;
         Ok(self
             .kernel_gps
             .iter()
-            .map(|k| if k == "epk" { ("epk-gp".to_string(), KernelGpSpec::epk(rule)) } else { ("ntk-gp".to_string(), KernelGpSpec::ntk()) })
+            .map(|k| {
+                if k == "epk" {
+                    let mut gps = vec![("epk-gp".to_string(), KernelGpSpec::epk(rule))];
+                    let mut netmean = Vec::new();
+                    if self.variants {
+                        gps.push(("epk-gp-sym".to_string(), KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
+                        netmean.push(("epk-gp-netmean".to_string(), "epk-gp".to_string()));
+                    }
+                    KernelFamily { kernel: "epk", kind: KernelKind::Epk, rule, gps, netmean }
+                } else {
+                    let netmean = if self.variants { vec![("ntk-gp-netmean".to_string(), "ntk-gp".to_string())] } else { Vec::new() };
+                    KernelFamily { kernel: "ntk", kind: KernelKind::Ntk, rule, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], netmean }
+                }
+            })
             .collect())
     }
+}
+
+/// The GPs on one kernel: they share its row Grams.
+struct KernelFamily {
+    kernel: &'static str,
+    kind: KernelKind,
+    rule: Rule,
+    /// Fitted GPs: method name and specification.
+    gps: Vec<(String, KernelGpSpec)>,
+    /// Methods with the network's outputs as the mean and a fitted GP's variance: (method, GP).
+    netmean: Vec<(String, String)>,
 }
 
 /// What the runner needs from the study file and the command line.
@@ -274,8 +309,12 @@ pub struct UqStudyReport {
     pub ensemble: Vec<(u64, String, f64)>,
     /// The scored benchmark.
     pub results: UqResults,
-    /// Each kernel GP's method name, fit and the checks of its row Grams.
-    pub kernel_gps: Vec<(String, KernelGpFit, Vec<GramCheck>)>,
+    /// Each fitted kernel GP: method name and fit.
+    pub kernel_gps: Vec<(String, KernelGpFit)>,
+    /// Each kernel's row Grams: kernel (`epk`, `ntk`) and the checks.
+    pub row_grams: Vec<(String, Vec<GramCheck>)>,
+    /// Ablations left out, with the reason.
+    pub failed: Vec<(String, String)>,
     /// Stages in run order.
     pub stages: Vec<StageTiming>,
     /// Monte-Carlo samples and seed.
@@ -482,118 +521,200 @@ struct BuiltinCache {
 #[derive(Serialize, Deserialize)]
 struct GpSettingCache {
     key: String,
+    classes: usize,
     check: GramCheck,
+    /// Ablations without a predictive here, with the reason.
+    failed: Vec<(String, String)>,
 }
 
 #[derive(Serialize, Deserialize)]
 struct GpFitCache {
     key: String,
-    fit: KernelGpFit,
+    fit: Option<KernelGpFit>,
+    error: Option<String>,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// A kernel GP in every setting: fit (once, when some setting is not cached) and each setting's
-/// Gram, posterior and Monte-Carlo predictive, each cached.
+/// What a kernel family produced: its methods' predictives, the fits, the row Grams' checks,
+/// and the ablations that failed (method, error).
+struct FamilyOutput {
+    methods: Vec<ExternalMethod>,
+    fits: Vec<(String, KernelGpFit)>,
+    checks: Vec<GramCheck>,
+    failed: Vec<(String, String)>,
+}
+
+/// The GPs of a kernel family in every setting: fitted (when some setting is not cached), and
+/// in each setting the kernel's row Gram, every GP's posterior and the Monte-Carlo predictives,
+/// each setting cached. The family's first GP is the protocol's method: its errors end the
+/// study; an ablation that fails (a symmetrised Gram that is not positive definite, a negative
+/// posterior variance) is left out and reported.
 #[allow(clippy::too_many_arguments)]
-fn kernel_gp_method(
+fn kernel_family(
     clock: &mut Clock,
     input: &UqStudyInput,
-    name: &str,
-    spec: &KernelGpSpec,
+    fam: &KernelFamily,
     run: &Run,
     states: &[Params],
     settings: &[Setting],
     bench: &BenchmarkConfig,
-) -> Result<(ExternalMethod, KernelGpFit, Vec<GramCheck>)> {
-    let dir = input.cache.join(name);
+) -> Result<FamilyOutput> {
+    let dir = input.cache.join(format!("{}-gp", fam.kernel));
     io::create_dir_all(&dir)?;
-    let fit_key = hash(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &spec.key()]);
-    let setting_key = |s: &Setting| {
-        let xh = format!("{:016x}", fnv1a(&f64_bytes(&s.x)));
-        hash(&[&fit_key, &s.info.name, &xh, &bench.mc_samples.to_string(), &bench.mc_seed.to_string()])
-    };
-    let cached_fit: Option<GpFitCache> = read_json::<GpFitCache>(&dir.join("fit.json")).filter(|c| c.key == fit_key);
-    let cached = |s: &Setting| -> Option<(Predictive, GramCheck)> {
+    let n = run.dataset.n_train();
+    let fit_keys: Vec<String> = fam.gps.iter().map(|(_, g)| hash(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &g.key()])).collect();
+    let fit_stage = |name: &str| format!("{name}: training Gram ({n} × {n}) and GP fit");
+    let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
+    let fam_key = hash(&[&fit_keys.join(","), &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string()]);
+    let setting_key = |s: &Setting| hash(&[&fam_key, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))]);
+    let stage_of = |s: &Setting| format!("{} Gram at `{}` ({} points), posteriors, MC softmax", fam.kernel.to_uppercase(), s.info.name, s.info.n);
+    let methods: Vec<String> = fam.gps.iter().map(|g| g.0.clone()).chain(fam.netmean.iter().map(|m| m.0.clone())).collect();
+    let cached_fits: Vec<Option<GpFitCache>> = fam
+        .gps
+        .iter()
+        .zip(&fit_keys)
+        .map(|((name, _), key)| read_json::<GpFitCache>(&dir.join(format!("{name}.fit.json"))).filter(|c| &c.key == key && clock.has(&fit_stage(name), key)))
+        .collect();
+    let cached = |s: &Setting| -> Option<(BTreeMap<String, Predictive>, GramCheck, Vec<(String, String)>)> {
         let key = setting_key(s);
         let c: GpSettingCache = read_json(&dir.join(format!("{}.json", s.info.name))).filter(|c: &GpSettingCache| c.key == key)?;
         let f = SafeFile::open(&dir.join(format!("{}.safetensors", s.info.name))).ok()?;
-        if f.metadata().get("key") != Some(&key) {
+        if f.metadata().get("key") != Some(&key) || !clock.has(&stage_of(s), &key) {
             return None;
         }
-        let n = s.info.n;
-        let probs = f.f64("probs", None).ok()?.1;
-        let score = f.f64("ood_score", Some(&[n])).ok()?.1;
-        Some((Predictive { probs, ood_score: Some(score) }, c.check))
-    };
-    let fit_stage = format!("{name}: training Gram ({} × {}) and GP fit", run.dataset.n_train(), run.dataset.n_train());
-    let stage_of = |s: &Setting| format!("{name}: {} ({} points): Gram, posterior, MC softmax", s.info.name, s.info.n);
-    let reusable: Vec<Option<(Predictive, GramCheck)>> =
-        settings.iter().map(|s| cached(s).filter(|_| clock.has(&stage_of(s), &setting_key(s)))).collect();
-    let mut gp: Option<KernelGp> = None;
-    let fit = match cached_fit {
-        Some(c) if clock.has(&fit_stage, &fit_key) && reusable.iter().all(Option::is_some) => {
-            clock.reuse(&fit_stage, &fit_key);
-            c.fit
+        let (n, k) = (s.info.n, c.classes);
+        let mut out = BTreeMap::new();
+        for m in methods.iter().filter(|m| !c.failed.iter().any(|f| &f.0 == *m)) {
+            let probs = f.f64(&format!("{m}/probs"), Some(&[n, k])).ok()?.1;
+            let score = f.f64(&format!("{m}/ood_score"), Some(&[n])).ok()?.1;
+            out.insert(m.clone(), Predictive { probs, ood_score: Some(score) });
         }
-        _ => {
-            let bar = crate::progress::Progress::new(input.progress, 1, &format!("{name} train {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
-            let g = clock.run(&fit_stage, name, &fit_key, || {
-                KernelGp::fit(run, states, spec, &|d, t| {
+        Some((out, c.check, c.failed))
+    };
+    let hits: Vec<_> = settings.iter().map(cached).collect();
+    let mut fits = Vec::new();
+    let mut failed: Vec<(String, String)> = Vec::new();
+    // The fitted GPs (None: its fit failed), when anything is computed.
+    let mut gps: Vec<Option<KernelGp>> = Vec::new();
+    if hits.iter().all(Option::is_some) && cached_fits.iter().all(Option::is_some) {
+        for (((name, _), key), c) in fam.gps.iter().zip(&fit_keys).zip(cached_fits) {
+            clock.reuse(&fit_stage(name), key);
+            match c.expect("checked") {
+                GpFitCache { fit: Some(f), .. } => fits.push((name.clone(), f)),
+                GpFitCache { error, .. } => failed.push((name.clone(), error.unwrap_or_default())),
+            }
+        }
+    } else {
+        for (i, ((name, spec), key)) in fam.gps.iter().zip(&fit_keys).enumerate() {
+            let bar = crate::progress::Progress::new(input.progress, 1, &format!("{name} fit {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
+            let g = clock.run(&fit_stage(name), name, key, || {
+                let g = KernelGp::fit(run, states, spec, &|d, t| {
                     bar.set_length(t as u64);
                     bar.set_position(d as u64);
-                })
+                });
+                match g {
+                    Err(e) if i > 0 => Ok(Err(e.to_string())),
+                    other => other.map(Ok),
+                }
             })?;
             bar.finish_and_clear();
-            io::write_json(&dir.join("fit.json"), &GpFitCache { key: fit_key.clone(), fit: g.fit.clone() })?;
-            let f = g.fit.clone();
-            gp = Some(g);
-            f
-        }
-    };
-    let mut out = BTreeMap::new();
-    let mut checks = Vec::new();
-    for (s, hit) in settings.iter().zip(reusable) {
-        let (stage, key) = (stage_of(s), setting_key(s));
-        let (p, c) = match (hit, &gp) {
-            (Some(pc), _) => {
-                clock.reuse(&stage, &key);
-                pc
+            match g {
+                Ok(g) => {
+                    io::write_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: Some(g.fit.clone()), error: None })?;
+                    fits.push((name.clone(), g.fit.clone()));
+                    gps.push(Some(g));
+                }
+                Err(e) => {
+                    clock.say(&format!("{name}: the ablation's fit failed: {e}"));
+                    io::write_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: None, error: Some(e.clone()) })?;
+                    failed.push((name.clone(), e));
+                    gps.push(None);
+                }
             }
-            (None, None) => unreachable!("a setting is missing, so the GP was fitted"),
-            (None, Some(g)) => {
-                let bar = crate::progress::Progress::new(input.progress, 1, &format!("{name} {:<9} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", s.info.name));
-                let r = clock.run(&stage, name, &key, || {
-                    let (post, check, _) = g.predict(run, states, &s.x, &s.info.name, &|d, t| {
+        }
+    }
+    let mut out: Vec<ExternalMethod> = methods.iter().map(|m| ExternalMethod { name: m.clone(), settings: BTreeMap::new() }).collect();
+    let mut checks = Vec::new();
+    for (s, hit) in settings.iter().zip(hits) {
+        let (stage, key) = (stage_of(s), setting_key(s));
+        // A cached setting comes from the same (deterministic) fits: reused even when the fits
+        // were recomputed for another setting.
+        let (preds, check, errs) = match hit {
+            Some(h) => {
+                clock.reuse(&stage, &key);
+                h
+            }
+            None => {
+                let bar = crate::progress::Progress::new(input.progress, 1, &format!("{} {:<9} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.kernel, s.info.name));
+                let r = clock.run(&stage, &fam.gps[0].0, &key, || {
+                    let rows = kernel_gp::row_gram(run, states, fam.kind, fam.rule, &s.x, &s.info.name, &|d, t| {
                         bar.set_length(t as u64);
                         bar.set_position(d as u64);
                     })?;
-                    let p = Predictive::from_gp(&post, bench.mc_samples, bench.mc_seed)?;
+                    let mut errs: Vec<(String, String)> = Vec::new();
+                    let mut posts: BTreeMap<String, Posterior> = BTreeMap::new();
+                    for (i, ((name, _), g)) in fam.gps.iter().zip(&gps).enumerate() {
+                        let Some(g) = g else {
+                            errs.push((name.clone(), "the fit failed".into()));
+                            continue;
+                        };
+                        match g.posterior(&rows) {
+                            Ok(p) => {
+                                posts.insert(name.clone(), p);
+                            }
+                            Err(e) if i > 0 => errs.push((name.clone(), e.to_string())),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    let mut preds = BTreeMap::new();
+                    let mut arrays = Vec::new();
+                    let k = posts[&fam.gps[0].0].k;
+                    for (name, post) in &posts {
+                        arrays.push(NamedArray::f64(format!("{name}/mean"), vec![post.p, post.k], post.mean.clone()));
+                        arrays.push(NamedArray::f64(format!("{name}/var"), vec![post.p, post.k], post.var.clone()));
+                        preds.insert(name.clone(), Predictive::from_gp(post, bench.mc_samples, bench.mc_seed)?);
+                    }
+                    for (m, from) in &fam.netmean {
+                        match posts.get(from) {
+                            Some(p) => {
+                                let post = Posterior { mean: rows.network.clone(), ..p.clone() };
+                                preds.insert(m.clone(), Predictive::from_gp(&post, bench.mc_samples, bench.mc_seed)?);
+                            }
+                            None => errs.push((m.clone(), format!("{from} failed"))),
+                        }
+                    }
+                    for (m, p) in &preds {
+                        arrays.push(NamedArray::f64(format!("{m}/probs"), vec![rows.p, k], p.probs.clone()));
+                        arrays.push(NamedArray::f64(format!("{m}/ood_score"), vec![rows.p], p.ood_score.clone().unwrap_or_default()));
+                    }
                     let meta = std::collections::HashMap::from([("key".to_string(), key.clone())]);
-                    let (n, k) = (post.p, post.k);
-                    io::write_safetensors(
-                        &dir.join(format!("{}.safetensors", s.info.name)),
-                        &[
-                            NamedArray::f64("mean", vec![n, k], post.mean),
-                            NamedArray::f64("var", vec![n, k], post.var),
-                            NamedArray::f64("probs", vec![n, k], p.probs.clone()),
-                            NamedArray::f64("ood_score", vec![n], p.ood_score.clone().unwrap_or_default()),
-                        ],
-                        Some(meta),
-                    )?;
-                    io::write_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), check: check.clone() })?;
-                    Ok((p, check))
+                    io::write_safetensors(&dir.join(format!("{}.safetensors", s.info.name)), &arrays, Some(meta))?;
+                    io::write_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone() })?;
+                    Ok((preds, rows.check, errs))
                 })?;
                 bar.finish_and_clear();
                 r
             }
         };
-        out.insert(s.info.name.clone(), p);
-        checks.push(c);
+        for (m, e) in errs {
+            if !failed.iter().any(|f| f.0 == m) {
+                clock.say(&format!("{m} at `{}`: left out: {e}", s.info.name));
+                failed.push((m, format!("at `{}`: {e}", s.info.name)));
+            }
+        }
+        for e in out.iter_mut() {
+            if let Some(p) = preds.get(&e.name) {
+                e.settings.insert(s.info.name.clone(), p.clone());
+            }
+        }
+        checks.push(check);
     }
-    Ok((ExternalMethod { name: name.into(), settings: out }, fit, checks))
+    // A method that failed anywhere is left out everywhere (the metrics need every setting).
+    out.retain(|e| !failed.iter().any(|f| f.0 == e.name));
+    Ok(FamilyOutput { methods: out, fits, checks, failed })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -678,11 +799,15 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
 
     // 4. The kernel GPs.
     let mut kernel_gps = Vec::new();
+    let mut row_grams = Vec::new();
     let mut external = Vec::new();
-    for (name, ks) in spec.kernel_specs()? {
-        let (method, fit, checks) = kernel_gp_method(&mut clock, input, &name, &ks, &run, &states, &settings, &spec.benchmark)?;
-        external.push(method);
-        kernel_gps.push((name, fit, checks));
+    let mut failed = Vec::new();
+    for fam in spec.kernel_families()? {
+        let o = kernel_family(&mut clock, input, &fam, &run, &states, &settings, &spec.benchmark)?;
+        external.extend(o.methods);
+        kernel_gps.extend(o.fits);
+        row_grams.push((fam.kernel.to_string(), o.checks));
+        failed.extend(o.failed);
     }
     let infos: Vec<_> = settings.iter().map(|s| s.info.clone()).collect();
     super::push_external(&mut predictions, &infos, &external)?;
@@ -713,6 +838,8 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
         ensemble: ens_acc,
         results,
         kernel_gps,
+        row_grams,
+        failed,
         stages: clock.order.iter().map(|(t, _)| t.clone()).collect(),
         mc: (spec.benchmark.mc_samples, spec.benchmark.mc_seed),
     };
@@ -721,7 +848,10 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
     io::write_json(&staged.path().join("selection.json"), &report.selection)?;
     io::write_json(
         &staged.path().join("gp_fits.json"),
-        &report.kernel_gps.iter().map(|(n, f, c)| serde_json::json!({ "method": n, "fit": f, "row_grams": c })).collect::<Vec<_>>(),
+        &serde_json::json!({
+            "fits": report.kernel_gps.iter().map(|(n, f)| serde_json::json!({ "method": n, "fit": f })).collect::<Vec<_>>(),
+            "row_grams": report.row_grams.iter().map(|(k, c)| serde_json::json!({ "kernel": k, "checks": c })).collect::<Vec<_>>(),
+        }),
     )?;
     super::summary::charts(&report, &settings, spec.disagreement_images, &staged.path().join("charts"))?;
     io::write_atomic(&staged.path().join("summary.md"), super::summary::summary_markdown(&report).as_bytes())?;

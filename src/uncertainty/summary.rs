@@ -23,17 +23,34 @@ pub const METHODS: [(&str, &str); 6] = [
     ("ensemble", "deep ensemble"),
 ];
 
-/// The methods present in the results, in table order (protocol order, then any others).
+/// The ablations of the kernel GPs, with their display names.
+pub const ABLATIONS: [(&str, &str); 3] = [
+    ("epk-gp-sym", "EPK-GP, symmetrised test-side training Gram"),
+    ("epk-gp-netmean", "EPK-GP variance around the network's outputs"),
+    ("ntk-gp-netmean", "NTK-GP variance around the network's outputs"),
+];
+
+/// The protocol's methods present in the results, in table order.
 fn methods(r: &UqStudyReport) -> Vec<(String, String)> {
     let present = r.results.methods();
+    METHODS.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())).collect()
+}
+
+/// The other methods present (ablations), in order.
+fn ablations(r: &UqStudyReport) -> Vec<(String, String)> {
+    let present = r.results.methods();
     let mut out: Vec<(String, String)> =
-        METHODS.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())).collect();
+        ABLATIONS.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())).collect();
     for m in present {
-        if !METHODS.iter().any(|(x, _)| *x == m) {
+        if !METHODS.iter().chain(&ABLATIONS).any(|(x, _)| *x == m) {
             out.push((m.to_string(), m.to_string()));
         }
     }
     out
+}
+
+fn display_name(m: &str) -> String {
+    METHODS.iter().chain(&ABLATIONS).find(|(x, _)| *x == m).map_or(m.to_string(), |(_, n)| n.to_string())
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -134,11 +151,16 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
             l.num_params, l.prior_precision, l.log_marginal_likelihood, l.log_likelihood, l.clamped_eigenvalues.0, l.clamped_eigenvalues.1
         );
     }
-    for (name, fit, _) in &r.kernel_gps {
+    for (name, fit) in &r.kernel_gps {
+        let gram = match fit.train_gram {
+            super::kernel_gp::TrainGram::TrainSide if fit.kind == "epk" => "the EPK training Gram with the gradients at t = 0 on both sides",
+            super::kernel_gp::TrainGram::TrainSide => "the NTK at w_N on the training points",
+            super::kernel_gp::TrainGram::SymmetrisedTestSide => "the EPK training Gram with the training points on the test side (integrated), symmetrised",
+        };
         let _ = writeln!(
             s,
-            "- {name}: one GP per class on the class block of the {} training Gram (symmetrised), targets = network outputs minus the bias f(w_0), noise σ² and scale s per class by marginal likelihood:\n",
-            fit.kind.to_uppercase()
+            "- {} (`{name}`): one GP per class on the class block of {gram}, targets = network outputs minus the bias f(w_0), noise σ² and scale s per class by marginal likelihood:\n",
+            display_name(name)
         );
         let _ = writeln!(s, "  | class | σ² | s | σ² / (s·mean diag K) | jitter | log marginal likelihood | asymmetry before symmetrisation |");
         let _ = writeln!(s, "  |---|---|---|---|---|---|---|");
@@ -161,18 +183,24 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     let _ = writeln!(
         s,
         "Each Gram's kernel machine `f(w_0) + Σ_s Σ_i a_is K_s(x, x_i)` against the network `f(w_N)` at its rows (log-softmax outputs, all classes). \
-         The EPK's test-side rows are exact; its training Gram takes the gradients at t = 0 on both sides (a symmetric kernel for the GP), so its \
+         The EPK's test-side rows are exact; its train-side training Gram takes the gradients at t = 0 on both sides (a symmetric kernel for the GP), so its \
          machine is the discrete path kernel's, not exact; the NTK at w_N is the linearisation.\n"
     );
-    let _ = writeln!(s, "| GP | rows | side | points | steps | max \\|machine − network\\| | mean | gradient evaluations per point and step (mean / max) |");
+    let _ = writeln!(s, "| Gram | rows | side | points | steps | max \\|machine − network\\| | mean | gradient evaluations per point and step (mean / max) |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
-    for (name, fit, checks) in &r.kernel_gps {
-        for c in std::iter::once(&fit.train_gram).chain(checks) {
-            let _ = writeln!(
-                s,
-                "| {name} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2} / {} |",
-                c.rows, c.side, c.points, c.steps, c.max_abs_error, c.mean_abs_error, c.mean_evaluations, c.max_evaluations
-            );
+    let row = |s: &mut String, what: &str, c: &super::kernel_gp::GramCheck| {
+        let _ = writeln!(
+            s,
+            "| {what} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2} / {} |",
+            c.rows, c.side, c.points, c.steps, c.max_abs_error, c.mean_abs_error, c.mean_evaluations, c.max_evaluations
+        );
+    };
+    for (name, fit) in &r.kernel_gps {
+        row(&mut s, &format!("training Gram of `{name}`"), &fit.train_check);
+    }
+    for (kernel, checks) in &r.row_grams {
+        for c in checks {
+            row(&mut s, &format!("{} rows", kernel.to_uppercase()), c);
         }
     }
     let _ = writeln!(s);
@@ -216,6 +244,39 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     let _ = writeln!(s, "## Where the EPK-GP wins and where it loses\n");
     let _ = writeln!(s, "{}", comparison(r));
 
+    let abl = ablations(r);
+    if !r.failed.is_empty() {
+        let _ = writeln!(s, "## Ablations left out\n");
+        for (m, e) in &r.failed {
+            let _ = writeln!(s, "- `{m}` ({}): {e}", display_name(m));
+        }
+        let _ = writeln!(s);
+    }
+    if !abl.is_empty() {
+        let _ = writeln!(s, "## Ablations of the kernel GPs (not part of the protocol)\n");
+        let _ = writeln!(s, "The same Grams, other choices: {}. Rows: the protocol's EPK-GP and NTK-GP and the MAP for reference.\n",
+            abl.iter().map(|(m, n)| format!("`{m}` = {n}")).collect::<Vec<_>>().join("; "));
+        let mut rows: Vec<(String, String)> = ["map", "epk-gp", "ntk-gp"].iter().filter(|m| res.methods().contains(m)).map(|m| (m.to_string(), display_name(m))).collect();
+        rows.extend(abl.iter().cloned());
+        for (metric, title) in [(Metric::Nll, "NLL"), (Metric::Ece, "ECE"), (Metric::Accuracy, "Accuracy")] {
+            let _ = writeln!(s, "{title}:\n");
+            let _ = writeln!(s, "| method | {} |", labelled.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
+            let _ = writeln!(s, "|---|{}", "---|".repeat(labelled.len()));
+            for (m, n) in &rows {
+                let _ = writeln!(s, "| {n} | {} |", labelled.iter().map(|x| fmt(res.metric(m, x, metric))).collect::<Vec<_>>().join(" | "));
+            }
+            let _ = writeln!(s);
+        }
+        let ood: Vec<&str> = res.settings.iter().filter(|x| x.kind == SettingKind::Ood).map(|x| x.name.as_str()).collect();
+        let _ = writeln!(s, "OOD AUROC (max probability / logit variance):\n");
+        let _ = writeln!(s, "| method | {} |", ood.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(ood.len()));
+        for (m, n) in &rows {
+            let _ = writeln!(s, "| {n} | {} |", ood.iter().map(|x| format!("{} / {}", fmt(res.metric(m, x, Metric::AurocMsp)), fmt(res.metric(m, x, Metric::AurocVariance)))).collect::<Vec<_>>().join(" | "));
+        }
+        let _ = writeln!(s);
+    }
+
     let _ = writeln!(s, "## Charts\n");
     let _ = writeln!(s, "- `charts/reliability_clean.png`, `charts/reliability_{}.png`: reliability diagrams, one panel per method.", reliability_shift(r).unwrap_or_default());
     let _ = writeln!(s, "- `charts/nll_vs_angle.png`, `charts/ece_vs_angle.png`, `charts/accuracy_vs_angle.png`: one line per method; angle 0 is the clean set (all test images), the rotations take the first images.");
@@ -223,7 +284,7 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     let _ = writeln!(s, "- `charts/disagreement.png`: the clean test images on which the EPK-GP's and the MAP's top-label confidences differ most.\n");
 
     let _ = writeln!(s, "## Files\n");
-    let _ = writeln!(s, "- `predictions.parquet`: one row per (method, setting, point): `method`, `setting`, `point`, `label` (−1 for OOD), `p0`…`p9`, `ood_score` (NaN for methods without a variance).");
+    let _ = writeln!(s, "- `predictions.parquet` (every method, the ablations included): one row per (method, setting, point): `method`, `setting`, `point`, `label` (−1 for OOD), `p0`…`p9`, `ood_score` (NaN for methods without a variance).");
     let _ = writeln!(s, "- `metrics.parquet`: one row per (method, setting, metric): `method`, `setting`, `metric`, `value`, `n`.");
     let _ = writeln!(s, "- `uq.json` (temperature, Laplace fit, settings, benchmark configuration), `selection.json`, `gp_fits.json` (GP hyper-parameters and Gram checks), `timings.md`/`timings.json`, `study.toml`.\n");
     s
