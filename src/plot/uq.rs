@@ -251,3 +251,76 @@ impl Chart {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Distinct colours of the last render on this thread (a blank chart has a handful).
+    fn colours() -> usize {
+        let buf = super::super::LAST_RENDER.with(|l| l.borrow().clone());
+        buf.chunks_exact(3).map(|p| (p[0], p[1], p[2])).collect::<std::collections::HashSet<_>>().len()
+    }
+
+    fn panel(title: &str, shift: f64) -> ReliabilityPanel {
+        let b = 15;
+        let edges: Vec<f64> = (0..=b).map(|j| j as f64 / b as f64).collect();
+        let confidence: Vec<f64> = (0..b).map(|j| (j as f64 + 0.5) / b as f64).collect();
+        let accuracy: Vec<f64> = confidence.iter().map(|c| (c - shift).clamp(0.0, 1.0)).collect();
+        let mut count: Vec<usize> = (0..b).map(|j| j * j).collect();
+        count[0] = 0;
+        let accuracy = accuracy.iter().zip(&count).map(|(a, &n)| if n == 0 { f64::NAN } else { *a }).collect();
+        ReliabilityPanel { title: title.into(), edges, accuracy, confidence, count }
+    }
+
+    #[test]
+    fn reliability_panels_render_and_validate() {
+        let panels: Vec<ReliabilityPanel> = (0..5).map(|i| panel(&format!("method {i}"), 0.05 * i as f64)).collect();
+        let c = Chart::reliability("Reliability", &panels).unwrap();
+        assert_eq!((c.width(), c.height()), (3 * REL_W, super::super::TITLE_H + 2 * (REL_H + PANEL_TITLE_H) + 34));
+        assert!(colours() > 64);
+        let one = Chart::reliability("", &panels[..1]).unwrap();
+        assert_eq!(one.width(), REL_W);
+        assert!(Chart::reliability("r", &[]).is_err());
+        let mut bad = panel("bad", 0.0);
+        bad.edges.pop();
+        assert!(Chart::reliability("r", &[bad]).unwrap_err().to_string().contains("'bad'"));
+    }
+
+    #[test]
+    fn grouped_bars_render_and_validate() {
+        let groups: Vec<String> = ["a: x", "a: y", "b: x", "b: y"].iter().map(|s| s.to_string()).collect();
+        let series = vec![
+            BarSeries { label: "one".into(), values: vec![0.5, f64::NAN, 0.9, f64::NAN] },
+            BarSeries { label: "two".into(), values: vec![0.7, 0.99, 0.1, 1.0] },
+            BarSeries { label: "three".into(), values: vec![0.2, 0.4, 0.6, 0.8] },
+        ];
+        let c = Chart::grouped_bars("AUROC", "AUROC", &groups, &series, (0.0, 1.0)).unwrap();
+        assert_eq!((c.width(), c.height()), (CHART_W, CHART_H));
+        assert!(colours() > 64);
+        assert!(Chart::grouped_bars("t", "y", &[], &series, (0.0, 1.0)).is_err());
+        assert!(Chart::grouped_bars("t", "y", &groups[..2], &series, (0.0, 1.0)).unwrap_err().to_string().contains("'one'"));
+        assert!(Chart::grouped_bars("t", "y", &groups, &series, (1.0, 1.0)).is_err());
+        let nan = vec![BarSeries { label: "n".into(), values: vec![f64::NAN; 4] }];
+        assert!(Chart::grouped_bars("t", "y", &groups, &nan, (0.0, 1.0)).unwrap_err().to_string().contains("no finite"));
+    }
+
+    #[test]
+    fn image_grid_renders_and_validates() {
+        let tile = |i: usize| ImageTile {
+            pixels: (0..28 * 28).map(|p| ((p / 28 + p % 28 + i) % 17) as f64 / 16.0).collect(),
+            width: 28,
+            height: 28,
+            caption: vec![format!("test #{i}"), "MAP: 3 (0.99)".into(), "EPK-GP: 5 (0.41)".into()],
+        };
+        let tiles: Vec<ImageTile> = (0..10).map(tile).collect();
+        let c = Chart::image_grid("Images", &tiles, 4).unwrap();
+        assert_eq!(c.width(), 4 * 150);
+        assert!(colours() > 16);
+        assert!(Chart::image_grid("t", &[], 4).is_err());
+        assert!(Chart::image_grid("t", &tiles, 0).is_err());
+        let mut bad = tile(0);
+        bad.pixels.pop();
+        assert!(Chart::image_grid("t", &[bad], 2).unwrap_err().to_string().contains("28×28"));
+    }
+}

@@ -63,9 +63,6 @@ fn default_kernel_gps() -> Vec<String> {
 fn default_grid() -> usize {
     24
 }
-fn default_true() -> bool {
-    true
-}
 
 /// The `[uncertainty]` section of a study file.
 ///
@@ -100,11 +97,15 @@ pub struct UqStudySpec {
     /// Kernel GPs: any of `epk`, `ntk` (default both).
     #[serde(default = "default_kernel_gps")]
     pub kernel_gps: Vec<String>,
-    /// Also run the ablations of the kernel GPs (default true): `epk-gp-sym` (the EPK-GP on
-    /// the symmetrised training Gram with the training points on the test side) and
-    /// `{epk,ntk}-gp-netmean` (the network's outputs as the mean, the GP's variance).
-    #[serde(default = "default_true")]
-    pub variants: bool,
+    /// Ablations of the kernel GPs on the same Grams (default none): `netmean` adds
+    /// `{epk,ntk}-gp-netmean` (the network's outputs as the mean, the GP's variance; free),
+    /// `sym` adds `epk-gp-sym` (the EPK-GP on the symmetrised training Gram with the training
+    /// points on the test side; one more integrated EPK on the training points).
+    #[serde(default)]
+    pub ablations: Vec<String>,
+    /// The study author's notes (markdown), reproduced in the summary as they are.
+    #[serde(default)]
+    pub notes: String,
     /// Test images in the chart of the largest EPK-GP/MAP confidence differences (default 24).
     #[serde(default = "default_grid")]
     pub disagreement_images: usize,
@@ -121,7 +122,8 @@ impl Default for UqStudySpec {
             ensemble_seeds: default_seeds(),
             quadrature: default_quadrature(),
             kernel_gps: default_kernel_gps(),
-            variants: true,
+            ablations: Vec::new(),
+            notes: String::new(),
             disagreement_images: default_grid(),
             benchmark: BenchmarkConfig::default(),
         }
@@ -150,6 +152,11 @@ impl UqStudySpec {
         for k in &self.kernel_gps {
             if k != "epk" && k != "ntk" {
                 return bad(format!("kernel_gps: `{k}` is not epk or ntk"));
+            }
+        }
+        for a in &self.ablations {
+            if a != "sym" && a != "netmean" {
+                return bad(format!("ablations: `{a}` is not sym or netmean"));
             }
         }
         if self.benchmark.mc_samples < 2 {
@@ -181,13 +188,15 @@ impl UqStudySpec {
                 if k == "epk" {
                     let mut gps = vec![("epk-gp".to_string(), KernelGpSpec::epk(rule))];
                     let mut netmean = Vec::new();
-                    if self.variants {
+                    if self.ablations.iter().any(|a| a == "sym") {
                         gps.push(("epk-gp-sym".to_string(), KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
+                    }
+                    if self.ablations.iter().any(|a| a == "netmean") {
                         netmean.push(("epk-gp-netmean".to_string(), "epk-gp".to_string()));
                     }
                     KernelFamily { kernel: "epk", kind: KernelKind::Epk, rule, gps, netmean }
                 } else {
-                    let netmean = if self.variants { vec![("ntk-gp-netmean".to_string(), "ntk-gp".to_string())] } else { Vec::new() };
+                    let netmean = if self.ablations.iter().any(|a| a == "netmean") { vec![("ntk-gp-netmean".to_string(), "ntk-gp".to_string())] } else { Vec::new() };
                     KernelFamily { kernel: "ntk", kind: KernelKind::Ntk, rule, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], netmean }
                 }
             })
@@ -319,6 +328,11 @@ pub struct UqStudyReport {
     pub stages: Vec<StageTiming>,
     /// Monte-Carlo samples and seed.
     pub mc: (usize, u64),
+    /// The author's notes from the study file.
+    pub notes: String,
+    /// `metrics.parquet` re-scored from `predictions.parquet` as written: values compared and
+    /// the largest difference (0 when every value is reproduced exactly).
+    pub rescored: (usize, f64),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,7 +358,7 @@ fn load_average() -> f64 {
 impl Clock {
     fn open(cache: &Path, progress: bool) -> Self {
         let path = cache.join("timings.json");
-        let ledger = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        let ledger = read_json(&path).unwrap_or_default();
         Clock { path, ledger, order: Vec::new(), progress }
     }
 
@@ -385,7 +399,7 @@ impl Clock {
     fn record(&mut self, id: &str, t: StageTiming) -> Result<()> {
         self.ledger.stages.insert(id.to_string(), t.clone());
         self.order.push((t, false));
-        io::write_json(&self.path, &self.ledger)
+        write_cache_json(&self.path, &self.ledger)
     }
 }
 
@@ -534,8 +548,39 @@ struct GpFitCache {
     error: Option<String>,
 }
 
+/// The cache's JSON files hold every float as its bit pattern (`"f64:<16 hex digits>"`):
+/// serde_json's default parser can be one ulp off, and a rerun must reproduce the report bit
+/// for bit.
+fn exact(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => Value::String(format!("f64:{:016x}", n.as_f64().expect("an f64 number").to_bits())),
+        Value::Array(a) => Value::Array(a.into_iter().map(exact).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, exact(v))).collect()),
+        other => other,
+    }
+}
+
+fn inexact(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) if s.starts_with("f64:") => {
+            u64::from_str_radix(&s[4..], 16).map_or(Value::String(s), |b| serde_json::Number::from_f64(f64::from_bits(b)).map_or(Value::Null, Value::Number))
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(inexact).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, inexact(v))).collect()),
+        other => other,
+    }
+}
+
+fn write_cache_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let v = serde_json::to_value(value).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+    io::write_json(path, &exact(v))
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    serde_json::from_value(inexact(v)).ok()
 }
 
 /// What a kernel family produced: its methods' predictives, the fits, the row Grams' checks,
@@ -623,13 +668,13 @@ fn kernel_family(
             bar.finish_and_clear();
             match g {
                 Ok(g) => {
-                    io::write_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: Some(g.fit.clone()), error: None })?;
+                    write_cache_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: Some(g.fit.clone()), error: None })?;
                     fits.push((name.clone(), g.fit.clone()));
                     gps.push(Some(g));
                 }
                 Err(e) => {
                     clock.say(&format!("{name}: the ablation's fit failed: {e}"));
-                    io::write_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: None, error: Some(e.clone()) })?;
+                    write_cache_json(&dir.join(format!("{name}.fit.json")), &GpFitCache { key: key.clone(), fit: None, error: Some(e.clone()) })?;
                     failed.push((name.clone(), e));
                     gps.push(None);
                 }
@@ -692,7 +737,7 @@ fn kernel_family(
                     }
                     let meta = std::collections::HashMap::from([("key".to_string(), key.clone())]);
                     io::write_safetensors(&dir.join(format!("{}.safetensors", s.info.name)), &arrays, Some(meta))?;
-                    io::write_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone() })?;
+                    write_cache_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone() })?;
                     Ok((preds, rows.check, errs))
                 })?;
                 bar.finish_and_clear();
@@ -721,6 +766,52 @@ fn kernel_family(
 // The runner
 // ---------------------------------------------------------------------------------------------
 
+/// Reads `predictions.parquet` back from `dir`, scores it again ([`super::report::score`]) and
+/// compares with `results.metrics`: the number of values and the largest difference (infinite
+/// values must match exactly; NaN nowhere).
+fn rescore(dir: &Path, results: &UqResults) -> Result<(usize, f64)> {
+    let t = io::Table::read_parquet(&dir.join("predictions.parquet"))?;
+    let col = |name: &str| -> Result<Vec<String>> {
+        match t.columns.iter().find(|(n, _)| n == name).map(|(_, c)| c) {
+            Some(io::Column::Str(v)) => Ok(v.clone()),
+            _ => Err(Error::Data(format!("predictions.parquet has no string column {name}"))),
+        }
+    };
+    let (method, setting) = (col("method")?, col("setting")?);
+    let k = results.k;
+    let probs: Vec<&[f64]> = (0..k).map(|c| t.f64(&format!("p{c}")).ok_or_else(|| Error::Data(format!("predictions.parquet has no p{c}")))).collect::<Result<_>>()?;
+    let score = t.f64("ood_score").ok_or_else(|| Error::Data("predictions.parquet has no ood_score".into()))?;
+    let mut preds: Vec<MethodPrediction> = Vec::new();
+    for i in 0..t.rows() {
+        if preds.last().is_none_or(|p| p.method != method[i] || p.setting != setting[i]) {
+            preds.push(MethodPrediction { method: method[i].clone(), setting: setting[i].clone(), probs: Vec::new(), ood_score: Some(Vec::new()) });
+        }
+        let p = preds.last_mut().expect("pushed");
+        p.probs.extend((0..k).map(|c| probs[c][i]));
+        if let Some(s) = &mut p.ood_score {
+            s.push(score[i]);
+        }
+    }
+    for p in &mut preds {
+        if p.ood_score.as_ref().is_some_and(|s| s.iter().all(|v| v.is_nan())) {
+            p.ood_score = None;
+        }
+    }
+    let again = super::report::score(k, &results.settings, &preds)?;
+    if again.len() != results.metrics.len() {
+        return Err(Error::Data(format!("re-scoring gave {} metric values, not {}", again.len(), results.metrics.len())));
+    }
+    let mut worst = 0.0f64;
+    for (a, b) in again.iter().zip(&results.metrics) {
+        if (a.method.as_str(), a.setting.as_str(), a.metric) != (b.method.as_str(), b.setting.as_str(), b.metric) {
+            return Err(Error::Data(format!("re-scoring: {}/{} where {}/{} was expected", a.method, a.setting, b.method, b.setting)));
+        }
+        let d = if a.value == b.value { 0.0 } else { (a.value - b.value).abs() };
+        worst = if d.is_nan() { f64::NAN } else { worst.max(d) };
+    }
+    Ok((again.len(), worst))
+}
+
 /// Runs the study (module docs) and writes its report.
 pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
     let start = Instant::now();
@@ -736,11 +827,17 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
     let seed = input.run_config.train.seed;
     let chosen = with(&input.run_config, selection.lr, selection.steps, seed);
     let last = *spec.steps.iter().max().expect("validated");
-    let run_dir = if selection.steps == last { select_dir.clone() } else { input.cache.join("run") };
-    let run = cached_train(&mut clock, &format!("network under test (lr = {}, {} steps)", selection.lr, selection.steps), "shared", &chosen, &run_dir, input)?;
-    if run_dir != select_dir {
+    let run = if selection.steps == last {
+        // The selection run itself.
+        Run::open(&select_dir)?
+    } else {
+        let run = cached_train(&mut clock, &format!("network under test (lr = {}, {} steps)", selection.lr, selection.steps), "shared", &chosen, &input.cache.join("run"), input)?;
         let sel = Run::open(&select_dir)?;
         selection.prefix_identical = Some(sel.load_step(selection.steps)? == run.load_step(selection.steps)?);
+        run
+    };
+    if run.manifest.run_id != chosen.run_id() {
+        return Err(Error::Data(format!("the network under test has run id {}, not the chosen configuration's {}", run.manifest.run_id, chosen.run_id())));
     }
     if run.dataset.x_train != data.x_train || run.dataset.x_test != data.x_test {
         return Err(Error::Data("the trained run's data differ from the study's data".into()));
@@ -792,7 +889,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
                 clock.record(&format!("{stage}#{builtin_key}"), StageTiming { stage, method: m.clone(), seconds: *secs, load: [l0, l1] })?;
             }
             write_predictions(&bdir.join("builtin.safetensors"), &b.predictions, k, &builtin_key)?;
-            io::write_json(&bdir.join("builtin.json"), &BuiltinCache { key: builtin_key.clone(), temperature: b.temperature, laplace: b.laplace.clone(), seconds: b.seconds.clone() })?;
+            write_cache_json(&bdir.join("builtin.json"), &BuiltinCache { key: builtin_key.clone(), temperature: b.temperature, laplace: b.laplace.clone(), seconds: b.seconds.clone() })?;
             (b.temperature, b.laplace, b.predictions)
         }
     };
@@ -842,9 +939,13 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
         failed,
         stages: clock.order.iter().map(|(t, _)| t.clone()).collect(),
         mc: (spec.benchmark.mc_samples, spec.benchmark.mc_seed),
+        notes: spec.notes.clone(),
+        rescored: (0, f64::NAN),
     };
     let staged = StagedDir::new(&input.out, true)?;
+    let mut report = report;
     report.results.write(staged.path())?;
+    report.rescored = rescore(staged.path(), &report.results)?;
     io::write_json(&staged.path().join("selection.json"), &report.selection)?;
     io::write_json(
         &staged.path().join("gp_fits.json"),

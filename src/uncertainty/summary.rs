@@ -283,10 +283,23 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     let _ = writeln!(s, "- `charts/ood_auroc.png`: OOD AUROCs (noise, inverted) by max probability and by logit variance.");
     let _ = writeln!(s, "- `charts/disagreement.png`: the clean test images on which the EPK-GP's and the MAP's top-label confidences differ most.\n");
 
+    if !r.notes.trim().is_empty() {
+        let _ = writeln!(s, "## Discussion (the study author's notes, from the study file)\n");
+        let _ = writeln!(s, "{}\n", r.notes.trim());
+    }
+
     let _ = writeln!(s, "## Files\n");
     let _ = writeln!(s, "- `predictions.parquet` (every method, the ablations included): one row per (method, setting, point): `method`, `setting`, `point`, `label` (−1 for OOD), `p0`…`p9`, `ood_score` (NaN for methods without a variance).");
     let _ = writeln!(s, "- `metrics.parquet`: one row per (method, setting, metric): `method`, `setting`, `metric`, `value`, `n`.");
-    let _ = writeln!(s, "- `uq.json` (temperature, Laplace fit, settings, benchmark configuration), `selection.json`, `gp_fits.json` (GP hyper-parameters and Gram checks), `timings.md`/`timings.json`, `study.toml`.\n");
+    let _ = writeln!(s, "- `uq.json` (temperature, Laplace fit, settings, benchmark configuration), `selection.json`, `gp_fits.json` (GP hyper-parameters and Gram checks), `timings.md`/`timings.json`, `study.toml`.");
+    let _ = writeln!(
+        s,
+        "- Check: the study re-read `predictions.parquet` and re-scored it: {} metric values, largest difference from `metrics.parquet` {}. \
+         Independently, with numpy: `python3 scripts/check_uncertainty_metrics.py reports/{} --tol 1e-9`.\n",
+        r.rescored.0,
+        if r.rescored.1 == 0.0 { "0 (identical)".to_string() } else { format!("{:e}", r.rescored.1) },
+        r.name
+    );
     s
 }
 
