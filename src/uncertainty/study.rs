@@ -583,6 +583,10 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     serde_json::from_value(inexact(v)).ok()
 }
 
+/// One setting of a kernel family: each method's predictive, the row Gram's check, and the
+/// ablations without a predictive there (method, reason).
+type SettingResult = (BTreeMap<String, Predictive>, GramCheck, Vec<(String, String)>);
+
 /// What a kernel family produced: its methods' predictives, the fits, the row Grams' checks,
 /// and the ablations that failed (method, error).
 struct FamilyOutput {
@@ -623,7 +627,7 @@ fn kernel_family(
         .zip(&fit_keys)
         .map(|((name, _), key)| read_json::<GpFitCache>(&dir.join(format!("{name}.fit.json"))).filter(|c| &c.key == key && clock.has(&fit_stage(name), key)))
         .collect();
-    let cached = |s: &Setting| -> Option<(BTreeMap<String, Predictive>, GramCheck, Vec<(String, String)>)> {
+    let cached = |s: &Setting| -> Option<SettingResult> {
         let key = setting_key(s);
         let c: GpSettingCache = read_json(&dir.join(format!("{}.json", s.info.name))).filter(|c: &GpSettingCache| c.key == key)?;
         let f = SafeFile::open(&dir.join(format!("{}.safetensors", s.info.name))).ok()?;
