@@ -167,6 +167,10 @@ pub struct StudyConfig {
     /// that rerunning a study leaves a committed report unchanged.
     #[serde(default)]
     pub timings_in_summary: bool,
+    /// `[uncertainty]`: the uncertainty benchmark ([`crate::uncertainty::study`]); a study with
+    /// this section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
+    #[serde(default)]
+    pub uncertainty: Option<crate::uncertainty::study::UqStudySpec>,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -197,6 +201,12 @@ impl StudyConfig {
             for h in &sw.hidden {
                 cfg.sweep_config(h).validate()?;
             }
+        }
+        if let Some(u) = &cfg.uncertainty {
+            if !cfg.kernels.is_empty() || cfg.sweep.is_some() || cfg.selection.is_some() || cfg.analysis != AnalysisSpec::default() {
+                return Err(Error::Config("a study with [uncertainty] runs the uncertainty benchmark only (with its own lr/steps selection); leave out [[kernel]], [analysis], [sweep] and [selection]".into()));
+            }
+            u.validate(&cfg.run_config())?;
         }
         let mut labels = std::collections::HashSet::new();
         for k in &cfg.kernels {
@@ -329,6 +339,22 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     let cfg = StudyConfig::from_toml(&text, path)?;
     let out = opts.out.clone().unwrap_or_else(|| PathBuf::from("reports").join(&cfg.name));
     let cache = opts.cache.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
+    if let Some(spec) = &cfg.uncertainty {
+        let input = crate::uncertainty::study::UqStudyInput {
+            name: cfg.name.clone(),
+            description: cfg.description.clone(),
+            study_file: path.display().to_string(),
+            text: text.clone(),
+            run_config: cfg.run_config(),
+            spec: spec.clone(),
+            out,
+            cache,
+            base_dir: opts.base_dir.clone(),
+            progress: opts.progress,
+        };
+        let o = crate::uncertainty::study::run(&input)?;
+        return Ok(StudySummary { out: o.out, reused_run: o.stages.iter().all(|(_, reused)| *reused), kernels: Vec::new(), seconds: o.seconds });
+    }
     io::create_dir_all(&cache)?;
     let staged = StagedDir::new(&out, true)?;
 

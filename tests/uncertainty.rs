@@ -148,7 +148,7 @@ fn benchmark_end_to_end_on_mnist_format_files() {
     assert!(again.members.iter().all(|m| m.reused));
     assert_eq!(again.members.iter().map(|m| &m.last).collect::<Vec<_>>(), ens.members.iter().map(|m| &m.last).collect::<Vec<_>>());
 
-    let bc = BenchmarkConfig { angles: vec![0.0, 90.0], noise_points: Some(30), mc_samples: 200, ..BenchmarkConfig::default() };
+    let bc = BenchmarkConfig { angles: vec![0.0, 90.0], shift_points: None, noise_points: Some(30), mc_samples: 200, ..BenchmarkConfig::default() };
     let settings = uncertainty::settings(&data, &bc).unwrap();
     let names: Vec<&str> = settings.iter().map(|s| s.info.name.as_str()).collect();
     assert_eq!(names, ["clean", "rot-0", "rot-90", "noise", "inverted"]);

@@ -27,6 +27,7 @@ mod marks;
 mod matrix;
 mod panels;
 mod text;
+mod uq;
 mod xy;
 
 #[cfg(test)]
@@ -43,6 +44,7 @@ use crate::error::{Error, Result};
 
 pub use matrix::matrix;
 pub use panels::{heatmaps, point_value_panels};
+pub use uq::{BarSeries, ImageTile, ReliabilityPanel};
 pub use xy::{line_chart, scatter_chart};
 
 use axis::Axis1;

@@ -196,16 +196,33 @@ pub fn ece_bin(c: f64, bins: usize) -> usize {
     j
 }
 
-/// Expected calibration error with `bins` equal-width bins of the top-label confidence
-/// (conventions in the module docs); `bins = 15` ([`ECE_BINS`]) in the benchmark.
+/// One bin of a reliability diagram: the points whose top-label confidence falls in
+/// `(lo, hi]` (the first bin also holds `c = 0`; see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReliabilityBin {
+    /// Lower edge `j / B`.
+    pub lo: f64,
+    /// Upper edge `(j + 1) / B`.
+    pub hi: f64,
+    /// Points in the bin.
+    pub count: usize,
+    /// Mean top-label confidence of those points (NaN for an empty bin).
+    pub confidence: f64,
+    /// Fraction of those points whose arg-max is the label (NaN for an empty bin).
+    pub accuracy: f64,
+}
+
+/// The reliability diagram's bins: `bins` equal-width bins of the top-label confidence
+/// (conventions in the module docs), with their counts, mean confidences and accuracies.
+/// [`ece`] is `Σ_j (n_j / N) |acc_j − conf_j|` over these bins.
 ///
 /// # Shapes
-/// `probs: [N, K]`, `labels: [N]`.
-pub fn ece(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Result<f64> {
+/// `probs: [N, K]`, `labels: [N]`; returns `[bins]`.
+pub fn reliability(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Result<Vec<ReliabilityBin>> {
     let n = check_probs(probs, k)?;
     check_labels(n, labels, k)?;
     if bins == 0 {
-        return Err(Error::Config("ece needs at least 1 bin".into()));
+        return Err(Error::Config("a reliability diagram needs at least 1 bin".into()));
     }
     let mut conf = vec![0.0; bins];
     let mut hits = vec![0.0; bins];
@@ -218,12 +235,30 @@ pub fn ece(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Result<f64
         hits[j] += if top == y { 1.0 } else { 0.0 };
         count[j] += 1;
     }
-    let mut e = 0.0;
-    for j in 0..bins {
-        if count[j] > 0 {
+    let b = bins as f64;
+    Ok((0..bins)
+        .map(|j| {
             let m = count[j] as f64;
-            e += (m / n as f64) * (hits[j] / m - conf[j] / m).abs();
-        }
+            let (confidence, accuracy) = if count[j] > 0 { (conf[j] / m, hits[j] / m) } else { (f64::NAN, f64::NAN) };
+            ReliabilityBin { lo: j as f64 / b, hi: (j + 1) as f64 / b, count: count[j], confidence, accuracy }
+        })
+        .collect())
+}
+
+/// Expected calibration error with `bins` equal-width bins of the top-label confidence
+/// (conventions in the module docs); `bins = 15` ([`ECE_BINS`]) in the benchmark.
+///
+/// # Shapes
+/// `probs: [N, K]`, `labels: [N]`.
+pub fn ece(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Result<f64> {
+    if bins == 0 {
+        return Err(Error::Config("ece needs at least 1 bin".into()));
+    }
+    let rel = reliability(probs, labels, k, bins)?;
+    let n = labels.len() as f64;
+    let mut e = 0.0;
+    for r in rel.iter().filter(|r| r.count > 0) {
+        e += (r.count as f64 / n) * (r.accuracy - r.confidence).abs();
     }
     Ok(e)
 }
@@ -430,6 +465,13 @@ mod tests {
             want += m / n as f64 * (acc - conf).abs();
         }
         assert!((ece(&p, &y, k, 15).unwrap() - want).abs() < 1e-14);
+        // The reliability bins hold every point once, and their gaps weighted by size are the ECE.
+        let rel = reliability(&p, &y, k, 15).unwrap();
+        assert_eq!(rel.iter().map(|r| r.count).sum::<usize>(), n);
+        assert!(rel.iter().all(|r| (r.count == 0) == r.accuracy.is_nan() && (r.count == 0 || (r.confidence > r.lo && r.confidence <= r.hi))));
+        let from_bins: f64 = rel.iter().filter(|r| r.count > 0).map(|r| r.count as f64 / n as f64 * (r.accuracy - r.confidence).abs()).sum();
+        assert!((from_bins - want).abs() < 1e-14);
+        assert_eq!((rel[0].lo, rel[14].hi), (0.0, 1.0));
     }
 
     #[test]

@@ -37,10 +37,13 @@
 //! ```
 
 pub mod ensemble;
+pub mod kernel_gp;
 pub mod laplace;
 pub mod metrics;
 pub mod report;
 pub mod shift;
+pub mod study;
+pub mod summary;
 pub mod temperature;
 
 use std::collections::BTreeMap;
@@ -53,19 +56,26 @@ use crate::gp::{self, Posterior};
 use crate::model::{Architecture, Params};
 
 pub use ensemble::{network_logits, train_ensemble, Ensemble};
+pub use kernel_gp::{GramCheck, KernelGp, KernelGpFit, KernelGpSpec};
 pub use laplace::{LaplaceParams, LastLayerLaplace, LogitPosterior};
-pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, ScoreDirection};
+pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, reliability, ReliabilityBin, ScoreDirection};
 pub use report::{LaplaceSummary, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
 pub use temperature::{fit_temperature, TemperatureFit};
 
-/// Settings and Monte-Carlo parameters of the benchmark.
+/// Settings and Monte-Carlo parameters of the benchmark. The defaults are the protocol of the
+/// MNIST benchmark (`data/studies/mnist-uncertainty.toml`): rotations by 15, 30, 45, 60, 90
+/// and 180 degrees of the first 1 000 test images, 1 000 uniform-noise images (seed 0), the
+/// first 1 000 test images inverted, 1 000 Monte-Carlo samples (seed 0).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BenchmarkConfig {
     /// Rotation angles in degrees (counter-clockwise), one shifted setting `rot-{angle}` each
-    /// (default 15, 30, 45, 60, 75, 90, 135, 180).
+    /// (default 15, 30, 45, 60, 90, 180).
     pub angles: Vec<f64>,
-    /// Uniform-noise OOD images (default `None`: as many as test points).
+    /// The rotated and the inverted settings take the first `shift_points` test images
+    /// (default `Some(1000)`; `None`: every test image). More than the test set is an error.
+    pub shift_points: Option<usize>,
+    /// Uniform-noise OOD images (default `Some(1000)`; `None`: as many as test points).
     pub noise_points: Option<usize>,
     /// Seed of the noise images (default 0).
     pub noise_seed: u64,
@@ -82,8 +92,9 @@ pub struct BenchmarkConfig {
 impl Default for BenchmarkConfig {
     fn default() -> Self {
         BenchmarkConfig {
-            angles: vec![15.0, 30.0, 45.0, 60.0, 75.0, 90.0, 135.0, 180.0],
-            noise_points: None,
+            angles: vec![15.0, 30.0, 45.0, 60.0, 90.0, 180.0],
+            shift_points: Some(1000),
+            noise_points: Some(1000),
             noise_seed: 0,
             inverted: true,
             laplace: LaplaceParams::default(),
@@ -107,9 +118,10 @@ pub fn rotation_name(degrees: f64) -> String {
     format!("rot-{degrees}")
 }
 
-/// The settings of the benchmark on `data`'s test set, in order: `clean` (the test set),
-/// `rot-{a}` for every angle (labelled), `noise` (uniform images, seeded) and `inverted`
-/// (`1 − x`) when enabled. Needs 28×28 images with pixels in `[0, 1]`.
+/// The settings of the benchmark on `data`'s test set, in order: `clean` (the whole test set),
+/// `rot-{a}` for every angle (the first `shift_points` test images rotated, labelled), `noise`
+/// (uniform images, seeded) and `inverted` (`1 − x` of the first `shift_points` test images)
+/// when enabled. Needs 28×28 images with pixels in `[0, 1]`.
 ///
 /// # Shapes
 /// Each setting's `x` is `[N, 784]`.
@@ -124,20 +136,25 @@ pub fn settings(data: &Dataset, cfg: &BenchmarkConfig) -> Result<Vec<Setting>> {
         return Err(Error::Config("the uncertainty benchmark needs test points".into()));
     }
     let n = y.len();
+    let ns = cfg.shift_points.unwrap_or(n);
+    if ns == 0 || ns > n {
+        return Err(Error::Config(format!("shift_points = {ns}: the shifted settings take the first 1..={n} test images")));
+    }
+    let (x_shift, y_shift) = (&data.x_test[..ns * shift::PIXELS], &y[..ns]);
     let mk = |name: String, kind: SettingKind, x: Vec<f64>, labels: Option<Vec<usize>>| Setting {
         info: SettingInfo { name, kind, n: x.len() / shift::PIXELS, labels },
         x,
     };
     let mut out = vec![mk("clean".into(), SettingKind::Clean, data.x_test.clone(), Some(y.clone()))];
     for &a in &cfg.angles {
-        out.push(mk(rotation_name(a), SettingKind::Shifted, shift::rotate_images(&data.x_test, a)?, Some(y.clone())));
+        out.push(mk(rotation_name(a), SettingKind::Shifted, shift::rotate_images(x_shift, a)?, Some(y_shift.to_vec())));
     }
     let m = cfg.noise_points.unwrap_or(n);
     if m > 0 {
         out.push(mk("noise".into(), SettingKind::Ood, shift::uniform_noise_images(m, cfg.noise_seed), None));
     }
     if cfg.inverted {
-        out.push(mk("inverted".into(), SettingKind::Ood, shift::invert_images(&data.x_test)?, None));
+        out.push(mk("inverted".into(), SettingKind::Ood, shift::invert_images(x_shift)?, None));
     }
     let mut names: Vec<&str> = out.iter().map(|s| s.info.name.as_str()).collect();
     names.sort_unstable();
@@ -209,6 +226,116 @@ pub struct Network<'a> {
     pub init: Option<&'a Params>,
 }
 
+/// The built-in methods in every setting: their predictions (method by method, settings in
+/// order), their fits, and the seconds each took (fit + predict in every setting).
+#[derive(Clone, Debug)]
+pub struct BuiltinMethods {
+    /// `map`, `temperature`, `laplace` and (when given) `ensemble`, each in every setting.
+    pub predictions: Vec<MethodPrediction>,
+    /// The temperature fitted on the validation split.
+    pub temperature: TemperatureFit,
+    /// The last-layer Laplace fit.
+    pub laplace: LaplaceSummary,
+    /// Wall-clock seconds per method: fit (temperature, Laplace) plus prediction in every
+    /// setting; the ensemble's members are trained elsewhere, so its entry is prediction only.
+    pub seconds: Vec<(String, f64)>,
+}
+
+/// Fits the temperature on `data`'s validation split and the last-layer Laplace on its training
+/// set, and evaluates `map`, `temperature`, `laplace` and `ensemble` (when given) at the
+/// `settings` ([`settings`]). Methods as in [`run_benchmark`].
+///
+/// # Shapes
+/// `data.x_train: [M, 784]`, validation `[V, 784]`; each setting's `x`: `[N_s, 784]`.
+pub fn builtin_methods(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensemble>, settings: &[Setting], cfg: &BenchmarkConfig) -> Result<BuiltinMethods> {
+    let k = net.arch.outputs();
+    if k != data.num_outputs {
+        return Err(Error::ShapeMismatch { what: "network outputs vs dataset classes".into(), expected: vec![data.num_outputs], got: vec![k] });
+    }
+    let Targets::Labels(y_train) = &data.y_train else {
+        return Err(Error::Config("the uncertainty benchmark needs a classification dataset".into()));
+    };
+    let val = data.validation.as_ref().ok_or_else(|| {
+        Error::Config("the uncertainty benchmark fits the temperature on a validation split; the dataset has none (data.val_per_class)".into())
+    })?;
+    let Targets::Labels(y_val) = &val.y else {
+        return Err(Error::Config("validation targets must be labels".into()));
+    };
+    if let Some(ens) = ensemble {
+        if let Some(m) = ens.members.iter().find(|m| m.arch.outputs() != k || m.arch.input_dim() != data.dim) {
+            return Err(Error::Config(format!("ensemble member {} does not fit the dataset", m.dir.display())));
+        }
+    }
+    let mut predictions = Vec::new();
+    let mut seconds = Vec::new();
+    let push = |preds: &mut Vec<MethodPrediction>, method: &str, setting: &str, p: Predictive| {
+        preds.push(MethodPrediction { method: method.into(), setting: setting.into(), probs: p.probs, ood_score: p.ood_score });
+    };
+    let logits = |x: &[f64]| network_logits(net.arch, net.params, net.init, x);
+
+    let t = std::time::Instant::now();
+    for s in settings {
+        push(&mut predictions, "map", &s.info.name, Predictive::from_probs(metrics::softmax_rows(&logits(&s.x)?, k)?));
+    }
+    seconds.push(("map".to_string(), t.elapsed().as_secs_f64()));
+
+    let t = std::time::Instant::now();
+    let temperature = fit_temperature(&logits(&val.x)?, y_val, k)?;
+    for s in settings {
+        let probs = temperature::tempered_softmax(&logits(&s.x)?, k, temperature.temperature)?;
+        push(&mut predictions, "temperature", &s.info.name, Predictive::from_probs(probs));
+    }
+    seconds.push(("temperature".to_string(), t.elapsed().as_secs_f64()));
+
+    let t = std::time::Instant::now();
+    let lap = LastLayerLaplace::fit(net.arch, net.params, net.init, &data.x_train, y_train, &cfg.laplace)?;
+    for s in settings {
+        let post = lap.predict(&s.x)?;
+        let p = Predictive { probs: post.mc_softmax(cfg.mc_samples, cfg.mc_seed)?, ood_score: Some(post.total_variance()) };
+        push(&mut predictions, "laplace", &s.info.name, p);
+    }
+    seconds.push(("laplace".to_string(), t.elapsed().as_secs_f64()));
+
+    if let Some(ens) = ensemble {
+        let t = std::time::Instant::now();
+        for s in settings {
+            push(&mut predictions, "ensemble", &s.info.name, Predictive::from_probs(ens.predict(&s.x)?));
+        }
+        seconds.push(("ensemble".to_string(), t.elapsed().as_secs_f64()));
+    }
+    let p = lap.posterior();
+    let laplace = LaplaceSummary {
+        prior_precision: p.prior_precision(),
+        log_marginal_likelihood: p.evidence(),
+        log_likelihood: p.log_likelihood(),
+        num_params: p.num_params(),
+        clamped_eigenvalues: p.clamped_eigenvalues(),
+        mc_samples: cfg.mc_samples,
+        mc_seed: cfg.mc_seed,
+        grid: p.grid().to_vec(),
+    };
+    Ok(BuiltinMethods { predictions, temperature, laplace, seconds })
+}
+
+/// Appends the external methods' predictives in every setting (method by method) to
+/// `predictions`. Errors: a name taken by a built-in method or by an earlier external one, or a
+/// missing setting.
+pub fn push_external(predictions: &mut Vec<MethodPrediction>, settings: &[SettingInfo], external: &[ExternalMethod]) -> Result<()> {
+    const BUILTIN: [&str; 4] = ["map", "temperature", "laplace", "ensemble"];
+    for (i, e) in external.iter().enumerate() {
+        if BUILTIN.contains(&e.name.as_str()) || external[..i].iter().any(|o| o.name == e.name) {
+            return Err(Error::Config(format!("external method name {:?} is taken", e.name)));
+        }
+    }
+    for e in external {
+        for s in settings {
+            let p = e.settings.get(&s.name).ok_or_else(|| Error::Data(format!("external method {} has no predictive for setting {}", e.name, s.name)))?;
+            predictions.push(MethodPrediction { method: e.name.clone(), setting: s.name.clone(), probs: p.probs.clone(), ood_score: p.ood_score.clone() });
+        }
+    }
+    Ok(())
+}
+
 /// Runs the benchmark: fits the temperature on `data`'s validation split, the last-layer
 /// Laplace on its training set, evaluates every method in every setting of [`settings`] and
 /// scores them ([`report::score`]).
@@ -224,74 +351,29 @@ pub struct Network<'a> {
 /// `data.x_train: [M, 784]`, validation `[V, 784]`, `x_test: [P, 784]`; external predictives
 /// `[N_s, K]` per setting.
 pub fn run_benchmark(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensemble>, external: &[ExternalMethod], cfg: &BenchmarkConfig) -> Result<UqResults> {
-    let k = net.arch.outputs();
-    if k != data.num_outputs {
-        return Err(Error::ShapeMismatch { what: "network outputs vs dataset classes".into(), expected: vec![data.num_outputs], got: vec![k] });
-    }
-    let Targets::Labels(y_train) = &data.y_train else {
-        return Err(Error::Config("the uncertainty benchmark needs a classification dataset".into()));
-    };
-    let val = data.validation.as_ref().ok_or_else(|| {
-        Error::Config("the uncertainty benchmark fits the temperature on a validation split; the dataset has none (data.val_per_class)".into())
-    })?;
-    let Targets::Labels(y_val) = &val.y else {
-        return Err(Error::Config("validation targets must be labels".into()));
-    };
-    const BUILTIN: [&str; 4] = ["map", "temperature", "laplace", "ensemble"];
-    for (i, e) in external.iter().enumerate() {
-        if BUILTIN.contains(&e.name.as_str()) || external[..i].iter().any(|o| o.name == e.name) {
-            return Err(Error::Config(format!("external method name {:?} is taken", e.name)));
-        }
-    }
-    if let Some(ens) = ensemble {
-        if let Some(m) = ens.members.iter().find(|m| m.arch.outputs() != k || m.arch.input_dim() != data.dim) {
-            return Err(Error::Config(format!("ensemble member {} does not fit the dataset", m.dir.display())));
-        }
+    if data.validation.is_none() {
+        return Err(Error::Config("the uncertainty benchmark fits the temperature on a validation split; the dataset has none (data.val_per_class)".into()));
     }
     let settings = settings(data, cfg)?;
+    let infos: Vec<SettingInfo> = settings.iter().map(|s| s.info.clone()).collect();
+    // Names first, so that a bad external method fails before any fit.
+    push_external(&mut Vec::new(), &infos, external)?;
+    let b = builtin_methods(net, data, ensemble, &settings, cfg)?;
+    let mut predictions = b.predictions;
+    push_external(&mut predictions, &infos, external)?;
+    results(net.arch.outputs(), infos, predictions, Some(b.temperature), Some(b.laplace), cfg)
+}
 
-    let temperature = fit_temperature(&network_logits(net.arch, net.params, net.init, &val.x)?, y_val, k)?;
-    let lap = LastLayerLaplace::fit(net.arch, net.params, net.init, &data.x_train, y_train, &cfg.laplace)?;
-
-    let mut predictions = Vec::new();
-    for s in &settings {
-        let name = &s.info.name;
-        let push = |preds: &mut Vec<MethodPrediction>, method: &str, p: Predictive| {
-            preds.push(MethodPrediction { method: method.into(), setting: name.clone(), probs: p.probs, ood_score: p.ood_score });
-        };
-        let z = network_logits(net.arch, net.params, net.init, &s.x)?;
-        push(&mut predictions, "map", Predictive::from_probs(metrics::softmax_rows(&z, k)?));
-        push(&mut predictions, "temperature", Predictive::from_probs(temperature::tempered_softmax(&z, k, temperature.temperature)?));
-        let post = lap.predict(&s.x)?;
-        push(&mut predictions, "laplace", Predictive { probs: post.mc_softmax(cfg.mc_samples, cfg.mc_seed)?, ood_score: Some(post.total_variance()) });
-        if let Some(ens) = ensemble {
-            push(&mut predictions, "ensemble", Predictive::from_probs(ens.predict(&s.x)?));
-        }
-        for e in external {
-            let p = e.settings.get(name).ok_or_else(|| Error::Data(format!("external method {} has no predictive for setting {name}", e.name)))?;
-            push(&mut predictions, &e.name, p.clone());
-        }
-    }
-    let infos: Vec<SettingInfo> = settings.into_iter().map(|s| s.info).collect();
-    let metrics = report::score(k, &infos, &predictions)?;
-    let p = lap.posterior();
-    let laplace = LaplaceSummary {
-        prior_precision: p.prior_precision(),
-        log_marginal_likelihood: p.evidence(),
-        log_likelihood: p.log_likelihood(),
-        num_params: p.num_params(),
-        clamped_eigenvalues: p.clamped_eigenvalues(),
-        mc_samples: cfg.mc_samples,
-        mc_seed: cfg.mc_seed,
-        grid: p.grid().to_vec(),
-    };
+/// Scores `predictions` ([`report::score`]) into the benchmark's results.
+pub fn results(k: usize, settings: Vec<SettingInfo>, predictions: Vec<MethodPrediction>, temperature: Option<TemperatureFit>, laplace: Option<LaplaceSummary>, cfg: &BenchmarkConfig) -> Result<UqResults> {
+    let metrics = report::score(k, &settings, &predictions)?;
     Ok(UqResults {
         k,
-        settings: infos,
+        settings,
         predictions,
         metrics,
-        temperature: Some(temperature),
-        laplace: Some(laplace),
+        temperature,
+        laplace,
         config: serde_json::to_value(cfg).map_err(|e| Error::Data(format!("benchmark config: {e}")))?,
     })
 }

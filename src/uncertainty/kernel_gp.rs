@@ -1,0 +1,303 @@
+//! GP logit regression on the network's own kernels, as a method of the benchmark: one GP per
+//! class on the class-diagonal block of a Gram computed from the recorded path (the EPK, or the
+//! empirical NTK at `w_N`), the targets the network's outputs minus the bias (as
+//! [`crate::workflow::gp_report`] does), hyper-parameters by marginal likelihood, and the
+//! posterior at the points of every setting.
+//!
+//! - **Training Gram** ([`TrainGram`]). By default `kind` with `side = train` at the training
+//!   points, class-diagonal layout: for the EPK the gradients are taken at `t = 0` on both
+//!   sides (`K^{cc}_{ij} = Σ_s ⟨∇f^c_{w_s}(x_i), ∇f^c_{w_s}(x_j)⟩`, symmetric in exact
+//!   arithmetic); for the NTK the empirical NTK at `w_N`. The alternative puts the training
+//!   points on the test side (the EPK's integrated gradients, the rows the exact kernel machine
+//!   uses) and symmetrises that non-symmetric Gram. Each class block is symmetrised,
+//!   `(K + Kᵀ)/2`, and its relative asymmetry before that is reported.
+//! - **Targets.** `y_i^c = f^c_{w_N}(x_i) − f^c_{w_0}(x_i)` (the log-softmax outputs minus the
+//!   bias `b = f_{w_0}`, the part the kernel machine carries).
+//! - **Rows.** `kind` with `side = test` at a setting's points (the EPK's test-side gradients
+//!   integrated over every step by the quadrature `rule`), class-diagonal layout, with the
+//!   self-kernel `K^{cc}(x, x)` as the prior variance; the posterior mean gets the bias
+//!   `f_{w_0}(x)` back.
+//!
+//! Every Gram is computed in memory ([`crate::kernel::compute_in`]) and checked: its kernel
+//! machine against the network ([`GramCheck`]).
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::gp::{FittedGp, GpParams, Posterior};
+use crate::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, Points, Rule, Side};
+use crate::model::Params;
+use crate::trajectory::Run;
+
+/// Which training Gram the GP is fitted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainGram {
+    /// `side = train` at the training points (the EPK's gradients at `t = 0` on both sides;
+    /// the NTK at `w_N`): symmetric up to rounding.
+    TrainSide,
+    /// The training points as test-side rows (the EPK's integrated gradients), a Gram that is
+    /// not symmetric, symmetrised `(K + Kᵀ)/2`.
+    SymmetrisedTestSide,
+}
+
+/// Which kernel the GP uses and how it is fitted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelGpSpec {
+    /// `epk` (summed over the path) or `ntk` (at the last state).
+    pub kind: KernelKind,
+    /// Quadrature of the EPK's test-side rows (ignored by the NTK).
+    pub rule: Rule,
+    /// GP estimator parameters (the benchmark fits σ² and s by marginal likelihood).
+    pub params: GpParams,
+    /// The training Gram.
+    pub train_gram: TrainGram,
+}
+
+impl KernelGpSpec {
+    /// The EPK with the quadrature `rule`, the train-side training Gram and hyper-parameters by
+    /// marginal likelihood.
+    pub fn epk(rule: Rule) -> Self {
+        KernelGpSpec { kind: KernelKind::Epk, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide }
+    }
+    /// The empirical NTK at the last state, hyper-parameters by marginal likelihood.
+    pub fn ntk() -> Self {
+        KernelGpSpec { kind: KernelKind::Ntk, rule: Rule::Auto(1e-12), params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide }
+    }
+    /// The same with another training Gram.
+    pub fn train_gram(mut self, g: TrainGram) -> Self {
+        self.train_gram = g;
+        self
+    }
+    /// A text that identifies the specification (cache keys).
+    pub fn key(&self) -> String {
+        format!("{}|{}|{}|{:?}", self.kind, self.rule, serde_json::to_string(&self.params).unwrap_or_default(), self.train_gram)
+    }
+    fn check(&self) -> Result<()> {
+        match (self.kind, self.train_gram) {
+            (KernelKind::Ntk, TrainGram::SymmetrisedTestSide) => Err(Error::Config("the NTK has no test side to symmetrise (its rows are not integrated)".into())),
+            (KernelKind::Epk | KernelKind::Ntk, _) => Ok(()),
+            (other, _) => Err(Error::Config(format!("a kernel GP of the benchmark takes the epk or the ntk, not {other}"))),
+        }
+    }
+}
+
+/// One Gram's kernel machine against the network.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GramCheck {
+    /// What the rows are (`train` or a setting name).
+    pub rows: String,
+    /// `train` (gradients at `t = 0`) or `test` (EPK: integrated over each step).
+    pub side: String,
+    /// Row points P.
+    pub points: usize,
+    /// Steps summed (1 for the NTK).
+    pub steps: usize,
+    /// max |kernel machine − network| over the rows and classes.
+    pub max_abs_error: f64,
+    /// mean |kernel machine − network|.
+    pub mean_abs_error: f64,
+    /// Gradient evaluations per point and step, mean over steps (1 without quadrature).
+    pub mean_evaluations: f64,
+    /// The most evaluations one point needed in one step.
+    pub max_evaluations: usize,
+}
+
+impl GramCheck {
+    fn of(rows: &str, o: &KernelOutput) -> Self {
+        GramCheck {
+            rows: rows.into(),
+            side: match o.side {
+                Side::Train => "train".into(),
+                Side::Test => "test".into(),
+            },
+            points: o.p,
+            steps: o.steps.len(),
+            max_abs_error: o.max_abs_error(),
+            mean_abs_error: o.mean_abs_error(),
+            mean_evaluations: o.mean_evaluations(),
+            max_evaluations: o.max_evaluations(),
+        }
+    }
+}
+
+/// The fitted GP's numbers, for the report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelGpFit {
+    /// `epk` or `ntk`.
+    pub kind: String,
+    /// The quadrature of the rows (`none` for the NTK).
+    pub quadrature: String,
+    /// The training Gram.
+    pub train_gram: TrainGram,
+    /// Noise variance σ² per class. # Shapes `[K]`.
+    pub noise: Vec<f64>,
+    /// Output scale s per class. # Shapes `[K]`.
+    pub output_scale: Vec<f64>,
+    /// Jitter added on top of σ² per class. # Shapes `[K]`.
+    pub jitter: Vec<f64>,
+    /// Log marginal likelihood per class. # Shapes `[K]`.
+    pub log_marginal_likelihood: Vec<f64>,
+    /// Mean diagonal of each class block of the training Gram. # Shapes `[K]`.
+    pub mean_diag: Vec<f64>,
+    /// Relative asymmetry `max|K_ij − K_ji| / max|K|` of each class block before
+    /// symmetrisation. # Shapes `[K]`.
+    pub asymmetry: Vec<f64>,
+    /// The training Gram's kernel machine against the network.
+    pub train_check: GramCheck,
+}
+
+/// A per-class GP fitted on a kernel of a recorded run, ready to predict at new points.
+#[derive(Clone, Debug)]
+pub struct KernelGp {
+    spec: KernelGpSpec,
+    fitted: FittedGp,
+    /// The fit's numbers.
+    pub fit: KernelGpFit,
+    /// Seconds of the training Gram and of the GP fit.
+    pub seconds: (f64, f64),
+}
+
+fn points(x: &[f64], dim: usize) -> Points {
+    Points { x: x.to_vec(), dim }
+}
+
+fn rel_asymmetry(b: &[f64], m: usize) -> f64 {
+    let scale = b.iter().map(|v| v.abs()).fold(0.0, kernel::nan_max);
+    let mut worst = 0.0f64;
+    for i in 0..m {
+        for j in i + 1..m {
+            worst = kernel::nan_max(worst, (b[i * m + j] - b[j * m + i]).abs());
+        }
+    }
+    if scale > 0.0 {
+        worst / scale
+    } else {
+        worst
+    }
+}
+
+impl KernelGp {
+    /// Computes the training Gram of `spec.kind` on the run's training points and fits one GP
+    /// per class (module docs). `progress(done, total)` follows the kernel's steps.
+    ///
+    /// Errors: a kind other than epk/ntk, a regression run, and every error of the kernel
+    /// engine and of [`GpParams::fit`].
+    ///
+    /// # Shapes
+    /// `states`: the run's `w_0 … w_N`.
+    pub fn fit(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<KernelGp> {
+        spec.check()?;
+        if !run.dataset.is_classification() {
+            return Err(Error::Config("a kernel GP of the benchmark needs a classification run".into()));
+        }
+        let t0 = Instant::now();
+        let side = match spec.train_gram {
+            TrainGram::TrainSide => Side::Train,
+            TrainGram::SymmetrisedTestSide => Side::Test,
+        };
+        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: None };
+        let pts = points(&run.dataset.x_train, run.dataset.dim);
+        let o = kernel::compute_in(run, states, &pts, &req, &Options::layout(Layout::Diag), progress)?;
+        let (m, k) = (o.m, o.k);
+        if o.p != m {
+            return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
+        }
+        let train_check = GramCheck::of("train", &o);
+        let mut k_train = Vec::with_capacity(k * m * m);
+        let (mut asymmetry, mut mean_diag) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for c in 0..k {
+            let mut b: Vec<f64> = (0..m * m).map(|idx| o.gram[idx * k + c]).collect();
+            asymmetry.push(rel_asymmetry(&b, m));
+            mean_diag.push((0..m).map(|i| b[i * m + i]).sum::<f64>() / m as f64);
+            for i in 0..m {
+                for j in i + 1..m {
+                    let v = 0.5 * (b[i * m + j] + b[j * m + i]);
+                    b[i * m + j] = v;
+                    b[j * m + i] = v;
+                }
+            }
+            k_train.extend(b);
+        }
+        let targets: Vec<f64> = o.network.iter().zip(&o.bias).map(|(f, b)| f - b).collect();
+        drop(o);
+        let t1 = Instant::now();
+        let fitted = spec.params.fit(&k_train, &targets, m, k)?;
+        let fit = KernelGpFit {
+            kind: spec.kind.to_string(),
+            quadrature: if spec.kind == KernelKind::Epk { spec.rule.to_string() } else { "none".into() },
+            train_gram: spec.train_gram,
+            noise: fitted.noise(),
+            output_scale: fitted.output_scale(),
+            jitter: fitted.jitter_used(),
+            log_marginal_likelihood: fitted.log_marginal_likelihood(),
+            mean_diag,
+            asymmetry,
+            train_check,
+        };
+        let seconds = (t1.duration_since(t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        Ok(KernelGp { spec: spec.clone(), fitted, fit, seconds })
+    }
+
+    /// The GP's logit posterior at the rows of a [`RowGram`] of the same kernel kind (of the
+    /// same run: not checked beyond shapes); the posterior mean includes the bias `f_{w_0}(x)`.
+    ///
+    /// # Shapes
+    /// The posterior's `mean`, `var`: `[P, K]`.
+    pub fn posterior(&self, rows: &RowGram) -> Result<Posterior> {
+        if rows.kind != self.spec.kind {
+            return Err(Error::Config(format!("a GP on the {} cannot predict from {} rows", self.spec.kind, rows.kind)));
+        }
+        let mut post = self.fitted.predict(&rows.k_cross, &rows.k_test_diag, rows.p)?;
+        for (mv, b) in post.mean.iter_mut().zip(&rows.bias) {
+            *mv += b;
+        }
+        Ok(post)
+    }
+
+    /// The fitted per-class GP.
+    pub fn fitted(&self) -> &FittedGp {
+        &self.fitted
+    }
+}
+
+/// A test-side Gram at some rows, in the GP's layout, with what the posterior needs.
+#[derive(Clone, Debug)]
+pub struct RowGram {
+    /// The kernel.
+    pub kind: KernelKind,
+    /// `K^{cc}(x_p, x_i)`. # Shapes `[K, P, M]`.
+    pub k_cross: Vec<f64>,
+    /// `K^{cc}(x_p, x_p)` (the rows' self-kernel). # Shapes `[K, P]`.
+    pub k_test_diag: Vec<f64>,
+    /// `f_{w_0}(x_p)`. # Shapes `[P, K]`.
+    pub bias: Vec<f64>,
+    /// `f_{w_N}(x_p)` (log-softmax outputs). # Shapes `[P, K]`.
+    pub network: Vec<f64>,
+    /// Rows P.
+    pub p: usize,
+    /// The kernel machine against the network at these rows.
+    pub check: GramCheck,
+}
+
+/// The test-side Gram of `kind` (EPK rows integrated with `rule`) at the rows of `x`
+/// (`rows` names them in the check), class-diagonal layout, in memory.
+///
+/// # Shapes
+/// `x: [P, d]`.
+pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
+    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let o = kernel::compute_in(run, states, &points(x, run.dataset.dim), &req, &Options::layout(Layout::Diag), progress)?;
+    let (p, m, k) = (o.p, o.m, o.k);
+    let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
+    let check = GramCheck::of(rows, &o);
+    let mut k_cross = Vec::with_capacity(k * p * m);
+    let mut k_test_diag = Vec::with_capacity(k * p);
+    for c in 0..k {
+        k_cross.extend((0..p * m).map(|idx| o.gram[idx * k + c]));
+        k_test_diag.extend((0..p).map(|pi| diag[(pi * k + c) * k + c]));
+    }
+    Ok(RowGram { kind, k_cross, k_test_diag, bias: o.bias.clone(), network: o.network.clone(), p, check })
+}
