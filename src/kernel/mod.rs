@@ -38,6 +38,3 @@ pub use layout::Layout;
 pub use quadrature::Rule;
 pub use types::*;
 pub(crate) use nodes::{auto_nodes, choose_auto_nodes, fixed_nodes, AlongPath};
-
-#[doc(hidden)]
-pub static PROF: [std::sync::atomic::AtomicU64; 8] = [const { std::sync::atomic::AtomicU64::new(0) }; 8];
