@@ -10,6 +10,7 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod analysis;
+pub mod api;
 #[cfg(feature = "cli")]
 pub mod bench;
 #[cfg(feature = "cli")]

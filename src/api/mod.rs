@@ -1,0 +1,30 @@
+//! The notebook front door: a trained run ([`Trained`]), its kernels as typed values ([`Gram`])
+//! and the estimators that take them ([`GpModel`], [`SvmModel`], [`Gram::attribute`]). Each
+//! step is one or two lines in an evcxr cell and every value displays as a compact table.
+//!
+//! ```no_run
+//! use pathkernel::api::*;
+//! # fn main() -> pathkernel::Result<()> {
+//! let net = Trained::open("runs/paper-toy/run")?;
+//! let epk = net.epk().compute()?;                  // test × train EPK, auto:1e-12
+//! println!("{epk}");                                // kernel machine vs network: ~1e-13
+//! let k00 = epk.class_block(0)?.to_nalgebra();      // a nalgebra::DMatrix
+//! let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+//! let rows = net.epk().layout(Layout::Diag).compute()?;
+//! let probs = GpModel::fit(&train)?.predict(&rows)?.mc_softmax(1000, 0)?;
+//! # Ok(()) }
+//! ```
+
+mod fit;
+mod gram;
+mod trained;
+
+pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
+pub use gram::{from_nalgebra, Gram, ToNalgebra};
+pub use trained::{KernelBuilder, Rows, Trained};
+
+pub use crate::error::{Error, Result};
+pub use crate::gp::{GpParams, McSoftmax, Posterior};
+pub use crate::kernel::{KernelKind, Layout, Rule, Side};
+pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, ReliabilityPanel, Scale, Series};
+pub use crate::svm::SvmParams;
