@@ -19,7 +19,7 @@ use std::fmt;
 use faer::MatRef;
 
 use super::gram::Gram;
-use crate::analysis::{self, Attribution};
+use crate::analysis::{self, Attribution, Stationarity, StationarityOptions};
 use crate::error::{Error, Result};
 use crate::gp::{self, FittedGp, GpParams, McSoftmax, Posterior};
 use crate::kernel::{KernelKind, Layout};
@@ -303,5 +303,28 @@ impl Gram {
         }
         let items = analysis::attribute(&c, &baseline, &out.network, points, p, m, k, top)?;
         Ok(Attributions { items })
+    }
+
+    /// How far the kernel on the training points is from stationary (a function of `x' − x`
+    /// only; [`Stationarity`] defines the score): of the trace `Σ_c K^{cc}` when `class` is
+    /// `None`, else of class block `class`. 1 = stationary.
+    ///
+    /// Errors: rows that are not the training points, and those of [`analysis::stationarity`].
+    pub fn stationarity(&self, class: Option<usize>, opts: &StationarityOptions) -> Result<Stationarity> {
+        let (p, m, _) = self.shape();
+        if *self.rows() != super::Rows::Train || p != m {
+            return Err(Error::Config(format!("stationarity needs a train × train Gram (`.train_side()`); these rows are {}", self.rows())));
+        }
+        let flat: Vec<f64> = match class {
+            None => {
+                let t = self.trace();
+                (0..m * m).map(|idx| t[(idx / m, idx % m)]).collect()
+            }
+            Some(c) => {
+                let b = self.class_block(c)?;
+                (0..m * m).map(|idx| b[(idx / m, idx % m)]).collect()
+            }
+        };
+        analysis::stationarity(&self.points().x, &flat, m, self.points().dim, opts)
     }
 }

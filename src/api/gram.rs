@@ -221,6 +221,32 @@ impl Gram {
         Ok((0..p).map(|q| d[(q * k + c) * k + c]).collect())
     }
 
+    /// `Σ_c K^{cc}(x_p, x_p)`, the trace of each row's self-kernel. # Shapes `[P]`.
+    ///
+    /// Errors: kinds without a self-kernel (chen, kprime).
+    pub fn self_kernel_trace(&self) -> Result<Vec<f64>> {
+        let (p, _, k) = self.shape();
+        let mut t = vec![0.0; p];
+        for c in 0..k {
+            t.iter_mut().zip(self.self_kernel(c)?).for_each(|(a, b)| *a += b);
+        }
+        Ok(t)
+    }
+
+    /// Values at the rows of a grid Gram ([`Rows::Grid`]) as a plottable grid (x fastest).
+    ///
+    /// Errors: rows that are not a grid; `values` not one per grid point.
+    pub fn on_grid(&self, values: Vec<f64>) -> Result<crate::plot::Grid2d> {
+        let Rows::Grid(n) = self.rows else {
+            return Err(Error::Config(format!("values on a grid need a grid Gram (`.grid(n)`); these rows are {}", self.rows)));
+        };
+        if values.len() != n * n || self.points.dim != 2 || n < 2 {
+            return Err(Error::ShapeMismatch { what: "values on the grid".into(), expected: vec![n * n], got: vec![values.len()] });
+        }
+        let x = &self.points.x;
+        Ok(crate::plot::Grid2d { nx: n, ny: n, x0: x[0], x1: x[2 * (n - 1)], y0: x[1], y1: x[2 * (n * n - 1) + 1], values })
+    }
+
     /// Writes the Gram as `pathkernel kernel` does into `dir` (replaced if it exists; written in
     /// a staging sibling and moved into place, so `dir` never holds a partial result).
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
@@ -318,9 +344,10 @@ impl fmt::Display for Gram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let e = &self.exactness;
         let (p, m, k) = self.shape();
-        let side = match self.side() {
-            Side::Test => "test (integrated over each step)",
-            Side::Train => "train (gradients at t = 0)",
+        let side = match (self.side(), self.out.integrated) {
+            (Side::Test, true) => "test (gradients integrated over each step)",
+            (Side::Test, false) => "test (gradients at t = 0)",
+            (Side::Train, _) => "train (gradients at t = 0)",
         };
         let shape = self.layout().shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" × ");
         writeln!(f, "Gram {} · {} rows × {m} training points · {k} outputs", self.kind(), self.rows)?;

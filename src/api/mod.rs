@@ -27,4 +27,5 @@ pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};
 pub use crate::kernel::{KernelKind, Layout, Rule, Side};
 pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, ReliabilityPanel, Scale, Series};
+pub use crate::analysis::{Stationarity, StationarityOptions};
 pub use crate::svm::SvmParams;

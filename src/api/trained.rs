@@ -85,10 +85,7 @@ impl Trained {
     /// Accuracy of `f_{w_N}` on the held-out test set (classification runs).
     pub fn test_accuracy(&self) -> Result<f64> {
         let ds = &self.run.dataset;
-        let labels = match &ds.y_test {
-            crate::data::Targets::Labels(y) => y,
-            _ => return Err(Error::Config("test accuracy needs a classification run".into())),
-        };
+        let labels = ds.test_labels()?;
         let f = self.network(&ds.x_test)?;
         let k = ds.num_outputs;
         let hits = labels.iter().enumerate().filter(|(i, &y)| argmax(&f[i * k..(i + 1) * k]) == y).count();
