@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // over classes and each class block:
     // %%
     let train = net.epk().train_side().layout(Layout::Diag).compute()?;
-    show(&train.stationarity(None, &StationarityOptions::default())?);
+    println!("trace over classes: {}", train.stationarity(None, &StationarityOptions::default())?);
     for c in 0..3 {
         println!("class {c}: {}", train.stationarity(Some(c), &StationarityOptions::default())?);
     }

@@ -34,8 +34,8 @@ seed = 0
 "#,
         "../runs/notebook-mnist",
     )?;
-    show(&net);
     println!("test accuracy {:.1} %", 100.0 * net.test_accuracy()?);
+    show(&net);
     // %% md
     // The EPK between the 200 test images and the 500 training images, class-diagonal blocks only
     // (what a per-class GP needs: a tenth of the work and memory of all `10 × 10` blocks). The kernel
@@ -99,8 +99,8 @@ seed = 0
     // %%
     let three = net.epk().inputs(&net.run().dataset.x_test[..3 * 784]).compute()?;
     show(&three);
-    let at = three.attribute(&[0, 1, 2], 4)?;
     // %%
+    let at = three.attribute(&[0, 1, 2], 4)?;
     let support = {
         let ds = &net.run().dataset;
         let y = ds.train_labels()?;

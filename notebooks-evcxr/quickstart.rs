@@ -83,7 +83,7 @@ steps = 60
     // The Gram is a typed value: a class block is a `faer` view `[P, M]` (no index arithmetic), and
     // converts to `nalgebra` for code that holds that type.
     // %%
-    let k00 = epk.class_block(0)?.to_nalgebra();
+    let k00: DMatrix = epk.class_block(0)?.to_nalgebra();
     println!("K^00 is {} × {}; the first test point against the first 4 training points:", k00.nrows(), k00.ncols());
     println!("{:.4}", k00.view((0, 0), (1, 4)));
     Ok(())

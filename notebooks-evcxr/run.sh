@@ -24,6 +24,12 @@ command -v evcxr_jupyter >/dev/null || cargo install --locked evcxr_jupyter --ve
 python3 -c 'import nbconvert, jupyter_client' 2>/dev/null || python3 -m pip install --quiet jupyter nbconvert || exit 1
 evcxr_jupyter --install >/dev/null || exit 1
 export EVCXR_CONFIG_DIR="$PWD/evcxr-config"
+# evcxr builds each kernel's code as a crate in a temporary folder of its own, so every notebook
+# compiles pathkernel again (its dependencies come from evcxr's cache). One persistent folder for
+# all kernels keeps the compiled crate: only the first notebook after a change of the library
+# compiles it. (Not under ~/.cache: evcxr's kernel fails to load its code from there.)
+export EVCXR_TMPDIR="${EVCXR_TMPDIR:-${TMPDIR:-/tmp}/pathkernel-evcxr}"
+mkdir -p "$EVCXR_TMPDIR"
 
 if [ "$#" -gt 0 ]; then
   notebooks=("$@")

@@ -21,6 +21,10 @@ mod trained;
 
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
 pub use gram::{from_nalgebra, Gram, ToNalgebra};
+/// nalgebra itself, for its other types.
+pub use nalgebra;
+/// The matrix [`ToNalgebra::to_nalgebra`] returns (a name evcxr can give a cell's variable).
+pub type DMatrix = nalgebra::DMatrix<f64>;
 pub use trained::{KernelBuilder, Rows, Trained};
 
 pub use crate::error::{Error, Result};
