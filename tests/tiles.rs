@@ -830,3 +830,69 @@ fn cli_slurm_scripts_and_submission_with_a_stand_in_sbatch() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("every tile is complete: submitted merge job"), "{stdout}");
 }
+
+#[test]
+fn cli_column_tiles_merge_to_the_one_process_output_with_the_same_exactness_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6, 4]", "relu", 8, 0.5, 10, 9));
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--out", "one"], d);
+    let plan_out = ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x3x2", "--out", "cols"], d);
+    assert!(plan_out.contains("12 tiles = 2 row blocks (5 points each) x 3 column blocks (10 training points each) x 2 step ranges"), "{plan_out}");
+    let plan = Plan::read(&d.join("cols")).unwrap();
+    assert_eq!((plan.col_blocks, plan.tiles[4].cols, plan.tiles[4].steps), (3, [20, 30], [0, 4]));
+    ok(&["tile", "run", "cols", "--all", "-q"], d);
+    ok(&["tile", "merge", "cols"], d);
+    for diff in pathkernel::tile::compare_dirs(&d.join("cols/merged"), &d.join("one")).unwrap() {
+        assert!(diff.rel <= 1e-13, "{diff:?}");
+    }
+    ok(&["tile", "compare", "cols/merged", "one", "--tol", "1e-13"], d);
+    // The exactness report and the per-step validation equal the one-process ones.
+    let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(d.join(p)).unwrap()).unwrap() };
+    let (got, want) = (json("cols/merged/exactness.json"), json("one/exactness.json"));
+    for key in ["kind", "side", "quadrature", "shape", "steps", "evaluations_per_step", "unconverged_pieces", "tolerance", "tolerance_met", "layout", "form"] {
+        assert_eq!(got[key], want[key], "exactness.json `{key}`");
+    }
+    for key in ["max_abs_error", "mean_abs_error", "single_machine_max_abs_error"] {
+        let (a, b) = (got[key].as_f64().unwrap(), want[key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-14, "exactness.json `{key}`: {a:e} vs {b:e}");
+    }
+    let (ts, tw) = (pathkernel::io::Table::read_parquet(&d.join("cols/merged/steps.parquet")).unwrap(), pathkernel::io::Table::read_parquet(&d.join("one/steps.parquet")).unwrap());
+    assert_eq!(ts.columns.iter().map(|c| &c.0).collect::<Vec<_>>(), tw.columns.iter().map(|c| &c.0).collect::<Vec<_>>());
+    for (col, _) in &tw.columns {
+        if let (Some(a), Some(b)) = (ts.f64(col), tw.f64(col)) {
+            assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-14 || (x.is_nan() && y.is_nan())), "steps.parquet `{col}`: {a:?} vs {b:?}");
+        }
+    }
+    // A rerun of the plan from scratch is byte-identical.
+    let files = ["gram.safetensors", "predictions.parquet", "steps.parquet"];
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(d.join("cols/merged").join(f)).unwrap()).collect();
+    std::fs::remove_dir_all(d.join("cols/tiles")).unwrap();
+    std::fs::create_dir(d.join("cols/tiles")).unwrap();
+    ok(&["tile", "run", "cols", "--all", "-q"], d);
+    ok(&["tile", "merge", "cols", "--force"], d);
+    let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(d.join("cols/merged").join(f)).unwrap()).collect();
+    assert!(before == after, "the rerun's outputs differ");
+
+    // Faults: one line, exit 2, nothing changed.
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x2x1", "--out", "other"], d);
+    ok(&["tile", "run", "other", "--all", "-q"], d);
+    let tile = |job: &str, i: usize| d.join(job).join("tiles").join(format!("tile-{i:06}.safetensors"));
+    let check_untouched = |needle: &str, args: &[&str]| {
+        let before = snapshot(d);
+        fails(args, d, needle);
+        assert!(snapshot(d) == before, "{args:?} changed the directory");
+    };
+    let saved = std::fs::read(tile("cols", 5)).unwrap();
+    std::fs::copy(tile("other", 1), tile("cols", 5)).unwrap();
+    check_untouched("belongs to plan", &["tile", "merge", "cols", "--force"]);
+    check_untouched("belongs to plan", &["tile", "run", "cols", "--index", "5"]);
+    std::fs::copy(tile("cols", 4), tile("cols", 5)).unwrap();
+    check_untouched("is tile 4 (rows 0..5, columns 20..30, steps 0..4)", &["tile", "merge", "cols", "--force"]);
+    std::fs::remove_file(tile("cols", 5)).unwrap();
+    check_untouched("1 of 12 tiles are missing (index 5)", &["tile", "merge", "cols", "--force"]);
+    std::fs::write(tile("cols", 5), &saved).unwrap();
+    check_untouched("31 column blocks for 30 training points", &["kernel", "--run", "run", "--tiles", "1x31x1", "--out", "x"]);
+    check_untouched("expected N, RxS", &["kernel", "--run", "run", "--tiles", "1x2x2x2", "--out", "x"]);
+    ok(&["tile", "merge", "cols", "--force"], d);
+}

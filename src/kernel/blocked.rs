@@ -179,6 +179,9 @@ pub fn compute_in_blocks(
     in_blocks(rows, block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))
 }
 
+/// Computes one block of row points with a progress callback (see [`in_blocks`]).
+pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
+
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
 /// `compute_block(points, progress)` computes one block (e.g. [`compute`](super::compute) or a
 /// variant that loads optimizer state); all blocks must use the same request. One block
@@ -190,7 +193,7 @@ pub fn in_blocks(
     rows: &Points,
     block_rows: usize,
     progress: &dyn Fn(usize, usize),
-    compute_block: &mut dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput>,
+    compute_block: &mut BlockFn<'_>,
 ) -> Result<KernelOutput> {
     assert!(block_rows > 0, "block_rows must be >= 1");
     let p = rows.len();

@@ -334,7 +334,6 @@ pub(super) fn compute_inner(
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
         let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
-        let cosine;
         // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f);
         // for the NTK the path's Σ_s a_{i,s}, so that the step's prediction is the linearised
         // machine's whole change.
@@ -381,7 +380,7 @@ pub(super) fn compute_inner(
                 ps.extend_from_slice(&gs);
             }
         }
-        cosine = out.cosine;
+        let cosine = out.cosine;
         let (pred, evaluations, jvp_evaluations, pieces, unconverged) = (out.pred, out.stats.evaluations, out.stats.jvp_evaluations, out.stats.pieces, out.stats.unconverged);
         // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };

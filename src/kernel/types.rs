@@ -367,11 +367,7 @@ pub struct Points {
 impl Points {
     /// Number of points P.
     pub fn len(&self) -> usize {
-        if self.dim == 0 {
-            0
-        } else {
-            self.x.len() / self.dim
-        }
+        self.x.len().checked_div(self.dim).unwrap_or(0)
     }
     /// Whether there are no points.
     pub fn is_empty(&self) -> bool {
