@@ -5,10 +5,11 @@
 //! `f(x) = b + Σ_s Σ_i a_{i,s} K_s(x, x_i)` is a sum over the training points, so the columns
 //! `[0, M)` split into blocks `[0, M_1), [M_1, M_2), …` computed apart
 //! ([`super::Options::columns`]: every path forms the training-side factors of its block only)
-//! and assembled here: the Gram blocks side by side, `a` likewise, and the machine either
-//! `machine_0 + Σ_{c≥1} (machine_c − b)` in block order with the per-step validation recomputed
-//! from the blocks' summed per-step predictions (plain gradient steps), or, for momentum and
-//! Adam, block 0's, which every block computes whole ([`super::ColumnShare`] says why).
+//! and assembled here: the Gram blocks side by side, `a` likewise, and the kernel machine either
+//! re-summed as the one-process driver sums it, `b` plus each step's predicted change in step
+//! order, that change being the blocks' per-step shares summed in block order, with the
+//! per-step validation recomputed from it (plain gradient steps), or, for momentum and Adam,
+//! block 0's, which every block computes whole ([`super::ColumnShare`] says why).
 
 use super::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput, Layout};
 use crate::error::{Error, Result};
@@ -46,8 +47,11 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
             return bad(format!("block {c} was computed for another request or row points"));
         }
         let f = first.columns.as_ref().expect("checked above");
-        if share.step_pred.is_some() != f.step_pred.is_some() || share.step_actual.is_some() != f.step_pred.is_some() || share.machine_whole != f.machine_whole {
+        if share.step_pred.is_none() != share.machine_whole || share.step_actual.is_some() != share.step_pred.is_some() || share.machine_whole != f.machine_whole {
             return bad(format!("block {c} does not carry its machine in the form the others do"));
+        }
+        if share.step_pred.as_ref().is_some_and(|v| v.len() != o.records.len() * p * k) {
+            return bad(format!("block {c}'s per-step predictions have the wrong size"));
         }
         // The row side is the same in every block: the same f at the same states.
         for (what, x, y) in [("bias", &o.bias, &first.bias), ("network", &o.network, &first.network)] {
@@ -67,7 +71,6 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
     let mut per_step = first.per_step.as_ref().map(|ps| vec![0.0; ps.len() / (first.m * pp).max(1) * m * pp]);
     let mut a = vec![0.0; n_a * m * k];
     let whole = first.columns.as_ref().is_some_and(|c| c.machine_whole);
-    let mut machine = if whole { first.machine.clone() } else { first.bias.clone() };
     let mut pred: Option<Vec<f64>> = None;
     let mut contraction = first.contraction;
     contraction.seconds = 0.0;
@@ -90,11 +93,6 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
             return bad(format!("the block at column {lo} holds a for another number of steps"));
         }
         place(&mut a, &o.a, k);
-        if !whole {
-            for ((mv, x), b) in machine.iter_mut().zip(&o.machine).zip(&o.bias) {
-                *mv += x - b;
-            }
-        }
         if let Some(sp) = o.columns.as_ref().and_then(|c| c.step_pred.as_ref()) {
             match pred.as_mut() {
                 None => pred = Some(sp.clone()),
@@ -106,22 +104,32 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
         seconds += o.seconds;
     }
     let mut records = first.records.clone();
-    if let (Some(pred), Some(actual)) = (&pred, first.columns.as_ref().and_then(|c| c.step_actual.as_ref())) {
-        // The per-step validation of the whole machine, as the one-process driver computes it.
-        for (rec, (ps, as_)) in records.iter_mut().zip(pred.chunks_exact(p * k).zip(actual.chunks_exact(p * k))) {
-            let (mut mx, mut sum) = (0.0f64, 0.0);
-            for (x, y) in ps.iter().zip(as_) {
-                let e = (x - y).abs();
-                mx = nan_max(mx, e);
-                sum += e;
+    let machine = match (whole, &pred, first.columns.as_ref().and_then(|c| c.step_actual.as_ref())) {
+        (true, _, _) => first.machine.clone(),
+        (false, Some(pred), Some(actual)) => {
+            // The machine and its per-step validation as the one-process driver computes them:
+            // b, then each step's predicted change in step order.
+            let mut machine = first.bias.clone();
+            for (rec, (ps, as_)) in records.iter_mut().zip(pred.chunks_exact(p * k).zip(actual.chunks_exact(p * k))) {
+                machine.iter_mut().zip(ps).for_each(|(mv, pv)| *mv += pv);
+                if kind != KernelKind::Ntk {
+                    let (mut mx, mut sum) = (0.0f64, 0.0);
+                    for (x, y) in ps.iter().zip(as_) {
+                        let e = (x - y).abs();
+                        mx = nan_max(mx, e);
+                        sum += e;
+                    }
+                    rec.max_abs_error = mx;
+                    rec.mean_abs_error = sum / (p * k) as f64;
+                }
             }
-            rec.max_abs_error = mx;
-            rec.mean_abs_error = sum / (p * k) as f64;
+            if kind == KernelKind::Ntk {
+                records[0].max_abs_error = max_abs_diff(&machine, &first.network);
+            }
+            machine
         }
-    }
-    if kind == KernelKind::Ntk && !whole {
-        records[0].max_abs_error = max_abs_diff(&machine, &first.network);
-    }
+        _ => return bad("blocks without their per-step predictions".into()),
+    };
     let first = parts.into_iter().next().expect("at least one part");
     let mut out = KernelOutput { m, gram, per_step, a, machine, records, contraction, seconds, columns: None, single_machine: None, ..first };
     out.single_machine = single_machine(&out);

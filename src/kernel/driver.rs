@@ -320,8 +320,9 @@ pub(super) fn compute_inner(
     let mut machine = bias.clone();
     let mut contraction = gram::Contraction::default();
     let mut records = Vec::with_capacity(steps.len());
-    // A column share keeps each step's predicted and actual change for the assembly.
-    let keep_steps = share && req.kind != KernelKind::Ntk;
+    // A column share keeps each step's predicted and actual change for the assembly (the NTK:
+    // its one change over the range).
+    let keep_steps = share;
     let mut step_pred = Vec::with_capacity(if keep_steps { steps.len() * p * k } else { 0 });
     let mut step_actual = Vec::with_capacity(step_pred.capacity());
     let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
@@ -387,6 +388,10 @@ pub(super) fn compute_inner(
         if req.kind == KernelKind::Ntk {
             // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
             machine.iter_mut().zip(&pred).for_each(|(mv, pv)| *mv += pv);
+            if keep_steps {
+                step_pred.extend_from_slice(&pred);
+                step_actual.extend(network.iter().zip(&bias).map(|(f1, f0)| f1 - f0));
+            }
         } else {
             let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
             for pi in 0..p {

@@ -231,12 +231,13 @@ pub struct KernelOutput {
 /// `[N, hi − lo, K]`. `single_machine` is `None` (the assembly recomputes it). The kernel
 /// machine comes in one of two forms:
 ///
-/// - plain gradient steps (`machine_whole` false): `machine` is
-///   `b + Σ_s Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)`, so that the whole machine is
-///   `machine_0 + Σ_{c ≥ 1} (machine_c − b)` over the blocks. The per-step validation is not
-///   additive: the records' `max_abs_error` and `mean_abs_error` are NaN, and `step_pred` /
-///   `step_actual` carry what the assembly recomputes them from (the NTK's one record,
-///   `max |machine − network|`, is NaN and recomputed from the assembled machine).
+/// - plain gradient steps (`machine_whole` false): `machine` is this block's share,
+///   `b + Σ_s Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)`, and the per-step validation is not additive:
+///   the records' `max_abs_error` and `mean_abs_error` are NaN (the NTK's one record,
+///   `max |machine − network|`, too). `step_pred` and `step_actual` carry what the assembly needs:
+///   it sums the blocks' `step_pred` per step and re-sums the machine as the one-process driver
+///   does (`b`, then step by step), so that its rounding is that of the one-process sum, and
+///   recomputes the records from it.
 /// - momentum, Adam, weight decay (`machine_whole` true): `machine` and the records are the whole
 ///   computation's, the same in every block. The machine `b − Σ_r H_r·g_r + R + rounding` takes
 ///   the replay's whole data gradient `g_r`, which every block computes anyway: split by
@@ -251,10 +252,12 @@ pub struct ColumnShare {
     /// Whether `machine` and the records are the whole computation's (momentum, Adam, weight
     /// decay) rather than this block's share (plain gradient steps).
     pub machine_whole: bool,
-    /// Per step, the predicted change from these training points,
-    /// `Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)` `[S, P, K]` (path kernels on plain gradient steps).
+    /// Per step (one per record), the predicted change from these training points,
+    /// `Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)` `[S, P, K]` (plain gradient steps; the NTK: the
+    /// linearised machine's whole change, `[1, P, K]`).
     pub step_pred: Option<Vec<f64>>,
-    /// Per step, the actual change `f_{w_{s+1}}(x) − f_{w_s}(x)` `[S, P, K]` (with `step_pred`).
+    /// Per step, the actual change `f_{w_{s+1}}(x) − f_{w_s}(x)` `[S, P, K]` (the NTK: over the
+    /// whole range), with `step_pred`.
     pub step_actual: Option<Vec<f64>>,
 }
 

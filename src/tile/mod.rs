@@ -80,7 +80,8 @@
 //! single_machine [P_t, K]       (one step range and one column block only) Theorem 3.7's
 //!                               machine
 //! step_pred, step_actual [S_t, P_t, K]  (column blocks of plain steps) per step, the columns'
-//!                               share of the predicted change, and the actual change
+//!                               share of the predicted change, and the actual change (NTK:
+//!                               [1, P_t, K], over the whole range)
 //! reg, rounding  [P_t, K]       weight-decay and rounding terms over the range (non-plain runs)
 //! decomposition_residual [1]    optimizer replay residual (non-plain runs)
 //! a              [n_a, M_t, K]  a_{i,s} for steps a_step_lo … a_step_lo + n_a − 1
@@ -104,9 +105,10 @@
 //!
 //! `tile merge` checks every tile first (present, header, plan, run; then each checksum as it
 //! is read), then per row block and step range assembles the column blocks **in column order**
-//! (`kernel::columns::assemble`: Grams and `a` side by side; a share's machine
-//! `machine_0 + Σ_{c≥1}(machine_c − bias)` and the per-step errors recomputed from the summed
-//! `step_pred`; momentum's and Adam's machine, computed whole in every block, from block 0),
+//! (`kernel::columns::assemble`: Grams and `a` side by side; for plain steps the blocks'
+//! `step_pred` summed per step, the machine re-summed from them in the one-process order and the
+//! per-step errors recomputed; momentum's and Adam's machine, computed whole in every block,
+//! from block 0),
 //! then sums the step ranges **in range order** (`g = g_0; g += g_1; …`):
 //! gram, self-kernel, weight-decay and rounding terms summed; per-step Grams and records
 //! concatenated; bias the first range's, network the last range's; machine

@@ -345,8 +345,8 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
 
     let pilot = if input.pilot { Some(run_pilot(input, &points, separable, (lo, hi))?) } else { None };
     let per_pair = input.layout.per_pair(k) as u64;
-    // Column blocks of a plain path kernel carry their per-step predicted and actual changes.
-    let shares = cols > 1 && form == KernelForm::Gradient && req.kind != KernelKind::Ntk;
+    // Column blocks of plain gradient steps carry their per-step predicted and actual changes.
+    let shares = cols > 1 && form == KernelForm::Gradient;
     let mut tiles = Vec::with_capacity(rows * cols * steps);
     for b in 0..rows {
         let r0 = b * block_rows;
@@ -361,7 +361,8 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
                 let s_len = (st[1] - st[0]) as u64;
                 let gram = pt * mc * per_pair * 8;
                 let a = if b == 0 { s_len * mc * k as u64 * 8 } else { 0 };
-                let steps_arrays = if shares { 2 * s_len * pt * k as u64 * 8 } else { 0 };
+                let records = if req.kind == KernelKind::Ntk { 1 } else { s_len };
+                let steps_arrays = if shares { 2 * records * pt * k as u64 * 8 } else { 0 };
                 let output_bytes = gram * (1 + if req.per_step { s_len } else { 0 }) + pt * (k * k) as u64 * 8 + 7 * pt * k as u64 * 8 + a + 10 * s_len * 8 + steps_arrays;
                 // The training side scales with the columns; the rows' quadrature does not.
                 let seconds = pilot.as_ref().map(|pl| {
