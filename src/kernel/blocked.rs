@@ -61,8 +61,8 @@ pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, lay
 /// ([`super::Options::columns`]): the Gram, the training factors, `a` and the accumulator scale
 /// with `mc`; the loss gradients of a step (`[M, K]`) and, for momentum/Adam, the replay's
 /// training side with `m`. Runs that are not plain gradient steps add the recursion's working
-/// memory ([`super::stateful::work_bytes`]: `H` and `J̄` per row point, the replay's per-step
-/// vectors and Adam's preconditioners).
+/// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
+/// preconditioners).
 pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);

@@ -15,7 +15,7 @@ use super::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput
 use crate::error::{Error, Result};
 
 /// Assembles column blocks, in the order given (which fixes the order of every sum), into the
-/// output over all training points. One output without a [`ColumnShare`] is returned as it is.
+/// output over all training points. One output without a [`super::ColumnShare`] is returned as it is.
 ///
 /// Checks that the blocks cover `[0, M)` in order, agree in shape, request and row points (bias
 /// and network), and carry what the assembly needs.
