@@ -311,6 +311,7 @@ impl Gram {
             reg,
             decomposition_residual: exactness.decomposition_residual,
             rounding: None,
+            columns: None,
         };
         Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), exactness })
     }
