@@ -98,7 +98,7 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
     let mut row = gram_row * (1 + steps_kept) + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
     if !rule.is_plain() {
         let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
-        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout);
+        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == super::KernelKind::Ntk);
         fixed += work.fixed;
         row += work.per_row;
     }

@@ -386,7 +386,7 @@ pub(crate) struct Work {
 
 /// [`Work`] for a run of `manifest` with update rule `rule`: `range` steps in the request,
 /// `mc` of `m` training points as columns.
-pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, mc: usize, m: usize, layout: Layout) -> Work {
+pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, mc: usize, m: usize, layout: Layout, ntk: bool) -> Work {
     let arch = &manifest.architecture;
     let (k, w, n) = (arch.outputs() as u64, manifest.num_params as u64, manifest.steps as u64);
     let per_train: u64 = match &arch.body {
@@ -394,7 +394,9 @@ pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, m
         _ => k * w + k,
     };
     let adam = u64::from(rule.adam.is_some());
-    let kept = if mc < m { n * w } else { n * m as u64 * k };
+    // Kept from the replay for the backward pass: a column share's whole data gradients
+    // `[N, W]`; the NTK's loss gradients of all M points `[N, M, K]` (with a share, both).
+    let kept = if mc < m { n * w } else { 0 } + if ntk { n * m as u64 * k } else { 0 };
     let fixed = 8 * (range as u64 * w * (1 + adam) + adam * n * w + 3 * w + kept + (m + mc) as u64 * per_train);
     let per_row = 8 * (2 * k * w + mc as u64 * layout.per_pair(k as usize) as u64);
     Work { fixed, per_row }
@@ -433,7 +435,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     }
     let first = if s.rule.beta == 0.0 { lo } else { 0 };
     let kept = hi - first;
-    let work = work_bytes(s.manifest, &s.rule, hi - lo, m, m_all, s.layout);
+    let work = work_bytes(s.manifest, &s.rule, hi - lo, m, m_all, s.layout, ntk_step.is_some());
     let need = super::output_bytes_in(s.layout, p, m, k, kept, req.per_step) + work.fixed + p as u64 * work.per_row;
     if need > s.budget {
         let shape = s.layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
@@ -489,7 +491,9 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             for idx in 0..m * k {
                 a[r * m * k + idx] = -lrs[r] * lg_cols[idx];
             }
-            if path_g[r].is_empty() {
+            // Only the NTK keeps the loss gradients (its training side is frozen at w_S); the
+            // other kernels recompute them in the backward pass from the outputs it forms anyway.
+            if ntk_step.is_some() {
                 path_lg[r] = lg;
             }
         }
@@ -588,8 +592,11 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             ta.gradient(&std::mem::take(&mut path_lg[r]), w)
         } else if share {
             std::mem::take(&mut path_g[r])
-        } else {
+        } else if frozen.is_some() {
             ts.gradient(&std::mem::take(&mut path_lg[r]), w)
+        } else {
+            let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m_all, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+            ts.gradient(&lg, w)
         };
         let hg = h.dot(&g, l0);
         machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= y);

@@ -236,7 +236,8 @@ pub struct KernelOutput {
 ///   the records' `max_abs_error` and `mean_abs_error` are NaN (the NTK's one record,
 ///   `max |machine − network|`, too). `step_pred` and `step_actual` carry what the assembly needs:
 ///   it sums the blocks' `step_pred` per step and re-sums the machine as the one-process driver
-///   does (`b`, then step by step), so that its rounding is that of the one-process sum, and
+///   does (`b`, then step by step: the same order; each step's prediction is a sum of the
+///   blocks' parts, so it equals the one-process one to rounding, not bit for bit), and
 ///   recomputes the records from it.
 /// - momentum, Adam, weight decay (`machine_whole` true): `machine` and the records are the whole
 ///   computation's, the same in every block. The machine `b − Σ_r H_r·g_r + R + rounding` takes

@@ -106,7 +106,7 @@
 //! `tile merge` checks every tile first (present, header, plan, run; then each checksum as it
 //! is read), then per row block and step range assembles the column blocks **in column order**
 //! (`kernel::columns::assemble`: Grams and `a` side by side; for plain steps the blocks'
-//! `step_pred` summed per step, the machine re-summed from them in the one-process order and the
+//! `step_pred` summed per step, the machine re-summed from them in the one-process step order (equal to rounding) and the
 //! per-step errors recomputed; momentum's and Adam's machine, computed whole in every block,
 //! from block 0),
 //! then sums the step ranges **in range order** (`g = g_0; g += g_1; …`):
