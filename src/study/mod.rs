@@ -80,6 +80,15 @@ struct StudyKernel {
     label: String,
     reused: bool,
     gram: Gram,
+    /// The Gram's exactness as the report records it (see [`recorded`]).
+    exactness: Exactness,
+}
+
+/// `e` as the cache gives it back: written as JSON text and parsed again (serde_json's parser
+/// can land one bit from the written value), so that a report is the same whether its kernel
+/// was computed or reused.
+fn recorded(e: &Exactness) -> Exactness {
+    serde_json::from_str(&serde_json::to_string(e).expect("serialisable")).expect("parses its own output")
 }
 
 /// Runs a study file end to end.
@@ -145,12 +154,13 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
             std::fs::copy(kdir.join(f), dst.join(f)).map_err(|e| Error::io(kdir.join(f), e))?;
         }
         // The report's copy keeps the seconds only when the study shows timings.
-        let mut exv = serde_json::to_value(gram.exactness()).expect("serialisable");
+        let exactness = if reused { gram.exactness().clone() } else { recorded(gram.exactness()) };
+        let mut exv = serde_json::to_value(&exactness).expect("serialisable");
         if !cfg.timings_in_summary {
             exv.as_object_mut().expect("an object").remove("seconds");
         }
         io::write_json(&dst.join("exactness.json"), &exv)?;
-        kernels.push(StudyKernel { spec: spec.clone(), label, reused, gram });
+        kernels.push(StudyKernel { spec: spec.clone(), label, reused, gram, exactness });
     }
     let mut notes = selection_notes;
     notes.extend(analyses::analyses(&cfg, &net, &log, &kernels, &cache, staged.path(), opts.progress)?);
@@ -164,7 +174,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         "study_seconds_until_report": wall,
         "peak_rss_mib": peak_mib,
         "reused_run": reused_run,
-        "kernels": kernels.iter().map(|k| serde_json::json!({"label": k.label, "seconds": k.gram.exactness().seconds, "reused": k.reused})).collect::<Vec<_>>(),
+        "kernels": kernels.iter().map(|k| serde_json::json!({"label": k.label, "seconds": k.exactness.seconds, "reused": k.reused})).collect::<Vec<_>>(),
     });
     io::write_json(&staged.path().join("timings.json"), &timings)?;
     if cfg.timings_in_summary {
@@ -180,7 +190,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
     let out = staged.commit()?;
-    let kernels = kernels.into_iter().map(|k| (k.label, k.reused, k.gram.exactness().clone())).collect();
+    let kernels = kernels.into_iter().map(|k| (k.label, k.reused, k.exactness)).collect();
     Ok(StudySummary { out, reused_run, kernels, seconds: start.elapsed().as_secs_f64() })
 }
 
@@ -245,7 +255,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
         let _ = writeln!(s, "| kernel | side | quadrature | P × M × K | steps | max abs err | mean abs err | single machine max err | evaluations |{}", if timed { " seconds |" } else { "" });
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|{}", if timed { "---|" } else { "" });
         for sk in kernels {
-            let (label, e) = (&sk.label, sk.gram.exactness());
+            let (label, e) = (&sk.label, &sk.exactness);
             let _ = writeln!(
                 s,
                 "| {label} | {} | {} | {} × {} × {} | {} | {:.3e} | {:.3e} | {} | {:.2} / {} |{}",
@@ -269,7 +279,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
             let _ = writeln!(s, "|---|---|---|---|---|---|");
             let opt = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.2e}"));
             for sk in kernels {
-                let (label, e) = (&sk.label, sk.gram.exactness());
+                let (label, e) = (&sk.label, &sk.exactness);
                 let _ = writeln!(
                     s,
                     "| {label} | {} | {} | {} | {} | {} |",
