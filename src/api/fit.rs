@@ -33,6 +33,7 @@ pub struct GpModel {
     kind: KernelKind,
     run_id: String,
     asymmetry: Vec<f64>,
+    with_bias: bool,
 }
 
 /// Relative asymmetry `max|K_ij − K_ji| / max|K|` of a square block (NaN propagates).
@@ -66,6 +67,17 @@ impl GpModel {
     /// Errors: a Gram whose rows are not the training points, a non-symmetric kernel form, a
     /// `trace` Gram, and every error of [`GpParams::fit`].
     pub fn fit_with(train: &Gram, params: &GpParams) -> Result<GpModel> {
+        let out = train.output();
+        let targets: Vec<f64> = out.network.iter().zip(&out.bias).map(|(f, b)| f - b).collect();
+        GpModel::fit_targets(train, params, &targets, true)
+    }
+
+    /// Fits to the targets `y` (`[M, K]`, e.g. one-hot labels, or the network's outputs minus
+    /// the bias from another forward pass); `with_bias`: whether [`GpModel::predict`] adds the
+    /// rows' bias `f_{w_0}(x)` back (true when `y` is an output minus the bias).
+    ///
+    /// Errors: as [`GpModel::fit_with`], and targets that are not `[M, K]`.
+    pub fn fit_targets(train: &Gram, params: &GpParams, y: &[f64], with_bias: bool) -> Result<GpModel> {
         train.require_train_rows("a GP")?;
         let (m, _, k) = train.shape();
         let mut blocks = Vec::with_capacity(k * m * m);
@@ -75,14 +87,16 @@ impl GpModel {
             let b = train.symmetric_class_block(c)?;
             blocks.extend((0..m * m).map(|idx| b[(idx / m, idx % m)]));
         }
-        let out = train.output();
-        let targets: Vec<f64> = out.network.iter().zip(&out.bias).map(|(f, b)| f - b).collect();
-        let fitted = params.fit(&blocks, &targets, m, k)?;
-        Ok(GpModel { fitted, kind: train.kind(), run_id: train.run_id().to_string(), asymmetry })
+        if y.len() != m * k {
+            return Err(Error::ShapeMismatch { what: "GP targets".into(), expected: vec![m, k], got: vec![y.len()] });
+        }
+        let fitted = params.fit(&blocks, y, m, k)?;
+        Ok(GpModel { fitted, kind: train.kind(), run_id: train.run_id().to_string(), asymmetry, with_bias })
     }
 
     /// The logit posterior at the rows of `rows` (a Gram of the same kind and run, with a
-    /// self-kernel); its mean includes the bias `f_{w_0}(x)`.
+    /// self-kernel); its mean includes the bias `f_{w_0}(x)` (unless fitted to targets without
+    /// it, [`GpModel::fit_targets`]).
     pub fn predict(&self, rows: &Gram) -> Result<GpPrediction> {
         if rows.kind() != self.kind || rows.run_id() != self.run_id {
             return Err(Error::Config(format!("a GP fitted on the {} of run {} cannot predict from the {} of run {}", self.kind, self.run_id, rows.kind(), rows.run_id())));
@@ -99,8 +113,10 @@ impl GpModel {
             diag.extend(rows.self_kernel(c)?);
         }
         let mut posterior = self.fitted.predict(&cross, &diag, p)?;
-        for (mv, b) in posterior.mean.iter_mut().zip(&rows.output().bias) {
-            *mv += b;
+        if self.with_bias {
+            for (mv, b) in posterior.mean.iter_mut().zip(&rows.output().bias) {
+                *mv += b;
+            }
         }
         Ok(GpPrediction { posterior })
     }
@@ -221,6 +237,10 @@ impl SvmModel {
     pub fn support(&self) -> Vec<usize> {
         self.model.classes.iter().map(|c| c.support.len()).collect()
     }
+    /// SMO iterations per class.
+    pub fn iterations(&self) -> Vec<usize> {
+        self.model.classes.iter().map(|c| c.iterations).collect()
+    }
 
     fn cross(&self, rows: &Gram) -> Result<(Vec<f64>, usize)> {
         if rows.kind() != self.kind || rows.run_id() != self.run_id {
@@ -245,7 +265,8 @@ impl fmt::Display for SvmModel {
     }
 }
 
-/// Per-training-point contributions of chosen rows (Theorem 3.7's single machine).
+/// Per-training-point contributions of chosen rows (Theorem 3.7's single machine, or the
+/// ensemble of Theorem 3.6 when `a_{i,s}` varies by step).
 #[derive(Clone, Debug)]
 pub struct Attributions {
     /// One entry per chosen row and class.
@@ -267,11 +288,22 @@ impl fmt::Display for Attributions {
 }
 
 impl Gram {
-    /// Contributions `c[p, i, k] = Σ_k' a_{i,k'} K(x_p, x_i)[k, k']` of every training point to
-    /// every row's output (Theorem 3.7). # Shapes `[P, M, K]`.
+    /// Whether `a_{i,s}` is the same for every step, so that Theorem 3.7's single machine
+    /// applies.
+    pub fn constant_a(&self) -> bool {
+        let out = self.output();
+        let mk = out.m * out.k;
+        let n = out.a.len() / mk.max(1);
+        (1..n).all(|s| out.a[s * mk..(s + 1) * mk] == out.a[..mk])
+    }
+
+    /// Contributions of every training point to every row's output: `c[p, i, k] = Σ_k'
+    /// a_{i,k'} K(x_p, x_i)[k, k']` when `a_{i,s}` is constant over the steps (Theorem 3.7),
+    /// else the ensemble `Σ_s Σ_k' a_{i,s,k'} K_s(x_p, x_i)[k, k']` from the per-step Grams
+    /// (Theorem 3.6). # Shapes `[P, M, K]`.
     ///
     /// Errors: the NTK (its machine is a linearisation), a layout other than `full`, and a run
-    /// whose `a_{i,s}` varies by step (its machine is the ensemble form).
+    /// whose `a_{i,s}` varies by step when the Gram holds no per-step Grams.
     pub fn contributions(&self) -> Result<Vec<f64>> {
         let out = self.output();
         if self.kind() == KernelKind::Ntk {
@@ -280,28 +312,41 @@ impl Gram {
         self.require_layout(Layout::Full, "attribution (it contracts a_i with the off-diagonal blocks)")?;
         let (p, m, k) = self.shape();
         let mk = m * k;
-        let n = out.a.len() / mk.max(1);
-        if (1..n).any(|s| out.a[s * mk..(s + 1) * mk] != out.a[..mk]) {
-            return Err(Error::Config("a_{i,s} varies by step: the single machine does not apply (use `pathkernel attribute` with --per-step)".into()));
+        if self.constant_a() {
+            return analysis::contributions(&out.gram, &out.a[..mk], p, m, k);
         }
-        analysis::contributions(&out.gram, &out.a[..mk], p, m, k)
+        let per_step = out.per_step.as_ref().ok_or_else(|| {
+            Error::Config("a_{i,s} varies by step: the single machine does not apply; compute the Gram with `.per_step()` (`pathkernel kernel --per-step`) for the ensemble attribution".into())
+        })?;
+        let a_steps: Vec<f64> = out.steps.iter().flat_map(|&s| out.a[s * mk..(s + 1) * mk].iter().copied()).collect();
+        analysis::contributions_per_step(per_step, &a_steps, out.steps.len(), p, m, k)
+    }
+
+    /// The network output minus what belongs to no training point: the bias `f_{w_0}(x_p)` plus
+    /// the weight-decay and rounding terms when present. # Shapes `[P, K]`.
+    pub fn baseline(&self) -> Vec<f64> {
+        let out = self.output();
+        let non_data: Option<Vec<f64>> = match (&out.reg, &out.rounding) {
+            (Some(r), Some(d)) => Some(r.iter().zip(d).map(|(r, d)| r + d).collect()),
+            (r, d) => r.clone().or_else(|| d.clone()),
+        };
+        match non_data {
+            Some(t) => out.bias.iter().zip(&t).map(|(b, t)| b + t).collect(),
+            None => out.bias.clone(),
+        }
     }
 
     /// The `top` strongest supporters and opponents of each output of rows `points`, with the
-    /// check that the contributions sum to the network output minus the bias (and minus the
-    /// weight-decay and rounding terms, which belong to no training point).
+    /// check that the contributions sum to the network output minus the [`Gram::baseline`].
+    ///
+    /// Errors: a row out of range, and those of [`Gram::contributions`].
     pub fn attribute(&self, points: &[usize], top: usize) -> Result<Attributions> {
         let (p, m, k) = self.shape();
         if let Some(&bad) = points.iter().find(|&&q| q >= p) {
             return Err(Error::Config(format!("row {bad} is out of range: the Gram has {p} rows")));
         }
         let c = self.contributions()?;
-        let out = self.output();
-        let mut baseline = out.bias.clone();
-        for extra in [&out.reg, &out.rounding].into_iter().flatten() {
-            baseline.iter_mut().zip(extra).for_each(|(b, r)| *b += r);
-        }
-        let items = analysis::attribute(&c, &baseline, &out.network, points, p, m, k, top)?;
+        let items = analysis::attribute(&c, &self.baseline(), &self.output().network, points, p, m, k, top)?;
         Ok(Attributions { items })
     }
 

@@ -20,10 +20,11 @@ use std::path::Path;
 
 use faer::{Mat, MatRef};
 
+use super::files::KernelFiles;
 use super::trained::{Rows, Trained};
 use crate::error::{Error, Result};
 use crate::io::{self, StagedDir, Table};
-use crate::kernel::{self, output::Exactness, KernelForm, KernelKind, KernelOutput, Layout, Points, Rule, Side, StepRecord};
+use crate::kernel::{self, output::Exactness, KernelKind, KernelOutput, Layout, Points, Rule, Side, StepRecord};
 
 /// A kernel Gram of a recorded run with its rows, layout and exactness (module docs).
 #[derive(Clone, Debug)]
@@ -262,35 +263,28 @@ impl Gram {
     pub fn open(dir: impl AsRef<Path>, net: &Trained) -> Result<Gram> {
         let dir = dir.as_ref();
         let run = net.run();
-        let kf = crate::workflow::KernelFiles::open(dir, run)?;
-        let exactness: Exactness = serde_json::from_slice(&io::read_file(&dir.join("exactness.json"))?).map_err(|e| Error::format(&dir.join("exactness.json"), e.to_string()))?;
+        let kf = KernelFiles::open(dir, run)?;
+        let exactness: Exactness = serde_json::from_slice(&io::read_file(&dir.join("exactness.json"))?).map_err(|e| Error::format(dir.join("exactness.json"), e.to_string()))?;
         let pred = Table::read_parquet(&dir.join("predictions.parquet"))?;
         let col = |name: &str| -> Result<Vec<f64>> {
-            pred.f64(name).map(<[f64]>::to_vec).ok_or_else(|| Error::format(&dir.join("predictions.parquet"), format!("no column `{name}`")))
+            pred.f64(name).map(<[f64]>::to_vec).ok_or_else(|| Error::format(dir.join("predictions.parquet"), format!("no column `{name}`")))
         };
         let (network, machine) = (col("network")?, col("kernel_machine")?);
         if network.len() != kf.p * kf.k || machine.len() != kf.p * kf.k {
-            return Err(Error::format(&dir.join("predictions.parquet"), format!("{} rows, expected P·K = {}", network.len(), kf.p * kf.k)));
+            return Err(Error::format(dir.join("predictions.parquet"), format!("{} rows, expected P·K = {}", network.len(), kf.p * kf.k)));
         }
-        let parse = |what: &str, v: &str| Error::format(&dir.join("gram.safetensors"), format!("unknown {what} `{v}`"));
-        let kind: KernelKind = kf.kind.parse().map_err(|_| parse("kind", &kf.kind))?;
-        let side: Side = serde_json::from_value(serde_json::Value::String(kf.side.clone())).map_err(|_| parse("side", &kf.side))?;
-        let form: KernelForm = serde_json::from_value(serde_json::Value::String(kf.form.clone())).map_err(|_| parse("form", &kf.form))?;
-        let integrated = !kf.quadrature.starts_with("none");
-        let rule: Rule = if integrated { kf.quadrature.parse().map_err(|_| parse("quadrature", &kf.quadrature))? } else { Rule::Gauss(1) };
         let records = match Table::read_parquet(&dir.join("steps.parquet")) {
             Ok(t) => steps_records(&t),
             Err(_) => Vec::new(),
         };
         let single_machine = pred.f64("single_machine").map(<[f64]>::to_vec);
-        let reg = pred.f64("reg_term").map(<[f64]>::to_vec);
-        let points = Points { x: kf.points.clone(), dim: kf.d };
+        let points = Points { x: kf.points, dim: kf.d };
         let rows = Rows::of_points(&points, run);
         let out = KernelOutput {
-            kind,
-            rule,
-            side,
-            integrated,
+            kind: kf.kind,
+            rule: kf.rule.unwrap_or(Rule::Gauss(1)),
+            side: kf.side,
+            integrated: kf.rule.is_some(),
             p: kf.p,
             m: kf.m,
             k: kf.k,
@@ -307,10 +301,10 @@ impl Gram {
             single_machine,
             records,
             seconds: exactness.seconds,
-            form,
-            reg,
+            form: kf.form,
+            reg: kf.reg,
             decomposition_residual: exactness.decomposition_residual,
-            rounding: None,
+            rounding: kf.rounding,
             columns: None,
         };
         Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), exactness })

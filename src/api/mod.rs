@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+mod files;
 mod fit;
 mod gram;
 mod trained;

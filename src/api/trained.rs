@@ -174,6 +174,18 @@ pub struct KernelBuilder<'a> {
     rows: Rows,
     inputs: Option<Points>,
     layout: Layout,
+    memory_budget: u64,
+    progress: Option<Progress<'a>>,
+}
+
+/// A progress callback `(steps done, steps in all)`, shown as `<progress>` by `Debug`.
+#[derive(Clone, Copy)]
+struct Progress<'a>(&'a dyn Fn(usize, usize));
+
+impl fmt::Debug for Progress<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<progress>")
+    }
 }
 
 impl<'a> KernelBuilder<'a> {
@@ -187,6 +199,8 @@ impl<'a> KernelBuilder<'a> {
             rows: Rows::Test,
             inputs: None,
             layout: Layout::Full,
+            memory_budget: u64::MAX,
+            progress: None,
         }
     }
     /// The quadrature of integrated rows (e.g. `Rule::Auto(1e-12)`, `Rule::Left(10)`).
@@ -255,6 +269,17 @@ impl<'a> KernelBuilder<'a> {
         self
     }
 
+    /// Refuses, with an estimate, a computation whose outputs would take more than `bytes`.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+    /// Calls `f(steps done, steps in all)` as the computation proceeds (a progress bar).
+    pub fn progress(mut self, f: &'a dyn Fn(usize, usize)) -> Self {
+        self.progress = Some(Progress(f));
+        self
+    }
+
     /// Computes the Gram (in memory; [`Gram::save`] writes it).
     ///
     /// Errors: inputs whose length is not a multiple of d, a grid on data that is not 2-D, and
@@ -274,7 +299,7 @@ impl<'a> KernelBuilder<'a> {
             (Rows::ClassMeans, _) => PointsSpec::ClassMeans.resolve(ds)?,
             (Rows::Inputs, None) => return Err(Error::Config("no inputs given".into())),
         };
-        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options::layout(self.layout), &|_, _| {})?;
+        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
         Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
     }
 }
