@@ -34,3 +34,20 @@ pub use crate::kernel::{KernelKind, Layout, Rule, Side};
 pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, ReliabilityPanel, Scale, Series};
 pub use crate::analysis::{Stationarity, StationarityOptions};
 pub use crate::svm::SvmParams;
+
+/// evcxr shows a cell's value with its `evcxr_display` method when it has one, else with
+/// `Debug` (for these types, every weight and Gram entry): each gets its `Display` table.
+macro_rules! evcxr_table {
+    ($($t:ty),* $(,)?) => {
+        $(
+            impl $t {
+                /// evcxr's inline display: the compact `Display` table as `text/plain`.
+                pub fn evcxr_display(&self) {
+                    println!("EVCXR_BEGIN_CONTENT text/plain\n{self}\nEVCXR_END_CONTENT");
+                }
+            }
+        )*
+    };
+}
+
+evcxr_table!(Trained, Gram, GpModel, GpPrediction, SvmModel, Attributions, Stationarity);
