@@ -20,6 +20,7 @@
 
 pub mod blocked;
 pub mod convgram;
+mod convpieces;
 mod driver;
 pub mod eval;
 pub mod generic;
