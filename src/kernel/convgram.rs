@@ -31,7 +31,7 @@
 
 use rayon::prelude::*;
 
-use super::convpieces;
+use super::convpieces::{self, Measure};
 use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
@@ -569,7 +569,8 @@ pub(super) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes
 /// How the rows' gradients over a step are formed.
 enum RowSide<'a> {
     /// At quadrature nodes: node j belongs to point `point[j]` with weight `weight[j]` at time
-    /// `times[j]`.
+    /// `times[j]` (ReLU: evaluated in the factored form of [`convpieces`], else by
+    /// [`CnnStep`]'s backward pass).
     Nodes { point: &'a [usize], weight: &'a [f64], times: &'a [f64] },
     /// Integrated piece by piece between the kinks ([`convpieces`], ReLU only) to the per-step
     /// tolerance `tol`; fills the node statistics.
@@ -635,12 +636,18 @@ fn step_into_at(
         let nb = pb.min(p - p0);
         let (xb, ob) = (&rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]));
         let (rf, ab) = match side {
+            // ReLU: each node's gradient in the factored form of its pattern.
+            RowSide::Nodes { .. } if convpieces::applies(step) => {
+                let measures: Vec<Measure<'_>> = nodes_of[p0..p0 + nb].iter().map(|v| Measure::Nodes(v)).collect();
+                let (rf, ab, _) = convpieces::row_factors(step, xb, ob, &measures);
+                (rf, ab)
+            }
             RowSide::Nodes { .. } => {
                 let (rf, ab, _) = side_factors(step, xb, ob, &nodes_of[p0..p0 + nb], false);
                 (rf, ab)
             }
             RowSide::Integrated { tol } => {
-                let (rf, ab, st) = convpieces::row_factors(step, xb, ob, *tol);
+                let (rf, ab, st) = convpieces::row_factors(step, xb, ob, &vec![Measure::Exact { tol: *tol }; nb]);
                 for (pieces, bad) in st {
                     stats.evaluations.push(convpieces::EVALUATIONS);
                     stats.jvp_evaluations.push(pieces);

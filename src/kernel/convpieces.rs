@@ -66,16 +66,20 @@ pub(crate) struct PointFactors {
     pub unconverged: usize,
 }
 
-/// The rows' factors of a block of points, integrated over the step: conv gradients and
+/// The rows' factors of a block of points, point `i` against `measures[i]`: conv gradients and
 /// self-kernels as [`SideFactors`] (`[n, K, Co·ne]`, `[n, K, K]`), the dense gradients'
 /// `[Ā; B̄]` (`[n, K+1, nf]`, [`PointFactors::ab`]), and per point `(pieces, unconverged)`.
 ///
 /// # Shapes
-/// `x` `[n, C·H·W]`, `off` `[n, K]`.
-pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
+/// `x` `[n, C·H·W]`, `off` `[n, K]`, `measures` `[n]`.
+///
+/// # Panics
+/// If `measures` does not have one entry per point, or the activation is not ReLU.
+pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measures: &[Measure<'_>]) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
     let (d, k) = (step.input_dim(), step.k);
+    assert_eq!(x.len(), measures.len() * d, "one measure per point");
     let per: Vec<PointFactors> =
-        x.par_chunks(d).enumerate().map(|(pi, xp)| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), tol)).collect();
+        x.par_chunks(d).zip(measures).enumerate().map(|(pi, (xp, &ms))| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), ms)).collect();
     let mut gc = Vec::with_capacity(per.len() * k * step.co * step.ne);
     let mut diag = Vec::with_capacity(per.len() * k * k);
     let mut ab = Vec::with_capacity(per.len() * (k + 1) * step.nf);
@@ -90,8 +94,9 @@ pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f
 }
 
 /// The pool/ReLU pattern at time `t`: per pooled feature, the unit `q = pos·Co + o` that
-/// carries it (its window's first maximum, as `model::conv::max_pool2d`), or [`NONE`] when the
-/// ReLU zeroes it. `z0`, `z1` `[pos, Co]`; returns `[Co·Hp·Wp]`.
+/// carries it (its window's first maximum, as `model::conv::max_pool2d` and
+/// [`CnnStep::jvp`]), or [`NONE`] when the ReLU zeroes it. `z0`, `z1` `[pos, Co]`; writes `sel`
+/// `[Co·Hp·Wp]`.
 fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
     let (co, pos) = (step.co, step.ho * step.wo);
     let mut best = vec![f64::NEG_INFINITY; sel.len()];
@@ -113,103 +118,192 @@ fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
     }
 }
 
-/// Integrates the rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`);
-/// see the module docs.
+/// What the rows' gradient is integrated against over the step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Measure<'a> {
+    /// `dt` on `[0, 1]`, exactly between the kinks, the scalars to tolerance `tol`.
+    Exact { tol: f64 },
+    /// A quadrature rule's `(t, weight)` nodes: the gradient at each node, summed with weights.
+    Nodes(&'a [(f64, f64)]),
+}
+
+/// One image along the step: its patches, pre-activation lines, the current pattern, and for
+/// it the logits' conv gradients `E_0 + tE_1` and the pooled activations `ã_0 + tã_1`.
+struct Along<'a> {
+    step: &'a CnnStep,
+    u: Vec<f64>,
+    z0: Vec<f64>,
+    z1: Vec<f64>,
+    sel: Vec<usize>,
+    next: Vec<usize>,
+    /// `[K, Co·ne]` each.
+    e0: Vec<f64>,
+    e1: Vec<f64>,
+    /// `[nf]` each.
+    a0: Vec<f64>,
+    a1: Vec<f64>,
+}
+
+impl<'a> Along<'a> {
+    fn new(step: &'a CnnStep, x: &[f64]) -> Self {
+        let (k, cne, nf, fdim) = (step.k, step.co * step.ne, step.nf, step.co * step.hp * step.wp);
+        let u = step.patches(x);
+        let (z0, z1) = step.pre(&u);
+        Along { step, u, z0, z1, sel: vec![NONE; fdim], next: vec![NONE; fdim], e0: vec![0.0; k * cne], e1: vec![0.0; k * cne], a0: vec![0.0; nf], a1: vec![0.0; nf] }
+    }
+
+    /// Computes the pattern at `t` into `next`; whether it differs from the current one.
+    fn probe(&mut self, t: f64) -> bool {
+        pattern(self.step, &self.z0, &self.z1, t, &mut self.next);
+        self.next != self.sel
+    }
+
+    /// Makes the probed pattern current: routes the units that switch into or out of `E`
+    /// (`E_m[o, ch, :] ±= W_m[o, f]·Ũ[pos, :]`, `K·ne` each) and sets `ã_0`, `ã_1`.
+    fn switch(&mut self) {
+        let st = self.step;
+        let (k, co, ne, nf) = (st.k, st.co, st.ne, st.nf);
+        let cne = co * ne;
+        let (u, e0, e1) = (&self.u, &mut self.e0, &mut self.e1);
+        let mut route = |q: usize, f: usize, s: f64| {
+            let (p, ch) = (q / co, q % co);
+            let up = &u[p * ne..(p + 1) * ne];
+            for o in 0..k {
+                let (w, dw) = (s * st.wd[o * nf + f], s * st.dwd[o * nf + f]);
+                let base = o * cne + ch * ne;
+                for ((a, b), &v) in e0[base..base + ne].iter_mut().zip(&mut e1[base..base + ne]).zip(up) {
+                    *a += w * v;
+                    *b += dw * v;
+                }
+            }
+        };
+        for (f, (s, &n)) in self.sel.iter_mut().zip(&self.next).enumerate() {
+            if n != *s {
+                if *s != NONE {
+                    route(*s, f, -1.0);
+                }
+                if n != NONE {
+                    route(n, f, 1.0);
+                }
+                *s = n;
+            }
+        }
+        for (f, &q) in self.sel.iter().enumerate() {
+            (self.a0[f], self.a1[f]) = if q == NONE { (0.0, 0.0) } else { (self.z0[q], self.z1[q]) };
+        }
+        if st.bias {
+            (self.a0[nf - 1], self.a1[nf - 1]) = (1.0, 0.0);
+        }
+    }
+}
+
+/// The moments of one run of the measure on one pattern: `L = ∫dμ`, `T = ∫t dμ`,
+/// `[S_0; S_1]` (`∫p dμ`, `∫t p dμ`, `[2K]`) and the self-kernel `∫D H Dᵀ dμ` (`[K, K]`).
+struct Moments {
+    l: f64,
+    t: f64,
+    s: Vec<f64>,
+    diag: Vec<f64>,
+}
+
+/// Adds one run's moments on the current pattern of `al` into the factors (module docs).
+fn add_run(al: &Along<'_>, mo: &Moments, softmax: bool, gc: &mut [f64], ab: &mut [f64], diag: &mut [f64], y: &mut [f64]) {
+    let st = al.step;
+    let (k, nf, alpha) = (st.k, st.nf, st.alpha);
+    let cne = st.co * st.ne;
+    let (l, t, s) = (mo.l, mo.t, &mo.s);
+    let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
+    let (wbar, vbar) = ab.split_at_mut(nf);
+    // Dense: Ā += L ã_0 + T ã_1, B̄[o] += S_0[o] ã_0 + S_1[o] ã_1.
+    for j in 0..nf {
+        wbar[j] += l * a0[j] + t * a1[j];
+    }
+    y.iter_mut().for_each(|v| *v = 0.0);
+    if softmax {
+        for o in 0..k {
+            let (s0, s1) = (s[o], s[k + o]);
+            for (v, (&x0, &x1)) in vbar[o * nf..(o + 1) * nf].iter_mut().zip(a0.iter().zip(a1)) {
+                *v += s0 * x0 + s1 * x1;
+            }
+            // Y = Σ_o S_0[o] E_0[o] + S_1[o] E_1[o].
+            for ((yv, &x0), &x1) in y.iter_mut().zip(&e0[o * cne..(o + 1) * cne]).zip(&e1[o * cne..(o + 1) * cne]) {
+                *yv += s0 * x0 + s1 * x1;
+            }
+        }
+    }
+    // Conv: α(L E_0[k] + T E_1[k] − Y).
+    for kk in 0..k {
+        let g = &mut gc[kk * cne..(kk + 1) * cne];
+        for (((gv, &x0), &x1), &yv) in g.iter_mut().zip(&e0[kk * cne..(kk + 1) * cne]).zip(&e1[kk * cne..(kk + 1) * cne]).zip(y.iter()) {
+            *gv += alpha * (l * x0 + t * x1 - yv);
+        }
+    }
+    diag.iter_mut().zip(&mo.diag).for_each(|(x, v)| *x += v);
+}
+
+/// The rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`) against
+/// `measure`; see the module docs. With [`Measure::Nodes`] the result equals the gradients
+/// evaluated at the nodes (each at its own pattern, exactly as [`CnnStep`]'s backward pass
+/// would), and `pieces` counts the runs of nodes on one pattern.
 ///
 /// # Panics
 /// If the activation is not ReLU (see [`applies`]).
-pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> PointFactors {
+pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measure: Measure<'_>) -> PointFactors {
     assert!(applies(step), "the integrated CNN rows need ReLU");
-    let (k, co, ne, nf) = (step.k, step.co, step.ne, step.nf);
-    let (cne, fdim) = (co * ne, co * step.hp * step.wp);
-    let u = step.patches(x);
-    let (z0, z1) = step.pre(&u);
-    let mut bps = vec![0.0];
-    bps.extend(step.kinks_of(&z0, &z1, 0.0, 1.0));
-    bps.push(1.0);
+    let (k, nf, cne) = (step.k, step.nf, step.co * step.ne);
     let softmax = step.output == OutputKind::LogSoftmax;
-    let alpha = step.alpha;
-    // ∇_{W_c} z_o(t) = E_0[o] + t E_1[o], `[K, Co·ne]` each, for the current pattern `sel`.
-    let mut e0 = vec![0.0; k * cne];
-    let mut e1 = vec![0.0; k * cne];
-    let mut sel = vec![NONE; fdim];
-    let mut next = vec![NONE; fdim];
-    // Routes unit q (feature f) into E with sign s: E_m[o, ch, :] += s·W_m[o, f]·Ũ[pos, :].
-    let route = |e0: &mut [f64], e1: &mut [f64], q: usize, f: usize, s: f64| {
-        let (p, ch) = (q / co, q % co);
-        let up = &u[p * ne..(p + 1) * ne];
-        for o in 0..k {
-            let (w, dw) = (s * step.wd[o * nf + f], s * step.dwd[o * nf + f]);
-            let base = o * cne + ch * ne;
-            for ((a, b), &v) in e0[base..base + ne].iter_mut().zip(&mut e1[base..base + ne]).zip(up) {
-                *a += w * v;
-                *b += dw * v;
-            }
-        }
-    };
+    let mut al = Along::new(step, x);
     let mut gc = vec![0.0; k * cne];
     let mut diag = vec![0.0; k * k];
-    // [Ā; B̄]: ∫ã dt `[nf]`, then ∫p_o ã dt `[K, nf]`.
     let mut ab = vec![0.0; (k + 1) * nf];
-    let (wbar, vbar) = ab.split_at_mut(nf);
-    let mut unconverged = 0;
-    let (mut a0, mut a1) = (vec![0.0; nf], vec![0.0; nf]);
-    let mut ycur = vec![0.0; cne];
-    for w in bps.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        pattern(step, &z0, &z1, 0.5 * (a + b), &mut next);
-        for f in 0..fdim {
-            if next[f] != sel[f] {
-                if sel[f] != NONE {
-                    route(&mut e0, &mut e1, sel[f], f, -1.0);
+    let mut y = vec![0.0; cne];
+    let (mut pieces, mut unconverged) = (0, 0);
+    match measure {
+        Measure::Exact { tol } => {
+            let mut bps = vec![0.0];
+            bps.extend(step.kinks_of(&al.z0, &al.z1, 0.0, 1.0));
+            bps.push(1.0);
+            for w in bps.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                if al.probe(0.5 * (a + b)) || pieces == 0 {
+                    al.switch();
                 }
-                if next[f] != NONE {
-                    route(&mut e0, &mut e1, next[f], f, 1.0);
-                }
-                sel[f] = next[f];
+                let (s, dg, bad) = Piece::new(step, &al, off).integrate(a, b, tol, softmax);
+                unconverged += bad;
+                let mo = Moments { l: b - a, t: 0.5 * (b * b - a * a), s, diag: dg };
+                add_run(&al, &mo, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+                pieces += 1;
             }
         }
-        for f in 0..fdim {
-            (a0[f], a1[f]) = if sel[f] == NONE { (0.0, 0.0) } else { (z0[sel[f]], z1[sel[f]]) };
-        }
-        if step.bias {
-            (a0[nf - 1], a1[nf - 1]) = (1.0, 0.0);
-        }
-        let piece = Piece::new(step, &e0, &e1, &a0, &a1, off);
-        let (s, dg, bad) = piece.integrate(a, b, tol, softmax);
-        unconverged += bad;
-        let (l, t) = (b - a, 0.5 * (b * b - a * a));
-        // Dense: ∫ã and ∫p_o ã.
-        for j in 0..nf {
-            wbar[j] += l * a0[j] + t * a1[j];
-        }
-        if softmax {
-            for o in 0..k {
-                let (s0, s1) = (s[o], s[k + o]);
-                for (v, (&x0, &x1)) in vbar[o * nf..(o + 1) * nf].iter_mut().zip(a0.iter().zip(&a1)) {
-                    *v += s0 * x0 + s1 * x1;
+        Measure::Nodes(nodes) => {
+            let mut order: Vec<(f64, f64)> = nodes.to_vec();
+            order.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut p, mut hp) = (vec![0.0; k], vec![0.0; k]);
+            let mut acc = vec![0.0; 2 * k + k * k];
+            let mut run: Option<(Piece<'_>, f64, f64)> = None;
+            for &(t, w) in &order {
+                if al.probe(t) || run.is_none() {
+                    if let Some((_, l, tt)) = run.take() {
+                        let dg = acc.split_off(2 * k);
+                        add_run(&al, &Moments { l, t: tt, s: std::mem::take(&mut acc), diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+                        acc = vec![0.0; 2 * k + k * k];
+                    }
+                    al.switch();
+                    run = Some((Piece::new(step, &al, off), 0.0, 0.0));
+                    pieces += 1;
                 }
+                let (pc, l, tt) = run.as_mut().expect("set above");
+                pc.add_node(t, w, softmax, &mut acc, &mut p, &mut hp);
+                *l += w;
+                *tt += w * t;
+            }
+            if let Some((_, l, tt)) = run.take() {
+                let dg = acc.split_off(2 * k);
+                add_run(&al, &Moments { l, t: tt, s: acc, diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
             }
         }
-        // Conv: α(L E_0[k] + T E_1[k] − Y), Y = Σ_o S_0[o] E_0[o] + S_1[o] E_1[o].
-        ycur.iter_mut().for_each(|v| *v = 0.0);
-        if softmax {
-            for o in 0..k {
-                let (s0, s1) = (s[o], s[k + o]);
-                for ((y, &x0), &x1) in ycur.iter_mut().zip(&e0[o * cne..(o + 1) * cne]).zip(&e1[o * cne..(o + 1) * cne]) {
-                    *y += s0 * x0 + s1 * x1;
-                }
-            }
-        }
-        for kk in 0..k {
-            let g = &mut gc[kk * cne..(kk + 1) * cne];
-            for (((gv, &x0), &x1), &y) in g.iter_mut().zip(&e0[kk * cne..(kk + 1) * cne]).zip(&e1[kk * cne..(kk + 1) * cne]).zip(&ycur) {
-                *gv += alpha * (l * x0 + t * x1 - y);
-            }
-        }
-        diag.iter_mut().zip(&dg).for_each(|(x, y)| *x += y);
     }
-    PointFactors { gc, ab, diag, pieces: bps.len() - 1, unconverged }
+    PointFactors { gc, ab, diag, pieces, unconverged }
 }
 
 /// One smooth piece: the logits' quadratic, the Gram of `∇z` (`H(t) = H_0 + tH_1 + t²H_2`, the
@@ -227,8 +321,9 @@ struct Piece<'a> {
 }
 
 impl<'a> Piece<'a> {
-    fn new(step: &CnnStep, e0: &[f64], e1: &[f64], a0: &[f64], a1: &[f64], off: Option<&'a [f64]>) -> Self {
+    fn new(step: &CnnStep, al: &Along<'_>, off: Option<&'a [f64]>) -> Self {
         let (k, nf) = (step.k, step.nf);
+        let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
         let cne = e0.len() / k;
         let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
         let mut c = vec![0.0; 3 * k];
@@ -365,7 +460,7 @@ mod tests {
             let d = arch.input_dim();
             let off = offsets(&arch, &init, &rows).unwrap();
             let p = rows.len() / d;
-            let (fast, ab_fast, stats) = row_factors(&step, &rows, off.as_deref(), 1e-15);
+            let (fast, ab_fast, stats) = row_factors(&step, &rows, off.as_deref(), &vec![Measure::Exact { tol: 1e-15 }; p]);
             assert!(stats.iter().all(|s| s.1 == 0), "case {ci}: unconverged {stats:?}");
             let nodes: Vec<Vec<(f64, f64)>> = (0..p)
                 .map(|pi| {
@@ -384,6 +479,41 @@ mod tests {
         }
         assert!(kinks > 10, "too few kinks ({kinks}) for a meaningful test");
         eprintln!("integrated CNN rows vs Gauss(30) per piece: max relative difference {worst:e} over {kinks} kinks");
+    }
+
+    /// Fixed nodes in the factored form against [`CnnStep`]'s backward pass at each node
+    /// (`side_factors`): random nodes, unsorted, with t = 0, t = 1 and nodes exactly at kinks
+    /// (where the pattern is the tie-broken one of neither neighbouring piece).
+    #[test]
+    fn factored_nodes_equal_backward_passes_at_the_nodes() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut worst: f64 = 0.0;
+        for (ci, c) in cases().iter().enumerate().filter(|(_, c)| c.6 == Activation::Relu) {
+            for (si, next_of) in [true, false].into_iter().enumerate() {
+                let (arch, init, ws, next, rows, _) = setup(c, 50 + ci as u64);
+                let step = CnnStep::new(&arch, &ws, next_of.then_some(&next)).unwrap();
+                let d = arch.input_dim();
+                let off = offsets(&arch, &init, &rows).unwrap();
+                let nodes: Vec<Vec<(f64, f64)>> = rows
+                    .chunks(d)
+                    .map(|x| {
+                        let mut v: Vec<(f64, f64)> = (0..7).map(|_| (rng.gen_range(0.0..1.0), rng.gen_range(-0.5..1.0))).collect();
+                        v.push((1.0, 0.3));
+                        v.extend(step.kinks(x, 0.0, 1.0).into_iter().take(3).map(|t| (t, 0.7)));
+                        v.push((0.0, 0.2));
+                        v
+                    })
+                    .collect();
+                let measures: Vec<Measure<'_>> = nodes.iter().map(|v| Measure::Nodes(v)).collect();
+                let (fast, ab_fast, _) = row_factors(&step, &rows, off.as_deref(), &measures);
+                let (slow, ab_slow, _) = side_factors(&step, &rows, off.as_deref(), &nodes, false);
+                let e = [rel(&fast.gc, &slow.gc), rel(&ab_fast, &ab_slow), rel(&fast.diag, &slow.diag)];
+                assert!(e.iter().all(|&v| v <= 1e-13), "case {ci}/{si}: conv, dense, self-kernel relative differences {e:?}");
+                worst = e.iter().fold(worst, |m, &v| m.max(v));
+            }
+        }
+        eprintln!("factored CNN nodes vs backward passes: max relative difference {worst:e}");
     }
 
     #[test]
