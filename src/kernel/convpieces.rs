@@ -39,6 +39,8 @@ use rayon::prelude::*;
 pub(crate) const ORDERS: (usize, usize) = (8, 16);
 /// Bisections of one piece before it is accepted as unconverged.
 const MAX_DEPTH: u32 = 40;
+/// Intervals one piece may spend before the rest is accepted as unconverged.
+const MAX_INTERVALS: usize = 4096;
 /// A pool window with no active unit (ReLU zero).
 const NONE: usize = usize::MAX;
 
@@ -408,7 +410,11 @@ impl<'a> Piece<'a> {
         let (mut p, mut hp) = (vec![0.0; k], vec![0.0; k]);
         let (mut q1, mut q2) = (vec![0.0; n], vec![0.0; n]);
         let mut stack = vec![(a, b, 0u32)];
+        let mut spent = 0;
+        // The largest difference, NaN if any (a NaN fails the test and is not bisected).
+        let diff = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(u, v)| (u - v).abs()).fold(0.0, |m: f64, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) });
         while let Some((lo, hi, depth)) = stack.pop() {
+            spent += 1;
             for (q, order) in [(&mut q1, ORDERS.0), (&mut q2, ORDERS.1)] {
                 q.iter_mut().for_each(|v| *v = 0.0);
                 for (t, w) in gauss_legendre_01(order, lo, hi) {
@@ -416,11 +422,10 @@ impl<'a> Piece<'a> {
                 }
             }
             let rel = tol.max(8.0 * f64::EPSILON) * (hi - lo);
-            let es = q1[..2 * k].iter().zip(&q2[..2 * k]).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-            let ed = q1[2 * k..].iter().zip(&q2[2 * k..]).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-            // NaN fails the test (and is bisected down to the depth limit, then reported).
+            let (es, ed) = (diff(&q1[..2 * k], &q2[..2 * k]), diff(&q1[2 * k..], &q2[2 * k..]));
             let ok = es <= rel && ed <= rel * self.hscale.max(f64::MIN_POSITIVE);
-            if ok || depth >= MAX_DEPTH || hi - lo <= 1e-12 {
+            let give_up = es.is_nan() || ed.is_nan() || depth >= MAX_DEPTH || hi - lo <= 1e-12 || spent + stack.len() >= MAX_INTERVALS;
+            if ok || give_up {
                 if !ok {
                     bad += 1;
                 }
@@ -522,6 +527,11 @@ mod tests {
         let p = Piece { k: 2, alpha: 1.0, c: vec![0.0, -120.0, 0.0, 400.0, 0.0, 0.0], h: vec![0.0; 12], off: None, hscale: 0.0 };
         let (s, _, bad) = p.integrate(0.0, 1.0, 1e-15, true);
         assert_eq!(bad, 0);
+        // A NaN logit is reported (one unconverged interval, NaN moments), not bisected away.
+        let nan = Piece { c: vec![f64::NAN, 0.0, 0.0, 0.0, 0.0, 0.0], ..Piece { k: 2, alpha: 1.0, c: Vec::new(), h: vec![0.0; 12], off: None, hscale: 0.0 } };
+        let (sn, _, badn) = nan.integrate(0.0, 1.0, 1e-15, true);
+        assert_eq!(badn, 1);
+        assert!(sn.iter().all(|v| v.is_nan()));
         // ∫ σ(400(t − 0.3)) dt = [ln(1 + e^{400(t−0.3)})/400]_0^1.
         let soft = |x: f64| x.max(0.0) + (-x.abs()).exp().ln_1p();
         let exact = (soft(280.0) - soft(-120.0)) / 400.0;
