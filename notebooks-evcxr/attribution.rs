@@ -1,64 +1,62 @@
 //! Notebook source for `attribution.ipynb` (evcxr); see `quickstart.rs` for how notebooks are built.
-use std::path::{Path, PathBuf};
-
-use pathkernel::analysis::{attribute, contributions};
-use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
-use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
-use pathkernel::trajectory::Run;
+use pathkernel::api::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // %% md
-    // # Who supports a prediction?
+    // # Who supports a prediction? And is the kernel stationary?
     //
     // With cross-entropy on log-softmax outputs the kernel machine is a single machine
     // `f(x) = b + Σ_i Σ_k' a_{i,k'} K(x, x_i)[·, k']` (EPK paper, Theorem 3.7), so every prediction splits
     // exactly into one contribution per training point. We take the three class means of the 2-D toy as
     // test points (the paper's Figure 6) and list the training points that push each output up or down.
     // %%
-    let config = RunConfig::from_toml(
+    let net = Trained::train_toml(
         "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 40\nn_test = 30\n[model]\nkind = \"mlp\"\nhidden = [16]\n[train]\nlr = 0.5\nsteps = 80\n",
-        Path::new("notebook"),
+        "../runs/notebook-attribution",
     )?;
-    let out = PathBuf::from("../runs/notebook-attribution");
-    train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from(".."), memory_budget: None })?;
-    let run = Run::open(&out)?;
-    let states = run.load_all()?;
-    let points = PointsSpec::ClassMeans.resolve(&run.dataset)?;
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let epk = kernel::compute(&run.manifest, &run.dataset, &states, &points, &req, 1 << 30, &|_, _| {})?;
+    let epk = net.epk().class_means().compute()?;
     show(&epk);
     // %% md
-    // Contributions `c[p, i, k] = Σ_k' a_{i,k'} K(x_p, x_i)[k, k']` and, for each class mean and
-    // output, the five strongest supporters and opponents. The residual checks that the contributions
-    // sum to the network's output minus the bias.
+    // Contributions `c[p, i, k] = Σ_k' a_{i,k'} K(x_p, x_i)[k, k']` need all `K × K` blocks (the default
+    // layout). For each class mean and output: the total of the contributions, the residual
+    // `f − b − Σ_i c` (zero to rounding: the machine is exact) and the three strongest supporters.
     // %%
-    let (p, m, k) = (epk.p, epk.m, epk.k);
-    let c = contributions(&epk.gram, &epk.a[..m * k], p, m, k)?;
-    let at = attribute(&c, &epk.bias, &epk.network, &[0, 1, 2], p, m, k, 5)?;
-    for a in &at {
-        println!(
-            "class mean {} output {}: f = {:8.4}, b = {:.4}, sum of contributions = {:8.4}, residual {:.1e}",
-            a.point, a.class, a.output, a.bias, a.total, a.residual
-        );
-        println!("   supporters {:?}", a.supporters.iter().map(|(i, v)| (*i, (v * 1e3).round() / 1e3)).collect::<Vec<_>>());
-        println!("   opponents  {:?}", a.opponents.iter().map(|(i, v)| (*i, (v * 1e3).round() / 1e3)).collect::<Vec<_>>());
-    }
+    let at = epk.attribute(&[0, 1, 2], 5)?;
+    show(&at);
     // %% md
-    // Where are the supporters? The training points' labels and positions of the top supporters of the
-    // first class mean's own output:
+    // Where are the supporters? The training points coloured by class, and the five strongest
+    // supporters and opponents of each class mean's own output (the paper's Figure 6):
     // %%
-    let labels = match &run.dataset.y_train {
-        pathkernel::data::Targets::Labels(y) => y.clone(),
-        _ => unreachable!("classification"),
+    let fig6 = {
+        let x = &net.run().dataset.x_train;
+        let labels = net.run().dataset.train_labels()?;
+        let own: Vec<_> = at.items.iter().filter(|a| a.class == a.point).collect();
+        let xy = |idx: Vec<usize>| Series::new("", idx.iter().map(|i| x[2 * i]).collect(), idx.iter().map(|i| x[2 * i + 1]).collect());
+        let mut series: Vec<Series> = (0..3).map(|c| Series { label: format!("class {c}"), ..xy((0..labels.len()).filter(|&i| labels[i] == c).collect()) }).collect();
+        series.push(Series { label: "top supporters of the own class".into(), ..xy(own.iter().flat_map(|a| a.supporters.iter().map(|s| s.0)).collect()) });
+        series.push(Series { label: "top opponents".into(), ..xy(own.iter().flat_map(|a| a.opponents.iter().map(|s| s.0)).collect()) });
+        let m = epk.points();
+        series.push(Series::new("class means", (0..3).map(|q| m.x[2 * q]).collect(), (0..3).map(|q| m.x[2 * q + 1]).collect()));
+        Chart::scatter("Training points, and who supports each class mean's own output", "x1", "x2", &series, false)?
     };
-    for (i, v) in &at[0].supporters {
-        let x = &run.dataset.x_train[2 * i..2 * i + 2];
-        println!("train point {i:3} (class {}) at ({:5.2}, {:5.2}): {v:+.4}", labels[*i], x[0], x[1]);
+    show(&fig6);
+    // %% md
+    // ## Stationarity
+    //
+    // A stationary kernel depends on `x' − x` only (an RBF kernel does). How far is the EPK on the
+    // training points from that? The score is 1 for a stationary kernel; the train-side Gram's trace
+    // over classes and each class block:
+    // %%
+    let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+    println!("trace over classes: {}", train.stationarity(None, &StationarityOptions::default())?);
+    for c in 0..3 {
+        println!("class {c}: {}", train.stationarity(Some(c), &StationarityOptions::default())?);
     }
     Ok(())
 }
 
-/// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr).
+/// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr: a table, or
+/// a chart inline).
 fn show<T: std::fmt::Display>(x: &T) {
     println!("{x}");
 }

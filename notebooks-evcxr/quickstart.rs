@@ -1,11 +1,7 @@
 //! Notebook source for `quickstart.ipynb` (evcxr). `cargo test` compiles this file as an example and
 //! checks that the notebook's cells are exactly the ones below; regenerate the notebook with
 //! `UPDATE_NOTEBOOKS=1 cargo test --release --test notebooks`.
-use std::path::{Path, PathBuf};
-
-use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
-use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
-use pathkernel::trajectory::Run;
+use pathkernel::api::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // %% md
@@ -16,7 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // network as a kernel machine with the Exact Path Kernel (EPK). The kernel machine must agree with
     // the network to machine precision; the discrete path kernel (DPK) of prior work does not.
     // %%
-    let config = RunConfig::from_toml(
+    let net = Trained::train_toml(
         r#"
 [data]
 kind = "gaussian-mixture"
@@ -34,61 +30,67 @@ activation = "relu"
 lr = 0.5
 steps = 60
 "#,
-        Path::new("notebook"),
+        "../runs/notebook-quickstart",
     )?;
-    let out = PathBuf::from("../runs/notebook-quickstart");
-    let summary = train_to_dir(&config, &out, &TrainOptions { progress: false, force: true, base_dir: PathBuf::from(".."), memory_budget: None })?;
-    show(&summary);
+    show(&net);
     // %% md
     // The run directory holds the manifest, the dataset and one safetensors file per weight state
-    // `w_0 … w_N`. Open it and compute the EPK between the 30 held-out points and the 150 training
-    // points with the adaptive, kink-aware quadrature (`auto:1e-12`).
+    // `w_0 … w_N`. The EPK between the 30 held-out points and the 150 training points, with the
+    // defaults: test-side rows integrated over every step by the adaptive, kink-aware quadrature
+    // `auto:1e-12`, all `K × K` blocks. `machine` compares the kernel machine
+    // `b + Σ_s Σ_i a_{i,s} K_s(x, x_i)` with the network's log-softmax output over all points and
+    // classes.
     // %%
-    let run = Run::open(&out)?;
-    let states = run.load_all()?;
-    let points = PointsSpec::Test.resolve(&run.dataset)?;
-    let epk = kernel::compute(
-        &run.manifest,
-        &run.dataset,
-        &states,
-        &points,
-        &KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None },
-        1 << 30,
-        &|_, _| {},
-    )?;
+    let epk = net.epk().compute()?;
     show(&epk);
     // %% md
-    // `max |err|` is the largest difference between the kernel machine
-    // `b + Σ_s Σ_i a_{i,s} K_s(x, x_i)` and the network's log-softmax output over all points and
-    // classes. The same with a single evaluation per step at `t = 0` (Domingos' discrete path
-    // kernel):
+    // The same with a single evaluation per step at `t = 0` (Domingos' discrete path kernel):
     // %%
-    let dpk = kernel::compute(
-        &run.manifest,
-        &run.dataset,
-        &states,
-        &points,
-        &KernelRequest { kind: KernelKind::Dpk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: None },
-        1 << 30,
-        &|_, _| {},
-    )?;
-    println!("EPK max |kernel machine - network| = {:.2e}", epk.max_abs_error());
-    println!("DPK max |kernel machine - network| = {:.2e}", dpk.max_abs_error());
-    assert!(epk.max_abs_error() < 1e-11);
+    let dpk = net.dpk().compute()?;
+    show(&dpk);
     // %% md
-    // Per step, the predicted change of the output (from that step's kernel) against the network's
-    // actual change, and the quadrature work the adaptive rule needed:
+    // The paper's Figure 4: the kernel machine against the network, class 0 of every test point.
+    // The EPK's points lie on the diagonal; the DPK's do not.
     // %%
-    for r in epk.records.iter().step_by(10) {
-        println!(
-            "step {:3}: max |predicted - actual change| {:.1e} (change up to {:.3}), {:.1} gradient evaluations/point, {:.2} pieces",
-            r.step, r.max_abs_error, r.max_abs_change, r.mean_evaluations, r.mean_pieces
-        );
-    }
+    let fig4 = Chart::scatter(
+        "Kernel machine vs network (class-0 log-probability, 30 test points)",
+        "network f(x)",
+        "kernel machine",
+        &[
+            Series::new("EPK (auto:1e-12)", epk.network().col(0).iter().copied().collect(), epk.machine().col(0).iter().copied().collect()),
+            Series::new("DPK (t = 0)", dpk.network().col(0).iter().copied().collect(), dpk.machine().col(0).iter().copied().collect()),
+        ],
+        true,
+    )?;
+    show(&fig4);
+    // %% md
+    // Per step, the change of the output predicted by that step's kernel against the network's
+    // actual change (the per-step check), and the gradient evaluations the adaptive rule needed:
+    // %%
+    let per_step = Chart::line(
+        "Per step: |predicted − actual change of the output| (max over points and classes)",
+        "step",
+        "max abs error",
+        &[
+            Series::new("EPK", epk.output().records.iter().map(|r| r.step as f64).collect(), epk.output().records.iter().map(|r| r.max_abs_error).collect()),
+            Series::new("DPK", dpk.output().records.iter().map(|r| r.step as f64).collect(), dpk.output().records.iter().map(|r| r.max_abs_error).collect()),
+        ],
+        Scale::Linear,
+        Scale::Log,
+    )?;
+    show(&per_step);
+    // %% md
+    // The Gram is a typed value: a class block is a `faer` view `[P, M]` (no index arithmetic), and
+    // converts to `nalgebra` for code that holds that type.
+    // %%
+    let k00: DMatrix = epk.class_block(0)?.to_nalgebra();
+    println!("K^00 is {} × {}; the first test point against the first 4 training points:", k00.nrows(), k00.ncols());
+    println!("{:.4}", k00.view((0, 0), (1, 4)));
     Ok(())
 }
 
-/// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr).
+/// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr: a table, or
+/// a chart inline).
 fn show<T: std::fmt::Display>(x: &T) {
     println!("{x}");
 }

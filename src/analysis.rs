@@ -289,6 +289,16 @@ pub struct Stationarity {
     pub pairs_used: usize,
 }
 
+impl std::fmt::Display for Stationarity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stationarity score {:.3} (1 = a function of x' − x only); share of variance explained: by the displacement {:.3}, by the distance {:.3}; {} pairs",
+            self.score, self.displacement_r2, self.distance_r2, self.pairs_used
+        )
+    }
+}
+
 /// Stationarity of a scalar kernel on `N` points: see [`Stationarity`] for the definition.
 ///
 /// `gram` may be asymmetric (as the EPK is); its symmetric part is analysed.

@@ -114,6 +114,26 @@ impl Dataset {
         self.x_test.len().checked_div(self.dim).unwrap_or(0)
     }
 
+    /// The training labels (classification). # Shapes `[M]`.
+    ///
+    /// Errors: a regression dataset.
+    pub fn train_labels(&self) -> Result<&[usize]> {
+        match &self.y_train {
+            Targets::Labels(y) => Ok(y),
+            Targets::Values(_) => Err(Error::Config("labels need a classification dataset".into())),
+        }
+    }
+
+    /// The test labels (classification). # Shapes `[P]`.
+    ///
+    /// Errors: a regression dataset.
+    pub fn test_labels(&self) -> Result<&[usize]> {
+        match &self.y_test {
+            Targets::Labels(y) => Ok(y),
+            Targets::Values(_) => Err(Error::Config("labels need a classification dataset".into())),
+        }
+    }
+
     /// Number of validation rows `V` (0 without a validation split).
     pub fn n_val(&self) -> usize {
         self.validation.as_ref().map_or(0, |v| v.x.len().checked_div(self.dim).unwrap_or(0))

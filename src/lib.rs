@@ -10,6 +10,7 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod analysis;
+pub mod api;
 #[cfg(feature = "cli")]
 pub mod bench;
 #[cfg(feature = "cli")]
@@ -23,12 +24,12 @@ pub mod model;
 pub mod optim;
 pub mod plot;
 pub mod progress;
+pub mod report;
 pub mod study;
 pub mod svm;
 pub mod tile;
 pub mod train;
 pub mod trajectory;
 pub mod uncertainty;
-pub mod workflow;
 
 pub use error::{Error, Result};

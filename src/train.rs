@@ -716,17 +716,35 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
     })
 }
 
-#[derive(Default)]
-struct TrainLog {
-    step: Vec<i64>,
-    loss: Vec<f64>,
-    acc: Vec<f64>,
-    test_acc: Vec<f64>,
-    grad_norm: Vec<f64>,
-    weight_norm: Vec<f64>,
+/// The per-step training log, `DIR/train_log.parquet` of a run. # Shapes `[N + 1]` per field.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrainLog {
+    /// Step `s` (the state `w_s` the row describes).
+    pub step: Vec<i64>,
+    /// Mean training loss at `w_s`.
+    pub loss: Vec<f64>,
+    /// Training accuracy (NaN for regression).
+    pub acc: Vec<f64>,
+    /// Held-out test accuracy (NaN for regression).
+    pub test_acc: Vec<f64>,
+    /// `‖∇L(w_s)‖`.
+    pub grad_norm: Vec<f64>,
+    /// `‖w_s‖`.
+    pub weight_norm: Vec<f64>,
 }
 
 impl TrainLog {
+    /// Reads the log of the run in `dir`.
+    ///
+    /// Errors: a missing or unreadable file, a missing column.
+    pub fn read(dir: &Path) -> Result<TrainLog> {
+        let path = dir.join("train_log.parquet");
+        let t = Table::read_parquet(&path)?;
+        let f = |name: &str| t.f64(name).map(<[f64]>::to_vec).ok_or_else(|| Error::format(&path, format!("no f64 column `{name}`")));
+        let step = t.i64("step").map(<[i64]>::to_vec).ok_or_else(|| Error::format(&path, "no i64 column `step`"))?;
+        Ok(TrainLog { step, loss: f("loss")?, acc: f("accuracy")?, test_acc: f("test_accuracy")?, grad_norm: f("grad_norm")?, weight_norm: f("weight_norm")? })
+    }
+
     fn push(&mut self, s: usize, loss: f64, acc: Option<f64>, test_acc: Option<f64>, g: f64, w: f64) {
         self.step.push(s as i64);
         self.loss.push(loss);

@@ -7,8 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use pathkernel::trajectory::Run;
-use pathkernel::workflow::KernelFiles;
+use pathkernel::api::{Gram, Trained};
 
 fn ok(args: &[&str], cwd: &Path) -> String {
     let o = Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
@@ -84,14 +83,14 @@ fn analyses_on_the_2d_toy() {
     assert!(st["score"].as_f64().unwrap() <= 0.6, "{st}");
 
     // Library view: the train kernel is square and symmetric per class block.
-    let run = Run::open(&d.join("run")).unwrap();
-    let kf = KernelFiles::open(&d.join("ktrain"), &run).unwrap();
-    kf.require_train_rows(&run).unwrap();
-    let b = kf.class_block(1);
-    let n = kf.m;
+    let net = Trained::open(d.join("run")).unwrap();
+    let g = Gram::open(d.join("ktrain"), &net).unwrap();
+    g.require_train_rows("the check").unwrap();
+    let b = g.class_block(1).unwrap();
+    let n = g.shape().1;
     for i in 0..n {
         for j in 0..n {
-            assert!((b[i * n + j] - b[j * n + i]).abs() <= 1e-10 * b[i * n + i].abs().max(1.0));
+            assert!((b[(i, j)] - b[(j, i)]).abs() <= 1e-10 * b[(i, i)].abs().max(1.0));
         }
     }
 }

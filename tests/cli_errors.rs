@@ -199,3 +199,25 @@ fn resource_guards_refuse_training_and_fits_with_an_estimate() {
     run_fail(&["kernel", "--run", "mom", "--kind", "chen", "--out", "kc"], d, "defined for plain gradient steps");
     assert_eq!(listing(d), before);
 }
+
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("c.toml"), toy2d("[6]", "relu", 5, 0.5, 40, 4)).unwrap();
+    let mut child = Command::new(bin())
+        .args(["train", "-q", "--config", "c.toml", "--out", "run"])
+        .current_dir(d)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the summary is printed (`pathkernel … | head -0`).
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(141), "{err}");
+    // The run was written in full before the summary.
+    assert!(d.join("run/manifest.json").exists());
+}

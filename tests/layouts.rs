@@ -15,7 +15,7 @@ fn req(kind: KernelKind, rule: Rule, side: Side) -> KernelRequest {
 fn in_layout(run: &Run, r: &KernelRequest, points: PointsSpec, layout: Layout, path: GramPath) -> KernelOutput {
     let states = run.load_all().unwrap();
     let pts = points.resolve(&run.dataset).unwrap();
-    kernel::compute_in(run, &states, &pts, r, &Options { layout, path, memory_budget: 1 << 32 }, &|_, _| {}).unwrap()
+    kernel::compute_in(run, &states, &pts, r, &Options { layout, path, memory_budget: 1 << 32, ..Default::default() }, &|_, _| {}).unwrap()
 }
 
 /// Every layout against the full Gram of the same job, and the machine against the full one's.
@@ -63,23 +63,6 @@ fn stateful_optimizer_layouts_are_parts_of_the_full_gram() {
     }
 }
 
-/// Writes IDX files of seeded random 28×28 "MNIST" images and labels into `dir`.
-fn fake_mnist(dir: &std::path::Path, n_train: u32, n_test: u32) {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-    let idx = |ty: u8, dims: &[u32], data: Vec<u8>| -> Vec<u8> {
-        let mut b = vec![0u8, 0, ty, dims.len() as u8];
-        dims.iter().for_each(|d| b.extend_from_slice(&d.to_be_bytes()));
-        b.extend(data);
-        b
-    };
-    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
-        let pixels: Vec<u8> = (0..n * 784).map(|_| if rng.gen_bool(0.3) { rng.gen_range(1..=255) } else { 0 }).collect();
-        let labels: Vec<u8> = (0..n).map(|_| rng.gen_range(0..10)).collect();
-        std::fs::write(dir.join(format!("{prefix}-images.idx3-ubyte")), idx(8, &[n, 28, 28], pixels)).unwrap();
-        std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(8, &[n], labels)).unwrap();
-    }
-}
 
 #[test]
 fn cnn_layouts_are_parts_of_the_full_gram_on_both_paths() {

@@ -1,5 +1,6 @@
-//! Tiled kernel jobs: tiles (row blocks × step ranges) merged equal the one-process result to
-//! 1e-13 relative, bit-identically on reruns; every fault (killed, missing, truncated, corrupted,
+//! Tiled kernel jobs: tiles (row blocks × column blocks × step ranges) merged equal the
+//! one-process result to 1e-13 relative, bit-identically on reruns; column blocks computed
+//! apart are the columns of the whole on every path (MLP, CNN, generic, momentum, Adam); every fault (killed, missing, truncated, corrupted,
 //! foreign tiles, edited plans) is one line on stderr, exit 2, nothing overwritten; Slurm scripts
 //! and their submission (with a stand-in `sbatch`).
 
@@ -10,7 +11,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
-use pathkernel::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
 use pathkernel::tile::{self, Plan, PlanInput, Tiling};
 use pathkernel::trajectory::Run;
 
@@ -117,6 +118,8 @@ fn assert_same(name: &str, got: &KernelOutput, want: &KernelOutput) {
     for (a, b) in got.records.iter().zip(&want.records) {
         assert_eq!(a.step, b.step);
         assert!((a.max_abs_error - b.max_abs_error).abs() <= 1e-13 * (1.0 + b.max_abs_change), "{name}: step {} record {} vs {}", a.step, a.max_abs_error, b.max_abs_error);
+        assert!((a.mean_abs_error - b.mean_abs_error).abs() <= 1e-13 * (1.0 + b.max_abs_change), "{name}: step {} mean error {} vs {}", a.step, a.mean_abs_error, b.mean_abs_error);
+        assert!((a.max_abs_change - b.max_abs_change).abs() <= 1e-13 * (1.0 + b.max_abs_change), "{name}: step {} change", a.step);
         assert_eq!(a.max_evaluations, b.max_evaluations, "{name}: step {} evaluations", a.step);
         assert!((a.mean_evaluations - b.mean_evaluations).abs() <= 1e-12 * b.mean_evaluations.max(1.0));
     }
@@ -131,7 +134,7 @@ fn tiles_equal_the_one_process_kernel_in_every_split_and_layout() {
     let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
     for layout in [Layout::Full, Layout::Diag] {
         let want = one_process(&run, "test", &epk, layout);
-        for tiling in [Tiling::Grid { rows: 2, steps: 3 }, Tiling::Grid { rows: 1, steps: 9 }, Tiling::Count(3), Tiling::Count(20)] {
+        for tiling in [Tiling::Grid { rows: 2, cols: 1, steps: 3 }, Tiling::Grid { rows: 1, cols: 1, steps: 9 }, Tiling::Count(3), Tiling::Count(20)] {
             let name = format!("epk {layout} {tiling:?}");
             let (plan, got) = tiled(&run, &dir.path().join("t"), "test", &epk, layout, tiling, 1 << 30);
             if tiling == Tiling::Count(20) {
@@ -154,7 +157,7 @@ fn tiles_equal_the_one_process_kernel_in_every_split_and_layout() {
     ];
     for (name, points, r) in cases {
         let want = one_process(&run, points, &r, Layout::Full);
-        let (plan, got) = tiled(&run, &dir.path().join("t"), points, &r, Layout::Full, Tiling::Grid { rows: 2, steps: 3 }, 1 << 30);
+        let (plan, got) = tiled(&run, &dir.path().join("t"), points, &r, Layout::Full, Tiling::Grid { rows: 2, cols: 1, steps: 3 }, 1 << 30);
         if name == "epk steps 2:8" {
             assert_eq!(plan.step_ranges, vec![[2, 4], [4, 6], [6, 8]]);
             assert!(got.single_machine.is_none(), "a is zero outside 2:8, so not constant");
@@ -173,7 +176,7 @@ fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
         tile::make_plan(&PlanInput { run, states, points: "test", req: r, layout: Layout::Full, memory_budget: 1 << 30, tiling, pilot: false }).map(|p| (p.row_blocks, p.step_ranges.len()))
     };
     assert_eq!(input(&gd, &states, &ntk, Tiling::Count(12)).unwrap(), (6, 1));
-    let e = input(&gd, &states, &ntk, Tiling::Grid { rows: 1, steps: 2 }).unwrap_err().to_string();
+    let e = input(&gd, &states, &ntk, Tiling::Grid { rows: 1, cols: 1, steps: 2 }).unwrap_err().to_string();
     assert!(e.contains("step ranges need plain gradient steps") && e.contains("the NTK is one kernel"), "{e}");
     let want = one_process(&gd, "test", &ntk, Layout::Full);
     let (_, got) = tiled(&gd, &dir.path().join("t"), "test", &ntk, Layout::Full, Tiling::Count(3), 1 << 30);
@@ -182,7 +185,7 @@ fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
     let epk = req(KernelKind::Epk, Rule::Gauss(3), Side::Test);
     let momentum = train(dir.path(), "mom", &toy2d("[5]", "relu", 6, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
     let ms = momentum.load_all().unwrap();
-    let e = input(&momentum, &ms, &epk, Tiling::Grid { rows: 2, steps: 2 }).unwrap_err().to_string();
+    let e = input(&momentum, &ms, &epk, Tiling::Grid { rows: 2, cols: 1, steps: 2 }).unwrap_err().to_string();
     assert!(e.contains("couples its steps (kernel form momentum)"), "{e}");
     assert_eq!(input(&momentum, &ms, &epk, Tiling::Count(9)).unwrap(), (6, 1), "more tiles than rows: rows only");
     for (name, r) in [("momentum", epk.clone()), ("momentum steps 2:5", KernelRequest { steps: Some((2, 5)), ..epk.clone() })] {
@@ -196,13 +199,13 @@ fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
     let wd = train(dir.path(), "wd", &toy2d("[5]", "relu", 6, 0.3, 8, 6).replace("seed = 7\n", "seed = 7\nweight_decay = 0.05\nweight_decay_mode = \"decoupled\"\n"));
     let want = one_process(&wd, "test", &epk, Layout::Full);
     assert!(want.reg.is_some());
-    let (plan, got) = tiled(&wd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 2, steps: 3 }, 1 << 30);
+    let (plan, got) = tiled(&wd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 2, cols: 1, steps: 3 }, 1 << 30);
     assert_eq!(plan.step_ranges.len(), 3);
     assert_same("gd + decoupled weight decay", &got, &want);
     // SGD mini-batches.
     let sgd = train(dir.path(), "sgd", &toy2d("[5]", "relu", 8, 0.3, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"sgd\"\nbatch_size = 7\n"));
     let want = one_process(&sgd, "test", &epk, Layout::Full);
-    let (_, got) = tiled(&sgd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 4 }, 1 << 30);
+    let (_, got) = tiled(&sgd, &dir.path().join("t"), "test", &epk, Layout::Full, Tiling::Grid { rows: 3, cols: 1, steps: 4 }, 1 << 30);
     assert_same("sgd", &got, &want);
 }
 
@@ -212,10 +215,10 @@ fn reruns_are_bit_identical_and_the_tiled_gram_streams() {
     let run = train(dir.path(), "gd", &toy2d("[6]", "relu", 8, 0.5, 10, 9));
     let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
     let out = dir.path().join("t");
-    let (plan, first) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 2 }, 1 << 30);
+    let (plan, first) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, cols: 1, steps: 2 }, 1 << 30);
     let tile0 = tile_content(&tile::tile_path(&out, 0));
     // The same plan again (same id), every tile recomputed.
-    let (again, second) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, steps: 2 }, 1 << 30);
+    let (again, second) = tiled(&run, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 3, cols: 1, steps: 2 }, 1 << 30);
     assert_eq!(plan.plan_id, again.plan_id, "planning the same job gives the same id");
     assert!(tile_content(&tile::tile_path(&out, 0)) == tile0, "tiles are bit-identical but for their seconds");
     assert_eq!(bits(&first.gram), bits(&second.gram));
@@ -270,6 +273,262 @@ fn each_tile_fits_the_memory_budget() {
     assert!(grown > 0, "no budget made the tiles grow");
     let e = plan_with(1 << 10).unwrap_err().to_string();
     assert!(e.contains("over the budget"), "{e}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Column blocks (training points).
+
+/// A small CNN on fake MNIST (10 training images); `extra` goes into `[train]`.
+fn cnn_run(dir: &Path, name: &str, extra: &str) -> Run {
+    let data = dir.join(format!("{name}-mnist"));
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 10, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npool = 2\n\n[train]\nlr = 0.5\nsteps = 2\nseed = 2\n{extra}",
+        data.to_str().unwrap()
+    );
+    train(dir, name, &toml)
+}
+
+/// The NTK notebook's 1-D regression (M = 2, MSE, a zero_output network without biases).
+fn regression_run(dir: &Path, name: &str) -> Run {
+    let toml = "[data]\nkind = \"regression1d\"\nn_test = 5\n\n[model]\nkind = \"mlp\"\nhidden = [6]\nactivation = \"tanh\"\nbias = false\nzero_last = false\nalpha = 2.0\nzero_output = true\n\n[train]\nlr = 0.05\nsteps = 5\nloss = \"mse\"\n";
+    train(dir, name, toml)
+}
+
+/// Uneven column blocks of M training points: one point, then two halves of the rest.
+fn uneven(m: usize) -> Vec<(usize, usize)> {
+    if m < 3 {
+        return (0..m).map(|i| (i, i + 1)).collect();
+    }
+    let mid = 1 + (m - 1) / 2;
+    vec![(0, 1), (1, mid), (mid, m)]
+}
+
+/// Column blocks computed apart against the one-process kernel: each block's Gram and `a` are
+/// its columns of the whole (the slow, obvious reference: compute every column, then slice), and
+/// the blocks assembled are the whole, per-step validation included.
+fn check_column_blocks(name: &str, run: &Run, points: &str, r: &KernelRequest, layout: Layout, path: GramPath) {
+    let states = run.load_all().unwrap();
+    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
+    let opts = Options { path, ..Options::layout(layout) };
+    let want = kernel::compute_in(run, &states, &pts, r, &opts, &|_, _| {}).unwrap();
+    let (p, m, k) = (want.p, want.m, want.k);
+    let (pp, n_a) = (layout.per_pair(k), want.a.len() / (m * k));
+    let mut parts = Vec::new();
+    for (c0, c1) in uneven(m) {
+        let o = kernel::compute_in(run, &states, &pts, r, &Options { columns: Some((c0, c1)), ..opts }, &|_, _| {}).unwrap();
+        assert_eq!((o.p, o.m, o.k), (p, c1 - c0, k), "{name}: block {c0}..{c1}");
+        let share = o.columns.as_ref().expect("a proper range is a share");
+        assert_eq!((share.range, share.of), ((c0, c1), m), "{name}");
+        assert!(o.single_machine.is_none(), "{name}: a share has no single machine");
+        let cols = |g: &[f64], w: usize, rows: usize| -> Vec<f64> { (0..rows).flat_map(|q| g[(q * m + c0) * w..(q * m + c1) * w].to_vec()).collect() };
+        let d = rel(&o.gram, &cols(&want.gram, pp, p));
+        assert!(d <= 1e-13, "{name}: block {c0}..{c1}'s Gram differs from its columns of the whole by {d:e}");
+        assert_eq!(o.a, cols(&want.a, k, n_a), "{name}: block {c0}..{c1}'s a");
+        if let (Some(a), Some(b)) = (&o.per_step, &want.per_step) {
+            assert!(rel(a, &cols(b, pp, b.len() / (m * pp))) <= 1e-13, "{name}: per-step Grams of {c0}..{c1}");
+        }
+        parts.push(o);
+    }
+    let got = kernel::columns::assemble(parts).unwrap();
+    assert!(got.columns.is_none());
+    assert_same(name, &got, &want);
+    // The whole range is no share: the same bits as no range at all.
+    let whole = kernel::compute_in(run, &states, &pts, r, &Options { columns: Some((0, m)), ..opts }, &|_, _| {}).unwrap();
+    assert!(whole.columns.is_none() && bits(&whole.gram) == bits(&want.gram) && bits(&whole.machine) == bits(&want.machine), "{name}: columns 0..M");
+}
+
+#[test]
+fn column_blocks_are_the_columns_of_the_whole_on_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gd = train(d, "gd", &toy2d("[6, 5]", "relu", 9, 0.5, 10, 7));
+    let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
+    for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
+        check_column_blocks(&format!("mlp epk {layout}"), &gd, "test", &epk, layout, GramPath::Fast);
+    }
+    let cases: Vec<(&str, &str, KernelRequest)> = vec![
+        ("mlp ntk", "test", req(KernelKind::Ntk, Rule::Gauss(1), Side::Test)),
+        ("mlp dpk", "test", req(KernelKind::Dpk, Rule::Gauss(1), Side::Test)),
+        ("mlp chen", "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test)),
+        ("mlp epk train side", "train", req(KernelKind::Epk, Rule::Gauss(3), Side::Train)),
+        ("mlp kprime per-step", "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }),
+        ("mlp epk steps 2:8", "class-means", KernelRequest { steps: Some((2, 8)), ..epk.clone() }),
+    ];
+    for (name, points, r) in &cases {
+        check_column_blocks(name, &gd, points, r, Layout::Full, GramPath::Fast);
+    }
+    let sgd = train(d, "sgd", &toy2d("[5]", "relu", 8, 0.3, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"sgd\"\nbatch_size = 7\n"));
+    check_column_blocks("sgd epk", &sgd, "test", &epk, Layout::Full, GramPath::Fast);
+    let reg = regression_run(d, "reg");
+    check_column_blocks("mse epk", &reg, "test", &epk, Layout::Full, GramPath::Fast);
+    check_column_blocks("mse ntk", &reg, "test", &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Layout::Full, GramPath::Fast);
+
+    // The CNN: its structured path (any rule) and the generic autodiff path.
+    let cnn = cnn_run(d, "cnn", "");
+    let gauss2 = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
+    check_column_blocks("cnn fast gauss:2", &cnn, "test", &gauss2, Layout::Full, GramPath::Fast);
+    check_column_blocks("cnn fast auto diag", &cnn, "test", &epk, Layout::Diag, GramPath::Fast);
+    check_column_blocks("cnn generic gauss:2", &cnn, "test", &gauss2, Layout::Full, GramPath::Generic);
+    check_column_blocks("cnn fast chen", &cnn, "test", &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), Layout::Full, GramPath::Fast);
+
+    // Momentum, Adam and weight decay: the backward recursion, with the replay over all M.
+    let gauss3 = req(KernelKind::Epk, Rule::Gauss(3), Side::Test);
+    let mom = train(d, "mom", &toy2d("[5]", "relu", 6, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\nweight_decay = 0.01\n"));
+    check_column_blocks("momentum + weight decay epk", &mom, "test", &gauss3, Layout::Full, GramPath::Fast);
+    check_column_blocks("momentum + weight decay epk steps 2:5 diag", &mom, "test", &KernelRequest { steps: Some((2, 5)), ..gauss3.clone() }, Layout::Diag, GramPath::Fast);
+    check_column_blocks("momentum ntk", &mom, "test", &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Layout::Full, GramPath::Fast);
+    let adam = train(d, "adam", &toy2d("[5]", "tanh", 5, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"adam\"\n"));
+    check_column_blocks("adam epk auto", &adam, "test", &epk, Layout::Full, GramPath::Fast);
+    let cnn_mom = cnn_run(d, "cnn-mom", "momentum = 0.5\n");
+    check_column_blocks("cnn momentum (dense Jacobians)", &cnn_mom, "test", &gauss2, Layout::Full, GramPath::Fast);
+
+    // Bad ranges are errors.
+    let states = gd.load_all().unwrap();
+    let pts = PointsSpec::Test.resolve(&gd.dataset).unwrap();
+    for bad in [(3, 3), (5, 2), (0, 31)] {
+        let e = kernel::compute_in(&gd, &states, &pts, &epk, &Options { columns: Some(bad), ..Default::default() }, &|_, _| {}).unwrap_err().to_string();
+        assert!(e.contains("need 0 <= lo < hi <= M = 30"), "{e}");
+    }
+}
+
+#[test]
+fn column_tiles_equal_the_one_process_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = d.join("t");
+    let run = train(d, "gd", &toy2d("[6, 5]", "relu", 9, 0.5, 10, 7));
+    let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
+    for layout in [Layout::Full, Layout::Diag] {
+        let want = one_process(&run, "test", &epk, layout);
+        for tiling in [Tiling::Grid { rows: 2, cols: 3, steps: 2 }, Tiling::Grid { rows: 1, cols: 4, steps: 1 }, Tiling::Grid { rows: 7, cols: 2, steps: 3 }] {
+            let name = format!("epk {layout} {tiling}");
+            let (plan, got) = tiled(&run, &out, "test", &epk, layout, tiling, 1 << 30);
+            let Tiling::Grid { rows, cols, steps } = tiling else { unreachable!() };
+            assert_eq!((plan.row_blocks, plan.col_blocks, plan.step_ranges.len(), plan.tiles.len()), (rows, cols, steps, rows * cols * steps), "{name}");
+            assert_same(&name, &got, &want);
+            if layout == Layout::Full {
+                assert!(got.single_machine.is_some(), "{name}: Theorem 3.7's machine is recomputed");
+            }
+        }
+    }
+    // Per-step Grams, Chen, a sub-range of steps, the NTK, MSE.
+    let cases: Vec<(&str, &Run, &str, KernelRequest, Tiling)> = vec![
+        ("kprime per-step", &run, "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }, Tiling::Grid { rows: 2, cols: 2, steps: 3 }),
+        ("chen", &run, "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test), Tiling::Grid { rows: 2, cols: 3, steps: 2 }),
+        ("epk steps 2:8", &run, "class-means", KernelRequest { steps: Some((2, 8)), ..epk.clone() }, Tiling::Grid { rows: 3, cols: 2, steps: 3 }),
+        ("ntk", &run, "test", req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Tiling::Grid { rows: 2, cols: 3, steps: 1 }),
+    ];
+    for (name, r_run, points, r, tiling) in cases {
+        let want = one_process(r_run, points, &r, Layout::Full);
+        let (_, got) = tiled(r_run, &out, points, &r, Layout::Full, tiling, 1 << 30);
+        assert_same(name, &got, &want);
+    }
+    let reg = regression_run(d, "reg");
+    let want = one_process(&reg, "test", &epk, Layout::Full);
+    let (_, got) = tiled(&reg, &out, "test", &epk, Layout::Full, Tiling::Grid { rows: 2, cols: 2, steps: 2 }, 1 << 30);
+    assert_same("mse", &got, &want);
+
+    // The CNN, momentum and Adam (rows x columns; their steps are not separable).
+    let gauss2 = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
+    let cnn = cnn_run(d, "cnn", "");
+    let want = one_process(&cnn, "test", &gauss2, Layout::Full);
+    let (_, got) = tiled(&cnn, &out, "test", &gauss2, Layout::Full, Tiling::Grid { rows: 2, cols: 3, steps: 2 }, 1 << 30);
+    assert_same("cnn", &got, &want);
+    let mom = train(d, "mom", &toy2d("[5]", "relu", 6, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\nweight_decay = 0.01\n"));
+    let adam = train(d, "adam", &toy2d("[5]", "tanh", 5, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"adam\"\n"));
+    for (name, r_run, r) in [("momentum + weight decay", &mom, gauss2.clone()), ("adam", &adam, epk.clone()), ("momentum ntk", &mom, req(KernelKind::Ntk, Rule::Gauss(1), Side::Test))] {
+        let want = one_process(r_run, "test", &r, Layout::Full);
+        let (plan, got) = tiled(r_run, &out, "test", &r, Layout::Full, Tiling::Grid { rows: 2, cols: 3, steps: 1 }, 1 << 30);
+        assert_eq!(plan.col_blocks, 3);
+        assert_same(name, &got, &want);
+        assert_eq!(got.records.len(), want.records.len());
+    }
+    let states = mom.load_all().unwrap();
+    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, layout: Layout::Full, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 2, steps: 2 }, pilot: false })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--tiles 1x2x2: step ranges need plain gradient steps") && e.contains("--tiles N or 1x2x1"), "{e}");
+    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, layout: Layout::Full, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 25, steps: 1 }, pilot: false })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("25 column blocks for 24 training points"), "{e}");
+}
+
+#[test]
+fn column_tiles_rerun_bit_identically_and_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "gd", &toy2d("[6]", "relu", 8, 0.5, 10, 9));
+    let epk = req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test);
+    let out = dir.path().join("t");
+    let tiling = Tiling::Grid { rows: 3, cols: 4, steps: 2 };
+    let (plan, first) = tiled(&run, &out, "test", &epk, Layout::Full, tiling, 1 << 30);
+    // 30 training points in 4 even blocks of 8: 0..8, 8..16, 16..24, 24..30.
+    assert_eq!((plan.block_cols, plan.tiles[2].cols, plan.tiles[7].cols), (8, [8, 16], [24, 30]));
+    let contents: Vec<_> = plan.tiles.iter().map(|t| tile_content(&tile::tile_path(&out, t.index))).collect();
+    let (again, second) = tiled(&run, &out, "test", &epk, Layout::Full, tiling, 1 << 30);
+    assert_eq!(plan.plan_id, again.plan_id);
+    for t in &plan.tiles {
+        assert!(tile_content(&tile::tile_path(&out, t.index)) == contents[t.index], "tile {} differs on a rerun", t.index);
+    }
+    assert_eq!(bits(&first.gram), bits(&second.gram));
+    assert_eq!(bits(&first.machine), bits(&second.machine));
+    let recs = |o: &KernelOutput| o.records.iter().map(|r| (r.max_abs_error.to_bits(), r.mean_abs_error.to_bits())).collect::<Vec<_>>();
+    assert_eq!(recs(&first), recs(&second), "the exactness records rerun bit-identically");
+    // The streaming reader assembles the column blocks into the merged Gram's bits.
+    let g = tile::TiledGram::open(&out).unwrap();
+    let mut rows = Vec::new();
+    for b in 0..g.row_blocks().len() {
+        rows.extend(g.row_block(b).unwrap());
+    }
+    assert_eq!(bits(&rows), bits(&first.gram));
+    let (m, k) = (first.m, first.k);
+    let c21 = g.class_block(2, 1).unwrap();
+    assert_eq!(bits(&c21), bits(&(0..first.p * m).map(|pm| first.gram[pm * k * k + 2 * k + 1]).collect::<Vec<_>>()));
+}
+
+#[test]
+fn column_blocks_grow_when_a_tile_of_one_row_does_not_fit() {
+    // M = 3000 training points over 60 steps: a and the loss gradients alone ([N, M, K] each)
+    // are 8.6 MB, so small budgets need column blocks even for a single row point.
+    let dir = tempfile::tempdir().unwrap();
+    let gd = train(dir.path(), "gd", &toy2d("[8]", "relu", 60, 0.3, 1000, 12));
+    let mom = train(dir.path(), "mom", &toy2d("[8]", "relu", 60, 0.05, 1000, 12).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
+    let epk = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
+    let plan_with = |run: &Run, budget: u64, tiling: Tiling| {
+        let states = run.load_all().unwrap();
+        tile::make_plan(&PlanInput { run, states: &states, points: "test", req: &epk, layout: Layout::Full, memory_budget: budget, tiling, pilot: false })
+    };
+    let roomy = plan_with(&gd, 1 << 30, Tiling::Count(2)).unwrap();
+    assert_eq!((roomy.row_blocks, roomy.col_blocks), (2, 1));
+    let mut grown = false;
+    for mib in [16u64, 12, 10, 8] {
+        let budget = mib << 20;
+        for (name, run) in [("gd", &gd), ("momentum", &mom)] {
+            let Ok(plan) = plan_with(run, budget, Tiling::Count(2)) else { continue };
+            let peak = plan.tiles.iter().map(|t| t.estimated_peak_bytes).max().unwrap();
+            eprintln!("{name} --memory {mib}M: {} row blocks x {} column blocks; tile peak {:.2} MiB", plan.row_blocks, plan.col_blocks, peak as f64 / (1u64 << 20) as f64);
+            assert!(peak <= budget, "{plan}");
+            if plan.col_blocks > 1 {
+                assert!(plan.split.contains("column blocks of") && plan.split.contains("so that a tile of one row point fits"), "{}", plan.split);
+                grown = true;
+            }
+        }
+    }
+    assert!(grown, "no budget made the column blocks grow");
+    // The estimate of a momentum tile holds the recursion's work (H and J̄ per row, the replay's
+    // per-step vectors) on top of a plain tile's.
+    let (g, m) = (plan_with(&gd, 1 << 30, Tiling::Count(1)).unwrap(), plan_with(&mom, 1 << 30, Tiling::Count(1)).unwrap());
+    let w = gd.manifest.num_params as u64;
+    assert!(m.tiles[0].estimated_peak_bytes >= g.tiles[0].estimated_peak_bytes + 60 * w * 8 + 12 * 2 * 3 * w * 8, "{} vs {}", m.tiles[0].estimated_peak_bytes, g.tiles[0].estimated_peak_bytes);
+    // Explicit column blocks shrink each tile's estimate.
+    let c1 = plan_with(&gd, 1 << 30, Tiling::Grid { rows: 1, cols: 1, steps: 1 }).unwrap();
+    let c4 = plan_with(&gd, 1 << 30, Tiling::Grid { rows: 1, cols: 4, steps: 1 }).unwrap();
+    assert!(c4.tiles.iter().all(|t| t.estimated_peak_bytes < c1.tiles[0].estimated_peak_bytes), "{c4}");
+    assert!(c4.tiles.iter().all(|t| t.output_bytes * 3 < c1.tiles[0].output_bytes), "{c4}");
+    let e = plan_with(&gd, 1 << 10, Tiling::Count(1)).unwrap_err().to_string();
+    assert!(e.contains("one tile of one row point and 1 training points") && e.contains("over the budget"), "{e}");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -570,4 +829,70 @@ fn cli_slurm_scripts_and_submission_with_a_stand_in_sbatch() {
     let o = Command::new(bin()).args(["tile", "slurm", "job", "--submit"]).env("PATH", &path).current_dir(d).output().unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("every tile is complete: submitted merge job"), "{stdout}");
+}
+
+#[test]
+fn cli_column_tiles_merge_to_the_one_process_output_with_the_same_exactness_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6, 4]", "relu", 8, 0.5, 10, 9));
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--out", "one"], d);
+    let plan_out = ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x3x2", "--out", "cols"], d);
+    assert!(plan_out.contains("12 tiles = 2 row blocks (5 points each) x 3 column blocks (10 training points each) x 2 step ranges"), "{plan_out}");
+    let plan = Plan::read(&d.join("cols")).unwrap();
+    assert_eq!((plan.col_blocks, plan.tiles[4].cols, plan.tiles[4].steps), (3, [20, 30], [0, 4]));
+    ok(&["tile", "run", "cols", "--all", "-q"], d);
+    ok(&["tile", "merge", "cols"], d);
+    for diff in pathkernel::tile::compare_dirs(&d.join("cols/merged"), &d.join("one")).unwrap() {
+        assert!(diff.rel <= 1e-13, "{diff:?}");
+    }
+    ok(&["tile", "compare", "cols/merged", "one", "--tol", "1e-13"], d);
+    // The exactness report and the per-step validation equal the one-process ones.
+    let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(d.join(p)).unwrap()).unwrap() };
+    let (got, want) = (json("cols/merged/exactness.json"), json("one/exactness.json"));
+    for key in ["kind", "side", "quadrature", "shape", "steps", "evaluations_per_step", "unconverged_pieces", "tolerance", "tolerance_met", "layout", "form"] {
+        assert_eq!(got[key], want[key], "exactness.json `{key}`");
+    }
+    for key in ["max_abs_error", "mean_abs_error", "single_machine_max_abs_error"] {
+        let (a, b) = (got[key].as_f64().unwrap(), want[key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-14, "exactness.json `{key}`: {a:e} vs {b:e}");
+    }
+    let (ts, tw) = (pathkernel::io::Table::read_parquet(&d.join("cols/merged/steps.parquet")).unwrap(), pathkernel::io::Table::read_parquet(&d.join("one/steps.parquet")).unwrap());
+    assert_eq!(ts.columns.iter().map(|c| &c.0).collect::<Vec<_>>(), tw.columns.iter().map(|c| &c.0).collect::<Vec<_>>());
+    for (col, _) in &tw.columns {
+        if let (Some(a), Some(b)) = (ts.f64(col), tw.f64(col)) {
+            assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-14 || (x.is_nan() && y.is_nan())), "steps.parquet `{col}`: {a:?} vs {b:?}");
+        }
+    }
+    // A rerun of the plan from scratch is byte-identical.
+    let files = ["gram.safetensors", "predictions.parquet", "steps.parquet"];
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(d.join("cols/merged").join(f)).unwrap()).collect();
+    std::fs::remove_dir_all(d.join("cols/tiles")).unwrap();
+    std::fs::create_dir(d.join("cols/tiles")).unwrap();
+    ok(&["tile", "run", "cols", "--all", "-q"], d);
+    ok(&["tile", "merge", "cols", "--force"], d);
+    let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(d.join("cols/merged").join(f)).unwrap()).collect();
+    assert!(before == after, "the rerun's outputs differ");
+
+    // Faults: one line, exit 2, nothing changed.
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x2x1", "--out", "other"], d);
+    ok(&["tile", "run", "other", "--all", "-q"], d);
+    let tile = |job: &str, i: usize| d.join(job).join("tiles").join(format!("tile-{i:06}.safetensors"));
+    let check_untouched = |needle: &str, args: &[&str]| {
+        let before = snapshot(d);
+        fails(args, d, needle);
+        assert!(snapshot(d) == before, "{args:?} changed the directory");
+    };
+    let saved = std::fs::read(tile("cols", 5)).unwrap();
+    std::fs::copy(tile("other", 1), tile("cols", 5)).unwrap();
+    check_untouched("belongs to plan", &["tile", "merge", "cols", "--force"]);
+    check_untouched("belongs to plan", &["tile", "run", "cols", "--index", "5"]);
+    std::fs::copy(tile("cols", 4), tile("cols", 5)).unwrap();
+    check_untouched("is tile 4 (rows 0..5, columns 20..30, steps 0..4)", &["tile", "merge", "cols", "--force"]);
+    std::fs::remove_file(tile("cols", 5)).unwrap();
+    check_untouched("1 of 12 tiles are missing (index 5)", &["tile", "merge", "cols", "--force"]);
+    std::fs::write(tile("cols", 5), &saved).unwrap();
+    check_untouched("31 column blocks for 30 training points", &["kernel", "--run", "run", "--tiles", "1x31x1", "--out", "x"]);
+    check_untouched("expected N, RxS", &["kernel", "--run", "run", "--tiles", "1x2x2x2", "--out", "x"]);
+    ok(&["tile", "merge", "cols", "--force"], d);
 }

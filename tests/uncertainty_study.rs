@@ -1,7 +1,7 @@
 //! The uncertainty study (`[uncertainty]` in a study file) end to end on small MNIST-format files
 //! written here: selection, every method in every setting, the report re-scored from its parquet
 //! files, reruns from the cache byte for byte, resuming after a lost stage; and the in-memory
-//! kernel GP against the on-disk `gp` workflow.
+//! kernel GP against the `gp` report on kernel directories read back from disk.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,8 @@ use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
 use pathkernel::uncertainty::kernel_gp::{self, KernelGp, KernelGpSpec, TrainGram};
 use pathkernel::uncertainty::metrics;
-use pathkernel::workflow::{self, GpTargets, KernelFiles};
+use pathkernel::api::{Gram, Trained};
+use pathkernel::report::{self, GpTargets};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -260,7 +261,7 @@ fn f64s(path: &Path, name: &str) -> Vec<f64> {
     SafeFile::open(path).unwrap().f64(name, None).unwrap().1
 }
 
-/// The in-memory kernel GP equals the `gp` workflow on kernel directories written to disk (the
+/// The in-memory kernel GP equals the `gp` report on kernel directories written to disk (the
 /// same Grams, class blocks, targets, hyper-parameter search and posterior), for the EPK and the
 /// NTK; the symmetrised test-side training Gram is exact and really asymmetric before.
 #[test]
@@ -269,6 +270,7 @@ fn kernel_gp_matches_the_gp_workflow() {
     let d = tmp.path();
     let run = small_run(d);
     let states = run.load_all().unwrap();
+    let net = Trained::open(&run.dir).unwrap();
     let noop = |_: usize, _: usize| {};
     let train_pts = Points { x: run.dataset.x_train.clone(), dim: run.dataset.dim };
     let test_pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
@@ -285,16 +287,16 @@ fn kernel_gp_matches_the_gp_workflow() {
                 let dir = d.join(format!("{kind}-{name}"));
                 std::fs::create_dir_all(&dir).unwrap();
                 kernel::output::write(&dir, &o, pts, &run.manifest.run_id).unwrap();
-                KernelFiles::open(&dir, &run).unwrap()
+                Gram::open(&dir, &net).unwrap()
             };
             let (kt, kp) = (write(&train_pts, Side::Train, "train"), write(&test_pts, Side::Test, "test"));
             let gdir = d.join(format!("{kind}-gp"));
             std::fs::create_dir_all(&gdir).unwrap();
-            workflow::gp_report(&run, &kt, &kp, &GpParams::new().fit_hyper(true), GpTargets::Network, 16, 0, &gdir).unwrap();
+            report::gp_report(&net, &kt, &kp, &GpParams::new().fit_hyper(true), GpTargets::Network, 16, 0, &gdir).unwrap();
             let f = gdir.join("gp.safetensors");
             (f64s(&f, "mean"), f64s(&f, "var"), f64s(&f, "noise"))
         } else {
-            // (`KernelFiles` refuses an NTK at the last state: see the report.) The reference: the
+            // The reference for the NTK: the
             // full-layout Grams' diagonal blocks and a GP fitted on them directly.
             let full = |pts: &Points| {
                 let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
@@ -329,7 +331,7 @@ fn kernel_gp_matches_the_gp_workflow() {
         let vscale = var.iter().fold(1e-300f64, |a, v| a.max(v.abs()));
         assert!(dm <= 1e-12 * scale, "{kind}: posterior means differ by {dm:e}");
         assert!(dv <= 1e-10 * vscale, "{kind}: posterior variances differ by {dv:e} (scale {vscale:e})");
-        // The same hyper-parameters (the workflow's targets come from another forward pass).
+        // The same hyper-parameters (the report's targets come from another forward pass).
         for (a, b) in gp.fit.noise.iter().zip(noise) {
             assert!((a - b).abs() <= 1e-8 * b.abs(), "{kind}: noise {a:e} vs {b:e}");
         }

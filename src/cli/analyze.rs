@@ -1,13 +1,93 @@
 //! `pathkernel gp`, `svm`, `attribute` and `stationarity`: analyses of a run's kernels.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use crate::api::{Gram, Rows, Trained};
 use crate::error::{Error, Result};
 use crate::gp::GpParams;
 use crate::io::StagedDir;
+use crate::kernel::Layout;
+use crate::report::{self, GpTargets};
 use crate::svm::SvmParams;
 use crate::trajectory::Run;
-use crate::workflow::{self, GpTargets, KernelFiles};
+
+/// Refuses, with the flag to use, a Gram (from `dir`) whose layout lacks the blocks `what`
+/// needs.
+fn require_blocks(g: &Gram, dir: &Path, need: Layout, what: &str) -> Result<()> {
+    if g.layout().provides(need) {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{}: holds the {} blocks of the Gram (--blocks {}); {what} needs the {need} blocks: recompute it with `pathkernel kernel … --blocks {need}`",
+        dir.display(),
+        g.layout(),
+        g.layout()
+    )))
+}
+
+/// Opens the Gram in `dir` (written by `pathkernel kernel`) for `net`; refuses a layout that
+/// lacks the blocks `what` needs.
+fn open_gram(dir: &Path, net: &Trained, need: Layout, what: &str) -> Result<Gram> {
+    let g = Gram::open(dir, net)?;
+    require_blocks(&g, dir, need, what)?;
+    Ok(g)
+}
+
+/// [`open_gram`] for a train × train Gram in the `diag` or `full` layout: also refuses other
+/// rows and a kernel form that is not symmetric (momentum and Adam kernels; symmetrising them
+/// would change what they mean).
+fn open_train_gram(dir: &Path, net: &Trained, what: &str) -> Result<Gram> {
+    let g = Gram::open(dir, net)?;
+    let form = g.output().form;
+    if !form.symmetric() {
+        return Err(Error::Config(format!(
+            "{}: the kernel of this run is in `{form}` form, which is not a symmetric kernel; a GP or SVM needs one (train with gd/sgd, or use this kernel only as a kernel machine and for attribution)",
+            dir.display()
+        )));
+    }
+    if *g.rows() != Rows::Train {
+        return Err(Error::Config(format!("{} is not a train×train kernel (compute it with `pathkernel kernel --points train --side train`)", dir.display())));
+    }
+    require_blocks(&g, dir, Layout::Diag, what)?;
+    Ok(g)
+}
+
+/// What a GP or SVM fit would allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fit {
+    /// One GP per class: Cholesky factors and solves.
+    Gp,
+    /// One-vs-rest SMO: class blocks and the solver's kernel rows.
+    Svm,
+}
+
+/// Estimated peak bytes of a GP/SVM fit from the kernel directories on disk, checked against
+/// `budget` *before* anything is loaded: reading both `gram.safetensors` (file bytes plus the
+/// decoded arrays), then per class an `[M, M]` block with its factor (GP: also the
+/// marginal-likelihood search's copy) and the `[P, M]` cross block.
+fn check_fit_memory(fit: Fit, run: &Run, train_kernel: &Path, row_kernel: &Path, budget: u64) -> Result<()> {
+    let size = |d: &Path| -> Result<u64> {
+        let p = d.join("gram.safetensors");
+        std::fs::metadata(&p).map(|m| m.len()).map_err(|e| Error::io(&p, e))
+    };
+    let (tb, rb) = (size(train_kernel)?, size(row_kernel)?);
+    let (m, k) = (run.dataset.n_train() as u64, run.dataset.num_outputs as u64);
+    let p = rb / (8 * m * k * k).max(1);
+    let per_class = match fit {
+        Fit::Gp => 8 * (3 * m * m + 3 * p * m),
+        Fit::Svm => 8 * (2 * m * m + 2 * p * m),
+    };
+    let need = 2 * (tb + rb) + per_class;
+    if need > budget {
+        return Err(Error::OutOfMemoryBudget {
+            what: format!("the {} fit on M = {m} training points and P = {p} rows (K = {k})", if fit == Fit::Gp { "GP" } else { "SVM" }),
+            needed_bytes: need,
+            budget_bytes: budget,
+            hint: "use fewer row points in --kernel, a smaller training set, or raise --memory".into(),
+        });
+    }
+    Ok(())
+}
 
 /// GP logit regression with the kernel as covariance, and Monte-Carlo softmax posteriors.
 #[derive(clap::Args, Debug)]
@@ -65,13 +145,16 @@ pub fn gp(a: GpArgs) -> Result<()> {
         "labels" => GpTargets::Labels,
         other => return Err(Error::Config(format!("--targets {other}: expected network or labels"))),
     };
-    let run = Run::open(&a.run)?;
-    workflow::check_fit_memory(workflow::Fit::Gp, &run, &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
-    let tk = KernelFiles::open(&a.train_kernel, &run)?;
-    let rk = KernelFiles::open(&a.kernel, &run)?;
+    let net = Trained::open(&a.run)?;
+    check_fit_memory(Fit::Gp, net.run(), &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
+    let tk = open_train_gram(&a.train_kernel, &net, "a per-class GP")?;
+    let rk = open_gram(&a.kernel, &net, Layout::Diag, "a per-class GP")?;
+    if rk.output().diag.is_none() {
+        return Err(Error::Config(format!("{} has no self-kernel `diag` (compute the row kernel with --kind ntk, dpk or epk)", a.kernel.display())));
+    }
     let params = GpParams::new().noise(a.noise).jitter(a.jitter).max_jitter(a.max_jitter).fit_hyper(a.fit_hyper);
     let staged = StagedDir::new(&a.out, a.force)?;
-    let s = workflow::gp_report(&run, &tk, &rk, &params, targets, a.samples, a.seed, staged.path())?;
+    let s = report::gp_report(&net, &tk, &rk, &params, targets, a.samples, a.seed, staged.path())?.summary;
     let dir = staged.commit()?;
     println!(
         "gp: {} points, mean posterior std {:.4e}, mean predictive entropy {:.4}, jitter {:?}, agreement with the network {:.2}%{} -> {}",
@@ -124,13 +207,13 @@ pub struct SvmArgs {
 
 /// Runs `svm`.
 pub fn svm(a: SvmArgs) -> Result<()> {
-    let run = Run::open(&a.run)?;
-    workflow::check_fit_memory(workflow::Fit::Svm, &run, &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
-    let tk = KernelFiles::open(&a.train_kernel, &run)?;
-    let rk = KernelFiles::open(&a.kernel, &run)?;
+    let net = Trained::open(&a.run)?;
+    check_fit_memory(Fit::Svm, net.run(), &a.train_kernel, &a.kernel, crate::io::parse_bytes(&a.memory)?)?;
+    let tk = open_train_gram(&a.train_kernel, &net, "the one-vs-rest SVM")?;
+    let rk = open_gram(&a.kernel, &net, Layout::Diag, "the one-vs-rest SVM")?;
     let params = SvmParams::new().c(a.c).tol(a.tol).max_iter(a.max_iter);
     let staged = StagedDir::new(&a.out, a.force)?;
-    let s = workflow::svm_report(&run, &tk, &rk, &params, staged.path())?;
+    let s = report::svm_report(&net, &tk, &rk, &params, staged.path())?.summary;
     let dir = staged.commit()?;
     println!(
         "svm: {} points, support vectors {:?}, agreement with the network {:.2}%{} -> {}",
@@ -176,10 +259,17 @@ pub fn attribute(a: AttributeArgs) -> Result<()> {
         .split(',')
         .map(|s| s.trim().parse::<usize>().map_err(|_| Error::Config(format!("--points `{}`: expected indices like 0,3,7", a.points))))
         .collect::<Result<_>>()?;
-    let run = Run::open(&a.run)?;
-    let kf = KernelFiles::open(&a.kernel, &run)?;
+    let net = Trained::open(&a.run)?;
+    let g = Gram::open(&a.kernel, &net)?;
+    let (p, _, _) = g.shape();
+    if let Some(&bad) = points.iter().find(|&&q| q >= p) {
+        return Err(Error::Config(format!("point {bad} is out of range: the kernel has {p} row points")));
+    }
+    if g.kind() != crate::kernel::KernelKind::Ntk {
+        require_blocks(&g, &a.kernel, Layout::Full, "attribution (it contracts a_i with the off-diagonal blocks)")?;
+    }
     let staged = StagedDir::new(&a.out, a.force)?;
-    let s = workflow::attribution_report(&run, &kf, &points, a.top, staged.path())?;
+    let s = report::attribution_report(&net, &g, &points, a.top, staged.path())?;
     let dir = staged.commit()?;
     println!("attribution ({}): {} outputs explained, max |network - bias - sum of contributions| {:.3e} -> {}", s.form, s.attributions.len(), s.max_abs_residual, dir.display());
     Ok(())
@@ -236,10 +326,10 @@ pub fn stationarity(a: StationarityArgs) -> Result<()> {
         return Err(Error::Config("--dirs and --ray-steps must be >= 1 and --growth > 1".into()));
     }
     let rule: crate::kernel::Rule = a.quadrature.parse()?;
-    let run = Run::open(&a.run)?;
-    let tk = KernelFiles::open(&a.train_kernel, &run)?;
+    let net = Trained::open(&a.run)?;
+    let tk = open_train_gram(&a.train_kernel, &net, "stationarity (per-class scores and the far-field GP)")?;
     let staged = StagedDir::new(&a.out, a.force)?;
-    let s = workflow::stationarity_report(&run, &tk, &GpParams::new().noise(a.noise).fit_hyper(a.fit_hyper), rule, a.dirs, a.ray_steps, a.growth, a.seed, staged.path())?;
+    let s = report::stationarity_report(&net, &tk, &GpParams::new().noise(a.noise).fit_hyper(a.fit_hyper), rule, a.dirs, a.ray_steps, a.growth, a.seed, staged.path())?.summary;
     let dir = staged.commit()?;
     println!(
         "stationarity score {:.3} (RBF reference {:.3}); far field, Spearman vs distance: kernel self-value {:+.3}, GP logit std {:+.3}, MC probability std {:+.3} -> {}",

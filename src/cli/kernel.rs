@@ -54,8 +54,9 @@ pub struct Args {
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     memory: String,
     /// Plan a tiled job instead of computing: write OUT/plan.json with N tiles (row blocks; or
-    /// RxS: R row blocks x S step ranges), each within --memory; see `pathkernel tile --help`.
-    #[arg(long, value_name = "N|RxS")]
+    /// RxS: R row blocks x S step ranges; or RxCxS: R row blocks x C blocks of training points
+    /// x S step ranges), each within --memory; see `pathkernel tile --help`.
+    #[arg(long, value_name = "N|RxS|RxCxS")]
     tiles: Option<String>,
     /// Output directory.
     #[arg(long, value_name = "OUT")]

@@ -46,6 +46,7 @@ enum Command {
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
 pub fn main() -> i32 {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(a) => train::exec(a),
@@ -65,6 +66,20 @@ pub fn main() -> i32 {
             2
         }
     }
+}
+
+/// `pathkernel … | head` closes stdout before the summary is printed, and `println!` panics on
+/// the broken pipe. Leave instead, as a program killed by SIGPIPE would (status 141), without a
+/// panic message: every output file is written (atomically) before the summary is printed.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 fn one_line(e: &crate::Error) -> String {

@@ -12,7 +12,7 @@ use crate::trajectory::Run;
 
 /// Compute, merge and schedule the tiles of a tiled kernel job.
 #[derive(clap::Args, Debug)]
-#[command(long_about = "A tiled kernel job: `pathkernel kernel ... --tiles N --out OUT` writes OUT/plan.json (row blocks x step ranges, \
+#[command(long_about = "A tiled kernel job: `pathkernel kernel ... --tiles N --out OUT` writes OUT/plan.json (row blocks x column blocks x step ranges, \
 estimated memory and time per tile) and computes nothing; `tile run OUT --index I` computes tile I into OUT/tiles/ (skipped when \
 already complete and valid); `tile merge OUT` checks every tile and writes OUT/merged/ exactly as `pathkernel kernel` writes its \
 output; `tile slurm OUT [--submit]` writes (and submits) a Slurm job array and the merge job.")]

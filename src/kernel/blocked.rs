@@ -54,10 +54,20 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget
 
 /// [`plan`] for a Gram stored in `layout`.
 pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
+    plan_columns(manifest, p, m, m, req, layout, budget)
+}
+
+/// [`plan_in`] for a Gram against `mc` of the run's `m` training points
+/// ([`super::Options::columns`]): the Gram, the training factors, `a` and the accumulator scale
+/// with `mc`; the loss gradients of a step (`[M, K]`) and, for momentum/Adam, the replay's
+/// training side with `m`. Runs that are not plain gradient steps add the recursion's working
+/// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
+/// preconditioners).
+pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
-    let (m64, p64) = (m as u64, p as u64);
-    let out = output_bytes_in(layout, p, m, k as usize, manifest.steps, req.per_step);
+    let (m64, p64) = (mc as u64, p as u64);
+    let out = output_bytes_in(layout, p, mc, k as usize, manifest.steps, req.per_step);
     let gram_row = m64 * layout.per_pair(k as usize) as u64 * 8;
     // Per-layer factor numbers kept per evaluated point: input activations and δ's.
     let factors: u64 = match &arch.body {
@@ -69,25 +79,36 @@ pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, lay
     // (16 MiB, at least 16 points) and at most ours.
     let (per_point, cap) = match &arch.body {
         Body::Mlp { widths } => {
-            let pp = super::gram::scratch_bytes_per_point(widths, m, k as usize) as u64;
+            let pp = super::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
             (pp, ((16u64 << 20) / pp.max(1)).max(16))
         }
         Body::Cnn { .. } => (0, 1),
     };
+    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    let (per_point, cap) = if rule.is_plain() { (per_point, cap) } else { (0, 1) };
     // Fixed per block: the training factors of a step and the accumulator's copies of them,
-    // and each block's own a_{i,s} and loss gradients ([N, M, K] each).
-    let mut fixed = 2 * m64 * factors * 8 + SCRATCH_BYTES + 2 * n * m64 * k * 8;
+    // each block's own a_{i,s} and loss gradients ([N, M_c, K] each), and one step's outputs
+    // and loss gradients of all M training points ([M, K] each, with the zero_output offsets).
+    let mut fixed = 2 * m64 * factors * 8 + SCRATCH_BYTES + 2 * n * m64 * k * 8 + 3 * m as u64 * k * 8;
     // Per row: its Gram rows in the block (and per-step rows), the accumulator's scratch, the
-    // layer-0 scale, its nodes' factors, its network values at every state.
+    // layer-0 scale, its nodes' factors, its network values at every state, and a column
+    // block's per-step predicted and actual changes.
     let steps_kept = if req.per_step { n } else { 0 };
-    let mut row = gram_row * (1 + steps_kept) + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8;
+    let shares = if mc < m { 2 * n * k * 8 } else { 0 };
+    let mut row = gram_row * (1 + steps_kept) + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
+    if !rule.is_plain() {
+        let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
+        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == super::KernelKind::Ntk);
+        fixed += work.fixed;
+        row += work.per_row;
+    }
     let one_row = out + fixed + row;
     if one_row > budget {
         return Err(Error::OutOfMemoryBudget {
             what: format!(
                 "the {} Gram [{}]{}{} (output {} bytes, one row point's work {} bytes on top)",
                 req.kind,
-                layout.shape(p, m, k as usize).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+                layout.shape(p, mc, k as usize).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
                 if layout == Layout::Full { String::new() } else { format!(" ({layout} blocks)") },
                 if req.per_step { " with per-step Grams" } else { "" },
                 out,
@@ -101,14 +122,17 @@ pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, lay
     let mut fit = (budget - out - fixed) / row;
     if fit > cap {
         // Blocks above `cap` points add no accumulator scratch.
-        fixed += cap * per_point;
-        row -= per_point;
-        fit = (budget - out - fixed) / row;
+        fit = (budget - out - fixed - cap * per_point) / (row - per_point);
     }
     let fit = fit.min(p64).max(1) as usize;
     let blocks = p.div_ceil(fit);
     // Even blocks: the same number of blocks, the smallest block size that gives it.
     let block_rows = p.div_ceil(blocks);
+    // The accumulator's scratch is that of min(block, cap) points.
+    if block_rows as u64 > cap {
+        fixed += cap * per_point;
+        row -= per_point;
+    }
     Ok(BlockPlan { block_rows, blocks, output_bytes: out, fixed_bytes: fixed, row_bytes: row })
 }
 
@@ -155,6 +179,9 @@ pub fn compute_in_blocks(
     in_blocks(rows, block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))
 }
 
+/// Computes one block of row points with a progress callback (see [`in_blocks`]).
+pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
+
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
 /// `compute_block(points, progress)` computes one block (e.g. [`compute`](super::compute) or a
 /// variant that loads optimizer state); all blocks must use the same request. One block
@@ -166,7 +193,7 @@ pub fn in_blocks(
     rows: &Points,
     block_rows: usize,
     progress: &dyn Fn(usize, usize),
-    compute_block: &mut dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput>,
+    compute_block: &mut BlockFn<'_>,
 ) -> Result<KernelOutput> {
     assert!(block_rows > 0, "block_rows must be >= 1");
     let p = rows.len();
@@ -219,7 +246,13 @@ impl Assembly {
             out[..v.len()].copy_from_slice(v);
             out
         };
+        let columns = first.columns.as_ref().map(|c| super::ColumnShare {
+            step_pred: c.step_pred.as_deref().map(|v| grow_steps(v, nb, p, k)),
+            step_actual: c.step_actual.as_deref().map(|v| grow_steps(v, nb, p, k)),
+            ..c.clone()
+        });
         let out = KernelOutput {
+            columns,
             gram,
             per_step,
             diag: first.diag.as_deref().map(|v| grow(v, k * k)),
@@ -238,8 +271,15 @@ impl Assembly {
     fn add(&mut self, o: KernelOutput, lo: usize) -> Result<()> {
         let a = &mut self.out;
         let (m, k, nb, p) = (a.m, a.k, o.p, a.p);
-        if o.m != m || o.k != k || o.layout != a.layout || o.records.len() != a.records.len() {
+        if o.m != m || o.k != k || o.layout != a.layout || o.records.len() != a.records.len() || o.columns.as_ref().map(|c| c.range) != a.columns.as_ref().map(|c| c.range) {
             return Err(Error::Numerical("kernel blocks disagree in shape".into()));
+        }
+        if let (Some(dst), Some(src)) = (a.columns.as_mut(), o.columns.as_ref()) {
+            for (d, s) in [(dst.step_pred.as_mut(), src.step_pred.as_ref()), (dst.step_actual.as_mut(), src.step_actual.as_ref())] {
+                if let (Some(d), Some(s)) = (d, s) {
+                    put_steps(d, s, lo, nb, p, k);
+                }
+            }
         }
         let row = m * a.layout.per_pair(k);
         a.gram[lo * row..(lo + nb) * row].copy_from_slice(&o.gram);
@@ -281,6 +321,21 @@ impl Assembly {
 
     fn finish(self) -> KernelOutput {
         self.out
+    }
+}
+
+/// `[S, nb, K]` rows `0..nb` of a `[S, P, K]` array, the rest zero.
+fn grow_steps(v: &[f64], nb: usize, p: usize, k: usize) -> Vec<f64> {
+    let s = v.len() / (nb * k).max(1);
+    let mut out = vec![0.0; s * p * k];
+    put_steps(&mut out, v, 0, nb, p, k);
+    out
+}
+
+/// Writes `[S, nb, K]` into rows `lo..lo + nb` of a `[S, P, K]` array.
+fn put_steps(dst: &mut [f64], src: &[f64], lo: usize, nb: usize, p: usize, k: usize) {
+    for (si, chunk) in src.chunks_exact(nb * k).enumerate() {
+        dst[(si * p + lo) * k..(si * p + lo + nb) * k].copy_from_slice(chunk);
     }
 }
 

@@ -61,7 +61,7 @@ pub fn compute(
     memory_budget: u64,
     progress: &dyn Fn(usize, usize),
 ) -> Result<KernelOutput> {
-    compute_inner(manifest, train, states, None, rows, req, Layout::Full, memory_budget, progress, GramPath::Fast)
+    compute_inner(manifest, train, states, None, rows, req, &Options { memory_budget, ..Default::default() }, progress)
 }
 
 /// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
@@ -77,8 +77,8 @@ pub fn compute_run(
     compute_in(run, states, rows, req, &Options { memory_budget, ..Default::default() }, progress)
 }
 
-/// How a kernel computation runs: which blocks of the Gram it computes, which path a CNN takes,
-/// and the memory it may use.
+/// How a kernel computation runs: which blocks of the Gram it computes, against which training
+/// points, which path a CNN takes, and the memory it may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Which blocks of the Gram are computed and held (`full`, `diag`, `trace`).
@@ -87,11 +87,18 @@ pub struct Options {
     pub path: GramPath,
     /// Bytes the outputs may take; refused with an estimate above it.
     pub memory_budget: u64,
+    /// The training points `[lo, hi)` the Gram's columns are (`None`: all M). Only those
+    /// columns are computed: every path forms the training-side factors of those points alone,
+    /// so work and memory scale with `hi − lo` (the loss gradients `∂L/∂f` of a step, `[M, K]`,
+    /// and for momentum/Adam the optimizer replay, which needs the full data gradient, still see
+    /// all M). A proper range gives one column block's share ([`ColumnShare`]), assembled with
+    /// the others by [`super::columns::assemble`]; `(0, M)` is the same as `None`.
+    pub columns: Option<(usize, usize)>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX }
+        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX, columns: None }
     }
 }
 
@@ -109,7 +116,7 @@ impl Options {
 /// recorded besides its states (Adam's preconditioners), so it works for every optimizer.
 pub fn compute_in(run: &crate::trajectory::Run, states: &[Params], rows: &Points, req: &KernelRequest, opts: &Options, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let precond = run.load_preconditioners()?;
-    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, opts.layout, opts.memory_budget, progress, opts.path)
+    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, opts, progress)
 }
 
 /// Which Gram path a CNN takes (MLPs always take the structured one).
@@ -134,7 +141,7 @@ pub fn compute_with_path(
     progress: &dyn Fn(usize, usize),
     path: GramPath,
 ) -> Result<KernelOutput> {
-    compute_inner(manifest, train, states, None, rows, req, Layout::Full, memory_budget, progress, path)
+    compute_inner(manifest, train, states, None, rows, req, &Options { memory_budget, path, ..Default::default() }, progress)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -145,11 +152,10 @@ pub(super) fn compute_inner(
     precond: Option<&[Vec<f64>]>,
     rows: &Points,
     req: &KernelRequest,
-    layout: Layout,
-    memory_budget: u64,
+    opts: &Options,
     progress: &dyn Fn(usize, usize),
-    path: GramPath,
 ) -> Result<KernelOutput> {
+    let (layout, memory_budget, path) = (opts.layout, opts.memory_budget, opts.path);
     let start = Instant::now();
     let arch = &manifest.architecture;
     let n = manifest.steps;
@@ -165,7 +171,19 @@ pub(super) fn compute_inner(
     if let Some(i) = rows.x.iter().position(|v| !v.is_finite()) {
         return Err(Error::Data(format!("row point value {i} is not finite")));
     }
-    let (p, m, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
+    let (p, m_all, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
+    // The Gram's columns: the training points [c0, c1) (a share when a proper range).
+    let (c0, c1) = match opts.columns {
+        None => (0, m_all),
+        Some((a0, b0)) => {
+            if a0 >= b0 || b0 > m_all {
+                return Err(Error::Config(format!("columns {a0}..{b0}: need 0 <= lo < hi <= M = {m_all}")));
+            }
+            (a0, b0)
+        }
+    };
+    let share = (c0, c1) != (0, m_all);
+    let m = c1 - c0;
     let out_bytes = output_bytes_in(layout, p, m, k, n, req.per_step);
     if out_bytes > memory_budget {
         let shape = layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
@@ -195,6 +213,8 @@ pub(super) fn compute_inner(
     };
     let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
     let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
+    let x_cols = &train.x_train[c0 * d..c1 * d];
+    let off_cols = off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
     // The steps summed: all by default, or [s0, s1) (then b = f_{w_{s0}}, network = f_{w_{s1}}).
     let (s0, s1) = match req.steps {
         None => (0, n),
@@ -233,6 +253,7 @@ pub(super) fn compute_inner(
             start,
             precond,
             layout,
+            cols: (c0, c1),
         };
         return stateful::compute(&setup, progress);
     }
@@ -249,7 +270,9 @@ pub(super) fn compute_inner(
         if s < hi {
             // Cross-entropy's ∂L/∂f depends on the labels only; MSE's on the outputs.
             let ft = if manifest.loss == LossKind::Mse { values(&states[s], &train.x_train, off_train.as_deref())? } else { Vec::new() };
-            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m, k, batches.as_ref().map(|b| b[s].as_slice()))?;
+            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m_all, k, batches.as_ref().map(|b| b[s].as_slice()))?;
+            // Only the columns' rows of a and ∂L/∂f are kept.
+            let g = g[c0 * k..c1 * k].to_vec();
             let eps = manifest.learning_rates[s];
             for idx in 0..m * k {
                 a[s * m * k + idx] = match req.kind {
@@ -297,6 +320,11 @@ pub(super) fn compute_inner(
     let mut machine = bias.clone();
     let mut contraction = gram::Contraction::default();
     let mut records = Vec::with_capacity(steps.len());
+    // A column share keeps each step's predicted and actual change for the assembly (the NTK:
+    // its one change over the range).
+    let keep_steps = share;
+    let mut step_pred = Vec::with_capacity(if keep_steps { steps.len() * p * k } else { 0 });
+    let mut step_actual = Vec::with_capacity(step_pred.capacity());
     let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
     let mut diag = vec![0.0; p * k * k];
     let tol_step = match req.rule {
@@ -307,7 +335,6 @@ pub(super) fn compute_inner(
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
         let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
-        let cosine;
         // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f);
         // for the NTK the path's Σ_s a_{i,s}, so that the step's prediction is the linearised
         // machine's whole change.
@@ -329,8 +356,8 @@ pub(super) fn compute_inner(
             next,
             rows,
             off_rows: off_rows.as_deref(),
-            x_train: &train.x_train,
-            off_train: off_train.as_deref(),
+            x_train: x_cols,
+            off_train: off_cols,
             fixed: fixed.as_deref(),
             tol_step,
             a: &a_eff,
@@ -354,13 +381,17 @@ pub(super) fn compute_inner(
                 ps.extend_from_slice(&gs);
             }
         }
-        cosine = out.cosine;
+        let cosine = out.cosine;
         let (pred, evaluations, jvp_evaluations, pieces, unconverged) = (out.pred, out.stats.evaluations, out.stats.jvp_evaluations, out.stats.pieces, out.stats.unconverged);
         // Predicted change over this step vs the network's actual change.
         let mut rec = StepRecord { step: s, ..Default::default() };
         if req.kind == KernelKind::Ntk {
             // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
             machine.iter_mut().zip(&pred).for_each(|(mv, pv)| *mv += pv);
+            if keep_steps {
+                step_pred.extend_from_slice(&pred);
+                step_actual.extend(network.iter().zip(&bias).map(|(f1, f0)| f1 - f0));
+            }
         } else {
             let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
             for pi in 0..p {
@@ -371,7 +402,15 @@ pub(super) fn compute_inner(
                     sum += e;
                     ch = nan_max(ch, actual.abs());
                     machine[pi * k + kt] += pred[pi * k + kt];
+                    if keep_steps {
+                        step_actual.push(actual);
+                    }
                 }
+            }
+            if keep_steps {
+                // One block's share of the prediction: its error is not the machine's.
+                step_pred.extend_from_slice(&pred);
+                (mx, sum) = (f64::NAN, f64::NAN);
             }
             rec.max_abs_error = mx;
             rec.mean_abs_error = sum / (p * k) as f64;
@@ -401,12 +440,12 @@ pub(super) fn compute_inner(
         (None, None) => vec![0.0; gsize],
     };
     if req.kind == KernelKind::Ntk {
-        records[0].max_abs_error = max_abs_diff(&machine, &network);
+        records[0].max_abs_error = if share { f64::NAN } else { max_abs_diff(&machine, &network) };
     }
     // Theorem 3.7: one machine when a_{i,s} does not depend on s (it contracts the off-diagonal
-    // blocks too, so it needs the full layout).
+    // blocks too, so it needs the full layout; a column share leaves it to the assembly).
     let constant_a = n > 0 && (1..n).all(|s| a[s * m * k..(s + 1) * m * k] == a[..m * k]);
-    let single_machine = if constant_a && req.kind != KernelKind::Ntk && layout == Layout::Full {
+    let single_machine = if constant_a && req.kind != KernelKind::Ntk && layout == Layout::Full && !share {
         let pred = contract(&gram, &a[..m * k], p, m, k);
         Some(bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
     } else {
@@ -438,6 +477,13 @@ pub(super) fn compute_inner(
         reg: None,
         decomposition_residual: None,
         rounding: None,
+        columns: share.then(|| ColumnShare {
+            range: (c0, c1),
+            of: m_all,
+            machine_whole: false,
+            step_pred: keep_steps.then_some(step_pred),
+            step_actual: keep_steps.then_some(step_actual),
+        }),
     })
 }
 

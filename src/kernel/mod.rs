@@ -19,6 +19,7 @@
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
 
 pub mod blocked;
+pub mod columns;
 pub mod convgram;
 mod convpieces;
 mod driver;
@@ -31,7 +32,7 @@ mod models;
 mod nodes;
 pub mod output;
 pub mod quadrature;
-mod stateful;
+pub(crate) mod stateful;
 mod types;
 
 pub use driver::{compute, compute_in, compute_run, compute_with_path, contract, loss_gradient, GramPath, Options};

@@ -61,6 +61,8 @@ pub(super) struct Setup<'a> {
     pub precond: Option<&'a [Vec<f64>]>,
     /// Which blocks of the Gram are computed.
     pub layout: Layout,
+    /// The training points `[lo, hi)` of the Gram's columns (`(0, M)`: all).
+    pub cols: (usize, usize),
 }
 
 impl Setup<'_> {
@@ -77,12 +79,15 @@ enum TrainSide {
 }
 
 impl TrainSide {
-    fn at(s: &Setup<'_>, state: &Params) -> Result<Self> {
-        let x = &s.train.x_train;
+    /// The training points `[c0, c1)` at `state`.
+    fn at(s: &Setup<'_>, state: &Params, (c0, c1): (usize, usize)) -> Result<Self> {
+        let (d, k) = (s.arch().input_dim(), s.arch().outputs());
+        let x = &s.train.x_train[c0 * d..c1 * d];
+        let off = s.off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
         if s.structured {
             let step = MlpStep::new(s.arch(), state, None)?;
             let m = x.len() / step.input_dim();
-            let ev = step.eval(x, &vec![0.0; m], s.off_train.as_deref(), true);
+            let ev = step.eval(x, &vec![0.0; m], off, true);
             Ok(TrainSide::Mlp { step, ev })
         } else {
             let jt = generic::jacobians(s.arch(), state, &s.states[0], x)?;
@@ -362,21 +367,49 @@ fn matvec(a: &[f64], v: &[f64]) -> Vec<f64> {
     a.chunks_exact(w).map(|row| row.iter().zip(v).map(|(x, y)| x * y).sum()).collect()
 }
 
-/// Estimated peak bytes: the outputs (Gram, per-step Grams) plus the recursion's two
-/// `[P·K, W]` arrays, one step's `[P·K, M·K]` block and, without a structured path, the
-/// training points' dense Jacobians `[M·K, W]`.
-pub(super) fn peak_bytes(p: usize, m: usize, k: usize, w: usize, steps: usize, per_step: bool, dense: bool) -> u64 {
-    let g = (p * m * k * k) as u64 * 8;
-    let h = (p * k * w) as u64 * 8;
-    let jt = if dense { (m * k * w) as u64 * 8 } else { 0 };
-    2 * g + 2 * h + jt + if per_step { g * steps as u64 } else { 0 }
+/// Estimated working bytes of a momentum/Adam/weight-decay computation besides its outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Work {
+    /// Independent of the row points: per step of the range the replay's `Δw − Σ_i u_i` and,
+    /// for Adam, its scales (`[W]` each); Adam's recorded preconditioners (`[N, W]`, loaded by
+    /// [`super::compute_in`]); the optimizer's buffers; what the machine keeps per step, the
+    /// path's `∂L/∂f` (`[N, M, K]`) or, with a column share, the replay's data gradients
+    /// (`[N, W]`); one state's training side over all M (the replay) and over the columns (the
+    /// contraction): structured factors, or dense Jacobians `[M·K, W]` without a structured
+    /// path. An upper bound in that the replay's training side is counted as if held with the
+    /// contraction's.
+    pub fixed: u64,
+    /// Per row point: the recursion's `H` and one step's `J̄` (`[K, W]` each) and one step's
+    /// Gram rows `K_r`.
+    pub per_row: u64,
+}
+
+/// [`Work`] for a run of `manifest` with update rule `rule`: `range` steps in the request,
+/// `mc` of `m` training points as columns.
+pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, mc: usize, m: usize, layout: Layout, ntk: bool) -> Work {
+    let arch = &manifest.architecture;
+    let (k, w, n) = (arch.outputs() as u64, manifest.num_params as u64, manifest.steps as u64);
+    let per_train: u64 = match &arch.body {
+        crate::model::Body::Mlp { widths } => widths.windows(2).map(|x| (x[0] + k as usize * x[1]) as u64).sum(),
+        _ => k * w + k,
+    };
+    let adam = u64::from(rule.adam.is_some());
+    // Kept from the replay for the backward pass: a column share's whole data gradients
+    // `[N, W]`; the NTK's loss gradients of all M points `[N, M, K]` (with a share, both).
+    let kept = if mc < m { n * w } else { 0 } + if ntk { n * m as u64 * k } else { 0 };
+    let fixed = 8 * (range as u64 * w * (1 + adam) + adam * n * w + 3 * w + kept + (m + mc) as u64 * per_train);
+    let per_row = 8 * (2 * k * w + mc as u64 * layout.per_pair(k as usize) as u64);
+    Work { fixed, per_row }
 }
 
 /// Computes the kernel of a run whose optimizer is not plain gradient steps.
 pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = s.arch();
     let req = s.req;
-    let (p, m, k) = (s.rows.len(), s.train.n_train(), arch.outputs());
+    let (p, m_all, k) = (s.rows.len(), s.train.n_train(), arch.outputs());
+    let cols = s.cols;
+    let m = cols.1 - cols.0;
+    let share = cols != (0, m_all);
     let (lo, hi) = (s.lo, s.hi);
     let n = s.manifest.steps;
     let w = s.states[0].numel();
@@ -402,10 +435,12 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     }
     let first = if s.rule.beta == 0.0 { lo } else { 0 };
     let kept = hi - first;
-    let need = peak_bytes(p, m, k, w, kept, req.per_step, !s.structured);
+    let work = work_bytes(s.manifest, &s.rule, hi - lo, m, m_all, s.layout, ntk_step.is_some());
+    let need = super::output_bytes_in(s.layout, p, m, k, kept, req.per_step) + work.fixed + p as u64 * work.per_row;
     if need > s.budget {
+        let shape = s.layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
         return Err(Error::OutOfMemoryBudget {
-            what: format!("the {} Gram [{p}, {m}, {k}, {k}] of a {} run (with its [P·K, W] recursion)", req.kind, s.manifest.optimizer),
+            what: format!("the {} Gram [{shape}] of a {} run (with its [P·K, W] recursion)", req.kind, s.manifest.optimizer),
             needed_bytes: need,
             budget_bytes: s.budget,
             hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
@@ -430,14 +465,21 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     let mut unsplit: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut scale: Vec<Option<Vec<f64>>> = vec![None; n];
     let mut residual: f64 = 0.0;
-    // The NTK's frozen-Jacobian machine needs the path's ∂L/∂f at every step: kept from here.
+    // For phase 2's machine −Σ_r H_r·g_r, which always takes the whole data gradient g_r: the
+    // path's ∂L/∂f (all M), or with a column share the replay's g_r itself (the training side
+    // of phase 2 then covers the columns only).
     let mut path_lg: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut path_g: Vec<Vec<f64>> = vec![Vec::new(); n];
     let total_work = 2 * hi - first;
     for r in 0..hi {
         progress(r, total_work);
-        let ts = TrainSide::at(s, &s.states[r])?;
-        let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+        // The replay needs the whole data gradient: all M training points.
+        let ts = TrainSide::at(s, &s.states[r], (0, m_all))?;
+        let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m_all, k, batches.as_ref().map(|b| b[r].as_slice()))?;
         let g = ts.gradient(&lg, w);
+        if r >= first && share && ntk_step.is_none() {
+            path_g[r] = g.clone();
+        }
         let wr = s.states[r].flat();
         let dw = opt.step_with(lrs[r], &wr, &g, s.precond.map(|pc| pc[r].as_slice()));
         let actual: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
@@ -445,9 +487,12 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         let dev = dw.iter().zip(&actual).fold(0.0f64, |acc, (x, y)| acc.max((x - y).abs()));
         residual = residual.max(dev / scale_dw);
         if r >= first {
+            let lg_cols = &lg[cols.0 * k..cols.1 * k];
             for idx in 0..m * k {
-                a[r * m * k + idx] = -lrs[r] * lg[idx];
+                a[r * m * k + idx] = -lrs[r] * lg_cols[idx];
             }
+            // Only the NTK keeps the loss gradients (its training side is frozen at w_S); the
+            // other kernels recompute them in the backward pass from the outputs it forms anyway.
             if ntk_step.is_some() {
                 path_lg[r] = lg;
             }
@@ -467,8 +512,13 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
     };
     let l0 = l0_ctx.as_ref();
     let frozen = match ntk_step {
-        Some(st) => Some((TrainSide::at(s, &s.states[st])?, row_gradients(s, &s.states[st], None, l0)?)),
+        Some(st) => Some((TrainSide::at(s, &s.states[st], cols)?, row_gradients(s, &s.states[st], None, l0)?)),
         None => None,
+    };
+    // The NTK's machine with a column share: the frozen Jacobians of all M training points.
+    let frozen_all = match ntk_step {
+        Some(st) if share => Some(TrainSide::at(s, &s.states[st], (0, m_all))?),
+        _ => None,
     };
     let layout = s.layout;
     let mut h = Feature::zeros(pk, w, l0);
@@ -532,15 +582,22 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         let ts = match &frozen {
             Some((ts0, _)) => ts0,
             None => {
-                ts_owned = TrainSide::at(s, &s.states[r])?;
+                ts_owned = TrainSide::at(s, &s.states[r], cols)?;
                 &ts_owned
             }
         };
-        let lg = match &frozen {
-            Some(_) => std::mem::take(&mut path_lg[r]),
-            None => loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m, k, batches.as_ref().map(|b| b[r].as_slice()))?,
+        // The whole data gradient g_r (a column share too: split by training points, Adam's
+        // machine would sum per-point terms amplified by 1/eps that cancel to O(1)).
+        let g = if let Some(ta) = &frozen_all {
+            ta.gradient(&std::mem::take(&mut path_lg[r]), w)
+        } else if share {
+            std::mem::take(&mut path_g[r])
+        } else if frozen.is_some() {
+            ts.gradient(&std::mem::take(&mut path_lg[r]), w)
+        } else {
+            let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m_all, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+            ts.gradient(&lg, w)
         };
-        let g = ts.gradient(&lg, w);
         let hg = h.dot(&g, l0);
         machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= y);
         if s.rule.wd_coupled != 0.0 {
@@ -608,5 +665,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         reg: if s.rule.wd_coupled != 0.0 || s.rule.wd_decoupled != 0.0 { Some(reg) } else { None },
         decomposition_residual: Some(residual),
         rounding: Some(rounding),
+        // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
+        columns: share.then_some(super::ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
     })
 }

@@ -218,6 +218,48 @@ pub struct KernelOutput {
     /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` `[P, K]` (included in `machine`):
     /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
     pub rounding: Option<Vec<f64>>,
+    /// Set when the Gram's columns are a proper range of the training points
+    /// ([`super::Options::columns`]): the output is then one column block's share, assembled
+    /// with the others by [`super::columns::assemble`].
+    pub columns: Option<ColumnShare>,
+}
+
+/// One column block's share of a kernel computation: the Gram against the training points
+/// `[lo, hi)` of M.
+///
+/// In such an output `m` is `hi − lo`, the Gram is `[P, hi − lo, …]` and `a` is
+/// `[N, hi − lo, K]`. `single_machine` is `None` (the assembly recomputes it). The kernel
+/// machine comes in one of two forms:
+///
+/// - plain gradient steps (`machine_whole` false): `machine` is this block's share,
+///   `b + Σ_s Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)`, and the per-step validation is not additive:
+///   the records' `max_abs_error` and `mean_abs_error` are NaN (the NTK's one record,
+///   `max |machine − network|`, too). `step_pred` and `step_actual` carry what the assembly needs:
+///   it sums the blocks' `step_pred` per step and re-sums the machine as the one-process driver
+///   does (`b`, then step by step: the same order; each step's prediction is a sum of the
+///   blocks' parts, so it equals the one-process one to rounding, not bit for bit), and
+///   recomputes the records from it.
+/// - momentum, Adam, weight decay (`machine_whole` true): `machine` and the records are the whole
+///   computation's, the same in every block. The machine `b − Σ_r H_r·g_r + R + rounding` takes
+///   the replay's whole data gradient `g_r`, which every block computes anyway: split by
+///   training points, Adam's per-point terms are amplified by `1/eps` and cancel to O(1), so the
+///   blocks' shares would sum to the machine only to about `1e-10` relative.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColumnShare {
+    /// The training points `[lo, hi)`.
+    pub range: (usize, usize),
+    /// All training points M.
+    pub of: usize,
+    /// Whether `machine` and the records are the whole computation's (momentum, Adam, weight
+    /// decay) rather than this block's share (plain gradient steps).
+    pub machine_whole: bool,
+    /// Per step (one per record), the predicted change from these training points,
+    /// `Σ_{i ∈ [lo, hi)} a_{i,s} K_s(x, x_i)` `[S, P, K]` (plain gradient steps; the NTK: the
+    /// linearised machine's whole change, `[1, P, K]`).
+    pub step_pred: Option<Vec<f64>>,
+    /// Per step, the actual change `f_{w_{s+1}}(x) − f_{w_s}(x)` `[S, P, K]` (the NTK: over the
+    /// whole range), with `step_pred`.
+    pub step_actual: Option<Vec<f64>>,
 }
 
 impl KernelOutput {
@@ -329,11 +371,7 @@ pub struct Points {
 impl Points {
     /// Number of points P.
     pub fn len(&self) -> usize {
-        if self.dim == 0 {
-            0
-        } else {
-            self.x.len() / self.dim
-        }
+        self.x.len().checked_div(self.dim).unwrap_or(0)
     }
     /// Whether there are no points.
     pub fn is_empty(&self) -> bool {

@@ -80,11 +80,14 @@ pub fn run_tile(out: &Path, index: usize, progress: &dyn Fn(usize, usize)) -> Re
     let split = plan.step_ranges.len() > 1;
     let req = plan.request.kernel_request(if split { Some(entry.steps) } else { None })?;
     let layout = plan.request.layout;
-    let bp = kernel::blocked::plan_in(&run.manifest, rows.len(), plan.m, &req, layout, plan.memory_budget)?;
-    let opts = Options { memory_budget: plan.memory_budget, ..Options::layout(layout) };
+    let mc = entry.cols[1] - entry.cols[0];
+    let bp = kernel::blocked::plan_columns(&run.manifest, rows.len(), mc, plan.m, &req, layout, plan.memory_budget)?;
+    // Several column blocks: this tile's columns only (a column share).
+    let columns = (plan.col_blocks > 1).then_some((entry.cols[0], entry.cols[1]));
+    let opts = Options { memory_budget: plan.memory_budget, columns, ..Options::layout(layout) };
     let o = kernel::blocked::in_blocks(&rows, bp.block_rows, progress, &mut |pts, prog| kernel::compute_in(&run, &states, pts, &req, &opts, prog))?;
-    if o.p != rows.len() || o.m != plan.m || o.k != plan.k {
-        return Err(Error::ShapeMismatch { what: format!("tile {index}"), expected: vec![rows.len(), plan.m, plan.k], got: vec![o.p, o.m, o.k] });
+    if o.p != rows.len() || o.m != mc || o.k != plan.k {
+        return Err(Error::ShapeMismatch { what: format!("tile {index}"), expected: vec![rows.len(), mc, plan.k], got: vec![o.p, o.m, o.k] });
     }
     let path = write_tile(out, &plan, entry, &o, entry.row_block == 0)?;
     Ok(RunOutcome::Computed { path, seconds: start.elapsed().as_secs_f64(), replaced })

@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::SafeFile;
-use crate::kernel::{KernelForm, KernelKind, KernelOutput, Layout, Rule, Side, StepRecord};
+use crate::kernel::{ColumnShare, KernelForm, KernelKind, KernelOutput, Layout, Rule, Side, StepRecord};
 
 use super::plan::{Plan, TileEntry};
 
 /// Format name in every tile's metadata.
 pub const TILE_FORMAT: &str = "pathkernel-tile";
-/// Current tile format version.
-pub const TILE_VERSION: u32 = 1;
+/// Current tile format version (2: column blocks).
+pub const TILE_VERSION: u32 = 2;
 
 // ---------------------------------------------------------------------------------------------
 // CRC-32 (IEEE 802.3, reflected, the one of zlib, gzip and Python's `zlib.crc32`).
@@ -202,7 +202,7 @@ pub(crate) fn a_support(a: &[f64], mk: usize, steps: [usize; 2]) -> [usize; 2] {
     [lo, hi.min(n).max(lo)]
 }
 
-/// Writes the tile `entry` of `plan` from the kernel output of its rows and steps, atomically
+/// Writes the tile `entry` of `plan` from the kernel output of its rows, columns and steps, atomically
 /// (a temporary file in `tiles/`, synced, renamed). `with_a`: store `a` (row block 0 only).
 pub fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutput, with_a: bool) -> Result<PathBuf> {
     let (p, m, k) = (o.p, o.m, o.k);
@@ -231,6 +231,13 @@ pub fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutp
     }
     if let Some(r) = &o.rounding {
         arrays.push(f64a("rounding", vec![p, k], r));
+    }
+    if let Some(c) = &o.columns {
+        let s_n = o.records.len();
+        if let (Some(pred), Some(actual)) = (&c.step_pred, &c.step_actual) {
+            arrays.push(f64a("step_pred", vec![s_n, p, k], pred));
+            arrays.push(f64a("step_actual", vec![s_n, p, k], actual));
+        }
     }
     let residual;
     if let Some(r) = o.decomposition_residual {
@@ -264,6 +271,8 @@ pub fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutp
     meta.insert("index".into(), entry.index.to_string());
     meta.insert("row_lo".into(), entry.rows[0].to_string());
     meta.insert("row_hi".into(), entry.rows[1].to_string());
+    meta.insert("col_lo".into(), entry.cols[0].to_string());
+    meta.insert("col_hi".into(), entry.cols[1].to_string());
     meta.insert("step_lo".into(), entry.steps[0].to_string());
     meta.insert("step_hi".into(), entry.steps[1].to_string());
     meta.insert("kind".into(), o.kind.to_string());
@@ -275,6 +284,9 @@ pub fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutp
     meta.insert("shape".into(), format!("{p},{m},{k}"));
     if with_a {
         meta.insert("a_step_lo".into(), a_range[0].to_string());
+    }
+    if let Some(c) = &o.columns {
+        meta.insert("machine".into(), if c.machine_whole { "whole" } else { "share" }.into());
     }
     let mut crc = Crc32::new();
     for a in &arrays {
@@ -451,23 +463,38 @@ fn check_meta(meta: &BTreeMap<String, String>, plan: &Plan, entry: &TileEntry) -
         ("index", entry.index.to_string()),
         ("row_lo", entry.rows[0].to_string()),
         ("row_hi", entry.rows[1].to_string()),
+        ("col_lo", entry.cols[0].to_string()),
+        ("col_hi", entry.cols[1].to_string()),
         ("step_lo", entry.steps[0].to_string()),
         ("step_hi", entry.steps[1].to_string()),
     ];
     for (key, v) in want {
         if get(key) != v {
-            return Err(TileProblem::Foreign(format!("is tile {} (rows {}..{}, steps {}..{}) of this plan, not tile {} (metadata `{key}` = `{}`)", get("index"), get("row_lo"), get("row_hi"), get("step_lo"), get("step_hi"), entry.index, get(key))));
+            return Err(TileProblem::Foreign(format!(
+                "is tile {} (rows {}..{}, columns {}..{}, steps {}..{}) of this plan, not tile {} (metadata `{key}` = `{}`)",
+                get("index"),
+                get("row_lo"),
+                get("row_hi"),
+                get("col_lo"),
+                get("col_hi"),
+                get("step_lo"),
+                get("step_hi"),
+                entry.index,
+                get(key)
+            )));
         }
     }
     Ok(())
 }
 
-/// A tile read back: the kernel output of its rows and steps (`a` empty) and its slice of `a`.
+/// A tile read back: the kernel output of its rows, columns and steps (`a` empty) and its slice
+/// of `a`.
 #[derive(Clone, Debug)]
 pub struct Tile {
-    /// The output of rows `entry.rows` over steps `entry.steps` (its `a` is empty).
+    /// The output of rows `entry.rows` against columns `entry.cols` over steps `entry.steps`
+    /// (its `a` is empty; a [`ColumnShare`] when the plan has several column blocks).
     pub out: KernelOutput,
-    /// `(first step, a[first step .. first step + len] [len, M, K])` in row block 0's tiles.
+    /// `(first step, a[first step .. first step + len] [len, M_c, K])` in row block 0's tiles.
     pub a: Option<(usize, Vec<f64>)>,
 }
 
@@ -514,7 +541,7 @@ fn decode(path: &Path, bytes: Vec<u8>, meta: &BTreeMap<String, String>, plan: &P
     if form != plan.form {
         return Err(bad("form"));
     }
-    let (p, m, k) = (entry.rows[1] - entry.rows[0], plan.m, plan.k);
+    let (p, m, k) = (entry.rows[1] - entry.rows[0], entry.cols[1] - entry.cols[0], plan.k);
     if get("shape") != format!("{p},{m},{k}") {
         return Err(bad("shape"));
     }
@@ -571,7 +598,23 @@ fn decode(path: &Path, bytes: Vec<u8>, meta: &BTreeMap<String, String>, plan: &P
     } else {
         None
     };
+    let columns = if plan.col_blocks > 1 {
+        let step_pred = opt("step_pred", &[s_n, p, k])?;
+        let step_actual = opt("step_actual", &[s_n, p, k])?;
+        if step_pred.is_some() != step_actual.is_some() {
+            return Err(Error::format(path, "holds only one of step_pred and step_actual"));
+        }
+        let machine_whole = match get("machine") {
+            "whole" => true,
+            "share" => false,
+            _ => return Err(bad("machine")),
+        };
+        Some(ColumnShare { range: (entry.cols[0], entry.cols[1]), of: plan.m, machine_whole, step_pred, step_actual })
+    } else {
+        None
+    };
     let out = KernelOutput {
+        columns,
         kind,
         rule,
         side,

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, KernelForm, KernelKind, KernelOutput, Layout};
+use crate::kernel::{self, KernelOutput, Layout};
 
 use super::format::{read_header, read_tile, tile_path, Tile, TileProblem};
 use super::plan::{Plan, TileEntry};
@@ -54,33 +54,42 @@ fn sum_in_order(acc: &mut [f64], next: &[f64]) {
     acc.iter_mut().zip(next).for_each(|(a, b)| *a += b);
 }
 
-/// Slices of `a`: `(first step, a[first step ..] [len, M, K])`.
-type ASlices = Vec<(usize, Vec<f64>)>;
+/// Slices of `a`: `(first step, the columns [lo, hi), a[first step .., lo..hi] [len, M_c, K])`.
+type ASlices = Vec<(usize, [usize; 2], Vec<f64>)>;
 
-/// Combines the tiles of row block `b` (all steps) into one output, in step-range order.
+/// Assembles the column blocks of row block `b` over step range `r` (column order, by
+/// [`kernel::columns::assemble`]): the tile itself when the plan has one column block.
+fn combine_columns(out: &Path, plan: &Plan, b: usize, r: usize, a_slices: &mut ASlices) -> Result<KernelOutput> {
+    let mut parts = Vec::with_capacity(plan.col_blocks);
+    for c in 0..plan.col_blocks {
+        let t = &plan.block_tiles(b, c)[r];
+        let tile = load(out, plan, t)?;
+        a_slices.extend(tile.a.map(|(lo, v)| (lo, t.cols, v)));
+        parts.push(tile.out);
+    }
+    kernel::columns::assemble(parts)
+}
+
+/// Combines the tiles of row block `b` (all columns, all steps) into one output: per step range
+/// its column blocks assembled, then the step ranges in order.
 ///
 /// gram, self-kernel, weight-decay and rounding terms: summed in order; per-step Grams and
 /// records: concatenated; bias: the first range's; network: the last range's; machine:
-/// `machine_0 + Σ_{r≥1} (machine_r − bias_r)`; residual: the max. With one step range the tile
-/// is returned as it is.
+/// `machine_0 + Σ_{r≥1} (machine_r − bias_r)`; residual: the max. With one column block and one
+/// step range the tile is returned as it is.
 fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput, ASlices)> {
-    let tiles = plan.row_block_tiles(b);
-    let first = load(out, plan, &tiles[0])?;
-    let mut acc = first.out;
-    let mut a_slices: Vec<(usize, Vec<f64>)> = first.a.into_iter().collect();
-    for t in &tiles[1..] {
-        let tile = load(out, plan, t)?;
-        let o = tile.out;
-        a_slices.extend(tile.a);
+    let mut a_slices = Vec::new();
+    let mut acc = combine_columns(out, plan, b, 0, &mut a_slices)?;
+    for r in 1..plan.step_ranges.len() {
+        let o = combine_columns(out, plan, b, r, &mut a_slices)?;
         // Consecutive ranges meet at one state: f at w_B of range r is f at w_A of range r + 1.
         let gap = kernel::max_abs_diff(&acc.network, &o.bias);
         let scale = kernel::max_abs(&o.bias).max(1.0);
         if gap.is_nan() || gap > 1e-12 * scale {
+            let (t0, t1) = (&plan.block_tiles(b, 0)[r - 1], &plan.block_tiles(b, 0)[r]);
             return Err(Error::Numerical(format!(
                 "tiles {} and {} do not chain: the network at step {} differs by {gap:e} between them",
-                t.index - 1,
-                t.index,
-                t.steps[0]
+                t0.index, t1.index, t1.steps[0]
             )));
         }
         sum_in_order(&mut acc.gram, &o.gram);
@@ -115,11 +124,12 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
 /// Merges the tiles of the plan in `out` into one output, equal to the one-process
 /// computation's (to rounding of the step-range sums; bit-identical on reruns of a plan).
 ///
-/// Row blocks are assembled by [`kernel::blocked::in_blocks`] (the same concatenation and
-/// record combination as a blocked one-process run), `a` is the union of the ranges' (disjoint
-/// supports), and with several step ranges the single machine of Theorem 3.7 is recomputed
-/// from the merged full Gram when `a` is constant over the steps. `seconds` is the sum of the
-/// tiles' seconds.
+/// Column blocks are assembled by [`kernel::columns::assemble`], row blocks by
+/// [`kernel::blocked::in_blocks`] (the same concatenation and record combination as a blocked
+/// one-process run), `a` is the union of the tiles' (disjoint steps and columns), and with
+/// several step ranges or column blocks the single machine of Theorem 3.7 is recomputed from the
+/// merged full Gram when `a` is constant over the steps ([`kernel::columns::single_machine`]).
+/// `seconds` is the sum of the tiles' seconds.
 ///
 /// # Shapes
 /// As [`kernel::compute_in`] over all the plan's row points.
@@ -127,7 +137,8 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     let (m, k, n) = (plan.m, plan.k, plan.n_steps);
     let mk = m * k;
     let mut a = vec![0.0; n * mk];
-    let mut written = vec![false; n];
+    let cb = plan.col_blocks;
+    let mut written = vec![false; n * cb];
     let mut seconds = 0.0;
     let mut b = 0usize;
     // kernel::blocked's assembly keeps the first block's reg, rounding and residual only: they
@@ -140,14 +151,16 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
         if o.p != pts.len() {
             return Err(Error::ShapeMismatch { what: format!("row block {b}"), expected: vec![pts.len()], got: vec![o.p] });
         }
-        for (lo, v) in slices {
-            let len = v.len() / mk;
-            for s in lo..lo + len {
-                if std::mem::replace(&mut written[s], true) {
-                    return Err(Error::Data(format!("two step ranges of the plan in {} both hold a at step {s}", out.display())));
+        for (lo, [c0, c1], v) in slices {
+            let w = (c1 - c0) * k;
+            let c = c0 / plan.block_cols;
+            for (j, src) in v.chunks_exact(w).enumerate() {
+                let s = lo + j;
+                if std::mem::replace(&mut written[s * cb + c], true) {
+                    return Err(Error::Data(format!("two tiles of the plan in {} both hold a at step {s}, columns {c0}..{c1}", out.display())));
                 }
+                a[s * mk + c0 * k..s * mk + c1 * k].copy_from_slice(src);
             }
-            a[lo * mk..(lo + len) * mk].copy_from_slice(&v);
         }
         seconds += o.seconds;
         reg.push(o.reg.clone());
@@ -168,17 +181,8 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     merged.reg = concat(reg);
     merged.rounding = concat(rounding);
     merged.decomposition_residual = residual;
-    if plan.step_ranges.len() > 1 {
-        // As the engine decides it (kernel::driver): plain gradient steps (with weight decay the
-        // machine also carries R(x), and the engine gives no single machine), a constant over
-        // all N steps, a path kernel, the full layout.
-        let constant_a = n > 0 && (1..n).all(|s| merged.a[s * mk..(s + 1) * mk] == merged.a[..mk]);
-        merged.single_machine = if plan.form == KernelForm::Gradient && constant_a && merged.kind != KernelKind::Ntk && merged.layout == Layout::Full {
-            let pred = kernel::contract(&merged.gram, &merged.a[..mk], merged.p, m, k);
-            Some(merged.bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
-        } else {
-            None
-        };
+    if plan.step_ranges.len() > 1 || plan.col_blocks > 1 {
+        merged.single_machine = kernel::columns::single_machine(&merged);
     }
     Ok(merged)
 }
@@ -264,8 +268,8 @@ impl TiledGram {
         (0..self.plan.row_blocks).map(|b| self.plan.row_block_tiles(b)[0].rows).map(|[lo, hi]| lo..hi).collect()
     }
 
-    /// The Gram rows of row block `b` (all steps summed in the plan's order: the same bits as
-    /// the merged Gram).
+    /// The Gram rows of row block `b` (all steps summed in the plan's order, column blocks side
+    /// by side: the same bits as the merged Gram).
     ///
     /// # Shapes
     /// `[hi − lo, M, K, K]` (full), `[hi − lo, M, K]` (diag) or `[hi − lo, M]` (trace).
@@ -273,12 +277,24 @@ impl TiledGram {
         if b >= self.plan.row_blocks {
             return Err(Error::Config(format!("row block {b}: the plan has {}", self.plan.row_blocks)));
         }
-        let tiles = self.plan.row_block_tiles(b);
-        let mut g = load(&self.out, &self.plan, &tiles[0])?.out.gram;
-        for t in &tiles[1..] {
-            sum_in_order(&mut g, &load(&self.out, &self.plan, t)?.out.gram);
+        let (m, pp) = (self.plan.m, self.layout().per_pair(self.plan.k));
+        let [r0, r1] = self.plan.row_block_tiles(b)[0].rows;
+        let mut out = if self.plan.col_blocks > 1 { vec![0.0; (r1 - r0) * m * pp] } else { Vec::new() };
+        for c in 0..self.plan.col_blocks {
+            let tiles = self.plan.block_tiles(b, c);
+            let mut g = load(&self.out, &self.plan, &tiles[0])?.out.gram;
+            for t in &tiles[1..] {
+                sum_in_order(&mut g, &load(&self.out, &self.plan, t)?.out.gram);
+            }
+            if self.plan.col_blocks == 1 {
+                return Ok(g);
+            }
+            let [c0, c1] = tiles[0].cols;
+            for (row, src) in g.chunks_exact((c1 - c0) * pp).enumerate() {
+                out[(row * m + c0) * pp..(row * m + c1) * pp].copy_from_slice(src);
+            }
         }
-        Ok(g)
+        Ok(out)
     }
 
     /// The class block `K^{c c'}` over all row points, one row block at a time: any `(c, c')`

@@ -1,5 +1,5 @@
-//! The plan: how a kernel job splits into tiles (row blocks × step ranges), written to
-//! `OUT/plan.json` before anything is computed.
+//! The plan: how a kernel job splits into tiles (row blocks × column blocks × step ranges),
+//! written to `OUT/plan.json` before anything is computed.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,8 +15,8 @@ use super::format::crc32_f64;
 
 /// Format name of `plan.json`.
 pub const PLAN_FORMAT: &str = "pathkernel-tile-plan";
-/// Current plan format version.
-pub const PLAN_VERSION: u32 = 1;
+/// Current plan format version (2: column blocks).
+pub const PLAN_VERSION: u32 = 2;
 
 /// How many tiles were asked for (`--tiles`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,10 +24,13 @@ pub enum Tiling {
     /// `--tiles N`: N row blocks (at most one per row point); with fewer row points than N and
     /// separable steps, the remaining factor as step ranges (see the [module docs](super)).
     Count(usize),
-    /// `--tiles RxS`: R row blocks × S step ranges.
+    /// `--tiles RxCxS`: R row blocks × C column blocks (training points) × S step ranges
+    /// (`RxS`: C = 1).
     Grid {
         /// Row blocks R.
         rows: usize,
+        /// Column blocks C.
+        cols: usize,
         /// Step ranges S.
         steps: usize,
     },
@@ -36,11 +39,24 @@ pub enum Tiling {
 impl std::str::FromStr for Tiling {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::Config(format!("--tiles `{s}`: expected N or RxS (row blocks x step ranges) with positive integers"));
+        let bad = || Error::Config(format!("--tiles `{s}`: expected N, RxS (row blocks x step ranges) or RxCxS (row blocks x column blocks x step ranges) with positive integers"));
         let pos = |t: &str| t.trim().parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(bad);
-        match s.split_once(['x', 'X']) {
-            Some((r, st)) => Ok(Tiling::Grid { rows: pos(r)?, steps: pos(st)? }),
-            None => Ok(Tiling::Count(pos(s)?)),
+        let parts: Vec<&str> = s.split(['x', 'X']).collect();
+        match parts[..] {
+            [n] => Ok(Tiling::Count(pos(n)?)),
+            [r, st] => Ok(Tiling::Grid { rows: pos(r)?, cols: 1, steps: pos(st)? }),
+            [r, c, st] => Ok(Tiling::Grid { rows: pos(r)?, cols: pos(c)?, steps: pos(st)? }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for Tiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Tiling::Count(n) => write!(f, "{n}"),
+            Tiling::Grid { rows, cols: 1, steps } => write!(f, "{rows}x{steps}"),
+            Tiling::Grid { rows, cols, steps } => write!(f, "{rows}x{cols}x{steps}"),
         }
     }
 }
@@ -88,26 +104,30 @@ impl PlanRequest {
     }
 }
 
-/// One tile: a block of row points over a range of steps.
+/// One tile: a block of row points against a block of training points over a range of steps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TileEntry {
-    /// Index (`row_block · step_ranges + step_range`).
+    /// Index (`(row_block · col_blocks + col_block) · step_ranges + step_range`).
     pub index: usize,
     /// Row block b.
     pub row_block: usize,
+    /// Column block c.
+    pub col_block: usize,
     /// Step range r.
     pub step_range: usize,
     /// Row points `[lo, hi)`.
     pub rows: [usize; 2],
+    /// Training points (the Gram's columns) `[lo, hi)`.
+    pub cols: [usize; 2],
     /// Steps `[lo, hi)`.
     pub steps: [usize; 2],
     /// The tile's file, relative to the plan directory.
     pub file: String,
     /// Bytes of the tile's arrays (its file, up to the header).
     pub output_bytes: u64,
-    /// Estimated peak memory of `tile run` for this tile: the engine's estimate for its rows
-    /// (`kernel::blocked::plan_in`) plus the states `w_0 … w_N` it loads.
+    /// Estimated peak memory of `tile run` for this tile: the engine's estimate for its rows and
+    /// columns (`kernel::blocked::plan_columns`) plus the states `w_0 … w_N` it loads.
     pub estimated_peak_bytes: u64,
     /// Estimated seconds, extrapolated from the pilot (a rough figure: the auto rule's cost
     /// varies by step and point).
@@ -158,6 +178,10 @@ pub struct Plan {
     pub row_blocks: usize,
     /// Rows per block (the last block may be smaller).
     pub block_rows: usize,
+    /// Column blocks C (blocks of training points).
+    pub col_blocks: usize,
+    /// Training points per column block (the last block may be smaller).
+    pub block_cols: usize,
     /// The S step ranges `[lo, hi)`, in summation order.
     pub step_ranges: Vec<[usize; 2]>,
     /// How the tile count was chosen.
@@ -205,8 +229,9 @@ pub fn steps_separable(form: KernelForm, kind: KernelKind) -> bool {
 /// Plans a tiled kernel job (see the [module docs](super) for the rule).
 ///
 /// Errors: invalid steps, a step split the run does not admit, more row blocks than row
-/// points, a tile that does not fit the budget even with one row point, and any error of the
-/// pilot computation (the request is checked by computing it on a few rows).
+/// points or column blocks than training points, a tile that does not fit the budget even with
+/// one row point and one training point, and any error of the pilot computation (the request
+/// is checked by computing it on a few rows).
 pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     let run = input.run;
     let manifest = &run.manifest;
@@ -234,7 +259,7 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
             format!("this run's optimizer ({}) couples its steps (kernel form {form})", manifest.optimizer)
         }
     };
-    let (mut rows, steps, mut split) = match input.tiling {
+    let (mut rows, mut cols, steps, mut split) = match input.tiling {
         Tiling::Count(t) => {
             let r = t.min(p);
             let s = if separable { t.div_ceil(r).min(len) } else { 1 };
@@ -245,52 +270,74 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
             } else {
                 format!("--tiles {t}: {r} row blocks")
             };
-            (r, s, how)
+            (r, 1, s, how)
         }
-        Tiling::Grid { rows, steps } => {
+        Tiling::Grid { rows, cols, steps } => {
+            let t = input.tiling;
             if steps > 1 && !separable {
+                let rest = if cols > 1 { format!("{rows}x{cols}x1") } else { format!("{rows}x1") };
                 return Err(Error::Config(format!(
-                    "--tiles {rows}x{steps}: step ranges need plain gradient steps (GD/SGD, with or without weight decay) and a path kernel; {}: use row tiles only (--tiles N or {rows}x1)",
+                    "--tiles {t}: step ranges need plain gradient steps (GD/SGD, with or without weight decay) and a path kernel; {}: use row and column tiles only (--tiles N or {rest})",
                     why_not()
                 )));
             }
             if steps > len {
-                return Err(Error::Config(format!("--tiles {rows}x{steps}: {steps} step ranges for {len} steps")));
+                return Err(Error::Config(format!("--tiles {t}: {steps} step ranges for {len} steps")));
             }
             if rows > p {
-                return Err(Error::Config(format!("--tiles {rows}x{steps}: {rows} row blocks for {p} row points")));
+                return Err(Error::Config(format!("--tiles {t}: {rows} row blocks for {p} row points")));
             }
-            (rows, steps, format!("--tiles {rows}x{steps}: {rows} row blocks x {steps} step ranges"))
+            if cols > m {
+                return Err(Error::Config(format!("--tiles {t}: {cols} column blocks for {m} training points")));
+            }
+            let how = if cols > 1 {
+                format!("--tiles {t}: {rows} row blocks x {cols} column blocks x {steps} step ranges")
+            } else {
+                format!("--tiles {t}: {rows} row blocks x {steps} step ranges")
+            };
+            (rows, cols, steps, how)
         }
     };
-    // Grow the row blocks until one tile fits the budget.
+    // Grow the blocks until one tile fits the budget: the column blocks while a tile of one row
+    // point does not fit (the training side, a and the loss gradients scale with the columns),
+    // the row blocks otherwise.
     let req_tile = KernelRequest { steps: Some((lo, hi)), ..req.clone() };
-    let fits = |br: usize| -> Result<bool> {
-        let bp = kernel::blocked::plan_in(manifest, br, m, &req_tile, input.layout, input.memory_budget)?;
-        Ok(bp.blocks == 1 && bp.estimated_peak() + states_bytes(run) <= input.memory_budget)
+    let peak = |br: usize, bc: usize| -> Result<u64> { Ok(kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.layout, u64::MAX)?.estimated_peak() + states_bytes(run)) };
+    let fits = |br: usize, bc: usize| -> bool {
+        kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.layout, input.memory_budget)
+            .is_ok_and(|bp| bp.blocks == 1 && bp.estimated_peak() + states_bytes(run) <= input.memory_budget)
     };
-    let wanted = rows;
+    let (wanted_rows, wanted_cols) = (rows, cols);
     loop {
-        let br = p.div_ceil(rows);
-        match fits(br) {
-            Ok(true) => break,
-            Ok(false) | Err(_) if br > 1 => rows = p.div_ceil(br - 1),
-            Ok(false) => {
-                return Err(Error::OutOfMemoryBudget {
-                    what: format!("one tile of one row point (plus the {} states it loads)", n + 1),
-                    needed_bytes: kernel::blocked::plan_in(manifest, 1, m, &req_tile, input.layout, u64::MAX)?.estimated_peak() + states_bytes(run),
-                    budget_bytes: input.memory_budget,
-                    hint: "raise --memory".into(),
-                })
-            }
-            Err(e) => return Err(e),
+        let (br, bc) = (p.div_ceil(rows), m.div_ceil(cols));
+        if fits(br, bc) {
+            break;
+        }
+        if bc > 1 && !fits(1, bc) {
+            cols = m.div_ceil(bc - 1);
+        } else if br > 1 {
+            rows = p.div_ceil(br - 1);
+        } else {
+            return Err(Error::OutOfMemoryBudget {
+                what: format!("one tile of one row point and {bc} training points (plus the {} states it loads)", n + 1),
+                needed_bytes: peak(1, bc)?,
+                budget_bytes: input.memory_budget,
+                hint: "raise --memory".into(),
+            });
         }
     }
     let block_rows = p.div_ceil(rows);
     let rows = p.div_ceil(block_rows);
-    if rows > wanted {
+    let block_cols = m.div_ceil(cols);
+    let cols = m.div_ceil(block_cols);
+    if cols > wanted_cols {
+        split.push_str(&format!("; grown to {cols} column blocks of {block_cols} training points so that a tile of one row point fits --memory"));
+    } else if cols < wanted_cols {
+        split.push_str(&format!("; {cols} even column blocks of {block_cols} training points"));
+    }
+    if rows > wanted_rows {
         split.push_str(&format!("; grown to {rows} row blocks of {block_rows} points so that each tile fits --memory"));
-    } else if rows < wanted {
+    } else if rows < wanted_rows {
         split.push_str(&format!("; {rows} even row blocks of {block_rows} points"));
     }
     let bounds: Vec<usize> = (0..=steps).map(|j| lo + j * len / steps).collect();
@@ -298,33 +345,45 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
 
     let pilot = if input.pilot { Some(run_pilot(input, &points, separable, (lo, hi))?) } else { None };
     let per_pair = input.layout.per_pair(k) as u64;
-    let mut tiles = Vec::with_capacity(rows * steps);
+    // Column blocks of plain gradient steps carry their per-step predicted and actual changes.
+    let shares = cols > 1 && form == KernelForm::Gradient;
+    let mut tiles = Vec::with_capacity(rows * cols * steps);
     for b in 0..rows {
         let r0 = b * block_rows;
         let r1 = ((b + 1) * block_rows).min(p);
         let pt = (r1 - r0) as u64;
-        for (r, st) in step_ranges.iter().enumerate() {
-            let s_len = (st[1] - st[0]) as u64;
-            let gram = pt * m as u64 * per_pair * 8;
-            let a = if b == 0 { s_len * (m * k) as u64 * 8 } else { 0 };
-            let output_bytes = gram * (1 + if req.per_step { s_len } else { 0 }) + pt * (k * k) as u64 * 8 + 7 * pt * k as u64 * 8 + a + 10 * s_len * 8;
-            let peak = kernel::blocked::plan_in(manifest, r1 - r0, m, &req_tile, input.layout, input.memory_budget)?.estimated_peak() + states_bytes(run);
-            let seconds = pilot.as_ref().map(|pl| {
-                let steps_cost = if req.kind == KernelKind::Ntk { 1.0 } else { s_len as f64 };
-                steps_cost * (pl.fixed_seconds_per_step + pt as f64 * pl.row_seconds_per_step)
-            });
-            let index = b * steps + r;
-            tiles.push(TileEntry {
-                index,
-                row_block: b,
-                step_range: r,
-                rows: [r0, r1],
-                steps: *st,
-                file: format!("tiles/tile-{index:06}.safetensors"),
-                output_bytes,
-                estimated_peak_bytes: peak,
-                estimated_seconds: seconds,
-            });
+        for c in 0..cols {
+            let c0 = c * block_cols;
+            let c1 = ((c + 1) * block_cols).min(m);
+            let mc = (c1 - c0) as u64;
+            let peak = peak(r1 - r0, c1 - c0)?;
+            for (r, st) in step_ranges.iter().enumerate() {
+                let s_len = (st[1] - st[0]) as u64;
+                let gram = pt * mc * per_pair * 8;
+                let a = if b == 0 { s_len * mc * k as u64 * 8 } else { 0 };
+                let records = if req.kind == KernelKind::Ntk { 1 } else { s_len };
+                let steps_arrays = if shares { 2 * records * pt * k as u64 * 8 } else { 0 };
+                let output_bytes = gram * (1 + if req.per_step { s_len } else { 0 }) + pt * (k * k) as u64 * 8 + 7 * pt * k as u64 * 8 + a + 10 * s_len * 8 + steps_arrays;
+                // The training side scales with the columns; the rows' quadrature does not.
+                let seconds = pilot.as_ref().map(|pl| {
+                    let steps_cost = if req.kind == KernelKind::Ntk { 1.0 } else { s_len as f64 };
+                    steps_cost * (pl.fixed_seconds_per_step * mc as f64 / m as f64 + pt as f64 * pl.row_seconds_per_step)
+                });
+                let index = (b * cols + c) * steps + r;
+                tiles.push(TileEntry {
+                    index,
+                    row_block: b,
+                    col_block: c,
+                    step_range: r,
+                    rows: [r0, r1],
+                    cols: [c0, c1],
+                    steps: *st,
+                    file: format!("tiles/tile-{index:06}.safetensors"),
+                    output_bytes,
+                    estimated_peak_bytes: peak,
+                    estimated_seconds: seconds,
+                });
+            }
         }
     }
     let run_dir = std::fs::canonicalize(&run.dir).map_err(|e| Error::io(&run.dir, e))?;
@@ -352,6 +411,8 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
         form,
         row_blocks: rows,
         block_rows,
+        col_blocks: cols,
+        block_cols,
         step_ranges,
         split,
         memory_budget: input.memory_budget,
@@ -420,7 +481,7 @@ impl Plan {
             request: &'a PlanRequest,
             shape: [usize; 4],
             form: KernelForm,
-            tiles: Vec<([usize; 2], [usize; 2])>,
+            tiles: Vec<([usize; 2], [usize; 2], [usize; 2])>,
         }
         let id = IdInput {
             format: &self.format,
@@ -430,7 +491,7 @@ impl Plan {
             request: &self.request,
             shape: [self.p, self.m, self.k, self.n_steps],
             form: self.form,
-            tiles: self.tiles.iter().map(|t| (t.rows, t.steps)).collect(),
+            tiles: self.tiles.iter().map(|t| (t.rows, t.cols, t.steps)).collect(),
         };
         let json = serde_json::to_string(&id).expect("plan id input serialises");
         format!("{:016x}", crate::train::fnv1a(json.as_bytes()))
@@ -471,29 +532,37 @@ impl Plan {
     }
 
     fn check_cover(&self) -> std::result::Result<(), String> {
-        let s = self.step_ranges.len();
-        if self.tiles.len() != self.row_blocks * s || s == 0 {
-            return Err(format!("{} tiles for {} row blocks x {s} step ranges", self.tiles.len(), self.row_blocks));
+        let (c, s) = (self.col_blocks, self.step_ranges.len());
+        if self.tiles.len() != self.row_blocks * c * s || s == 0 || c == 0 {
+            return Err(format!("{} tiles for {} row blocks x {c} column blocks x {s} step ranges", self.tiles.len(), self.row_blocks));
         }
         for (i, t) in self.tiles.iter().enumerate() {
-            let (b, r) = (i / s, i % s);
+            let (b, cb, r) = (i / (c * s), i / s % c, i % s);
             let rows = [b * self.block_rows, ((b + 1) * self.block_rows).min(self.p)];
-            if t.index != i || t.row_block != b || t.step_range != r || t.rows != rows || t.steps != self.step_ranges[r] || rows[0] >= rows[1] {
-                return Err(format!("tile {i} does not match the plan's row blocks and step ranges"));
+            let cols = [cb * self.block_cols, ((cb + 1) * self.block_cols).min(self.m)];
+            if t.index != i || t.row_block != b || t.col_block != cb || t.step_range != r || t.rows != rows || t.cols != cols || t.steps != self.step_ranges[r] || rows[0] >= rows[1] || cols[0] >= cols[1] {
+                return Err(format!("tile {i} does not match the plan's row blocks, column blocks and step ranges"));
             }
         }
         let (lo, hi) = self.request.steps.map_or((0, self.n_steps), |[a, b]| (a, b));
         let chained = self.step_ranges.windows(2).all(|w| w[0][1] == w[1][0]);
-        if !chained || self.step_ranges[0][0] != lo || self.step_ranges[s - 1][1] != hi || self.block_rows * self.row_blocks < self.p {
-            return Err("the step ranges or row blocks do not cover the request".into());
+        if !chained || self.step_ranges[0][0] != lo || self.step_ranges[s - 1][1] != hi || self.block_rows * self.row_blocks < self.p || self.block_cols * c < self.m {
+            return Err("the step ranges, row blocks or column blocks do not cover the request".into());
         }
         Ok(())
     }
 
-    /// The tiles of row block `b`, in summation order.
+    /// The tiles of row block `b`: column block by column block, each in step-range order.
     pub fn row_block_tiles(&self, b: usize) -> &[TileEntry] {
+        let n = self.col_blocks * self.step_ranges.len();
+        &self.tiles[b * n..(b + 1) * n]
+    }
+
+    /// The tiles of row block `b` and column block `c`, in summation order (step ranges).
+    pub fn block_tiles(&self, b: usize, c: usize) -> &[TileEntry] {
         let s = self.step_ranges.len();
-        &self.tiles[b * s..(b + 1) * s]
+        let i = (b * self.col_blocks + c) * s;
+        &self.tiles[i..i + s]
     }
 
     /// The row points, resolved from the run's dataset and checked against the plan's checksum.
@@ -526,11 +595,13 @@ impl std::fmt::Display for Plan {
         let max_out = self.tiles.iter().map(|t| t.output_bytes).max().unwrap_or(0);
         writeln!(
             f,
-            "plan {}: {} tiles = {} row blocks ({} points each) x {} step ranges of the {} {} Gram [{}] ({} layout), run {}",
+            "plan {}: {} tiles = {} row blocks ({} points each) x {} column blocks ({} training points each) x {} step ranges of the {} {} Gram [{}] ({} layout), run {}",
             self.plan_id,
             self.tiles.len(),
             self.row_blocks,
             self.block_rows,
+            self.col_blocks,
+            self.block_cols,
             self.step_ranges.len(),
             self.request.kind,
             self.request.quadrature,
@@ -562,9 +633,13 @@ mod tests {
     #[test]
     fn tiling_parses() {
         assert_eq!("6".parse::<Tiling>().unwrap(), Tiling::Count(6));
-        assert_eq!("2x3".parse::<Tiling>().unwrap(), Tiling::Grid { rows: 2, steps: 3 });
-        assert_eq!("2X1".parse::<Tiling>().unwrap(), Tiling::Grid { rows: 2, steps: 1 });
-        for bad in ["0", "x", "2x0", "-1", "2x", "a"] {
+        assert_eq!("2x3".parse::<Tiling>().unwrap(), Tiling::Grid { rows: 2, cols: 1, steps: 3 });
+        assert_eq!("2X1".parse::<Tiling>().unwrap(), Tiling::Grid { rows: 2, cols: 1, steps: 1 });
+        assert_eq!("2x4x3".parse::<Tiling>().unwrap(), Tiling::Grid { rows: 2, cols: 4, steps: 3 });
+        for t in ["6", "2x3", "2x4x3"] {
+            assert_eq!(t.parse::<Tiling>().unwrap().to_string(), t);
+        }
+        for bad in ["0", "x", "2x0", "-1", "2x", "a", "2x0x1", "1x2x3x4", "2xx3"] {
             assert!(bad.parse::<Tiling>().is_err(), "{bad}");
         }
     }

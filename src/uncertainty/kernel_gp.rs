@@ -1,7 +1,7 @@
 //! GP logit regression on the network's own kernels, as a method of the benchmark: one GP per
 //! class on the class-diagonal block of a Gram computed from the recorded path (the EPK, or the
 //! empirical NTK at `w_N`), the targets the network's outputs minus the bias (as
-//! [`crate::workflow::gp_report`] does), hyper-parameters by marginal likelihood, and the
+//! [`crate::report::gp_report`] does), hyper-parameters by marginal likelihood, and the
 //! posterior at the points of every setting.
 //!
 //! - **Training Gram** ([`TrainGram`]). By default `kind` with `side = train` at the training

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real Slurm run of a tiled kernel job: starts a single-node cluster on localhost (munged,
 # slurmctld, slurmd, all configured in a temporary folder), trains a tiny run with the built
-# binary, plans a kernel job of 2 row blocks x 2 step ranges, submits it with
-# `pathkernel tile slurm --submit` (a job array of 4 tasks plus the merge job that depends on it),
+# binary, plans a kernel job of 2 row blocks x 2 column blocks x 2 step ranges, submits it with
+# `pathkernel tile slurm --submit` (a job array of 8 tasks plus the merge job that depends on it),
 # waits for both, and checks the merged Gram against the one-process Gram (<= 1e-13 relative).
 #
 # Installs Debian's slurm-wlm and munge when missing (needs root). Bounded in time; stops the
@@ -237,12 +237,12 @@ seed = 7
 EOF
 "$BIN" train -q --config "$WORK/toy.toml" --out "$WORK/run" >/dev/null || fail "pathkernel train failed"
 "$BIN" kernel -q --run "$WORK/run" --kind epk --out "$WORK/one" >/dev/null || fail "one-process pathkernel kernel failed"
-"$BIN" kernel -q --run "$WORK/run" --kind epk --tiles 2x2 --out "$WORK/tiles" >"$WORK/plan.out" || fail "planning failed"
-grep -q "4 tiles = 2 row blocks" "$WORK/plan.out" || fail "unexpected plan: $(head -n 1 "$WORK/plan.out")"
+"$BIN" kernel -q --run "$WORK/run" --kind epk --tiles 2x2x2 --out "$WORK/tiles" >"$WORK/plan.out" || fail "planning failed"
+grep -q "8 tiles = 2 row blocks .* x 2 column blocks .* x 2 step ranges" "$WORK/plan.out" || fail "unexpected plan: $(head -n 1 "$WORK/plan.out")"
 t_submit=$(now)
 "$BIN" tile slurm "$WORK/tiles" --submit --max-parallel 2 --time 10:00 >"$WORK/submit.out" 2>&1 || fail "tile slurm --submit: $(tail -n 1 "$WORK/submit.out")"
 cat "$WORK/submit.out"
-grep -q -- "--array=0-3%2" "$WORK/submit.out" || fail "the array is not 0-3%2"
+grep -q -- "--array=0-7%2" "$WORK/submit.out" || fail "the array is not 0-7%2"
 ARRAY=$(sed -n 's/.*submitted array job \([0-9]*\) .*/\1/p' "$WORK/submit.out")
 MERGE=$(sed -n 's/.* merge job \([0-9]*\) .*/\1/p' "$WORK/submit.out")
 [[ -n "$ARRAY" && -n "$MERGE" ]] || fail "no job ids in: $(cat "$WORK/submit.out")"
@@ -264,9 +264,9 @@ TOTAL_JOB_S=$(since "$t_submit")
 # ---- every array task and the merge completed
 states=$(timeout 10 scontrol -o show job "$ARRAY" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort | uniq -c | tr -s ' ' | tr '\n' ';')
 tasks_done=$(timeout 10 scontrol -o show job "$ARRAY" 2>/dev/null | grep -c 'JobState=COMPLETED')
-[[ "$tasks_done" == 4 ]] || fail "array job $ARRAY: $tasks_done of 4 tasks completed ($states)"
+[[ "$tasks_done" == 8 ]] || fail "array job $ARRAY: $tasks_done of 8 tasks completed ($states)"
 scontrol -o show job "$MERGE" 2>/dev/null | grep -q 'JobState=COMPLETED' || fail "merge job $MERGE: $(scontrol -o show job "$MERGE" | grep -o 'JobState=[A-Z_]*')"
-for i in 0 1 2 3; do
+for i in 0 1 2 3 4 5 6 7; do
     grep -q "tile $i: computed" "$WORK/tiles/slurm/logs/tile-$i.out" || fail "tile $i's log: $(cat "$WORK/tiles/slurm/logs/tile-$i.out")"
 done
 [[ -f "$WORK/tiles/merged/gram.safetensors" ]] || fail "no merged Gram"
@@ -278,5 +278,5 @@ GRAM=$(grep 'gram.safetensors:gram ' "$WORK/compare.out" | sed 's/  */ /g')
 log "compare: $GRAM"
 
 RESULT=PASS
-REASON="4 tiles (2 row blocks x 2 step ranges) as a Slurm array + merge job on $HOST; merged vs one-process max relative difference $MAXREL (<= 1e-13); install ${INSTALL_S} s, first sinfo ${FIRST_SINFO_S} s, node idle ${NODE_IDLE_S} s, array job ${ARRAY_S} s, array + merge ${TOTAL_JOB_S} s, total $(since "$T0") s"
+REASON="8 tiles (2 row blocks x 2 column blocks x 2 step ranges) as a Slurm array + merge job on $HOST; merged vs one-process max relative difference $MAXREL (<= 1e-13); install ${INSTALL_S} s, first sinfo ${FIRST_SINFO_S} s, node idle ${NODE_IDLE_S} s, array job ${ARRAY_S} s, array + merge ${TOTAL_JOB_S} s, total $(since "$T0") s"
 exit 0

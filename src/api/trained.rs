@@ -1,0 +1,305 @@
+//! [`Trained`]: a recorded training run with its weight states in memory, and
+//! [`KernelBuilder`], the one way to ask it for a kernel.
+//!
+//! ```no_run
+//! # use pathkernel::api::*;
+//! # fn main() -> pathkernel::Result<()> {
+//! let net = Trained::open("runs/paper-toy/run")?;
+//! let epk = net.epk().compute()?; // test rows × training points, auto:1e-12, full layout
+//! let gp_rows = net.epk().layout(Layout::Diag).compute()?;
+//! let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::gram::Gram;
+use crate::error::{Error, Result};
+use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Points, PointsSpec, Rule, Side};
+use crate::model::Params;
+use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
+use crate::trajectory::Run;
+
+/// A recorded run (`w_0 … w_N` on disk) with its states loaded.
+#[derive(Clone, Debug)]
+pub struct Trained {
+    run: Run,
+    states: Vec<Params>,
+    summary: Option<TrainSummary>,
+}
+
+impl Trained {
+    /// Trains the run described by a TOML string (the format of `pathkernel train --config`)
+    /// into `dir`, replacing a run there, and opens it. Relative data paths (MNIST's `dir`)
+    /// are resolved against the current directory.
+    pub fn train_toml(toml: &str, dir: impl AsRef<Path>) -> Result<Trained> {
+        let config = RunConfig::from_toml(toml, Path::new("<notebook>"))?;
+        Trained::train(&config, dir)
+    }
+
+    /// Trains `config` into `dir` (replacing a run there) and opens it.
+    pub fn train(config: &RunConfig, dir: impl AsRef<Path>) -> Result<Trained> {
+        let dir = dir.as_ref();
+        let base_dir = std::env::current_dir().map_err(|e| Error::io(".", e))?;
+        let summary = train_to_dir(config, dir, &TrainOptions { progress: false, force: true, base_dir, memory_budget: None })?;
+        let mut t = Trained::open(dir)?;
+        t.summary = Some(summary);
+        Ok(t)
+    }
+
+    /// Opens a run written by `pathkernel train` (or [`Trained::train`]) and loads its states.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Trained> {
+        let run = Run::open(dir.as_ref())?;
+        let states = run.load_all()?;
+        Ok(Trained { run, states, summary: None })
+    }
+
+    /// The run on disk (manifest, dataset).
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+    /// The weight states `w_0 … w_N`.
+    pub fn states(&self) -> &[Params] {
+        &self.states
+    }
+    /// The run directory.
+    pub fn dir(&self) -> PathBuf {
+        self.run.dir.clone()
+    }
+    /// The training summary, when this value trained the run.
+    pub fn summary(&self) -> Option<&TrainSummary> {
+        self.summary.as_ref()
+    }
+
+    /// The network `f_{w_N}` at inputs `x`. # Shapes `x: [P, d]`, returns `[P, K]`.
+    pub fn network(&self, x: &[f64]) -> Result<Vec<f64>> {
+        let d = self.run.dataset.dim;
+        if d == 0 || x.len() % d != 0 {
+            return Err(Error::Config(format!("{} inputs are not rows of d = {d}", x.len())));
+        }
+        let last = self.states.last().ok_or_else(|| Error::Data("the run has no states".into()))?;
+        self.run.manifest.architecture.forward(last, Some(&self.states[0]), x)
+    }
+
+    /// Accuracy of `f_{w_N}` on the held-out test set (classification runs).
+    pub fn test_accuracy(&self) -> Result<f64> {
+        let ds = &self.run.dataset;
+        let labels = ds.test_labels()?;
+        let f = self.network(&ds.x_test)?;
+        let k = ds.num_outputs;
+        let hits = labels.iter().enumerate().filter(|(i, &y)| argmax(&f[i * k..(i + 1) * k]) == y).count();
+        Ok(hits as f64 / labels.len().max(1) as f64)
+    }
+
+    /// A kernel of this run: test rows × training points, `auto:1e-12`, `full` layout, unless
+    /// the builder says otherwise.
+    pub fn kernel(&self, kind: KernelKind) -> KernelBuilder<'_> {
+        KernelBuilder::new(&self.run, &self.states, kind)
+    }
+    /// The Exact Path Kernel ([`Trained::kernel`] with [`KernelKind::Epk`]).
+    pub fn epk(&self) -> KernelBuilder<'_> {
+        self.kernel(KernelKind::Epk)
+    }
+    /// The empirical NTK at the last state.
+    pub fn ntk(&self) -> KernelBuilder<'_> {
+        self.kernel(KernelKind::Ntk)
+    }
+    /// Domingos' discrete path kernel (one evaluation per step at t = 0).
+    pub fn dpk(&self) -> KernelBuilder<'_> {
+        self.kernel(KernelKind::Dpk)
+    }
+}
+
+fn argmax(v: &[f64]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+impl fmt::Display for Trained {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(s) = &self.summary {
+            return write!(f, "{s}");
+        }
+        let ds = &self.run.dataset;
+        write!(f, "run {} ({}): {} steps, {} training and {} test points, d = {}, K = {}", self.run.manifest.run_id, self.run.dir.display(), self.run.manifest.steps, ds.n_train(), ds.n_test(), ds.dim, ds.num_outputs)
+    }
+}
+
+/// What the rows of a kernel are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rows {
+    /// The run's held-out test set.
+    Test,
+    /// The run's training set.
+    Train,
+    /// An `n × n` grid over 2-D training data (10 % margin).
+    Grid(usize),
+    /// The mean of the training points of each class (the EPK paper's Fig. 6 points).
+    ClassMeans,
+    /// Inputs given by the caller.
+    Inputs,
+}
+
+impl Rows {
+    /// The rows `points` are, for a run: `Train`/`Test` when they equal that set, else `Inputs`.
+    pub(super) fn of_points(points: &Points, run: &Run) -> Rows {
+        if points.x == run.dataset.x_train {
+            Rows::Train
+        } else if points.x == run.dataset.x_test {
+            Rows::Test
+        } else {
+            Rows::Inputs
+        }
+    }
+}
+
+impl fmt::Display for Rows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rows::Test => write!(f, "test"),
+            Rows::Train => write!(f, "train"),
+            Rows::Grid(n) => write!(f, "grid {n}×{n}"),
+            Rows::ClassMeans => write!(f, "class-mean"),
+            Rows::Inputs => write!(f, "given"),
+        }
+    }
+}
+
+/// A kernel request under construction ([`Trained::kernel`]); [`KernelBuilder::compute`] runs it.
+#[derive(Clone, Debug)]
+pub struct KernelBuilder<'a> {
+    run: &'a Run,
+    states: &'a [Params],
+    req: KernelRequest,
+    rows: Rows,
+    inputs: Option<Points>,
+    layout: Layout,
+    memory_budget: u64,
+    progress: Option<Progress<'a>>,
+}
+
+/// A progress callback `(steps done, steps in all)`, shown as `<progress>` by `Debug`.
+#[derive(Clone, Copy)]
+struct Progress<'a>(&'a dyn Fn(usize, usize));
+
+impl fmt::Debug for Progress<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<progress>")
+    }
+}
+
+impl<'a> KernelBuilder<'a> {
+    /// `kind` of the run with states `states`: test rows (integrated on the test side),
+    /// `auto:1e-12`, all steps, `full` layout.
+    pub fn new(run: &'a Run, states: &'a [Params], kind: KernelKind) -> Self {
+        KernelBuilder {
+            run,
+            states,
+            req: KernelRequest { kind, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None },
+            rows: Rows::Test,
+            inputs: None,
+            layout: Layout::Full,
+            memory_budget: u64::MAX,
+            progress: None,
+        }
+    }
+    /// The quadrature of integrated rows (e.g. `Rule::Auto(1e-12)`, `Rule::Left(10)`).
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.req.rule = rule;
+        self
+    }
+    /// Rows: the held-out test set (the default).
+    pub fn test(mut self) -> Self {
+        self.rows = Rows::Test;
+        self
+    }
+    /// Rows: the training set, on the test side (the EPK's integrated gradients: the rows the
+    /// exact kernel machine uses). For the GP's covariance use [`KernelBuilder::train_side`].
+    pub fn train(mut self) -> Self {
+        self.rows = Rows::Train;
+        self
+    }
+    /// Rows: the training set on the train side (gradients at `t = 0` on both sides; for the
+    /// EPK `Σ_s ⟨∇f_{w_s}(x_i), ∇f_{w_s}(x_j)⟩`, symmetric): the train × train Gram a GP or SVM
+    /// is fitted on.
+    pub fn train_side(mut self) -> Self {
+        self.rows = Rows::Train;
+        self.req.side = Side::Train;
+        self
+    }
+    /// Rows: an `n × n` grid over 2-D training data.
+    pub fn grid(mut self, n: usize) -> Self {
+        self.rows = Rows::Grid(n);
+        self
+    }
+    /// Rows: the mean of each class's training points.
+    pub fn class_means(mut self) -> Self {
+        self.rows = Rows::ClassMeans;
+        self
+    }
+    /// Rows: the inputs `x` (`[P, d]`, row-major).
+    pub fn inputs(mut self, x: &[f64]) -> Self {
+        self.rows = Rows::Inputs;
+        self.inputs = Some(Points { x: x.to_vec(), dim: self.run.dataset.dim });
+        self
+    }
+    /// The side of the rows (test: integrated over each step; train: at `t = 0`).
+    pub fn side(mut self, side: Side) -> Self {
+        self.req.side = side;
+        self
+    }
+    /// Which blocks are computed and held.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+    /// Sum only the steps `[a, b)`; the machine then predicts `f_{w_b}` from `f_{w_a}`.
+    pub fn steps(mut self, a: usize, b: usize) -> Self {
+        self.req.steps = Some((a, b));
+        self
+    }
+    /// Keep every per-step Gram `K_s` (needed for attribution when `a_{i,s}` varies by step).
+    pub fn per_step(mut self) -> Self {
+        self.req.per_step = true;
+        self
+    }
+    /// For the NTK: the step `s` it is taken at (default: the last state).
+    pub fn at_step(mut self, s: usize) -> Self {
+        self.req.ntk_step = Some(s);
+        self
+    }
+
+    /// Refuses, with an estimate, a computation whose outputs would take more than `bytes`.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+    /// Calls `f(steps done, steps in all)` as the computation proceeds (a progress bar).
+    pub fn progress(mut self, f: &'a dyn Fn(usize, usize)) -> Self {
+        self.progress = Some(Progress(f));
+        self
+    }
+
+    /// Computes the Gram (in memory; [`Gram::save`] writes it).
+    ///
+    /// Errors: inputs whose length is not a multiple of d, a grid on data that is not 2-D, and
+    /// every error of the kernel engine.
+    pub fn compute(self) -> Result<Gram> {
+        let ds = &self.run.dataset;
+        let points = match (&self.rows, self.inputs) {
+            (Rows::Inputs, Some(p)) => {
+                if p.dim == 0 || p.x.len() % p.dim != 0 {
+                    return Err(Error::Config(format!("{} inputs are not rows of d = {}", p.x.len(), p.dim)));
+                }
+                p
+            }
+            (Rows::Test, _) => PointsSpec::Test.resolve(ds)?,
+            (Rows::Train, _) => PointsSpec::Train.resolve(ds)?,
+            (Rows::Grid(n), _) => PointsSpec::Grid(*n).resolve(ds)?,
+            (Rows::ClassMeans, _) => PointsSpec::ClassMeans.resolve(ds)?,
+            (Rows::Inputs, None) => return Err(Error::Config("no inputs given".into())),
+        };
+        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
+        Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
+    }
+}

@@ -1,0 +1,207 @@
+//! The per-class GP (EPK paper §4.2) on a train Gram, predicted at a row Gram with a
+//! Monte-Carlo softmax: `gp.json`, `gp.parquet`, `gp_points.parquet` and `gp.safetensors`.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{argmax_rows, block, network_minus_bias, train_labels};
+use crate::api::{Gram, GpModel, GpPrediction, Rows, Trained};
+use crate::error::Result;
+use crate::gp::{GpParams, McSoftmax};
+use crate::io::{self, Column, NamedArray, Table};
+use crate::kernel::Layout;
+use crate::svm;
+
+/// Which GP regression targets to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum GpTargets {
+    /// The network's outputs at the training points minus the bias `b` (what the kernel part of
+    /// the machine explains); the bias is added back to the posterior mean.
+    Network,
+    /// One-hot labels (1 for the class, 0 otherwise).
+    Labels,
+}
+
+/// Summary of `pathkernel gp` (`gp.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct GpSummary {
+    /// Targets used.
+    pub targets: GpTargets,
+    /// Parameters.
+    pub params: GpParams,
+    /// Noise per class (after fitting when requested).
+    pub noise: Vec<f64>,
+    /// Output scale per class.
+    pub output_scale: Vec<f64>,
+    /// Jitter actually added per class.
+    pub jitter: Vec<f64>,
+    /// Log marginal likelihood per class.
+    pub log_marginal_likelihood: Vec<f64>,
+    /// Monte-Carlo samples per point and the seed.
+    pub samples: usize,
+    /// MC seed.
+    pub seed: u64,
+    /// Row points P.
+    pub points: usize,
+    /// Mean posterior standard deviation over points and classes.
+    pub mean_std: f64,
+    /// Mean predictive entropy over points.
+    pub mean_entropy: f64,
+    /// Accuracy of the MC mean probabilities against the row points' labels (test points only).
+    pub accuracy: Option<f64>,
+    /// Agreement of the MC arg-max with the network's.
+    pub agreement_with_network: f64,
+    /// Calibration of the MC mean probabilities against the row points' labels (test points only).
+    pub calibration: Option<Calibration>,
+    /// The same measures for the network's own softmax probabilities, for comparison.
+    pub network_calibration: Option<Calibration>,
+}
+
+/// What [`gp_report`] computed: the summary and the arrays behind the tables.
+#[derive(Clone, Debug)]
+pub struct GpReport {
+    /// `gp.json`.
+    pub summary: GpSummary,
+    /// The logit posterior at the rows (bias included for [`GpTargets::Network`]).
+    pub prediction: GpPrediction,
+    /// The Monte-Carlo softmax at the rows. # Shapes `[P, K]` per field (`entropy`: `[P]`).
+    pub mc: McSoftmax,
+}
+
+/// Calibration measures of predicted class probabilities against labels.
+#[derive(Clone, Debug, Serialize)]
+pub struct Calibration {
+    /// Mean Brier score `Σ_k (p_k − [y = k])²`.
+    pub brier: f64,
+    /// Mean negative log-likelihood `−log p_y` (probabilities floored at 1e-300).
+    pub nll: f64,
+    /// Expected calibration error of the top-class probability over 10 equal-width bins.
+    pub ece: f64,
+}
+
+/// Calibration of probabilities `probs` against `labels`. # Shapes `probs: [P, K]`, `labels: [P]`.
+pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Calibration {
+    let p = labels.len().max(1) as f64;
+    let mut brier = 0.0;
+    let mut nll = 0.0;
+    let mut bins = [(0.0f64, 0.0f64, 0usize); 10];
+    for (row, &y) in probs.chunks(k).zip(labels) {
+        for (c, &v) in row.iter().enumerate() {
+            let t = if c == y { 1.0 } else { 0.0 };
+            brier += (v - t) * (v - t);
+        }
+        nll -= row[y].max(1e-300).ln();
+        let (top, conf) = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (c, &v)| if v > b.1 { (c, v) } else { b });
+        let bin = ((conf * 10.0) as usize).min(9);
+        bins[bin].0 += conf;
+        bins[bin].1 += if top == y { 1.0 } else { 0.0 };
+        bins[bin].2 += 1;
+    }
+    let ece = bins.iter().filter(|b| b.2 > 0).map(|b| (b.0 - b.1).abs()).sum::<f64>() / p;
+    Calibration { brier: brier / p, nll: nll / p, ece }
+}
+
+/// GP logit regression with `train`'s class blocks as covariance ([`GpModel`]), predicted at the
+/// rows of `rows` (cross blocks and self-kernels), and a Monte-Carlo softmax posterior. Writes
+/// `gp.safetensors` (its exact inputs and outputs), `gp.parquet`, `gp_points.parquet` and
+/// `gp.json` into `out_dir`.
+///
+/// The targets are computed by the network's forward pass (not the kernel engine's copy of the
+/// outputs, which can differ in the last bits).
+///
+/// Errors: those of [`GpModel::fit_targets`] and [`GpModel::predict`] (a train Gram whose rows
+/// are not the training points, a `trace` layout, rows without a self-kernel), a regression run.
+pub fn gp_report(net: &Trained, train: &Gram, rows: &Gram, params: &GpParams, targets: GpTargets, samples: usize, seed: u64, out_dir: &Path) -> Result<GpReport> {
+    train.require_train_rows("a GP")?;
+    train.require_layout(Layout::Diag, "a per-class GP")?;
+    rows.require_layout(Layout::Diag, "a per-class GP")?;
+    rows.self_kernel(0)?;
+    let (m, _, k) = train.shape();
+    let p = rows.shape().0;
+    let y = train_labels(net)?;
+    let tgt: Vec<f64> = match targets {
+        GpTargets::Network => network_minus_bias(net)?,
+        GpTargets::Labels => (0..m * k).map(|idx| if y[idx / k] == idx % k { 1.0 } else { 0.0 }).collect(),
+    };
+    let model = GpModel::fit_targets(train, params, &tgt, targets == GpTargets::Network)?;
+    let prediction = model.predict(rows)?;
+    let post = &prediction.posterior;
+    let mc = prediction.mc_softmax(samples, seed)?;
+    let network = net.network(&rows.points().x)?;
+    let net_arg = argmax_rows(&network, k);
+    let mc_arg = argmax_rows(&mc.mean_prob, k);
+    let test_labels = match (rows.rows(), &net.run().dataset.y_test) {
+        (Rows::Test, crate::data::Targets::Labels(yt)) => Some(yt),
+        _ => None,
+    };
+    let accuracy = test_labels.map(|yt| svm::agreement(&mc_arg, yt));
+    let calib = test_labels.map(|yt| calibration(&mc.mean_prob, yt, k));
+    let net_probs: Vec<f64> = network.iter().map(|v| v.exp()).collect();
+    let net_calib = test_labels.map(|yt| calibration(&net_probs, yt, k));
+    let fitted = model.fitted();
+    let mut k_train = Vec::with_capacity(k * m * m);
+    let mut k_cross = Vec::with_capacity(k * p * m);
+    let mut k_test_diag = Vec::with_capacity(k * p);
+    for c in 0..k {
+        let b = train.symmetric_class_block(c)?;
+        k_train.extend((0..m * m).map(|idx| b[(idx / m, idx % m)]));
+        k_cross.extend(block(rows, c)?);
+        k_test_diag.extend(rows.self_kernel(c)?);
+    }
+    io::write_safetensors(
+        &out_dir.join("gp.safetensors"),
+        &[
+            NamedArray::f64("k_train", vec![k, m, m], k_train),
+            NamedArray::f64("k_cross", vec![k, p, m], k_cross),
+            NamedArray::f64("k_test_diag", vec![k, p], k_test_diag),
+            NamedArray::f64("targets", vec![m, k], tgt),
+            NamedArray::f64("noise", vec![k], fitted.noise()),
+            NamedArray::f64("output_scale", vec![k], fitted.output_scale()),
+            NamedArray::f64("jitter", vec![k], fitted.jitter_used()),
+            NamedArray::f64("mean", vec![p, k], post.mean.clone()),
+            NamedArray::f64("var", vec![p, k], post.var.clone()),
+            NamedArray::f64("points", vec![p, rows.points().dim], rows.points().x.clone()),
+        ],
+        None,
+    )?;
+    let point: Vec<i64> = (0..p * k).map(|idx| (idx / k) as i64).collect();
+    let class: Vec<i64> = (0..p * k).map(|idx| (idx % k) as i64).collect();
+    let std: Vec<f64> = post.var.iter().map(|v| v.sqrt()).collect();
+    Table::new()
+        .with("point", Column::I64(point))
+        .with("class", Column::I64(class))
+        .with("mean", Column::F64(post.mean.clone()))
+        .with("var", Column::F64(post.var.clone()))
+        .with("std", Column::F64(std.clone()))
+        .with("network", Column::F64(network))
+        .with("mc_mean_prob", Column::F64(mc.mean_prob.clone()))
+        .with("mc_std_prob", Column::F64(mc.std_prob.clone()))
+        .with("mc_se_mean_prob", Column::F64(mc.se_mean_prob.clone()))
+        .write_parquet(&out_dir.join("gp.parquet"))?;
+    Table::new()
+        .with("point", Column::I64((0..p as i64).collect()))
+        .with("entropy", Column::F64(mc.entropy.clone()))
+        .with("se_entropy", Column::F64(mc.se_entropy.clone()))
+        .with("mean_std", Column::F64(std.chunks(k).map(|r| r.iter().sum::<f64>() / k as f64).collect()))
+        .write_parquet(&out_dir.join("gp_points.parquet"))?;
+    let summary = GpSummary {
+        targets,
+        params: params.clone(),
+        noise: fitted.noise(),
+        output_scale: fitted.output_scale(),
+        jitter: fitted.jitter_used(),
+        log_marginal_likelihood: fitted.log_marginal_likelihood(),
+        samples,
+        seed,
+        points: p,
+        mean_std: std.iter().sum::<f64>() / std.len().max(1) as f64,
+        mean_entropy: mc.entropy.iter().sum::<f64>() / p.max(1) as f64,
+        accuracy,
+        agreement_with_network: svm::agreement(&mc_arg, &net_arg),
+        calibration: calib,
+        network_calibration: net_calib,
+    };
+    io::write_json(&out_dir.join("gp.json"), &summary)?;
+    Ok(GpReport { summary, prediction, mc })
+}

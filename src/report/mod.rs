@@ -1,0 +1,68 @@
+//! Report writers: the tables and JSON summaries of the analyses of a run's Grams, written by
+//! `pathkernel gp`, `svm`, `attribute` and `stationarity` and by a study's `[analysis]`.
+//!
+//! Each writer takes typed values ([`Trained`], [`Gram`]), computes through [`crate::api`]
+//! ([`GpModel`](crate::api::GpModel), [`SvmModel`](crate::api::SvmModel),
+//! [`Gram::contributions`]) and returns what it wrote as a typed value, so a caller that charts
+//! the result never reads the files back. A *train Gram* is a train × train kernel
+//! (`.train_side()`, `pathkernel kernel --points train --side train`); a *row Gram* holds the
+//! points of interest (test points, a grid) against the training set.
+//!
+//! | writer | files |
+//! |---|---|
+//! | [`gp_report`] | `gp.json`, `gp.parquet`, `gp_points.parquet`, `gp.safetensors` |
+//! | [`svm_report`] | `svm.json`, `svm.parquet` |
+//! | [`attribution_report`] | `attribution.json`, `attribution.parquet`, `contributions.safetensors` |
+//! | [`stationarity_report`] | `stationarity.json`, `far_field.parquet`, `far_profile.parquet` |
+
+mod attribution;
+mod gp;
+mod stationarity;
+mod svm;
+
+pub use attribution::{attribution_report, AttributionSummary};
+pub use gp::{calibration, gp_report, Calibration, GpReport, GpSummary, GpTargets};
+pub use stationarity::{stationarity_report, StationarityReport, StationaritySummary};
+pub use svm::{svm_report, SvmReport, SvmSummary};
+
+use crate::api::{Gram, Rows, Trained};
+use crate::data::Targets;
+use crate::error::{Error, Result};
+
+/// The run's training labels (classification runs).
+fn train_labels(net: &Trained) -> Result<&[usize]> {
+    match &net.run().dataset.y_train {
+        Targets::Labels(y) => Ok(y),
+        Targets::Values(_) => Err(Error::Config("this analysis needs a classification run".into())),
+    }
+}
+
+/// The labels of a Gram's rows, when they are the run's test or training points.
+fn row_labels<'a>(net: &'a Trained, rows: &Gram) -> Option<&'a [usize]> {
+    let ds = &net.run().dataset;
+    match (rows.rows(), &ds.y_test, &ds.y_train) {
+        (Rows::Test, Targets::Labels(y), _) | (Rows::Train, _, Targets::Labels(y)) => Some(y),
+        _ => None,
+    }
+}
+
+/// The GP's regression targets at the training points: `f_{w_N}(x_i) − f_{w_0}(x_i)`, both from
+/// the network's forward pass. # Shapes `[M, K]`.
+fn network_minus_bias(net: &Trained) -> Result<Vec<f64>> {
+    let x = &net.run().dataset.x_train;
+    let f = net.network(x)?;
+    let w0 = &net.states()[0];
+    let b = net.run().manifest.architecture.forward(w0, Some(w0), x)?;
+    Ok(f.iter().zip(&b).map(|(f, b)| f - b).collect())
+}
+
+/// The arg-max of each row of `v`. # Shapes `v: [P, K]`, returns `[P]`.
+fn argmax_rows(v: &[f64], k: usize) -> Vec<usize> {
+    v.chunks(k).map(|r| r.iter().enumerate().fold(0, |b, (j, x)| if *x > r[b] { j } else { b })).collect()
+}
+
+/// Class block `c` of `g`, row-major. # Shapes `[P, M]`.
+fn block(g: &Gram, c: usize) -> Result<Vec<f64>> {
+    let b = g.class_block(c)?;
+    Ok((0..b.nrows()).flat_map(|i| (0..b.ncols()).map(move |j| b[(i, j)])).collect())
+}

@@ -1,0 +1,267 @@
+//! A study file: its sections as typed values (`[[kernel]]` kind, side, points and blocks are
+//! enums; TOML spells them as before).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{KernelBuilder, Trained};
+use crate::data::DataConfig;
+use crate::error::{Error, Result};
+use crate::kernel::{KernelKind, Layout, PointsSpec, Rule, Side};
+use crate::model::ModelConfig;
+use crate::train::{RunConfig, TrainConfig};
+
+fn default_quadrature() -> Rule {
+    Rule::Auto(1e-12)
+}
+fn default_points() -> PointsSpec {
+    PointsSpec::Test
+}
+fn default_side() -> Side {
+    Side::Test
+}
+
+/// The text of a row-point choice, as `--points` and a study file write it.
+fn points_text(p: &PointsSpec) -> String {
+    match p {
+        PointsSpec::Test => "test".into(),
+        PointsSpec::Train => "train".into(),
+        PointsSpec::Grid(n) => format!("grid:{n}"),
+        PointsSpec::ClassMeans => "class-means".into(),
+    }
+}
+
+/// Serde through the text form of a value with `FromStr` (`quadrature = "auto:1e-12"`,
+/// `points = "grid:40"`), so a study file and the cache key read as before.
+mod text {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<T, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|e: crate::Error| D::Error::custom(e.to_string()))
+    }
+
+    pub mod rule {
+        pub use super::deserialize;
+        pub fn serialize<S: super::Serializer>(r: &crate::kernel::Rule, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&r.to_string())
+        }
+    }
+
+    pub mod points {
+        pub use super::deserialize;
+        pub fn serialize<S: super::Serializer>(p: &crate::kernel::PointsSpec, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&super::super::points_text(p))
+        }
+    }
+}
+
+/// One `[[kernel]]` entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSpec {
+    /// ntk, dpk, epk, chen or kprime.
+    pub kind: KernelKind,
+    /// Quadrature rule (default auto:1e-12).
+    #[serde(default = "default_quadrature", with = "text::rule")]
+    pub quadrature: Rule,
+    /// Row points: test, train, class-means or grid:N (default test).
+    #[serde(default = "default_points", with = "text::points")]
+    pub points: PointsSpec,
+    /// Side of the row points (default test).
+    #[serde(default = "default_side")]
+    pub side: Side,
+    /// NTK: the state S.
+    #[serde(default)]
+    pub step: Option<usize>,
+    /// Label used for the output folder (default `kind-points`).
+    #[serde(default)]
+    pub label: Option<String>,
+    /// Which blocks of the Gram to compute and keep: full (default), diag or trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Layout>,
+}
+
+impl KernelSpec {
+    /// Checks what the types do not: `step` only for the NTK.
+    pub fn validate(&self) -> Result<()> {
+        if self.step.is_some() && self.kind != KernelKind::Ntk {
+            return Err(Error::Config("kernel.step only applies to kind = \"ntk\"".into()));
+        }
+        Ok(())
+    }
+    /// The layout of the Gram (`blocks`, default full).
+    pub fn layout(&self) -> Layout {
+        self.blocks.unwrap_or(Layout::Full)
+    }
+    /// Output folder name.
+    pub fn label(&self) -> String {
+        self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, points_text(&self.points).replace(':', "")))
+    }
+    /// The kernel request of this entry on `net`.
+    pub fn builder<'a>(&self, net: &'a Trained) -> KernelBuilder<'a> {
+        let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
+        let b = match self.points {
+            PointsSpec::Test => b.test(),
+            PointsSpec::Train => b.train(),
+            PointsSpec::Grid(n) => b.grid(n),
+            PointsSpec::ClassMeans => b.class_means(),
+        };
+        let b = b.side(self.side);
+        match self.step {
+            Some(s) => b.at_step(s),
+            None => b,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The optional `[analysis]` section: what to do with the kernels beyond the kernel machines.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnalysisSpec {
+    /// GP logit regression + Monte-Carlo softmax at every non-training kernel's points
+    /// (hyper-parameters fitted by marginal likelihood).
+    #[serde(default)]
+    pub gp: bool,
+    /// One-vs-rest SVM refit of a_i, evaluated at every non-training kernel's points.
+    #[serde(default)]
+    pub svm: bool,
+    /// Stationarity score and far field of the train×train EPK.
+    #[serde(default)]
+    pub stationarity: bool,
+    /// Test points to attribute (indices into the first `epk` kernel on test points).
+    #[serde(default)]
+    pub attribution_points: Vec<usize>,
+    /// Points of the linear interpolation `w_0 → w_N` (the paper's Fig. 8); 0 = off.
+    #[serde(default)]
+    pub interpolation: usize,
+    /// Gradient-similarity matrix (the Domingos notebook): the train×train EPK, summed over
+    /// classes, between the first N training points; 0 = off.
+    #[serde(default)]
+    pub similarity: usize,
+    /// Write PNG charts.
+    #[serde(default = "default_true")]
+    pub charts: bool,
+}
+
+impl Default for AnalysisSpec {
+    fn default() -> Self {
+        AnalysisSpec { gp: false, svm: false, stationarity: false, attribution_points: Vec::new(), interpolation: 0, similarity: 0, charts: true }
+    }
+}
+
+/// A study file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StudyConfig {
+    /// Study name (the default report folder).
+    pub name: String,
+    /// What the study shows.
+    #[serde(default)]
+    pub description: String,
+    /// `[data]`
+    #[serde(default)]
+    pub data: DataConfig,
+    /// `[model]`
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// `[train]`
+    pub train: TrainConfig,
+    /// `[[kernel]]` entries.
+    #[serde(default, rename = "kernel")]
+    pub kernels: Vec<KernelSpec>,
+    /// `[analysis]`
+    #[serde(default)]
+    pub analysis: AnalysisSpec,
+    /// `[sweep]`: the same training for several MLP widths (the NTK notebook's lazy-training study).
+    #[serde(default)]
+    pub sweep: Option<SweepSpec>,
+    /// Learning rate and step count chosen on the validation split (`[selection]`).
+    #[serde(default)]
+    pub selection: Option<SelectionSpec>,
+    /// Put run-dependent figures (kernel seconds, the study's wall time and peak memory) into
+    /// `summary.md`. Off by default: they go to `timings.json` only (not tracked by git), so
+    /// that rerunning a study leaves a committed report unchanged.
+    #[serde(default)]
+    pub timings_in_summary: bool,
+    /// `[uncertainty]`: the uncertainty benchmark ([`crate::uncertainty::study`]); a study with
+    /// this section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
+    #[serde(default)]
+    pub uncertainty: Option<crate::uncertainty::study::UqStudySpec>,
+}
+
+/// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
+/// `model.hidden`), reported as relative weight change, loss and NTK change against the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    /// Hidden widths of each run, e.g. `[[10], [100], [1000]]`.
+    pub hidden: Vec<Vec<usize>>,
+}
+
+impl StudyConfig {
+    /// Parses and validates a study file's text.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
+        let cfg: StudyConfig = toml::from_str(text)
+            .map_err(|e| Error::format(origin, e.message().replace('\n', " ").trim().to_string() + &crate::train::span_hint(text, e.span())))?;
+        if cfg.name.is_empty() || cfg.name.contains(['/', '\\']) || cfg.name.starts_with('.') {
+            return Err(Error::Config(format!("study name `{}` must be a plain, non-empty folder name", cfg.name)));
+        }
+        cfg.run_config().validate()?;
+        if let Some(sw) = &cfg.sweep {
+            if sw.hidden.is_empty() {
+                return Err(Error::Config("sweep.hidden is empty".into()));
+            }
+            if !matches!(cfg.model, ModelConfig::Mlp { .. }) {
+                return Err(Error::Config("[sweep] varies the widths of an MLP; model.kind must be \"mlp\"".into()));
+            }
+            for h in &sw.hidden {
+                cfg.sweep_config(h).validate()?;
+            }
+        }
+        if let Some(u) = &cfg.uncertainty {
+            if !cfg.kernels.is_empty() || cfg.sweep.is_some() || cfg.selection.is_some() || cfg.analysis != AnalysisSpec::default() {
+                return Err(Error::Config("a study with [uncertainty] runs the uncertainty benchmark only (with its own lr/steps selection); leave out [[kernel]], [analysis], [sweep] and [selection]".into()));
+            }
+            u.validate(&cfg.run_config())?;
+        }
+        let mut labels = std::collections::HashSet::new();
+        for k in &cfg.kernels {
+            k.validate()?;
+            if !labels.insert(k.label()) {
+                return Err(Error::Config(format!("two [[kernel]] entries share the label `{}`; set `label`", k.label())));
+            }
+        }
+        Ok(cfg)
+    }
+    /// The training part with the MLP's hidden widths replaced (for `[sweep]`).
+    pub fn sweep_config(&self, hidden: &[usize]) -> RunConfig {
+        let mut rc = self.run_config();
+        if let ModelConfig::Mlp { hidden: h, .. } = &mut rc.model {
+            *h = hidden.to_vec();
+        }
+        rc
+    }
+
+    /// The training part.
+    pub fn run_config(&self) -> RunConfig {
+        RunConfig { data: self.data.clone(), model: self.model.clone(), train: self.train.clone() }
+    }
+}
+
+/// `[selection]`: train every `lr × steps` candidate and keep the one with the best accuracy on
+/// the dataset's validation split (ties: fewer steps, then the smaller rate); the study's
+/// `[train]` lr and steps are replaced by the choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionSpec {
+    /// Candidate learning rates.
+    pub lr: Vec<f64>,
+    /// Candidate step counts.
+    pub steps: Vec<usize>,
+}
