@@ -31,7 +31,8 @@
 
 use rayon::prelude::*;
 
-use super::layout::{add_dense, add_formed, GramSink, Layout, TrainDeltas};
+use super::convpieces::{self, Measure};
+use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
 use super::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
@@ -43,33 +44,33 @@ const BLOCK_BYTES: usize = 64 << 20;
 #[derive(Clone, Debug)]
 pub struct CnnStep {
     /// Input image `[C, H, W]`.
-    image: [usize; 3],
+    pub(super) image: [usize; 3],
     /// Kernel size, stride, padding, pool window.
-    kernel: usize,
-    stride: usize,
-    padding: usize,
-    pool: usize,
+    pub(super) kernel: usize,
+    pub(super) stride: usize,
+    pub(super) padding: usize,
+    pub(super) pool: usize,
     /// Conv output `Ho, Wo` and pooled `Hp, Wp`.
-    ho: usize,
-    wo: usize,
-    hp: usize,
-    wp: usize,
+    pub(super) ho: usize,
+    pub(super) wo: usize,
+    pub(super) hp: usize,
+    pub(super) wp: usize,
     /// Channels Co.
-    co: usize,
+    pub(super) co: usize,
     /// Patch width `ne = C·k·k + [bias]`.
-    ne: usize,
+    pub(super) ne: usize,
     /// Dense input width with the bias column `nf = Co·Hp·Wp + [bias]`.
-    nf: usize,
+    pub(super) nf: usize,
     /// `[W_c | b_c]` `[Co, ne]` and its step `Δ`.
-    wc: Vec<f64>,
-    dwc: Vec<f64>,
+    pub(super) wc: Vec<f64>,
+    pub(super) dwc: Vec<f64>,
     /// `[W_d | b_d]` `[K, nf]` and its step `Δ`.
-    wd: Vec<f64>,
-    dwd: Vec<f64>,
-    activation: Activation,
-    bias: bool,
-    alpha: f64,
-    output: OutputKind,
+    pub(super) wd: Vec<f64>,
+    pub(super) dwd: Vec<f64>,
+    pub(super) activation: Activation,
+    pub(super) bias: bool,
+    pub(super) alpha: f64,
+    pub(super) output: OutputKind,
     /// Outputs K.
     pub k: usize,
 }
@@ -82,6 +83,9 @@ struct NodeEvals {
     dout: Vec<f64>,
     /// Conv gradients `G[r, k, o, :]` `[n, K, Co·ne]`.
     gc: Vec<f64>,
+    /// The output map's `q` in `δ_out[r, k, o] = α(δ_ko − q[r, o])` `[n, K]` (softmax; 0 for
+    /// the identity).
+    q: Vec<f64>,
 }
 
 impl CnnStep {
@@ -159,7 +163,7 @@ impl CnnStep {
     /// # Shapes
     /// `x` `[C·H·W]`; returns `[Ho·Wo, ne]`, entry `(pos, (c·k + i)·k + j)` = the input read by
     /// tap `(c, i, j)` at output position `pos = oh·Wo + ow` (0 in the padding).
-    fn patches(&self, x: &[f64]) -> Vec<f64> {
+    pub(super) fn patches(&self, x: &[f64]) -> Vec<f64> {
         let [c, h, w] = self.image;
         let (kk, ne) = (self.kernel, self.ne);
         let mut u = vec![0.0; self.positions() * ne];
@@ -192,7 +196,7 @@ impl CnnStep {
     ///
     /// # Shapes
     /// `u` `[pos, ne]`; returns `(Z_0, Z_1)`, each `[pos, Co]`.
-    fn pre(&self, u: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    pub(super) fn pre(&self, u: &[f64]) -> (Vec<f64>, Vec<f64>) {
         let (pos, co, ne) = (self.positions(), self.co, self.ne);
         let mut z0 = vec![0.0; pos * co];
         let mut z1 = vec![0.0; pos * co];
@@ -203,7 +207,7 @@ impl CnnStep {
 
     /// Pooled-feature index of conv position `pos` in channel `o` (NCHW flattening).
     #[inline]
-    fn pooled_index(&self, o: usize, pos: usize) -> usize {
+    pub(super) fn pooled_index(&self, o: usize, pos: usize) -> usize {
         let (oh, ow) = (pos / self.wo, pos % self.wo);
         (o * self.hp + oh / self.pool) * self.wp + ow / self.pool
     }
@@ -309,7 +313,8 @@ impl CnnStep {
         // Conv gradients G = δ_c Ũ: [(r, k, o), ne].
         let mut gc = vec![0.0; n * k * co * ne];
         gemm_ab(&mut gc, &dc, u, n * k * co, ne, pos, 1.0, false);
-        (NodeEvals { a, dout, gc }, out)
+        let q = if soft.is_empty() { vec![0.0; n * k] } else { soft };
+        (NodeEvals { a, dout, gc, q }, out)
     }
 
     /// Forward-mode evaluation: `f_{w_s(t)}(x)` and its exact t-derivative, no backward pass.
@@ -382,6 +387,11 @@ impl CnnStep {
     /// switches. Sorted, without duplicates.
     pub fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
         let (z0, z1) = self.pre(&self.patches(x));
+        self.kinks_of(&z0, &z1, a, b)
+    }
+
+    /// [`CnnStep::kinks`] from the pre-activation lines `Z_0`, `Z_1` (`[pos, Co]`, [`CnnStep::pre`]).
+    pub(super) fn kinks_of(&self, z0: &[f64], z1: &[f64], a: f64, b: f64) -> Vec<f64> {
         let co = self.co;
         let q = self.pool;
         let mut out = Vec::new();
@@ -447,11 +457,11 @@ fn envelope_breaks(lines: &[(f64, f64)], a: f64, b: f64, out: &mut Vec<f64>) {
 }
 
 /// One side's factors at its nodes, by point.
-struct SideFactors {
+pub(crate) struct SideFactors {
     /// Conv gradients summed over the point's nodes with their weights, `[n_pts, K, Co·ne]`.
-    gc: Vec<f64>,
+    pub(crate) gc: Vec<f64>,
     /// Self-kernel of each point `Σ_r w_r ⟨∇f^k, ∇f^k'⟩` `[n_pts, K, K]`.
-    diag: Vec<f64>,
+    pub(crate) diag: Vec<f64>,
 }
 
 /// Adds one CNN step's Gram `[P, M, K, K]` to `g` and the rows' self-kernel `[P, K, K]` to
@@ -483,7 +493,7 @@ pub fn step_gram(
 }
 
 /// The frozen initial network `g_{w_0}(x)` (`[n, K]`) when the architecture has `zero_output`.
-fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f64>>> {
+pub(super) fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f64>>> {
     if arch.zero_output {
         arch.check_params(init)?;
         Ok(Some(arch.raw_forward(init, x)))
@@ -495,8 +505,10 @@ fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f
 /// Factors of a set of points, each at its own nodes (`nodes[p]` = `(t, weight)` pairs).
 /// With `train`, also every point's pooled activations `[n_pts, nf]` and output sensitivities
 /// `[n_pts, K, K]` (single node at t = 0 expected); otherwise the formed dense gradient
-/// `J̄d[p, k, o, :] = Σ_r w_r δ_out,r[k, o] a_r` `[n_pts, K, K, nf]`.
-fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f64, f64)>], train: bool) -> (SideFactors, Vec<f64>, Vec<f64>) {
+/// `J̄d[p, k, o, :] = Σ_r w_r δ_out,r[k, o] a_r = α(δ_ko Ā_p − B̄_p[o])` in its K + 1 distinct rows
+/// `[Ā_p; B̄_p]` `[n_pts, K+1, nf]` (`Ā_p = Σ_r w_r a_r`, `B̄_p[o] = Σ_r w_r q_{r,o} a_r`, see
+/// [`add_output_layer`]).
+pub(super) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f64, f64)>], train: bool) -> (SideFactors, Vec<f64>, Vec<f64>) {
     let (k, cne, nf, d) = (step.k, step.co * step.ne, step.nf, step.input_dim());
     let per: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> = nodes
         .par_iter()
@@ -525,17 +537,19 @@ fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f6
             if train {
                 (gc, dg, ev.a, ev.dout)
             } else {
-                // J̄d[(k, o), :] = Σ_r (w_r δ_out,r[k, o]) a_r  =  Dwᵀ A with Dw [n, K·K].
+                // J̄d[k, o, :] = α(δ_ko Ā − B̄[o]): Ā = Σ_r w_r a_r, B̄[o] = Σ_r w_r q_{r,o} a_r,
+                // i.e. [Ā; B̄] = Qwᵀ A with Qw [n, K+1].
                 let n = nd.len();
-                let mut dwt = vec![0.0; k * k * n];
+                let mut qwt = vec![0.0; (k + 1) * n];
                 for (r, &(_, w)) in nd.iter().enumerate() {
-                    for c in 0..k * k {
-                        dwt[c * n + r] = w * ev.dout[r * k * k + c];
+                    qwt[r] = w;
+                    for o in 0..k {
+                        qwt[(1 + o) * n + r] = w * ev.q[r * k + o];
                     }
                 }
-                let mut jd = vec![0.0; k * k * nf];
-                gemm_ab(&mut jd, &dwt, &ev.a, k * k, nf, n, 1.0, false);
-                (gc, dg, jd, Vec::new())
+                let mut ab = vec![0.0; (k + 1) * nf];
+                gemm_ab(&mut ab, &qwt, &ev.a, k + 1, nf, n, 1.0, false);
+                (gc, dg, ab, Vec::new())
             }
         })
         .collect();
@@ -552,8 +566,19 @@ fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f6
     (SideFactors { gc, diag }, third, fourth)
 }
 
-/// The Gram of one step for row points whose nodes may differ per point: node j belongs to
-/// point `point[j]` with weight `weight[j]` at time `times[j]`. Adds to `sink` (any layout) and
+/// How the rows' gradients over a step are formed.
+enum RowSide<'a> {
+    /// At quadrature nodes: node j belongs to point `point[j]` with weight `weight[j]` at time
+    /// `times[j]` (ReLU: evaluated in the factored form of [`convpieces`], else by
+    /// [`CnnStep`]'s backward pass).
+    Nodes { point: &'a [usize], weight: &'a [f64], times: &'a [f64] },
+    /// Integrated piece by piece between the kinks ([`convpieces`], ReLU only) to the per-step
+    /// tolerance `tol`; fills the node statistics.
+    Integrated { tol: f64 },
+}
+
+/// The Gram of one step for row points whose gradients are formed as `side` says (nodes may
+/// differ per point). Adds to `sink` (any layout) and
 /// `diag` `[P, K, K]`, and returns the step's kernel-machine prediction
 /// `Σ_i Σ_k' a[i, k'] K_s[p, i, k, k']` `[P, K]` contracted from the factors (no layout needs the
 /// off-diagonal blocks for it). `colw` (`[M, K]`) scales the stored Gram's training gradients
@@ -563,9 +588,8 @@ fn step_into_at(
     step: &CnnStep,
     rows: &[f64],
     off_rows: Option<&[f64]>,
-    point: &[usize],
-    weight: &[f64],
-    times: &[f64],
+    side: &RowSide<'_>,
+    stats: &mut NodeStats,
     x_train: &[f64],
     off_train: Option<&[f64]>,
     sink: &mut GramSink,
@@ -600,28 +624,54 @@ fn step_into_at(
     }
     let dt = TrainDeltas::new(layout, &d_train, m, k, k, colw);
     let mut nodes_of: Vec<Vec<(f64, f64)>> = vec![Vec::new(); p];
-    for ((&pi, &w), &t) in point.iter().zip(weight).zip(times) {
-        nodes_of[pi].push((t, w));
+    if let RowSide::Nodes { point, weight, times } = side {
+        for ((&pi, &w), &t) in point.iter().zip(*weight).zip(*times) {
+            nodes_of[pi].push((t, w));
+        }
     }
     let mut pred = vec![0.0; p * k];
     let mut t = Vec::new();
-    let pb = (BLOCK_BYTES / 8 / (k * k * nf.max(m)).max(1)).clamp(1, p.max(1));
+    let pb = (BLOCK_BYTES / 8 / ((k + 1) * nf.max(m)).max(1)).clamp(1, p.max(1));
     for p0 in (0..p).step_by(pb) {
         let nb = pb.min(p - p0);
-        let (rf, jd, _) = side_factors(step, &rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]), &nodes_of[p0..p0 + nb], false);
+        let (xb, ob) = (&rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]));
+        let (rf, ab) = match side {
+            // ReLU: each node's gradient in the factored form of its pattern.
+            RowSide::Nodes { .. } if convpieces::applies(step) => {
+                let measures: Vec<Measure<'_>> = nodes_of[p0..p0 + nb].iter().map(|v| Measure::Nodes(v)).collect();
+                let (rf, ab, _) = convpieces::row_factors(step, xb, ob, &measures);
+                (rf, ab)
+            }
+            RowSide::Nodes { .. } => {
+                let (rf, ab, _) = side_factors(step, xb, ob, &nodes_of[p0..p0 + nb], false);
+                (rf, ab)
+            }
+            RowSide::Integrated { tol } => {
+                let (rf, ab, st) = convpieces::row_factors(step, xb, ob, &vec![Measure::Exact { tol: *tol }; nb]);
+                for (pieces, bad) in st {
+                    stats.evaluations.push(convpieces::EVALUATIONS);
+                    stats.jvp_evaluations.push(pieces);
+                    stats.pieces.push(pieces);
+                    stats.unconverged += bad;
+                }
+                (rf, ab)
+            }
+        };
         diag[p0 * k * k..(p0 + nb) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
         let out = sink.rows_mut(p0..p0 + nb);
         // Conv: ⟨J̄c[(p, k)], G_train[(i, k')]⟩.
         add_dense(layout, out, &rf.gc, &tr.gc, nb, m, k, cne, 1.0);
-        // Dense: T[(p, k, o), i] = J̄d · A_trainᵀ, then Σ_o T δ_out,i[k', o].
-        add_formed(out, &jd, &a_train, &dt, nb, nf, &mut t);
-        // Prediction: J̄c·v_conv + Σ_o J̄d[(p,k,o), :]·V[o, :].
+        // Dense: T = [Ā; B̄] · A_trainᵀ, then α(T_A δ_out,i[k', k] − Σ_o T_B[o] δ_out,i[k', o]).
+        add_output_layer(out, &ab, &a_train, &dt, nb, nf, step.alpha, &mut t);
+        // Prediction: J̄c·v_conv + Σ_o J̄d[(p,k,o), :]·V[o, :] = J̄c·v_conv + α(Ā·V[k] − Σ_o B̄[o]·V[o]).
         let pb_pred = &mut pred[p0 * k..(p0 + nb) * k];
         gemm_abt(pb_pred, &rf.gc, &v_conv, nb * k, 1, cne, 1.0, true);
-        for (row, pv) in pb_pred.iter_mut().enumerate() {
-            for o in 0..k {
-                let jr = &jd[(row * k + o) * nf..(row * k + o + 1) * nf];
-                *pv += jr.iter().zip(&v_dense[o * nf..(o + 1) * nf]).map(|(x, y)| x * y).sum::<f64>();
+        let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+        for (pl, pv) in pb_pred.chunks_mut(k).enumerate() {
+            let abp = &ab[pl * (k + 1) * nf..(pl + 1) * (k + 1) * nf];
+            let sb: f64 = (0..k).map(|o| dot(&abp[(1 + o) * nf..(2 + o) * nf], &v_dense[o * nf..(o + 1) * nf])).sum();
+            for (kt, v) in pv.iter_mut().enumerate() {
+                *v += step.alpha * (dot(&abp[..nf], &v_dense[kt * nf..(kt + 1) * nf]) - sb);
             }
         }
     }
@@ -645,9 +695,11 @@ impl super::AlongPath for CnnStep {
 /// Gradient evaluations spent on one step, per row point.
 #[derive(Clone, Debug, Default)]
 pub struct NodeStats {
-    /// Gradient evaluations (quadrature nodes) per point `[P]`.
+    /// Gradient evaluations (quadrature nodes) per point `[P]`; for ReLU CNN rows integrated
+    /// between kinks (the auto rule), the two backward passes forming `∇z(t)`.
     pub evaluations: Vec<usize>,
-    /// Forward-mode evaluations spent choosing the nodes (auto rule) `[P]`.
+    /// Forward-mode evaluations spent choosing the nodes (auto rule) `[P]`; for ReLU CNN rows
+    /// integrated between kinks, one forward pass (pattern and logits) per piece.
     pub jvp_evaluations: Vec<usize>,
     /// Smooth pieces per point `[P]`.
     pub pieces: Vec<usize>,
@@ -657,7 +709,7 @@ pub struct NodeStats {
 
 /// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`
 /// pairs, the same for every point) or, when `None`, from the adaptive rule with per-step
-/// tolerance `tol_step`; then the Gram into `sink` (any layout), the self-kernel into `diag` and
+/// tolerance `tol_step` (ReLU: the rows integrated between kinks, [`convpieces`]); then the Gram into `sink` (any layout), the self-kernel into `diag` and
 /// the step's kernel-machine prediction for training weights `a`, as in [`step_into_at`].
 ///
 /// # Shapes
@@ -681,7 +733,7 @@ pub fn step_into(
 ) -> Result<(Vec<f64>, NodeStats)> {
     let step = CnnStep::new(arch, ws, next)?;
     let p = rows.len() / step.input_dim();
-    let (point, weight, times, stats) = match fixed {
+    let (point, weight, times, mut stats) = match fixed {
         Some(nodes) => {
             let (mut point, mut weight, mut times) = (Vec::new(), Vec::new(), Vec::new());
             for pi in 0..p {
@@ -693,18 +745,24 @@ pub fn step_into(
             }
             (point, weight, times, NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 })
         }
+        None if convpieces::applies(&step) => (Vec::new(), Vec::new(), Vec::new(), NodeStats::default()),
         None => {
             let c = super::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
             let stats = NodeStats { evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged };
             (c.point, c.weight, c.times, stats)
         }
     };
-    let pred = step_into_at(&step, rows, off_rows, &point, &weight, &times, x_train, off_train, sink, diag, a, colw);
+    let side = if fixed.is_none() && convpieces::applies(&step) {
+        RowSide::Integrated { tol: tol_step }
+    } else {
+        RowSide::Nodes { point: &point, weight: &weight, times: &times }
+    };
+    let pred = step_into_at(&step, rows, off_rows, &side, &mut stats, x_train, off_train, sink, diag, a, colw);
     Ok((pred, stats))
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::kernel::{generic, quadrature};
     use crate::model::{conv, ModelConfig};
@@ -713,9 +771,9 @@ mod tests {
 
     /// `(image, channels, kernel, stride, padding, pool, activation, bias, zero_output, alpha,
     /// output, K)`.
-    type Case = ([usize; 3], usize, usize, usize, usize, usize, Activation, bool, bool, f64, OutputKind, usize);
+    pub(crate) type Case = ([usize; 3], usize, usize, usize, usize, usize, Activation, bool, bool, f64, OutputKind, usize);
 
-    fn cases() -> Vec<Case> {
+    pub(crate) fn cases() -> Vec<Case> {
         vec![
             ([1, 8, 8], 2, 3, 1, 0, 2, Activation::Relu, true, false, 1.0, OutputKind::LogSoftmax, 3),
             ([2, 7, 7], 3, 3, 2, 1, 2, Activation::Tanh, false, false, 1.0, OutputKind::LogSoftmax, 3),
@@ -726,7 +784,7 @@ mod tests {
     }
 
     /// The architecture, three parameter states (init, w_s, w_{s+1}), rows and training points.
-    fn setup(c: &Case, seed: u64) -> (Architecture, Params, Params, Params, Vec<f64>, Vec<f64>) {
+    pub(crate) fn setup(c: &Case, seed: u64) -> (Architecture, Params, Params, Params, Vec<f64>, Vec<f64>) {
         let (image, channels, kernel, stride, padding, pool, activation, bias, zero_output, alpha, output, k) = *c;
         let cfg = ModelConfig::Cnn { channels, kernel, stride, padding, pool, activation, bias, zero_last: false, alpha, zero_output };
         let arch = cfg.resolve(image.iter().product(), Some(image), k, output).unwrap();

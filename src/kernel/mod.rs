@@ -21,6 +21,7 @@
 pub mod blocked;
 pub mod columns;
 pub mod convgram;
+mod convpieces;
 mod driver;
 pub mod eval;
 pub mod generic;

@@ -273,6 +273,15 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 if timed { format!(" {:.2} |", e.seconds) } else { String::new() }
             );
         }
+        let relu_cnn = matches!(m.architecture.body, crate::model::Body::Cnn { .. }) && m.architecture.activation == crate::model::Activation::Relu;
+        for sk in kernels.iter().filter(|sk| relu_cnn && matches!(sk.gram.output().rule, crate::kernel::Rule::Auto(_)) && sk.gram.output().integrated && sk.gram.output().form == KernelForm::Gradient) {
+            let _ = writeln!(
+                s,
+                "\n{}: on a ReLU CNN the auto rule integrates the rows exactly between the kinks (`kernel::convpieces`); its evaluations are the two backward passes per point and step that form the logits' affine gradient ∇z(t) = E₀ + tE₁ (updated at each kink by the units that switch), and its {:.2} smooth pieces per point and step (kinks + 1) cost forward work only (their ∫ softmax is a scalar quadrature).",
+                sk.label,
+                sk.exactness.evaluations_per_step.mean_forward_mode
+            );
+        }
         if kernels.iter().any(|sk| sk.gram.output().form != KernelForm::Gradient) {
             let _ = writeln!(s, "\nThis run's optimizer changes the kernel's form (see `pathkernel::optim`): `K_r(x, x') = <F_r(x), ∇f(x'; w_r)>`. Non-data terms are included in the machine and belong to no training point.\n");
             let _ = writeln!(s, "| kernel | form | symmetric kernel | optimizer replay residual (rel.) | max weight-decay term | max rounding term |");

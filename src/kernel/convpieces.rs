@@ -1,0 +1,541 @@
+//! The CNN's adaptive (`auto`) rule for ReLU networks without gradient evaluations at
+//! quadrature nodes: the rows' side of a step integrated piece by piece between the kinks.
+//!
+//! Along step s (`w_s(t) = w_s + tΔw`) the conv pre-activations are affine in t, so between two
+//! consecutive kinks ([`CnnStep::kinks`]: a ReLU zero crossing or a max-pool switch) the
+//! pool/ReLU pattern is fixed and everything but the output map is polynomial in t:
+//!
+//! - the pooled activations (bias column included) are affine: `ã(t) = ã_0 + t ã_1` (`[nf]`;
+//!   each feature is its window's chosen unit `Z_0 + tZ_1`, or 0);
+//! - the logits are quadratic: `z(t) = (W_d + tΔW_d) ã(t) = c_0 + c_1 t + c_2 t²` (`[K]`);
+//! - the logits' conv gradients are affine: `∇_{W_c} z_o(t) = E_0[o] + t E_1[o]` (`[Co, ne]`:
+//!   the rows of `W_d` and `ΔW_d` routed through the pattern to the chosen units, times their
+//!   patches).
+//!
+//! With the output sensitivities `δ_out[k, o](t) = α(δ_{ko} − p_o(t))` (`p` the softmax of the
+//! outputs; `α δ_{ko}` for the identity map) the integrated gradient over a piece `[a, b]` is
+//!
+//! `∫∇_{W_c} f^k = α(L E_0[k] + T E_1[k] − Σ_o (S_0[o] E_0[o] + S_1[o] E_1[o]))`,
+//! `∫∇_{W_d} f^k = α(e_k ⊗ (L ã_0 + T ã_1) − Σ_o e_o ⊗ (S_0[o] ã_0 + S_1[o] ã_1))`,
+//!
+//! with `L = b − a`, `T = (b² − a²)/2`, `S_m[o] = ∫_a^b t^m p_o(t) dt` — exactly: only the
+//! scalars `S_m` need a quadrature, and they cost no network evaluation (`z(t)` is a known
+//! quadratic). The self-kernel's integrand `⟨∇f^k(t), ∇f^{k'}(t)⟩ = (D H(t) Dᵀ)[k, k']`, with
+//! `D = α(I − 1pᵀ)` and `H(t)[o, o'] = ⟨E_0[o] + tE_1[o], E_0[o'] + tE_1[o']⟩ + δ_{oo'}|ã(t)|²`
+//! quadratic in t, goes through the same scalar quadrature. Each piece's scalars are integrated
+//! by Gauss–Legendre of orders [`ORDERS`], accepted when the two agree to `tol·(b − a)` (or the
+//! rounding floor), else bisected.
+//!
+//! Per point and step, `E_0` and `E_1` are formed once (two backward passes' worth of work:
+//! the gradient evaluations this path reports) and updated at each kink by the units that
+//! switch (`K·ne` per unit); the rest is forward-only work per piece.
+
+use super::convgram::{CnnStep, SideFactors};
+use super::quadrature::gauss_legendre_01;
+use crate::model::{Activation, OutputKind};
+use rayon::prelude::*;
+
+/// Gauss–Legendre orders compared on each piece of the scalar quadrature.
+pub(crate) const ORDERS: (usize, usize) = (8, 16);
+/// Bisections of one piece before it is accepted as unconverged.
+const MAX_DEPTH: u32 = 40;
+/// Intervals one piece may spend before the rest is accepted as unconverged.
+const MAX_INTERVALS: usize = 4096;
+/// A pool window with no active unit (ReLU zero).
+const NONE: usize = usize::MAX;
+
+/// Gradient evaluations this path reports per point and step (`E_0` and `E_1`).
+pub(crate) const EVALUATIONS: usize = 2;
+
+/// Whether the rows of `step` can be integrated here: a ReLU network (`σ(z) = σ'(z)·z`, so a
+/// pooled activation is affine between kinks).
+pub(crate) fn applies(step: &CnnStep) -> bool {
+    step.activation == Activation::Relu
+}
+
+/// The integrated rows' side of one step for one point, and what it cost.
+pub(crate) struct PointFactors {
+    /// `∫ ∇_{W_c} f^k dt` `[K, Co·ne]`.
+    pub gc: Vec<f64>,
+    /// `∫ ∇_{W_d} f^k dt = α(e_k ⊗ Ā − Σ_o e_o ⊗ B̄[o])` as its K + 1 distinct rows `[Ā; B̄]`
+    /// `[K+1, nf]` (`Ā = ∫ã dt`, `B̄[o] = ∫p_o ã dt`; the form of [`super::layout::add_output_layer`]).
+    pub ab: Vec<f64>,
+    /// `∫ ⟨∇f^k, ∇f^{k'}⟩ dt` `[K, K]`.
+    pub diag: Vec<f64>,
+    /// Smooth pieces (kinks + 1).
+    pub pieces: usize,
+    /// Scalar-quadrature intervals that did not reach the tolerance.
+    pub unconverged: usize,
+}
+
+/// The rows' factors of a block of points, point `i` against `measures[i]`: conv gradients and
+/// self-kernels as [`SideFactors`] (`[n, K, Co·ne]`, `[n, K, K]`), the dense gradients'
+/// `[Ā; B̄]` (`[n, K+1, nf]`, [`PointFactors::ab`]), and per point `(pieces, unconverged)`.
+///
+/// # Shapes
+/// `x` `[n, C·H·W]`, `off` `[n, K]`, `measures` `[n]`.
+///
+/// # Panics
+/// If `measures` does not have one entry per point, or the activation is not ReLU.
+pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measures: &[Measure<'_>]) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
+    let (d, k) = (step.input_dim(), step.k);
+    assert_eq!(x.len(), measures.len() * d, "one measure per point");
+    let per: Vec<PointFactors> =
+        x.par_chunks(d).zip(measures).enumerate().map(|(pi, (xp, &ms))| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), ms)).collect();
+    let mut gc = Vec::with_capacity(per.len() * k * step.co * step.ne);
+    let mut diag = Vec::with_capacity(per.len() * k * k);
+    let mut ab = Vec::with_capacity(per.len() * (k + 1) * step.nf);
+    let mut stats = Vec::with_capacity(per.len());
+    for pf in per {
+        gc.extend(pf.gc);
+        diag.extend(pf.diag);
+        ab.extend(pf.ab);
+        stats.push((pf.pieces, pf.unconverged));
+    }
+    (SideFactors { gc, diag }, ab, stats)
+}
+
+/// The pool/ReLU pattern at time `t`: per pooled feature, the unit `q = pos·Co + o` that
+/// carries it (its window's first maximum, as `model::conv::max_pool2d` and
+/// [`CnnStep::jvp`]), or [`NONE`] when the ReLU zeroes it. `z0`, `z1` `[pos, Co]`; writes `sel`
+/// `[Co·Hp·Wp]`.
+fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
+    let (co, pos) = (step.co, step.ho * step.wo);
+    let mut best = vec![f64::NEG_INFINITY; sel.len()];
+    for p in 0..pos {
+        for o in 0..co {
+            let q = p * co + o;
+            let v = step.activation.apply(z0[q] + t * z1[q]);
+            let f = step.pooled_index(o, p);
+            if v > best[f] {
+                best[f] = v;
+                sel[f] = q;
+            }
+        }
+    }
+    for s in sel.iter_mut() {
+        if step.activation.derivative(z0[*s] + t * z1[*s]) == 0.0 {
+            *s = NONE;
+        }
+    }
+}
+
+/// What the rows' gradient is integrated against over the step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Measure<'a> {
+    /// `dt` on `[0, 1]`, exactly between the kinks, the scalars to tolerance `tol`.
+    Exact { tol: f64 },
+    /// A quadrature rule's `(t, weight)` nodes: the gradient at each node, summed with weights.
+    Nodes(&'a [(f64, f64)]),
+}
+
+/// One image along the step: its patches, pre-activation lines, the current pattern, and for
+/// it the logits' conv gradients `E_0 + tE_1` and the pooled activations `ã_0 + tã_1`.
+struct Along<'a> {
+    step: &'a CnnStep,
+    u: Vec<f64>,
+    z0: Vec<f64>,
+    z1: Vec<f64>,
+    sel: Vec<usize>,
+    next: Vec<usize>,
+    /// `[K, Co·ne]` each.
+    e0: Vec<f64>,
+    e1: Vec<f64>,
+    /// `[nf]` each.
+    a0: Vec<f64>,
+    a1: Vec<f64>,
+}
+
+impl<'a> Along<'a> {
+    fn new(step: &'a CnnStep, x: &[f64]) -> Self {
+        let (k, cne, nf, fdim) = (step.k, step.co * step.ne, step.nf, step.co * step.hp * step.wp);
+        let u = step.patches(x);
+        let (z0, z1) = step.pre(&u);
+        Along { step, u, z0, z1, sel: vec![NONE; fdim], next: vec![NONE; fdim], e0: vec![0.0; k * cne], e1: vec![0.0; k * cne], a0: vec![0.0; nf], a1: vec![0.0; nf] }
+    }
+
+    /// Computes the pattern at `t` into `next`; whether it differs from the current one.
+    fn probe(&mut self, t: f64) -> bool {
+        pattern(self.step, &self.z0, &self.z1, t, &mut self.next);
+        self.next != self.sel
+    }
+
+    /// Makes the probed pattern current: routes the units that switch into or out of `E`
+    /// (`E_m[o, ch, :] ±= W_m[o, f]·Ũ[pos, :]`, `K·ne` each) and sets `ã_0`, `ã_1`.
+    fn switch(&mut self) {
+        let st = self.step;
+        let (k, co, ne, nf) = (st.k, st.co, st.ne, st.nf);
+        let cne = co * ne;
+        let (u, e0, e1) = (&self.u, &mut self.e0, &mut self.e1);
+        let mut route = |q: usize, f: usize, s: f64| {
+            let (p, ch) = (q / co, q % co);
+            let up = &u[p * ne..(p + 1) * ne];
+            for o in 0..k {
+                let (w, dw) = (s * st.wd[o * nf + f], s * st.dwd[o * nf + f]);
+                let base = o * cne + ch * ne;
+                for ((a, b), &v) in e0[base..base + ne].iter_mut().zip(&mut e1[base..base + ne]).zip(up) {
+                    *a += w * v;
+                    *b += dw * v;
+                }
+            }
+        };
+        for (f, (s, &n)) in self.sel.iter_mut().zip(&self.next).enumerate() {
+            if n != *s {
+                if *s != NONE {
+                    route(*s, f, -1.0);
+                }
+                if n != NONE {
+                    route(n, f, 1.0);
+                }
+                *s = n;
+            }
+        }
+        for (f, &q) in self.sel.iter().enumerate() {
+            (self.a0[f], self.a1[f]) = if q == NONE { (0.0, 0.0) } else { (self.z0[q], self.z1[q]) };
+        }
+        if st.bias {
+            (self.a0[nf - 1], self.a1[nf - 1]) = (1.0, 0.0);
+        }
+    }
+}
+
+/// The moments of one run of the measure on one pattern: `L = ∫dμ`, `T = ∫t dμ`,
+/// `[S_0; S_1]` (`∫p dμ`, `∫t p dμ`, `[2K]`) and the self-kernel `∫D H Dᵀ dμ` (`[K, K]`).
+struct Moments {
+    l: f64,
+    t: f64,
+    s: Vec<f64>,
+    diag: Vec<f64>,
+}
+
+/// Adds one run's moments on the current pattern of `al` into the factors (module docs).
+fn add_run(al: &Along<'_>, mo: &Moments, softmax: bool, gc: &mut [f64], ab: &mut [f64], diag: &mut [f64], y: &mut [f64]) {
+    let st = al.step;
+    let (k, nf, alpha) = (st.k, st.nf, st.alpha);
+    let cne = st.co * st.ne;
+    let (l, t, s) = (mo.l, mo.t, &mo.s);
+    let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
+    let (wbar, vbar) = ab.split_at_mut(nf);
+    // Dense: Ā += L ã_0 + T ã_1, B̄[o] += S_0[o] ã_0 + S_1[o] ã_1.
+    for j in 0..nf {
+        wbar[j] += l * a0[j] + t * a1[j];
+    }
+    y.iter_mut().for_each(|v| *v = 0.0);
+    if softmax {
+        for o in 0..k {
+            let (s0, s1) = (s[o], s[k + o]);
+            for (v, (&x0, &x1)) in vbar[o * nf..(o + 1) * nf].iter_mut().zip(a0.iter().zip(a1)) {
+                *v += s0 * x0 + s1 * x1;
+            }
+            // Y = Σ_o S_0[o] E_0[o] + S_1[o] E_1[o].
+            for ((yv, &x0), &x1) in y.iter_mut().zip(&e0[o * cne..(o + 1) * cne]).zip(&e1[o * cne..(o + 1) * cne]) {
+                *yv += s0 * x0 + s1 * x1;
+            }
+        }
+    }
+    // Conv: α(L E_0[k] + T E_1[k] − Y).
+    for kk in 0..k {
+        let g = &mut gc[kk * cne..(kk + 1) * cne];
+        for (((gv, &x0), &x1), &yv) in g.iter_mut().zip(&e0[kk * cne..(kk + 1) * cne]).zip(&e1[kk * cne..(kk + 1) * cne]).zip(y.iter()) {
+            *gv += alpha * (l * x0 + t * x1 - yv);
+        }
+    }
+    diag.iter_mut().zip(&mo.diag).for_each(|(x, v)| *x += v);
+}
+
+/// The rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`) against
+/// `measure`; see the module docs. With [`Measure::Nodes`] the result equals the gradients
+/// evaluated at the nodes (each at its own pattern, exactly as [`CnnStep`]'s backward pass
+/// would), and `pieces` counts the runs of nodes on one pattern.
+///
+/// # Panics
+/// If the activation is not ReLU (see [`applies`]).
+pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measure: Measure<'_>) -> PointFactors {
+    assert!(applies(step), "the integrated CNN rows need ReLU");
+    let (k, nf, cne) = (step.k, step.nf, step.co * step.ne);
+    let softmax = step.output == OutputKind::LogSoftmax;
+    let mut al = Along::new(step, x);
+    let mut gc = vec![0.0; k * cne];
+    let mut diag = vec![0.0; k * k];
+    let mut ab = vec![0.0; (k + 1) * nf];
+    let mut y = vec![0.0; cne];
+    let (mut pieces, mut unconverged) = (0, 0);
+    match measure {
+        Measure::Exact { tol } => {
+            let mut bps = vec![0.0];
+            bps.extend(step.kinks_of(&al.z0, &al.z1, 0.0, 1.0));
+            bps.push(1.0);
+            for w in bps.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                if al.probe(0.5 * (a + b)) || pieces == 0 {
+                    al.switch();
+                }
+                let (s, dg, bad) = Piece::new(step, &al, off).integrate(a, b, tol, softmax);
+                unconverged += bad;
+                let mo = Moments { l: b - a, t: 0.5 * (b * b - a * a), s, diag: dg };
+                add_run(&al, &mo, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+                pieces += 1;
+            }
+        }
+        Measure::Nodes(nodes) => {
+            let mut order: Vec<(f64, f64)> = nodes.to_vec();
+            order.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut p, mut hp) = (vec![0.0; k], vec![0.0; k]);
+            let mut acc = vec![0.0; 2 * k + k * k];
+            let mut run: Option<(Piece<'_>, f64, f64)> = None;
+            for &(t, w) in &order {
+                if al.probe(t) || run.is_none() {
+                    if let Some((_, l, tt)) = run.take() {
+                        let dg = acc.split_off(2 * k);
+                        add_run(&al, &Moments { l, t: tt, s: std::mem::take(&mut acc), diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+                        acc = vec![0.0; 2 * k + k * k];
+                    }
+                    al.switch();
+                    run = Some((Piece::new(step, &al, off), 0.0, 0.0));
+                    pieces += 1;
+                }
+                let (pc, l, tt) = run.as_mut().expect("set above");
+                pc.add_node(t, w, softmax, &mut acc, &mut p, &mut hp);
+                *l += w;
+                *tt += w * t;
+            }
+            if let Some((_, l, tt)) = run.take() {
+                let dg = acc.split_off(2 * k);
+                add_run(&al, &Moments { l, t: tt, s: acc, diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+            }
+        }
+    }
+    PointFactors { gc, ab, diag, pieces, unconverged }
+}
+
+/// One smooth piece: the logits' quadratic, the Gram of `∇z` (`H(t) = H_0 + tH_1 + t²H_2`, the
+/// dense part `|ã(t)|²` on its diagonal) and the offset.
+struct Piece<'a> {
+    k: usize,
+    alpha: f64,
+    /// `z(t) = c[0] + t c[1] + t² c[2]`, `[3, K]`.
+    c: Vec<f64>,
+    /// `[3, K, K]`.
+    h: Vec<f64>,
+    off: Option<&'a [f64]>,
+    /// Scale of `H` (the rounding floor of the self-kernel's check).
+    hscale: f64,
+}
+
+impl<'a> Piece<'a> {
+    fn new(step: &CnnStep, al: &Along<'_>, off: Option<&'a [f64]>) -> Self {
+        let (k, nf) = (step.k, step.nf);
+        let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
+        let cne = e0.len() / k;
+        let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+        let mut c = vec![0.0; 3 * k];
+        for o in 0..k {
+            let (w, dw) = (&step.wd[o * nf..(o + 1) * nf], &step.dwd[o * nf..(o + 1) * nf]);
+            c[o] = dot(w, a0);
+            c[k + o] = dot(dw, a0) + dot(w, a1);
+            c[2 * k + o] = dot(dw, a1);
+        }
+        let mut h = vec![0.0; 3 * k * k];
+        for o in 0..k {
+            let (x0, x1) = (&e0[o * cne..(o + 1) * cne], &e1[o * cne..(o + 1) * cne]);
+            for q in o..k {
+                let (y0, y1) = (&e0[q * cne..(q + 1) * cne], &e1[q * cne..(q + 1) * cne]);
+                let v = [dot(x0, y0), dot(x0, y1) + dot(x1, y0), dot(x1, y1)];
+                for m in 0..3 {
+                    h[(m * k + o) * k + q] = v[m];
+                    h[(m * k + q) * k + o] = v[m];
+                }
+            }
+        }
+        let aa = [dot(a0, a0), 2.0 * dot(a0, a1), dot(a1, a1)];
+        for m in 0..3 {
+            for o in 0..k {
+                h[(m * k + o) * k + o] += aa[m];
+            }
+        }
+        let hscale = step.alpha * step.alpha * h.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        Piece { k, alpha: step.alpha, c, h, off, hscale }
+    }
+
+    /// Adds to `acc` (`[2K + K²]`) `w·[p(t), t p(t), (D H(t) Dᵀ)]` (`p = 0`, `D = αI` for the
+    /// identity map).
+    fn add_node(&self, t: f64, w: f64, softmax: bool, acc: &mut [f64], p: &mut [f64], hp: &mut [f64]) {
+        let k = self.k;
+        let a2 = self.alpha * self.alpha;
+        let hk = k * k;
+        if softmax {
+            for o in 0..k {
+                let z = self.c[o] + t * (self.c[k + o] + t * self.c[2 * k + o]);
+                p[o] = self.alpha * (z - self.off.map_or(0.0, |v| v[o]));
+            }
+            let mx = p.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+            p.iter_mut().for_each(|v| *v = (*v - mx).exp());
+            let sum: f64 = p.iter().sum();
+            p.iter_mut().for_each(|v| *v /= sum);
+            for o in 0..k {
+                acc[o] += w * p[o];
+                acc[k + o] += w * t * p[o];
+            }
+        }
+        // H(t) into acc's self-kernel part through D.
+        let ht = |o: usize, q: usize| self.h[o * k + q] + t * (self.h[hk + o * k + q] + t * self.h[2 * hk + o * k + q]);
+        let dg = &mut acc[2 * k..];
+        if softmax {
+            let mut php = 0.0;
+            for o in 0..k {
+                hp[o] = (0..k).map(|q| ht(o, q) * p[q]).sum();
+                php += p[o] * hp[o];
+            }
+            for o in 0..k {
+                for q in 0..k {
+                    dg[o * k + q] += w * a2 * (ht(o, q) - hp[o] - hp[q] + php);
+                }
+            }
+        } else {
+            for o in 0..k {
+                for q in 0..k {
+                    dg[o * k + q] += w * a2 * ht(o, q);
+                }
+            }
+        }
+    }
+
+    /// `[S_0, S_1]` (`[2K]`, zero for the identity map), the self-kernel `[K, K]` over `[a, b]`
+    /// and the number of unconverged intervals.
+    fn integrate(&self, a: f64, b: f64, tol: f64, softmax: bool) -> (Vec<f64>, Vec<f64>, usize) {
+        let k = self.k;
+        let n = 2 * k + k * k;
+        let mut total = vec![0.0; n];
+        let mut bad = 0;
+        let (mut p, mut hp) = (vec![0.0; k], vec![0.0; k]);
+        let (mut q1, mut q2) = (vec![0.0; n], vec![0.0; n]);
+        let mut stack = vec![(a, b, 0u32)];
+        let mut spent = 0;
+        // The largest difference, NaN if any (a NaN fails the test and is not bisected).
+        let diff = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(u, v)| (u - v).abs()).fold(0.0, |m: f64, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) });
+        while let Some((lo, hi, depth)) = stack.pop() {
+            spent += 1;
+            for (q, order) in [(&mut q1, ORDERS.0), (&mut q2, ORDERS.1)] {
+                q.iter_mut().for_each(|v| *v = 0.0);
+                for (t, w) in gauss_legendre_01(order, lo, hi) {
+                    self.add_node(t, w, softmax, q, &mut p, &mut hp);
+                }
+            }
+            let rel = tol.max(8.0 * f64::EPSILON) * (hi - lo);
+            let (es, ed) = (diff(&q1[..2 * k], &q2[..2 * k]), diff(&q1[2 * k..], &q2[2 * k..]));
+            let ok = es <= rel && ed <= rel * self.hscale.max(f64::MIN_POSITIVE);
+            let give_up = es.is_nan() || ed.is_nan() || depth >= MAX_DEPTH || hi - lo <= 1e-12 || spent + stack.len() >= MAX_INTERVALS;
+            if ok || give_up {
+                if !ok {
+                    bad += 1;
+                }
+                total.iter_mut().zip(&q2).for_each(|(x, y)| *x += y);
+            } else {
+                let mid = 0.5 * (lo + hi);
+                stack.push((lo, mid, depth + 1));
+                stack.push((mid, hi, depth + 1));
+            }
+        }
+        let dg = total.split_off(2 * k);
+        (total, dg, bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::convgram::tests::{cases, setup};
+    use crate::kernel::convgram::{offsets, side_factors, CnnStep};
+
+    fn rel(a: &[f64], b: &[f64]) -> f64 {
+        let m = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(m > 1e-8, "trivial reference");
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / m
+    }
+
+    /// The slow obvious path: gradients evaluated at a fixed high-order Gauss rule on every
+    /// smooth piece, summed with their weights.
+    #[test]
+    fn integrated_rows_equal_high_order_gauss_per_piece() {
+        let mut worst: f64 = 0.0;
+        let mut kinks = 0;
+        for (ci, c) in cases().iter().enumerate().filter(|(_, c)| c.6 == Activation::Relu) {
+            let (arch, init, ws, next, rows, _) = setup(c, 40 + ci as u64);
+            let step = CnnStep::new(&arch, &ws, Some(&next)).unwrap();
+            let d = arch.input_dim();
+            let off = offsets(&arch, &init, &rows).unwrap();
+            let p = rows.len() / d;
+            let (fast, ab_fast, stats) = row_factors(&step, &rows, off.as_deref(), &vec![Measure::Exact { tol: 1e-15 }; p]);
+            assert!(stats.iter().all(|s| s.1 == 0), "case {ci}: unconverged {stats:?}");
+            let nodes: Vec<Vec<(f64, f64)>> = (0..p)
+                .map(|pi| {
+                    let mut bps = vec![0.0];
+                    bps.extend(step.kinks(&rows[pi * d..(pi + 1) * d], 0.0, 1.0));
+                    bps.push(1.0);
+                    kinks += bps.len() - 2;
+                    bps.windows(2).flat_map(|w| gauss_legendre_01(30, w[0], w[1])).collect()
+                })
+                .collect();
+            let (slow, ab_slow, _) = side_factors(&step, &rows, off.as_deref(), &nodes, false);
+            let e = [rel(&fast.gc, &slow.gc), rel(&ab_fast, &ab_slow), rel(&fast.diag, &slow.diag)];
+            assert!(e.iter().all(|&v| v <= 1e-13), "case {ci}: conv, dense, self-kernel relative differences {e:?}");
+            assert_eq!(stats.iter().map(|s| s.0).sum::<usize>(), p + rows.chunks(d).map(|x| step.kinks(x, 0.0, 1.0).len()).sum::<usize>());
+            worst = e.iter().fold(worst, |m, &v| m.max(v));
+        }
+        assert!(kinks > 10, "too few kinks ({kinks}) for a meaningful test");
+        eprintln!("integrated CNN rows vs Gauss(30) per piece: max relative difference {worst:e} over {kinks} kinks");
+    }
+
+    /// Fixed nodes in the factored form against [`CnnStep`]'s backward pass at each node
+    /// (`side_factors`): random nodes, unsorted, with t = 0, t = 1 and nodes exactly at kinks
+    /// (where the pattern is the tie-broken one of neither neighbouring piece).
+    #[test]
+    fn factored_nodes_equal_backward_passes_at_the_nodes() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut worst: f64 = 0.0;
+        for (ci, c) in cases().iter().enumerate().filter(|(_, c)| c.6 == Activation::Relu) {
+            for (si, next_of) in [true, false].into_iter().enumerate() {
+                let (arch, init, ws, next, rows, _) = setup(c, 50 + ci as u64);
+                let step = CnnStep::new(&arch, &ws, next_of.then_some(&next)).unwrap();
+                let d = arch.input_dim();
+                let off = offsets(&arch, &init, &rows).unwrap();
+                let nodes: Vec<Vec<(f64, f64)>> = rows
+                    .chunks(d)
+                    .map(|x| {
+                        let mut v: Vec<(f64, f64)> = (0..7).map(|_| (rng.gen_range(0.0..1.0), rng.gen_range(-0.5..1.0))).collect();
+                        v.push((1.0, 0.3));
+                        v.extend(step.kinks(x, 0.0, 1.0).into_iter().take(3).map(|t| (t, 0.7)));
+                        v.push((0.0, 0.2));
+                        v
+                    })
+                    .collect();
+                let measures: Vec<Measure<'_>> = nodes.iter().map(|v| Measure::Nodes(v)).collect();
+                let (fast, ab_fast, _) = row_factors(&step, &rows, off.as_deref(), &measures);
+                let (slow, ab_slow, _) = side_factors(&step, &rows, off.as_deref(), &nodes, false);
+                let e = [rel(&fast.gc, &slow.gc), rel(&ab_fast, &ab_slow), rel(&fast.diag, &slow.diag)];
+                assert!(e.iter().all(|&v| v <= 1e-13), "case {ci}/{si}: conv, dense, self-kernel relative differences {e:?}");
+                worst = e.iter().fold(worst, |m, &v| m.max(v));
+            }
+        }
+        eprintln!("factored CNN nodes vs backward passes: max relative difference {worst:e}");
+    }
+
+    #[test]
+    fn scalar_quadrature_bisects_a_sharp_softmax() {
+        // Two classes, logit difference 400(t − 0.3): p_0 switches within ~1/400 of t = 0.3.
+        let p = Piece { k: 2, alpha: 1.0, c: vec![0.0, -120.0, 0.0, 400.0, 0.0, 0.0], h: vec![0.0; 12], off: None, hscale: 0.0 };
+        let (s, _, bad) = p.integrate(0.0, 1.0, 1e-15, true);
+        assert_eq!(bad, 0);
+        // A NaN logit is reported (one unconverged interval, NaN moments), not bisected away.
+        let nan = Piece { c: vec![f64::NAN, 0.0, 0.0, 0.0, 0.0, 0.0], ..Piece { k: 2, alpha: 1.0, c: Vec::new(), h: vec![0.0; 12], off: None, hscale: 0.0 } };
+        let (sn, _, badn) = nan.integrate(0.0, 1.0, 1e-15, true);
+        assert_eq!(badn, 1);
+        assert!(sn.iter().all(|v| v.is_nan()));
+        // ∫ σ(400(t − 0.3)) dt = [ln(1 + e^{400(t−0.3)})/400]_0^1.
+        let soft = |x: f64| x.max(0.0) + (-x.abs()).exp().ln_1p();
+        let exact = (soft(280.0) - soft(-120.0)) / 400.0;
+        assert!((s[1] - exact).abs() <= 1e-14, "{} vs {exact}", s[1]);
+        assert!((s[0] + s[1] - 1.0).abs() <= 1e-14);
+    }
+}
