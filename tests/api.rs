@@ -174,6 +174,11 @@ fn save_and_open_round_trip() {
     // Display is a table naming what the Gram is.
     let shown = back.to_string();
     assert!(shown.contains("epk") && shown.contains("diag") && shown.contains("max |kernel machine − network|"), "{shown}");
+    // A missing file is an error, not empty records.
+    let broken = d.path().join("broken");
+    g.save(&broken).unwrap();
+    std::fs::remove_file(broken.join("steps.parquet")).unwrap();
+    assert!(Gram::open(&broken, &net).unwrap_err().to_string().contains("steps.parquet"));
     // A Gram of another run is refused.
     let other = Trained::train_toml(&TOY.replace("seed = 3", "seed = 4"), d.path().join("other")).unwrap();
     assert!(Gram::open(&dir, &other).is_err());

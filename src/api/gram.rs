@@ -273,10 +273,8 @@ impl Gram {
         if network.len() != kf.p * kf.k || machine.len() != kf.p * kf.k {
             return Err(Error::format(dir.join("predictions.parquet"), format!("{} rows, expected P·K = {}", network.len(), kf.p * kf.k)));
         }
-        let records = match Table::read_parquet(&dir.join("steps.parquet")) {
-            Ok(t) => steps_records(&t),
-            Err(_) => Vec::new(),
-        };
+        let steps_path = dir.join("steps.parquet");
+        let records = steps_records(&Table::read_parquet(&steps_path)?).map_err(|name| Error::format(&steps_path, format!("no column `{name}`")))?;
         let single_machine = pred.f64("single_machine").map(<[f64]>::to_vec);
         let points = Points { x: kf.points, dim: kf.d };
         let rows = Rows::of_points(&points, run);
@@ -311,13 +309,14 @@ impl Gram {
     }
 }
 
-/// The per-step records of a `steps.parquet` table (missing columns read as zeros).
-fn steps_records(t: &Table) -> Vec<StepRecord> {
-    let f = |name: &str| t.f64(name).map(<[f64]>::to_vec).unwrap_or_else(|| vec![0.0; t.rows()]);
-    let i = |name: &str| t.i64(name).map(<[i64]>::to_vec).unwrap_or_else(|| vec![0; t.rows()]);
-    let (step, max_err, mean_err, change) = (i("step"), f("max_abs_error"), f("mean_abs_error"), f("max_abs_change"));
-    let (mean_ev, max_ev, jvp, pieces, unconv, cosine) = (f("mean_evaluations"), i("max_evaluations"), f("mean_jvp_evaluations"), f("mean_pieces"), i("unconverged_pieces"), f("dpk_cosine_error"));
-    (0..t.rows())
+/// The per-step records of a `steps.parquet` table; `Err(name)` names a missing column.
+fn steps_records(t: &Table) -> std::result::Result<Vec<StepRecord>, &'static str> {
+    let f = |name: &'static str| t.f64(name).map(<[f64]>::to_vec).ok_or(name);
+    let i = |name: &'static str| t.i64(name).map(<[i64]>::to_vec).ok_or(name);
+    let (step, max_err, mean_err, change) = (i("step")?, f("max_abs_error")?, f("mean_abs_error")?, f("max_abs_change")?);
+    let (mean_ev, max_ev, jvp) = (f("mean_evaluations")?, i("max_evaluations")?, f("mean_jvp_evaluations")?);
+    let (pieces, unconv, cosine) = (f("mean_pieces")?, i("unconverged_pieces")?, f("dpk_cosine_error")?);
+    Ok((0..t.rows())
         .map(|r| StepRecord {
             step: step[r] as usize,
             max_abs_error: max_err[r],
@@ -330,7 +329,7 @@ fn steps_records(t: &Table) -> Vec<StepRecord> {
             unconverged_pieces: unconv[r] as usize,
             dpk_cosine_error: cosine[r],
         })
-        .collect()
+        .collect())
 }
 
 impl fmt::Display for Gram {
