@@ -806,7 +806,8 @@ pub(super) mod tests {
         (arch, init, ws, next, rows, train)
     }
 
-    fn rel(a: &[f64], b: &[f64]) -> f64 {
+    /// Max |a − b| relative to max |b| (which must not be trivially small).
+    pub(crate) fn rel(a: &[f64], b: &[f64]) -> f64 {
         let m = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         assert!(m > 1e-8, "trivial reference");
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / m

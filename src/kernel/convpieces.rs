@@ -444,14 +444,8 @@ impl<'a> Piece<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::convgram::tests::{cases, setup};
+    use crate::kernel::convgram::tests::{cases, rel, setup};
     use crate::kernel::convgram::{offsets, side_factors, CnnStep};
-
-    fn rel(a: &[f64], b: &[f64]) -> f64 {
-        let m = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        assert!(m > 1e-8, "trivial reference");
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / m
-    }
 
     /// The slow obvious path: gradients evaluated at a fixed high-order Gauss rule on every
     /// smooth piece, summed with their weights.
