@@ -3,6 +3,8 @@
 //! the existing trainer, every method in every setting, and the written tables read back and
 //! re-scored.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -12,45 +14,6 @@ use pathkernel::io::Table;
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
 use pathkernel::uncertainty::{self, metrics, BenchmarkConfig, ExternalMethod, Metric, Network, Predictive, SettingKind};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8, 0, 8, dims.len() as u8];
-    for d in dims {
-        b.extend_from_slice(&d.to_be_bytes());
-    }
-    b.extend_from_slice(data);
-    b
-}
-
-/// MNIST-format files: digit `c` is a bright 6×6 square at a class-specific place plus noise,
-/// in random order (so that per-class selection has work to do), with 15 % label noise.
-fn write_fake_mnist(dir: &Path, n_train: usize, n_test: usize) {
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
-        let mut pixels = Vec::with_capacity(n * 784);
-        let mut labels = Vec::with_capacity(n);
-        for _ in 0..n {
-            let c: usize = rng.gen_range(0..10);
-            let (r0, c0) = (2 + 5 * (c / 5) * 2, 2 + 5 * (c % 5));
-            for r in 0..28 {
-                for col in 0..28 {
-                    let inside = (r0..r0 + 6).contains(&r) && (c0..c0 + 6).contains(&col);
-                    let base: f64 = if inside { 200.0 } else { 10.0 };
-                    let v = base + rng.gen_range(-10.0..40.0);
-                    pixels.push(v.clamp(0.0, 255.0) as u8);
-                }
-            }
-            // Some label noise, so that no split is classified perfectly (the temperature's
-            // optimum would then run off to T → 0).
-            let label = if rng.gen_bool(0.15) { rng.gen_range(0..10) } else { c };
-            labels.push(label as u8);
-        }
-        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte")), idx_bytes(&[n as u32, 28, 28], &pixels)).unwrap();
-        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), idx_bytes(&[n as u32], &labels)).unwrap();
-    }
-}
 
 fn config(mnist: &Path, steps: usize) -> RunConfig {
     let toml = format!(
@@ -125,7 +88,7 @@ fn benchmark_end_to_end_on_mnist_format_files() {
     let tmp = tempfile::tempdir().unwrap();
     let mnist = tmp.path().join("mnist");
     std::fs::create_dir(&mnist).unwrap();
-    write_fake_mnist(&mnist, 400, 80);
+    common::write_square_mnist(&mnist, 400, 80);
     let cfg = config(&mnist, 25);
     let data = cfg.data.load(Path::new(".")).unwrap();
     assert_eq!((data.n_train(), data.n_val(), data.n_test()), (80, 40, 60));

@@ -3,6 +3,8 @@
 //! files, reruns from the cache byte for byte, resuming after a lost stage; and the in-memory
 //! kernel GP against the `gp` report on kernel directories read back from disk.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -16,41 +18,6 @@ use pathkernel::uncertainty::kernel_gp::{self, KernelGp, KernelGpSpec, TrainGram
 use pathkernel::uncertainty::metrics;
 use pathkernel::api::{Gram, Trained};
 use pathkernel::report::{self, GpTargets};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8, 0, 8, dims.len() as u8];
-    for d in dims {
-        b.extend_from_slice(&d.to_be_bytes());
-    }
-    b.extend_from_slice(data);
-    b
-}
-
-/// MNIST-format files: digit `c` is a bright 6×6 square at a class-specific place plus noise, in
-/// random order, with 15 % label noise (as in `tests/uncertainty.rs`).
-fn write_fake_mnist(dir: &Path, n_train: usize, n_test: usize) {
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
-        let mut pixels = Vec::with_capacity(n * 784);
-        let mut labels = Vec::with_capacity(n);
-        for _ in 0..n {
-            let c: usize = rng.gen_range(0..10);
-            let (r0, c0) = (2 + 5 * (c / 5) * 2, 2 + 5 * (c % 5));
-            for r in 0..28 {
-                for col in 0..28 {
-                    let inside = (r0..r0 + 6).contains(&r) && (c0..c0 + 6).contains(&col);
-                    let base: f64 = if inside { 200.0 } else { 10.0 };
-                    pixels.push((base + rng.gen_range(-10.0..40.0)).clamp(0.0, 255.0) as u8);
-                }
-            }
-            labels.push(if rng.gen_bool(0.15) { rng.gen_range(0..10) } else { c } as u8);
-        }
-        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte")), idx_bytes(&[n as u32, 28, 28], &pixels)).unwrap();
-        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), idx_bytes(&[n as u32], &labels)).unwrap();
-    }
-}
 
 fn study_toml(mnist: &Path) -> String {
     format!(
@@ -127,7 +94,7 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let mnist = tmp.path().join("mnist");
     std::fs::create_dir(&mnist).unwrap();
-    write_fake_mnist(&mnist, 400, 60);
+    common::write_square_mnist(&mnist, 400, 60);
     let file = tmp.path().join("uq.toml");
     std::fs::write(&file, study_toml(&mnist)).unwrap();
     let (out, cache) = (tmp.path().join("report"), tmp.path().join("cache"));
@@ -247,7 +214,7 @@ fn uncertainty_section_is_validated() {
 fn small_run(dir: &Path) -> Run {
     let mnist = dir.join("mnist");
     std::fs::create_dir_all(&mnist).unwrap();
-    write_fake_mnist(&mnist, 200, 20);
+    common::write_square_mnist(&mnist, 200, 20);
     let toml = format!(
         "[data]\nkind = \"mnist\"\npath = \"{}\"\nper_class = 4\nn_test = 12\nnormalize = false\n\n[model]\nkind = \"mlp\"\nhidden = [6]\n\n[train]\nlr = 0.5\nsteps = 6\n",
         mnist.display()

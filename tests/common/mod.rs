@@ -72,3 +72,42 @@ pub fn fake_mnist(dir: &std::path::Path, n_train: u32, n_test: u32) {
         std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(8, &[n], labels)).unwrap();
     }
 }
+
+fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8, 0, 8, dims.len() as u8];
+    for d in dims {
+        b.extend_from_slice(&d.to_be_bytes());
+    }
+    b.extend_from_slice(data);
+    b
+}
+
+/// MNIST-format files (the uncertainty tests'): digit `c` is a bright 6×6 square at a
+/// class-specific place plus noise, in random order (so that per-class selection has work to
+/// do), with 15 % label noise.
+pub fn write_square_mnist(dir: &Path, n_train: usize, n_test: usize) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
+        let mut pixels = Vec::with_capacity(n * 784);
+        let mut labels = Vec::with_capacity(n);
+        for _ in 0..n {
+            let c: usize = rng.gen_range(0..10);
+            let (r0, c0) = (2 + 5 * (c / 5) * 2, 2 + 5 * (c % 5));
+            for r in 0..28 {
+                for col in 0..28 {
+                    let inside = (r0..r0 + 6).contains(&r) && (c0..c0 + 6).contains(&col);
+                    let base: f64 = if inside { 200.0 } else { 10.0 };
+                    let v = base + rng.gen_range(-10.0..40.0);
+                    pixels.push(v.clamp(0.0, 255.0) as u8);
+                }
+            }
+            // Some label noise, so that no split is classified perfectly (the temperature's
+            // optimum would then run off to T → 0).
+            let label = if rng.gen_bool(0.15) { rng.gen_range(0..10) } else { c };
+            labels.push(label as u8);
+        }
+        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte")), idx_bytes(&[n as u32, 28, 28], &pixels)).unwrap();
+        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), idx_bytes(&[n as u32], &labels)).unwrap();
+    }
+}
