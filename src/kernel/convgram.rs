@@ -212,6 +212,27 @@ impl CnnStep {
         (o * self.hp + oh / self.pool) * self.wp + ow / self.pool
     }
 
+    /// The max-pool at `t`: for each pooled feature `f` the largest post-activation value of its
+    /// window into `best[f]` (which must start at −∞) and the conv output `q = pos·Co + o` it
+    /// comes from into `arg[f]` (ties: the first, row-major within the window, as
+    /// `model::conv::max_pool2d` routes its gradient).
+    ///
+    /// # Shapes
+    /// `z0`, `z1` `[pos, Co]`; `best`, `arg` `[Co·Hp·Wp]`.
+    pub(super) fn pool_at(&self, z0: &[f64], z1: &[f64], t: f64, best: &mut [f64], arg: &mut [usize]) {
+        for p in 0..self.positions() {
+            for o in 0..self.co {
+                let q = p * self.co + o;
+                let v = self.activation.apply(z0[q] + t * z1[q]);
+                let f = self.pooled_index(o, p);
+                if v > best[f] {
+                    best[f] = v;
+                    arg[f] = q;
+                }
+            }
+        }
+    }
+
     /// `α (z − offset)` followed by the output map, in place on `[n, K]`; returns the softmax
     /// (`[n, K]`, empty for the identity map).
     fn output_map(&self, z: &mut [f64], offset: Option<&[f64]>) -> Vec<f64> {
@@ -242,17 +263,7 @@ impl CnnStep {
         let mut arg = vec![0usize; fdim];
         for (r, &tr) in t.iter().enumerate() {
             let ar = &mut a[r * nf..(r + 1) * nf];
-            for p in 0..pos {
-                for o in 0..co {
-                    let q = p * co + o;
-                    let v = self.activation.apply(z0[q] + tr * z1[q]);
-                    let f = self.pooled_index(o, p);
-                    if v > ar[f] {
-                        ar[f] = v;
-                        arg[f] = q;
-                    }
-                }
-            }
+            self.pool_at(z0, z1, tr, &mut ar[..fdim], &mut arg);
             let gr = &mut gate[r * pos * co..(r + 1) * pos * co];
             for &q in &arg {
                 gr[q] = self.activation.derivative(z0[q] + tr * z1[q]);

@@ -100,19 +100,8 @@ pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measur
 /// [`CnnStep::jvp`]), or [`NONE`] when the ReLU zeroes it. `z0`, `z1` `[pos, Co]`; writes `sel`
 /// `[Co·Hp·Wp]`.
 fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
-    let (co, pos) = (step.co, step.ho * step.wo);
     let mut best = vec![f64::NEG_INFINITY; sel.len()];
-    for p in 0..pos {
-        for o in 0..co {
-            let q = p * co + o;
-            let v = step.activation.apply(z0[q] + t * z1[q]);
-            let f = step.pooled_index(o, p);
-            if v > best[f] {
-                best[f] = v;
-                sel[f] = q;
-            }
-        }
-    }
+    step.pool_at(z0, z1, t, &mut best, sel);
     for s in sel.iter_mut() {
         if step.activation.derivative(z0[*s] + t * z1[*s]) == 0.0 {
             *s = NONE;
