@@ -76,11 +76,11 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
         Body::Cnn { .. } => k * manifest.num_params as u64,
     };
     // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
-    // (16 MiB, at least 16 points) and at most ours.
+    // ([`super::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
     let (per_point, cap) = match &arch.body {
         Body::Mlp { widths } => {
             let pp = super::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
-            (pp, ((16u64 << 20) / pp.max(1)).max(16))
+            (pp, (super::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
         }
         Body::Cnn { .. } => (0, 1),
     };
@@ -95,7 +95,9 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
     // block's per-step predicted and actual changes.
     let steps_kept = if req.per_step { n } else { 0 };
     let shares = if mc < m { 2 * n * k * 8 } else { 0 };
-    let mut row = gram_row * (1 + steps_kept) + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
+    // MLPs: layer 0's step buffers take at most another Gram (`gram::Layer0Sum`).
+    let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) { gram_row } else { 0 };
+    let mut row = gram_row * (1 + steps_kept) + l0_buffer + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
     if !rule.is_plain() {
         let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
         let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == super::KernelKind::Ntk);

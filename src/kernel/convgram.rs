@@ -633,7 +633,7 @@ fn step_into_at(
     if let Some(cw) = colw {
         tr.gc.chunks_mut(cne).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
     }
-    let dt = TrainDeltas::new(layout, &d_train, m, k, k, colw);
+    let dt = if step.alpha != 0.0 && k >= 2 { TrainDeltas::output(layout, &d_train, m, k, colw, step.alpha) } else { TrainDeltas::new(layout, &d_train, m, k, k, colw) };
     let mut nodes_of: Vec<Vec<(f64, f64)>> = vec![Vec::new(); p];
     if let RowSide::Nodes { point, weight, times } = side {
         for ((&pi, &w), &t) in point.iter().zip(*weight).zip(*times) {

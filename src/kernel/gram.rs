@@ -20,7 +20,7 @@
 use rayon::prelude::*;
 
 use super::layout::{add_formed, add_output_layer, zeroed, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt};
+use super::linalg::{gemm_ab, gemm_abt, gemm_abt_prefix};
 
 /// One layer's factors for a set of rows.
 pub struct LayerFactors<'a> {
@@ -36,7 +36,7 @@ pub struct LayerFactors<'a> {
 
 /// Scratch bytes aimed at for one block of row points (the block's Gram rows in
 /// `[(p, k), (i, k')]` layout plus the deeper layers' `J̄` and `T`).
-const BLOCK_BYTES: usize = 16 << 20;
+pub(crate) const BLOCK_BYTES: usize = 32 << 20;
 
 /// Fewest row points per block: every block re-reads the training factors (`M·K·out`
 /// numbers per layer), so thin blocks turn the GEMMs memory-bound (at M = 10 000, blocks of 2
@@ -71,9 +71,44 @@ pub struct GramAccumulator {
     output_alpha: Option<f64>,
     /// Time and GEMM flops of the contraction so far ([`GramAccumulator::contraction`]).
     stats: Contraction,
-    /// Scratch reused across steps: J̄ and T.
-    scratch_j: Vec<f64>,
+    /// The current step's training side of the deeper layers, built at its first chunk.
+    step_train: Option<Vec<DeepTrain>>,
+    /// Row points whose deeper layers' J̄ is formed but not yet contracted.
+    pending: Pending,
+    /// Scratch reused across steps: T.
     scratch_t: Vec<f64>,
+}
+
+/// One deeper layer's training side for a step.
+struct DeepTrain {
+    /// Training activations with the bias column `[M, ne]`.
+    acts: Vec<f64>,
+    /// Sensitivities arranged for the layout.
+    deltas: TrainDeltas,
+    n_in: usize,
+    n_out: usize,
+    /// The output layer in its structured form ([`add_output_layer`]).
+    structured: bool,
+}
+
+impl DeepTrain {
+    /// Rows of J̄ per point: K + 1 (structured output layer) or K·out.
+    fn rows_per_point(&self, k: usize) -> usize {
+        if self.structured {
+            k + 1
+        } else {
+            k * self.n_out
+        }
+    }
+}
+
+/// Row points `first..last` of the current step whose deeper layers' J̄ (`[(p, row), ne]`, one
+/// array per deeper layer) wait to be contracted, so that chunks of a few points share one GEMM.
+#[derive(Default)]
+struct Pending {
+    first: usize,
+    last: usize,
+    jbar: Vec<Vec<f64>>,
 }
 
 impl GramAccumulator {
@@ -84,7 +119,7 @@ impl GramAccumulator {
 
     /// A zero accumulator in `layout`.
     pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), scratch_j: Vec::new(), scratch_t: Vec::new() }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new() }
     }
 
     /// The accumulation rows, for step models that contract their own features into them
@@ -144,88 +179,124 @@ impl GramAccumulator {
             }
         }
         self.l0.get_or_insert_with(|| Layer0Sum::new(layout, p, m, k, no0)).put_rows(first, &dbar);
-        // Deeper layers: training activations with the bias column [M, ne] and δ arranged for
-        // the layout.
-        let deep: Vec<(Vec<f64>, TrainDeltas)> =
-            layers[1..].iter().map(|(_, train)| (train_acts_ext(train, bias), TrainDeltas::new(layout, train.deltas, m, k, train.n_out, colw))).collect();
-        let per_point = scratch_bytes_per_point_layout(layers, m, k, layout);
-        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(last - first).max(1);
+        if layers.len() == 1 {
+            return;
+        }
+        // Deeper layers: the step's training side once, then the chunk's J̄ rows appended to
+        // the pending block, contracted when it is large enough (one GEMM over many chunks).
+        if self.step_train.is_none() {
+            let n_deep = layers.len() - 1;
+            let train: Vec<DeepTrain> = layers[1..]
+                .iter()
+                .enumerate()
+                .map(|(li, (_, train))| {
+                    let structured = self.output_alpha.is_some() && li + 1 == n_deep;
+                    let deltas = match self.output_alpha {
+                        Some(alpha) if structured => TrainDeltas::output(layout, train.deltas, m, k, colw, alpha),
+                        _ => TrainDeltas::new(layout, train.deltas, m, k, train.n_out, colw),
+                    };
+                    DeepTrain { acts: train_acts_ext(train, bias), deltas, n_in: train.n_in, n_out: train.n_out, structured }
+                })
+                .collect();
+            self.pending.jbar.resize_with(train.len(), Vec::new);
+            self.step_train = Some(train);
+        }
+        if self.pending.first != self.pending.last && self.pending.last != first {
+            self.contract_pending();
+        }
+        if self.pending.first == self.pending.last {
+            (self.pending.first, self.pending.last) = (first, first);
+        }
         let started = std::time::Instant::now();
-        let mut jbar = std::mem::take(&mut self.scratch_j);
-        let mut t = std::mem::take(&mut self.scratch_t);
-        for p0 in (first..last).step_by(pb) {
-            let nb = pb.min(last - p0);
-            let out = self.sink.rows_mut(p0..p0 + nb);
-            for (li, ((rows, _), (a_train, dt))) in layers[1..].iter().zip(&deep).enumerate() {
-                let (ni, no) = (rows.n_in, rows.n_out);
-                let ne = ni + usize::from(bias);
-                if let (Some(alpha), true) = (self.output_alpha, li + 2 == layers.len()) {
-                    // [Ā; B̄] per point, q_{r,o} = −δ_r[(o+1) mod K, o]/α.
-                    jbar.clear();
-                    jbar.resize(nb * (k + 1) * ne, 0.0);
-                    for pl in 0..nb {
-                        for &r in &rows_of[p0 - first + pl] {
-                            let w = weight[r];
-                            let ar = &rows.acts[r * ni..(r + 1) * ni];
-                            let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
-                            for j in 0..=k {
-                                let c = if j == 0 { w } else { -w * dr[(j % k) * no + (j - 1)] / alpha };
-                                if c == 0.0 {
-                                    continue;
-                                }
-                                let dst = &mut jbar[(pl * (k + 1) + j) * ne..(pl * (k + 1) + j + 1) * ne];
-                                for (dv, av) in dst[..ni].iter_mut().zip(ar) {
-                                    *dv += c * av;
-                                }
-                                if bias {
-                                    dst[ni] += c;
-                                }
-                            }
+        let base = self.pending.first;
+        let train = self.step_train.as_ref().expect("built above");
+        for ((rows, _), (dt, jbar)) in layers[1..].iter().zip(train.iter().zip(self.pending.jbar.iter_mut())) {
+            let (ni, no) = (rows.n_in, rows.n_out);
+            let ne = ni + usize::from(bias);
+            let rpp = dt.rows_per_point(k);
+            jbar.resize((last - base) * rpp * ne, 0.0);
+            for (pl, rs) in rows_of.iter().enumerate() {
+                let at = (first - base + pl) * rpp * ne;
+                let dst = &mut jbar[at..at + rpp * ne];
+                dst.fill(0.0);
+                for &r in rs {
+                    let w = weight[r];
+                    let ar = &rows.acts[r * ni..(r + 1) * ni];
+                    let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
+                    // Structured: [Ā; B̄] with q_{r,o} = −δ_r[(o+1) mod K, o]/α; formed:
+                    // J̄[k, o, :] = Σ_r w_r δ_r[k, o] [a_r, 1].
+                    for j in 0..rpp {
+                        let c = match (dt.structured, self.output_alpha) {
+                            (true, Some(_)) if j == 0 => w,
+                            (true, Some(alpha)) => -w * dr[(j % k) * no + (j - 1)] / alpha,
+                            _ => w * dr[j],
+                        };
+                        if c == 0.0 {
+                            continue;
                         }
-                    }
-                    add_output_layer(out, &jbar, a_train, dt, nb, ne, alpha, &mut t);
-                    self.stats.flops += 2.0 * (nb * (k + 1)) as f64 * m as f64 * ne as f64;
-                    continue;
-                }
-                jbar.clear();
-                jbar.resize(nb * k * no * ne, 0.0);
-                // J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]
-                for pl in 0..nb {
-                    for &r in &rows_of[p0 - first + pl] {
-                        let w = weight[r];
-                        let ar = &rows.acts[r * ni..(r + 1) * ni];
-                        for kt in 0..k {
-                            let dr = &rows.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                            for o in 0..no {
-                                let c = w * dr[o];
-                                if c == 0.0 {
-                                    continue;
-                                }
-                                let base = ((pl * k + kt) * no + o) * ne;
-                                let dst = &mut jbar[base..base + ne];
-                                for (dv, av) in dst[..ni].iter_mut().zip(ar) {
-                                    *dv += c * av;
-                                }
-                                if bias {
-                                    dst[ni] += c;
-                                }
-                            }
+                        let row = &mut dst[j * ne..(j + 1) * ne];
+                        for (dv, av) in row[..ni].iter_mut().zip(ar) {
+                            *dv += c * av;
+                        }
+                        if bias {
+                            row[ni] += c;
                         }
                     }
                 }
-                add_formed(out, &jbar, a_train, dt, nb, ne, &mut t);
-                self.stats.flops += 2.0 * (nb * k * no) as f64 * m as f64 * ne as f64;
             }
         }
+        self.pending.last = last;
         self.stats.seconds += started.elapsed().as_secs_f64();
-        self.scratch_j = jbar;
+        if self.pending.last - self.pending.first >= self.pending_cap() {
+            self.contract_pending();
+        }
+    }
+
+    /// Most row points contracted at once: the block's J̄ and T within [`BLOCK_BYTES`] (at least
+    /// [`MIN_BLOCK_POINTS`]).
+    fn pending_cap(&self) -> usize {
+        let per_point = self.step_train.as_ref().map_or(0, |train| train.iter().map(|dt| 8 * dt.rows_per_point(self.k) * (self.m + dt.n_in + 1)).max().unwrap_or(0));
+        (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS)
+    }
+
+    /// Contracts the pending row points' deeper layers into the Gram, in blocks of at most
+    /// [`GramAccumulator::pending_cap`] points.
+    fn contract_pending(&mut self) {
+        let (first, last) = (self.pending.first, self.pending.last);
+        if first == last {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let (m, k, bias) = (self.m, self.k, self.bias);
+        let cap = self.pending_cap();
+        let train = self.step_train.as_ref().expect("pending rows have their step's training side");
+        let mut t = std::mem::take(&mut self.scratch_t);
+        for p0 in (first..last).step_by(cap) {
+            let nb = cap.min(last - p0);
+            let out = self.sink.rows_mut(p0..p0 + nb);
+            for (dt, jbar) in train.iter().zip(&self.pending.jbar) {
+                let ne = dt.n_in + usize::from(bias);
+                let rpp = dt.rows_per_point(k);
+                let j = &jbar[(p0 - first) * rpp * ne..(p0 - first + nb) * rpp * ne];
+                match self.output_alpha {
+                    Some(alpha) if dt.structured => add_output_layer(out, j, &dt.acts, &dt.deltas, nb, ne, alpha, &mut t),
+                    _ => add_formed(out, j, &dt.acts, &dt.deltas, nb, ne, &mut t),
+                }
+                self.stats.flops += 2.0 * (nb * rpp) as f64 * m as f64 * ne as f64;
+            }
+        }
         self.scratch_t = t;
+        self.pending.first = last;
+        self.pending.jbar.iter_mut().for_each(Vec::clear);
+        self.stats.seconds += started.elapsed().as_secs_f64();
     }
 
     /// Ends a step whose row points were all added: hands layer 0's training factors to the
     /// step buffer (`train0.deltas` `[M, K, out_0]`, weighted by `colw` `[M, K]` as in
     /// [`GramAccumulator::add_step`]).
     pub fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
+        self.contract_pending();
+        self.step_train = None;
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
             let started = std::time::Instant::now();
             self.stats.flops += l0.end_step(train0.deltas, colw, &mut self.sink, s0);
@@ -250,6 +321,7 @@ impl GramAccumulator {
     /// Contracts layer 0's buffered steps now (the Gram is complete only after this or
     /// [`GramAccumulator::finish`]).
     pub fn flush(&mut self) {
+        self.contract_pending();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
             let started = std::time::Instant::now();
             self.stats.flops += l0.flush(&mut self.sink, s0);
@@ -278,9 +350,12 @@ impl Contraction {
     }
 }
 
-/// Bytes aimed at for layer 0's step buffers (rows and training points together), at most a
-/// quarter of the Gram itself.
-const LAYER0_BUFFER_BYTES: usize = 128 << 20;
+/// Bytes aimed at for layer 0's step buffers (rows and training points together), at most the
+/// Gram's own size ([`super::blocked`] counts one more Gram row per row point for them). More
+/// steps per buffer make the inner dimension of its GEMMs longer and the fold into the Gram
+/// (a pass over the Gram) rarer: on MNIST 2 000 × 2 000 `diag`, 1 slot (inner dimension 128)
+/// ran layer 0 at 46 GFLOP/s.
+const LAYER0_BUFFER_BYTES: usize = 512 << 20;
 
 /// Layer 0's term `(x_p·x_i + 1) Σ_s ⟨δ̄_s[p, k], δ_s[i, k']⟩`. The scale does not depend on the
 /// step, so the factors of several steps are buffered side by side and contracted by one GEMM
@@ -307,7 +382,7 @@ impl Layer0Sum {
     fn new(layout: Layout, p: usize, m: usize, k: usize, h: usize) -> Self {
         let per_slot = 8 * (p + m) * k * h;
         let gram = 8 * p * m * layout.per_pair(k);
-        let slots = (LAYER0_BUFFER_BYTES.min(gram / 4) / per_slot.max(1)).clamp(1, 16);
+        let slots = (LAYER0_BUFFER_BYTES.min(gram) / per_slot.max(1)).clamp(1, 16);
         Layer0Sum { layout, p, m, k, h, slots, filled: 0, rows: zeroed(p * k * slots * h), train: zeroed(m * k * slots * h) }
     }
 
@@ -347,22 +422,16 @@ impl Layer0Sum {
         }
     }
 
-    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (unused slots of a partial buffer zeroed);
+    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (the filled slots only);
     /// returns the GEMM flops.
     fn flush(&mut self, sink: &mut GramSink, s0: &[f64]) -> f64 {
         if self.filled == 0 {
             return 0.0;
         }
         let (p, m, k, h, sl, layout) = (self.p, self.m, self.k, self.h, self.slots, self.layout);
-        if self.filled < sl {
-            let (filled, per) = (self.filled, sl * h);
-            for buf in [&mut self.rows, &mut self.train] {
-                match layout {
-                    Layout::Full | Layout::Diag => buf.chunks_exact_mut(per).for_each(|c| c[filled * h..].fill(0.0)),
-                    Layout::Trace => buf.chunks_exact_mut(per * k).for_each(|c| c[filled * k * h..].fill(0.0)),
-                }
-            }
-        }
+        // Only the filled slots: the first `filled` of each row's slots (trace: of its
+        // `slots·K` classes-by-slot groups).
+        let f = self.filled;
         let cols = layout.cols_per_train(k);
         let per_point = 8 * m * layout.per_pair(k);
         let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
@@ -372,37 +441,35 @@ impl Layer0Sum {
             let pr = &mut prod[..nb * m * layout.per_pair(k)];
             // pr in accumulation rows of the block: [(p, k), (i, k')], [(p, c), i] or [p, i].
             match layout {
-                Layout::Full => gemm_abt(pr, &self.rows[p0 * k * sl * h..(p0 + nb) * k * sl * h], &self.train, nb * k, m * k, sl * h, 1.0, false),
-                Layout::Trace => gemm_abt(pr, &self.rows[p0 * sl * k * h..(p0 + nb) * sl * k * h], &self.train, nb, m, sl * k * h, 1.0, false),
+                Layout::Full => gemm_abt_prefix(pr, &self.rows[p0 * k * sl * h..(p0 + nb) * k * sl * h], sl * h, &self.train, sl * h, nb * k, m * k, f * h),
+                Layout::Trace => gemm_abt_prefix(pr, &self.rows[p0 * sl * k * h..(p0 + nb) * sl * k * h], sl * k * h, &self.train, sl * k * h, nb, m, f * k * h),
+                // Class-major [c, p, i] (faer's GEMM into a strided row-major view crashed in
+                // gemm 0.x's microkernel epilogue, so the rows are interleaved by the fold).
                 Layout::Diag => {
-                    let mut tmp = vec![0.0; nb * m];
-                    for c in 0..k {
+                    for (c, pc) in pr.chunks_exact_mut(nb * m).enumerate() {
                         let r = &self.rows[(c * p + p0) * sl * h..(c * p + p0 + nb) * sl * h];
-                        gemm_abt(&mut tmp, r, &self.train[c * m * sl * h..(c + 1) * m * sl * h], nb, m, sl * h, 1.0, false);
-                        for (pl, t) in tmp.chunks_exact(m).enumerate() {
-                            pr[(pl * k + c) * m..(pl * k + c + 1) * m].copy_from_slice(t);
-                        }
+                        gemm_abt_prefix(pc, r, sl * h, &self.train[c * m * sl * h..(c + 1) * m * sl * h], sl * h, nb, m, f * h);
                     }
                 }
             }
             let rpp = layout.rows_per_point(k);
             let out = sink.rows_mut(p0..p0 + nb);
-            out.par_chunks_mut(m * cols).zip(pr.par_chunks(m * cols)).enumerate().for_each(|(row, (g, l))| {
+            let pr = &*pr;
+            // Accumulation row `row` = (point, class) of the block and its product row.
+            let prod_row = |row: usize| match layout {
+                Layout::Diag => &pr[((row % k) * nb + row / k) * m..((row % k) * nb + row / k + 1) * m],
+                _ => &pr[row * m * cols..(row + 1) * m * cols],
+            };
+            out.par_chunks_mut(m * cols).enumerate().for_each(|(row, g)| {
                 let sr = &s0[(p0 + row / rpp) * m..(p0 + row / rpp + 1) * m];
-                for ((gc, lc), &sv) in g.chunks_exact_mut(cols).zip(l.chunks_exact(cols)).zip(sr) {
+                for ((gc, lc), &sv) in g.chunks_exact_mut(cols).zip(prod_row(row).chunks_exact(cols)).zip(sr) {
                     gc.iter_mut().zip(lc).for_each(|(a, b)| *a += sv * b);
                 }
             });
         }
         self.filled = 0;
-        2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * sl * h) as f64
+        2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * f * h) as f64
     }
-}
-
-/// Scratch bytes per row point of one block in `layout`: layer 0's product and the deepest
-/// layer's `J̄` and `T`.
-fn scratch_bytes_per_point_layout(layers: &[(LayerFactors<'_>, LayerFactors<'_>)], m: usize, k: usize, layout: Layout) -> usize {
-    8 * (m * layout.per_pair(k) + k * layers[1..].iter().map(|(r, _)| r.n_out * (m + r.n_in + 1)).max().unwrap_or(0))
 }
 
 /// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.

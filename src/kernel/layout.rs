@@ -297,6 +297,17 @@ pub struct TrainDeltas {
     m: usize,
     k: usize,
     no: usize,
+    /// `diag`/`trace` of an output layer whose training sensitivities are
+    /// `δ_i[c, o] = α w_{ic}(δ_co − q_{io})` ([`TrainDeltas::output`]).
+    soft: Option<SoftTrain>,
+}
+
+/// The training side of an output layer in its structured form: `q` `[o, i]` (softmax, or zero
+/// for an identity output) and the optional per-(i, c) weights `w` `[c, i]` (Chen's kernel).
+struct SoftTrain {
+    alpha: f64,
+    q: Vec<f64>,
+    w: Option<Vec<f64>>,
 }
 
 impl TrainDeltas {
@@ -329,7 +340,43 @@ impl TrainDeltas {
                 }
             }
         }
-        TrainDeltas { layout, data, m, k, no }
+        TrainDeltas { layout, data, m, k, no, soft: None }
+    }
+
+    /// [`TrainDeltas::new`] for an output layer whose training sensitivities are
+    /// `δ_i[c, o] = α(δ_co − q_{io})` (every MLP and CNN of [`super::eval`]: log-softmax or
+    /// identity output scaled by α), weighted per (i, c) by `colw`. `diag` and `trace` then keep
+    /// `q_{io} = −δ_i[(o+1) mod K, o]/α` and the weights instead of the K² sensitivities, and
+    /// [`add_output_layer`] contracts them in O(K) passes per row point instead of O(K²).
+    ///
+    /// # Shapes
+    /// `deltas` `[M·K, K]`, `colw` `[M·K]`.
+    ///
+    /// # Panics
+    /// If `alpha` is 0 or K < 2 (q cannot be read off the sensitivities).
+    pub fn output(layout: Layout, deltas: &[f64], m: usize, k: usize, colw: Option<&[f64]>, alpha: f64) -> Self {
+        assert!(alpha != 0.0 && k >= 2, "the structured output layer needs α ≠ 0 and K ≥ 2");
+        if layout == Layout::Full {
+            return Self::new(layout, deltas, m, k, k, colw);
+        }
+        assert_eq!(deltas.len(), m * k * k, "training sensitivities have the wrong size");
+        let mut q = vec![0.0; k * m];
+        for i in 0..m {
+            for o in 0..k {
+                q[o * m + i] = -deltas[(i * k + (o + 1) % k) * k + o] / alpha;
+            }
+        }
+        let w = colw.map(|cw| {
+            assert_eq!(cw.len(), m * k, "column weights have the wrong size");
+            let mut w = vec![0.0; k * m];
+            for i in 0..m {
+                for c in 0..k {
+                    w[c * m + i] = cw[i * k + c];
+                }
+            }
+            w
+        });
+        TrainDeltas { layout, data: Vec::new(), m, k, no: k, soft: Some(SoftTrain { alpha, q, w }) }
     }
 }
 
@@ -417,6 +464,10 @@ pub fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &TrainDe
     let tb = &mut t[..nb * k1 * m];
     gemm_abt(tb, ab, a_ext, nb * k1, m, ne, 1.0, false);
     let tb = &*tb;
+    if let Some(soft) = &dt.soft {
+        soft_output_rows(out, tb, soft, layout, m, k, alpha);
+        return;
+    }
     let d = &dt.data;
     // Row point pl's T_A and T_B[o], each [M].
     let ta = |pl: usize| &tb[pl * k1 * m..(pl * k1 + 1) * m];
@@ -442,6 +493,54 @@ pub fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &TrainDe
             }
         }),
     }
+}
+
+/// [`add_output_layer`] in `diag`/`trace` against a structured training side
+/// ([`TrainDeltas::output`]): with `δ_i[c, o] = α w_{ic}(δ_co − q_{io})`,
+/// `G[(p, c), i] += α·α_r w_{ic}(T_A[i](1 − q_{ic}) − T_B[c][i] + S[i])` where
+/// `S[i] = Σ_o q_{io} T_B[o][i]` is shared by every class: 2K passes over M per row point.
+///
+/// # Shapes
+/// `out` the accumulation rows of the block's points, `tb` `[nb·(K+1), M]` (per point T_A, then
+/// T_B[0..K]).
+fn soft_output_rows(out: &mut [f64], tb: &[f64], soft: &SoftTrain, layout: Layout, m: usize, k: usize, alpha: f64) {
+    let k1 = k + 1;
+    let scale = alpha * soft.alpha;
+    assert!(layout != Layout::Full, "the full layout keeps the formed sensitivities");
+    out.par_chunks_mut(m * layout.per_pair(k)).enumerate().for_each_init(
+        || vec![0.0; m],
+        |s, (pl, rows)| {
+            let t = &tb[pl * k1 * m..(pl + 1) * k1 * m];
+            let (ta, tbs) = t.split_at(m);
+            s.iter_mut().for_each(|v| *v = 0.0);
+            for o in 0..k {
+                let (qo, tbo) = (&soft.q[o * m..(o + 1) * m], &tbs[o * m..(o + 1) * m]);
+                for ((sv, &qv), &tv) in s.iter_mut().zip(qo).zip(tbo) {
+                    *sv += qv * tv;
+                }
+            }
+            for c in 0..k {
+                let grow = match layout {
+                    Layout::Diag => &mut rows[c * m..(c + 1) * m],
+                    _ => &mut rows[..],
+                };
+                let (qc, tbc) = (&soft.q[c * m..(c + 1) * m], &tbs[c * m..(c + 1) * m]);
+                match &soft.w {
+                    None => {
+                        for ((((g, &a), &qv), &b), &sv) in grow.iter_mut().zip(ta).zip(qc).zip(tbc).zip(s.iter()) {
+                            *g += scale * (a * (1.0 - qv) - b + sv);
+                        }
+                    }
+                    Some(w) => {
+                        let wc = &w[c * m..(c + 1) * m];
+                        for (((((g, &a), &qv), &b), &sv), &wv) in grow.iter_mut().zip(ta).zip(qc).zip(tbc).zip(s.iter()).zip(wc) {
+                            *g += scale * wv * (a * (1.0 - qv) - b + sv);
+                        }
+                    }
+                }
+            }
+        },
+    );
 }
 
 /// `grow[(i, k')] += c · trow[i] · drow[(i, k')]`, with `trow` expanded over k' into `texp` so the
@@ -608,6 +707,39 @@ mod tests {
             add_output_layer(g2.rows_mut(0..p), &ab, &a, &dt, p, ne, alpha, &mut t);
             let (x, y) = (g2.finish(), g1.finish());
             assert!(max_rel(&x, &y) < 1e-13, "{layout}: {:e}", max_rel(&x, &y));
+        }
+    }
+
+    /// The structured training side ([`TrainDeltas::output`]) against the formed one, with and
+    /// without Chen's weights, for training sensitivities of the softmax form.
+    #[test]
+    fn structured_training_side_matches_the_formed_one() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (p, m, k, ne, alpha) = (4, 7, 5, 3, 0.8);
+        let a = rand_vec(&mut rng, m * ne);
+        let ab = rand_vec(&mut rng, p * (k + 1) * ne);
+        let mut delta = vec![0.0; m * k * k];
+        for i in 0..m {
+            let z: Vec<f64> = rand_vec(&mut rng, k).iter().map(|v| v.exp()).collect();
+            let zs: f64 = z.iter().sum();
+            for c in 0..k {
+                for o in 0..k {
+                    delta[(i * k + c) * k + o] = alpha * (if c == o { 1.0 } else { 0.0 } - z[o] / zs);
+                }
+            }
+        }
+        let colw = rand_vec(&mut rng, m * k);
+        for layout in LAYOUTS {
+            for cw in [None, Some(&colw[..])] {
+                let (formed, soft) = (TrainDeltas::new(layout, &delta, m, k, k, cw), TrainDeltas::output(layout, &delta, m, k, cw, alpha));
+                assert_eq!(soft.soft.is_some(), layout != Layout::Full);
+                let (mut g1, mut g2) = (GramSink::new(layout, p, m, k), GramSink::new(layout, p, m, k));
+                let mut t = Vec::new();
+                add_output_layer(g1.rows_mut(0..p), &ab, &a, &formed, p, ne, 1.3, &mut t);
+                add_output_layer(g2.rows_mut(0..p), &ab, &a, &soft, p, ne, 1.3, &mut t);
+                let (x, y) = (g2.finish(), g1.finish());
+                assert!(max_rel(&x, &y) < 1e-13, "{layout} {}: {:e}", cw.is_some(), max_rel(&x, &y));
+            }
         }
     }
 

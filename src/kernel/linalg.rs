@@ -36,6 +36,30 @@ pub fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usiz
     matmul(dst, beta, lhs, rhs, alpha, par_for(m, n, k));
 }
 
+/// `C = A·Bᵀ` with the rows of `A` and `B` read from every `lda`-th and `ldb`-th number: the
+/// first `k` columns of wider row-major arrays (a partly filled buffer).
+///
+/// # Shapes
+/// `a` `[m, lda]`, `b` `[n, ldb]` (`k ≤ lda, ldb`), `c` `[m, n]`.
+pub fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize, n: usize, k: usize) {
+    assert!(k <= lda && k <= ldb, "the prefix is wider than the rows");
+    assert_eq!(a.len(), m * lda, "A has the wrong size");
+    assert_eq!(b.len(), n * ldb, "B has the wrong size");
+    assert_eq!(c.len(), m * n, "C has the wrong size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let dst = MatMut::from_row_major_slice_mut(c, m, n);
+    if k == 0 {
+        let mut dst = dst;
+        dst.fill(0.0);
+        return;
+    }
+    let lhs = MatRef::from_row_major_slice_with_stride(&a[..(m - 1) * lda + k], m, k, lda);
+    let rhs = MatRef::from_row_major_slice_with_stride(&b[..(n - 1) * ldb + k], n, k, ldb).transpose();
+    matmul(dst, Accum::Replace, lhs, rhs, 1.0, par_for(m, n, k));
+}
+
 /// `C = β·C + α·A·B` with row-major `A [m, k]`, `B [k, n]`, `C [m, n]`.
 ///
 /// # Shapes
@@ -75,6 +99,15 @@ mod tests {
             for j in 0..n {
                 let s: f64 = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
                 assert!((c[i * n + j] - (1.0 + 2.0 * s)).abs() < 1e-14);
+            }
+        }
+        // The first 2 of 3 columns.
+        let mut cp = vec![0.0; m * n];
+        gemm_abt_prefix(&mut cp, &a, k, &b, k, m, n, 2);
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..2).map(|l| a[i * k + l] * b[j * k + l]).sum();
+                assert!((cp[i * n + j] - s).abs() < 1e-14);
             }
         }
         let bt: Vec<f64> = (0..k * n).map(|idx| b[(idx % n) * k + idx / n]).collect();
