@@ -298,8 +298,9 @@ pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, me
 }
 
 /// One smooth piece: the logits' quadratic, the Gram of `∇z` (`H(t) = H_0 + tH_1 + t²H_2`, the
-/// dense part `|ã(t)|²` on its diagonal) and the offset.
-struct Piece<'a> {
+/// dense part `|ã(t)|²` on its diagonal) and the offset. Also the scalar quadrature of
+/// [`super::mlppieces`].
+pub(crate) struct Piece<'a> {
     k: usize,
     alpha: f64,
     /// `z(t) = c[0] + t c[1] + t² c[2]`, `[3, K]`.
@@ -312,6 +313,14 @@ struct Piece<'a> {
 }
 
 impl<'a> Piece<'a> {
+    /// A piece from its logits' coefficients `c` (`[3, K]`: `z(t) = c_0 + t c_1 + t² c_2`, before
+    /// the offset and α) and the Gram of the logits' gradients `h` (`[3, K, K]`).
+    pub(crate) fn from_parts(k: usize, alpha: f64, c: Vec<f64>, h: Vec<f64>, off: Option<&'a [f64]>) -> Self {
+        assert!(c.len() == 3 * k && h.len() == 3 * k * k, "a piece has [3, K] logit and [3, K, K] Gram coefficients");
+        let hscale = alpha * alpha * h.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        Piece { k, alpha, c, h, off, hscale }
+    }
+
     fn new(step: &CnnStep, al: &Along<'_>, off: Option<&'a [f64]>) -> Self {
         let (k, nf) = (step.k, step.nf);
         let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
@@ -391,7 +400,7 @@ impl<'a> Piece<'a> {
 
     /// `[S_0, S_1]` (`[2K]`, zero for the identity map), the self-kernel `[K, K]` over `[a, b]`
     /// and the number of unconverged intervals.
-    fn integrate(&self, a: f64, b: f64, tol: f64, softmax: bool) -> (Vec<f64>, Vec<f64>, usize) {
+    pub(crate) fn integrate(&self, a: f64, b: f64, tol: f64, softmax: bool) -> (Vec<f64>, Vec<f64>, usize) {
         let k = self.k;
         let n = 2 * k + k * k;
         let mut total = vec![0.0; n];

@@ -15,6 +15,15 @@ use super::quadrature::poly_roots_in;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 
+/// The kinks in `(a, b)` of one hidden ReLU layer whose pre-activations are `z + t·u`: the
+/// times `−z/u`, sorted, within 1e-15 of each other merged.
+pub(crate) fn relu_cuts(z: &[f64], u: &[f64], a: f64, b: f64) -> Vec<f64> {
+    let mut cuts: Vec<f64> = z.iter().zip(u).filter(|(&zv, &uv)| uv.abs() > 1e-15 * zv.abs().max(uv.abs())).map(|(&zv, &uv)| -zv / uv).filter(|&t| t > a && t < b).collect();
+    cuts.sort_by(f64::total_cmp);
+    cuts.dedup_by(|u, v| (*u - *v).abs() <= 1e-15);
+    cuts
+}
+
 /// One dense layer at `w_s` with its step direction.
 #[derive(Clone, Debug)]
 pub struct Layer {
@@ -415,11 +424,7 @@ impl MlpStep {
             return Vec::new();
         }
         if let (Some((z, u)), 2) = (first, self.layers.len()) {
-            // One hidden layer: its pre-activations z + t·u cross zero at t = −z/u.
-            let mut cuts: Vec<f64> = z.iter().zip(u).filter(|(&zv, &uv)| uv.abs() > 1e-15 * zv.abs().max(uv.abs())).map(|(&zv, &uv)| -zv / uv).filter(|&t| t > a && t < b).collect();
-            cuts.sort_by(f64::total_cmp);
-            cuts.dedup_by(|u, v| (*u - *v).abs() <= 1e-15);
-            return cuts;
+            return relu_cuts(z, u, a, b);
         }
         let mut pieces = vec![(a, b)];
         // For each hidden layer, split every current piece at the zeros of that layer.

@@ -159,14 +159,7 @@ impl GramAccumulator {
             rows_of[pi - first].push(r);
         }
         let (rows0, train0) = &layers[0];
-        let d = rows0.n_in;
-        if self.s0.is_none() {
-            let mut s0 = vec![0.0; p * m];
-            gemm_abt(&mut s0, x_rows, train0.acts, p, m, d, 1.0, false);
-            let b = if bias { 1.0 } else { 0.0 };
-            s0.iter_mut().for_each(|v| *v += b);
-            self.s0 = Some(s0);
-        }
+        self.ensure_s0(x_rows, train0);
         // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o] for the points of the range, into the
         // step buffer (its products are formed over several steps at once, see Layer0Sum).
         let no0 = rows0.n_out;
@@ -182,71 +175,129 @@ impl GramAccumulator {
         if layers.len() == 1 {
             return;
         }
-        // Deeper layers: the step's training side once, then the chunk's J̄ rows appended to
-        // the pending block, contracted when it is large enough (one GEMM over many chunks).
-        if self.step_train.is_none() {
-            let n_deep = layers.len() - 1;
-            let train: Vec<DeepTrain> = layers[1..]
-                .iter()
-                .enumerate()
-                .map(|(li, (_, train))| {
-                    let structured = self.output_alpha.is_some() && li + 1 == n_deep;
-                    let deltas = match self.output_alpha {
-                        Some(alpha) if structured => TrainDeltas::output(layout, train.deltas, m, k, colw, alpha),
-                        _ => TrainDeltas::new(layout, train.deltas, m, k, train.n_out, colw),
-                    };
-                    DeepTrain { acts: train_acts_ext(train, bias), deltas, n_in: train.n_in, n_out: train.n_out, structured }
-                })
-                .collect();
-            self.pending.jbar.resize_with(train.len(), Vec::new);
-            self.step_train = Some(train);
+        let train: Vec<&LayerFactors<'_>> = layers[1..].iter().map(|(_, t)| t).collect();
+        self.ensure_step_train(&train, colw);
+        // The chunk's J̄ per deeper layer: structured [Ā; B̄] with q_{r,o} = −δ_r[(o+1) mod K, o]/α,
+        // or formed J̄[k, o, :] = Σ_r w_r δ_r[k, o] [a_r, 1].
+        let started = std::time::Instant::now();
+        let step_train = self.step_train.as_ref().expect("built above");
+        let chunk: Vec<Vec<f64>> = layers[1..]
+            .iter()
+            .zip(step_train)
+            .map(|((rows, _), dt)| {
+                let (ni, no) = (rows.n_in, rows.n_out);
+                let ne = ni + usize::from(bias);
+                let rpp = dt.rows_per_point(k);
+                let mut jbar = vec![0.0; (last - first) * rpp * ne];
+                for (pl, rs) in rows_of.iter().enumerate() {
+                    let dst = &mut jbar[pl * rpp * ne..(pl + 1) * rpp * ne];
+                    for &r in rs {
+                        let w = weight[r];
+                        let ar = &rows.acts[r * ni..(r + 1) * ni];
+                        let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
+                        for j in 0..rpp {
+                            let c = match (dt.structured, self.output_alpha) {
+                                (true, Some(_)) if j == 0 => w,
+                                (true, Some(alpha)) => -w * dr[(j % k) * no + (j - 1)] / alpha,
+                                _ => w * dr[j],
+                            };
+                            if c == 0.0 {
+                                continue;
+                            }
+                            let row = &mut dst[j * ne..(j + 1) * ne];
+                            for (dv, av) in row[..ni].iter_mut().zip(ar) {
+                                *dv += c * av;
+                            }
+                            if bias {
+                                row[ni] += c;
+                            }
+                        }
+                    }
+                }
+                jbar
+            })
+            .collect();
+        self.stats.seconds += started.elapsed().as_secs_f64();
+        self.push_pending(first, last, &chunk);
+    }
+
+    /// [`GramAccumulator::add_step`] for a one-hidden-layer network whose rows' side is already
+    /// integrated over the step ([`super::mlppieces`]): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
+    /// the output layer's `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`) of the row points `points`;
+    /// `train` are the training points' factors of both layers.
+    ///
+    /// # Panics
+    /// If the network does not have exactly two layers, the output layer is not structured
+    /// ([`GramAccumulator::with_output_alpha`]), or the shapes disagree.
+    pub fn add_integrated(&mut self, dbar: &[f64], ab: &[f64], train: &[LayerFactors<'_>], x_rows: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
+        assert!(train.len() == 2 && self.output_alpha.is_some(), "integrated rows need a one-hidden-layer network with a structured output layer");
+        let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
+        let (first, last) = (points.start, points.end.min(p));
+        if first >= last {
+            return;
         }
+        let h = train[0].n_out;
+        assert_eq!(dbar.len(), (last - first) * k * h, "δ̄ has the wrong size");
+        assert_eq!(ab.len(), (last - first) * (k + 1) * (h + usize::from(bias)), "[Ā; B̄] has the wrong size");
+        self.ensure_s0(x_rows, &train[0]);
+        let layout = self.sink.layout();
+        self.l0.get_or_insert_with(|| Layer0Sum::new(layout, p, m, k, h)).put_rows(first, dbar);
+        self.ensure_step_train(&[&train[1]], colw);
+        self.push_pending(first, last, &[ab.to_vec()]);
+    }
+
+    /// Forms `x_p·x_i + [bias]` (`[P, M]`) at the first call.
+    fn ensure_s0(&mut self, x_rows: &[f64], train0: &LayerFactors<'_>) {
+        if self.s0.is_none() {
+            let (p, m) = (self.p, self.m);
+            let mut s0 = vec![0.0; p * m];
+            gemm_abt(&mut s0, x_rows, train0.acts, p, m, train0.n_in, 1.0, false);
+            let b = if self.bias { 1.0 } else { 0.0 };
+            s0.iter_mut().for_each(|v| *v += b);
+            self.s0 = Some(s0);
+        }
+    }
+
+    /// Builds the step's training side of the deeper layers at its first chunk: activations
+    /// with the bias column `[M, ne]` and sensitivities arranged for the layout (the output
+    /// layer in its structured form when declared).
+    fn ensure_step_train(&mut self, train: &[&LayerFactors<'_>], colw: Option<&[f64]>) {
+        if self.step_train.is_some() {
+            return;
+        }
+        let (m, k, bias, layout) = (self.m, self.k, self.bias, self.sink.layout());
+        let n_deep = train.len();
+        let built: Vec<DeepTrain> = train
+            .iter()
+            .enumerate()
+            .map(|(li, t)| {
+                let structured = self.output_alpha.is_some() && li + 1 == n_deep;
+                let deltas = match self.output_alpha {
+                    Some(alpha) if structured => TrainDeltas::output(layout, t.deltas, m, k, colw, alpha),
+                    _ => TrainDeltas::new(layout, t.deltas, m, k, t.n_out, colw),
+                };
+                DeepTrain { acts: train_acts_ext(t, bias), deltas, n_in: t.n_in, n_out: t.n_out, structured }
+            })
+            .collect();
+        self.pending.jbar.resize_with(built.len(), Vec::new);
+        self.step_train = Some(built);
+    }
+
+    /// Appends the J̄ rows of the points `first..last` (one array per deeper layer) to the
+    /// pending block, contracting it first when it does not continue there and afterwards when
+    /// it is large enough.
+    fn push_pending(&mut self, first: usize, last: usize, chunk: &[Vec<f64>]) {
         if self.pending.first != self.pending.last && self.pending.last != first {
             self.contract_pending();
         }
         if self.pending.first == self.pending.last {
             (self.pending.first, self.pending.last) = (first, first);
+            self.pending.jbar.iter_mut().for_each(Vec::clear);
         }
-        let started = std::time::Instant::now();
-        let base = self.pending.first;
-        let train = self.step_train.as_ref().expect("built above");
-        for ((rows, _), (dt, jbar)) in layers[1..].iter().zip(train.iter().zip(self.pending.jbar.iter_mut())) {
-            let (ni, no) = (rows.n_in, rows.n_out);
-            let ne = ni + usize::from(bias);
-            let rpp = dt.rows_per_point(k);
-            jbar.resize((last - base) * rpp * ne, 0.0);
-            for (pl, rs) in rows_of.iter().enumerate() {
-                let at = (first - base + pl) * rpp * ne;
-                let dst = &mut jbar[at..at + rpp * ne];
-                dst.fill(0.0);
-                for &r in rs {
-                    let w = weight[r];
-                    let ar = &rows.acts[r * ni..(r + 1) * ni];
-                    let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
-                    // Structured: [Ā; B̄] with q_{r,o} = −δ_r[(o+1) mod K, o]/α; formed:
-                    // J̄[k, o, :] = Σ_r w_r δ_r[k, o] [a_r, 1].
-                    for j in 0..rpp {
-                        let c = match (dt.structured, self.output_alpha) {
-                            (true, Some(_)) if j == 0 => w,
-                            (true, Some(alpha)) => -w * dr[(j % k) * no + (j - 1)] / alpha,
-                            _ => w * dr[j],
-                        };
-                        if c == 0.0 {
-                            continue;
-                        }
-                        let row = &mut dst[j * ne..(j + 1) * ne];
-                        for (dv, av) in row[..ni].iter_mut().zip(ar) {
-                            *dv += c * av;
-                        }
-                        if bias {
-                            row[ni] += c;
-                        }
-                    }
-                }
-            }
+        for (jbar, c) in self.pending.jbar.iter_mut().zip(chunk) {
+            jbar.extend_from_slice(c);
         }
         self.pending.last = last;
-        self.stats.seconds += started.elapsed().as_secs_f64();
         if self.pending.last - self.pending.first >= self.pending_cap() {
             self.contract_pending();
         }

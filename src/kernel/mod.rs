@@ -28,6 +28,7 @@ pub mod generic;
 pub mod gram;
 pub mod layout;
 pub mod linalg;
+mod mlppieces;
 mod models;
 mod nodes;
 pub mod output;

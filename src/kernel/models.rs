@@ -17,6 +17,7 @@
 use super::convgram::{self, NodeStats};
 use super::eval::MlpStep;
 use super::gram::{self, GramAccumulator, LayerFactors};
+use super::mlppieces;
 use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
 use super::{generic, Points};
 use crate::error::Result;
@@ -63,6 +64,14 @@ pub(crate) trait StepModel {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput>;
 }
 
+/// Row points integrated at once on the [`mlppieces`] path (their factors are `K·h + (K+1)·(h+1)`
+/// numbers each).
+const INTEGRATED_CHUNK_POINTS: usize = 256;
+
+fn dot(x: &[f64], y: &[f64]) -> f64 {
+    x.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
 /// MLPs: structured per-layer factors.
 pub(crate) struct MlpModel<'a> {
     pub arch: &'a Architecture,
@@ -81,6 +90,56 @@ impl StepModel for MlpModel<'_> {
         let mut pred = vec![0.0; p * k];
         let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+        // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
+        // their kinks, no gradient evaluated at a node.
+        if input.fixed.is_none() && mlppieces::applies(&step) {
+            let h = step.layers[0].n_out;
+            let ne = h + usize::from(arch.bias);
+            for c0 in (0..p).step_by(INTEGRATED_CHUNK_POINTS) {
+                let pc = INTEGRATED_CHUNK_POINTS.min(p - c0);
+                let xc = &rows.x[c0 * d..(c0 + pc) * d];
+                let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
+                let first = step.first_layer(xc);
+                let rf = mlppieces::row_factors(&step, &first, xc, offc, input.tol_step, input.cosine);
+                acc.add_integrated(&rf.dbar, &rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
+                // Prediction ⟨∫∇f^k, v⟩: layer 0 as δ̄·(V_0 x̃), the output layer as
+                // α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]).
+                let mut xe = Vec::with_capacity(pc * (d + 1));
+                for xp in xc.chunks_exact(d) {
+                    xe.extend_from_slice(xp);
+                    if arch.bias {
+                        xe.push(1.0);
+                    }
+                }
+                let de = d + usize::from(arch.bias);
+                let mut vx = vec![0.0; pc * h];
+                super::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
+                for pl in 0..pc {
+                    let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
+                    let v1 = &v[1];
+                    let bv: f64 = (0..k).map(|o| dot(&ab[(1 + o) * ne..(2 + o) * ne], &v1[o * ne..(o + 1) * ne])).sum();
+                    for kt in 0..k {
+                        let l0 = dot(&rf.dbar[(pl * k + kt) * h..(pl * k + kt + 1) * h], &vx[pl * h..(pl + 1) * h]);
+                        let l1 = arch.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
+                        pred[(c0 + pl) * k + kt] += l0 + l1;
+                    }
+                }
+                if input.self_kernel {
+                    diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
+                }
+                for st in &rf.stats {
+                    stats.evaluations.push(mlppieces::EVALUATIONS);
+                    stats.jvp_evaluations.push(0);
+                    stats.pieces.push(st.pieces);
+                    stats.unconverged += st.unconverged;
+                    cos_sum += st.cosine_sum;
+                    cos_count += st.cosine_count;
+                }
+            }
+            acc.end_step(&train_layers[0], input.colw);
+            let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
+            return Ok(StepOutput { pred, stats, cosine });
+        }
         // Row points in chunks: the node data of one chunk is all that is held at once.
         for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
             let pc = NODE_CHUNK_POINTS.min(p - c0);

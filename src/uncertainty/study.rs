@@ -435,6 +435,47 @@ fn cached_train(clock: &mut Clock, stage: &str, method: &str, rc: &RunConfig, di
     })
 }
 
+/// Trains the runs `jobs` (config, directory) that are not cached yet as one stage, as many at
+/// once as the machine has cores: each records on its own one-thread pool
+/// ([`train::train_to_dir`]), so every run is bit for bit the run trained alone. The stage's
+/// seconds are the group's wall time.
+fn cached_train_group(clock: &mut Clock, stage: &str, method: &str, jobs: &[(RunConfig, PathBuf)], input: &UqStudyInput) -> Result<Vec<Run>> {
+    let keys: Vec<String> = jobs.iter().map(|(rc, _)| hash(&[&rc.run_id(), &train::created_by()])).collect();
+    let key = hash(&keys.iter().map(String::as_str).collect::<Vec<_>>());
+    if jobs.iter().all(|(rc, dir)| same_run(dir, rc)) && clock.has(stage, &key) {
+        clock.reuse(stage, &key);
+        return jobs.iter().map(|(_, dir)| Run::open(dir)).collect();
+    }
+    clock.run(stage, method, &key, || {
+        let todo: Vec<&(RunConfig, PathBuf)> = jobs.iter().filter(|(rc, dir)| !same_run(dir, rc)).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<()>> = std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..threads.min(todo.len()))
+                .map(|_| {
+                    sc.spawn(|| {
+                        let mut out = Ok(());
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((rc, dir)) = todo.get(i) else { break };
+                            // No progress bars: several runs share the terminal.
+                            let opts = TrainOptions { progress: false, force: true, base_dir: input.base_dir.clone(), memory_budget: None };
+                            if let Err(e) = train::train_to_dir(rc, dir, &opts) {
+                                out = Err(e);
+                                break;
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(Error::Backend("a training thread panicked".into())))).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+        jobs.iter().map(|(_, dir)| Run::open(dir)).collect()
+    })
+}
+
 fn with(rc: &RunConfig, lr: f64, steps: usize, seed: u64) -> RunConfig {
     let mut c = rc.clone();
     c.train.lr = lr;
@@ -459,10 +500,10 @@ fn select(clock: &mut Clock, input: &UqStudyInput, data: &Dataset) -> Result<(Se
     let last = *spec.steps.iter().max().expect("validated non-empty");
     let mut rows = Vec::new();
     let mut dirs = Vec::new();
-    for &lr in &spec.lrs {
-        let c = with(rc, lr, last, rc.train.seed);
-        let dir = input.cache.join("select").join(format!("lr-{lr}-steps-{last}"));
-        let run = cached_train(clock, &format!("selection run lr = {lr}, {last} steps"), "shared", &c, &dir, input)?;
+    let jobs: Vec<(RunConfig, PathBuf)> = spec.lrs.iter().map(|&lr| (with(rc, lr, last, rc.train.seed), input.cache.join("select").join(format!("lr-{lr}-steps-{last}")))).collect();
+    let lrs: Vec<String> = spec.lrs.iter().map(|lr| lr.to_string()).collect();
+    let runs = cached_train_group(clock, &format!("selection runs lr = {}, {last} steps (trained side by side)", lrs.join(", ")), "shared", &jobs, input)?;
+    for ((&lr, run), (_, dir)) in spec.lrs.iter().zip(runs).zip(jobs) {
         let log = io::Table::read_parquet(&run.dir.join("train_log.parquet"))?;
         let steps_col = log.i64("step").ok_or_else(|| Error::Data("train_log.parquet has no step column".into()))?.to_vec();
         let loss_col = log.f64("loss").ok_or_else(|| Error::Data("train_log.parquet has no loss column".into()))?.to_vec();
@@ -851,14 +892,19 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
     let arch = run.manifest.architecture.clone();
 
     // 2. The ensemble: the network itself for its seed, the others trained.
+    let others: Vec<u64> = spec.ensemble_seeds.iter().copied().filter(|&s| s != seed).collect();
+    let jobs: Vec<(RunConfig, PathBuf)> = others.iter().map(|&s| (with(&chosen, selection.lr, selection.steps, s), input.cache.join("ensemble").join(format!("seed-{s}")))).collect();
+    let seeds: Vec<String> = others.iter().map(u64::to_string).collect();
+    let trained = if jobs.is_empty() { Vec::new() } else { cached_train_group(&mut clock, &format!("ensemble members seeds {} (trained side by side)", seeds.join(", ")), "ensemble", &jobs, input)? };
+    let mut trained = others.iter().copied().zip(trained).collect::<Vec<_>>().into_iter();
     let mut members = Vec::new();
     for &s in &spec.ensemble_seeds {
         if s == seed {
             members.push(EnsembleMember { seed: s, dir: run.dir.clone(), reused: true, arch: arch.clone(), init: init.clone(), last: last_w.clone() });
             continue;
         }
-        let c = with(&chosen, selection.lr, selection.steps, s);
-        let r = cached_train(&mut clock, &format!("ensemble member seed {s}"), "ensemble", &c, &input.cache.join("ensemble").join(format!("seed-{s}")), input)?;
+        let (ts, r) = trained.next().expect("one trained run per other seed");
+        debug_assert_eq!(ts, s);
         let (i0, iw) = (r.load_step(0)?, r.load_step(r.manifest.steps)?);
         members.push(EnsembleMember { seed: s, dir: r.dir.clone(), reused: true, arch: r.manifest.architecture.clone(), init: i0, last: iw });
     }
