@@ -225,11 +225,15 @@ fn cosine_measure(step: &MlpStep, z: &[f64], xsq: f64, off: Option<&[f64]>, dbar
     let abar2 = dot(abar, abar);
     let b2: f64 = (0..k).map(|o| dot(&bbar[o * ne..(o + 1) * ne], &bbar[o * ne..(o + 1) * ne])).sum();
     let (mut total, mut count) = (0.0, 0);
+    // Layer 0 at t = 0: δ_0[k] = α m_0 ⊙ (W[k] − Wᵀp_0).
+    let mut wp = vec![0.0; h];
+    for (o, &po) in p0.iter().enumerate() {
+        wp.iter_mut().zip(&out.w[o * h..(o + 1) * h]).for_each(|(g, &wv)| *g += po * wv);
+    }
     let mut d0 = vec![0.0; h];
     for kk in 0..k {
-        // Layer 0 at t = 0: δ_0[k] = α m_0 ⊙ Wᵀ(e_k − p_0).
-        for j in 0..h {
-            d0[j] = if z[j] > 0.0 { alpha * (0..k).map(|o| (if o == kk { 1.0 } else { 0.0 } - p0[o]) * out.w[o * h + j]).sum::<f64>() } else { 0.0 };
+        for (j, dv) in d0.iter_mut().enumerate() {
+            *dv = if z[j] > 0.0 { alpha * (out.w[kk * h + j] - wp[j]) } else { 0.0 };
         }
         let db = &dbar[kk * h..(kk + 1) * h];
         let e = |o: usize| if o == kk { 1.0 } else { 0.0 } - p0[o];

@@ -282,22 +282,51 @@ pub struct RowGram {
     pub check: GramCheck,
 }
 
+/// [`row_gram`] of several row sets `sets` (`(x [P_j, d], name)`) from one kernel computation
+/// over all their rows: the training side of every step is evaluated once instead of once per
+/// set. Each set's check is its rows' machine against the network; its evaluation counts are
+/// those of the whole computation.
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+    let d = run.dataset.dim;
+    let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
+    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let o = kernel::compute_in(run, states, &points(&x, d), &req, &Options::layout(Layout::Diag), progress)?;
+    let (m, k) = (o.m, o.k);
+    let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
+    let mut out = Vec::with_capacity(sets.len());
+    let mut first = 0;
+    for (xs, name) in sets {
+        let p = xs.len() / d;
+        let rows = first..first + p;
+        let (machine, network) = (&o.machine[rows.start * k..rows.end * k], &o.network[rows.start * k..rows.end * k]);
+        let errs: Vec<f64> = machine.iter().zip(network).map(|(a, b)| (a - b).abs()).collect();
+        let check = GramCheck {
+            rows: (*name).into(),
+            side: "test".into(),
+            points: p,
+            steps: o.steps.len(),
+            max_abs_error: errs.iter().copied().fold(0.0, kernel::nan_max),
+            mean_abs_error: errs.iter().sum::<f64>() / errs.len().max(1) as f64,
+            mean_evaluations: o.mean_evaluations(),
+            max_evaluations: o.max_evaluations(),
+        };
+        let mut k_cross = Vec::with_capacity(k * p * m);
+        let mut k_test_diag = Vec::with_capacity(k * p);
+        for c in 0..k {
+            k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[idx * k + c]));
+            k_test_diag.extend(rows.clone().map(|pi| diag[(pi * k + c) * k + c]));
+        }
+        out.push(RowGram { kind, k_cross, k_test_diag, bias: o.bias[rows.start * k..rows.end * k].to_vec(), network: network.to_vec(), p, check });
+        first += p;
+    }
+    Ok(out)
+}
+
 /// The test-side Gram of `kind` (EPK rows integrated with `rule`) at the rows of `x`
 /// (`rows` names them in the check), class-diagonal layout, in memory.
 ///
 /// # Shapes
 /// `x: [P, d]`.
 pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let o = kernel::compute_in(run, states, &points(x, run.dataset.dim), &req, &Options::layout(Layout::Diag), progress)?;
-    let (p, m, k) = (o.p, o.m, o.k);
-    let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
-    let check = GramCheck::of(rows, &o);
-    let mut k_cross = Vec::with_capacity(k * p * m);
-    let mut k_test_diag = Vec::with_capacity(k * p);
-    for c in 0..k {
-        k_cross.extend((0..p * m).map(|idx| o.gram[idx * k + c]));
-        k_test_diag.extend((0..p).map(|pi| diag[(pi * k + c) * k + c]));
-    }
-    Ok(RowGram { kind, k_cross, k_test_diag, bias: o.bias.clone(), network: o.network.clone(), p, check })
+    Ok(row_grams(run, states, kind, rule, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
 }

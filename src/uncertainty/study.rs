@@ -660,7 +660,10 @@ fn kernel_family(
     let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
     let fam_key = hash(&[&fit_keys.join(","), &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string()]);
     let setting_key = |s: &Setting| hash(&[&fam_key, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))]);
-    let stage_of = |s: &Setting| format!("{} Gram at `{}` ({} points), posteriors, MC softmax", fam.kernel.to_uppercase(), s.info.name, s.info.n);
+    let stage_of = |s: &Setting| format!("{} posteriors and MC softmax at `{}` ({} points)", fam.kernel.to_uppercase(), s.info.name, s.info.n);
+    // Every setting's rows in one Gram computation (the training side of each step once).
+    let grams_stage = format!("{} Gram at every setting ({} points, one computation)", fam.kernel.to_uppercase(), settings.iter().map(|s| s.info.n).sum::<usize>());
+    let grams_key = hash(&settings.iter().map(setting_key).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
     let methods: Vec<String> = fam.gps.iter().map(|g| g.0.clone()).chain(fam.netmean.iter().map(|m| m.0.clone())).collect();
     let cached_fits: Vec<Option<GpFitCache>> = fam
         .gps
@@ -726,6 +729,27 @@ fn kernel_family(
             }
         }
     }
+    let todo: Vec<&Setting> = settings.iter().zip(&hits).filter(|(_, h)| h.is_none()).map(|(s, _)| s).collect();
+    let mut grams: BTreeMap<String, kernel_gp::RowGram> = BTreeMap::new();
+    if todo.is_empty() {
+        if clock.has(&grams_stage, &grams_key) {
+            clock.reuse(&grams_stage, &grams_key);
+        }
+    } else {
+        // Always over every setting, so that a setting recomputed alone (a lost cache file) gets
+        // the rows of the same computation, bit for bit.
+        let total: usize = settings.iter().map(|s| s.info.n).sum();
+        let bar = crate::progress::Progress::new(input.progress, 1, &format!("{} {total} rows {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.kernel));
+        let sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
+        let gs = clock.run(&grams_stage, &fam.gps[0].0, &grams_key, || {
+            kernel_gp::row_grams(run, states, fam.kind, fam.rule, &sets, &|d, t| {
+                bar.set_length(t as u64);
+                bar.set_position(d as u64);
+            })
+        })?;
+        bar.finish_and_clear();
+        grams.extend(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)));
+    }
     let mut out: Vec<ExternalMethod> = methods.iter().map(|m| ExternalMethod { name: m.clone(), settings: BTreeMap::new() }).collect();
     let mut checks = Vec::new();
     for (s, hit) in settings.iter().zip(hits) {
@@ -738,12 +762,8 @@ fn kernel_family(
                 h
             }
             None => {
-                let bar = crate::progress::Progress::new(input.progress, 1, &format!("{} {:<9} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.kernel, s.info.name));
+                let rows = grams.remove(&s.info.name).expect("computed above for every setting not cached");
                 let r = clock.run(&stage, &fam.gps[0].0, &key, || {
-                    let rows = kernel_gp::row_gram(run, states, fam.kind, fam.rule, &s.x, &s.info.name, &|d, t| {
-                        bar.set_length(t as u64);
-                        bar.set_position(d as u64);
-                    })?;
                     let mut errs: Vec<(String, String)> = Vec::new();
                     let mut posts: BTreeMap<String, Posterior> = BTreeMap::new();
                     for (i, ((name, _), g)) in fam.gps.iter().zip(&gps).enumerate() {
@@ -785,7 +805,6 @@ fn kernel_family(
                     write_cache_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone() })?;
                     Ok((preds, rows.check, errs))
                 })?;
-                bar.finish_and_clear();
                 r
             }
         };
