@@ -36,7 +36,7 @@ pub struct LayerFactors<'a> {
 
 /// Scratch bytes aimed at for one block of row points (the block's Gram rows in
 /// `[(p, k), (i, k')]` layout plus the deeper layers' `J̄` and `T`).
-pub(crate) const BLOCK_BYTES: usize = 32 << 20;
+pub(crate) const BLOCK_BYTES: usize = 16 << 20;
 
 /// Fewest row points per block: every block re-reads the training factors (`M·K·out`
 /// numbers per layer), so thin blocks turn the GEMMs memory-bound (at M = 10 000, blocks of 2
@@ -75,7 +75,7 @@ pub struct GramAccumulator {
     step_train: Option<Vec<DeepTrain>>,
     /// Row points whose deeper layers' J̄ is formed but not yet contracted.
     pending: Pending,
-    /// Scratch reused across steps: T.
+    /// Scratch of the deeper layers' products T within a step.
     scratch_t: Vec<f64>,
 }
 
@@ -348,6 +348,9 @@ impl GramAccumulator {
     pub fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
         self.contract_pending();
         self.step_train = None;
+        // T is not kept across steps: layer 0's fold below needs a block of the same size, and
+        // holding both would add a block to the peak.
+        self.scratch_t = Vec::new();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
             let started = std::time::Instant::now();
             self.stats.flops += l0.end_step(train0.deltas, colw, &mut self.sink, s0);
@@ -401,8 +404,9 @@ impl Contraction {
     }
 }
 
-/// Bytes aimed at for layer 0's step buffers (rows and training points together), at most the
-/// Gram's own size ([`super::blocked`] counts one more Gram row per row point for them). More
+/// Bytes aimed at for layer 0's step buffers (rows and training points together): a quarter of
+/// the Gram, or three steps where they fit in half of it ([`super::blocked`] counts one more
+/// Gram row per row point for them). More
 /// steps per buffer make the inner dimension of its GEMMs longer and the fold into the Gram
 /// (a pass over the Gram) rarer: on MNIST 2 000 × 2 000 `diag`, 1 slot (inner dimension 128)
 /// ran layer 0 at 46 GFLOP/s.
@@ -433,7 +437,9 @@ impl Layer0Sum {
     fn new(layout: Layout, p: usize, m: usize, k: usize, h: usize) -> Self {
         let per_slot = 8 * (p + m) * k * h;
         let gram = 8 * p * m * layout.per_pair(k);
-        let slots = (LAYER0_BUFFER_BYTES.min(gram) / per_slot.max(1)).clamp(1, 16);
+        // A quarter of the Gram, but three slots where they fit in half of it.
+        let fit = |bytes: usize| LAYER0_BUFFER_BYTES.min(bytes) / per_slot.max(1);
+        let slots = fit(gram / 4).max(fit(gram / 2).min(3)).clamp(1, 16);
         Layer0Sum { layout, p, m, k, h, slots, filled: 0, rows: zeroed(p * k * slots * h), train: zeroed(m * k * slots * h) }
     }
 
