@@ -197,25 +197,40 @@ struct Moments {
     diag: Vec<f64>,
 }
 
+/// The dense output layer's share of one piece: `Ā += L ã_0 + T ã_1` and (softmax)
+/// `B̄[o] += S_0[o] ã_0 + S_1[o] ã_1`.
+///
+/// # Shapes
+/// `ab` `[K+1, nf]`, `a0`, `a1` `[nf]`, `s` `[2K]` (`[S_0; S_1]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_dense_moments(ab: &mut [f64], a0: &[f64], a1: &[f64], l: f64, t: f64, s: &[f64], k: usize, softmax: bool) {
+    let nf = a0.len();
+    let (wbar, vbar) = ab.split_at_mut(nf);
+    for ((w, &x0), &x1) in wbar.iter_mut().zip(a0).zip(a1) {
+        *w += l * x0 + t * x1;
+    }
+    if softmax {
+        for o in 0..k {
+            let (s0, s1) = (s[o], s[k + o]);
+            for ((v, &x0), &x1) in vbar[o * nf..(o + 1) * nf].iter_mut().zip(a0).zip(a1) {
+                *v += s0 * x0 + s1 * x1;
+            }
+        }
+    }
+}
+
 /// Adds one run's moments on the current pattern of `al` into the factors (module docs).
 fn add_run(al: &Along<'_>, mo: &Moments, softmax: bool, gc: &mut [f64], ab: &mut [f64], diag: &mut [f64], y: &mut [f64]) {
     let st = al.step;
-    let (k, nf, alpha) = (st.k, st.nf, st.alpha);
+    let (k, alpha) = (st.k, st.alpha);
     let cne = st.co * st.ne;
     let (l, t, s) = (mo.l, mo.t, &mo.s);
     let (e0, e1, a0, a1) = (&al.e0, &al.e1, &al.a0, &al.a1);
-    let (wbar, vbar) = ab.split_at_mut(nf);
-    // Dense: Ā += L ã_0 + T ã_1, B̄[o] += S_0[o] ã_0 + S_1[o] ã_1.
-    for j in 0..nf {
-        wbar[j] += l * a0[j] + t * a1[j];
-    }
+    add_dense_moments(ab, a0, a1, l, t, s, k, softmax);
     y.iter_mut().for_each(|v| *v = 0.0);
     if softmax {
         for o in 0..k {
             let (s0, s1) = (s[o], s[k + o]);
-            for (v, (&x0, &x1)) in vbar[o * nf..(o + 1) * nf].iter_mut().zip(a0.iter().zip(a1)) {
-                *v += s0 * x0 + s1 * x1;
-            }
             // Y = Σ_o S_0[o] E_0[o] + S_1[o] E_1[o].
             for ((yv, &x0), &x1) in y.iter_mut().zip(&e0[o * cne..(o + 1) * cne]).zip(&e1[o * cne..(o + 1) * cne]) {
                 *yv += s0 * x0 + s1 * x1;

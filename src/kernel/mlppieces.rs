@@ -28,7 +28,7 @@
 //! evaluations this path reports are [`EVALUATIONS`] per point and step: the two t-coefficients
 //! `W`, `ΔW` routed through the pattern, a backward pass' worth each.
 
-use super::convpieces::Piece;
+use super::convpieces::{add_dense_moments, Piece};
 use super::eval::{relu_cuts, FirstLayer, MlpStep};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;
@@ -93,7 +93,7 @@ pub(crate) fn row_factors(step: &MlpStep, first: &FirstLayer, x: &[f64], off: Op
     out
 }
 
-fn dot(x: &[f64], y: &[f64]) -> f64 {
+pub(crate) fn dot(x: &[f64], y: &[f64]) -> f64 {
     x.iter().zip(y).map(|(a, b)| a * b).sum()
 }
 
@@ -164,17 +164,11 @@ fn integrate_point(step: &MlpStep, z: &[f64], u: &[f64], xsq: f64, off: Option<&
         st.pieces += 1;
         diag.iter_mut().zip(&dg).for_each(|(x, v)| *x += v);
         let (l, t) = (b - a, 0.5 * (b * b - a * a));
-        let (abar, bbar) = ab.split_at_mut(ne);
-        for j in 0..ne {
-            abar[j] += l * a0[j] + t * a1[j];
-        }
+        add_dense_moments(&mut ab, &a0, &a1, l, t, &s, k, softmax);
         y.iter_mut().for_each(|v| *v = 0.0);
         if softmax {
             for o in 0..k {
                 let (s0, s1) = (s[o], s[k + o]);
-                for ((bv, &x0), &x1) in bbar[o * ne..(o + 1) * ne].iter_mut().zip(&a0).zip(&a1) {
-                    *bv += s0 * x0 + s1 * x1;
-                }
                 for ((yv, &wv), &dv) in y.iter_mut().zip(&w[o * h..(o + 1) * h]).zip(&dw[o * h..(o + 1) * h]) {
                     *yv += s0 * wv + s1 * dv;
                 }

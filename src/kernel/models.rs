@@ -17,7 +17,7 @@
 use super::convgram::{self, NodeStats};
 use super::eval::MlpStep;
 use super::gram::{self, GramAccumulator, LayerFactors};
-use super::mlppieces;
+use super::mlppieces::{self, dot};
 use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
 use super::{generic, Points};
 use crate::error::Result;
@@ -67,10 +67,6 @@ pub(crate) trait StepModel {
 /// Row points integrated at once on the [`mlppieces`] path (their factors are `K·h + (K+1)·(h+1)`
 /// numbers each).
 const INTEGRATED_CHUNK_POINTS: usize = 256;
-
-fn dot(x: &[f64], y: &[f64]) -> f64 {
-    x.iter().zip(y).map(|(a, b)| a * b).sum()
-}
 
 /// MLPs: structured per-layer factors.
 pub(crate) struct MlpModel<'a> {
