@@ -377,3 +377,49 @@ fn cnn_epk_auto_reproduces_the_network() {
     }
 }
 
+
+/// Kernels on the logits: the machine reproduces the network's logits (the pre-log-softmax
+/// values, checked against an independent forward pass through the identity output map) to
+/// machine precision, for the one-hidden-layer pieces path, a deeper tanh MLP and SGD; the NTK's
+/// logit Gram equals the generic autodiff Gram of the identity-output network; momentum runs are
+/// refused.
+#[test]
+fn logit_kernels_reproduce_the_logits() {
+    use pathkernel::kernel::{Layout, Options, Outputs};
+    use pathkernel::model::OutputKind;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, hidden, act, rule) in [("relu1", "[6]", "relu", Rule::Auto(1e-12)), ("tanh2", "[5, 4]", "tanh", Rule::Gauss(8))] {
+        let run = train(dir.path(), name, &toy2d(hidden, act, 3, 0.5, 8, 4));
+        let states = run.load_all().unwrap();
+        let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+        let opts = Options { outputs: Outputs::Logits, ..Options::layout(Layout::Full) };
+        let req = KernelRequest { kind: KernelKind::Epk, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+        let o = kernel::compute_in(&run, &states, &pts, &req, &opts, &|_, _| {}).unwrap();
+        let mut arch = run.manifest.architecture.clone();
+        arch.output = OutputKind::Identity;
+        let logits = arch.forward(&states[run.manifest.steps], Some(&states[0]), &run.dataset.x_test).unwrap();
+        assert!(max_abs_diff(&o.network, &logits) < 1e-12, "{name}: network values are not the logits");
+        let logsm = run.manifest.architecture.forward(&states[run.manifest.steps], Some(&states[0]), &run.dataset.x_test).unwrap();
+        assert!(max_abs_diff(&logits, &logsm) > 1e-3, "{name}: logits equal log-softmax outputs");
+        assert!(o.max_abs_error() < 1e-11, "{name}: machine vs logits {:e}", o.max_abs_error());
+        // The NTK on the logits against the generic autodiff Gram of the identity-output network.
+        let ntk = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+        let o = kernel::compute_in(&run, &states, &pts, &ntk, &opts, &|_, _| {}).unwrap();
+        let mut slow = vec![0.0; o.gram.len()];
+        let mut slow_diag = vec![0.0; o.p * o.k * o.k];
+        let n = run.manifest.steps;
+        generic::step_gram(&arch, &states[n], None, &states[0], &run.dataset.x_test, &[(0.0, 1.0)], &run.dataset.x_train, &mut slow, &mut slow_diag).unwrap();
+        let rel = max_abs_diff(&o.gram, &slow) / max_abs(&slow);
+        assert!(rel <= 1e-12, "{name}: logit NTK vs generic {rel:e}");
+    }
+    let sgd = train(dir.path(), "sgd", &toy2d("[6]", "relu", 3, 0.3, 10, 4).replace("seed = 7\n", "seed = 7\noptimizer = \"sgd\"\nbatch_size = 7\n"));
+    let states = sgd.load_all().unwrap();
+    let pts = PointsSpec::Test.resolve(&sgd.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let o = kernel::compute_in(&sgd, &states, &pts, &req, &Options { outputs: Outputs::Logits, ..Default::default() }, &|_, _| {}).unwrap();
+    assert!(o.max_abs_error() < 1e-11, "sgd: machine vs logits {:e}", o.max_abs_error());
+    let mom = train(dir.path(), "mom", &toy2d("[6]", "relu", 3, 0.3, 5, 4).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
+    let states = mom.load_all().unwrap();
+    let err = kernel::compute_in(&mom, &states, &pts, &req, &Options { outputs: Outputs::Logits, ..Default::default() }, &|_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("plain gradient steps"), "{err}");
+}

@@ -46,6 +46,36 @@ pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usiz
     Ok(g)
 }
 
+/// ∂L/∂z(x_i) at one state for the mean cross-entropy on the logits `z` (`[M, K]`):
+/// `(softmax(z_i) − e_{y_i}) / n` over the step's points (all M, or the mini-batch).
+pub fn logit_loss_gradient(z: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
+    let Targets::Labels(y) = targets else {
+        return Err(Error::Data("the cross-entropy on the logits needs class labels".into()));
+    };
+    if z.len() != m * k {
+        return Err(Error::ShapeMismatch { what: "training logits".into(), expected: vec![m, k], got: vec![z.len()] });
+    }
+    let mut g = vec![0.0; m * k];
+    let all: Vec<usize>;
+    let rows: &[usize] = match batch {
+        Some(b) => b,
+        None => {
+            all = (0..m).collect();
+            &all
+        }
+    };
+    let n = rows.len().max(1) as f64;
+    for &i in rows {
+        let row = &z[i * k..(i + 1) * k];
+        let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - mx).exp()).sum();
+        for c in 0..k {
+            g[i * k + c] = ((row[c] - mx).exp() / s - if c == y[i] { 1.0 } else { 0.0 }) / n;
+        }
+    }
+    Ok(g)
+}
+
 /// Computes a kernel over the recorded path between row points and the training set, with the
 /// kernel machine and its per-step validation.
 ///
@@ -94,11 +124,14 @@ pub struct Options {
     /// all M). A proper range gives one column block's share ([`ColumnShare`]), assembled with
     /// the others by [`super::columns::assemble`]; `(0, M)` is the same as `None`.
     pub columns: Option<(usize, usize)>,
+    /// Which outputs the kernel is on: the network's own (log-softmax for a classifier) or its
+    /// logits ([`Outputs`]).
+    pub outputs: Outputs,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX, columns: None }
+        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX, columns: None, outputs: Outputs::Network }
     }
 }
 
@@ -157,6 +190,25 @@ pub(super) fn compute_inner(
 ) -> Result<KernelOutput> {
     let (layout, memory_budget, path) = (opts.layout, opts.memory_budget, opts.path);
     let start = Instant::now();
+    // The kernel on the logits of a classifier: the same path seen through the identity output
+    // map, a_{i,s} from ∂L/∂z = softmax(z) − y (module docs of `Outputs`).
+    let logit_manifest;
+    let manifest = match (opts.outputs, manifest.architecture.output) {
+        (Outputs::Logits, crate::model::OutputKind::LogSoftmax) => {
+            if manifest.loss != LossKind::CrossEntropy {
+                return Err(Error::Config("kernels on the logits need a classifier trained on the cross-entropy".into()));
+            }
+            if !crate::optim::UpdateRule::of(&manifest.optimizer).is_plain() {
+                return Err(Error::Config("kernels on the logits are implemented for plain gradient steps (GD/SGD); this run's optimizer keeps state (momentum, Adam or weight decay)".into()));
+            }
+            let mut m = manifest.clone();
+            m.architecture.output = crate::model::OutputKind::Identity;
+            logit_manifest = m;
+            &logit_manifest
+        }
+        _ => manifest,
+    };
+    let ce_on_logits = manifest.loss == LossKind::CrossEntropy && manifest.architecture.output == crate::model::OutputKind::Identity;
     let arch = &manifest.architecture;
     let n = manifest.steps;
     if states.len() != n + 1 {
@@ -269,8 +321,9 @@ pub(super) fn compute_inner(
         }
         if s < hi {
             // Cross-entropy's ∂L/∂f depends on the labels only; MSE's on the outputs.
-            let ft = if manifest.loss == LossKind::Mse { values(&states[s], &train.x_train, off_train.as_deref())? } else { Vec::new() };
-            let g = loss_gradient(manifest.loss, &ft, &train.y_train, m_all, k, batches.as_ref().map(|b| b[s].as_slice()))?;
+            let ft = if manifest.loss == LossKind::Mse || ce_on_logits { values(&states[s], &train.x_train, off_train.as_deref())? } else { Vec::new() };
+            let batch = batches.as_ref().map(|b| b[s].as_slice());
+            let g = if ce_on_logits { logit_loss_gradient(&ft, &train.y_train, m_all, k, batch)? } else { loss_gradient(manifest.loss, &ft, &train.y_train, m_all, k, batch)? };
             // Only the columns' rows of a and ∂L/∂f are kept.
             let g = g[c0 * k..c1 * k].to_vec();
             let eps = manifest.learning_rates[s];

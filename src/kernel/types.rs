@@ -106,6 +106,32 @@ impl std::fmt::Display for KernelForm {
     }
 }
 
+/// Which outputs of the network a kernel is on.
+///
+/// A classifier's outputs are the log-softmax of its logits `z`; the EPK identity holds for the
+/// logits too: along step s, `z_{w_{s+1}}(x) − z_{w_s}(x) = Σ_i a_{i,s} · K_s(x, x_i)` with the
+/// gradients of `z` in the kernel and `a_{i,s} = −ε_s ∂L/∂z(x_i) = −ε_s (softmax(z_i) − e_{y_i})/n`
+/// (depends on s, so Theorem 3.7's single machine does not apply). Logits are what
+/// laplace-torch's `FunctionalLaplace` puts its GP on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outputs {
+    /// The network's outputs as trained (log-softmax for a classifier, identity for regression).
+    #[default]
+    Network,
+    /// The logits of a classifier (plain gradient steps; the same as `Network` for regression).
+    Logits,
+}
+
+impl std::fmt::Display for Outputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outputs::Network => "network",
+            Outputs::Logits => "logits",
+        })
+    }
+}
+
 /// Which copy of the input space a point lives in (EPK Definition 3.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -38,7 +38,7 @@
 
 pub mod ensemble;
 pub mod kernel_gp;
-pub mod laplace;
+
 pub mod metrics;
 pub mod report;
 pub mod shift;
@@ -57,7 +57,7 @@ use crate::model::{Architecture, Params};
 
 pub use ensemble::{network_logits, train_ensemble, Ensemble};
 pub use kernel_gp::{GramCheck, KernelGp, KernelGpFit, KernelGpSpec};
-pub use laplace::{LaplaceParams, LastLayerLaplace, LogitPosterior};
+pub use crate::gp::lastlayer::{self as laplace, LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, reliability, ReliabilityBin, ScoreDirection};
 pub use report::{LaplaceSummary, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
 pub use temperature::{fit_temperature, TemperatureFit};
