@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use pathkernel::gp::GpParams;
 use pathkernel::io::{Column, SafeFile, Table};
-use pathkernel::kernel::{self, KernelKind, KernelRequest, Layout, Options, Points, Rule, Side};
+use pathkernel::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, Rule, Side};
 use pathkernel::study::{self, StudyOptions};
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
@@ -242,9 +242,10 @@ fn kernel_gp_matches_the_gp_workflow() {
     let train_pts = Points { x: run.dataset.x_train.clone(), dim: run.dataset.dim };
     let test_pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
     let rule = Rule::Auto(1e-12);
-    for (kind, spec) in [(KernelKind::Epk, KernelGpSpec::epk(rule)), (KernelKind::Ntk, KernelGpSpec::ntk())] {
+    // On the network's outputs, as the `gp` workflow on kernel directories.
+    for (kind, spec) in [(KernelKind::Epk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::epk(rule) }), (KernelKind::Ntk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::ntk() })] {
         let gp = KernelGp::fit(&run, &states, &spec, &noop).unwrap();
-        let rows = kernel_gp::row_gram(&run, &states, kind, rule, &run.dataset.x_test, "test", &noop).unwrap();
+        let rows = kernel_gp::row_gram(&run, &states, kind, rule, Outputs::Network, &run.dataset.x_test, "test", &noop).unwrap();
         let post = gp.posterior(&rows).unwrap();
         let (mean, var, noise) = if kind == KernelKind::Epk {
             // The reference: the same kernels written as kernel directories, then `gp`.
@@ -319,7 +320,7 @@ fn kernel_gp_matches_the_gp_workflow() {
     }
     // A GP on one kernel refuses the rows of another; the NTK has no test side to symmetrise.
     let gp = KernelGp::fit(&run, &states, &KernelGpSpec::ntk(), &noop).unwrap();
-    let rows = kernel_gp::row_gram(&run, &states, KernelKind::Epk, rule, &run.dataset.x_test[..784], "one", &noop).unwrap();
+    let rows = kernel_gp::row_gram(&run, &states, KernelKind::Epk, rule, Outputs::Logits, &run.dataset.x_test[..784], "one", &noop).unwrap();
     assert!(gp.posterior(&rows).is_err());
     assert!(KernelGp::fit(&run, &states, &KernelGpSpec::ntk().train_gram(TrainGram::SymmetrisedTestSide), &noop).is_err());
 }

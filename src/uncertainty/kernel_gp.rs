@@ -11,8 +11,11 @@
 //!   points on the test side (the EPK's integrated gradients, the rows the exact kernel machine
 //!   uses) and symmetrises that non-symmetric Gram. Each class block is symmetrised,
 //!   `(K + Kᵀ)/2`, and its relative asymmetry before that is reported.
-//! - **Targets.** `y_i^c = f^c_{w_N}(x_i) − f^c_{w_0}(x_i)` (the log-softmax outputs minus the
-//!   bias `b = f_{w_0}`, the part the kernel machine carries).
+//! - **Outputs.** The kernels are on the network's logits (`KernelGpSpec::outputs`, the
+//!   benchmark's choice since the function-space Laplace methods share the Grams; the log-softmax
+//!   outputs of the paper's §4.2 are the other choice).
+//! - **Targets.** `y_i^c = f^c_{w_N}(x_i) − f^c_{w_0}(x_i)` (the outputs minus the bias
+//!   `b = f_{w_0}`, the part the kernel machine carries).
 //! - **Rows.** `kind` with `side = test` at a setting's points (the EPK's test-side gradients
 //!   integrated over every step by the quadrature `rule`), class-diagonal layout, with the
 //!   self-kernel `K^{cc}(x, x)` as the prior variance; the posterior mean gets the bias
@@ -27,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::gp::{FittedGp, GpParams, Posterior};
-use crate::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, Points, Rule, Side};
+use crate::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, Outputs, Points, Rule, Side};
 use crate::model::Params;
 use crate::trajectory::Run;
 
@@ -54,17 +57,19 @@ pub struct KernelGpSpec {
     pub params: GpParams,
     /// The training Gram.
     pub train_gram: TrainGram,
+    /// The outputs the kernel is on (the benchmark: the logits).
+    pub outputs: Outputs,
 }
 
 impl KernelGpSpec {
     /// The EPK with the quadrature `rule`, the train-side training Gram and hyper-parameters by
     /// marginal likelihood.
     pub fn epk(rule: Rule) -> Self {
-        KernelGpSpec { kind: KernelKind::Epk, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide }
+        KernelGpSpec { kind: KernelKind::Epk, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits }
     }
     /// The empirical NTK at the last state, hyper-parameters by marginal likelihood.
     pub fn ntk() -> Self {
-        KernelGpSpec { kind: KernelKind::Ntk, rule: Rule::Auto(1e-12), params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide }
+        KernelGpSpec { kind: KernelKind::Ntk, rule: Rule::Auto(1e-12), params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits }
     }
     /// The same with another training Gram.
     pub fn train_gram(mut self, g: TrainGram) -> Self {
@@ -73,7 +78,7 @@ impl KernelGpSpec {
     }
     /// A text that identifies the specification (cache keys).
     pub fn key(&self) -> String {
-        format!("{}|{}|{}|{:?}", self.kind, self.rule, serde_json::to_string(&self.params).unwrap_or_default(), self.train_gram)
+        format!("{}|{}|{}|{:?}|{}", self.kind, self.rule, serde_json::to_string(&self.params).unwrap_or_default(), self.train_gram, self.outputs)
     }
     fn check(&self) -> Result<()> {
         match (self.kind, self.train_gram) {
@@ -189,42 +194,16 @@ impl KernelGp {
     /// # Shapes
     /// `states`: the run's `w_0 … w_N`.
     pub fn fit(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<KernelGp> {
-        spec.check()?;
-        if !run.dataset.is_classification() {
-            return Err(Error::Config("a kernel GP of the benchmark needs a classification run".into()));
-        }
-        let t0 = Instant::now();
-        let side = match spec.train_gram {
-            TrainGram::TrainSide => Side::Train,
-            TrainGram::SymmetrisedTestSide => Side::Test,
-        };
-        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: None };
-        let pts = points(&run.dataset.x_train, run.dataset.dim);
-        let o = kernel::compute_in(run, states, &pts, &req, &Options::layout(Layout::Diag), progress)?;
-        let (m, k) = (o.m, o.k);
-        if o.p != m {
-            return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
-        }
-        let train_check = GramCheck::of("train", &o);
-        let mut k_train = Vec::with_capacity(k * m * m);
-        let (mut asymmetry, mut mean_diag) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        for c in 0..k {
-            let mut b: Vec<f64> = (0..m * m).map(|idx| o.gram[idx * k + c]).collect();
-            asymmetry.push(rel_asymmetry(&b, m));
-            mean_diag.push((0..m).map(|i| b[i * m + i]).sum::<f64>() / m as f64);
-            for i in 0..m {
-                for j in i + 1..m {
-                    let v = 0.5 * (b[i * m + j] + b[j * m + i]);
-                    b[i * m + j] = v;
-                    b[j * m + i] = v;
-                }
-            }
-            k_train.extend(b);
-        }
-        let targets: Vec<f64> = o.network.iter().zip(&o.bias).map(|(f, b)| f - b).collect();
-        drop(o);
+        let blocks = TrainBlocks::compute(run, states, spec, progress)?;
+        Self::fit_blocks(&blocks, spec)
+    }
+
+    /// [`KernelGp::fit`] on a training Gram already computed (of `spec`'s kernel).
+    pub fn fit_blocks(blocks: &TrainBlocks, spec: &KernelGpSpec) -> Result<KernelGp> {
+        let (m, k) = (blocks.m, blocks.k);
+        let targets: Vec<f64> = blocks.network.iter().zip(&blocks.bias).map(|(f, b)| f - b).collect();
         let t1 = Instant::now();
-        let fitted = spec.params.fit(&k_train, &targets, m, k)?;
+        let fitted = spec.params.fit(&blocks.k_train, &targets, m, k)?;
         let fit = KernelGpFit {
             kind: spec.kind.to_string(),
             quadrature: if spec.kind == KernelKind::Epk { spec.rule.to_string() } else { "none".into() },
@@ -233,11 +212,11 @@ impl KernelGp {
             output_scale: fitted.output_scale(),
             jitter: fitted.jitter_used(),
             log_marginal_likelihood: fitted.log_marginal_likelihood(),
-            mean_diag,
-            asymmetry,
-            train_check,
+            mean_diag: blocks.mean_diag.clone(),
+            asymmetry: blocks.asymmetry.clone(),
+            train_check: blocks.check.clone(),
         };
-        let seconds = (t1.duration_since(t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        let seconds = (blocks.seconds, t1.elapsed().as_secs_f64());
         Ok(KernelGp { spec: spec.clone(), fitted, fit, seconds })
     }
 
@@ -263,6 +242,70 @@ impl KernelGp {
     }
 }
 
+/// The class blocks of a training Gram on the run's training points, with the outputs there.
+#[derive(Clone, Debug)]
+pub struct TrainBlocks {
+    /// Class blocks, each symmetrised `(K + Kᵀ)/2`. # Shapes `[K, M, M]`.
+    pub k_train: Vec<f64>,
+    /// `f_{w_N}(x_i)` on the kernel's outputs. # Shapes `[M, K]`.
+    pub network: Vec<f64>,
+    /// `f_{w_0}(x_i)`. # Shapes `[M, K]`.
+    pub bias: Vec<f64>,
+    /// Relative asymmetry of each class block before symmetrisation. # Shapes `[K]`.
+    pub asymmetry: Vec<f64>,
+    /// Mean diagonal of each class block. # Shapes `[K]`.
+    pub mean_diag: Vec<f64>,
+    /// The Gram's kernel machine against the network.
+    pub check: GramCheck,
+    /// Training points M and classes K.
+    pub m: usize,
+    /// Classes K.
+    pub k: usize,
+    /// Seconds of the kernel computation.
+    pub seconds: f64,
+}
+
+impl TrainBlocks {
+    /// The training Gram of `spec` (kind, side by `spec.train_gram`, outputs) in the
+    /// class-diagonal layout. Errors: a kind other than epk/ntk, a regression run, and every
+    /// error of the kernel engine.
+    pub fn compute(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<TrainBlocks> {
+        spec.check()?;
+        if !run.dataset.is_classification() {
+            return Err(Error::Config("a kernel GP of the benchmark needs a classification run".into()));
+        }
+        let t0 = Instant::now();
+        let side = match spec.train_gram {
+            TrainGram::TrainSide => Side::Train,
+            TrainGram::SymmetrisedTestSide => Side::Test,
+        };
+        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: None };
+        let pts = points(&run.dataset.x_train, run.dataset.dim);
+        let o = kernel::compute_in(run, states, &pts, &req, &Options { outputs: spec.outputs, ..Options::layout(Layout::Diag) }, progress)?;
+        let (m, k) = (o.m, o.k);
+        if o.p != m {
+            return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
+        }
+        let check = GramCheck::of("train", &o);
+        let mut k_train = Vec::with_capacity(k * m * m);
+        let (mut asymmetry, mut mean_diag) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for c in 0..k {
+            let mut b: Vec<f64> = (0..m * m).map(|idx| o.gram[idx * k + c]).collect();
+            asymmetry.push(rel_asymmetry(&b, m));
+            mean_diag.push((0..m).map(|i| b[i * m + i]).sum::<f64>() / m as f64);
+            for i in 0..m {
+                for j in i + 1..m {
+                    let v = 0.5 * (b[i * m + j] + b[j * m + i]);
+                    b[i * m + j] = v;
+                    b[j * m + i] = v;
+                }
+            }
+            k_train.extend(b);
+        }
+        Ok(TrainBlocks { k_train, network: o.network.clone(), bias: o.bias.clone(), asymmetry, mean_diag, check, m, k, seconds: t0.elapsed().as_secs_f64() })
+    }
+}
+
 /// A test-side Gram at some rows, in the GP's layout, with what the posterior needs.
 #[derive(Clone, Debug)]
 pub struct RowGram {
@@ -274,7 +317,7 @@ pub struct RowGram {
     pub k_test_diag: Vec<f64>,
     /// `f_{w_0}(x_p)`. # Shapes `[P, K]`.
     pub bias: Vec<f64>,
-    /// `f_{w_N}(x_p)` (log-softmax outputs). # Shapes `[P, K]`.
+    /// `f_{w_N}(x_p)` on the kernel's outputs (the logits in the benchmark). # Shapes `[P, K]`.
     pub network: Vec<f64>,
     /// Rows P.
     pub p: usize,
@@ -286,11 +329,11 @@ pub struct RowGram {
 /// over all their rows: the training side of every step is evaluated once instead of once per
 /// set. Each set's check is its rows' machine against the network; its evaluation counts are
 /// those of the whole computation.
-pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
     let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let o = kernel::compute_in(run, states, &points(&x, d), &req, &Options::layout(Layout::Diag), progress)?;
+    let o = kernel::compute_in(run, states, &points(&x, d), &req, &Options { outputs, ..Options::layout(Layout::Diag) }, progress)?;
     let (m, k) = (o.m, o.k);
     let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
     let mut out = Vec::with_capacity(sets.len());
@@ -327,6 +370,6 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, set
 ///
 /// # Shapes
 /// `x: [P, d]`.
-pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    Ok(row_grams(run, states, kind, rule, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
+pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
+    Ok(row_grams(run, states, kind, rule, outputs, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
 }

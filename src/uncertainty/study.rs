@@ -43,7 +43,7 @@ use super::temperature::TemperatureFit;
 use super::{BenchmarkConfig, Ensemble, ExternalMethod, Network, Predictive, Setting};
 
 /// Bumped whenever the cached stages' files or meaning change.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 
 fn default_lrs() -> Vec<f64> {
     vec![0.1, 0.2, 0.5]
@@ -109,6 +109,14 @@ pub struct UqStudySpec {
     /// Test images in the chart of the largest EPK-GP/MAP confidence differences (default 24).
     #[serde(default = "default_grid")]
     pub disagreement_images: usize,
+    /// Function-space Laplace on each kernel of `kernel_gps` (default none): the curvatures
+    /// `diag` and/or `full` ([`crate::gp::functional`]). Each adds, on the same Grams (on the
+    /// logits), `fsl-{kernel}-{curvature}` (δ by the evidence, probit), `…-mc` (the same, Monte
+    /// Carlo from the `K × K` covariance), `…-T` (a temperature fitted on the validation
+    /// split), `…-Ts` (temperature and variance scale fitted there) and, for `diag`, `…-grid`
+    /// (δ by the validation NLL over `logspace(−4, 4, 100)`, probit).
+    #[serde(default)]
+    pub fsl: Vec<crate::gp::Curvature>,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
     #[serde(default)]
     pub benchmark: BenchmarkConfig,
@@ -125,6 +133,7 @@ impl Default for UqStudySpec {
             ablations: Vec::new(),
             notes: String::new(),
             disagreement_images: default_grid(),
+            fsl: Vec::new(),
             benchmark: BenchmarkConfig::default(),
         }
     }
@@ -194,10 +203,10 @@ impl UqStudySpec {
                     if self.ablations.iter().any(|a| a == "netmean") {
                         netmean.push(("epk-gp-netmean".to_string(), "epk-gp".to_string()));
                     }
-                    KernelFamily { kernel: "epk", kind: KernelKind::Epk, rule, gps, netmean }
+                    KernelFamily { kernel: "epk", kind: KernelKind::Epk, rule, gps, netmean, fsl: self.fsl.clone() }
                 } else {
                     let netmean = if self.ablations.iter().any(|a| a == "netmean") { vec![("ntk-gp-netmean".to_string(), "ntk-gp".to_string())] } else { Vec::new() };
-                    KernelFamily { kernel: "ntk", kind: KernelKind::Ntk, rule, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], netmean }
+                    KernelFamily { kernel: "ntk", kind: KernelKind::Ntk, rule, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], netmean, fsl: self.fsl.clone() }
                 }
             })
             .collect())
@@ -213,6 +222,61 @@ struct KernelFamily {
     gps: Vec<(String, KernelGpSpec)>,
     /// Methods with the network's outputs as the mean and a fitted GP's variance: (method, GP).
     netmean: Vec<(String, String)>,
+    /// Function-space Laplace curvatures on this kernel.
+    fsl: Vec<crate::gp::Curvature>,
+}
+
+impl KernelFamily {
+    /// The function-space Laplace methods of the family: (method, curvature, variant).
+    fn fsl_methods(&self) -> Vec<(String, crate::gp::Curvature, FslVariant)> {
+        let mut out = Vec::new();
+        for &c in &self.fsl {
+            let base = format!("fsl-{}-{c}", self.kernel);
+            out.push((base.clone(), c, FslVariant::Probit));
+            out.push((format!("{base}-mc"), c, FslVariant::Mc));
+            out.push((format!("{base}-T"), c, FslVariant::Temperature));
+            out.push((format!("{base}-Ts"), c, FslVariant::TemperatureScale));
+            if c == crate::gp::Curvature::ClassDiagonal {
+                out.push((format!("{base}-grid"), c, FslVariant::Grid));
+            }
+        }
+        out
+    }
+}
+
+/// How a function-space Laplace method turns its posterior into probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FslVariant {
+    /// δ by the evidence, probit link.
+    Probit,
+    /// δ by the evidence, Monte Carlo from the `K × K` covariance.
+    Mc,
+    /// δ by the evidence, a temperature fitted on the validation split (probit).
+    Temperature,
+    /// δ by the evidence, temperature and variance scale fitted on the validation split.
+    TemperatureScale,
+    /// δ by the validation NLL over `logspace(−4, 4, 100)` (probit).
+    Grid,
+}
+
+/// A function-space Laplace fit of the study, for the report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FslStudyFit {
+    /// The kernel (`epk`, `ntk`).
+    pub kernel: String,
+    /// The fit at δ by the evidence.
+    pub fit: crate::gp::FslFit,
+    /// Temperature alone on the validation split (s = 1).
+    pub temperature: crate::gp::Calibration,
+    /// Temperature and variance scale on the validation split.
+    pub calibration: crate::gp::Calibration,
+    /// δ by the validation grid (class-diagonal only) and its sweep `[δ, NLL]`.
+    pub grid: Option<(f64, Vec<(f64, f64)>)>,
+    /// Per setting (and `val`): the smallest posterior variance before clamping, and the count
+    /// clamped to 0.
+    pub min_variance: Vec<(String, f64, usize)>,
+    /// Seconds of the fit (eigendecompositions, factors, calibration).
+    pub seconds: f64,
 }
 
 /// What the runner needs from the study file and the command line.
@@ -320,6 +384,8 @@ pub struct UqStudyReport {
     pub results: UqResults,
     /// Each fitted kernel GP: method name and fit.
     pub kernel_gps: Vec<(String, KernelGpFit)>,
+    /// The function-space Laplace fits (δ, calibrations, smallest variances).
+    pub fsl: Vec<FslStudyFit>,
     /// Each kernel's row Grams: kernel (`epk`, `ntk`) and the checks.
     pub row_grams: Vec<(String, Vec<GramCheck>)>,
     /// Ablations left out, with the reason.
@@ -635,6 +701,110 @@ struct FamilyOutput {
     fits: Vec<(String, KernelGpFit)>,
     checks: Vec<GramCheck>,
     failed: Vec<(String, String)>,
+    fsl: Vec<FslStudyFit>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FslCache {
+    key: String,
+    fits: Vec<FslStudyFit>,
+}
+
+/// The validation split's inputs and labels (the function-space Laplace calibration's data).
+fn data_validation(run: &Run, input: &UqStudyInput) -> Result<(Vec<f64>, Vec<usize>)> {
+    let _ = run;
+    let data = input.run_config.data.load(&input.base_dir)?;
+    let v = data.validation.ok_or_else(|| Error::Config("the benchmark needs a validation split".into()))?;
+    Ok((v.x, labels(&v.y)?.to_vec()))
+}
+
+/// A function-space Laplace fit of a family with its validation calibrations.
+struct FslFitted {
+    curvature: crate::gp::Curvature,
+    fsl: crate::gp::FunctionalLaplace,
+    /// δ by the validation grid (class-diagonal): the refitted approximation and the sweep.
+    grid: Option<(crate::gp::FunctionalLaplace, Vec<(f64, f64)>)>,
+    seconds: f64,
+    cal: Option<FslCalibrated>,
+    min_variance: Vec<(String, f64, usize)>,
+}
+
+struct FslCalibrated {
+    temperature: crate::gp::Calibration,
+    calibration: crate::gp::Calibration,
+}
+
+impl FslFitted {
+    fn report(&self, kernel: &str) -> FslStudyFit {
+        let cal = self.cal.as_ref().expect("calibrated before the report");
+        FslStudyFit {
+            kernel: kernel.into(),
+            fit: self.fsl.fit.clone(),
+            temperature: cal.temperature.clone(),
+            calibration: cal.calibration.clone(),
+            grid: self.grid.as_ref().map(|(g, sweep)| (g.delta(), sweep.clone())),
+            min_variance: self.min_variance.clone(),
+            seconds: self.seconds,
+        }
+    }
+
+    /// This curvature's methods at one setting's rows, and (smallest variance, clamped count).
+    fn predict_setting(&self, fam: &KernelFamily, rows: &kernel_gp::RowGram, bench: &BenchmarkConfig) -> Result<(BTreeMap<String, Predictive>, (f64, usize))> {
+        let r = crate::gp::FslRows { k_cross: &rows.k_cross, k_diag: &rows.k_test_diag, mean: &rows.network, p: rows.p };
+        let pred = self.fsl.predict(&r)?;
+        let cal = self.cal.as_ref().expect("calibrated before predicting");
+        let trace = |post: &crate::gp::LogitPosterior, scale: f64| -> Vec<f64> { (0..post.p).map(|q| scale * (0..post.k).map(|c| post.cov[(q * post.k + c) * post.k + c]).sum::<f64>()).collect() };
+        let mut out = BTreeMap::new();
+        for (name, c, v) in fam.fsl_methods() {
+            if c != self.curvature {
+                continue;
+            }
+            let p = match v {
+                FslVariant::Probit => Predictive { probs: pred.post.probit(1.0, 1.0), ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::Mc => Predictive { probs: pred.post.mc_softmax(bench.mc_samples, bench.mc_seed)?, ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::Temperature => Predictive { probs: pred.post.probit(cal.temperature.temperature, 1.0), ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::TemperatureScale => Predictive {
+                    probs: pred.post.probit(cal.calibration.temperature, cal.calibration.scale),
+                    ood_score: Some(trace(&pred.post, cal.calibration.scale.max(f64::MIN_POSITIVE))),
+                },
+                FslVariant::Grid => {
+                    let (g, _) = self.grid.as_ref().expect("the class-diagonal fit has its grid");
+                    let gp = g.predict(&r)?;
+                    Predictive { probs: gp.post.probit(1.0, 1.0), ood_score: Some(trace(&gp.post, 1.0)) }
+                }
+            };
+            out.insert(name, p);
+        }
+        Ok((out, (pred.min_variance, pred.clamped)))
+    }
+}
+
+/// The validation calibrations of every function-space Laplace fit of a family: T alone, (T, s),
+/// and for the class-diagonal curvature δ by the validation grid.
+fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize], key: &str) -> Result<()> {
+    let r = crate::gp::FslRows { k_cross: &vrows.k_cross, k_diag: &vrows.k_test_diag, mean: &vrows.network, p: vrows.p };
+    for f in fitted.iter_mut() {
+        let name = format!("fsl-{}-{}", fam.kernel, f.curvature);
+        let (cal, grid, secs, mins) = clock.run(&format!("{name}: validation calibration (T; T and s; δ grid)"), &name, key, || {
+            let t0 = Instant::now();
+            let pred = f.fsl.predict(&r)?;
+            let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
+            let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
+            let grid = if f.curvature == crate::gp::Curvature::ClassDiagonal {
+                let mut g = f.fsl.clone();
+                let sweep = g.grid_search(&r, vlabels, -4.0, 4.0, 100)?;
+                Some((g, sweep))
+            } else {
+                None
+            };
+            Ok((FslCalibrated { temperature, calibration }, grid, t0.elapsed().as_secs_f64(), (pred.min_variance, pred.clamped)))
+        })?;
+        f.cal = Some(cal);
+        f.grid = grid;
+        f.seconds += secs;
+        f.min_variance.push(("val".into(), mins.0, mins.1));
+    }
+    Ok(())
 }
 
 /// The GPs of a kernel family in every setting: fitted (when some setting is not cached), and
@@ -654,17 +824,21 @@ fn kernel_family(
 ) -> Result<FamilyOutput> {
     let dir = input.cache.join(format!("{}-gp", fam.kernel));
     io::create_dir_all(&dir)?;
+    let val = if fam.fsl.is_empty() { (Vec::new(), Vec::new()) } else { data_validation(run, input)? };
     let n = run.dataset.n_train();
     let fit_keys: Vec<String> = fam.gps.iter().map(|(_, g)| hash(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &g.key()])).collect();
     let fit_stage = |name: &str| format!("{name}: training Gram ({n} × {n}) and GP fit");
     let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
-    let fam_key = hash(&[&fit_keys.join(","), &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string()]);
+    let fsl_names = fam.fsl.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+    let fam_key = hash(&[&fit_keys.join(","), &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
     let setting_key = |s: &Setting| hash(&[&fam_key, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))]);
     let stage_of = |s: &Setting| format!("{} posteriors and MC softmax at `{}` ({} points)", fam.kernel.to_uppercase(), s.info.name, s.info.n);
     // Every setting's rows in one Gram computation (the training side of each step once).
     let grams_stage = format!("{} Gram at every setting ({} points, one computation)", fam.kernel.to_uppercase(), settings.iter().map(|s| s.info.n).sum::<usize>());
-    let grams_key = hash(&settings.iter().map(setting_key).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
-    let methods: Vec<String> = fam.gps.iter().map(|g| g.0.clone()).chain(fam.netmean.iter().map(|m| m.0.clone())).collect();
+    let grams_key = hash(&settings.iter().map(setting_key).chain((!fam.fsl.is_empty()).then(|| format!("val:{:016x}", fnv1a(&f64_bytes(&val.0))))).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
+    let fsl_methods = fam.fsl_methods();
+    let methods: Vec<String> = fam.gps.iter().map(|g| g.0.clone()).chain(fam.netmean.iter().map(|m| m.0.clone())).chain(fsl_methods.iter().map(|m| m.0.clone())).collect();
+    let fsl_path = dir.join("fsl.fit.json");
     let cached_fits: Vec<Option<GpFitCache>> = fam
         .gps
         .iter()
@@ -688,11 +862,15 @@ fn kernel_family(
         Some((out, c.check, c.failed))
     };
     let hits: Vec<_> = settings.iter().map(cached).collect();
+    let cached_fsl: Option<Vec<FslStudyFit>> = if fam.fsl.is_empty() { Some(Vec::new()) } else { read_json::<FslCache>(&fsl_path).filter(|c| c.key == fam_key).map(|c| c.fits) };
+    let mut fsl_fits: Vec<FslStudyFit> = Vec::new();
+    let mut fitted_fsl: Vec<FslFitted> = Vec::new();
     let mut fits = Vec::new();
     let mut failed: Vec<(String, String)> = Vec::new();
     // The fitted GPs (None: its fit failed), when anything is computed.
     let mut gps: Vec<Option<KernelGp>> = Vec::new();
-    if hits.iter().all(Option::is_some) && cached_fits.iter().all(Option::is_some) {
+    if hits.iter().all(Option::is_some) && cached_fits.iter().all(Option::is_some) && cached_fsl.is_some() {
+        fsl_fits = cached_fsl.expect("checked");
         for (((name, _), key), c) in fam.gps.iter().zip(&fit_keys).zip(cached_fits) {
             clock.reuse(&fit_stage(name), key);
             match c.expect("checked") {
@@ -701,13 +879,27 @@ fn kernel_family(
             }
         }
     } else {
+        // The protocol GP's training Gram, shared with the function-space Laplace fits.
+        let mut shared_blocks: Option<kernel_gp::TrainBlocks> = None;
         for (i, ((name, spec), key)) in fam.gps.iter().zip(&fit_keys).enumerate() {
             let bar = crate::progress::Progress::new(input.progress, 1, &format!("{name} fit {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
             let g = clock.run(&fit_stage(name), name, key, || {
-                let g = KernelGp::fit(run, states, spec, &|d, t| {
-                    bar.set_length(t as u64);
-                    bar.set_position(d as u64);
-                });
+                let g = if i == 0 {
+                    kernel_gp::TrainBlocks::compute(run, states, spec, &|d, t| {
+                        bar.set_length(t as u64);
+                        bar.set_position(d as u64);
+                    })
+                    .and_then(|b| {
+                        let g = KernelGp::fit_blocks(&b, spec);
+                        shared_blocks = Some(b);
+                        g
+                    })
+                } else {
+                    KernelGp::fit(run, states, spec, &|d, t| {
+                        bar.set_length(t as u64);
+                        bar.set_position(d as u64);
+                    })
+                };
                 match g {
                     Err(e) if i > 0 => Ok(Err(e.to_string())),
                     other => other.map(Ok),
@@ -728,6 +920,21 @@ fn kernel_family(
                 }
             }
         }
+        if !fam.fsl.is_empty() {
+            let blocks = shared_blocks.take().ok_or_else(|| Error::Data(format!("{}: the training Gram for the function-space Laplace fits was not computed", fam.kernel)))?;
+            let labels = labels(&run.dataset.y_train)?.to_vec();
+            for &c in &fam.fsl {
+                let name = format!("fsl-{}-{c}", fam.kernel);
+                let f = clock.run(&format!("{name}: fit (eigendecompositions, δ by the evidence)"), &name, &fam_key, || {
+                    let t0 = Instant::now();
+                    let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
+                    let fsl = crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)?;
+                    Ok((fsl, t0.elapsed().as_secs_f64()))
+                })?;
+                fitted_fsl.push(FslFitted { curvature: c, fsl: f.0, grid: None, seconds: f.1, cal: None, min_variance: Vec::new() });
+            }
+        }
+        drop(shared_blocks);
     }
     let todo: Vec<&Setting> = settings.iter().zip(&hits).filter(|(_, h)| h.is_none()).map(|(s, _)| s).collect();
     let mut grams: BTreeMap<String, kernel_gp::RowGram> = BTreeMap::new();
@@ -740,14 +947,23 @@ fn kernel_family(
         // the rows of the same computation, bit for bit.
         let total: usize = settings.iter().map(|s| s.info.n).sum();
         let bar = crate::progress::Progress::new(input.progress, 1, &format!("{} {total} rows {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.kernel));
-        let sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
-        let gs = clock.run(&grams_stage, &fam.gps[0].0, &grams_key, || {
-            kernel_gp::row_grams(run, states, fam.kind, fam.rule, &sets, &|d, t| {
+        let mut sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
+        if !fam.fsl.is_empty() {
+            // The validation split's rows, for the function-space Laplace calibration.
+            sets.push((val.0.as_slice(), "val"));
+        }
+        let mut gs = clock.run(&grams_stage, &fam.gps[0].0, &grams_key, || {
+            kernel_gp::row_grams(run, states, fam.kind, fam.rule, crate::kernel::Outputs::Logits, &sets, &|d, t| {
                 bar.set_length(t as u64);
                 bar.set_position(d as u64);
             })
         })?;
         bar.finish_and_clear();
+        if !fam.fsl.is_empty() {
+            let vrows = gs.pop().expect("the validation rows were computed last");
+            calibrate_fsl(clock, fam, &mut fitted_fsl, &vrows, &val.1, &fam_key)?;
+            fsl_fits = fitted_fsl.iter().map(|f| f.report(fam.kernel)).collect();
+        }
         grams.extend(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)));
     }
     let mut out: Vec<ExternalMethod> = methods.iter().map(|m| ExternalMethod { name: m.clone(), settings: BTreeMap::new() }).collect();
@@ -796,6 +1012,11 @@ fn kernel_family(
                             None => errs.push((m.clone(), format!("{from} failed"))),
                         }
                     }
+                    for f in &mut fitted_fsl {
+                        let (fam_fsl, mins) = f.predict_setting(fam, &rows, bench)?;
+                        f.min_variance.push((s.info.name.clone(), mins.0, mins.1));
+                        preds.extend(fam_fsl);
+                    }
                     for (m, p) in &preds {
                         arrays.push(NamedArray::f64(format!("{m}/probs"), vec![rows.p, k], p.probs.clone()));
                         arrays.push(NamedArray::f64(format!("{m}/ood_score"), vec![rows.p], p.ood_score.clone().unwrap_or_default()));
@@ -821,9 +1042,13 @@ fn kernel_family(
         }
         checks.push(check);
     }
+    if !fitted_fsl.is_empty() {
+        fsl_fits = fitted_fsl.iter().map(|f| f.report(fam.kernel)).collect();
+        write_cache_json(&fsl_path, &FslCache { key: fam_key.clone(), fits: fsl_fits.clone() })?;
+    }
     // A method that failed anywhere is left out everywhere (the metrics need every setting).
     out.retain(|e| !failed.iter().any(|f| f.0 == e.name));
-    Ok(FamilyOutput { methods: out, fits, checks, failed })
+    Ok(FamilyOutput { methods: out, fits, checks, failed, fsl: fsl_fits })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -965,6 +1190,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
 
     // 4. The kernel GPs.
     let mut kernel_gps = Vec::new();
+    let mut fsl_fits = Vec::new();
     let mut row_grams = Vec::new();
     let mut external = Vec::new();
     let mut failed = Vec::new();
@@ -972,6 +1198,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
         let o = kernel_family(&mut clock, input, &fam, &run, &states, &settings, &spec.benchmark)?;
         external.extend(o.methods);
         kernel_gps.extend(o.fits);
+        fsl_fits.extend(o.fsl);
         row_grams.push((fam.kernel.to_string(), o.checks));
         failed.extend(o.failed);
     }
@@ -1004,6 +1231,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
         ensemble: ens_acc,
         results,
         kernel_gps,
+        fsl: fsl_fits,
         row_grams,
         failed,
         stages: clock.order.iter().map(|(t, _)| t.clone()).collect(),
@@ -1020,6 +1248,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
         &staged.path().join("gp_fits.json"),
         &serde_json::json!({
             "fits": report.kernel_gps.iter().map(|(n, f)| serde_json::json!({ "method": n, "fit": f })).collect::<Vec<_>>(),
+            "functional_laplace": report.fsl,
             "row_grams": report.row_grams.iter().map(|(k, c)| serde_json::json!({ "kernel": k, "checks": c })).collect::<Vec<_>>(),
         }),
     )?;

@@ -178,6 +178,41 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
         }
         let _ = writeln!(s);
     }
+    if !r.fsl.is_empty() {
+        let _ = writeln!(s, "## Function-space Laplace fits\n");
+        let _ = writeln!(
+            s,
+            "GP prior `k/δ` on the logits (the kernels on the logits), softmax-Hessian curvature at the network's outputs, the network as the mean \
+             (`src/gp/functional.rs`). δ by the function-space evidence; `-grid`: δ by the validation NLL over logspace(−4, 4, 100); `-T`: a temperature \
+             fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling).\n"
+        );
+        let _ = writeln!(s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) | fit s |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for f in &r.fsl {
+            let kmin = f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min);
+            let smin = f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min);
+            let (vmin, clamped) = f.min_variance.iter().fold((f64::INFINITY, 0usize), |a, v| (a.0.min(v.1), a.1 + v.2));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) | {:.1} |",
+                f.kernel,
+                f.fit.curvature,
+                f.fit.delta,
+                f.fit.log_evidence,
+                f.grid.as_ref().map_or("—".into(), |g| format!("{:.4e}", g.0)),
+                f.temperature.temperature,
+                f.temperature.val_nll,
+                f.calibration.scale,
+                f.calibration.temperature,
+                f.calibration.val_nll,
+                kmin,
+                smin,
+                vmin,
+                f.seconds
+            );
+        }
+        let _ = writeln!(s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
+    }
 
     let _ = writeln!(s, "## Exactness of the Grams used\n");
     let _ = writeln!(
@@ -436,6 +471,20 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
             });
         }
         Chart::reliability(&format!("Reliability diagrams, {}", setting_title(r, st)), &panels)?.save(&dir.join(format!("reliability_{st}.png")))?;
+    }
+    // The frontier: clean NLL against rot-60 NLL for every method.
+    if res.settings.iter().any(|x| x.name == "rot-60") {
+        let all = res.methods();
+        let series: Vec<Series> = all
+            .iter()
+            .filter_map(|m| {
+                let (a, b) = (res.metric(m, "clean", Metric::Nll)?, res.metric(m, "rot-60", Metric::Nll)?);
+                Some(Series::new(display_name(m), vec![a], vec![b]))
+            })
+            .collect();
+        if !series.is_empty() {
+            Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series, false)?.save(&dir.join("frontier.png"))?;
+        }
     }
     // Metrics against the angle.
     let labelled: Vec<(f64, &str)> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| (angle(&x.name).unwrap_or(0.0), x.name.as_str())).collect();
