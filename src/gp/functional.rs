@@ -185,20 +185,6 @@ pub struct FunctionalLaplace {
     pub fit: FslFit,
 }
 
-fn softmax_rows(z: &[f64], k: usize) -> Vec<f64> {
-    let mut p = z.to_vec();
-    for row in p.chunks_exact_mut(k) {
-        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let mut s = 0.0;
-        for v in row.iter_mut() {
-            *v = (*v - m).exp();
-            s += *v;
-        }
-        row.iter_mut().for_each(|v| *v /= s);
-    }
-    p
-}
-
 fn log_likelihood(z: &[f64], labels: &[usize], k: usize) -> f64 {
     z.chunks_exact(k)
         .zip(labels)
@@ -258,7 +244,7 @@ impl FunctionalLaplace {
         if let Some(&y) = train.labels.iter().find(|&&y| y >= k) {
             return Err(Error::Data(format!("function-space Laplace: label {y} is not one of {k} classes")));
         }
-        let probs = softmax_rows(train.logits, k);
+        let probs = crate::uncertainty::metrics::softmax_rows(train.logits, k)?;
         let loglik = log_likelihood(train.logits, train.labels, k);
         let per_class: Vec<Result<(DiagClass, FslClassFit)>> = (0..k)
             .map(|c| {
@@ -783,7 +769,7 @@ mod tests {
         let (kt, logits, bias, kx, kd, labels, mean) = problem(m, p, k, 30, 1);
         let train = FslTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = FslRows { k_cross: &kx, k_diag: &kd, mean: &mean, p };
-        let probs = softmax_rows(&logits, k);
+        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
         for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
             for delta in [0.3, 2.0, 50.0] {
                 let fsl = FunctionalLaplace::fit(&train, curv, Prior::Fixed(delta)).unwrap();
@@ -809,7 +795,7 @@ mod tests {
         }
         // The slow evidence: log p(y|f) − (δ/2) Σ rᵀK⁻¹r − ½ Σ log det(I + SKS/δ) by dense solves.
         let delta = fsl.delta();
-        let probs = softmax_rows(&logits, k);
+        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
         let mut slow = log_likelihood(&logits, &labels, k);
         for c in 0..k {
             let kc = DMatrix::from_fn(m, m, |i, j| kt[(c * m + i) * m + j]);

@@ -14,28 +14,29 @@ use crate::model::net::LossKind;
 use crate::model::{Body, Params};
 use crate::trajectory::Manifest;
 
+/// The points a step's loss is averaged over: its mini-batch, or all M.
+fn step_rows(m: usize, batch: Option<&[usize]>) -> std::borrow::Cow<'_, [usize]> {
+    match batch {
+        Some(b) => std::borrow::Cow::Borrowed(b),
+        None => std::borrow::Cow::Owned((0..m).collect()),
+    }
+}
+
 /// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised at that step: the mean over
 /// all M points (gradient descent) or over the step's mini-batch (SGD; zero outside it).
 pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
     let mut g = vec![0.0; m * k];
-    let all: Vec<usize>;
-    let rows: &[usize] = match batch {
-        Some(b) => b,
-        None => {
-            all = (0..m).collect();
-            &all
-        }
-    };
+    let rows = step_rows(m, batch);
     let n = rows.len().max(1) as f64;
     match (loss, targets) {
         (LossKind::CrossEntropy, Targets::Labels(y)) => {
-            for &i in rows {
+            for &i in rows.iter() {
                 g[i * k + y[i]] = -1.0 / n;
             }
         }
         (LossKind::Mse, Targets::Values(v)) => {
             let scale = 2.0 / (n * k as f64);
-            for &i in rows {
+            for &i in rows.iter() {
                 for c in 0..k {
                     g[i * k + c] = scale * (f_train[i * k + c] - v[i * k + c]);
                 }
@@ -56,16 +57,9 @@ pub fn logit_loss_gradient(z: &[f64], targets: &Targets, m: usize, k: usize, bat
         return Err(Error::ShapeMismatch { what: "training logits".into(), expected: vec![m, k], got: vec![z.len()] });
     }
     let mut g = vec![0.0; m * k];
-    let all: Vec<usize>;
-    let rows: &[usize] = match batch {
-        Some(b) => b,
-        None => {
-            all = (0..m).collect();
-            &all
-        }
-    };
+    let rows = step_rows(m, batch);
     let n = rows.len().max(1) as f64;
-    for &i in rows {
+    for &i in rows.iter() {
         let row = &z[i * k..(i + 1) * k];
         let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = row.iter().map(|v| (v - mx).exp()).sum();

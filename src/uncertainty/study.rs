@@ -275,8 +275,6 @@ pub struct FslStudyFit {
     /// Per setting (and `val`): the smallest posterior variance before clamping, and the count
     /// clamped to 0.
     pub min_variance: Vec<(String, f64, usize)>,
-    /// Seconds of the fit (eigendecompositions, factors, calibration).
-    pub seconds: f64,
 }
 
 /// What the runner needs from the study file and the command line.
@@ -711,11 +709,9 @@ struct FslCache {
 }
 
 /// The validation split's inputs and labels (the function-space Laplace calibration's data).
-fn data_validation(run: &Run, input: &UqStudyInput) -> Result<(Vec<f64>, Vec<usize>)> {
-    let _ = run;
-    let data = input.run_config.data.load(&input.base_dir)?;
-    let v = data.validation.ok_or_else(|| Error::Config("the benchmark needs a validation split".into()))?;
-    Ok((v.x, labels(&v.y)?.to_vec()))
+fn data_validation(data: &Dataset) -> Result<(&[f64], &[usize])> {
+    let v = data.validation.as_ref().ok_or_else(|| Error::Config("the benchmark needs a validation split".into()))?;
+    Ok((&v.x, labels(&v.y)?))
 }
 
 /// A function-space Laplace fit of a family with its validation calibrations.
@@ -724,7 +720,6 @@ struct FslFitted {
     fsl: crate::gp::FunctionalLaplace,
     /// δ by the validation grid (class-diagonal): the refitted approximation and the sweep.
     grid: Option<(crate::gp::FunctionalLaplace, Vec<(f64, f64)>)>,
-    seconds: f64,
     cal: Option<FslCalibrated>,
     min_variance: Vec<(String, f64, usize)>,
 }
@@ -744,7 +739,6 @@ impl FslFitted {
             calibration: cal.calibration.clone(),
             grid: self.grid.as_ref().map(|(g, sweep)| (g.delta(), sweep.clone())),
             min_variance: self.min_variance.clone(),
-            seconds: self.seconds,
         }
     }
 
@@ -785,8 +779,7 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted]
     let r = crate::gp::FslRows { k_cross: &vrows.k_cross, k_diag: &vrows.k_test_diag, mean: &vrows.network, p: vrows.p };
     for f in fitted.iter_mut() {
         let name = format!("fsl-{}-{}", fam.kernel, f.curvature);
-        let (cal, grid, secs, mins) = clock.run(&format!("{name}: validation calibration (T; T and s; δ grid)"), &name, key, || {
-            let t0 = Instant::now();
+        let (cal, grid, mins) = clock.run(&format!("{name}: validation calibration (T; T and s; δ grid)"), &name, key, || {
             let pred = f.fsl.predict(&r)?;
             let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
             let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
@@ -797,11 +790,10 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted]
             } else {
                 None
             };
-            Ok((FslCalibrated { temperature, calibration }, grid, t0.elapsed().as_secs_f64(), (pred.min_variance, pred.clamped)))
+            Ok((FslCalibrated { temperature, calibration }, grid, (pred.min_variance, pred.clamped)))
         })?;
         f.cal = Some(cal);
         f.grid = grid;
-        f.seconds += secs;
         f.min_variance.push(("val".into(), mins.0, mins.1));
     }
     Ok(())
@@ -816,6 +808,7 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted]
 fn kernel_family(
     clock: &mut Clock,
     input: &UqStudyInput,
+    data: &Dataset,
     fam: &KernelFamily,
     run: &Run,
     states: &[Params],
@@ -824,7 +817,7 @@ fn kernel_family(
 ) -> Result<FamilyOutput> {
     let dir = input.cache.join(format!("{}-gp", fam.kernel));
     io::create_dir_all(&dir)?;
-    let val = if fam.fsl.is_empty() { (Vec::new(), Vec::new()) } else { data_validation(run, input)? };
+    let val = if fam.fsl.is_empty() { (&[][..], &[][..]) } else { data_validation(data)? };
     let n = run.dataset.n_train();
     let fit_keys: Vec<String> = fam.gps.iter().map(|(_, g)| hash(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &g.key()])).collect();
     let fit_stage = |name: &str| format!("{name}: training Gram ({n} × {n}) and GP fit");
@@ -835,7 +828,7 @@ fn kernel_family(
     let stage_of = |s: &Setting| format!("{} posteriors and MC softmax at `{}` ({} points)", fam.kernel.to_uppercase(), s.info.name, s.info.n);
     // Every setting's rows in one Gram computation (the training side of each step once).
     let grams_stage = format!("{} Gram at every setting ({} points, one computation)", fam.kernel.to_uppercase(), settings.iter().map(|s| s.info.n).sum::<usize>());
-    let grams_key = hash(&settings.iter().map(setting_key).chain((!fam.fsl.is_empty()).then(|| format!("val:{:016x}", fnv1a(&f64_bytes(&val.0))))).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
+    let grams_key = hash(&settings.iter().map(setting_key).chain((!fam.fsl.is_empty()).then(|| format!("val:{:016x}", fnv1a(&f64_bytes(val.0))))).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
     let fsl_methods = fam.fsl_methods();
     let methods: Vec<String> = fam.gps.iter().map(|g| g.0.clone()).chain(fam.netmean.iter().map(|m| m.0.clone())).chain(fsl_methods.iter().map(|m| m.0.clone())).collect();
     let fsl_path = dir.join("fsl.fit.json");
@@ -925,13 +918,11 @@ fn kernel_family(
             let labels = labels(&run.dataset.y_train)?.to_vec();
             for &c in &fam.fsl {
                 let name = format!("fsl-{}-{c}", fam.kernel);
-                let f = clock.run(&format!("{name}: fit (eigendecompositions, δ by the evidence)"), &name, &fam_key, || {
-                    let t0 = Instant::now();
+                let fsl = clock.run(&format!("{name}: fit (eigendecompositions, δ by the evidence)"), &name, &fam_key, || {
                     let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
-                    let fsl = crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)?;
-                    Ok((fsl, t0.elapsed().as_secs_f64()))
+                    crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)
                 })?;
-                fitted_fsl.push(FslFitted { curvature: c, fsl: f.0, grid: None, seconds: f.1, cal: None, min_variance: Vec::new() });
+                fitted_fsl.push(FslFitted { curvature: c, fsl, grid: None, cal: None, min_variance: Vec::new() });
             }
         }
         drop(shared_blocks);
@@ -950,7 +941,7 @@ fn kernel_family(
         let mut sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
         if !fam.fsl.is_empty() {
             // The validation split's rows, for the function-space Laplace calibration.
-            sets.push((val.0.as_slice(), "val"));
+            sets.push((val.0, "val"));
         }
         let mut gs = clock.run(&grams_stage, &fam.gps[0].0, &grams_key, || {
             kernel_gp::row_grams(run, states, fam.kind, fam.rule, crate::kernel::Outputs::Logits, &sets, &|d, t| {
@@ -961,7 +952,7 @@ fn kernel_family(
         bar.finish_and_clear();
         if !fam.fsl.is_empty() {
             let vrows = gs.pop().expect("the validation rows were computed last");
-            calibrate_fsl(clock, fam, &mut fitted_fsl, &vrows, &val.1, &fam_key)?;
+            calibrate_fsl(clock, fam, &mut fitted_fsl, &vrows, val.1, &fam_key)?;
             fsl_fits = fitted_fsl.iter().map(|f| f.report(fam.kernel)).collect();
         }
         grams.extend(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)));
@@ -1195,7 +1186,7 @@ pub fn run(input: &UqStudyInput) -> Result<UqStudyOutcome> {
     let mut external = Vec::new();
     let mut failed = Vec::new();
     for fam in spec.kernel_families()? {
-        let o = kernel_family(&mut clock, input, &fam, &run, &states, &settings, &spec.benchmark)?;
+        let o = kernel_family(&mut clock, input, &data, &fam, &run, &states, &settings, &spec.benchmark)?;
         external.extend(o.methods);
         kernel_gps.extend(o.fits);
         fsl_fits.extend(o.fsl);

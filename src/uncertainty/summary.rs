@@ -186,15 +186,15 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
              (`src/gp/functional.rs`). δ by the function-space evidence; `-grid`: δ by the validation NLL over logspace(−4, 4, 100); `-T`: a temperature \
              fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling).\n"
         );
-        let _ = writeln!(s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) | fit s |");
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &r.fsl {
             let kmin = f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min);
             let smin = f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min);
             let (vmin, clamped) = f.min_variance.iter().fold((f64::INFINITY, 0usize), |a, v| (a.0.min(v.1), a.1 + v.2));
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) | {:.1} |",
+                "| {} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) |",
                 f.kernel,
                 f.fit.curvature,
                 f.fit.delta,
@@ -207,8 +207,7 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
                 f.calibration.val_nll,
                 kmin,
                 smin,
-                vmin,
-                f.seconds
+                vmin
             );
         }
         let _ = writeln!(s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
