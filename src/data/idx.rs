@@ -820,6 +820,75 @@ mod tests {
         .unwrap();
     }
 
+    /// The `idx` kind on a Fashion-MNIST-like set of 3×4 images: the same selection as `mnist`,
+    /// `image_shape` from the file, `K` from the labels, and its errors.
+    #[test]
+    fn idx_kind_generic_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // 12 training images (labels 0,1,2 repeating), 4 test images; image i: every pixel 10 i.
+        let img = |n: u32| -> Vec<u8> { (0..n).flat_map(|i| std::iter::repeat_n((10 * i) as u8, 12)).collect() };
+        std::fs::write(d.join("tr-img"), idx_bytes(8, &[12, 3, 4], &img(12))).unwrap();
+        std::fs::write(d.join("tr-lbl"), idx_bytes(8, &[12], &(0..12).map(|i| (i % 3) as u8).collect::<Vec<_>>())).unwrap();
+        std::fs::write(d.join("te-img"), idx_bytes(8, &[4, 3, 4], &img(4))).unwrap();
+        std::fs::write(d.join("te-lbl"), idx_bytes(8, &[4], &[2, 1, 0, 2])).unwrap();
+        let files = "kind = \"idx\"\ntrain_images = \"tr-img\"\ntrain_labels = \"tr-lbl\"\ntest_images = \"te-img\"\ntest_labels = \"te-lbl\"\n";
+        let load = |extra: &str| toml::from_str::<DataConfig>(&format!("{files}{extra}")).unwrap().load(d);
+        let ds = load("per_class = 2\nval_per_class = 1\nn_test = 4").unwrap();
+        assert_eq!((ds.dim, ds.image_shape, ds.num_outputs), (12, Some([1, 3, 4]), 3));
+        assert_eq!(ds.y_train, Targets::Labels(vec![0, 1, 2, 0, 1, 2]));
+        assert_eq!(ds.validation.as_ref().unwrap().y, Targets::Labels(vec![0, 1, 2]));
+        assert_eq!(ds.validation.as_ref().unwrap().x[0], 60.0 / 255.0);
+        assert_eq!(ds.x_test[12], 10.0 / 255.0);
+        assert!(ds.description.starts_with("idx tr-img: train: the first 2 images of each class"), "{}", ds.description);
+        let ds = load("n_train = 5\nn_test = 2\noffset = 1\nstandardize = true").unwrap();
+        ds.validate().unwrap();
+        assert_eq!(ds.n_train(), 5);
+        let col: Vec<f64> = ds.x_train.iter().step_by(12).copied().collect();
+        assert!(col.iter().sum::<f64>().abs() < 1e-12, "standardized");
+        // A class missing from the training selection, unless num_classes allows it.
+        let e = load("n_train = 2\nn_test = 2").unwrap_err().to_string();
+        assert!(e.contains("tr-img: class 2 has no rows in the training selection"), "{e}");
+        assert_eq!(load("n_train = 2\nn_test = 2\nnum_classes = 3").unwrap().num_outputs, 3);
+        let e = load("num_classes = 2\nn_train = 2\nn_test = 2").unwrap_err().to_string();
+        assert!(e.contains("tr-lbl: label 2 is 2, not a class in 0..2"), "{e}");
+        let e = load("image_size = [28, 28]\nn_train = 3\nn_test = 2").unwrap_err().to_string();
+        assert!(e.contains("images must have dimensions [n, 28, 28], got [12, 3, 4]"), "{e}");
+        // Mismatched lengths and a missing file.
+        std::fs::write(d.join("te-lbl"), idx_bytes(8, &[3], &[2, 1, 0])).unwrap();
+        let e = load("n_train = 3\nn_test = 2").unwrap_err().to_string();
+        assert!(e.contains("te-lbl vs image count") && e.contains("expected [4], got [3]"), "{e}");
+        std::fs::remove_file(d.join("te-img")).unwrap();
+        let e = load("n_train = 3\nn_test = 2").unwrap_err();
+        assert!(matches!(e, Error::Io { .. }) && e.to_string().contains("te-img"), "{e}");
+    }
+
+    /// `mnist` is `idx` with MNIST's files: the same rows, labels and pixel values as the
+    /// generic kind given the four paths, 10 classes and MNIST's normalisation.
+    #[test]
+    fn mnist_is_a_preset_of_idx() {
+        let dir = tempfile::tempdir().unwrap();
+        let labels: Vec<u8> = (0..30u32).map(|i| ((i * 7 + i / 10) % 10) as u8).collect();
+        write_fake_mnist(dir.path(), "train", ".", 30, &labels);
+        write_fake_mnist(dir.path(), "t10k", "-", 5, &[7, 8, 9, 0, 1]);
+        for (sel, norm, off) in [("per_class = 2\nval_per_class = 1", true, 0), ("n_train = 7\noffset = 2", false, 2)] {
+            let m: DataConfig = toml::from_str(&format!("kind = \"mnist\"\npath = \".\"\nn_test = 3\nnormalize = {norm}\n{sel}")).unwrap();
+            let normalize = if norm { "normalize = [0.1307, 0.3081]\n" } else { "" };
+            let g: DataConfig = toml::from_str(&format!(
+                "kind = \"idx\"\ntrain_images = \"train-images.idx3-ubyte\"\ntrain_labels = \"train-labels.idx1-ubyte\"\ntest_images = \"t10k-images-idx3-ubyte\"\ntest_labels = \"t10k-labels-idx1-ubyte\"\nnum_classes = 10\nn_test = 3\n{normalize}{sel}"
+            ))
+            .unwrap();
+            let (a, b) = (m.load(dir.path()).unwrap(), g.load(dir.path()).unwrap());
+            assert_eq!((&a.x_train, &a.y_train, &a.x_test, &a.y_test, &a.validation), (&b.x_train, &b.y_train, &b.x_test, &b.y_test, &b.validation));
+            assert_eq!((a.image_shape, a.num_outputs, a.name.as_str()), (b.image_shape, 10, "mnist"));
+            // And the pixels are the old formula's, bit for bit.
+            let (x, _) = load_mnist(dir.path(), MnistSplit::Test, off, 3, norm).unwrap();
+            let old = |b: u8| if norm { (f64::from(b) / 255.0 - MNIST_MEAN) / MNIST_STD } else { f64::from(b) / 255.0 };
+            assert_eq!(x[784], old(10 * (off as u8 + 1)));
+            assert_eq!(a.x_test, x);
+        }
+    }
+
     #[test]
     fn mnist_fake_files_both_namings() {
         let dir = tempfile::tempdir().unwrap();
