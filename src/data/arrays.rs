@@ -681,6 +681,23 @@ mod tests {
         }
     }
 
+    /// Archives written by CPython's zipfile as numpy's `savez` writes them (zip64 local extra
+    /// fields; `tests/data/arrays/make_golden.py`), read back value for value.
+    #[test]
+    fn golden_npz_from_python_zipfile() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arrays");
+        let c: DataConfig = toml::from_str(&format!("kind = \"arrays\"\npath = \"{}\"", dir.join("golden.npz").display())).unwrap();
+        let ds = c.load(Path::new(".")).unwrap();
+        ds.validate().unwrap();
+        assert_eq!(ds.x_train, vec![0.5, -1.0, 2.25, 3.0, -0.125, 8.0, 1e-3, 7.5]);
+        assert_eq!(ds.y_train, Targets::Labels(vec![0, 1, 2, 1]));
+        assert_eq!(ds.x_test, vec![1.5, -2.0, 0.25, 4.0]);
+        assert_eq!(ds.y_test, Targets::Labels(vec![2, 0]));
+        assert_eq!((ds.dim, ds.num_outputs, ds.image_shape), (2, 3, None));
+        let e = read_stored_zip(&std::fs::read(dir.join("golden_deflated.npz")).unwrap(), Path::new("g.npz")).unwrap_err().to_string();
+        assert!(e.contains("deflate-compressed (np.savez_compressed)"), "{e}");
+    }
+
     /// Three classes, images [n, 1, 2, 3] of bytes: row i of split s has every pixel 10 s + i.
     fn image_arrays(n: [usize; 3]) -> Vec<(&'static str, String, Vec<usize>, Vec<u8>)> {
         let mut v = Vec::new();
