@@ -699,7 +699,10 @@ mod tests {
     }
 
     /// Three classes, images [n, 1, 2, 3] of bytes: row i of split s has every pixel 10 s + i.
-    fn image_arrays(n: [usize; 3]) -> Vec<(&'static str, String, Vec<usize>, Vec<u8>)> {
+    /// `(dtype, name, shape, raw bytes)` of one array.
+    type Raw = (&'static str, String, Vec<usize>, Vec<u8>);
+
+    fn image_arrays(n: [usize; 3]) -> Vec<Raw> {
         let mut v = Vec::new();
         for (s, split) in ["train", "test", "val"].iter().enumerate() {
             let x: Vec<u8> = (0..n[s]).flat_map(|i| std::iter::repeat_n((10 * s + i) as u8, 6)).collect();
@@ -784,7 +787,10 @@ mod tests {
     fn bad_arrays_name_the_file_and_the_problem() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let write_all = |sub: &str, edit: &dyn Fn(&str, &mut Vec<usize>, &mut Vec<u8>, &mut String)| {
+        // `edit(name, shape, bytes, dtype)` changes one array before it is written (an emptied
+        // shape leaves the file out).
+        type Edit<'a> = &'a dyn Fn(&str, &mut Vec<usize>, &mut Vec<u8>, &mut String);
+        let write_all = |sub: &str, edit: Edit| {
             let p = d.join(sub);
             std::fs::create_dir_all(&p).unwrap();
             for (dt, name, shape, data) in image_arrays([6, 3, 3]) {
