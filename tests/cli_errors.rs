@@ -221,3 +221,79 @@ fn a_closed_stdout_is_not_a_panic() {
     // The run was written in full before the summary.
     assert!(d.join("run/manifest.json").exists());
 }
+
+/// `.npy` v1 bytes of little-endian `f64` values (numpy's header layout).
+fn npy_f8(shape: &[usize], v: &[f64]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = if shape.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut h = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {tuple}, }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    b
+}
+
+#[test]
+fn train_rejects_bad_tables_arrays_and_idx_files_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = |data: &str, needle: &str| {
+        let text = format!("[data]\n{data}\n[model]\nkind = \"mlp\"\nhidden = [4]\n[train]\nlr = 0.1\nsteps = 2\n");
+        std::fs::write(d.join("c.toml"), text).unwrap();
+        run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, needle);
+        assert!(!d.join("run").exists() && !d.join("run.partial").exists(), "{data}");
+    };
+    // A good table first: it trains.
+    let mut csv = String::from("a,b,y,split\n");
+    for i in 0..12 {
+        let split = ["train", "train", "val", "test"][i % 4];
+        csv += &format!("{},{},{},{split}\n", i as f64 * 0.5, 10 - i as i64, ["x", "y", "z"][i % 3]);
+    }
+    std::fs::write(d.join("t.csv"), &csv).unwrap();
+    let table = "kind = \"table\"\npath = \"t.csv\"\nlabel = \"y\"\nsplit = \"split\"";
+    std::fs::write(d.join("ok.toml"), format!("[data]\n{table}\nstandardize = true\n[model]\nkind = \"mlp\"\nhidden = [4]\n[train]\nlr = 0.1\nsteps = 2\n")).unwrap();
+    let o = Command::new(bin()).args(["train", "-q", "--config", "ok.toml", "--out", "good"]).current_dir(d).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest = std::fs::read_to_string(d.join("good/manifest.json")).unwrap();
+    assert!(manifest.contains("classes ['x', 'y', 'z'] -> 0..2") && manifest.contains("standardized with the training split's mean"), "{manifest}");
+    // Missing file, missing column, NaN, a label that is not a class, a bad split value, an
+    // empty split, a class missing from the training split.
+    run("kind = \"table\"\npath = \"absent.csv\"\nlabel = \"y\"\nsplit = \"split\"", "absent.csv");
+    run(&table.replace("label = \"y\"", "label = \"target\""), "t.csv: no label column 'target'");
+    std::fs::write(d.join("nan.csv"), csv.replacen("0.5,9", "nan,9", 1)).unwrap();
+    run(&table.replace("t.csv", "nan.csv"), "nan.csv: NaN in feature 'a'");
+    let frac: Vec<String> = csv
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i == 0 { l.to_string() } else { l.replace(",x,", ",0.5,").replace(",y,", ",1,").replace(",z,", ",2,") })
+        .collect();
+    std::fs::write(d.join("frac.csv"), frac.join("\n")).unwrap();
+    run(&table.replace("t.csv", "frac.csv"), "frac.csv: label column 'y' row 0 is 0.5, not a class label");
+    std::fs::write(d.join("split.csv"), csv.replacen(",test", ",holdout", 1)).unwrap();
+    run(&table.replace("t.csv", "split.csv"), "split column 'split' row 3 is 'holdout'");
+    std::fs::write(d.join("empty.csv"), csv.replace(",test", ",val")).unwrap();
+    run(&table.replace("t.csv", "empty.csv"), "empty.csv: the test split is empty");
+    std::fs::write(d.join("cls.csv"), "a,y,split\n1,p,train\n2,p,train\n3,q,test\n").unwrap();
+    run(&table.replace("t.csv", "cls.csv"), "cls.csv: class 1 has no rows in the training split");
+    // Arrays: x and y of different lengths.
+    std::fs::create_dir(d.join("arr")).unwrap();
+    for (name, shape, v) in [
+        ("x_train", vec![4, 2], vec![0.0; 8]),
+        ("y_train", vec![3], vec![0.0, 1.0, 0.0]),
+        ("x_test", vec![2, 2], vec![0.0; 4]),
+        ("y_test", vec![2], vec![0.0, 1.0]),
+    ] {
+        std::fs::write(d.join("arr").join(format!("{name}.npy")), npy_f8(&shape, &v)).unwrap();
+    }
+    run("kind = \"arrays\"\npath = \"arr\"", "x_train has 4 rows but y_train has 3");
+    // IDX: a missing file.
+    run(
+        "kind = \"idx\"\ntrain_images = \"f/train-images\"\ntrain_labels = \"f/train-labels\"\ntest_images = \"f/t-images\"\ntest_labels = \"f/t-labels\"",
+        "f/train-images",
+    );
+}

@@ -17,19 +17,21 @@ use pathkernel::train::RunConfig;
 #[path = "common.rs"]
 mod common;
 
-/// `(dim, image_shape, outputs, classification)` of the dataset `cfg` describes.
-fn data_shape(cfg: &DataConfig) -> (usize, Option<[usize; 3]>, usize, bool) {
-    match cfg {
+/// `(dim, image_shape, outputs, classification)` of the dataset `cfg` describes (`None` for the
+/// file-backed kinds, whose shapes are only known from their files).
+fn data_shape(cfg: &DataConfig) -> Option<(usize, Option<[usize; 3]>, usize, bool)> {
+    Some(match cfg {
         DataConfig::GaussianMixture { dim, .. } => (*dim, None, 3, true),
         DataConfig::Linear2d { .. } => (2, None, 2, true),
         DataConfig::Regression1d { .. } => (1, None, 1, false),
         DataConfig::Mnist { .. } => (784, Some([1, 28, 28]), 10, true),
-    }
+        DataConfig::Table(_) | DataConfig::Arrays(_) | DataConfig::Idx(_) => return None,
+    })
 }
 
 fn after_parse(rc: &RunConfig) {
     let _ = rc.run_id();
-    let (dim, image, outputs, classification) = data_shape(&rc.data);
+    let Some((dim, image, outputs, classification)) = data_shape(&rc.data) else { return };
     let loss = rc.train.loss.unwrap_or(if classification { LossKind::CrossEntropy } else { LossKind::Mse });
     let output = match loss {
         LossKind::CrossEntropy => OutputKind::LogSoftmax,
