@@ -1,0 +1,242 @@
+//! PyTorch interoperability: `export --format torch`, `[model] init` from a PyTorch state_dict,
+//! and `import --from torch`. The exported files are read back with the safetensors crate and
+//! run through a plain-Rust forward pass written here, independent of the library's.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use pathkernel::model::{Architecture, Body, Params};
+use pathkernel::trajectory::Run;
+use safetensors::SafeTensors;
+
+/// Runs the binary in `cwd`; returns (status, stdout, stderr).
+fn run(args: &[&str], cwd: &Path) -> (i32, String, String) {
+    let o = Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn run_ok(args: &[&str], cwd: &Path) -> String {
+    let (code, out, err) = run(args, cwd);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
+}
+
+/// Exit 2, one line naming `needle`, no panic.
+fn run_fail(args: &[&str], cwd: &Path, needle: &str) {
+    let (code, _, err) = run(args, cwd);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+/// The tensors and metadata of a safetensors file, read with the safetensors crate alone.
+fn read_tensors(path: &Path) -> (HashMap<String, (Vec<usize>, Vec<f64>)>, HashMap<String, String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out = HashMap::new();
+    for (name, v) in st.tensors() {
+        assert_eq!(v.dtype(), safetensors::Dtype::F64, "{name}");
+        let data = v.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        out.insert(name, (v.shape().to_vec(), data));
+    }
+    let meta = SafeTensors::read_metadata(&bytes).unwrap().1.metadata().clone().unwrap_or_default();
+    (out, meta)
+}
+
+fn act(kind: &str, z: f64) -> f64 {
+    match kind {
+        "relu" => z.max(0.0),
+        "tanh" => z.tanh(),
+        other => panic!("activation {other}"),
+    }
+}
+
+/// `y = x Wᵀ + b` with plain loops. `x` `[n, i]`, `w` `[o, i]`.
+fn linear(x: &[f64], n: usize, w: &(Vec<usize>, Vec<f64>), b: Option<&(Vec<usize>, Vec<f64>)>) -> Vec<f64> {
+    let (o, i) = (w.0[0], w.0[1]);
+    assert_eq!(x.len(), n * i);
+    let mut y = vec![0.0; n * o];
+    for r in 0..n {
+        for q in 0..o {
+            let mut acc = b.map_or(0.0, |b| b.1[q]);
+            for j in 0..i {
+                acc += x[r * i + j] * w.1[q * i + j];
+            }
+            y[r * o + q] = acc;
+        }
+    }
+    y
+}
+
+/// The `nn.Sequential` an exported file describes, on rows `x`, tensors under `prefix`:
+/// MLP `Linear, σ, …, Linear`; CNN `Conv2d, σ, MaxPool2d, Flatten, Linear` (written out here).
+fn sequential(t: &HashMap<String, (Vec<usize>, Vec<f64>)>, prefix: &str, arch: &serde_json::Value, x: &[f64]) -> Vec<f64> {
+    let a = arch["activation"].as_str().unwrap();
+    let body = &arch["body"];
+    let get = |name: String| t.get(&format!("{prefix}{name}"));
+    if body["kind"] == "mlp" {
+        let widths: Vec<usize> = body["widths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let n = x.len() / widths[0];
+        let mut h = x.to_vec();
+        for l in 0..widths.len() - 1 {
+            let w = get(format!("{}.weight", 2 * l)).unwrap();
+            h = linear(&h, n, w, get(format!("{}.bias", 2 * l)));
+            if l + 2 < widths.len() {
+                h.iter_mut().for_each(|v| *v = act(a, *v));
+            }
+        }
+        return h;
+    }
+    let u = |k: &str| body[k].as_u64().unwrap() as usize;
+    let image: Vec<usize> = body["image"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let (c, h, w) = (image[0], image[1], image[2]);
+    let (k, s, p, pool) = (u("kernel"), u("stride"), u("padding"), u("pool"));
+    let cw = get("0.weight".into()).unwrap();
+    let co = cw.0[0];
+    let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+    let (hp, wp) = (ho / pool, wo / pool);
+    let n = x.len() / (c * h * w);
+    let mut flat = vec![0.0; n * co * hp * wp];
+    for r in 0..n {
+        let mut conv = vec![0.0; co * ho * wo];
+        for o in 0..co {
+            for y in 0..ho {
+                for xx in 0..wo {
+                    let mut acc = get("0.bias".into()).map_or(0.0, |b| b.1[o]);
+                    for ci in 0..c {
+                        for i in 0..k {
+                            for j in 0..k {
+                                let (iy, ix) = ((y * s + i) as isize - p as isize, (xx * s + j) as isize - p as isize);
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                    acc += cw.1[((o * c + ci) * k + i) * k + j] * x[r * c * h * w + (ci * h + iy as usize) * w + ix as usize];
+                                }
+                            }
+                        }
+                    }
+                    conv[(o * ho + y) * wo + xx] = act(a, acc);
+                }
+            }
+        }
+        for o in 0..co {
+            for y in 0..hp {
+                for xx in 0..wp {
+                    let mut m = f64::NEG_INFINITY;
+                    for i in 0..pool {
+                        for j in 0..pool {
+                            m = m.max(conv[(o * ho + y * pool + i) * wo + xx * pool + j]);
+                        }
+                    }
+                    flat[r * co * hp * wp + (o * hp + y) * wp + xx] = m;
+                }
+            }
+        }
+    }
+    linear(&flat, n, get("4.weight".into()).unwrap(), get("4.bias".into()))
+}
+
+/// The logits the exported file's module computes: `net(x)`, minus `init(x)` for zero_output.
+fn exported_logits(path: &Path, x: &[f64]) -> (Vec<f64>, HashMap<String, String>) {
+    let (t, meta) = read_tensors(path);
+    assert_eq!(meta["format"], "pytorch-state-dict");
+    let arch: serde_json::Value = serde_json::from_str(&meta["architecture"]).unwrap();
+    let mut z = sequential(&t, "", &arch, x);
+    if meta["zero_output"] == "true" {
+        let z0 = sequential(&t, "init.", &arch, x);
+        z.iter_mut().zip(&z0).for_each(|(a, b)| *a -= b);
+    }
+    (z, meta)
+}
+
+fn log_softmax(z: &mut [f64], k: usize) {
+    pathkernel::model::log_softmax_rows(z, k);
+}
+
+/// Compares the exported state `s` of `run` on `x` with the library's f (log-softmax of the
+/// logits) and its raw forward; returns the largest difference.
+fn check_export(run: &Run, file: &Path, s: usize, x: &[f64]) -> f64 {
+    let arch: &Architecture = &run.manifest.architecture;
+    let (mut z, meta) = exported_logits(file, x);
+    assert_eq!(meta["step"], s.to_string());
+    assert_eq!(meta["run_id"], run.manifest.run_id);
+    let back: Architecture = serde_json::from_str(&meta["architecture"]).unwrap();
+    assert_eq!(&back, arch);
+    let params: Params = run.load_step(s).unwrap();
+    let init = run.load_step(0).unwrap();
+    // The logits α (g_w − [zero_output] g_{w_0}) from the library's raw forward.
+    let g = arch.raw_forward(&params, x);
+    let g0 = arch.raw_forward(&init, x);
+    let logits: Vec<f64> = g.iter().zip(&g0).map(|(a, b)| arch.alpha * (a - if arch.zero_output { *b } else { 0.0 })).collect();
+    let e1 = max_abs_diff(&z, &logits);
+    log_softmax(&mut z, arch.outputs());
+    let f = arch.forward(&params, Some(&init), x).unwrap();
+    let e2 = max_abs_diff(&z, &f);
+    assert!(max_abs(&f) > 1e-3);
+    e1.max(e2)
+}
+
+#[test]
+fn export_mlp_with_alpha_and_zero_output_equals_our_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (name, model_extra) in [("plain", ""), ("scaled", "alpha = 2.5\nzero_output = true\nzero_last = false\n"), ("nobias", "bias = false\nalpha = 0.5\n")] {
+        let toml = toy2d("[6, 5]", "tanh", 4, 0.5, 6, 5).replace("activation = \"tanh\"\n", &format!("activation = \"tanh\"\n{model_extra}"));
+        let run = train(d, name, &toml);
+        let out = format!("{name}.safetensors");
+        let printed = run_ok(&["export", "--run", name, "--format", "torch", "--out", &out], d);
+        assert!(printed.contains("exported state 4 of 4"), "{printed}");
+        let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+        let err = check_export(&run, &d.join(&out), 4, &x);
+        eprintln!("{name}: exported network vs ours {err:e}");
+        assert!(err <= 1e-12, "{name}: {err:e}");
+        run_ok(&["export", "--run", name, "--step", "1", "--format", "torch", "--out", "s1.safetensors", "--force"], d);
+        assert!(check_export(&run, &d.join("s1.safetensors"), 1, &x) <= 1e-12);
+        // The exported state differs from another state (the comparison can fail).
+        let (z4, _) = exported_logits(&d.join(&out), &x);
+        let (z1, _) = exported_logits(&d.join("s1.safetensors"), &x);
+        assert!(max_abs_diff(&z4, &z1) > 1e-3, "{name}");
+    }
+}
+
+#[test]
+fn export_cnn_equals_our_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 8, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 8\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npadding = 2\npool = 2\nalpha = 1.5\nzero_last = false\n\n[train]\nlr = 0.3\nsteps = 2\nseed = 2\n",
+        data.display().to_string()
+    );
+    let run = train(d, "cnn", &toml);
+    assert!(matches!(run.manifest.architecture.body, Body::Cnn { .. }));
+    run_ok(&["export", "--run", "cnn", "--format", "torch", "--out", "cnn.safetensors"], d);
+    let (_, meta) = read_tensors(&d.join("cnn.safetensors"));
+    assert_eq!(meta["module"], "Sequential(Conv2d(1, 2, 5, stride=2, padding=2), ReLU(), MaxPool2d(2), Flatten(), Linear(98, 10))");
+    let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+    let err = check_export(&run, &d.join("cnn.safetensors"), 2, &x);
+    eprintln!("cnn: exported network vs ours {err:e}");
+    assert!(err <= 1e-12, "{err:e}");
+}
+
+#[test]
+fn export_rejects_bad_arguments_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train(d, "run", &toy2d("[4]", "relu", 3, 0.5, 4, 2));
+    run_fail(&["export", "--run", "nowhere", "--format", "torch", "--out", "m.safetensors"], d, "nowhere");
+    run_fail(&["export", "--run", "run", "--step", "4", "--format", "torch", "--out", "m.safetensors"], d, "--step 4 is beyond the last state 3");
+    run_fail(&["export", "--run", "run", "--format", "onnx", "--out", "m.safetensors"], d, "--format onnx");
+    assert!(!d.join("m.safetensors").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("m.safetensors")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "m.safetensors"], d);
+    let before = std::fs::read(d.join("m.safetensors")).unwrap();
+    run_fail(&["export", "--run", "run", "--step", "0", "--format", "torch", "--out", "m.safetensors"], d, "already exists");
+    assert_eq!(std::fs::read(d.join("m.safetensors")).unwrap(), before);
+}
