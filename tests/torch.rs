@@ -240,3 +240,103 @@ fn export_rejects_bad_arguments_without_writing() {
     run_fail(&["export", "--run", "run", "--step", "0", "--format", "torch", "--out", "m.safetensors"], d, "already exists");
     assert_eq!(std::fs::read(d.join("m.safetensors")).unwrap(), before);
 }
+
+fn fixture(rel: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A toy config (3 classes, 2-D, tanh 6-5 MLP) starting from `init`.
+fn toy_from(init: &str, steps: usize) -> String {
+    toy2d("[6, 5]", "tanh", steps, 0.5, 6, 5).replace("activation = \"tanh\"\n", &format!("activation = \"tanh\"\ninit = {init:?}\n"))
+}
+
+#[test]
+fn init_from_a_pytorch_state_dict_trains_and_exports_back_to_the_same_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The fixture: nn.Sequential(Linear(2, 6), Tanh(), Linear(6, 5), Tanh(), Linear(5, 3)) in
+    // float64 with PyTorch's own initialisation (scripts/make_torch_fixture.py).
+    std::fs::copy(fixture("torch/init-mlp.safetensors"), d.join("w.safetensors")).unwrap();
+    std::fs::write(d.join("c.toml"), toy_from("w.safetensors", 6)).unwrap();
+    run_ok(&["train", "-q", "--config", "c.toml", "--out", "run"], d);
+    let run = Run::open(&d.join("run")).unwrap();
+    // w_0 is the file's, tensor by tensor, and the manifest says where it came from.
+    let (t, _) = read_tensors(&d.join("w.safetensors"));
+    let w0 = run.load_step(0).unwrap();
+    for (s, v) in w0.specs.iter().zip(&w0.data) {
+        let l: usize = s.name.split('.').nth(1).unwrap().parse().unwrap();
+        let torch_name = format!("{}.{}", 2 * l, s.name.rsplit('.').next().unwrap());
+        assert_eq!(&t[&torch_name].1, v, "{}", s.name);
+        assert_eq!(t[&torch_name].0, s.shape);
+    }
+    let rec = run.manifest.init.clone().expect("init recorded");
+    assert_eq!(rec.path, "w.safetensors");
+    assert_eq!(rec.sha256, sha256_hex(&std::fs::read(d.join("w.safetensors")).unwrap()));
+    assert!(!run.manifest.architecture.zero_last);
+    let manifest_text = std::fs::read_to_string(d.join("run/manifest.json")).unwrap();
+    assert!(manifest_text.contains(&rec.sha256));
+    // Trained: the network moved.
+    let wn = run.load_step(6).unwrap();
+    assert!(max_abs_diff(&wn.flat(), &w0.flat()) > 1e-3);
+    // Export the trained state and run it through the plain-Rust Sequential.
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "trained.safetensors"], d);
+    let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+    let err = check_export(&run, &d.join("trained.safetensors"), 6, &x);
+    eprintln!("init -> train 6 steps -> export: exported network vs ours {err:e}");
+    assert!(err <= 1e-12, "{err:e}");
+    // And the export starts a new run exactly where the first one ended.
+    std::fs::write(d.join("c2.toml"), toy_from("trained.safetensors", 2)).unwrap();
+    run_ok(&["train", "-q", "--config", "c2.toml", "--out", "run2"], d);
+    let run2 = Run::open(&d.join("run2")).unwrap();
+    assert_eq!(run2.load_step(0).unwrap(), wn);
+    assert_ne!(run2.manifest.run_id, run.manifest.run_id);
+}
+
+#[test]
+fn init_mismatches_are_listed_in_one_line_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::copy(fixture("torch/init-mlp.safetensors"), d.join("w.safetensors")).unwrap();
+    // A 2-7-3 network: 0.weight, 0.bias and 2.weight do not fit, 2.bias fits, 4.* are extra.
+    let text = toy2d("[7]", "tanh", 3, 0.5, 6, 5).replace("activation = \"tanh\"\n", "activation = \"tanh\"\ninit = \"w.safetensors\"\n");
+    std::fs::write(d.join("c.toml"), text).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "`0.weight` has shape [6, 2], expected [7, 2]");
+    let (_, _, err) = run(&["train", "-q", "--config", "c.toml", "--out", "run"], d);
+    for needle in ["`0.bias` has shape [6], expected [7]", "`2.weight` has shape [5, 6], expected [3, 7]", "`2.bias` has shape [5], expected [3]", "unexpected `4.bias` [3]", "unexpected `4.weight` [3, 5]", "(6)"] {
+        assert!(err.contains(needle), "expected `{needle}` in {err}");
+    }
+    assert!(!d.join("run").exists() && !d.join("run.partial").exists());
+    std::fs::write(d.join("c.toml"), toy_from("missing.safetensors", 2)).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "missing.safetensors");
+    assert!(!d.join("run").exists() && !d.join("run.partial").exists());
+    std::fs::write(d.join("c.toml"), toy_from("", 2)).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "model.init is empty");
+}
+
+#[test]
+fn configs_without_init_serialise_as_before() {
+    // Run ids hash the configuration's JSON: `init` must not change it when absent.
+    let cfg = pathkernel::train::RunConfig::from_toml(&toy2d("[4]", "relu", 3, 0.5, 4, 2), Path::new("t.toml")).unwrap();
+    assert!(cfg.init.is_none());
+    let composed = format!(
+        "{{\"data\":{},\"model\":{},\"train\":{}}}",
+        serde_json::to_string(&cfg.data).unwrap(),
+        serde_json::to_string(&cfg.model).unwrap(),
+        serde_json::to_string(&cfg.train).unwrap()
+    );
+    assert_eq!(serde_json::to_string(&cfg).unwrap(), composed);
+    let with = pathkernel::train::RunConfig::from_toml(&toy_from("w.safetensors", 3), Path::new("t.toml")).unwrap();
+    assert_eq!(with.init.as_deref(), Some(Path::new("w.safetensors")));
+    let back: pathkernel::train::RunConfig = serde_json::from_value(serde_json::to_value(&with).unwrap()).unwrap();
+    assert_eq!(back, with);
+    assert!(serde_json::to_string(&with).unwrap().contains("\"init\":\"w.safetensors\""));
+    // Unknown keys in [model] are still refused.
+    let bad = toy2d("[4]", "relu", 3, 0.5, 4, 2).replace("activation = \"relu\"\n", "activation = \"relu\"\nwidth = 3\n");
+    let e = pathkernel::train::RunConfig::from_toml(&bad, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.contains("width"), "{e}");
+}
