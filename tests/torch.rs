@@ -340,3 +340,125 @@ fn configs_without_init_serialise_as_before() {
     let e = pathkernel::train::RunConfig::from_toml(&bad, Path::new("t.toml")).unwrap_err().to_string();
     assert!(e.contains("width"), "{e}");
 }
+
+/// Copies the committed recording (scripts/record_torch_trajectory.py: a 2-6-2 ReLU MLP, 20 SGD
+/// steps of batch 8 on 24 two-moons points) into `dst`.
+fn copy_recording(dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture("torch-trajectory")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// The figure `max relative difference X` printed by `import`.
+fn printed_rel_diff(out: &str) -> f64 {
+    let tail = out.split("max relative difference ").nth(1).expect(out);
+    tail.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn imported_pytorch_sgd_trajectory_is_a_run_whose_epk_reproduces_the_network() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    copy_recording(&d.join("rec"));
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "run"], d);
+    eprintln!("{printed}");
+    let rel = printed_rel_diff(&printed);
+    assert!(rel <= 1e-12, "{rel:e}");
+    let run = Run::open(&d.join("run")).unwrap();
+    let m = &run.manifest;
+    assert_eq!(m.steps, 20);
+    assert_eq!(m.learning_rates, vec![0.5; 20]);
+    assert_eq!(run.dataset.n_train(), 24);
+    // The recorded batches are the manifest's (sorted), and every state is the recorded one.
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("rec/trajectory.json")).unwrap()).unwrap();
+    let batches = m.batches().expect("sgd batches");
+    for (s, b) in batches.iter().enumerate() {
+        let mut want: Vec<usize> = rec["batches"][s].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        want.sort_unstable();
+        assert_eq!(b, &want, "step {s}");
+    }
+    let states = run.load_all().unwrap();
+    for s in [0, 7, 20] {
+        let (t, _) = read_tensors(&d.join(format!("rec/step_{s:05}.safetensors")));
+        assert_eq!(states[s].get("layers.1.weight").unwrap(), t["2.weight"].1.as_slice());
+        assert_eq!(states[s].get("layers.0.bias").unwrap(), t["0.bias"].1.as_slice());
+    }
+    assert_eq!(m.init.as_ref().unwrap().sha256, sha256_hex(&std::fs::read(d.join("rec/step_00000.safetensors")).unwrap()));
+    // The EPK's kernel machine reproduces the network on the test points.
+    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    eprintln!("imported torch SGD run: EPK machine vs network {:e}", out.max_abs_error());
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    assert!(max_abs_diff(&out.network, &out.bias) > 1e-2, "the outputs must move");
+    // The network values are the recorded PyTorch model's: log-softmax of the exported logits.
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "last.safetensors"], d);
+    let (mut z, _) = exported_logits(&d.join("last.safetensors"), &pts.x);
+    log_softmax(&mut z, 2);
+    assert!(max_abs_diff(&z, &out.network) <= 1e-12);
+    // The CLI's kernel, gp, svm and attribute accept the run.
+    run_ok(&["kernel", "--run", "run", "--out", "k", "-q"], d);
+    run_ok(&["kernel", "--run", "run", "--points", "train", "--side", "train", "--out", "kt", "-q"], d);
+    run_ok(&["kernel", "--run", "run", "--per-step", "--out", "kp", "-q"], d);
+    assert!(run_ok(&["gp", "--run", "run", "--train-kernel", "kt", "--kernel", "k", "--out", "gp"], d).contains("gp: 6 points"));
+    assert!(run_ok(&["svm", "--run", "run", "--train-kernel", "kt", "--kernel", "k", "--out", "svm"], d).contains("svm: 6 points"));
+    assert!(run_ok(&["attribute", "--run", "run", "--kernel", "kp", "--out", "attr"], d).contains("2 outputs explained"));
+}
+
+#[test]
+fn import_refuses_broken_recordings_naming_the_step_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fail = |name: &str, needle: &str| {
+        run_fail(&["import", "--from", "torch", name, "--out", "run"], d, needle);
+        assert!(!d.join("run").exists() && !d.join("run.partial").exists(), "{name}");
+    };
+    let rewrite = |path: &Path, edit: &dyn Fn(&mut HashMap<String, (Vec<usize>, Vec<f64>)>)| {
+        let (mut t, _) = read_tensors(path);
+        edit(&mut t);
+        let arrays: Vec<_> = t.into_iter().map(|(k, (shape, v))| pathkernel::io::NamedArray::f64(k, shape, v)).collect();
+        pathkernel::io::write_safetensors(path, &arrays, None).unwrap();
+    };
+    // A missing step in the middle.
+    copy_recording(&d.join("gap"));
+    std::fs::remove_file(d.join("gap/step_00007.safetensors")).unwrap();
+    fail("gap", "step 7 is missing");
+    // A step beyond the learning rates.
+    copy_recording(&d.join("extra"));
+    std::fs::copy(d.join("extra/step_00020.safetensors"), d.join("extra/step_00021.safetensors")).unwrap();
+    fail("extra", "need step files 0..=20, found 22");
+    // A shape that changes.
+    copy_recording(&d.join("shape"));
+    rewrite(&d.join("shape/step_00005.safetensors"), &|t| t.get_mut("2.weight").unwrap().0 = vec![3, 4]);
+    fail("shape", "step 5");
+    let (_, _, err) = run(&["import", "--from", "torch", "shape", "--out", "run"], d);
+    assert!(err.contains("`2.weight` has shape [3, 4], expected [2, 6]"), "{err}");
+    // A tampered update: w_9 moved off the gradient step from w_8.
+    copy_recording(&d.join("tampered"));
+    rewrite(&d.join("tampered/step_00009.safetensors"), &|t| t.get_mut("0.bias").unwrap().1[2] += 1e-6);
+    fail("tampered", "the update of step 8 (w_9 - w_8)");
+    // ... which a looser tolerance accepts, reporting the difference.
+    let printed = run_ok(&["import", "--from", "torch", "tampered", "--out", "loose", "--tolerance", "0.1"], d);
+    let rel = printed_rel_diff(&printed);
+    assert!(rel > 1e-8 && rel < 0.1, "{printed}");
+    assert!(printed.contains("(step 8)") || printed.contains("(step 9)"), "{printed}");
+    // Stateful optimizers are refused with the reason.
+    copy_recording(&d.join("adam"));
+    let j = std::fs::read_to_string(d.join("adam/trajectory.json")).unwrap().replace("\"optimizer\": \"sgd\"", "\"optimizer\": \"adam\"");
+    assert!(j.contains("\"adam\""));
+    std::fs::write(d.join("adam/trajectory.json"), j).unwrap();
+    fail("adam", "optimizer `adam` is not supported");
+    let (_, _, err) = run(&["import", "--from", "torch", "adam", "--out", "run"], d);
+    assert!(err.contains("optimizer state"), "{err}");
+    // Other bad arguments.
+    fail("nowhere", "nowhere");
+    run_fail(&["import", "--from", "jax", "gap", "--out", "run"], d, "--from jax");
+    copy_recording(&d.join("ok"));
+    std::fs::create_dir_all(d.join("taken")).unwrap();
+    std::fs::write(d.join("taken/x"), "keep").unwrap();
+    run_fail(&["import", "--from", "torch", "ok", "--out", "taken"], d, "already exists");
+    assert_eq!(std::fs::read_to_string(d.join("taken/x")).unwrap(), "keep");
+}

@@ -5,6 +5,7 @@
 mod analyze;
 mod bench;
 mod export;
+mod import;
 mod kernel;
 mod study;
 mod tile;
@@ -44,6 +45,7 @@ enum Command {
     /// Tiled kernel jobs (plans from `kernel --tiles`): run, merge, status, slurm, compare.
     Tile(tile::Args),
     Export(export::Args),
+    Import(import::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -57,6 +59,7 @@ pub fn main() -> i32 {
         Command::Study(a) => study::exec(a),
         Command::Tile(a) => tile::exec(a),
         Command::Export(a) => export::exec(a),
+        Command::Import(a) => import::exec(a),
         Command::Gp(a) => analyze::gp(a),
         Command::Svm(a) => analyze::svm(a),
         Command::Attribute(a) => analyze::attribute(a),
