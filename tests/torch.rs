@@ -462,3 +462,108 @@ fn import_refuses_broken_recordings_naming_the_step_and_writes_nothing() {
     run_fail(&["import", "--from", "torch", "ok", "--out", "taken"], d, "already exists");
     assert_eq!(std::fs::read_to_string(d.join("taken/x")).unwrap(), "keep");
 }
+
+/// Writes the recording a PyTorch loop would have made of the native gd run `native` into
+/// `rec` (x arrays with the given shapes); returns its trajectory.json.
+fn write_recording(native: &Run, rec: &Path, model: serde_json::Value, x_train_shape: Vec<usize>, x_test_shape: Vec<usize>) -> serde_json::Value {
+    use pathkernel::data::Targets;
+    use pathkernel::io::{write_safetensors, NamedArray};
+    use pathkernel::model::torch::torch_specs;
+    std::fs::create_dir_all(rec).unwrap();
+    let arch = &native.manifest.architecture;
+    for s in 0..=native.manifest.steps {
+        let p = native.load_step(s).unwrap();
+        let arrays: Vec<NamedArray> = torch_specs(arch).into_iter().zip(&p.data).map(|(sp, v)| NamedArray::f64(sp.name, sp.shape, v.clone())).collect();
+        write_safetensors(&rec.join(format!("step_{s:05}.safetensors")), &arrays, None).unwrap();
+    }
+    let ds = &native.dataset;
+    let k = ds.num_outputs;
+    let y = |name: &str, t: &Targets, n: usize| match t {
+        Targets::Labels(y) => NamedArray::i64(name, vec![n], y.iter().map(|&c| c as i64).collect()),
+        Targets::Values(v) => NamedArray::f64(name, vec![n, k], v.clone()),
+    };
+    let loss = if ds.is_classification() { "cross_entropy" } else { "mse" };
+    write_safetensors(
+        &rec.join("data.safetensors"),
+        &[
+            NamedArray::f64("x_train", x_train_shape, ds.x_train.clone()),
+            y("y_train", &ds.y_train, ds.n_train()),
+            NamedArray::f64("x_test", x_test_shape, ds.x_test.clone()),
+            y("y_test", &ds.y_test, ds.n_test()),
+        ],
+        None,
+    )
+    .unwrap();
+    let json = serde_json::json!({
+        "format": "pathkernel-torch-trajectory", "version": 1, "model": model,
+        "optimizer": "gd", "loss": loss, "learning_rates": native.manifest.learning_rates,
+    });
+    std::fs::write(rec.join("trajectory.json"), json.to_string()).unwrap();
+    json
+}
+
+#[test]
+fn a_native_mse_regression_run_written_as_a_torch_recording_imports_as_the_same_run() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let toml = "[data]\nkind = \"regression1d\"\nn_test = 5\n\n[model]\nkind = \"mlp\"\nhidden = [6]\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.05\nsteps = 5\nloss = \"mse\"\n";
+    let native = train(d, "native", toml);
+    write_recording(&native, &d.join("rec"), serde_json::json!({"kind": "mlp", "activation": "tanh"}), vec![2, 1], vec![5, 1]);
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "imported"], d);
+    assert!(printed_rel_diff(&printed) <= 1e-12, "{printed}");
+    let imported = Run::open(&d.join("imported")).unwrap();
+    assert_eq!(imported.manifest.architecture, native.manifest.architecture);
+    assert_eq!(imported.manifest.loss, native.manifest.loss);
+    assert_eq!(imported.dataset.y_train, native.dataset.y_train);
+    let states = imported.load_all().unwrap();
+    assert_eq!(states, native.load_all().unwrap());
+    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    assert!(max_abs_diff(&out.network, &out.bias) > 1e-3);
+}
+
+#[test]
+fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 8, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 8\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npadding = 2\npool = 2\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.3\nsteps = 3\nseed = 2\n",
+        data.display().to_string()
+    );
+    let native = train(d, "native", &toml);
+    let arch = &native.manifest.architecture;
+    let ds = &native.dataset;
+    let rec = d.join("rec");
+    let model = serde_json::json!({"kind": "cnn", "activation": "tanh", "image": [1, 28, 28], "stride": 2, "padding": 2, "pool": 2});
+    let json = write_recording(&native, &rec, model, vec![8, 1, 28, 28], vec![3, 1, 28, 28]);
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "imported"], d);
+    assert!(printed_rel_diff(&printed) <= 1e-12, "{printed}");
+    let imported = Run::open(&d.join("imported")).unwrap();
+    assert_eq!(&imported.manifest.architecture, arch);
+    assert_eq!(imported.manifest.optimizer, native.manifest.optimizer);
+    assert_eq!(imported.dataset.x_train, ds.x_train);
+    assert_eq!(imported.dataset.image_shape, Some([1, 28, 28]));
+    let states = imported.load_all().unwrap();
+    assert_eq!(states, native.load_all().unwrap());
+    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    // A gd recording with batches, and an MLP description of CNN tensors, are refused.
+    let mut bad = json.clone();
+    bad["batches"] = serde_json::json!([[0], [1], [2]]);
+    std::fs::write(rec.join("trajectory.json"), bad.to_string()).unwrap();
+    run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`batches` is only for sgd");
+    let mut bad = json.clone();
+    bad["model"] = serde_json::json!({"kind": "mlp", "activation": "tanh"});
+    std::fs::write(rec.join("trajectory.json"), bad.to_string()).unwrap();
+    run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`0.weight` [2, 1, 5, 5]");
+    assert!(!d.join("x").exists());
+}
