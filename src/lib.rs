@@ -18,6 +18,7 @@ pub mod cli;
 pub mod data;
 pub mod error;
 pub mod gp;
+pub mod interop;
 pub mod io;
 pub mod kernel;
 pub mod model;

@@ -152,6 +152,7 @@ impl TrainConfig {
                 momentum: self.momentum,
                 weight_decay: self.weight_decay,
                 decoupled_weight_decay: decoupled,
+                recorded_batches: None,
             },
             OptimizerKind::Adam | OptimizerKind::Adamw => OptimizerRecord::Adam {
                 lr,
@@ -168,17 +169,59 @@ impl TrainConfig {
 }
 
 /// A whole run configuration: the TOML file given to `pathkernel train`.
+///
+/// `[model] init = "weights.safetensors"` (the [`RunConfig::init`] field) starts from a PyTorch
+/// `state_dict` instead of the seeded initialisation: names, shapes and dtypes are checked
+/// against the architecture ([`crate::model::torch::read_state_dict`]), the path is resolved
+/// against [`TrainOptions::base_dir`], and the manifest records the file and its SHA-256
+/// ([`trajectory::InitRecord`]); `zero_last` is then recorded as `false`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawRunConfig", into = "RawRunConfig")]
 pub struct RunConfig {
     /// `[data]`
-    #[serde(default)]
     pub data: DataConfig,
     /// `[model]`
-    #[serde(default)]
     pub model: ModelConfig,
+    /// `[model] init`: a PyTorch `state_dict` (safetensors, f64) to start from.
+    pub init: Option<PathBuf>,
     /// `[train]`
     pub train: TrainConfig,
+}
+
+/// The configuration as written: `init` sits in the `[model]` table beside the model's keys.
+/// Without `init` it serialises exactly as before the key existed (same run ids).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRunConfig {
+    #[serde(default)]
+    data: DataConfig,
+    #[serde(default)]
+    model: RawModel,
+    train: TrainConfig,
+}
+
+#[derive(Clone, Default, Serialize, Deserialize)]
+struct RawModel {
+    #[serde(flatten)]
+    config: ModelConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    init: Option<PathBuf>,
+}
+
+impl TryFrom<RawRunConfig> for RunConfig {
+    type Error = String;
+    fn try_from(r: RawRunConfig) -> std::result::Result<Self, String> {
+        if r.model.init.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err("model.init is empty; give the path of a PyTorch state_dict (.safetensors)".into());
+        }
+        Ok(RunConfig { data: r.data, model: r.model.config, init: r.model.init, train: r.train })
+    }
+}
+
+impl From<RunConfig> for RawRunConfig {
+    fn from(c: RunConfig) -> Self {
+        RawRunConfig { data: c.data, model: RawModel { config: c.model, init: c.init }, train: c.train }
+    }
 }
 
 impl RunConfig {
@@ -411,7 +454,11 @@ pub fn resolve(cfg: &RunConfig, data: &Dataset) -> Result<(LossKind, Architectur
         LossKind::CrossEntropy => OutputKind::LogSoftmax,
         LossKind::Mse => OutputKind::Identity,
     };
-    let arch = cfg.model.resolve(data.dim, data.image_shape, data.num_outputs, output)?;
+    let mut arch = cfg.model.resolve(data.dim, data.image_shape, data.num_outputs, output)?;
+    if cfg.init.is_some() {
+        // w_0 is the file's, whatever its last layer holds.
+        arch.zero_last = false;
+    }
     Ok((loss, arch))
 }
 
@@ -560,7 +607,14 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
     let n = cfg.train.steps;
     let lr = cfg.train.lr;
     let k = data.num_outputs;
-    let init = arch.init(cfg.train.seed);
+    let (init, init_record) = match &cfg.init {
+        None => (arch.init(cfg.train.seed), None),
+        Some(path) => {
+            let sd = crate::model::torch::read_state_dict(&opts.base_dir.join(path), arch)?;
+            let record = trajectory::InitRecord { path: path.display().to_string(), sha256: sd.sha256, format: crate::model::torch::FORMAT.into() };
+            (sd.params, Some(record))
+        }
+    };
     let manifest = Manifest {
         format: trajectory::FORMAT.into(),
         version: trajectory::VERSION,
@@ -585,6 +639,7 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         },
         config: serde_json::to_value(cfg).expect("config serialises"),
         created_by: created_by(),
+        init: init_record,
     };
     // Resuming: the states already on disk are replayed (and checked bit for bit against the
     // recomputed path); recording continues after the last complete one.

@@ -95,6 +95,10 @@ pub enum OptimizerRecord {
         /// Decoupled rather than coupled weight decay.
         #[serde(default, skip_serializing_if = "is_false")]
         decoupled_weight_decay: bool,
+        /// The batch of every step as recorded by another trainer (`pathkernel import`); when
+        /// present it replaces the shuffle schedule of `batch_size` and `shuffle_seed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recorded_batches: Option<Vec<Vec<usize>>>,
     },
     /// Adam (coupled weight decay) or AdamW (decoupled), full-batch or on mini-batches.
     Adam {
@@ -191,6 +195,7 @@ impl Manifest {
     /// The training points of each step's update (`None` for full-batch gradient descent).
     pub fn batches(&self) -> Option<Vec<Vec<usize>>> {
         match self.optimizer {
+            OptimizerRecord::Sgd { recorded_batches: Some(ref b), .. } => Some(b.clone()),
             OptimizerRecord::Gd { .. } | OptimizerRecord::Adam { batch_size: None, .. } => None,
             OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } | OptimizerRecord::Adam { batch_size: Some(batch_size), shuffle_seed, .. } => {
                 Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed))
@@ -254,6 +259,21 @@ pub struct Manifest {
     pub config: serde_json::Value,
     /// Writer version.
     pub created_by: String,
+    /// Where w_0 came from when it was not drawn from `seed` (`[model] init`, `pathkernel import`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitRecord>,
+}
+
+/// The file a run's w_0 was read from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitRecord {
+    /// The file, as given (a PyTorch `state_dict` in safetensors).
+    pub path: String,
+    /// Its SHA-256, lowercase hex.
+    pub sha256: String,
+    /// What it is: `pytorch-state-dict`.
+    pub format: String,
 }
 
 /// Path of step file `s` inside a run directory.

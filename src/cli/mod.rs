@@ -4,6 +4,8 @@
 
 mod analyze;
 mod bench;
+mod export;
+mod import;
 mod kernel;
 mod study;
 mod tile;
@@ -42,6 +44,8 @@ enum Command {
     Study(study::Args),
     /// Tiled kernel jobs (plans from `kernel --tiles`): run, merge, status, slurm, compare.
     Tile(tile::Args),
+    Export(export::Args),
+    Import(import::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -54,6 +58,8 @@ pub fn main() -> i32 {
         Command::Bench(a) => bench::exec(a),
         Command::Study(a) => study::exec(a),
         Command::Tile(a) => tile::exec(a),
+        Command::Export(a) => export::exec(a),
+        Command::Import(a) => import::exec(a),
         Command::Gp(a) => analyze::gp(a),
         Command::Svm(a) => analyze::svm(a),
         Command::Attribute(a) => analyze::attribute(a),

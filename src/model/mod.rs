@@ -14,11 +14,13 @@
 //! CNN `conv.weight` `[Co, C, k, k]`, `conv.bias` `[Co]`, `dense.weight` `[K, Co·Hp·Wp]`,
 //! `dense.bias` `[K]`.
 //!
-//! The autodiff forward (used for training and the generic gradient path) is in [`net`];
+//! The autodiff forward (used for training and the generic gradient path) is in [`net`]; the
+//! PyTorch names of the parameters (export, `init` from a `state_dict`) are in [`torch`];
 //! [`Architecture::forward`] here is an independent plain-Rust forward pass.
 
 pub mod conv;
 pub mod net;
+pub mod torch;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -250,7 +250,7 @@ impl StudyConfig {
 
     /// The training part.
     pub fn run_config(&self) -> RunConfig {
-        RunConfig { data: self.data.clone(), model: self.model.clone(), train: self.train.clone() }
+        RunConfig { data: self.data.clone(), model: self.model.clone(), init: None, train: self.train.clone() }
     }
 }
 

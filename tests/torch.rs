@@ -1,0 +1,569 @@
+//! PyTorch interoperability: `export --format torch`, `[model] init` from a PyTorch state_dict,
+//! and `import --from torch`. The exported files are read back with the safetensors crate and
+//! run through a plain-Rust forward pass written here, independent of the library's.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use pathkernel::model::{Architecture, Body, Params};
+use pathkernel::trajectory::Run;
+use safetensors::SafeTensors;
+
+/// Runs the binary in `cwd`; returns (status, stdout, stderr).
+fn run(args: &[&str], cwd: &Path) -> (i32, String, String) {
+    let o = Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn run_ok(args: &[&str], cwd: &Path) -> String {
+    let (code, out, err) = run(args, cwd);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
+}
+
+/// Exit 2, one line naming `needle`, no panic.
+fn run_fail(args: &[&str], cwd: &Path, needle: &str) {
+    let (code, _, err) = run(args, cwd);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+/// The tensors and metadata of a safetensors file, read with the safetensors crate alone.
+fn read_tensors(path: &Path) -> (HashMap<String, (Vec<usize>, Vec<f64>)>, HashMap<String, String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out = HashMap::new();
+    for (name, v) in st.tensors() {
+        assert_eq!(v.dtype(), safetensors::Dtype::F64, "{name}");
+        let data = v.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        out.insert(name, (v.shape().to_vec(), data));
+    }
+    let meta = SafeTensors::read_metadata(&bytes).unwrap().1.metadata().clone().unwrap_or_default();
+    (out, meta)
+}
+
+fn act(kind: &str, z: f64) -> f64 {
+    match kind {
+        "relu" => z.max(0.0),
+        "tanh" => z.tanh(),
+        other => panic!("activation {other}"),
+    }
+}
+
+/// `y = x Wᵀ + b` with plain loops. `x` `[n, i]`, `w` `[o, i]`.
+fn linear(x: &[f64], n: usize, w: &(Vec<usize>, Vec<f64>), b: Option<&(Vec<usize>, Vec<f64>)>) -> Vec<f64> {
+    let (o, i) = (w.0[0], w.0[1]);
+    assert_eq!(x.len(), n * i);
+    let mut y = vec![0.0; n * o];
+    for r in 0..n {
+        for q in 0..o {
+            let mut acc = b.map_or(0.0, |b| b.1[q]);
+            for j in 0..i {
+                acc += x[r * i + j] * w.1[q * i + j];
+            }
+            y[r * o + q] = acc;
+        }
+    }
+    y
+}
+
+/// The `nn.Sequential` an exported file describes, on rows `x`, tensors under `prefix`:
+/// MLP `Linear, σ, …, Linear`; CNN `Conv2d, σ, MaxPool2d, Flatten, Linear` (written out here).
+fn sequential(t: &HashMap<String, (Vec<usize>, Vec<f64>)>, prefix: &str, arch: &serde_json::Value, x: &[f64]) -> Vec<f64> {
+    let a = arch["activation"].as_str().unwrap();
+    let body = &arch["body"];
+    let get = |name: String| t.get(&format!("{prefix}{name}"));
+    if body["kind"] == "mlp" {
+        let widths: Vec<usize> = body["widths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let n = x.len() / widths[0];
+        let mut h = x.to_vec();
+        for l in 0..widths.len() - 1 {
+            let w = get(format!("{}.weight", 2 * l)).unwrap();
+            h = linear(&h, n, w, get(format!("{}.bias", 2 * l)));
+            if l + 2 < widths.len() {
+                h.iter_mut().for_each(|v| *v = act(a, *v));
+            }
+        }
+        return h;
+    }
+    let u = |k: &str| body[k].as_u64().unwrap() as usize;
+    let image: Vec<usize> = body["image"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let (c, h, w) = (image[0], image[1], image[2]);
+    let (k, s, p, pool) = (u("kernel"), u("stride"), u("padding"), u("pool"));
+    let cw = get("0.weight".into()).unwrap();
+    let co = cw.0[0];
+    let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+    let (hp, wp) = (ho / pool, wo / pool);
+    let n = x.len() / (c * h * w);
+    let mut flat = vec![0.0; n * co * hp * wp];
+    for r in 0..n {
+        let mut conv = vec![0.0; co * ho * wo];
+        for o in 0..co {
+            for y in 0..ho {
+                for xx in 0..wo {
+                    let mut acc = get("0.bias".into()).map_or(0.0, |b| b.1[o]);
+                    for ci in 0..c {
+                        for i in 0..k {
+                            for j in 0..k {
+                                let (iy, ix) = ((y * s + i) as isize - p as isize, (xx * s + j) as isize - p as isize);
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                    acc += cw.1[((o * c + ci) * k + i) * k + j] * x[r * c * h * w + (ci * h + iy as usize) * w + ix as usize];
+                                }
+                            }
+                        }
+                    }
+                    conv[(o * ho + y) * wo + xx] = act(a, acc);
+                }
+            }
+        }
+        for o in 0..co {
+            for y in 0..hp {
+                for xx in 0..wp {
+                    let mut m = f64::NEG_INFINITY;
+                    for i in 0..pool {
+                        for j in 0..pool {
+                            m = m.max(conv[(o * ho + y * pool + i) * wo + xx * pool + j]);
+                        }
+                    }
+                    flat[r * co * hp * wp + (o * hp + y) * wp + xx] = m;
+                }
+            }
+        }
+    }
+    linear(&flat, n, get("4.weight".into()).unwrap(), get("4.bias".into()))
+}
+
+/// The logits the exported file's module computes: `net(x)`, minus `init(x)` for zero_output.
+fn exported_logits(path: &Path, x: &[f64]) -> (Vec<f64>, HashMap<String, String>) {
+    let (t, meta) = read_tensors(path);
+    assert_eq!(meta["format"], "pytorch-state-dict");
+    let arch: serde_json::Value = serde_json::from_str(&meta["architecture"]).unwrap();
+    let mut z = sequential(&t, "", &arch, x);
+    if meta["zero_output"] == "true" {
+        let z0 = sequential(&t, "init.", &arch, x);
+        z.iter_mut().zip(&z0).for_each(|(a, b)| *a -= b);
+    }
+    (z, meta)
+}
+
+fn log_softmax(z: &mut [f64], k: usize) {
+    pathkernel::model::log_softmax_rows(z, k);
+}
+
+/// Compares the exported state `s` of `run` on `x` with the library's f (log-softmax of the
+/// logits) and its raw forward; returns the largest difference.
+fn check_export(run: &Run, file: &Path, s: usize, x: &[f64]) -> f64 {
+    let arch: &Architecture = &run.manifest.architecture;
+    let (mut z, meta) = exported_logits(file, x);
+    assert_eq!(meta["step"], s.to_string());
+    assert_eq!(meta["run_id"], run.manifest.run_id);
+    let back: Architecture = serde_json::from_str(&meta["architecture"]).unwrap();
+    assert_eq!(&back, arch);
+    let params: Params = run.load_step(s).unwrap();
+    let init = run.load_step(0).unwrap();
+    // The logits α (g_w − [zero_output] g_{w_0}) from the library's raw forward.
+    let g = arch.raw_forward(&params, x);
+    let g0 = arch.raw_forward(&init, x);
+    let logits: Vec<f64> = g.iter().zip(&g0).map(|(a, b)| arch.alpha * (a - if arch.zero_output { *b } else { 0.0 })).collect();
+    let e1 = max_abs_diff(&z, &logits);
+    log_softmax(&mut z, arch.outputs());
+    let f = arch.forward(&params, Some(&init), x).unwrap();
+    let e2 = max_abs_diff(&z, &f);
+    assert!(max_abs(&f) > 1e-3);
+    e1.max(e2)
+}
+
+#[test]
+fn export_mlp_with_alpha_and_zero_output_equals_our_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (name, model_extra) in [("plain", ""), ("scaled", "alpha = 2.5\nzero_output = true\nzero_last = false\n"), ("nobias", "bias = false\nalpha = 0.5\n")] {
+        let toml = toy2d("[6, 5]", "tanh", 4, 0.5, 6, 5).replace("activation = \"tanh\"\n", &format!("activation = \"tanh\"\n{model_extra}"));
+        let run = train(d, name, &toml);
+        let out = format!("{name}.safetensors");
+        let printed = run_ok(&["export", "--run", name, "--format", "torch", "--out", &out], d);
+        assert!(printed.contains("exported state 4 of 4"), "{printed}");
+        let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+        let err = check_export(&run, &d.join(&out), 4, &x);
+        eprintln!("{name}: exported network vs ours {err:e}");
+        assert!(err <= 1e-12, "{name}: {err:e}");
+        run_ok(&["export", "--run", name, "--step", "1", "--format", "torch", "--out", "s1.safetensors", "--force"], d);
+        assert!(check_export(&run, &d.join("s1.safetensors"), 1, &x) <= 1e-12);
+        // The exported state differs from another state (the comparison can fail).
+        let (z4, _) = exported_logits(&d.join(&out), &x);
+        let (z1, _) = exported_logits(&d.join("s1.safetensors"), &x);
+        assert!(max_abs_diff(&z4, &z1) > 1e-3, "{name}");
+    }
+}
+
+#[test]
+fn export_cnn_equals_our_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 8, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 8\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npadding = 2\npool = 2\nalpha = 1.5\nzero_last = false\n\n[train]\nlr = 0.3\nsteps = 2\nseed = 2\n",
+        data.display().to_string()
+    );
+    let run = train(d, "cnn", &toml);
+    assert!(matches!(run.manifest.architecture.body, Body::Cnn { .. }));
+    run_ok(&["export", "--run", "cnn", "--format", "torch", "--out", "cnn.safetensors"], d);
+    let (_, meta) = read_tensors(&d.join("cnn.safetensors"));
+    assert_eq!(meta["module"], "Sequential(Conv2d(1, 2, 5, stride=2, padding=2), ReLU(), MaxPool2d(2), Flatten(), Linear(98, 10))");
+    let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+    let err = check_export(&run, &d.join("cnn.safetensors"), 2, &x);
+    eprintln!("cnn: exported network vs ours {err:e}");
+    assert!(err <= 1e-12, "{err:e}");
+}
+
+#[test]
+fn export_rejects_bad_arguments_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train(d, "run", &toy2d("[4]", "relu", 3, 0.5, 4, 2));
+    run_fail(&["export", "--run", "nowhere", "--format", "torch", "--out", "m.safetensors"], d, "nowhere");
+    run_fail(&["export", "--run", "run", "--step", "4", "--format", "torch", "--out", "m.safetensors"], d, "--step 4 is beyond the last state 3");
+    run_fail(&["export", "--run", "run", "--format", "onnx", "--out", "m.safetensors"], d, "--format onnx");
+    assert!(!d.join("m.safetensors").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("m.safetensors")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "m.safetensors"], d);
+    let before = std::fs::read(d.join("m.safetensors")).unwrap();
+    run_fail(&["export", "--run", "run", "--step", "0", "--format", "torch", "--out", "m.safetensors"], d, "already exists");
+    assert_eq!(std::fs::read(d.join("m.safetensors")).unwrap(), before);
+}
+
+fn fixture(rel: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A toy config (3 classes, 2-D, tanh 6-5 MLP) starting from `init`.
+fn toy_from(init: &str, steps: usize) -> String {
+    toy2d("[6, 5]", "tanh", steps, 0.5, 6, 5).replace("activation = \"tanh\"\n", &format!("activation = \"tanh\"\ninit = {init:?}\n"))
+}
+
+#[test]
+fn init_from_a_pytorch_state_dict_trains_and_exports_back_to_the_same_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The fixture: nn.Sequential(Linear(2, 6), Tanh(), Linear(6, 5), Tanh(), Linear(5, 3)) in
+    // float64 with PyTorch's own initialisation (scripts/make_torch_fixture.py).
+    std::fs::copy(fixture("torch/init-mlp.safetensors"), d.join("w.safetensors")).unwrap();
+    std::fs::write(d.join("c.toml"), toy_from("w.safetensors", 6)).unwrap();
+    run_ok(&["train", "-q", "--config", "c.toml", "--out", "run"], d);
+    let run = Run::open(&d.join("run")).unwrap();
+    // w_0 is the file's, tensor by tensor, and the manifest says where it came from.
+    let (t, _) = read_tensors(&d.join("w.safetensors"));
+    let w0 = run.load_step(0).unwrap();
+    for (s, v) in w0.specs.iter().zip(&w0.data) {
+        let l: usize = s.name.split('.').nth(1).unwrap().parse().unwrap();
+        let torch_name = format!("{}.{}", 2 * l, s.name.rsplit('.').next().unwrap());
+        assert_eq!(&t[&torch_name].1, v, "{}", s.name);
+        assert_eq!(t[&torch_name].0, s.shape);
+    }
+    let rec = run.manifest.init.clone().expect("init recorded");
+    assert_eq!(rec.path, "w.safetensors");
+    assert_eq!(rec.sha256, sha256_hex(&std::fs::read(d.join("w.safetensors")).unwrap()));
+    assert!(!run.manifest.architecture.zero_last);
+    let manifest_text = std::fs::read_to_string(d.join("run/manifest.json")).unwrap();
+    assert!(manifest_text.contains(&rec.sha256));
+    // Trained: the network moved.
+    let wn = run.load_step(6).unwrap();
+    assert!(max_abs_diff(&wn.flat(), &w0.flat()) > 1e-3);
+    // Export the trained state and run it through the plain-Rust Sequential.
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "trained.safetensors"], d);
+    let x = [run.dataset.x_test.clone(), run.dataset.x_train.clone()].concat();
+    let err = check_export(&run, &d.join("trained.safetensors"), 6, &x);
+    eprintln!("init -> train 6 steps -> export: exported network vs ours {err:e}");
+    assert!(err <= 1e-12, "{err:e}");
+    // And the export starts a new run exactly where the first one ended.
+    std::fs::write(d.join("c2.toml"), toy_from("trained.safetensors", 2)).unwrap();
+    run_ok(&["train", "-q", "--config", "c2.toml", "--out", "run2"], d);
+    let run2 = Run::open(&d.join("run2")).unwrap();
+    assert_eq!(run2.load_step(0).unwrap(), wn);
+    assert_ne!(run2.manifest.run_id, run.manifest.run_id);
+}
+
+#[test]
+fn init_mismatches_are_listed_in_one_line_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::copy(fixture("torch/init-mlp.safetensors"), d.join("w.safetensors")).unwrap();
+    // A 2-7-3 network: 0.weight, 0.bias and 2.weight do not fit, 2.bias fits, 4.* are extra.
+    let text = toy2d("[7]", "tanh", 3, 0.5, 6, 5).replace("activation = \"tanh\"\n", "activation = \"tanh\"\ninit = \"w.safetensors\"\n");
+    std::fs::write(d.join("c.toml"), text).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "`0.weight` has shape [6, 2], expected [7, 2]");
+    let (_, _, err) = run(&["train", "-q", "--config", "c.toml", "--out", "run"], d);
+    for needle in ["`0.bias` has shape [6], expected [7]", "`2.weight` has shape [5, 6], expected [3, 7]", "`2.bias` has shape [5], expected [3]", "unexpected `4.bias` [3]", "unexpected `4.weight` [3, 5]", "(6)"] {
+        assert!(err.contains(needle), "expected `{needle}` in {err}");
+    }
+    assert!(!d.join("run").exists() && !d.join("run.partial").exists());
+    std::fs::write(d.join("c.toml"), toy_from("missing.safetensors", 2)).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "missing.safetensors");
+    assert!(!d.join("run").exists() && !d.join("run.partial").exists());
+    std::fs::write(d.join("c.toml"), toy_from("", 2)).unwrap();
+    run_fail(&["train", "-q", "--config", "c.toml", "--out", "run"], d, "model.init is empty");
+}
+
+#[test]
+fn configs_without_init_serialise_as_before() {
+    // Run ids hash the configuration's JSON: `init` must not change it when absent.
+    let cfg = pathkernel::train::RunConfig::from_toml(&toy2d("[4]", "relu", 3, 0.5, 4, 2), Path::new("t.toml")).unwrap();
+    assert!(cfg.init.is_none());
+    let composed = format!(
+        "{{\"data\":{},\"model\":{},\"train\":{}}}",
+        serde_json::to_string(&cfg.data).unwrap(),
+        serde_json::to_string(&cfg.model).unwrap(),
+        serde_json::to_string(&cfg.train).unwrap()
+    );
+    assert_eq!(serde_json::to_string(&cfg).unwrap(), composed);
+    let with = pathkernel::train::RunConfig::from_toml(&toy_from("w.safetensors", 3), Path::new("t.toml")).unwrap();
+    assert_eq!(with.init.as_deref(), Some(Path::new("w.safetensors")));
+    let back: pathkernel::train::RunConfig = serde_json::from_value(serde_json::to_value(&with).unwrap()).unwrap();
+    assert_eq!(back, with);
+    assert!(serde_json::to_string(&with).unwrap().contains("\"init\":\"w.safetensors\""));
+    // Unknown keys in [model] are still refused.
+    let bad = toy2d("[4]", "relu", 3, 0.5, 4, 2).replace("activation = \"relu\"\n", "activation = \"relu\"\nwidth = 3\n");
+    let e = pathkernel::train::RunConfig::from_toml(&bad, Path::new("t.toml")).unwrap_err().to_string();
+    assert!(e.contains("width"), "{e}");
+}
+
+/// Copies the committed recording (scripts/record_torch_trajectory.py: a 2-6-2 ReLU MLP, 20 SGD
+/// steps of batch 8 on 24 two-moons points) into `dst`.
+fn copy_recording(dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture("torch-trajectory")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// The figure `max relative difference X` printed by `import`.
+fn printed_rel_diff(out: &str) -> f64 {
+    let tail = out.split("max relative difference ").nth(1).expect(out);
+    tail.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn imported_pytorch_sgd_trajectory_is_a_run_whose_epk_reproduces_the_network() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    copy_recording(&d.join("rec"));
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "run"], d);
+    eprintln!("{printed}");
+    let rel = printed_rel_diff(&printed);
+    assert!(rel <= 1e-12, "{rel:e}");
+    let run = Run::open(&d.join("run")).unwrap();
+    let m = &run.manifest;
+    assert_eq!(m.steps, 20);
+    assert_eq!(m.learning_rates, vec![0.5; 20]);
+    assert_eq!(run.dataset.n_train(), 24);
+    // The recorded batches are the manifest's (sorted), and every state is the recorded one.
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("rec/trajectory.json")).unwrap()).unwrap();
+    let batches = m.batches().expect("sgd batches");
+    for (s, b) in batches.iter().enumerate() {
+        let mut want: Vec<usize> = rec["batches"][s].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        want.sort_unstable();
+        assert_eq!(b, &want, "step {s}");
+    }
+    let states = run.load_all().unwrap();
+    for s in [0, 7, 20] {
+        let (t, _) = read_tensors(&d.join(format!("rec/step_{s:05}.safetensors")));
+        assert_eq!(states[s].get("layers.1.weight").unwrap(), t["2.weight"].1.as_slice());
+        assert_eq!(states[s].get("layers.0.bias").unwrap(), t["0.bias"].1.as_slice());
+    }
+    assert_eq!(m.init.as_ref().unwrap().sha256, sha256_hex(&std::fs::read(d.join("rec/step_00000.safetensors")).unwrap()));
+    // The EPK's kernel machine reproduces the network on the test points.
+    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    eprintln!("imported torch SGD run: EPK machine vs network {:e}", out.max_abs_error());
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    assert!(max_abs_diff(&out.network, &out.bias) > 1e-2, "the outputs must move");
+    // The network values are the recorded PyTorch model's: log-softmax of the exported logits.
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "last.safetensors"], d);
+    let (mut z, _) = exported_logits(&d.join("last.safetensors"), &pts.x);
+    log_softmax(&mut z, 2);
+    assert!(max_abs_diff(&z, &out.network) <= 1e-12);
+    // The CLI's kernel, gp, svm and attribute accept the run.
+    run_ok(&["kernel", "--run", "run", "--out", "k", "-q"], d);
+    run_ok(&["kernel", "--run", "run", "--points", "train", "--side", "train", "--out", "kt", "-q"], d);
+    run_ok(&["kernel", "--run", "run", "--per-step", "--out", "kp", "-q"], d);
+    assert!(run_ok(&["gp", "--run", "run", "--train-kernel", "kt", "--kernel", "k", "--out", "gp"], d).contains("gp: 6 points"));
+    assert!(run_ok(&["svm", "--run", "run", "--train-kernel", "kt", "--kernel", "k", "--out", "svm"], d).contains("svm: 6 points"));
+    assert!(run_ok(&["attribute", "--run", "run", "--kernel", "kp", "--out", "attr"], d).contains("2 outputs explained"));
+}
+
+#[test]
+fn import_refuses_broken_recordings_naming_the_step_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fail = |name: &str, needle: &str| {
+        run_fail(&["import", "--from", "torch", name, "--out", "run"], d, needle);
+        assert!(!d.join("run").exists() && !d.join("run.partial").exists(), "{name}");
+    };
+    let rewrite = |path: &Path, edit: &dyn Fn(&mut HashMap<String, (Vec<usize>, Vec<f64>)>)| {
+        let (mut t, _) = read_tensors(path);
+        edit(&mut t);
+        let arrays: Vec<_> = t.into_iter().map(|(k, (shape, v))| pathkernel::io::NamedArray::f64(k, shape, v)).collect();
+        pathkernel::io::write_safetensors(path, &arrays, None).unwrap();
+    };
+    // A missing step in the middle.
+    copy_recording(&d.join("gap"));
+    std::fs::remove_file(d.join("gap/step_00007.safetensors")).unwrap();
+    fail("gap", "step 7 is missing");
+    // A step beyond the learning rates.
+    copy_recording(&d.join("extra"));
+    std::fs::copy(d.join("extra/step_00020.safetensors"), d.join("extra/step_00021.safetensors")).unwrap();
+    fail("extra", "need step files 0..=20, found 22");
+    // A shape that changes.
+    copy_recording(&d.join("shape"));
+    rewrite(&d.join("shape/step_00005.safetensors"), &|t| t.get_mut("2.weight").unwrap().0 = vec![3, 4]);
+    fail("shape", "step 5");
+    let (_, _, err) = run(&["import", "--from", "torch", "shape", "--out", "run"], d);
+    assert!(err.contains("`2.weight` has shape [3, 4], expected [2, 6]"), "{err}");
+    // A tampered update: w_9 moved off the gradient step from w_8.
+    copy_recording(&d.join("tampered"));
+    rewrite(&d.join("tampered/step_00009.safetensors"), &|t| t.get_mut("0.bias").unwrap().1[2] += 1e-6);
+    fail("tampered", "the update of step 8 (w_9 - w_8)");
+    // ... which a looser tolerance accepts, reporting the difference.
+    let printed = run_ok(&["import", "--from", "torch", "tampered", "--out", "loose", "--tolerance", "0.1"], d);
+    let rel = printed_rel_diff(&printed);
+    assert!(rel > 1e-8 && rel < 0.1, "{printed}");
+    assert!(printed.contains("(step 8)") || printed.contains("(step 9)"), "{printed}");
+    // Stateful optimizers are refused with the reason.
+    copy_recording(&d.join("adam"));
+    let j = std::fs::read_to_string(d.join("adam/trajectory.json")).unwrap().replace("\"optimizer\": \"sgd\"", "\"optimizer\": \"adam\"");
+    assert!(j.contains("\"adam\""));
+    std::fs::write(d.join("adam/trajectory.json"), j).unwrap();
+    fail("adam", "optimizer `adam` is not supported");
+    let (_, _, err) = run(&["import", "--from", "torch", "adam", "--out", "run"], d);
+    assert!(err.contains("optimizer state"), "{err}");
+    // Other bad arguments.
+    fail("nowhere", "nowhere");
+    run_fail(&["import", "--from", "jax", "gap", "--out", "run"], d, "--from jax");
+    copy_recording(&d.join("ok"));
+    std::fs::create_dir_all(d.join("taken")).unwrap();
+    std::fs::write(d.join("taken/x"), "keep").unwrap();
+    run_fail(&["import", "--from", "torch", "ok", "--out", "taken"], d, "already exists");
+    assert_eq!(std::fs::read_to_string(d.join("taken/x")).unwrap(), "keep");
+}
+
+/// Writes the recording a PyTorch loop would have made of the native gd run `native` into
+/// `rec` (x arrays with the given shapes); returns its trajectory.json.
+fn write_recording(native: &Run, rec: &Path, model: serde_json::Value, x_train_shape: Vec<usize>, x_test_shape: Vec<usize>) -> serde_json::Value {
+    use pathkernel::data::Targets;
+    use pathkernel::io::{write_safetensors, NamedArray};
+    use pathkernel::model::torch::torch_specs;
+    std::fs::create_dir_all(rec).unwrap();
+    let arch = &native.manifest.architecture;
+    for s in 0..=native.manifest.steps {
+        let p = native.load_step(s).unwrap();
+        let arrays: Vec<NamedArray> = torch_specs(arch).into_iter().zip(&p.data).map(|(sp, v)| NamedArray::f64(sp.name, sp.shape, v.clone())).collect();
+        write_safetensors(&rec.join(format!("step_{s:05}.safetensors")), &arrays, None).unwrap();
+    }
+    let ds = &native.dataset;
+    let k = ds.num_outputs;
+    let y = |name: &str, t: &Targets, n: usize| match t {
+        Targets::Labels(y) => NamedArray::i64(name, vec![n], y.iter().map(|&c| c as i64).collect()),
+        Targets::Values(v) => NamedArray::f64(name, vec![n, k], v.clone()),
+    };
+    let loss = if ds.is_classification() { "cross_entropy" } else { "mse" };
+    write_safetensors(
+        &rec.join("data.safetensors"),
+        &[
+            NamedArray::f64("x_train", x_train_shape, ds.x_train.clone()),
+            y("y_train", &ds.y_train, ds.n_train()),
+            NamedArray::f64("x_test", x_test_shape, ds.x_test.clone()),
+            y("y_test", &ds.y_test, ds.n_test()),
+        ],
+        None,
+    )
+    .unwrap();
+    let json = serde_json::json!({
+        "format": "pathkernel-torch-trajectory", "version": 1, "model": model,
+        "optimizer": "gd", "loss": loss, "learning_rates": native.manifest.learning_rates,
+    });
+    std::fs::write(rec.join("trajectory.json"), json.to_string()).unwrap();
+    json
+}
+
+#[test]
+fn a_native_mse_regression_run_written_as_a_torch_recording_imports_as_the_same_run() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let toml = "[data]\nkind = \"regression1d\"\nn_test = 5\n\n[model]\nkind = \"mlp\"\nhidden = [6]\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.05\nsteps = 5\nloss = \"mse\"\n";
+    let native = train(d, "native", toml);
+    write_recording(&native, &d.join("rec"), serde_json::json!({"kind": "mlp", "activation": "tanh"}), vec![2, 1], vec![5, 1]);
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "imported"], d);
+    assert!(printed_rel_diff(&printed) <= 1e-12, "{printed}");
+    let imported = Run::open(&d.join("imported")).unwrap();
+    assert_eq!(imported.manifest.architecture, native.manifest.architecture);
+    assert_eq!(imported.manifest.loss, native.manifest.loss);
+    assert_eq!(imported.dataset.y_train, native.dataset.y_train);
+    let states = imported.load_all().unwrap();
+    assert_eq!(states, native.load_all().unwrap());
+    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    assert!(max_abs_diff(&out.network, &out.bias) > 1e-3);
+}
+
+#[test]
+fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
+    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 8, 3);
+    let toml = format!(
+        "[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 8\nn_test = 3\n\n[model]\nkind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npadding = 2\npool = 2\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.3\nsteps = 3\nseed = 2\n",
+        data.display().to_string()
+    );
+    let native = train(d, "native", &toml);
+    let arch = &native.manifest.architecture;
+    let ds = &native.dataset;
+    let rec = d.join("rec");
+    let model = serde_json::json!({"kind": "cnn", "activation": "tanh", "image": [1, 28, 28], "stride": 2, "padding": 2, "pool": 2});
+    let json = write_recording(&native, &rec, model, vec![8, 1, 28, 28], vec![3, 1, 28, 28]);
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "imported"], d);
+    assert!(printed_rel_diff(&printed) <= 1e-12, "{printed}");
+    let imported = Run::open(&d.join("imported")).unwrap();
+    assert_eq!(&imported.manifest.architecture, arch);
+    assert_eq!(imported.manifest.optimizer, native.manifest.optimizer);
+    assert_eq!(imported.dataset.x_train, ds.x_train);
+    assert_eq!(imported.dataset.image_shape, Some([1, 28, 28]));
+    let states = imported.load_all().unwrap();
+    assert_eq!(states, native.load_all().unwrap());
+    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
+    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
+    // A gd recording with batches, and an MLP description of CNN tensors, are refused.
+    let mut bad = json.clone();
+    bad["batches"] = serde_json::json!([[0], [1], [2]]);
+    std::fs::write(rec.join("trajectory.json"), bad.to_string()).unwrap();
+    run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`batches` is only for sgd");
+    let mut bad = json.clone();
+    bad["model"] = serde_json::json!({"kind": "mlp", "activation": "tanh"});
+    std::fs::write(rec.join("trajectory.json"), bad.to_string()).unwrap();
+    run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`0.weight` [2, 1, 5, 5]");
+    assert!(!d.join("x").exists());
+}
