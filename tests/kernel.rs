@@ -423,3 +423,114 @@ fn logit_kernels_reproduce_the_logits() {
     let err = kernel::compute_in(&mom, &states, &pts, &req, &Options { outputs: Outputs::Logits, ..Default::default() }, &|_, _| {}).unwrap_err();
     assert!(err.to_string().contains("plain gradient steps"), "{err}");
 }
+
+/// The path kernel `Σ_s ⟨J̄_s(x), J̄_s(x′)⟩` (both sides integrated, on the logits) against the
+/// slow obvious one: every step's Jacobians from autodiff at 5 Gauss nodes on each piece
+/// between the hidden units' kinks (the logits' gradient is polynomial of degree ≤ 2 in t
+/// there, so the rule is exact), J̄ formed explicitly and the inner products summed. The
+/// training Gram is symmetric PSD, a window of the last steps is the sum over those steps, and
+/// the kinds it is not built for are refused.
+#[test]
+fn path_kernel_equals_explicit_integrated_jacobians() {
+    use pathkernel::kernel::{Layout, Options, Outputs};
+    use pathkernel::model::OutputKind;
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(dir.path(), "relu1", &toy2d("[6]", "relu", 4, 0.5, 8, 4));
+    let states = run.load_all().unwrap();
+    let n = run.manifest.steps;
+    let mut arch = run.manifest.architecture.clone();
+    arch.output = OutputKind::Identity;
+    let (d, k) = (arch.input_dim(), arch.outputs());
+    let gauss = Rule::Gauss(5).fixed_nodes().unwrap();
+    // J̄_s(x) [K, W], explicitly.
+    let jbar = |s: usize, x: &[f64]| -> Vec<f64> {
+        let (w0, b0, w1, b1) = (&states[s].data[0], &states[s].data[1], &states[s + 1].data[0], &states[s + 1].data[1]);
+        let h = b0.len();
+        let mut cuts = vec![0.0, 1.0];
+        for j in 0..h {
+            let z0: f64 = (0..d).map(|c| w0[j * d + c] * x[c]).sum::<f64>() + b0[j];
+            let z1: f64 = (0..d).map(|c| w1[j * d + c] * x[c]).sum::<f64>() + b1[j];
+            let t = z0 / (z0 - z1);
+            if t > 0.0 && t < 1.0 {
+                cuts.push(t);
+            }
+        }
+        cuts.sort_by(f64::total_cmp);
+        let mut out = vec![0.0; k * states[s].numel()];
+        for piece in cuts.windows(2) {
+            for &(t, w) in &gauss {
+                let at = generic::interpolate(&states[s], Some(&states[s + 1]), piece[0] + t * (piece[1] - piece[0]));
+                let j = generic::jacobians(&arch, &at, &states[0], x).unwrap();
+                out.iter_mut().zip(&j).for_each(|(o, v)| *o += w * (piece[1] - piece[0]) * v);
+            }
+        }
+        out
+    };
+    let (xr, xt) = (&run.dataset.x_test, &run.dataset.x_train);
+    let (p, m) = (xr.len() / d, xt.len() / d);
+    let wn = states[0].numel();
+    let slow = |steps: std::ops::Range<usize>, rows: &[f64]| -> (Vec<f64>, Vec<f64>) {
+        let pr = rows.len() / d;
+        let (mut g, mut diag) = (vec![0.0; pr * m * k * k], vec![0.0; pr * k * k]);
+        for s in steps {
+            let jr: Vec<Vec<f64>> = rows.chunks(d).map(|x| jbar(s, x)).collect();
+            let jt: Vec<Vec<f64>> = xt.chunks(d).map(|x| jbar(s, x)).collect();
+            for (pi, a) in jr.iter().enumerate() {
+                for kt in 0..k {
+                    for ks in 0..k {
+                        let dot = |u: &[f64], v: &[f64]| u.iter().zip(v).map(|(x, y)| x * y).sum::<f64>();
+                        diag[(pi * k + kt) * k + ks] += dot(&a[kt * wn..(kt + 1) * wn], &a[ks * wn..(ks + 1) * wn]);
+                        for (i, b) in jt.iter().enumerate() {
+                            g[((pi * m + i) * k + kt) * k + ks] += dot(&a[kt * wn..(kt + 1) * wn], &b[ks * wn..(ks + 1) * wn]);
+                        }
+                    }
+                }
+            }
+        }
+        (g, diag)
+    };
+    let opts = Options { outputs: Outputs::Logits, ..Options::layout(Layout::Full) };
+    let req = |steps| KernelRequest { kind: KernelKind::Path, rule: Rule::Auto(1e-13), side: Side::Test, ntk_step: None, per_step: false, steps };
+    let test_pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    for steps in [None, Some((n - 2, n))] {
+        let o = kernel::compute_in(&run, &states, &test_pts, &req(steps), &opts, &|_, _| {}).unwrap();
+        let (g, diag) = slow(steps.map_or(0..n, |(a, b)| a..b), xr);
+        let rel = max_abs_diff(&o.gram, &g) / max_abs(&g);
+        assert!(rel <= 1e-12, "path rows {steps:?} vs explicit J̄: {rel:e}");
+        let rel = max_abs_diff(o.diag.as_ref().unwrap(), &diag) / max_abs(&diag);
+        assert!(rel <= 1e-12, "path self-kernel {steps:?} vs explicit |J̄|²: {rel:e}");
+        assert_eq!((o.p, o.m), (p, m));
+    }
+    // The training Gram: symmetric, PSD, equal to the explicit one; its diagonal is the self-kernel.
+    let train_pts = Points { x: xt.clone(), dim: d };
+    let o = kernel::compute_in(&run, &states, &train_pts, &req(None), &Options { outputs: Outputs::Logits, ..Options::layout(Layout::Diag) }, &|_, _| {}).unwrap();
+    let (g, diag) = slow(0..n, xt);
+    let scale = max_abs(&g);
+    for i in 0..m {
+        for c in 0..k {
+            for j in 0..m {
+                let (a, b) = (o.gram[(i * m + j) * k + c], o.gram[(j * m + i) * k + c]);
+                assert!((a - b).abs() <= 1e-12 * scale, "asymmetric at ({i}, {j}, {c}): {a} vs {b}");
+                assert!((a - g[((i * m + j) * k + c) * k + c]).abs() <= 1e-12 * scale, "train Gram vs explicit at ({i}, {j}, {c})");
+            }
+            let dd = o.diag.as_ref().unwrap()[(i * k + c) * k + c];
+            assert!((o.gram[(i * m + i) * k + c] - dd).abs() <= 1e-12 * scale && (dd - diag[(i * k + c) * k + c]).abs() <= 1e-12 * scale);
+        }
+    }
+    for c in 0..k {
+        let kc = nalgebra::DMatrix::from_fn(m, m, |i, j| 0.5 * (o.gram[(i * m + j) * k + c] + o.gram[(j * m + i) * k + c]));
+        let min = kc.symmetric_eigenvalues().min();
+        assert!(min >= -1e-12 * scale, "class {c}: min eigenvalue {min:e}");
+    }
+    // Refused: the log-softmax outputs, a fixed rule, another activation, momentum.
+    let err = kernel::compute_in(&run, &states, &test_pts, &req(None), &Options::default(), &|_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("identity outputs"), "{err}");
+    let fixed = KernelRequest { rule: Rule::Gauss(4), ..req(None) };
+    assert!(kernel::compute_in(&run, &states, &test_pts, &fixed, &opts, &|_, _| {}).unwrap_err().to_string().contains("auto quadrature"));
+    let tanh = train(dir.path(), "tanh", &toy2d("[6]", "tanh", 2, 0.5, 8, 4));
+    let ts = tanh.load_all().unwrap();
+    assert!(kernel::compute_in(&tanh, &ts, &test_pts, &req(None), &opts, &|_, _| {}).unwrap_err().to_string().contains("ReLU"));
+    let mom = train(dir.path(), "mom", &toy2d("[6]", "relu", 3, 0.3, 5, 4).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
+    let ms = mom.load_all().unwrap();
+    assert!(kernel::compute_in(&mom, &ms, &test_pts, &req(None), &opts, &|_, _| {}).unwrap_err().to_string().contains("plain gradient steps"));
+}

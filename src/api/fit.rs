@@ -306,8 +306,8 @@ impl Gram {
     /// whose `a_{i,s}` varies by step when the Gram holds no per-step Grams.
     pub fn contributions(&self) -> Result<Vec<f64>> {
         let out = self.output();
-        if self.kind() == KernelKind::Ntk {
-            return Err(Error::Config("attribution needs a path kernel (epk, dpk, kprime); the NTK machine is only a linearisation".into()));
+        if matches!(self.kind(), KernelKind::Ntk | KernelKind::Path) {
+            return Err(Error::Config(format!("attribution needs a path kernel whose machine is the network's path (epk, dpk, kprime); the {} machine is not", self.kind())));
         }
         self.require_layout(Layout::Full, "attribution (it contracts a_i with the off-diagonal blocks)")?;
         let (p, m, k) = self.shape();

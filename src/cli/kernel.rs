@@ -15,14 +15,14 @@ and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gr
 a [N,M,K], bias [P,K], points [P,d]), OUT/predictions.parquet, OUT/exactness.json and OUT/steps.parquet.\n\n\
 Kinds: ntk (at --step S, default the last state), dpk (Domingos' discrete path kernel, t = 0), \
 epk (Exact Path Kernel, Definition 3.4: test-side rows integrated over each step), chen (eq. 18), \
-kprime (eq. 13, rows always integrated).\n\
+kprime (eq. 13, rows always integrated), path (the path-averaged kernel sum_s <Jbar_s(x), Jbar_s(x')>, both sides integrated; one-hidden-layer ReLU MLPs on identity outputs, auto quadrature).\n\
 Quadrature: left:T, midpoint:T, gauss:T, or auto:TOL (kink-aware adaptive Gauss, the default auto:1e-12).\n\
 Example: pathkernel kernel --run runs/toy --kind epk --quadrature auto:1e-12 --out runs/toy-epk")]
 pub struct Args {
     /// Run directory written by `pathkernel train`.
     #[arg(long, value_name = "DIR")]
     run: PathBuf,
-    /// Kernel: ntk, dpk, epk, chen or kprime.
+    /// Kernel: ntk, dpk, epk, chen, kprime or path.
     #[arg(long, default_value = "epk")]
     kind: String,
     /// NTK only: the state S at which the NTK is taken (default: the last state N).
@@ -40,6 +40,10 @@ pub struct Args {
     /// Sum only the steps A..B (A <= s < B); the machine then predicts f at w_B from f at w_A.
     #[arg(long, value_name = "A:B")]
     steps: Option<String>,
+    /// The outputs the kernel is on: network (as trained: a classifier's log-softmax) or logits
+    /// (a classifier's logits, plain gradient steps; what function-space Laplace uses).
+    #[arg(long, default_value = "network", value_name = "OUTPUTS")]
+    outputs: String,
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
@@ -75,6 +79,7 @@ pub fn exec(a: Args) -> Result<()> {
     let rule: Rule = a.quadrature.parse()?;
     let spec: PointsSpec = a.points.parse()?;
     let layout: Layout = a.blocks.parse()?;
+    let outputs: kernel::Outputs = a.outputs.parse()?;
     let side = match a.side.as_str() {
         "test" => Side::Test,
         "train" => Side::Train,
@@ -90,6 +95,9 @@ pub fn exec(a: Args) -> Result<()> {
     let points = spec.resolve(&run.dataset)?;
     let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step, steps };
     if let Some(tiles) = &a.tiles {
+        if outputs != kernel::Outputs::Network {
+            return Err(crate::Error::Config("--outputs logits is not available with --tiles".into()));
+        }
         return super::tile::plan(&run, &states, &a.points, &req, layout, budget, tiles, &a.out, a.force);
     }
     let staged = StagedDir::new(&a.out, a.force)?;
@@ -105,7 +113,7 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_position(done as u64);
     };
     let plan = kernel::blocked::plan_in(&run.manifest, points.len(), run.dataset.n_train(), &req, layout, budget)?;
-    let opts = kernel::Options::layout(layout);
+    let opts = kernel::Options { outputs, ..kernel::Options::layout(layout) };
     let out = kernel::blocked::in_blocks(&points, plan.block_rows, &progress, &mut |pts, prog| kernel::compute_in(&run, &states, pts, &req, &opts, prog))?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;

@@ -243,6 +243,11 @@ pub(super) fn compute_inner(
     }
     let structured = matches!(arch.body, Body::Mlp { .. });
     let conv_fast = path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
+    if req.kind == KernelKind::Path && (!structured || !matches!(req.rule, Rule::Auto(_)) || arch.output != crate::model::OutputKind::Identity) {
+        return Err(Error::Config(
+            "the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits of a classifier: outputs = logits; or regression) with the auto quadrature".into(),
+        ));
+    }
     if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
         return Err(Error::Config(
             "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
@@ -273,6 +278,9 @@ pub(super) fn compute_inner(
     };
     let (lo, hi) = (s0, s1);
     let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    if !rule.is_plain() && req.kind == KernelKind::Path {
+        return Err(Error::Config("the path kernel is implemented for plain gradient steps (GD/SGD); this run's optimizer keeps state".into()));
+    }
     if !rule.is_plain() {
         let setup = stateful::Setup {
             manifest,
@@ -347,7 +355,7 @@ pub(super) fn compute_inner(
     };
     let integrate = match req.kind {
         KernelKind::Epk => req.side == Side::Test,
-        KernelKind::Kprime => true,
+        KernelKind::Kprime | KernelKind::Path => true,
         _ => false,
     };
     let gsize = p * m * layout.per_pair(k);
@@ -372,7 +380,7 @@ pub(super) fn compute_inner(
     let keep_steps = share;
     let mut step_pred = Vec::with_capacity(if keep_steps { steps.len() * p * k } else { 0 });
     let mut step_actual = Vec::with_capacity(step_pred.capacity());
-    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk);
+    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk | KernelKind::Path);
     let mut diag = vec![0.0; p * k * k];
     let tol_step = match req.rule {
         Rule::Auto(tol) => tol / n.max(1) as f64,
@@ -409,8 +417,9 @@ pub(super) fn compute_inner(
             tol_step,
             a: &a_eff,
             colw: colw.as_deref(),
-            cosine: integrate && structured,
+            cosine: integrate && structured && req.kind != KernelKind::Path,
             self_kernel: want_diag,
+            train_integrated: req.kind == KernelKind::Path,
         };
         let mut one = if acc.is_none() { Some(new_acc()) } else { None };
         let target = match acc.as_mut() {

@@ -46,6 +46,10 @@ pub(crate) struct StepInput<'a> {
     pub cosine: bool,
     /// Whether to accumulate the rows' self-kernel.
     pub self_kernel: bool,
+    /// The path-averaged kernel ([`super::KernelKind::Path`]): the training side integrated over
+    /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`. Only on the
+    /// [`mlppieces`] route with an identity output map (the driver checks).
+    pub train_integrated: bool,
 }
 
 /// One step's outputs.
@@ -80,8 +84,31 @@ impl StepModel for MlpModel<'_> {
         let m = input.x_train.len() / d;
         let step = MlpStep::new(arch, input.state, input.next)?;
         let tr = step.eval(input.x_train, &vec![0.0; m], input.off_train, true);
-        let train_layers: Vec<LayerFactors<'_>> =
-            step.layers.iter().enumerate().map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out }).collect();
+        // The path kernel's training side: layer 0 as δ̄_i (its activations are the inputs at
+        // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
+        // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
+        let train_int = if input.train_integrated {
+            if input.fixed.is_some() || !mlppieces::applies(&step) || arch.output != crate::model::OutputKind::Identity {
+                return Err(crate::error::Error::Config("the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits, or regression) with the auto quadrature".into()));
+            }
+            let first = step.first_layer(input.x_train);
+            let rf = mlppieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
+            let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(arch.bias));
+            let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
+            Some((rf.dbar, abar))
+        } else {
+            None
+        };
+        let train_layers: Vec<LayerFactors<'_>> = step
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, layer)| match (&train_int, l) {
+                (Some((dbar, _)), 0) => LayerFactors { acts: &tr.acts[0], deltas: dbar, n_in: layer.n_in, n_out: layer.n_out },
+                (Some((_, abar)), _) => LayerFactors { acts: abar, deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+                (None, _) => LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
+            })
+            .collect();
         let v = gram::prediction_weights(&train_layers, input.a, m, k, arch.bias);
         let mut pred = vec![0.0; p * k];
         let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
@@ -120,7 +147,9 @@ impl StepModel for MlpModel<'_> {
                         pred[(c0 + pl) * k + kt] += l0 + l1;
                     }
                 }
-                if input.self_kernel {
+                if input.self_kernel && input.train_integrated {
+                    add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], &rf.dbar, &rf.ab, xc, h, k, arch.bias, arch.alpha);
+                } else if input.self_kernel {
                     diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
                 }
                 for st in &rf.stats {
@@ -178,6 +207,37 @@ impl StepModel for MlpModel<'_> {
         acc.end_step(&train_layers[0], input.colw);
         let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
         Ok(StepOutput { pred, stats, cosine })
+    }
+}
+
+/// Adds the path kernel's self-kernel `|J̄|²` of a chunk of points from their integrated
+/// factors: `(x̃·x̃)(δ̄[k]·δ̄[k']) + α²(δ_kk'|Ā|² − Ā·B̄_k − Ā·B̄_k' + Σ_o |B̄_o|²)` (the output
+/// layer's `J̄[k][o, :] = α(δ_ko Ā − B̄_o)`).
+///
+/// # Shapes
+/// `diag` `[n, K, K]`, `dbar` `[n, K, h]`, `ab` `[n, K+1, h(+1)]`, `x` `[n, d]`.
+#[allow(clippy::too_many_arguments)]
+fn add_path_self_kernel(diag: &mut [f64], dbar: &[f64], ab: &[f64], x: &[f64], h: usize, k: usize, bias: bool, alpha: f64) {
+    let n = diag.len() / (k * k);
+    let d = x.len() / n;
+    let ne = h + usize::from(bias);
+    for p in 0..n {
+        let xp = &x[p * d..(p + 1) * d];
+        let xsq = dot(xp, xp) + if bias { 1.0 } else { 0.0 };
+        let db = &dbar[p * k * h..(p + 1) * k * h];
+        let abp = &ab[p * (k + 1) * ne..(p + 1) * (k + 1) * ne];
+        let abar = &abp[..ne];
+        let bb = |o: usize| &abp[(1 + o) * ne..(2 + o) * ne];
+        let aa = dot(abar, abar);
+        let ab_k: Vec<f64> = (0..k).map(|o| dot(abar, bb(o))).collect();
+        let bsq: f64 = (0..k).map(|o| dot(bb(o), bb(o))).sum();
+        for kt in 0..k {
+            for ks in 0..k {
+                let l0 = xsq * dot(&db[kt * h..(kt + 1) * h], &db[ks * h..(ks + 1) * h]);
+                let l1 = alpha * alpha * (if kt == ks { aa } else { 0.0 } - ab_k[kt] - ab_k[ks] + bsq);
+                diag[(p * k + kt) * k + ks] += l0 + l1;
+            }
+        }
     }
 }
 

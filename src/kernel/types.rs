@@ -21,6 +21,11 @@ pub enum KernelKind {
     Chen,
     /// The continuous, asymmetric k′ (eq. 13).
     Kprime,
+    /// The path-averaged kernel `Σ_s ⟨J̄_s(x), J̄_s(x′)⟩`, `J̄_s = ∫₀¹ ∇f_{w_s(t)} dt`, with both
+    /// sides integrated: the exact Bayesian linear model in the step increments (symmetric
+    /// PSD for train and test points alike; not a kernel machine of the network). Over a window
+    /// of steps (`steps = (n − L, n)`) it interpolates towards the final NTK.
+    Path,
 }
 
 impl std::str::FromStr for KernelKind {
@@ -32,7 +37,8 @@ impl std::str::FromStr for KernelKind {
             "epk" => Ok(KernelKind::Epk),
             "chen" => Ok(KernelKind::Chen),
             "kprime" => Ok(KernelKind::Kprime),
-            _ => Err(Error::Config(format!("kernel kind `{s}`: expected ntk, dpk, epk, chen or kprime"))),
+            "path" => Ok(KernelKind::Path),
+            _ => Err(Error::Config(format!("kernel kind `{s}`: expected ntk, dpk, epk, chen, kprime or path"))),
         }
     }
 }
@@ -45,6 +51,7 @@ impl std::fmt::Display for KernelKind {
             KernelKind::Epk => "epk",
             KernelKind::Chen => "chen",
             KernelKind::Kprime => "kprime",
+            KernelKind::Path => "path",
         };
         f.write_str(s)
     }
@@ -121,6 +128,17 @@ pub enum Outputs {
     Network,
     /// The logits of a classifier (plain gradient steps; the same as `Network` for regression).
     Logits,
+}
+
+impl std::str::FromStr for Outputs {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "network" => Ok(Outputs::Network),
+            "logits" => Ok(Outputs::Logits),
+            _ => Err(Error::Config(format!("outputs `{s}`: expected network or logits"))),
+        }
+    }
 }
 
 impl std::fmt::Display for Outputs {

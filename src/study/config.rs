@@ -61,7 +61,7 @@ mod text {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelSpec {
-    /// ntk, dpk, epk, chen or kprime.
+    /// ntk, dpk, epk, chen, kprime or path.
     pub kind: KernelKind,
     /// Quadrature rule (default auto:1e-12).
     #[serde(default = "default_quadrature", with = "text::rule")]

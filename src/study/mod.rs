@@ -7,7 +7,7 @@
 //! [model]
 //! [train]
 //! [[kernel]]            # any number of kernel computations on the trained run
-//! kind = "epk"          # ntk | dpk | epk | chen | kprime
+//! kind = "epk"          # ntk | dpk | epk | chen | kprime | path
 //! quadrature = "auto:1e-12"
 //! points = "test"       # test | train | class-means | grid:N
 //! side = "test"         # test | train
