@@ -48,6 +48,8 @@ steps = [4, 8]
 ensemble_seeds = [0, 1]
 disagreement_images = 6
 ablations = ["netmean", "sym"]
+kernel_gps = ["epk", "ntk", "window:2"]
+fsl = ["class-diagonal"]
 notes = "Author's notes."
 
 [uncertainty.benchmark]
@@ -118,7 +120,7 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     let (pm, ps) = (strings(&p, "method"), strings(&p, "setting"));
     let mut methods: Vec<&str> = pm.iter().map(String::as_str).collect();
     methods.dedup();
-    for want in ["map", "temperature", "laplace", "ensemble", "epk-gp", "ntk-gp", "epk-gp-netmean", "ntk-gp-netmean"] {
+    for want in ["map", "temperature", "laplace", "ensemble", "epk-gp", "ntk-gp", "epk-gp-netmean", "ntk-gp-netmean", "window2-gp", "window2-gp-netmean", "fsl-epk-diag", "fsl-window2-diag-Ts"] {
         assert!(methods.contains(&want), "{want} missing from {methods:?}");
     }
     let k = 10;
@@ -200,7 +202,9 @@ fn uncertainty_section_is_validated() {
     };
     check(&base.replace("lr = 0.5\nsteps = 4", "lr = 0.3\nsteps = 4"), "selection grid");
     check(&base.replace("ensemble_seeds = [0, 1]", "ensemble_seeds = [0, 0]"), "duplicates");
-    check(&base.replace("disagreement_images = 6", "kernel_gps = [\"dpk\"]"), "not epk or ntk");
+    check(&base.replace("kernel_gps = [\"epk\", \"ntk\", \"window:2\"]", "kernel_gps = [\"dpk\"]"), "`dpk` is not epk, ntk, path or window:L");
+    check(&base.replace("kernel_gps = [\"epk\", \"ntk\", \"window:2\"]", "kernel_gps = [\"window:0\"]"), "`window:0` is not");
+    check(&base.replace("kernel_gps = [\"epk\", \"ntk\", \"window:2\"]", "kernel_gps = [\"path\", \"path\"]"), "duplicates");
     check(&base.replace("disagreement_images = 6", "quadrature = \"simpson\""), "");
     check(&base.replace("disagreement_images = 6", "colour = 1"), "unknown field");
     check(&(base.clone() + "\n[[kernel]]\nkind = \"epk\"\n"), "benchmark only");

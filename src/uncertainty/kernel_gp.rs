@@ -59,17 +59,24 @@ pub struct KernelGpSpec {
     pub train_gram: TrainGram,
     /// The outputs the kernel is on (the benchmark: the logits).
     pub outputs: Outputs,
+    /// Only the last L steps of the path (the path kernel's `window:L`); `None`: every step.
+    pub window: Option<usize>,
 }
 
 impl KernelGpSpec {
     /// The EPK with the quadrature `rule`, the train-side training Gram and hyper-parameters by
     /// marginal likelihood.
     pub fn epk(rule: Rule) -> Self {
-        KernelGpSpec { kind: KernelKind::Epk, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits }
+        KernelGpSpec { kind: KernelKind::Epk, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits, window: None }
     }
     /// The empirical NTK at the last state, hyper-parameters by marginal likelihood.
     pub fn ntk() -> Self {
-        KernelGpSpec { kind: KernelKind::Ntk, rule: Rule::Auto(1e-12), params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits }
+        KernelGpSpec { kind: KernelKind::Ntk, rule: Rule::Auto(1e-12), params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits, window: None }
+    }
+    /// The path-averaged kernel (both sides integrated with `rule`), over every step or the
+    /// last `window` steps, hyper-parameters by marginal likelihood.
+    pub fn path(rule: Rule, window: Option<usize>) -> Self {
+        KernelGpSpec { kind: KernelKind::Path, rule, params: GpParams::new().fit_hyper(true), train_gram: TrainGram::TrainSide, outputs: Outputs::Logits, window }
     }
     /// The same with another training Gram.
     pub fn train_gram(mut self, g: TrainGram) -> Self {
@@ -78,13 +85,16 @@ impl KernelGpSpec {
     }
     /// A text that identifies the specification (cache keys).
     pub fn key(&self) -> String {
-        format!("{}|{}|{}|{:?}|{}", self.kind, self.rule, serde_json::to_string(&self.params).unwrap_or_default(), self.train_gram, self.outputs)
+        let window = self.window.map(|l| format!("|window:{l}")).unwrap_or_default();
+        format!("{}|{}|{}|{:?}|{}{window}", self.kind, self.rule, serde_json::to_string(&self.params).unwrap_or_default(), self.train_gram, self.outputs)
     }
     fn check(&self) -> Result<()> {
         match (self.kind, self.train_gram) {
             (KernelKind::Ntk, TrainGram::SymmetrisedTestSide) => Err(Error::Config("the NTK has no test side to symmetrise (its rows are not integrated)".into())),
-            (KernelKind::Epk | KernelKind::Ntk, _) => Ok(()),
-            (other, _) => Err(Error::Config(format!("a kernel GP of the benchmark takes the epk or the ntk, not {other}"))),
+            (KernelKind::Path, TrainGram::SymmetrisedTestSide) => Err(Error::Config("the path kernel's training Gram is integrated on both sides already".into())),
+            (KernelKind::Epk | KernelKind::Ntk | KernelKind::Path, _) if self.window.is_none() || self.kind == KernelKind::Path => Ok(()),
+            (KernelKind::Epk | KernelKind::Ntk, _) => Err(Error::Config("a window of steps is for the path kernel".into())),
+            (other, _) => Err(Error::Config(format!("a kernel GP of the benchmark takes the epk, the ntk or the path kernel, not {other}"))),
         }
     }
 }
@@ -206,7 +216,7 @@ impl KernelGp {
         let fitted = spec.params.fit(&blocks.k_train, &targets, m, k)?;
         let fit = KernelGpFit {
             kind: spec.kind.to_string(),
-            quadrature: if spec.kind == KernelKind::Epk { spec.rule.to_string() } else { "none".into() },
+            quadrature: if matches!(spec.kind, KernelKind::Epk | KernelKind::Path) { spec.rule.to_string() } else { "none".into() },
             train_gram: spec.train_gram,
             noise: fitted.noise(),
             output_scale: fitted.output_scale(),
@@ -279,7 +289,7 @@ impl TrainBlocks {
             TrainGram::TrainSide => Side::Train,
             TrainGram::SymmetrisedTestSide => Side::Test,
         };
-        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: None };
+        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: window_steps(run, spec.window)? };
         let pts = points(&run.dataset.x_train, run.dataset.dim);
         let o = kernel::compute_in(run, states, &pts, &req, &Options { outputs: spec.outputs, ..Options::layout(Layout::Diag) }, progress)?;
         let (m, k) = (o.m, o.k);
@@ -306,6 +316,17 @@ impl TrainBlocks {
     }
 }
 
+/// The step range of the last `window` steps (`None`: every step). Errors: 0 or more steps than
+/// the run has.
+fn window_steps(run: &Run, window: Option<usize>) -> Result<Option<(usize, usize)>> {
+    let n = run.manifest.steps;
+    match window {
+        None => Ok(None),
+        Some(l) if l == 0 || l > n => Err(Error::Config(format!("window:{l}: need 1 <= L <= {n} (the run's steps)"))),
+        Some(l) => Ok(Some((n - l, n))),
+    }
+}
+
 /// A test-side Gram at some rows, in the GP's layout, with what the posterior needs.
 #[derive(Clone, Debug)]
 pub struct RowGram {
@@ -329,10 +350,11 @@ pub struct RowGram {
 /// over all their rows: the training side of every step is evaluated once instead of once per
 /// set. Each set's check is its rows' machine against the network; its evaluation counts are
 /// those of the whole computation.
-pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+#[allow(clippy::too_many_arguments)]
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: window_steps(run, window)? };
     let o = kernel::compute_in(run, states, &points(&x, d), &req, &Options { outputs, ..Options::layout(Layout::Diag) }, progress)?;
     let (m, k) = (o.m, o.k);
     let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
@@ -371,5 +393,5 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
 /// # Shapes
 /// `x: [P, d]`.
 pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    Ok(row_grams(run, states, kind, rule, outputs, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
+    Ok(row_grams(run, states, kind, rule, outputs, None, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
 }

@@ -158,10 +158,16 @@ impl UqStudySpec {
             return bad(format!("ensemble_seeds has duplicates: {:?}", self.ensemble_seeds));
         }
         self.rule()?;
+        let mut labels = Vec::with_capacity(self.kernel_gps.len());
         for k in &self.kernel_gps {
-            if k != "epk" && k != "ntk" {
-                return bad(format!("kernel_gps: `{k}` is not epk or ntk"));
+            match kernel_label(k) {
+                Some((label, _)) => labels.push(label),
+                None => return bad(format!("kernel_gps: `{k}` is not epk, ntk, path or window:L (L >= 1 steps)")),
             }
+        }
+        labels.sort();
+        if labels.windows(2).any(|w| w[0] == w[1]) {
+            return bad(format!("kernel_gps has duplicates: {:?}", self.kernel_gps));
         }
         for a in &self.ablations {
             if a != "sym" && a != "netmean" {
@@ -190,34 +196,55 @@ impl UqStudySpec {
     /// The kernel GPs to run, one family per kernel.
     fn kernel_families(&self) -> Result<Vec<KernelFamily>> {
         let rule = self.rule()?;
-        Ok(self
-            .kernel_gps
+        let netmean = |kernel: &str| if self.ablations.iter().any(|a| a == "netmean") { vec![(format!("{kernel}-gp-netmean"), format!("{kernel}-gp"))] } else { Vec::new() };
+        self.kernel_gps
             .iter()
             .map(|k| {
-                if k == "epk" {
-                    let mut gps = vec![("epk-gp".to_string(), KernelGpSpec::epk(rule))];
-                    let mut netmean = Vec::new();
-                    if self.ablations.iter().any(|a| a == "sym") {
-                        gps.push(("epk-gp-sym".to_string(), KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
+                let (kernel, window) = kernel_label(k).ok_or_else(|| Error::Config(format!("[uncertainty] kernel_gps: `{k}` is not epk, ntk, path or window:L")))?;
+                Ok(match k.as_str() {
+                    "epk" => {
+                        let mut gps = vec![("epk-gp".to_string(), KernelGpSpec::epk(rule))];
+                        if self.ablations.iter().any(|a| a == "sym") {
+                            gps.push(("epk-gp-sym".to_string(), KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
+                        }
+                        KernelFamily { netmean: netmean("epk"), kernel, kind: KernelKind::Epk, rule, window: None, gps, fsl: self.fsl.clone() }
                     }
-                    if self.ablations.iter().any(|a| a == "netmean") {
-                        netmean.push(("epk-gp-netmean".to_string(), "epk-gp".to_string()));
-                    }
-                    KernelFamily { kernel: "epk", kind: KernelKind::Epk, rule, gps, netmean, fsl: self.fsl.clone() }
-                } else {
-                    let netmean = if self.ablations.iter().any(|a| a == "netmean") { vec![("ntk-gp-netmean".to_string(), "ntk-gp".to_string())] } else { Vec::new() };
-                    KernelFamily { kernel: "ntk", kind: KernelKind::Ntk, rule, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], netmean, fsl: self.fsl.clone() }
-                }
+                    "ntk" => KernelFamily { netmean: netmean("ntk"), kernel, kind: KernelKind::Ntk, rule, window: None, gps: vec![("ntk-gp".to_string(), KernelGpSpec::ntk())], fsl: self.fsl.clone() },
+                    _ => KernelFamily {
+                        netmean: netmean(&kernel),
+                        gps: vec![(format!("{kernel}-gp"), KernelGpSpec::path(rule, window))],
+                        kernel,
+                        kind: KernelKind::Path,
+                        rule,
+                        window,
+                        fsl: self.fsl.clone(),
+                    },
+                })
             })
-            .collect())
+            .collect()
+    }
+}
+
+/// A `kernel_gps` entry's label in method names and its window: `epk`, `ntk`, `path` (every
+/// step) or `window:L` (the path kernel over the last L steps, label `windowL`).
+fn kernel_label(k: &str) -> Option<(String, Option<usize>)> {
+    match k {
+        "epk" | "ntk" | "path" => Some((k.to_string(), None)),
+        _ => match k.strip_prefix("window:").and_then(|l| l.parse::<usize>().ok()) {
+            Some(l) if l >= 1 => Some((format!("window{l}"), Some(l))),
+            _ => None,
+        },
     }
 }
 
 /// The GPs on one kernel: they share its row Grams.
 struct KernelFamily {
-    kernel: &'static str,
+    /// The label in method names and stages (`epk`, `ntk`, `path`, `windowL`).
+    kernel: String,
     kind: KernelKind,
     rule: Rule,
+    /// The path kernel over the last L steps only.
+    window: Option<usize>,
     /// Fitted GPs: method name and specification.
     gps: Vec<(String, KernelGpSpec)>,
     /// Methods with the network's outputs as the mean and a fitted GP's variance: (method, GP).
@@ -644,6 +671,10 @@ struct GpSettingCache {
     check: GramCheck,
     /// Ablations without a predictive here, with the reason.
     failed: Vec<(String, String)>,
+    /// Per function-space Laplace curvature: the smallest posterior variance here and how many
+    /// were clamped (the fit's report lists every setting, cached or not).
+    #[serde(default)]
+    fsl_min_variance: Vec<(String, f64, usize)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -688,9 +719,10 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     serde_json::from_value(inexact(v)).ok()
 }
 
-/// One setting of a kernel family: each method's predictive, the row Gram's check, and the
-/// ablations without a predictive there (method, reason).
-type SettingResult = (BTreeMap<String, Predictive>, GramCheck, Vec<(String, String)>);
+/// One setting of a kernel family: each method's predictive, the row Gram's check, the
+/// ablations without a predictive there (method, reason) and the function-space Laplace fits'
+/// smallest posterior variance there (curvature, variance, clamped).
+type SettingResult = (BTreeMap<String, Predictive>, GramCheck, Vec<(String, String)>, Vec<(String, f64, usize)>);
 
 /// What a kernel family produced: its methods' predictives, the fits, the row Grams' checks,
 /// and the ablations that failed (method, error).
@@ -775,11 +807,21 @@ impl FslFitted {
 
 /// The validation calibrations of every function-space Laplace fit of a family: T alone, (T, s),
 /// and for the class-diagonal curvature δ by the validation grid.
+/// The timing stage of a function-space Laplace fit.
+fn fsl_fit_stage(kernel: &str, c: crate::gp::Curvature) -> String {
+    format!("fsl-{kernel}-{c}: fit (eigendecompositions, δ by the evidence)")
+}
+
+/// The timing stage of a function-space Laplace validation calibration.
+fn fsl_calibration_stage(kernel: &str, c: crate::gp::Curvature) -> String {
+    format!("fsl-{kernel}-{c}: validation calibration (T; T and s; δ grid)")
+}
+
 fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize], key: &str) -> Result<()> {
     let r = crate::gp::FslRows { k_cross: &vrows.k_cross, k_diag: &vrows.k_test_diag, mean: &vrows.network, p: vrows.p };
     for f in fitted.iter_mut() {
         let name = format!("fsl-{}-{}", fam.kernel, f.curvature);
-        let (cal, grid, mins) = clock.run(&format!("{name}: validation calibration (T; T and s; δ grid)"), &name, key, || {
+        let (cal, grid, mins) = clock.run(&fsl_calibration_stage(&fam.kernel, f.curvature), &name, key, || {
             let pred = f.fsl.predict(&r)?;
             let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
             let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
@@ -852,7 +894,7 @@ fn kernel_family(
             let score = f.f64(&format!("{m}/ood_score"), Some(&[n])).ok()?.1;
             out.insert(m.clone(), Predictive { probs, ood_score: Some(score) });
         }
-        Some((out, c.check, c.failed))
+        Some((out, c.check, c.failed, c.fsl_min_variance))
     };
     let hits: Vec<_> = settings.iter().map(cached).collect();
     let cached_fsl: Option<Vec<FslStudyFit>> = if fam.fsl.is_empty() { Some(Vec::new()) } else { read_json::<FslCache>(&fsl_path).filter(|c| c.key == fam_key).map(|c| c.fits) };
@@ -869,6 +911,14 @@ fn kernel_family(
             match c.expect("checked") {
                 GpFitCache { fit: Some(f), .. } => fits.push((name.clone(), f)),
                 GpFitCache { error, .. } => failed.push((name.clone(), error.unwrap_or_default())),
+            }
+        }
+        // The function-space Laplace stages, in the order they ran (their timings stay in the
+        // report).
+        for c in &fam.fsl {
+            let stage = fsl_fit_stage(&fam.kernel, *c);
+            if clock.has(&stage, &fam_key) {
+                clock.reuse(&stage, &fam_key);
             }
         }
     } else {
@@ -918,7 +968,7 @@ fn kernel_family(
             let labels = labels(&run.dataset.y_train)?.to_vec();
             for &c in &fam.fsl {
                 let name = format!("fsl-{}-{c}", fam.kernel);
-                let fsl = clock.run(&format!("{name}: fit (eigendecompositions, δ by the evidence)"), &name, &fam_key, || {
+                let fsl = clock.run(&fsl_fit_stage(&fam.kernel, c), &name, &fam_key, || {
                     let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
                     crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)
                 })?;
@@ -933,6 +983,12 @@ fn kernel_family(
         if clock.has(&grams_stage, &grams_key) {
             clock.reuse(&grams_stage, &grams_key);
         }
+        for c in &fam.fsl {
+            let stage = fsl_calibration_stage(&fam.kernel, *c);
+            if clock.has(&stage, &fam_key) {
+                clock.reuse(&stage, &fam_key);
+            }
+        }
     } else {
         // Always over every setting, so that a setting recomputed alone (a lost cache file) gets
         // the rows of the same computation, bit for bit.
@@ -944,7 +1000,7 @@ fn kernel_family(
             sets.push((val.0, "val"));
         }
         let mut gs = clock.run(&grams_stage, &fam.gps[0].0, &grams_key, || {
-            kernel_gp::row_grams(run, states, fam.kind, fam.rule, crate::kernel::Outputs::Logits, &sets, &|d, t| {
+            kernel_gp::row_grams(run, states, fam.kind, fam.rule, crate::kernel::Outputs::Logits, fam.window, &sets, &|d, t| {
                 bar.set_length(t as u64);
                 bar.set_position(d as u64);
             })
@@ -953,7 +1009,7 @@ fn kernel_family(
         if !fam.fsl.is_empty() {
             let vrows = gs.pop().expect("the validation rows were computed last");
             calibrate_fsl(clock, fam, &mut fitted_fsl, &vrows, val.1, &fam_key)?;
-            fsl_fits = fitted_fsl.iter().map(|f| f.report(fam.kernel)).collect();
+            fsl_fits = fitted_fsl.iter().map(|f| f.report(&fam.kernel)).collect();
         }
         grams.extend(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)));
     }
@@ -964,9 +1020,14 @@ fn kernel_family(
         // A cached setting comes from the same (deterministic) fits: reused even when the fits
         // were recomputed for another setting.
         let (preds, check, errs) = match hit {
-            Some(h) => {
+            Some((preds, check, errs, mins)) => {
                 clock.reuse(&stage, &key);
-                h
+                for f in &mut fitted_fsl {
+                    if let Some((_, v, n)) = mins.iter().find(|m| m.0 == f.curvature.to_string()) {
+                        f.min_variance.push((s.info.name.clone(), *v, *n));
+                    }
+                }
+                (preds, check, errs)
             }
             None => {
                 let rows = grams.remove(&s.info.name).expect("computed above for every setting not cached");
@@ -1014,7 +1075,8 @@ fn kernel_family(
                     }
                     let meta = std::collections::HashMap::from([("key".to_string(), key.clone())]);
                     io::write_safetensors(&dir.join(format!("{}.safetensors", s.info.name)), &arrays, Some(meta))?;
-                    write_cache_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone() })?;
+                    let fsl_min_variance = fitted_fsl.iter().filter_map(|f| f.min_variance.last().map(|m| (f.curvature.to_string(), m.1, m.2))).collect();
+                    write_cache_json(&dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key: key.clone(), classes: k, check: rows.check.clone(), failed: errs.clone(), fsl_min_variance })?;
                     Ok((preds, rows.check, errs))
                 })?;
                 r
@@ -1034,7 +1096,7 @@ fn kernel_family(
         checks.push(check);
     }
     if !fitted_fsl.is_empty() {
-        fsl_fits = fitted_fsl.iter().map(|f| f.report(fam.kernel)).collect();
+        fsl_fits = fitted_fsl.iter().map(|f| f.report(&fam.kernel)).collect();
         write_cache_json(&fsl_path, &FslCache { key: fam_key.clone(), fits: fsl_fits.clone() })?;
     }
     // A method that failed anywhere is left out everywhere (the metrics need every setting).

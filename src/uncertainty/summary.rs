@@ -154,6 +154,7 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     for (name, fit) in &r.kernel_gps {
         let gram = match fit.train_gram {
             super::kernel_gp::TrainGram::TrainSide if fit.kind == "epk" => "the EPK training Gram with the gradients at t = 0 on both sides",
+            super::kernel_gp::TrainGram::TrainSide if fit.kind == "path" => "the path-averaged kernel with both sides integrated over each step (a window: its last steps only)",
             super::kernel_gp::TrainGram::TrainSide => "the NTK at w_N on the training points",
             super::kernel_gp::TrainGram::SymmetrisedTestSide => "the EPK training Gram with the training points on the test side (integrated), symmetrised",
         };
@@ -216,9 +217,9 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     let _ = writeln!(s, "## Exactness of the Grams used\n");
     let _ = writeln!(
         s,
-        "Each Gram's kernel machine `f(w_0) + Σ_s Σ_i a_is K_s(x, x_i)` against the network `f(w_N)` at its rows (log-softmax outputs, all classes). \
+        "Each Gram's kernel machine `f(w_0) + Σ_s Σ_i a_is K_s(x, x_i)` against the network `f(w_N)` at its rows (on the kernels' outputs, the logits; all classes; a window of the last L steps starts from `f(w_{{N−L}})`). \
          The EPK's test-side rows are exact; its train-side training Gram takes the gradients at t = 0 on both sides (a symmetric kernel for the GP), so its \
-         machine is the discrete path kernel's, not exact; the NTK at w_N is the linearisation.\n"
+         machine is the discrete path kernel's, not exact; the NTK at w_N is the linearisation; the path kernel integrates both sides, so its machine is not the network either.\n"
     );
     let _ = writeln!(s, "| Gram | rows | side | points | steps | max \\|machine − network\\| | mean | gradient evaluations per point and step (mean / max) |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
