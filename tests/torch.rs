@@ -567,3 +567,141 @@ fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
     run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`0.weight` [2, 1, 5, 5]");
     assert!(!d.join("x").exists());
 }
+
+/// `[K, D]` Jacobian of the logits of an exported MLP's last `Linear` (alpha folded in) with
+/// respect to its parameters in PyTorch's `parameters_to_vector` order: the weight `[K, h]`
+/// row-major, then the bias `[K]`.
+fn torch_last_layer_jacobian(phi: &[f64], k: usize, bias: bool) -> nalgebra::DMatrix<f64> {
+    let h = phi.len();
+    let d = k * h + if bias { k } else { 0 };
+    nalgebra::DMatrix::from_fn(k, d, |c, t| {
+        if t < k * h {
+            if t / h == c {
+                phi[t % h]
+            } else {
+                0.0
+            }
+        } else if t - k * h == c {
+            1.0
+        } else {
+            0.0
+        }
+    })
+}
+
+#[test]
+fn laplace_writes_the_benchmark_fit_equal_to_a_pytorch_order_ggn_of_the_exported_network() {
+    use pathkernel::data::Targets;
+    use pathkernel::gp::{LaplaceParams, LastLayerLaplace};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (name, extra) in [("plain", ""), ("scaled", "alpha = 2.5\nzero_last = false\n"), ("nobias", "bias = false\nalpha = 0.5\nzero_last = false\n")] {
+        let toml = toy2d("[6, 5]", "tanh", 30, 0.5, 8, 5).replace("activation = \"tanh\"\n", &format!("activation = \"tanh\"\n{extra}"));
+        let run = train(d, name, &toml);
+        let arch = &run.manifest.architecture;
+        let (k, alpha, bias) = (arch.outputs(), arch.alpha, arch.bias);
+        let exported = d.join(format!("{name}.safetensors"));
+        run_ok(&["export", "--run", name, "--format", "torch", "--out", exported.to_str().unwrap()], d);
+        let out = format!("{name}-ll");
+        let printed = run_ok(&["laplace", "--run", name, "--out", &out], d);
+        assert!(printed.contains("marginal likelihood"), "{printed}");
+        let (ll, meta) = read_tensors(&d.join(&out).join("laplace.safetensors"));
+        let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join(&out).join("laplace.json")).unwrap()).unwrap();
+        let lam: f64 = meta["prior_precision"].parse().unwrap();
+        assert_eq!(summary["prior_precision"].as_f64().unwrap(), lam);
+        assert_eq!(summary["prior"], "evidence");
+        assert_eq!(meta["run_id"], run.manifest.run_id);
+        assert_eq!(meta["step"], "30");
+        // The benchmark's fit (uncertainty::builtin_methods' call): the same λ and evidence.
+        let Targets::Labels(y) = &run.dataset.y_train else { panic!("labels") };
+        let (params, init) = (run.load_step(30).unwrap(), run.load_step(0).unwrap());
+        let lib = LastLayerLaplace::fit(arch, &params, Some(&init), &run.dataset.x_train, y, &LaplaceParams::default()).unwrap();
+        assert_eq!(lib.posterior().prior_precision(), lam, "{name}");
+        assert_eq!(summary["log_marginal_likelihood"].as_f64().unwrap(), lib.posterior().evidence());
+
+        // Independently, from the exported nn.Sequential: features φ (the last Linear's
+        // inputs), the GGN of the summed cross-entropy in PyTorch's order, the prior λ/α² on the
+        // exported (α-folded) parameters.
+        let (t, emeta) = read_tensors(&exported);
+        let earch: serde_json::Value = serde_json::from_str(&emeta["architecture"]).unwrap();
+        let mut trunc = earch.clone();
+        let widths = trunc["body"]["widths"].as_array_mut().unwrap();
+        widths.pop();
+        let h = widths.last().unwrap().as_u64().unwrap() as usize;
+        let last = 2 * (widths.len() - 1);
+        let features = |x: &[f64]| -> Vec<f64> {
+            let mut f = sequential(&t, "", &trunc, x);
+            f.iter_mut().for_each(|v| *v = act("tanh", *v));
+            f
+        };
+        let q = h + usize::from(bias);
+        let dim = q * k;
+        let x = &run.dataset.x_train;
+        let m = y.len();
+        let (phi, (z, _)) = (features(x), exported_logits(&exported, x));
+        let mut ht = nalgebra::DMatrix::<f64>::zeros(dim, dim);
+        for i in 0..m {
+            let zi = &z[i * k..(i + 1) * k];
+            let mx = zi.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = zi.iter().map(|v| (v - mx).exp()).collect();
+            let p: Vec<f64> = e.iter().map(|v| v / e.iter().sum::<f64>()).collect();
+            let lam_i = nalgebra::DMatrix::from_fn(k, k, |a, b| if a == b { p[a] } else { 0.0 } - p[a] * p[b]);
+            let j = torch_last_layer_jacobian(&phi[i * h..(i + 1) * h], k, bias);
+            ht += j.transpose() * lam_i * &j;
+        }
+        let lam_t = lam / (alpha * alpha);
+        let prec_t = &ht + nalgebra::DMatrix::identity(dim, dim) * lam_t;
+        // Torch index → ours (class-blocked k q + j, the bias at j = h).
+        let perm: Vec<usize> = (0..dim).map(|t| if t < k * h { (t / h) * q + t % h } else { (t - k * h) * q + h }).collect();
+        let ours = |name: &str, a: usize, b: usize| ll[name].1[perm[a] * dim + perm[b]];
+        let scale = prec_t.abs().max();
+        for a in 0..dim {
+            for b in 0..dim {
+                let got = ours("precision", a, b) / (alpha * alpha);
+                assert!((got - prec_t[(a, b)]).abs() <= 1e-11 * scale, "{name} precision ({a}, {b}): {got} vs {}", prec_t[(a, b)]);
+                assert!((ours("hessian", a, b) / (alpha * alpha) - ht[(a, b)]).abs() <= 1e-11 * scale, "{name} hessian ({a}, {b})");
+            }
+        }
+        for (a, &pa) in perm.iter().enumerate() {
+            let w = if a < k * h { t[&format!("{last}.weight")].1[a] } else { t[&format!("{last}.bias")].1[a - k * h] };
+            assert!((ll["theta"].1[pa] * alpha - w).abs() <= 1e-15 * w.abs().max(1.0), "{name} θ[{a}]");
+        }
+        // The logit covariance at the test points: J Σ Jᵀ with Σ = (H + λ/α² I)⁻¹, torch order.
+        let sigma = prec_t.clone().try_inverse().unwrap();
+        let xt = &run.dataset.x_test;
+        let (phi_t, (zt, _)) = (features(xt), exported_logits(&exported, xt));
+        let p = xt.len() / 2;
+        assert_eq!(ll["cov"].0, vec![p, k, k]);
+        assert!(max_abs_diff(&ll["mean"].1, &zt) <= 1e-12, "{name} mean");
+        for i in 0..p {
+            let j = torch_last_layer_jacobian(&phi_t[i * h..(i + 1) * h], k, bias);
+            let c = &j * &sigma * j.transpose();
+            for a in 0..k {
+                assert!((ll["variance"].1[i * k + a] - c[(a, a)]).abs() <= 1e-9 * c[(a, a)], "{name} variance point {i} class {a}");
+                for b in 0..k {
+                    assert!((ll["cov"].1[(i * k + a) * k + b] - c[(a, b)]).abs() <= 1e-9 * c.diagonal().max(), "{name} cov point {i} ({a}, {b})");
+                }
+            }
+        }
+    }
+    // A fixed λ is used as given; other row points.
+    run_ok(&["laplace", "--run", "plain", "--prior-precision", "0.25", "--points", "train", "--out", "fixed"], d);
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("fixed/laplace.json")).unwrap()).unwrap();
+    assert_eq!((summary["prior"].as_str(), summary["prior_precision"].as_f64(), summary["n_points"].as_u64()), (Some("fixed"), Some(0.25), Some(24)));
+    assert!(summary["grid"].is_null());
+    // Bad input: one line, nothing written.
+    let reg = "[data]\nkind = \"regression1d\"\nn_test = 5\n\n[model]\nkind = \"mlp\"\nhidden = [6]\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.05\nsteps = 3\nloss = \"mse\"\n";
+    train(d, "reg", reg);
+    run_fail(&["laplace", "--run", "reg", "--out", "x"], d, "needs a classification run");
+    run_fail(&["laplace", "--run", "nowhere", "--out", "x"], d, "nowhere");
+    run_fail(&["laplace", "--run", "plain", "--prior-precision", "-1", "--out", "x"], d, "prior_precision must be finite and > 0, got -1");
+    run_fail(&["laplace", "--run", "plain", "--grid", "1:0:5", "--out", "x"], d, "laplace grid needs finite log10_min < log10_max");
+    run_fail(&["laplace", "--run", "plain", "--grid", "-8:8", "--out", "x"], d, "--grid -8:8: expected MIN:MAX:POINTS");
+    run_fail(&["laplace", "--run", "plain", "--prior-precision", "1", "--grid", "-8:8:161", "--out", "x"], d, "does not apply with --prior-precision");
+    run_fail(&["laplace", "--run", "plain", "--step", "31", "--out", "x"], d, "--step 31 is beyond the last state 30");
+    run_fail(&["laplace", "--run", "plain", "--points", "nowhere", "--out", "x"], d, "--points `nowhere`");
+    assert!(!d.join("x").exists() && !d.join("x.partial").exists());
+    let before = std::fs::read(d.join("fixed/laplace.json")).unwrap();
+    run_fail(&["laplace", "--run", "plain", "--out", "fixed"], d, "already exists");
+    assert_eq!(std::fs::read(d.join("fixed/laplace.json")).unwrap(), before);
+}

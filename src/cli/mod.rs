@@ -7,6 +7,7 @@ mod bench;
 mod export;
 mod import;
 mod kernel;
+mod laplace;
 mod study;
 mod tile;
 mod train;
@@ -46,6 +47,7 @@ enum Command {
     Tile(tile::Args),
     Export(export::Args),
     Import(import::Args),
+    Laplace(laplace::Args),
 }
 
 /// Parses the command line, runs the subcommand and returns the process exit status.
@@ -60,6 +62,7 @@ pub fn main() -> i32 {
         Command::Tile(a) => tile::exec(a),
         Command::Export(a) => export::exec(a),
         Command::Import(a) => import::exec(a),
+        Command::Laplace(a) => laplace::exec(a),
         Command::Gp(a) => analyze::gp(a),
         Command::Svm(a) => analyze::svm(a),
         Command::Attribute(a) => analyze::attribute(a),

@@ -518,6 +518,28 @@ impl LaplacePosterior {
     pub fn num_params(&self) -> usize {
         self.k * self.q
     }
+    /// Features per class `q` (the final layer's inputs, plus 1 with biases).
+    pub fn features(&self) -> usize {
+        self.q
+    }
+    /// Classes `K`.
+    pub fn classes(&self) -> usize {
+        self.k
+    }
+    /// The posterior precision `H + λ I` (class-blocked order), as laplace-torch's
+    /// `posterior_precision` in its own parameter order (see the module docs).
+    ///
+    /// # Shapes
+    /// Returns `[D, D]`.
+    pub fn precision(&self) -> Mat<f64> {
+        let d = self.num_params();
+        Mat::from_fn(d, d, |i, j| self.hessian[(i, j)] + if i == j { self.prior_precision } else { 0.0 })
+    }
+}
+
+/// A `faer` matrix as a row-major vector.
+fn row_major(m: faer::MatRef<'_, f64>) -> Vec<f64> {
+    (0..m.nrows()).flat_map(|i| (0..m.ncols()).map(move |j| m[(i, j)])).collect()
 }
 
 fn check_features(f: &LastLayerFeatures) -> Result<()> {
@@ -681,6 +703,51 @@ impl LastLayerLaplace {
     /// The fitted posterior (λ, evidence, H, Σ).
     pub fn posterior(&self) -> &LaplacePosterior {
         &self.posterior
+    }
+
+    /// Writes the posterior and the logit posterior at the rows of `x` as one safetensors file
+    /// (f64, written atomically) and returns that logit posterior. Arrays, parameters in the
+    /// class-blocked order of the module docs (`θ[k q + j] = W[k, j]`, `b[k]` at `j = h`):
+    /// `precision` `H + λ I` `[D, D]`, `hessian` `H` `[D, D]`, `covariance` `(H + λ I)⁻¹`
+    /// `[D, D]`, `theta` `θ*` `[D]`, `points` `x` `[P, d]`, `mean` the logits `[P, K]`, `cov`
+    /// `J Σ Jᵀ` `[P, K, K]`, `variance` its diagonals `[P, K]`. Metadata: `format`
+    /// (`pathkernel-lastlayer-laplace`), `prior_precision`, `classes`, `features` (q),
+    /// `hidden` (h), `bias`, `alpha`, `order`, and the caller's `metadata`.
+    ///
+    /// # Shapes
+    /// `x: [P, d]`; returns mean `[P, K]`, covariance `[P, K, K]`.
+    pub fn save(&self, path: &std::path::Path, x: &[f64], metadata: std::collections::HashMap<String, String>) -> Result<LogitPosterior> {
+        let pred = self.predict(x)?;
+        let post = &self.posterior;
+        let (d, q, k, p) = (post.num_params(), post.q, post.k, pred.p);
+        let h = q - usize::from(self.arch.bias);
+        let dim = self.arch.input_dim();
+        use crate::io::NamedArray;
+        let arrays = vec![
+            NamedArray::f64("precision", vec![d, d], row_major(post.precision().as_ref())),
+            NamedArray::f64("hessian", vec![d, d], row_major(post.hessian())),
+            NamedArray::f64("covariance", vec![d, d], row_major(post.covariance())),
+            NamedArray::f64("theta", vec![d], post.theta.clone()),
+            NamedArray::f64("points", vec![p, dim], x.to_vec()),
+            NamedArray::f64("mean", vec![p, k], pred.mean.clone()),
+            NamedArray::f64("cov", vec![p, k, k], pred.cov.clone()),
+            NamedArray::f64("variance", vec![p, k], pred.variance()),
+        ];
+        let mut meta = metadata;
+        for (key, v) in [
+            ("format", "pathkernel-lastlayer-laplace".to_string()),
+            ("prior_precision", post.prior_precision.to_string()),
+            ("classes", k.to_string()),
+            ("features", q.to_string()),
+            ("hidden", h.to_string()),
+            ("bias", self.arch.bias.to_string()),
+            ("alpha", self.arch.alpha.to_string()),
+            ("order", format!("class-blocked: index k*{q} + j holds W[k, j] for j < {h} and b[k] for j = {h} (the stored W, b; the logits' Jacobian rows are alpha*[phi, 1])")),
+        ] {
+            meta.insert(key.to_string(), v);
+        }
+        crate::io::write_safetensors(path, &arrays, Some(meta))?;
+        Ok(pred)
     }
 }
 
@@ -933,6 +1000,56 @@ mod tests {
         ModelConfig::Mlp { hidden, activation: Activation::Relu, bias, zero_last: false, alpha, zero_output }
             .resolve(5, None, 3, OutputKind::LogSoftmax)
             .unwrap()
+    }
+
+    #[test]
+    fn save_writes_the_precision_posterior_and_logit_posterior() {
+        let arch = mlp(vec![4], true, 0.7, false);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let x: Vec<f64> = (0..12 * 5).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let labels: Vec<usize> = (0..12).map(|i| i % 3).collect();
+        let params = arch.init(2);
+        let fit = LastLayerLaplace::fit(&arch, &params, None, &x, &labels, &LaplaceParams::new().prior_precision(0.8)).unwrap();
+        let post = fit.posterior();
+        let (d, q) = (post.num_params(), post.features());
+        assert_eq!((q, post.classes(), d), (5, 3, 15));
+        let prec = post.precision();
+        for i in 0..d {
+            for j in 0..d {
+                assert_eq!(prec[(i, j)], post.hessian()[(i, j)] + if i == j { 0.8 } else { 0.0 });
+            }
+        }
+        // Σ is its inverse.
+        let eye = to_na(prec.as_ref()) * to_na(post.covariance());
+        assert!((eye - DMatrix::identity(d, d)).abs().max() < 1e-12);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ll.safetensors");
+        let meta = std::collections::HashMap::from([("run_id".to_string(), "abc".to_string())]);
+        let pred = fit.save(&path, &x[..4 * 5], meta).unwrap();
+        assert_eq!(pred, fit.predict(&x[..4 * 5]).unwrap());
+        let f = crate::io::SafeFile::open(&path).unwrap();
+        let m = f.metadata();
+        for (key, want) in [("format", "pathkernel-lastlayer-laplace"), ("prior_precision", "0.8"), ("classes", "3"), ("features", "5"), ("hidden", "4"), ("bias", "true"), ("alpha", "0.7"), ("run_id", "abc")] {
+            assert_eq!(m[key], want, "{key}");
+        }
+        let read = |name: &str, shape: &[usize]| f.f64(name, Some(shape)).unwrap().1;
+        let (pr, h, cov) = (read("precision", &[d, d]), read("hessian", &[d, d]), read("covariance", &[d, d]));
+        for i in 0..d {
+            for j in 0..d {
+                assert_eq!(pr[i * d + j], prec[(i, j)]);
+                assert_eq!(h[i * d + j], post.hessian()[(i, j)]);
+                assert_eq!(cov[i * d + j], post.covariance()[(i, j)]);
+            }
+        }
+        assert_eq!(read("theta", &[d]), last_layer_theta(&arch, &params).unwrap());
+        assert_eq!(read("points", &[4, 5]), x[..20]);
+        assert_eq!(read("mean", &[4, 3]), pred.mean);
+        assert_eq!(read("cov", &[4, 3, 3]), pred.cov);
+        assert_eq!(read("variance", &[4, 3]), pred.variance());
+        // Rows of the wrong width: an error, nothing written.
+        let bad = dir.path().join("bad.safetensors");
+        assert!(fit.save(&bad, &x[..7], Default::default()).is_err());
+        assert!(!bad.exists());
     }
 
     #[test]
