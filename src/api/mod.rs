@@ -1,6 +1,8 @@
-//! The notebook front door: a trained run ([`Trained`]), its kernels as typed values ([`Gram`])
-//! and the estimators that take them ([`GpModel`], [`SvmModel`], [`Gram::attribute`]). Each
-//! step is one or two lines in an evcxr cell and every value displays as a compact table.
+//! The notebook front door: a trained run ([`Trained`]: trained here, opened, or imported from a
+//! PyTorch recording), its kernels as typed values ([`Gram`]) and the estimators that take them
+//! ([`GpModel`], [`SvmModel`], [`Gram::attribute`]); and an uncertainty benchmark's report read
+//! back ([`UqReport`]: metric tables, reliability diagrams, a metric against the rotation angle).
+//! Each step is one or two lines in an evcxr cell and every value displays as a compact table.
 //!
 //! ```no_run
 //! use pathkernel::api::*;
@@ -19,6 +21,7 @@ mod files;
 mod fit;
 mod gram;
 mod trained;
+mod uqreport;
 
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
 pub use gram::{from_nalgebra, Gram, ToNalgebra};
@@ -27,13 +30,16 @@ pub use nalgebra;
 /// The matrix [`ToNalgebra::to_nalgebra`] returns (a name evcxr can give a cell's variable).
 pub type DMatrix = nalgebra::DMatrix<f64>;
 pub use trained::{KernelBuilder, Rows, Trained};
+pub use uqreport::{MetricTable, UqReport};
 
 pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};
 pub use crate::kernel::{KernelKind, Layout, Rule, Side};
-pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, ReliabilityPanel, Scale, Series};
+pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, Overlay, ReliabilityPanel, Scale, Series};
 pub use crate::analysis::{Stationarity, StationarityOptions};
 pub use crate::svm::SvmParams;
+pub use crate::interop::ImportSummary;
+pub use crate::uncertainty::Metric;
 
 /// evcxr shows a cell's value with its `evcxr_display` method when it has one, else with
 /// `Debug` (for these types, every weight and Gram entry): each gets its `Display` table.
