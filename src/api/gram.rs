@@ -21,10 +21,11 @@ use std::path::Path;
 use faer::{Mat, MatRef};
 
 use super::files::KernelFiles;
-use super::trained::{Rows, Trained};
+use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::io::{self, StagedDir, Table};
 use crate::kernel::{self, output::Exactness, KernelKind, KernelOutput, Layout, Points, Rule, Side, StepRecord};
+use crate::trajectory::Run;
 
 /// A kernel Gram of a recorded run with its rows, layout and exactness (module docs).
 #[derive(Clone, Debug)]
@@ -257,12 +258,13 @@ impl Gram {
         Ok(())
     }
 
-    /// Reads a Gram written by [`Gram::save`] or `pathkernel kernel --out DIR` for `net`'s run.
+    /// Reads a Gram written by [`Gram::save`] or `pathkernel kernel --out DIR` for `net`'s run
+    /// (`&net` a [`Trained`](super::Trained), or anything else that holds the [`Run`]).
     ///
     /// Errors: a directory of another run, missing or malformed files.
-    pub fn open(dir: impl AsRef<Path>, net: &Trained) -> Result<Gram> {
+    pub fn open(dir: impl AsRef<Path>, net: impl AsRef<Run>) -> Result<Gram> {
         let dir = dir.as_ref();
-        let run = net.run();
+        let run = net.as_ref();
         let kf = KernelFiles::open(dir, run)?;
         let exactness: Exactness = serde_json::from_slice(&io::read_file(&dir.join("exactness.json"))?).map_err(|e| Error::format(dir.join("exactness.json"), e.to_string()))?;
         let pred = Table::read_parquet(&dir.join("predictions.parquet"))?;

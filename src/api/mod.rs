@@ -18,6 +18,7 @@
 mod files;
 mod fit;
 mod gram;
+mod rows;
 mod trained;
 
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
@@ -26,7 +27,8 @@ pub use gram::{from_nalgebra, Gram, ToNalgebra};
 pub use nalgebra;
 /// The matrix [`ToNalgebra::to_nalgebra`] returns (a name evcxr can give a cell's variable).
 pub type DMatrix = nalgebra::DMatrix<f64>;
-pub use trained::{KernelBuilder, Rows, Trained};
+pub use rows::Rows;
+pub use trained::{KernelBuilder, Trained};
 
 pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};

@@ -15,6 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::gram::Gram;
+use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Points, PointsSpec, Rule, Side};
 use crate::model::Params;
@@ -115,6 +116,13 @@ fn argmax(v: &[f64]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
+/// The run, for [`Gram::open`] (which reads a kernel directory of this run).
+impl AsRef<Run> for Trained {
+    fn as_ref(&self) -> &Run {
+        &self.run
+    }
+}
+
 impl fmt::Display for Trained {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(s) = &self.summary {
@@ -122,46 +130,6 @@ impl fmt::Display for Trained {
         }
         let ds = &self.run.dataset;
         write!(f, "run {} ({}): {} steps, {} training and {} test points, d = {}, K = {}", self.run.manifest.run_id, self.run.dir.display(), self.run.manifest.steps, ds.n_train(), ds.n_test(), ds.dim, ds.num_outputs)
-    }
-}
-
-/// What the rows of a kernel are.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Rows {
-    /// The run's held-out test set.
-    Test,
-    /// The run's training set.
-    Train,
-    /// An `n × n` grid over 2-D training data (10 % margin).
-    Grid(usize),
-    /// The mean of the training points of each class (the EPK paper's Fig. 6 points).
-    ClassMeans,
-    /// Inputs given by the caller.
-    Inputs,
-}
-
-impl Rows {
-    /// The rows `points` are, for a run: `Train`/`Test` when they equal that set, else `Inputs`.
-    pub(super) fn of_points(points: &Points, run: &Run) -> Rows {
-        if points.x == run.dataset.x_train {
-            Rows::Train
-        } else if points.x == run.dataset.x_test {
-            Rows::Test
-        } else {
-            Rows::Inputs
-        }
-    }
-}
-
-impl fmt::Display for Rows {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rows::Test => write!(f, "test"),
-            Rows::Train => write!(f, "train"),
-            Rows::Grid(n) => write!(f, "grid {n}×{n}"),
-            Rows::ClassMeans => write!(f, "class-mean"),
-            Rows::Inputs => write!(f, "given"),
-        }
     }
 }
 
