@@ -7,6 +7,23 @@ use crate::kernel::Points;
 use crate::trajectory::Run;
 
 /// What the rows of a kernel are.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let means = net.epk().class_means().compute()?;   // one row per class mean
+/// assert_eq!((means.rows(), means.shape().0), (&Rows::ClassMeans, 3));
+/// let test = net.epk().compute()?;
+/// assert_eq!(test.rows(), &Rows::Test);
+/// assert_eq!(test.rows().to_string(), "test");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Rows {
     /// The run's held-out test set.
