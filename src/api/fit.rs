@@ -1,18 +1,6 @@
 //! Estimators that take [`Gram`] values: the per-class GP ([`GpModel`], EPK paper §4.2), the
 //! one-vs-rest SVM refit of the kernel machine's weights ([`SvmModel`]), and attribution
 //! ([`Gram::attribute`]). No flat indices: class blocks come from the Gram's views.
-//!
-//! ```no_run
-//! # use pathkernel::api::*;
-//! # fn main() -> pathkernel::Result<()> {
-//! # let net = Trained::open("runs/paper-toy/run")?;
-//! let train = net.epk().train_side().layout(Layout::Diag).compute()?;
-//! let rows = net.epk().layout(Layout::Diag).compute()?;
-//! let gp = GpModel::fit(&train)?;            // hyper-parameters by marginal likelihood
-//! let post = gp.predict(&rows)?;             // logit posterior (mean includes the bias)
-//! let probs = post.mc_softmax(1000, 0)?;     // Monte-Carlo softmax
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 
@@ -27,6 +15,29 @@ use crate::svm::{OvrSvm, SvmParams};
 
 /// One GP per class on the class blocks of a train × train [`Gram`], regressing the network's
 /// outputs minus the bias (`f_{w_N}(x_i) − f_{w_0}(x_i)`, the part the kernel machine carries).
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let train = net.epk().train_side().layout(Layout::Diag).compute()?; // [M, M, K], symmetric
+/// let gp = GpModel::fit(&train)?;                  // σ² and scale per class by marginal likelihood
+/// println!("{gp}");                                // noise, scale, jitter, log p(y) per class
+/// let fixed = GpModel::fit_with(&train, &GpParams::new().noise(1e-4))?; // fixed hyper-parameters
+/// assert_eq!(fixed.fitted().n_train(), 30);
+///
+/// let rows = net.epk().layout(Layout::Diag).compute()?;
+/// let post = gp.predict(&rows)?;                   // a GpPrediction at the 6 test rows
+/// # Ok(()) }
+/// ```
+///
+/// Errors: a Gram that is not train × train (`.train_side()`), a kernel form that is not
+/// symmetric (momentum, Adam), a `trace` layout.
 #[derive(Clone, Debug)]
 pub struct GpModel {
     fitted: FittedGp,
@@ -148,6 +159,28 @@ impl fmt::Display for GpModel {
 }
 
 /// A GP's logit posterior at some rows.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// # let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+/// # let rows = net.epk().layout(Layout::Diag).compute()?;
+/// let post = GpModel::fit(&train)?.predict(&rows)?;
+/// assert_eq!((post.mean().nrows(), post.mean().ncols()), (6, 3)); // [P, K], bias included
+/// assert!(post.posterior.var.iter().all(|&v| v >= 0.0));
+/// let mc = post.mc_softmax(500, 7)?;               // 500 seeded draws per point
+/// assert_eq!((mc.samples, mc.mean_prob.len(), mc.entropy.len()), (500, 18, 6));
+/// # Ok(()) }
+/// ```
+///
+/// # Shapes
+/// `[P, K]` means and variances.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpPrediction {
     /// Means (bias included) and variances. # Shapes `[P, K]` each.
@@ -192,6 +225,27 @@ impl fmt::Display for GpPrediction {
 
 /// The one-vs-rest SVM refit of the kernel machine's weights on the class blocks of a
 /// train × train [`Gram`] (labels: the run's training labels).
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+/// let labels = net.run().dataset.train_labels()?;
+/// let svm = SvmModel::fit(&train, labels, &SvmParams::default())?; // C = 1, tol 1e-3 (libsvm's)
+/// let rows = net.epk().layout(Layout::Diag).compute()?;
+/// let predicted = svm.predict(&rows)?;            // a class per test row
+/// assert_eq!(predicted.len(), 6);
+/// assert_eq!(svm.support().len(), 3);             // support vectors per class
+/// # Ok(()) }
+/// ```
+///
+/// Errors: as [`GpModel`].
 #[derive(Clone, Debug)]
 pub struct SvmModel {
     model: OvrSvm,
@@ -266,7 +320,31 @@ impl fmt::Display for SvmModel {
 }
 
 /// Per-training-point contributions of chosen rows (Theorem 3.7's single machine, or the
-/// ensemble of Theorem 3.6 when `a_{i,s}` varies by step).
+/// ensemble of Theorem 3.6 when `a_{i,s}` varies by step), from [`Gram::attribute`].
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let epk = net.epk().compute()?;                 // attribution needs the full layout
+/// let who = epk.attribute(&[0, 2], 3)?;           // rows 0 and 2, top 3 each way
+/// assert_eq!(who.items.len(), 2 * 3);             // one item per row and class
+/// for a in &who.items {
+///     // the training points' contributions add up to the output minus the bias
+///     assert!(a.residual.abs() < 1e-10);
+///     assert!(a.supporters.len() <= 3 && a.opponents.len() <= 3);
+/// }
+/// println!("{who}");
+/// # Ok(()) }
+/// ```
+///
+/// Errors (of [`Gram::attribute`]): the NTK, a layout other than `full`, a row out of range, and
+/// `a_{i,s}` varying by step without per-step Grams (`.per_step()`).
 #[derive(Clone, Debug)]
 pub struct Attributions {
     /// One entry per chosen row and class.

@@ -1,19 +1,5 @@
-//! [`Gram`]: a kernel of a recorded run as a typed value that knows its shape and meaning.
-//!
-//! A `Gram` holds what the engine computed ([`KernelOutput`]) with the rows it was computed at
-//! ([`Rows`]) and its exactness summary. Its blocks are read through views, never by flat index
-//! arithmetic:
-//!
-//! - [`Gram::class_block`] `K^{cc}(x_p, x_i)`, `[P, M]`, a `faer::MatRef` into the stored array
-//!   (layouts `full` and `diag`);
-//! - [`Gram::pair`] the `K × K` block `K(x_p, x_i)` (layout `full`);
-//! - [`Gram::trace`] `Σ_c K^{cc}`, `[P, M]`, from any layout;
-//! - [`Gram::symmetric_class_block`] for a train × train kernel, `(K + Kᵀ)/2`;
-//! - [`ToNalgebra::to_nalgebra`] copies any of them into a `nalgebra::DMatrix`.
-//!
-//! `Display` is a compact table; [`Gram::save`] / [`Gram::open`] use the files of
-//! `pathkernel kernel` (`gram.safetensors`, `predictions.parquet`, `exactness.json`,
-//! `steps.parquet`), so a Gram saved from a notebook is read by the CLI and by Python.
+//! [`Gram`]: a kernel of a recorded run as a typed value that knows its shape and meaning (the
+//! engine's [`KernelOutput`] with its [`Rows`] and exactness summary), its views, and its files.
 
 use std::fmt;
 use std::path::Path;
@@ -21,12 +7,49 @@ use std::path::Path;
 use faer::{Mat, MatRef};
 
 use super::files::KernelFiles;
-use super::trained::{Rows, Trained};
+use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::io::{self, StagedDir, Table};
 use crate::kernel::{self, output::Exactness, KernelKind, KernelOutput, Layout, Points, Rule, Side, StepRecord};
+use crate::trajectory::Run;
 
-/// A kernel Gram of a recorded run with its rows, layout and exactness (module docs).
+/// A kernel Gram of a recorded run with its rows, layout and exactness.
+///
+/// Its blocks are read through views, never by flat index arithmetic: [`Gram::class_block`]
+/// `K^{cc}(x_p, x_i)` `[P, M]` (layouts `full` and `diag`), [`Gram::pair`] the `K × K` block of
+/// one pair (layout `full`), [`Gram::trace`] `Σ_c K^{cc}` `[P, M]` from any layout,
+/// [`Gram::symmetric_class_block`] for a train × train Gram; [`ToNalgebra::to_nalgebra`] copies
+/// any of them into a `nalgebra::DMatrix`. `Display` is a compact table; [`Gram::save`] /
+/// [`Gram::open`] use the files of `pathkernel kernel`, so a Gram saved from a notebook is read
+/// by the CLI and by Python.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let epk = net.epk().compute()?;                 // test rows × training points, full layout
+/// let (p, m, k) = epk.shape();
+/// assert_eq!((p, m, k), (6, 30, 3));
+/// let k11 = epk.class_block(1)?;                  // K^{11}(x_p, x_i), a [P, M] view
+/// let pair = epk.pair(0, 0)?;                     // K(x_0, x_0)[k, k'], a K × K view
+/// assert_eq!(k11[(0, 0)], pair[(1, 1)]);
+/// let t = epk.trace();                            // Σ_c K^{cc}, [P, M]
+/// let sum: f64 = (0..k).map(|c| pair[(c, c)]).sum();
+/// assert!((t[(0, 0)] - sum).abs() <= 1e-12 * sum.abs());
+///
+/// epk.save(dir.path().join("epk"))?;              // the files of `pathkernel kernel --out`
+/// let back = Gram::open(dir.path().join("epk"), &net)?;
+/// assert_eq!((back.shape(), back.max_abs_error()), (epk.shape(), epk.max_abs_error()));
+/// # Ok(()) }
+/// ```
+///
+/// # Shapes
+/// `(P, M, K)` = [`Gram::shape`]: row points, training points, outputs.
 #[derive(Clone, Debug)]
 pub struct Gram {
     out: KernelOutput,
@@ -37,7 +60,18 @@ pub struct Gram {
 }
 
 /// Copies a `faer` matrix view into a `nalgebra::DMatrix` (the matrix type many Rust numerics
-/// users hold).
+/// users hold); [`from_nalgebra`] goes back.
+///
+/// # Example
+///
+/// ```
+/// use pathkernel::api::*;
+/// let a = DMatrix::from_row_slice(2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// let m = from_nalgebra(&a);                      // a faer::Mat
+/// assert_eq!(m[(1, 2)], 6.0);
+/// assert_eq!(m.to_nalgebra(), a);
+/// assert_eq!(m.as_ref().transpose().to_nalgebra(), a.transpose()); // any faer view
+/// ```
 pub trait ToNalgebra {
     /// The same matrix as a `nalgebra::DMatrix<f64>`.
     fn to_nalgebra(&self) -> nalgebra::DMatrix<f64>;
@@ -56,6 +90,14 @@ impl ToNalgebra for Mat<f64> {
 }
 
 /// A `nalgebra::DMatrix` as a `faer::Mat` (the inverse of [`ToNalgebra`]).
+///
+/// # Example
+///
+/// ```
+/// use pathkernel::api::{from_nalgebra, DMatrix};
+/// let m = from_nalgebra(&DMatrix::identity(3, 3));
+/// assert_eq!((m.nrows(), m.ncols(), m[(2, 2)], m[(0, 1)]), (3, 3, 1.0, 0.0));
+/// ```
 pub fn from_nalgebra(m: &nalgebra::DMatrix<f64>) -> Mat<f64> {
     Mat::from_fn(m.nrows(), m.ncols(), |i, j| m[(i, j)])
 }
@@ -257,12 +299,13 @@ impl Gram {
         Ok(())
     }
 
-    /// Reads a Gram written by [`Gram::save`] or `pathkernel kernel --out DIR` for `net`'s run.
+    /// Reads a Gram written by [`Gram::save`] or `pathkernel kernel --out DIR` for `net`'s run
+    /// (`&net` a [`Trained`](super::Trained), or anything else that holds the [`Run`]).
     ///
     /// Errors: a directory of another run, missing or malformed files.
-    pub fn open(dir: impl AsRef<Path>, net: &Trained) -> Result<Gram> {
+    pub fn open(dir: impl AsRef<Path>, net: impl AsRef<Run>) -> Result<Gram> {
         let dir = dir.as_ref();
-        let run = net.run();
+        let run = net.as_ref();
         let kf = KernelFiles::open(dir, run)?;
         let exactness: Exactness = serde_json::from_slice(&io::read_file(&dir.join("exactness.json"))?).map_err(|e| Error::format(dir.join("exactness.json"), e.to_string()))?;
         let pred = Table::read_parquet(&dir.join("predictions.parquet"))?;

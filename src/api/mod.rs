@@ -4,22 +4,40 @@
 //! back ([`UqReport`]: metric tables, reliability diagrams, a metric against the rotation angle).
 //! Each step is one or two lines in an evcxr cell and every value displays as a compact table.
 //!
-//! ```no_run
+//! The path of the notebooks, on a run small enough for a doctest (`Trained::open(dir)?` opens
+//! one that `pathkernel train` recorded):
+//!
+//! ```
 //! use pathkernel::api::*;
-//! # fn main() -> pathkernel::Result<()> {
-//! let net = Trained::open("runs/paper-toy/run")?;
-//! let epk = net.epk().compute()?;                  // test × train EPK, auto:1e-12
-//! println!("{epk}");                                // kernel machine vs network: ~1e-13
-//! let k00 = epk.class_block(0)?.to_nalgebra();      // a nalgebra::DMatrix
-//! let train = net.epk().train_side().layout(Layout::Diag).compute()?;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+//!             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+//! let net = Trained::train_toml(toml, dir.path().join("run"))?;
+//! println!("{net}");                               // steps, parameters, loss, accuracy
+//!
+//! let epk = net.epk().compute()?;                  // test × train EPK, auto:1e-12, full layout
+//! println!("{epk}");                               // kernel machine vs network: ~1e-14
+//! assert!(epk.max_abs_error() < 1e-10);
+//! let k00: DMatrix = epk.class_block(0)?.to_nalgebra(); // a nalgebra::DMatrix, 6 × 30
+//! assert_eq!(k00.shape(), (6, 30));
+//!
+//! let train = net.epk().train_side().layout(Layout::Diag).compute()?; // the GP's covariance
 //! let rows = net.epk().layout(Layout::Diag).compute()?;
-//! let probs = GpModel::fit(&train)?.predict(&rows)?.mc_softmax(1000, 0)?;
+//! let gp = GpModel::fit(&train)?;                  // noise and scale by marginal likelihood
+//! let post = gp.predict(&rows)?;                   // logit mean (bias included) and variance
+//! let probs = post.mc_softmax(1000, 0)?;           // Monte-Carlo softmax, seeded
+//! assert!(probs.mean_prob.chunks(3).all(|p| (p.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+//!
+//! let who = epk.attribute(&[0, 1], 5)?;            // supporters and opponents of two rows
+//! println!("{who}");
 //! # Ok(()) }
 //! ```
 
 mod files;
 mod fit;
 mod gram;
+mod rows;
 mod trained;
 mod uqreport;
 
@@ -28,8 +46,17 @@ pub use gram::{from_nalgebra, Gram, ToNalgebra};
 /// nalgebra itself, for its other types.
 pub use nalgebra;
 /// The matrix [`ToNalgebra::to_nalgebra`] returns (a name evcxr can give a cell's variable).
+///
+/// # Example
+///
+/// ```
+/// use pathkernel::api::DMatrix;
+/// let k: DMatrix = DMatrix::from_element(2, 2, 0.5);
+/// assert_eq!(k.sum(), 2.0);
+/// ```
 pub type DMatrix = nalgebra::DMatrix<f64>;
-pub use trained::{KernelBuilder, Rows, Trained};
+pub use rows::Rows;
+pub use trained::{KernelBuilder, Trained};
 pub use uqreport::{MetricTable, UqReport};
 
 pub use crate::error::{Error, Result};

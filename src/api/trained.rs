@@ -1,20 +1,11 @@
 //! [`Trained`]: a recorded training run with its weight states in memory, and
 //! [`KernelBuilder`], the one way to ask it for a kernel.
-//!
-//! ```no_run
-//! # use pathkernel::api::*;
-//! # fn main() -> pathkernel::Result<()> {
-//! let net = Trained::open("runs/paper-toy/run")?;
-//! let epk = net.epk().compute()?; // test rows × training points, auto:1e-12, full layout
-//! let gp_rows = net.epk().layout(Layout::Diag).compute()?;
-//! let train = net.epk().train_side().layout(Layout::Diag).compute()?;
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::gram::Gram;
+use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::interop::{import_torch, ImportOptions, ImportSummary};
 use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Points, PointsSpec, Rule, Side};
@@ -23,6 +14,38 @@ use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
 use crate::trajectory::Run;
 
 /// A recorded run (`w_0 … w_N` on disk) with its states loaded.
+///
+/// # Example
+///
+/// ```
+/// use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// // The format of `pathkernel train --config` (a study file works too).
+/// let toml = r#"
+///     [data]
+///     kind = "gaussian-mixture"
+///     dim = 2
+///     per_class = 10
+///     n_test = 6
+///     [model]
+///     kind = "mlp"
+///     hidden = [8]
+///     [train]
+///     lr = 0.5
+///     steps = 10
+/// "#;
+/// let net = Trained::train_toml(toml, dir.path().join("run"))?; // trains, records, opens
+/// assert_eq!(net.states().len(), 11);                           // w_0 … w_10
+/// let f = net.network(&[1.0, 4.0, 4.0, 1.0])?;                  // f_{w_N} at two inputs, [2, K]
+/// assert_eq!(f.len(), 2 * 3);
+/// println!("{net}; test accuracy {:.2}", net.test_accuracy()?);
+///
+/// let again = Trained::open(dir.path().join("run"))?;           // the same run, from disk
+/// assert_eq!(again.run().manifest.run_id, net.run().manifest.run_id);
+/// assert_eq!(again.states(), net.states());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Trained {
     run: Run,
@@ -137,6 +160,13 @@ fn argmax(v: &[f64]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
+/// The run, for [`Gram::open`] (which reads a kernel directory of this run).
+impl AsRef<Run> for Trained {
+    fn as_ref(&self) -> &Run {
+        &self.run
+    }
+}
+
 impl fmt::Display for Trained {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(s) = &self.summary {
@@ -150,47 +180,33 @@ impl fmt::Display for Trained {
     }
 }
 
-/// What the rows of a kernel are.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Rows {
-    /// The run's held-out test set.
-    Test,
-    /// The run's training set.
-    Train,
-    /// An `n × n` grid over 2-D training data (10 % margin).
-    Grid(usize),
-    /// The mean of the training points of each class (the EPK paper's Fig. 6 points).
-    ClassMeans,
-    /// Inputs given by the caller.
-    Inputs,
-}
-
-impl Rows {
-    /// The rows `points` are, for a run: `Train`/`Test` when they equal that set, else `Inputs`.
-    pub(super) fn of_points(points: &Points, run: &Run) -> Rows {
-        if points.x == run.dataset.x_train {
-            Rows::Train
-        } else if points.x == run.dataset.x_test {
-            Rows::Test
-        } else {
-            Rows::Inputs
-        }
-    }
-}
-
-impl fmt::Display for Rows {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rows::Test => write!(f, "test"),
-            Rows::Train => write!(f, "train"),
-            Rows::Grid(n) => write!(f, "grid {n}×{n}"),
-            Rows::ClassMeans => write!(f, "class-mean"),
-            Rows::Inputs => write!(f, "given"),
-        }
-    }
-}
-
 /// A kernel request under construction ([`Trained::kernel`]); [`KernelBuilder::compute`] runs it.
+///
+/// The defaults: test rows (integrated over each step), `auto:1e-12`, every step, `full` layout.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 10\nn_test = 6\n\
+/// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
+/// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
+/// let epk = net.epk().compute()?;                                 // the defaults
+/// let left = net.epk().rule(Rule::Left(10)).compute()?;          // the paper's Riemann sum
+/// println!("auto {:.1e}, left:10 {:.1e}", epk.max_abs_error(), left.max_abs_error());
+///
+/// let x = [1.0, 4.0, 4.0, 1.0];                                  // two inputs, [P, d]
+/// let two = net.epk().inputs(&x).layout(Layout::Trace).compute()?;
+/// assert_eq!((two.shape(), two.layout()), ((2, 30, 3), Layout::Trace));
+///
+/// let ntk = net.ntk().at_step(5).compute()?;                     // the NTK at w_5
+/// assert_eq!(ntk.kind(), KernelKind::Ntk);
+/// let late = net.epk().steps(5, 10).per_step().compute()?;       // f_{w_10} from f_{w_5}, K_s kept
+/// assert!(late.max_abs_error() < 1e-10);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct KernelBuilder<'a> {
     run: &'a Run,

@@ -1,9 +1,9 @@
-//! Kernels under a memory budget: [`compute`](super::compute) over blocks of row points.
+//! Kernels under a memory budget: [`compute`] over blocks of row points.
 //!
 //! Row points are independent (each has its own quadrature nodes, Gram rows, bias, network
 //! value and machine), so a kernel over P rows is the concatenation of kernels over blocks of
 //! rows. [`compute_blocked`] picks the largest block whose working memory, together with the
-//! complete output, fits the budget, runs [`compute`](super::compute) per block and assembles
+//! complete output, fits the budget, runs [`compute`] per block and assembles
 //! the output; it refuses (with an estimate) only when the output alone, plus one row's work,
 //! cannot fit. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
 //! numbers) are part of the fixed cost of every block.
@@ -138,14 +138,14 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
     Ok(BlockPlan { block_rows, blocks, output_bytes: out, fixed_bytes: fixed, row_bytes: row })
 }
 
-/// [`compute`](super::compute) within a memory budget: row points in blocks of
+/// [`compute`] within a memory budget: row points in blocks of
 /// `plan.block_rows`, outputs concatenated (records combined: maxima of maxima, means weighted
 /// by block size). Equal to the unblocked computation up to rounding of the combined means.
 ///
 /// `progress(done, total)` counts steps over all blocks.
 ///
 /// # Shapes
-/// As [`compute`](super::compute): `rows.x` `[P, d]`; the output's arrays have P rows.
+/// As [`compute`]: `rows.x` `[P, d]`; the output's arrays have P rows.
 pub fn compute_blocked(
     manifest: &Manifest,
     train: &crate::data::Dataset,
@@ -164,7 +164,7 @@ pub fn compute_blocked(
     Ok((out, plan))
 }
 
-/// [`compute`](super::compute) over blocks of `block_rows` row points, concatenated. One block
+/// [`compute`] over blocks of `block_rows` row points, concatenated. One block
 /// (`block_rows >= P`) is `compute` itself.
 ///
 /// # Panics
@@ -185,7 +185,7 @@ pub fn compute_in_blocks(
 pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
 
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
-/// `compute_block(points, progress)` computes one block (e.g. [`compute`](super::compute) or a
+/// `compute_block(points, progress)` computes one block (e.g. [`compute`] or a
 /// variant that loads optimizer state); all blocks must use the same request. One block
 /// (`block_rows >= P`) is a single call on `rows`.
 ///

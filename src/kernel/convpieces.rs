@@ -30,7 +30,7 @@
 //! the gradient evaluations this path reports) and updated at each kink by the units that
 //! switch (`K·ne` per unit); the rest is forward-only work per piece.
 
-use super::convgram::{CnnStep, SideFactors};
+use super::convstep::{CnnStep, SideFactors};
 use super::quadrature::gauss_legendre_01;
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;

@@ -149,9 +149,9 @@ pub fn compute_in(run: &crate::trajectory::Run, states: &[Params], rows: &Points
 /// Which Gram path a CNN takes (MLPs always take the structured one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GramPath {
-    /// The structured path ([`convgram`] for CNNs); any quadrature rule.
+    /// The structured path ([`super::convgram`] for CNNs); any quadrature rule.
     Fast,
-    /// The generic autodiff path ([`generic`], the reference); fixed rules only.
+    /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
     Generic,
 }
 

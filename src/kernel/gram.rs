@@ -54,7 +54,7 @@ pub fn scratch_bytes_per_point(widths: &[usize], m: usize, k: usize) -> usize {
 /// Accumulates `Σ_s K_s` over steps in one [`Layout`].
 ///
 /// Memory: the Gram itself, the layer-0 scale `x_p·x_i + 1` (`[P, M]`) and a scratch block of
-/// at most [`BLOCK_BYTES`] (plus the training factors of the current step).
+/// at most `BLOCK_BYTES` (16 MiB), plus the training factors of the current step.
 pub struct GramAccumulator {
     p: usize,
     m: usize,
@@ -222,7 +222,7 @@ impl GramAccumulator {
     }
 
     /// [`GramAccumulator::add_step`] for a one-hidden-layer network whose rows' side is already
-    /// integrated over the step ([`super::mlppieces`]): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
+    /// integrated over the step (`kernel::mlppieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
     /// the output layer's `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`) of the row points `points`;
     /// `train` are the training points' factors of both layers.
     ///

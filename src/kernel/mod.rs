@@ -22,6 +22,7 @@ pub mod blocked;
 pub mod columns;
 pub mod convgram;
 mod convpieces;
+mod convstep;
 mod driver;
 pub mod eval;
 pub mod generic;

@@ -296,7 +296,7 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Optio
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
     if !s.structured {
         // Other architectures (the CNN): dense Jacobians at each node; the auto rule's nodes come
-        // from the CNN's kinks and forward-mode derivative (convgram::CnnStep).
+        // from the CNN's kinks and forward-mode derivative (convstep::CnnStep).
         let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
             Some(nodes) => {
                 let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat_n(pi, nodes.len())).collect();
@@ -305,7 +305,7 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Optio
                 (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
             }
             None => {
-                let st = super::convgram::CnnStep::new(arch, state, next)?;
+                let st = super::convstep::CnnStep::new(arch, state, next)?;
                 let c = super::choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }

@@ -162,6 +162,7 @@
 //! `--dependency=afterok:<array job>`; the ids are printed and kept in `OUT/slurm/jobs.json`.
 
 mod compare;
+mod crc;
 mod exec;
 mod format;
 mod merge;
@@ -170,7 +171,8 @@ mod slurm;
 
 pub use compare::{compare_dirs, ArrayDiff};
 pub use exec::{run_tile, tile_states, RunOutcome, TileState};
-pub use format::{crc32, read_header, read_tile, tile_path, write_tile, Crc32, Tile, TileHeader, TileProblem, TILE_FORMAT, TILE_VERSION};
+pub use crc::{crc32, Crc32};
+pub use format::{read_header, read_tile, tile_path, write_tile, Tile, TileHeader, TileProblem, TILE_FORMAT, TILE_VERSION};
 pub use merge::{check_all_present, merge, merge_output, merged_dir, TiledGram};
 pub use plan::{make_plan, steps_separable, Pilot, Plan, PlanInput, PlanRequest, TileEntry, Tiling, PLAN_FORMAT, PLAN_VERSION};
 pub use slurm::{submit, write_scripts, SlurmOptions, SlurmScripts, Submitted};

@@ -11,7 +11,7 @@ use crate::kernel::{self, KernelForm, KernelKind, KernelRequest, Layout, Options
 use crate::model::Params;
 use crate::trajectory::Run;
 
-use super::format::crc32_f64;
+use super::crc::crc32_f64;
 
 /// Format name of `plan.json`.
 pub const PLAN_FORMAT: &str = "pathkernel-tile-plan";
