@@ -86,6 +86,22 @@ impl Trained {
     /// dir` ([`import_torch`]). Every recorded update is checked against `−ε_s ∇L_{B_s}(w_s)`
     /// recomputed here (relative tolerance 1e-9); the largest difference shows in `Display`.
     ///
+    /// # Example
+    ///
+    /// ```
+    /// # use pathkernel::api::*;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// // A 2-6-2 ReLU MLP, 20 SGD steps of batch 8 on 24 points, recorded in PyTorch.
+    /// let net = Trained::import_torch("tests/data/torch-trajectory", dir.path().join("run"))?;
+    /// println!("{net}");                                  // steps, loss, recorded vs recomputed
+    /// assert!(net.imported().unwrap().max_update_rel_diff < 1e-12);
+    /// let epk = net.epk().per_step().compute()?;          // SGD: a_{i,s} changes with the batch
+    /// assert!(epk.max_abs_error() < 1e-10);               // the machine is the PyTorch network
+    /// let who = epk.attribute(&[0], 3)?;                  // per-step (ensemble) attribution
+    /// # Ok(()) }
+    /// ```
+    ///
     /// Errors: every refusal of [`import_torch`] (an optimizer other than GD/SGD, missing or
     /// non-contiguous steps, changed shapes, an update beyond the tolerance, naming the step).
     pub fn import_torch(recording: impl AsRef<Path>, dir: impl AsRef<Path>) -> Result<Trained> {

@@ -4,17 +4,7 @@
 //! and its charts drawn from the per-point predictions (reliability diagrams, a metric against
 //! the rotation angle) as inline [`Chart`]s.
 //!
-//! ```no_run
-//! # use pathkernel::api::*;
-//! # fn main() -> pathkernel::Result<()> {
-//! let uq = UqReport::open("reports/mnist-uncertainty")?;
-//! let best = uq.best("fsl-", "rot-60", Metric::Nll)?;    // lowest rot-60 NLL of the fsl-* methods
-//! let methods = ["map".to_string(), "temperature".into(), "laplace".into(), best];
-//! println!("{}", uq.table(&methods, Metric::Nll)?);        // methods × settings
-//! let rel = uq.reliability("clean", &methods)?;          // one panel per method
-//! let nll = uq.vs_angle(Metric::Nll, &methods)?;         // one line per method
-//! # Ok(()) }
-//! ```
+//! [`UqReport`] has an example.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -27,6 +17,25 @@ use crate::uncertainty::report::{self, MethodPrediction, Metric, MetricValue, Se
 use crate::uncertainty::summary::{ABLATIONS, METHODS};
 
 /// An uncertainty benchmark report read back from its directory.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let uq = UqReport::open("reports/mnist-uncertainty")?;  // the committed MNIST benchmark
+/// println!("{uq}");                                        // settings, methods, the rescoring
+/// assert_eq!(uq.rescore_max_diff(), 0.0);                  // metrics.parquet = the predictions' scores
+/// let best = uq.best("fsl-", "rot-60", Metric::Nll)?;      // lowest rot-60 NLL of the fsl-* methods
+/// let methods = ["map".to_string(), "temperature".into(), "laplace".into(), best];
+/// let nll = uq.table(&methods, Metric::Nll)?;              // a MetricTable: methods × settings
+/// println!("{nll}");
+/// assert_eq!(nll.get("map", "clean"), uq.metric("map", "clean", Metric::Nll));
+/// let rel = uq.reliability("clean", &methods)?;           // one panel per method
+/// let curve = uq.vs_angle(Metric::Nll, &methods)?;        // one line per method
+/// assert!(rel.png().starts_with(b"\x89PNG") && curve.width() > 0);
+/// # Ok(()) }
+/// ```
 ///
 /// The settings come from `predictions.parquet`: their order is that of the file (the first
 /// method's rows), `clean` is the clean setting, a setting whose labels are all −1 is
@@ -243,7 +252,21 @@ impl fmt::Display for UqReport {
     }
 }
 
-/// One metric of some methods in some settings ([`UqReport::table`]).
+/// One metric of some methods in some settings ([`UqReport::table`]); `Display` is a
+/// fixed-width table and evcxr shows an HTML one, the best value of each column marked.
+///
+/// # Example
+///
+/// ```
+/// # use pathkernel::api::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let uq = UqReport::open("reports/mnist-uncertainty")?;
+/// let ece = uq.table(&["map", "temperature"], Metric::Ece)?;
+/// assert_eq!(ece.settings[0], "clean");                     // the labelled settings, in order
+/// assert_eq!(ece.values.len(), 2);                          // [methods][settings]
+/// println!("{ece}");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetricTable {
     /// The metric.
