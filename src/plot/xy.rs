@@ -263,7 +263,7 @@ fn scatter(
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.label.is_empty())
-        .map(|(i, s)| (s.label.clone(), TAB10[i % TAB10.len()], i))
+        .map(|(i, s)| (s.label.clone(), TAB10[i % TAB10.len()], scatter_shape(i)))
         .collect();
     if diagonal {
         entries.push(("y = x".into(), RGBColor(90, 90, 90), usize::MAX));
@@ -292,7 +292,7 @@ fn scatter(
         for (i, sp) in pts.iter().enumerate() {
             let color = TAB10[i % TAB10.len()];
             for p in sp {
-                draw_marker(pa, *p, i, radius, color, mix(color, BLACK, 0.45))?;
+                draw_marker(pa, *p, scatter_shape(i), radius, color, mix(color, BLACK, 0.45))?;
             }
         }
         let (_, yr) = pa.get_pixel_range();
@@ -318,4 +318,11 @@ fn scatter(
             },
         )
     })
+}
+
+/// The marker shape of scatter series `i`: shapes cycle by 5 and colours by 10, so from the 11th
+/// series on the shape shifts by one per round of colours and no two of the first 50 series look
+/// alike.
+fn scatter_shape(i: usize) -> usize {
+    i + i / TAB10.len()
 }

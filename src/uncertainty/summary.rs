@@ -30,6 +30,23 @@ pub const ABLATIONS: [(&str, &str); 3] = [
     ("ntk-gp-netmean", "NTK-GP variance around the network's outputs"),
 ];
 
+/// The function-space Laplace predictives drawn beside the protocol's methods against the angle.
+const ANGLE_FSL: [(&str, &str); 2] = [("fsl-epk-full", "FSL on the EPK, full Λ (δ by evidence)"), ("fsl-epk-diag-T", "FSL on the EPK, diagonal, validation T")];
+
+/// The legend entry of a method on the frontier chart: the protocol's methods by name, the
+/// kernel GPs together, function-space Laplace per kernel and with or without a validation fit.
+fn frontier_family(m: &str) -> String {
+    if let Some(rest) = m.strip_prefix("fsl-") {
+        let kernel = rest.split('-').next().unwrap_or(rest);
+        let calibrated = m.ends_with("-T") || m.ends_with("-Ts") || m.ends_with("-grid");
+        return format!("FSL on {kernel}: {}", if calibrated { "validation-fitted (T, Ts, grid)" } else { "δ by evidence (probit, MC)" });
+    }
+    if METHODS.iter().any(|(x, _)| *x == m) && !m.ends_with("-gp") {
+        return display_name(m);
+    }
+    "kernel GPs (regression; netmean, sym)".to_string()
+}
+
 /// The protocol's methods present in the results, in table order.
 fn methods(r: &UqStudyReport) -> Vec<(String, String)> {
     let present = r.results.methods();
@@ -472,24 +489,35 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         }
         Chart::reliability(&format!("Reliability diagrams, {}", setting_title(r, st)), &panels)?.save(&dir.join(format!("reliability_{st}.png")))?;
     }
-    // The frontier: clean NLL against rot-60 NLL for every method.
+    // The frontier: clean NLL against rot-60 NLL for every method, one series per family so
+    // that the legend stays readable (the values of every method are in the tables).
     if res.settings.iter().any(|x| x.name == "rot-60") {
-        let all = res.methods();
-        let series: Vec<Series> = all
-            .iter()
-            .filter_map(|m| {
-                let (a, b) = (res.metric(m, "clean", Metric::Nll)?, res.metric(m, "rot-60", Metric::Nll)?);
-                Some(Series::new(display_name(m), vec![a], vec![b]))
-            })
-            .collect();
+        let mut families: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+        for m in res.methods() {
+            let (Some(a), Some(b)) = (res.metric(m, "clean", Metric::Nll), res.metric(m, "rot-60", Metric::Nll)) else { continue };
+            let family = frontier_family(m);
+            match families.iter_mut().find(|f| f.0 == family) {
+                Some(f) => {
+                    f.1.push(a);
+                    f.2.push(b);
+                }
+                None => families.push((family, vec![a], vec![b])),
+            }
+        }
+        let series: Vec<Series> = families.into_iter().map(|(n, x, y)| Series::new(n, x, y)).collect();
         if !series.is_empty() {
             Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series, false)?.save(&dir.join("frontier.png"))?;
         }
     }
     // Metrics against the angle.
     let labelled: Vec<(f64, &str)> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| (angle(&x.name).unwrap_or(0.0), x.name.as_str())).collect();
+    // The protocol's methods and the two EPK function-space Laplace predictives fixed in advance
+    // (δ by the evidence with the full curvature; validation temperature, class-diagonal).
+    let present = res.methods();
+    let mut lines = ms.clone();
+    lines.extend(ANGLE_FSL.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())));
     for (metric, file, label) in [(Metric::Nll, "nll_vs_angle.png", "mean NLL"), (Metric::Ece, "ece_vs_angle.png", "ECE (15 bins)"), (Metric::Accuracy, "accuracy_vs_angle.png", "accuracy (fraction)")] {
-        let series: Vec<Series> = ms
+        let series: Vec<Series> = lines
             .iter()
             .map(|(m, n)| Series::new(n.clone(), labelled.iter().map(|a| a.0).collect(), labelled.iter().map(|a| res.metric(m, a.1, metric).unwrap_or(f64::NAN)).collect()))
             .collect();
@@ -551,5 +579,22 @@ fn metric_title(m: Metric) -> &'static str {
         Metric::Ece => "ECE",
         Metric::AurocMsp => "AUROC (max probability)",
         Metric::AurocVariance => "AUROC (logit variance)",
+    }
+}
+
+#[cfg(test)]
+mod frontier_tests {
+    use super::frontier_family;
+
+    #[test]
+    fn frontier_families_group_methods_by_kernel_and_fit() {
+        assert_eq!(frontier_family("map"), "MAP softmax");
+        assert_eq!(frontier_family("laplace"), "last-layer Laplace");
+        assert_eq!(frontier_family("epk-gp"), "kernel GPs (regression; netmean, sym)");
+        assert_eq!(frontier_family("window50-gp-netmean"), "kernel GPs (regression; netmean, sym)");
+        assert_eq!(frontier_family("fsl-epk-full"), "FSL on epk: δ by evidence (probit, MC)");
+        assert_eq!(frontier_family("fsl-epk-diag-mc"), "FSL on epk: δ by evidence (probit, MC)");
+        assert_eq!(frontier_family("fsl-window50-diag-grid"), "FSL on window50: validation-fitted (T, Ts, grid)");
+        assert_eq!(frontier_family("fsl-ntk-full-Ts"), "FSL on ntk: validation-fitted (T, Ts, grid)");
     }
 }
