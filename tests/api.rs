@@ -198,3 +198,40 @@ fn explicit_inputs_and_bad_inputs() {
     let acc = net.test_accuracy().unwrap();
     assert!((0.0..=1.0).contains(&acc));
 }
+
+/// Function-space Laplace through the notebook API: the `full` and `diag` layouts of the same
+/// Gram give the same predictive; the model refuses Grams not on the logits, rows of another
+/// kernel, and a regression run; its δ by the evidence is the library's.
+#[test]
+fn function_space_laplace_on_grams() {
+    let (_dir, net) = trained();
+    let train = net.epk().train_side().logits().layout(Layout::Diag).compute().unwrap();
+    let train_full = net.epk().train_side().logits().compute().unwrap();
+    let rows = net.epk().logits().layout(Layout::Diag).compute().unwrap();
+    let rows_full = net.epk().logits().compute().unwrap();
+    for c in [Curvature::ClassDiagonal, Curvature::Full] {
+        let a = FslModel::fit(&net, &train, c, Prior::Evidence).unwrap();
+        let b = FslModel::fit(&net, &train_full, c, Prior::Evidence).unwrap();
+        assert!((a.delta() / b.delta() - 1.0).abs() < 1e-9, "δ {} vs {}", a.delta(), b.delta());
+        let (pa, pb) = (a.predict(&net, &rows).unwrap(), b.predict(&net, &rows_full).unwrap());
+        let diff = pa.probit().iter().zip(pb.probit()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(diff < 1e-9, "{c}: diag vs full layout {diff:e}");
+        assert!(pa.variance().iter().all(|v| *v >= 0.0) && pa.variance().iter().any(|v| *v > 0.0));
+        // The mean is the network's logits.
+        assert_eq!(&pa.posterior().mean, &rows.output().network);
+        let labels: Vec<usize> = (0..rows.shape().0).map(|q| pa.probit()[q * 3..q * 3 + 3].iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect();
+        let cal = pa.calibrate(&labels).unwrap();
+        assert!(cal.temperature > 0.0 && cal.val_nll.is_finite());
+        assert_eq!(pa.probit_calibrated(&cal).len(), pa.probit().len());
+    }
+    let fsl = FslModel::fit(&net, &train, Curvature::Full, Prior::Fixed(2.0)).unwrap();
+    assert_eq!(fsl.delta(), 2.0);
+    // Refused: log-softmax outputs, test-side rows as the training Gram, another kernel's rows.
+    let logsm = net.epk().train_side().layout(Layout::Diag).compute().unwrap();
+    let e = FslModel::fit(&net, &logsm, Curvature::Full, Prior::Evidence).unwrap_err().to_string();
+    assert!(e.contains("not on the logits"), "{e}");
+    assert!(FslModel::fit(&net, &rows, Curvature::Full, Prior::Evidence).is_err());
+    let ntk_rows = net.ntk().logits().layout(Layout::Diag).compute().unwrap();
+    let e = fsl.predict(&net, &ntk_rows).unwrap_err().to_string();
+    assert!(e.contains("cannot predict"), "{e}");
+}

@@ -37,12 +37,15 @@
 mod files;
 mod fit;
 mod gram;
+mod laplace;
 mod rows;
 mod trained;
 mod uqreport;
 
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
 pub use gram::{from_nalgebra, Gram, ToNalgebra};
+pub use laplace::{FslModel, FslPrediction};
+pub use crate::gp::{Calibration, Curvature, Prior};
 /// nalgebra itself, for its other types.
 pub use nalgebra;
 /// The matrix [`ToNalgebra::to_nalgebra`] returns (a name evcxr can give a cell's variable).

@@ -8,7 +8,7 @@ use super::gram::Gram;
 use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::interop::{import_torch, ImportOptions, ImportSummary};
-use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Points, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, PointsSpec, Rule, Side};
 use crate::model::Params;
 use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
 use crate::trajectory::Run;
@@ -231,6 +231,7 @@ pub struct KernelBuilder<'a> {
     rows: Rows,
     inputs: Option<Points>,
     layout: Layout,
+    outputs: Outputs,
     memory_budget: u64,
     progress: Option<Progress<'a>>,
 }
@@ -256,6 +257,7 @@ impl<'a> KernelBuilder<'a> {
             rows: Rows::Test,
             inputs: None,
             layout: Layout::Full,
+            outputs: Outputs::Network,
             memory_budget: u64::MAX,
             progress: None,
         }
@@ -315,6 +317,12 @@ impl<'a> KernelBuilder<'a> {
         self.req.steps = Some((a, b));
         self
     }
+    /// The kernel on a classifier's logits instead of its log-softmax outputs (plain gradient
+    /// steps; the machine then reproduces the logits): what [`super::FslModel`] needs.
+    pub fn logits(mut self) -> Self {
+        self.outputs = Outputs::Logits;
+        self
+    }
     /// Keep every per-step Gram `K_s` (needed for attribution when `a_{i,s}` varies by step).
     pub fn per_step(mut self) -> Self {
         self.req.per_step = true;
@@ -356,7 +364,7 @@ impl<'a> KernelBuilder<'a> {
             (Rows::ClassMeans, _) => PointsSpec::ClassMeans.resolve(ds)?,
             (Rows::Inputs, None) => return Err(Error::Config("no inputs given".into())),
         };
-        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
+        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, outputs: self.outputs, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
         Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
     }
 }
