@@ -1,6 +1,8 @@
-//! The notebook front door: a trained run ([`Trained`]), its kernels as typed values ([`Gram`])
-//! and the estimators that take them ([`GpModel`], [`SvmModel`], [`Gram::attribute`]). Each
-//! step is one or two lines in an evcxr cell and every value displays as a compact table.
+//! The notebook front door: a trained run ([`Trained`]: trained here, opened, or imported from a
+//! PyTorch recording), its kernels as typed values ([`Gram`]) and the estimators that take them
+//! ([`GpModel`], [`SvmModel`], [`Gram::attribute`]); and an uncertainty benchmark's report read
+//! back ([`UqReport`]: metric tables, reliability diagrams, a metric against the rotation angle).
+//! Each step is one or two lines in an evcxr cell and every value displays as a compact table.
 //!
 //! The path of the notebooks, on a run small enough for a doctest (`Trained::open(dir)?` opens
 //! one that `pathkernel train` recorded):
@@ -38,6 +40,7 @@ mod gram;
 mod laplace;
 mod rows;
 mod trained;
+mod uqreport;
 
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
 pub use gram::{from_nalgebra, Gram, ToNalgebra};
@@ -57,13 +60,16 @@ pub use nalgebra;
 pub type DMatrix = nalgebra::DMatrix<f64>;
 pub use rows::Rows;
 pub use trained::{KernelBuilder, Trained};
+pub use uqreport::{MetricTable, UqReport};
 
 pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};
 pub use crate::kernel::{KernelKind, Layout, Rule, Side};
-pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, ReliabilityPanel, Scale, Series};
+pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, Overlay, ReliabilityPanel, Scale, Series};
 pub use crate::analysis::{Stationarity, StationarityOptions};
 pub use crate::svm::SvmParams;
+pub use crate::interop::ImportSummary;
+pub use crate::uncertainty::Metric;
 
 /// evcxr shows a cell's value with its `evcxr_display` method when it has one, else with
 /// `Debug` (for these types, every weight and Gram entry): each gets its `Display` table.

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::gram::Gram;
 use super::rows::Rows;
 use crate::error::{Error, Result};
+use crate::interop::{import_torch, ImportOptions, ImportSummary};
 use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, PointsSpec, Rule, Side};
 use crate::model::Params;
 use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
@@ -50,6 +51,7 @@ pub struct Trained {
     run: Run,
     states: Vec<Params>,
     summary: Option<TrainSummary>,
+    imported: Option<ImportSummary>,
 }
 
 impl Trained {
@@ -75,7 +77,38 @@ impl Trained {
     pub fn open(dir: impl AsRef<Path>) -> Result<Trained> {
         let run = Run::open(dir.as_ref())?;
         let states = run.load_all()?;
-        Ok(Trained { run, states, summary: None })
+        Ok(Trained { run, states, summary: None, imported: None })
+    }
+
+    /// Imports a trajectory recorded by a PyTorch training loop (`scripts/record_torch_trajectory.py`:
+    /// `recording/trajectory.json`, one `state_dict` per step, `data.safetensors`) as a run in
+    /// `dir` (replacing a run there) and opens it: `pathkernel import --from torch recording --out
+    /// dir` ([`import_torch`]). Every recorded update is checked against `−ε_s ∇L_{B_s}(w_s)`
+    /// recomputed here (relative tolerance 1e-9); the largest difference shows in `Display`.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use pathkernel::api::*;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// // A 2-6-2 ReLU MLP, 20 SGD steps of batch 8 on 24 points, recorded in PyTorch.
+    /// let net = Trained::import_torch("tests/data/torch-trajectory", dir.path().join("run"))?;
+    /// println!("{net}");                                  // steps, loss, recorded vs recomputed
+    /// assert!(net.imported().unwrap().max_update_rel_diff < 1e-12);
+    /// let epk = net.epk().per_step().compute()?;          // SGD: a_{i,s} changes with the batch
+    /// assert!(epk.max_abs_error() < 1e-10);               // the machine is the PyTorch network
+    /// let who = epk.attribute(&[0], 3)?;                  // per-step (ensemble) attribution
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: every refusal of [`import_torch`] (an optimizer other than GD/SGD, missing or
+    /// non-contiguous steps, changed shapes, an update beyond the tolerance, naming the step).
+    pub fn import_torch(recording: impl AsRef<Path>, dir: impl AsRef<Path>) -> Result<Trained> {
+        let summary = import_torch(recording.as_ref(), dir.as_ref(), &ImportOptions { force: true, ..ImportOptions::default() })?;
+        let mut t = Trained::open(dir)?;
+        t.imported = Some(summary);
+        Ok(t)
     }
 
     /// The run on disk (manifest, dataset).
@@ -93,6 +126,11 @@ impl Trained {
     /// The training summary, when this value trained the run.
     pub fn summary(&self) -> Option<&TrainSummary> {
         self.summary.as_ref()
+    }
+    /// What the import found (steps, loss, the largest recorded-vs-recomputed update
+    /// difference), when this value imported the run ([`Trained::import_torch`]).
+    pub fn imported(&self) -> Option<&ImportSummary> {
+        self.imported.as_ref()
     }
 
     /// The network `f_{w_N}` at inputs `x`. # Shapes `x: [P, d]`, returns `[P, K]`.
@@ -148,6 +186,9 @@ impl AsRef<Run> for Trained {
 impl fmt::Display for Trained {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(s) = &self.summary {
+            return write!(f, "{s}");
+        }
+        if let Some(s) = &self.imported {
             return write!(f, "{s}");
         }
         let ds = &self.run.dataset;
@@ -325,5 +366,46 @@ impl<'a> KernelBuilder<'a> {
         };
         let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, outputs: self.outputs, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
         Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed recording (`tests/data/torch-trajectory/`: a 2-6-2 ReLU MLP, 20 SGD steps
+    /// of batch 8 on 24 two-moons points, made by `scripts/record_torch_trajectory.py`).
+    fn recording() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch-trajectory")
+    }
+
+    #[test]
+    fn import_torch_opens_the_recorded_run_and_its_epk_reproduces_the_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run");
+        let net = Trained::import_torch(recording(), &out).unwrap();
+        assert_eq!(net.states().len(), 21);
+        assert_eq!(net.run().dataset.n_train(), 24);
+        let s = net.imported().expect("import summary");
+        assert_eq!((s.steps, s.optimizer.as_str()), (20, "sgd"));
+        assert!(s.max_update_rel_diff <= 1e-12, "{:e}", s.max_update_rel_diff);
+        assert!(net.summary().is_none());
+        let text = net.to_string();
+        assert!(text.starts_with("imported 20 sgd steps") && text.contains("max relative difference"), "{text}");
+        // The SGD batches make a_{i,s} vary by step: the per-step Grams carry the attribution.
+        let epk = net.epk().per_step().compute().unwrap();
+        assert!(epk.max_abs_error() <= 1e-10, "{:e}", epk.max_abs_error());
+        assert!(!epk.constant_a());
+        let at = epk.attribute(&[0], 3).unwrap();
+        assert!(at.items.iter().all(|a| a.residual.abs() <= 1e-10), "{at}");
+        // Importing again replaces the run; a reopened run has no import summary.
+        Trained::import_torch(recording(), &out).unwrap();
+        assert!(Trained::open(&out).unwrap().imported().is_none());
+        // A refused recording is an error and writes nothing.
+        let bad = dir.path().join("bad");
+        std::fs::create_dir_all(&bad).unwrap();
+        let e = Trained::import_torch(&bad, dir.path().join("other")).unwrap_err().to_string();
+        assert!(e.contains("trajectory.json"), "{e}");
+        assert!(!dir.path().join("other").exists());
     }
 }
