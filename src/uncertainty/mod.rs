@@ -40,6 +40,7 @@ pub mod ensemble;
 pub mod kernel_gp;
 
 pub mod metrics;
+pub mod record;
 pub mod report;
 pub mod shift;
 pub mod study;

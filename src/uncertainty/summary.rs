@@ -10,7 +10,7 @@ use crate::plot::{BarSeries, Chart, ImageTile, ReliabilityPanel, Scale, Series};
 
 use super::metrics::{self, ECE_BINS};
 use super::report::{Metric, SettingKind};
-use super::study::UqStudyReport;
+use super::record::UqStudyReport;
 use super::Setting;
 
 /// The protocol's methods in table order, with their display names.
