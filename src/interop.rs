@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, Targets};
 use crate::error::{Error, Result};
-use crate::io::{self, Column, SafeFile, StagedDir, Table};
+use crate::io::{self, SafeFile, StagedDir};
 use crate::model::net::{LossKind, Objective};
 use crate::model::torch::{self, ExportSource};
 use crate::model::{Activation, Architecture, Body, OutputKind};
@@ -401,7 +401,7 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
     let dev = dfdx::tensor::Cpu::default();
     let full = Objective::new(dev.clone(), &arch, &data.x_train, labels, values, loss, None)?;
     let k = arch.outputs();
-    let mut log = TrainLogRows::default();
+    let mut log = crate::train::TrainLog::default();
     let (mut worst, mut worst_step) = (0.0f64, 0);
     for s in 0..=n {
         let lg = full.evaluate(&states[s]);
@@ -512,35 +512,4 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
         worst_step,
         loss: losses,
     })
-}
-
-/// The columns of `train_log.parquet`, as `train` writes them.
-#[derive(Default)]
-struct TrainLogRows {
-    step: Vec<i64>,
-    loss: Vec<f64>,
-    acc: Vec<f64>,
-    test_acc: Vec<f64>,
-    grad_norm: Vec<f64>,
-    weight_norm: Vec<f64>,
-}
-
-impl TrainLogRows {
-    fn push(&mut self, s: usize, loss: f64, acc: Option<f64>, test_acc: Option<f64>, g: f64, w: f64) {
-        self.step.push(s as i64);
-        self.loss.push(loss);
-        self.acc.push(acc.unwrap_or(f64::NAN));
-        self.test_acc.push(test_acc.unwrap_or(f64::NAN));
-        self.grad_norm.push(g);
-        self.weight_norm.push(w);
-    }
-    fn table(self) -> Table {
-        Table::new()
-            .with("step", Column::I64(self.step))
-            .with("loss", Column::F64(self.loss))
-            .with("accuracy", Column::F64(self.acc))
-            .with("test_accuracy", Column::F64(self.test_acc))
-            .with("grad_norm", Column::F64(self.grad_norm))
-            .with("weight_norm", Column::F64(self.weight_norm))
-    }
 }

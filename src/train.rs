@@ -800,7 +800,8 @@ impl TrainLog {
         Ok(TrainLog { step, loss: f("loss")?, acc: f("accuracy")?, test_acc: f("test_accuracy")?, grad_norm: f("grad_norm")?, weight_norm: f("weight_norm")? })
     }
 
-    fn push(&mut self, s: usize, loss: f64, acc: Option<f64>, test_acc: Option<f64>, g: f64, w: f64) {
+    /// Appends the row of step `s` (`None` accuracies are NaN).
+    pub(crate) fn push(&mut self, s: usize, loss: f64, acc: Option<f64>, test_acc: Option<f64>, g: f64, w: f64) {
         self.step.push(s as i64);
         self.loss.push(loss);
         self.acc.push(acc.unwrap_or(f64::NAN));
@@ -808,7 +809,8 @@ impl TrainLog {
         self.grad_norm.push(g);
         self.weight_norm.push(w);
     }
-    fn table(self) -> Table {
+    /// The columns of `train_log.parquet`.
+    pub(crate) fn table(self) -> Table {
         Table::new()
             .with("step", Column::I64(self.step))
             .with("loss", Column::F64(self.loss))

@@ -62,6 +62,16 @@ fn class_blocks(g: &Gram) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// The class blocks `[K, P, M]` and the rows' self-kernel `[K, P]` of a rows Gram.
+fn row_blocks(g: &Gram) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (p, _, k) = g.shape();
+    let mut k_diag = Vec::with_capacity(k * p);
+    for c in 0..k {
+        k_diag.extend(g.self_kernel(c)?);
+    }
+    Ok((class_blocks(g)?, k_diag))
+}
+
 /// Refuses a Gram whose outputs are not the network's logits at its rows.
 fn check_logits(net: &Trained, g: &Gram, what: &str) -> Result<()> {
     if g.run_id() != net.run().manifest.run_id {
@@ -105,13 +115,8 @@ impl FslModel {
             return Err(Error::Config(format!("a fit on the {} of run {} cannot predict from {} rows of run {}", self.kind, self.run_id, rows.kind(), rows.run_id())));
         }
         check_logits(net, rows, "rows'")?;
-        let (p, _, k) = rows.shape();
-        let k_cross = class_blocks(rows)?;
-        let mut k_diag = Vec::with_capacity(k * p);
-        for c in 0..k {
-            k_diag.extend(rows.self_kernel(c)?);
-        }
-        let r = FslRows { k_cross: &k_cross, k_diag: &k_diag, mean: &rows.output().network, p };
+        let (k_cross, k_diag) = row_blocks(rows)?;
+        let r = FslRows { k_cross: &k_cross, k_diag: &k_diag, mean: &rows.output().network, p: rows.shape().0 };
         Ok(FslPrediction { pred: self.fsl.predict(&r)? })
     }
 
@@ -121,13 +126,8 @@ impl FslModel {
     /// Errors: as [`FslModel::predict`], and labels not matching the rows.
     pub fn grid_search(&mut self, net: &Trained, val: &Gram, labels: &[usize]) -> Result<Vec<(f64, f64)>> {
         check_logits(net, val, "validation")?;
-        let (p, _, k) = val.shape();
-        let k_cross = class_blocks(val)?;
-        let mut k_diag = Vec::with_capacity(k * p);
-        for c in 0..k {
-            k_diag.extend(val.self_kernel(c)?);
-        }
-        let r = FslRows { k_cross: &k_cross, k_diag: &k_diag, mean: &val.output().network, p };
+        let (k_cross, k_diag) = row_blocks(val)?;
+        let r = FslRows { k_cross: &k_cross, k_diag: &k_diag, mean: &val.output().network, p: val.shape().0 };
         self.fsl.grid_search(&r, labels, -4.0, 4.0, 100)
     }
 

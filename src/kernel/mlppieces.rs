@@ -55,6 +55,29 @@ pub(crate) struct RowFactors {
     pub stats: Vec<PointStats>,
 }
 
+/// A view of [`RowFactors`], possibly of a range of its points.
+#[derive(Clone, Copy)]
+pub(crate) struct RowFactorsRef<'a> {
+    pub dbar: &'a [f64],
+    pub ab: &'a [f64],
+    pub diag: &'a [f64],
+    pub stats: &'a [PointStats],
+}
+
+impl<'a> From<&'a RowFactors> for RowFactorsRef<'a> {
+    fn from(r: &'a RowFactors) -> Self {
+        RowFactorsRef { dbar: &r.dbar, ab: &r.ab, diag: &r.diag, stats: &r.stats }
+    }
+}
+
+impl RowFactors {
+    /// The factors of the points `range` (K outputs, h hidden units, `ne` = h (+1 with bias)).
+    pub(crate) fn slice(&self, range: std::ops::Range<usize>, k: usize, h: usize, ne: usize) -> RowFactorsRef<'_> {
+        let (a, b) = (range.start, range.end);
+        RowFactorsRef { dbar: &self.dbar[a * k * h..b * k * h], ab: &self.ab[a * (k + 1) * ne..b * (k + 1) * ne], diag: &self.diag[a * k * k..b * k * k], stats: &self.stats[a..b] }
+    }
+}
+
 /// What one point's integration cost and measured.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct PointStats {

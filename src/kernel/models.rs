@@ -95,7 +95,7 @@ impl StepModel for MlpModel<'_> {
             let rf = mlppieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
             let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(arch.bias));
             let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
-            Some((rf.dbar, abar))
+            Some((rf, abar))
         } else {
             None
         };
@@ -104,7 +104,7 @@ impl StepModel for MlpModel<'_> {
             .iter()
             .enumerate()
             .map(|(l, layer)| match (&train_int, l) {
-                (Some((dbar, _)), 0) => LayerFactors { acts: &tr.acts[0], deltas: dbar, n_in: layer.n_in, n_out: layer.n_out },
+                (Some((rf, _)), 0) => LayerFactors { acts: &tr.acts[0], deltas: &rf.dbar, n_in: layer.n_in, n_out: layer.n_out },
                 (Some((_, abar)), _) => LayerFactors { acts: abar, deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
                 (None, _) => LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
             })
@@ -118,13 +118,21 @@ impl StepModel for MlpModel<'_> {
         if input.fixed.is_none() && mlppieces::applies(&step) {
             let h = step.layers[0].n_out;
             let ne = h + usize::from(arch.bias);
+            // The path kernel's training Gram: the rows are the training points, whose
+            // integrated factors were formed above; they are not integrated twice.
+            let rows_are_train = train_int.as_ref().filter(|_| rows.x == input.x_train).map(|t| &t.0);
             for c0 in (0..p).step_by(INTEGRATED_CHUNK_POINTS) {
                 let pc = INTEGRATED_CHUNK_POINTS.min(p - c0);
                 let xc = &rows.x[c0 * d..(c0 + pc) * d];
-                let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-                let first = step.first_layer(xc);
-                let rf = mlppieces::row_factors(&step, &first, xc, offc, input.tol_step, input.cosine);
-                acc.add_integrated(&rf.dbar, &rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
+                let own = match rows_are_train {
+                    Some(_) => None,
+                    None => {
+                        let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
+                        Some(mlppieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
+                    }
+                };
+                let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlppieces::RowFactorsRef::from);
+                acc.add_integrated(rf.dbar, rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
                 // Prediction ⟨∫∇f^k, v⟩: layer 0 as δ̄·(V_0 x̃), the output layer as
                 // α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]).
                 let mut xe = Vec::with_capacity(pc * (d + 1));
@@ -148,11 +156,11 @@ impl StepModel for MlpModel<'_> {
                     }
                 }
                 if input.self_kernel && input.train_integrated {
-                    add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], &rf.dbar, &rf.ab, xc, h, k, arch.bias, arch.alpha);
+                    add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, arch.bias, arch.alpha);
                 } else if input.self_kernel {
-                    diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
+                    diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
                 }
-                for st in &rf.stats {
+                for st in rf.stats {
                     stats.evaluations.push(mlppieces::EVALUATIONS);
                     stats.jvp_evaluations.push(0);
                     stats.pieces.push(st.pieces);
