@@ -30,7 +30,8 @@ pub const ABLATIONS: [(&str, &str); 3] = [
     ("ntk-gp-netmean", "NTK-GP variance around the network's outputs"),
 ];
 
-/// The function-space Laplace predictives drawn beside the protocol's methods against the angle.
+/// The function-space Laplace predictives drawn beside the protocol's methods in the reliability,
+/// angle and OOD charts.
 const ANGLE_FSL: [(&str, &str); 2] = [("fsl-epk-full", "FSL on the EPK, full Λ (δ by evidence)"), ("fsl-epk-diag-T", "FSL on the EPK, diagonal, validation T")];
 
 /// The legend entry of a method on the frontier chart: the protocol's methods by name, the
@@ -464,7 +465,11 @@ pub fn timings_markdown(r: &UqStudyReport) -> String {
 pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: &Path) -> Result<()> {
     io::create_dir_all(dir)?;
     let res = &r.results;
-    let ms = methods(r);
+    // The protocol's methods and the two EPK function-space Laplace predictives fixed in advance
+    // (δ by the evidence with the full curvature; validation temperature, class-diagonal).
+    let present = res.methods();
+    let mut lines = methods(r);
+    lines.extend(ANGLE_FSL.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())));
     let k = res.k;
     let find = |m: &str, st: &str| res.predictions.iter().find(|p| p.method == m && p.setting == st);
     // Reliability diagrams.
@@ -474,7 +479,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         let Some(info) = res.settings.iter().find(|x| &x.name == st) else { continue };
         let Some(y) = &info.labels else { continue };
         let mut panels = Vec::new();
-        for (m, n) in &ms {
+        for (m, n) in &lines {
             let Some(p) = find(m, st) else { continue };
             let bins = metrics::reliability(&p.probs, y, k, ECE_BINS)?;
             let mut edges: Vec<f64> = bins.iter().map(|b| b.lo).collect();
@@ -511,11 +516,6 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
     }
     // Metrics against the angle.
     let labelled: Vec<(f64, &str)> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| (angle(&x.name).unwrap_or(0.0), x.name.as_str())).collect();
-    // The protocol's methods and the two EPK function-space Laplace predictives fixed in advance
-    // (δ by the evidence with the full curvature; validation temperature, class-diagonal).
-    let present = res.methods();
-    let mut lines = ms.clone();
-    lines.extend(ANGLE_FSL.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())));
     for (metric, file, label) in [(Metric::Nll, "nll_vs_angle.png", "mean NLL"), (Metric::Ece, "ece_vs_angle.png", "ECE (15 bins)"), (Metric::Accuracy, "accuracy_vs_angle.png", "accuracy (fraction)")] {
         let series: Vec<Series> = lines
             .iter()
@@ -529,12 +529,12 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         let mut groups = Vec::new();
         let mut cols: Vec<(String, Metric)> = Vec::new();
         for st in &ood {
-            for (x, xn) in [(Metric::AurocMsp, "max probability"), (Metric::AurocVariance, "logit variance")] {
+            for (x, xn) in [(Metric::AurocMsp, "max prob."), (Metric::AurocVariance, "variance")] {
                 groups.push(format!("{st}: {xn}"));
                 cols.push((st.to_string(), x));
             }
         }
-        let series: Vec<BarSeries> = ms
+        let series: Vec<BarSeries> = lines
             .iter()
             .map(|(m, n)| BarSeries { label: n.clone(), values: cols.iter().map(|(st, x)| res.metric(m, st, *x).unwrap_or(f64::NAN)).collect() })
             .collect();
