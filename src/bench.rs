@@ -539,7 +539,7 @@ pub fn gemm_rate(n: usize, repeat: usize) -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..repeat.max(1) {
         let t0 = Instant::now();
-        kernel::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
+        crate::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
         best = best.min(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&c);

@@ -35,7 +35,7 @@ use super::convpieces::{self, Measure};
 pub use super::convstep::CnnStep;
 use super::convstep::SideFactors;
 use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
 use crate::model::{Architecture, Params};
 

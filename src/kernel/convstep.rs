@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use super::nodes;
 use super::AlongPath;
 use crate::error::{Error, Result};

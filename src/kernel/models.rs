@@ -144,7 +144,7 @@ impl StepModel for MlpModel<'_> {
                 }
                 let de = d + usize::from(arch.bias);
                 let mut vx = vec![0.0; pc * h];
-                super::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
+                crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
                 for pl in 0..pc {
                     let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
                     let v1 = &v[1];

@@ -29,7 +29,7 @@ use std::time::Instant;
 use super::eval::{Evals, MlpStep};
 use super::gram::{train_acts_ext, LayerFactors};
 use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use super::{auto_nodes, fixed_nodes, generic, loss_gradient, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput, KernelRequest, Points, StepRecord};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
