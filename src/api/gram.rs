@@ -247,7 +247,7 @@ impl Gram {
             )));
         }
         if self.rows != Rows::Train {
-            return Err(Error::Config(format!("{what} needs a train × train Gram (`.train_side()`); these rows are {}", self.rows)));
+            return Err(Error::Config(format!("{what} needs a train × train Gram (`.train_side()`); these rows are {}", self.rows.describe())));
         }
         Ok(())
     }
@@ -281,7 +281,7 @@ impl Gram {
     /// Errors: rows that are not a grid; `values` not one per grid point.
     pub fn on_grid(&self, values: Vec<f64>) -> Result<crate::plot::Grid2d> {
         let Rows::Grid(n) = self.rows else {
-            return Err(Error::Config(format!("values on a grid need a grid Gram (`.grid(n)`); these rows are {}", self.rows)));
+            return Err(Error::Config(format!("values on a grid need a grid Gram (`.grid(n)`); these rows are {}", self.rows.describe())));
         };
         if values.len() != n * n || self.points.dim != 2 || n < 2 {
             return Err(Error::ShapeMismatch { what: "values on the grid".into(), expected: vec![n * n], got: vec![values.len()] });
@@ -387,7 +387,7 @@ impl fmt::Display for Gram {
             (Side::Train, _) => "train (gradients at t = 0)",
         };
         let shape = self.layout().shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" × ");
-        writeln!(f, "Gram {} · {} rows × {m} training points · {k} outputs", self.kind(), self.rows)?;
+        writeln!(f, "Gram {} · {} rows × {m} training points · {k} outputs", self.kind(), self.rows.describe())?;
         writeln!(f, "  side        {side}")?;
         writeln!(f, "  quadrature  {}", e.quadrature)?;
         writeln!(f, "  layout      {} [{shape}]", self.layout())?;

@@ -19,7 +19,8 @@ use super::eval::MlpStep;
 use super::gram::{self, GramAccumulator, LayerFactors};
 use super::mlppieces::{self, dot};
 use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
-use super::{generic, Points};
+use super::generic;
+use super::types::Points;
 use crate::error::Result;
 use crate::model::{Architecture, Params};
 

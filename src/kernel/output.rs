@@ -17,7 +17,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{KernelOutput, Points};
+use super::layout::Layout;
+use super::quadrature::Rule;
+use super::types::{max_abs, max_abs_diff, KernelOutput, Points};
 use crate::error::Result;
 use crate::io::{self, Column, NamedArray, Table};
 
@@ -78,7 +80,7 @@ pub struct Exactness {
     /// Which blocks `gram.safetensors` holds (`full` `[P, M, K, K]`, `diag` `[P, M, K]`,
     /// `trace` `[P, M]`).
     #[serde(default)]
-    pub layout: super::Layout,
+    pub layout: Layout,
 }
 
 fn default_form() -> String {
@@ -114,7 +116,7 @@ impl Exactness {
             single_machine_max_abs_error: o
                 .single_machine
                 .as_ref()
-                .map(|s| super::max_abs_diff(s, &o.network)),
+                .map(|s| max_abs_diff(s, &o.network)),
             evaluations_per_step: EvalStats {
                 mean: o.mean_evaluations(),
                 max: o.max_evaluations(),
@@ -122,11 +124,11 @@ impl Exactness {
             },
             unconverged_pieces: o.records.iter().map(|r| r.unconverged_pieces).sum(),
             tolerance: match o.rule {
-                super::Rule::Auto(t) if o.integrated => Some(t),
+                Rule::Auto(t) if o.integrated => Some(t),
                 _ => None,
             },
             tolerance_met: match o.rule {
-                super::Rule::Auto(t) if o.integrated => Some(o.max_abs_error() <= t),
+                Rule::Auto(t) if o.integrated => Some(o.max_abs_error() <= t),
                 _ => None,
             },
             seconds: o.seconds,
@@ -135,8 +137,8 @@ impl Exactness {
             symmetric_kernel: o.form.symmetric(),
             formula: o.form.formula().to_string(),
             decomposition_residual: o.decomposition_residual,
-            reg_term_max_abs: o.reg.as_deref().map(super::max_abs),
-            rounding_term_max_abs: o.rounding.as_deref().map(super::max_abs),
+            reg_term_max_abs: o.reg.as_deref().map(max_abs),
+            rounding_term_max_abs: o.rounding.as_deref().map(max_abs),
             layout: o.layout,
         }
     }

@@ -9,7 +9,7 @@ use crate::api::Trained;
 use crate::error::{Error, Result};
 use crate::gp::GpParams;
 use crate::io::{self, Column, Table};
-use crate::kernel::{KernelKind, Points, PointsSpec, Rule, Side};
+use crate::kernel::{KernelKind, Points, Rows, Rule, Side};
 use crate::plot::{self, Scale, Series};
 use crate::report::{self, GpTargets};
 use crate::svm::SvmParams;
@@ -83,7 +83,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                     cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
                 }
             }
-            if spec.points == PointsSpec::Test {
+            if spec.points == Rows::Test {
                 // Class 0 of up to 100 rows.
                 let (f, km) = (gram.network(), gram.machine());
                 let n = f.nrows().min(100);
@@ -105,7 +105,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     }
     let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
     let train_kernel = if needs_train {
-        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: PointsSpec::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
+        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None
@@ -114,11 +114,11 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     for StudyKernel { spec, label, gram: rk, .. } in kernels {
         // GP and SVM use the exact kernel (EPK) rows; other kinds are compared through their
         // kernel machines above.
-        if spec.points == PointsSpec::Train || spec.kind != KernelKind::Epk {
+        if spec.points == Rows::Train || spec.kind != KernelKind::Epk {
             continue;
         }
         let Some(tk) = &train_kernel else { break };
-        let on_grid = matches!(spec.points, PointsSpec::Grid(_));
+        let on_grid = matches!(spec.points, Rows::Grid(_));
         if a.gp {
             // gp.safetensors (the GP's exact inputs, M² per class) stays in the cache; the report
             // gets the tables.
@@ -251,7 +251,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         }
     }
     if !a.attribution_points.is_empty() {
-        if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == PointsSpec::Test && k.spec.side == Side::Test) {
+        if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Test && k.spec.side == Side::Test) {
             let dir = out.join("analysis").join("attribution");
             io::create_dir_all(&dir)?;
             let s = if rk.constant_a() {
@@ -275,7 +275,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
             ));
         }
     }
-    if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.points == PointsSpec::ClassMeans && k.spec.kind == KernelKind::Epk) {
+    if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.points == Rows::ClassMeans && k.spec.kind == KernelKind::Epk) {
         if a.charts && run.dataset.dim == 2 && !rk.constant_a() {
             notes.push(format!("- No Fig. 6 chart for `{label}`: a_i,s varies by step, so no single machine splits the outputs."));
         } else if a.charts && run.dataset.dim == 2 {
