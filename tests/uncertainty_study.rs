@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use pathkernel::gp::GpParams;
 use pathkernel::io::{Column, SafeFile, Table};
-use pathkernel::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rule, Side};
+use pathkernel::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rows, Rule, Side};
 use pathkernel::study::{self, StudyOptions};
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
@@ -258,7 +258,7 @@ fn kernel_gp_matches_the_gp_workflow() {
                 let o = kernel::compute(&run, &states, pts, &req.clone().layout(Layout::Diag), &noop).unwrap();
                 let dir = d.join(format!("{kind}-{name}"));
                 std::fs::create_dir_all(&dir).unwrap();
-                kernel::output::write(&dir, &o, pts, &run.manifest.run_id).unwrap();
+                kernel::output::write(&dir, &o, pts, Rows::of_points(pts, &run), &run.manifest.run_id).unwrap();
                 Gram::open(&dir, &net).unwrap()
             };
             let (kt, kp) = (write(&train_pts, Side::Train, "train"), write(&test_pts, Side::Test, "test"));

@@ -115,7 +115,7 @@ pub fn exec(a: Args) -> Result<()> {
     let plan = kernel::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
     let out = kernel::compute(&run, &states, &points, &req.block_rows(Some(plan.block_rows)), &progress)?;
     bar.finish_and_clear();
-    kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
+    kernel::output::write(staged.path(), &out, &points, spec, &run.manifest.run_id)?;
     let dir = staged.commit()?;
     println!("{out}");
     if plan.blocks > 1 {

@@ -161,6 +161,16 @@ pub enum Side {
     Test,
 }
 
+/// `train` or `test` (the serde names).
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Train => "train",
+            Side::Test => "test",
+        })
+    }
+}
+
 /// Per-step record (the ExPLAIND-style validation: predicted vs actual change of the output).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StepRecord {

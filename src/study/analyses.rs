@@ -16,20 +16,6 @@ use crate::svm::SvmParams;
 use crate::train::TrainLog;
 use crate::trajectory::Run;
 
-/// Grid geometry of 2-D row points laid out by [`crate::data::grid_2d`] (x fastest).
-fn grid_of(points: &[f64], values: Vec<f64>) -> Option<crate::plot::Grid2d> {
-    let p = points.len() / 2;
-    let n = (p as f64).sqrt().round() as usize;
-    if n < 2 || n * n != p || values.len() != p {
-        return None;
-    }
-    let xs: Vec<f64> = points.chunks(2).map(|r| r[0]).collect();
-    let ys: Vec<f64> = points.chunks(2).map(|r| r[1]).collect();
-    let (x0, x1) = (xs.iter().cloned().fold(f64::INFINITY, f64::min), xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-    let (y0, y1) = (ys.iter().cloned().fold(f64::INFINITY, f64::min), ys.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-    Some(crate::plot::Grid2d { nx: n, ny: n, x0, x1, y0, y1, values })
-}
-
 fn train_overlay(run: &Run) -> Option<crate::plot::Overlay> {
     if run.dataset.dim != 2 {
         return None;
@@ -152,7 +138,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                 let self_values = (0..k).map(|c| rk.self_kernel(c)).collect::<Result<Vec<_>>>()?;
                 let kv: Vec<f64> = (0..p).map(|q| (0..k).map(|c| self_values[c][q]).sum::<f64>() / k as f64).collect();
                 let logkv: Vec<f64> = kv.iter().map(|v| v.log10()).collect();
-                if let (Some(g1), Some(g2)) = (grid_of(&rk.points().x, logkv), grid_of(&rk.points().x, pstd)) {
+                if let (Some(g1), Some(g2)) = (rk.on_grid(logkv).ok(), rk.on_grid(pstd).ok()) {
                     plot::Chart::heatmaps(
                         "Kernel value and Monte-Carlo std of the softmax probabilities (paper Fig. 5)",
                         &[
@@ -181,7 +167,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                 let decision = report.decision();
                 let mut panels = Vec::new();
                 for c in 0..decision.ncols() {
-                    if let Some(g) = grid_of(&rk.points().x, (0..decision.nrows()).map(|q| decision[(q, c)]).collect()) {
+                    if let Ok(g) = rk.on_grid((0..decision.nrows()).map(|q| decision[(q, c)]).collect()) {
                         panels.push((format!("class {c}"), g));
                     }
                 }

@@ -214,7 +214,7 @@ pub fn merge(out: &Path, force: bool, budget: u64) -> Result<(PathBuf, KernelOut
     let points = plan.points(&dataset)?;
     let staged = crate::io::StagedDir::new(&merged_dir(out), force)?;
     let o = merge_output(out, &plan, &points)?;
-    kernel::output::write(staged.path(), &o, &points, &plan.run_id)?;
+    kernel::output::write(staged.path(), &o, &points, plan.request.points.parse()?, &plan.run_id)?;
     let dir = staged.commit()?;
     Ok((dir, o))
 }

@@ -105,7 +105,7 @@ pub struct GramCheck {
     /// What the rows are (`train` or a setting name).
     pub rows: String,
     /// `train` (gradients at `t = 0`) or `test` (EPK: integrated over each step).
-    pub side: String,
+    pub side: Side,
     /// Row points P.
     pub points: usize,
     /// Steps summed (1 for the NTK).
@@ -124,10 +124,7 @@ impl GramCheck {
     fn of(rows: &str, o: &KernelOutput) -> Self {
         GramCheck {
             rows: rows.into(),
-            side: match o.side {
-                Side::Train => "train".into(),
-                Side::Test => "test".into(),
-            },
+            side: o.side,
             points: o.p,
             steps: o.steps.len(),
             max_abs_error: o.max_abs_error(),
@@ -367,7 +364,7 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
         let errs: Vec<f64> = machine.iter().zip(network).map(|(a, b)| (a - b).abs()).collect();
         let check = GramCheck {
             rows: (*name).into(),
-            side: "test".into(),
+            side: Side::Test,
             points: p,
             steps: o.steps.len(),
             max_abs_error: errs.iter().copied().fold(0.0, kernel::nan_max),
