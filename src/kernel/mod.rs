@@ -41,7 +41,6 @@ mod rows;
 pub(crate) mod stateful;
 mod types;
 
-pub use driver::contract;
 pub use entry::compute;
 pub use layout::Layout;
 pub use prepare::loss_gradient;

@@ -1,5 +1,5 @@
 //! What a kernel computation is asked for: one [`Request`], built by `Request::new(kind)` and
-//! chainable setters, taken by the one entry [`super::entry::compute`].
+//! chainable setters, taken by the one entry [`super::compute`].
 
 use super::layout::Layout;
 use super::quadrature::Rule;
@@ -133,7 +133,7 @@ impl Request {
     /// Row points per block (`None`: one block).
     ///
     /// # Panics
-    /// At [`super::entry::compute`] if `Some(0)`.
+    /// At [`super::compute`] if `Some(0)`.
     pub fn block_rows(mut self, rows: Option<usize>) -> Self {
         self.block_rows = rows;
         self
