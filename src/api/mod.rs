@@ -34,7 +34,6 @@
 //! # Ok(()) }
 //! ```
 
-mod files;
 mod fit;
 mod gram;
 mod laplace;

@@ -8,7 +8,7 @@ use super::gram::Gram;
 use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::interop::{import_torch, ImportOptions, ImportSummary};
-use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rule, Side};
 use crate::model::Params;
 use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
 use crate::trajectory::Run;
@@ -227,12 +227,9 @@ impl fmt::Display for Trained {
 pub struct KernelBuilder<'a> {
     run: &'a Run,
     states: &'a [Params],
-    req: KernelRequest,
+    req: Request,
     rows: Rows,
     inputs: Option<Points>,
-    layout: Layout,
-    outputs: Outputs,
-    memory_budget: u64,
     progress: Option<Progress<'a>>,
 }
 
@@ -253,12 +250,9 @@ impl<'a> KernelBuilder<'a> {
         KernelBuilder {
             run,
             states,
-            req: KernelRequest { kind, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None },
+            req: Request::new(kind),
             rows: Rows::Test,
             inputs: None,
-            layout: Layout::Full,
-            outputs: Outputs::Network,
-            memory_budget: u64::MAX,
             progress: None,
         }
     }
@@ -296,6 +290,12 @@ impl<'a> KernelBuilder<'a> {
         self.rows = Rows::ClassMeans;
         self
     }
+    /// Rows: one of the run's own sets ([`Rows::Test`], [`Rows::Train`], [`Rows::Grid`],
+    /// [`Rows::ClassMeans`]; [`Rows::Inputs`] needs [`KernelBuilder::inputs`]).
+    pub fn rows(mut self, rows: Rows) -> Self {
+        self.rows = rows;
+        self
+    }
     /// Rows: the inputs `x` (`[P, d]`, row-major).
     pub fn inputs(mut self, x: &[f64]) -> Self {
         self.rows = Rows::Inputs;
@@ -309,7 +309,7 @@ impl<'a> KernelBuilder<'a> {
     }
     /// Which blocks are computed and held.
     pub fn layout(mut self, layout: Layout) -> Self {
-        self.layout = layout;
+        self.req.layout = layout;
         self
     }
     /// Sum only the steps `[a, b)`; the machine then predicts `f_{w_b}` from `f_{w_a}`.
@@ -320,7 +320,7 @@ impl<'a> KernelBuilder<'a> {
     /// The kernel on a classifier's logits instead of its log-softmax outputs (plain gradient
     /// steps; the machine then reproduces the logits): what [`super::FslModel`] needs.
     pub fn logits(mut self) -> Self {
-        self.outputs = Outputs::Logits;
+        self.req.outputs = Outputs::Logits;
         self
     }
     /// Keep every per-step Gram `K_s` (needed for attribution when `a_{i,s}` varies by step).
@@ -336,7 +336,7 @@ impl<'a> KernelBuilder<'a> {
 
     /// Refuses, with an estimate, a computation whose outputs would take more than `bytes`.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
-        self.memory_budget = bytes;
+        self.req.memory_budget = bytes;
         self
     }
     /// Calls `f(steps done, steps in all)` as the computation proceeds (a progress bar).
@@ -358,13 +358,10 @@ impl<'a> KernelBuilder<'a> {
                 }
                 p
             }
-            (Rows::Test, _) => PointsSpec::Test.resolve(ds)?,
-            (Rows::Train, _) => PointsSpec::Train.resolve(ds)?,
-            (Rows::Grid(n), _) => PointsSpec::Grid(*n).resolve(ds)?,
-            (Rows::ClassMeans, _) => PointsSpec::ClassMeans.resolve(ds)?,
             (Rows::Inputs, None) => return Err(Error::Config("no inputs given".into())),
+            (rows, _) => rows.resolve(ds)?,
         };
-        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, outputs: self.outputs, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
+        let out = kernel::compute(self.run, self.states, &points, &self.req, self.progress.map_or(&|_, _| {}, |p| p.0))?;
         Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
     }
 }

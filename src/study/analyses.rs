@@ -9,26 +9,12 @@ use crate::api::Trained;
 use crate::error::{Error, Result};
 use crate::gp::GpParams;
 use crate::io::{self, Column, Table};
-use crate::kernel::{KernelKind, Points, PointsSpec, Rule, Side};
+use crate::kernel::{KernelKind, Points, Rows, Rule, Side};
 use crate::plot::{self, Scale, Series};
 use crate::report::{self, GpTargets};
 use crate::svm::SvmParams;
 use crate::train::TrainLog;
 use crate::trajectory::Run;
-
-/// Grid geometry of 2-D row points laid out by [`crate::data::grid_2d`] (x fastest).
-fn grid_of(points: &[f64], values: Vec<f64>) -> Option<crate::plot::Grid2d> {
-    let p = points.len() / 2;
-    let n = (p as f64).sqrt().round() as usize;
-    if n < 2 || n * n != p || values.len() != p {
-        return None;
-    }
-    let xs: Vec<f64> = points.chunks(2).map(|r| r[0]).collect();
-    let ys: Vec<f64> = points.chunks(2).map(|r| r[1]).collect();
-    let (x0, x1) = (xs.iter().cloned().fold(f64::INFINITY, f64::min), xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-    let (y0, y1) = (ys.iter().cloned().fold(f64::INFINITY, f64::min), ys.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-    Some(crate::plot::Grid2d { nx: n, ny: n, x0, x1, y0, y1, values })
-}
 
 fn train_overlay(run: &Run) -> Option<crate::plot::Overlay> {
     if run.dataset.dim != 2 {
@@ -83,7 +69,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                     cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
                 }
             }
-            if spec.points == PointsSpec::Test {
+            if spec.points == Rows::Test {
                 // Class 0 of up to 100 rows.
                 let (f, km) = (gram.network(), gram.machine());
                 let n = f.nrows().min(100);
@@ -105,7 +91,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     }
     let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
     let train_kernel = if needs_train {
-        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: PointsSpec::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
+        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None
@@ -114,11 +100,11 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     for StudyKernel { spec, label, gram: rk, .. } in kernels {
         // GP and SVM use the exact kernel (EPK) rows; other kinds are compared through their
         // kernel machines above.
-        if spec.points == PointsSpec::Train || spec.kind != KernelKind::Epk {
+        if spec.points == Rows::Train || spec.kind != KernelKind::Epk {
             continue;
         }
         let Some(tk) = &train_kernel else { break };
-        let on_grid = matches!(spec.points, PointsSpec::Grid(_));
+        let on_grid = matches!(spec.points, Rows::Grid(_));
         if a.gp {
             // gp.safetensors (the GP's exact inputs, M² per class) stays in the cache; the report
             // gets the tables.
@@ -152,7 +138,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                 let self_values = (0..k).map(|c| rk.self_kernel(c)).collect::<Result<Vec<_>>>()?;
                 let kv: Vec<f64> = (0..p).map(|q| (0..k).map(|c| self_values[c][q]).sum::<f64>() / k as f64).collect();
                 let logkv: Vec<f64> = kv.iter().map(|v| v.log10()).collect();
-                if let (Some(g1), Some(g2)) = (grid_of(&rk.points().x, logkv), grid_of(&rk.points().x, pstd)) {
+                if let (Some(g1), Some(g2)) = (rk.on_grid(logkv).ok(), rk.on_grid(pstd).ok()) {
                     plot::Chart::heatmaps(
                         "Kernel value and Monte-Carlo std of the softmax probabilities (paper Fig. 5)",
                         &[
@@ -181,7 +167,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
                 let decision = report.decision();
                 let mut panels = Vec::new();
                 for c in 0..decision.ncols() {
-                    if let Some(g) = grid_of(&rk.points().x, (0..decision.nrows()).map(|q| decision[(q, c)]).collect()) {
+                    if let Ok(g) = rk.on_grid((0..decision.nrows()).map(|q| decision[(q, c)]).collect()) {
                         panels.push((format!("class {c}"), g));
                     }
                 }
@@ -251,7 +237,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         }
     }
     if !a.attribution_points.is_empty() {
-        if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == PointsSpec::Test && k.spec.side == Side::Test) {
+        if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Test && k.spec.side == Side::Test) {
             let dir = out.join("analysis").join("attribution");
             io::create_dir_all(&dir)?;
             let s = if rk.constant_a() {
@@ -275,7 +261,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
             ));
         }
     }
-    if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.points == PointsSpec::ClassMeans && k.spec.kind == KernelKind::Epk) {
+    if let Some(StudyKernel { label, gram: rk, .. }) = kernels.iter().find(|k| k.spec.points == Rows::ClassMeans && k.spec.kind == KernelKind::Epk) {
         if a.charts && run.dataset.dim == 2 && !rk.constant_a() {
             notes.push(format!("- No Fig. 6 chart for `{label}`: a_i,s varies by step, so no single machine splits the outputs."));
         } else if a.charts && run.dataset.dim == 2 {

@@ -8,28 +8,18 @@ use serde::{Deserialize, Serialize};
 use crate::api::{KernelBuilder, Trained};
 use crate::data::DataConfig;
 use crate::error::{Error, Result};
-use crate::kernel::{KernelKind, Layout, PointsSpec, Rule, Side};
+use crate::kernel::{KernelKind, Layout, Rows, Rule, Side};
 use crate::model::ModelConfig;
 use crate::train::{RunConfig, TrainConfig};
 
 fn default_quadrature() -> Rule {
     Rule::Auto(1e-12)
 }
-fn default_points() -> PointsSpec {
-    PointsSpec::Test
+fn default_points() -> Rows {
+    Rows::Test
 }
 fn default_side() -> Side {
     Side::Test
-}
-
-/// The text of a row-point choice, as `--points` and a study file write it.
-fn points_text(p: &PointsSpec) -> String {
-    match p {
-        PointsSpec::Test => "test".into(),
-        PointsSpec::Train => "train".into(),
-        PointsSpec::Grid(n) => format!("grid:{n}"),
-        PointsSpec::ClassMeans => "class-means".into(),
-    }
 }
 
 /// Serde through the text form of a value with `FromStr` (`quadrature = "auto:1e-12"`,
@@ -48,13 +38,6 @@ mod text {
             s.serialize_str(&r.to_string())
         }
     }
-
-    pub mod points {
-        pub use super::deserialize;
-        pub fn serialize<S: super::Serializer>(p: &crate::kernel::PointsSpec, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&super::super::points_text(p))
-        }
-    }
 }
 
 /// One `[[kernel]]` entry.
@@ -67,8 +50,8 @@ pub struct KernelSpec {
     #[serde(default = "default_quadrature", with = "text::rule")]
     pub quadrature: Rule,
     /// Row points: test, train, class-means or grid:N (default test).
-    #[serde(default = "default_points", with = "text::points")]
-    pub points: PointsSpec,
+    #[serde(default = "default_points")]
+    pub points: Rows,
     /// Side of the row points (default test).
     #[serde(default = "default_side")]
     pub side: Side,
@@ -97,18 +80,12 @@ impl KernelSpec {
     }
     /// Output folder name.
     pub fn label(&self) -> String {
-        self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, points_text(&self.points).replace(':', "")))
+        self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, self.points.to_string().replace(':', "")))
     }
     /// The kernel request of this entry on `net`.
     pub fn builder<'a>(&self, net: &'a Trained) -> KernelBuilder<'a> {
         let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
-        let b = match self.points {
-            PointsSpec::Test => b.test(),
-            PointsSpec::Train => b.train(),
-            PointsSpec::Grid(n) => b.grid(n),
-            PointsSpec::ClassMeans => b.class_means(),
-        };
-        let b = b.side(self.side);
+        let b = b.rows(self.points).side(self.side);
         match self.step {
             Some(s) => b.at_step(s),
             None => b,

@@ -43,9 +43,6 @@ use crate::kernel::{output::Exactness, KernelForm};
 use crate::train::{fnv1a, train_to_dir, TrainLog, TrainOptions};
 use crate::trajectory::Run;
 
-/// Bumped whenever the kernel output files change, so cached kernels are recomputed.
-const KERNEL_OUTPUT_VERSION: u32 = 2;
-
 /// Where a study reads and writes.
 #[derive(Clone, Debug)]
 pub struct StudyOptions {
@@ -209,7 +206,7 @@ fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool)
     let label = spec.label();
     let key = format!(
         "{:016x}",
-        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by).as_bytes())
+        fnv1a(format!("{}|{}|{}|{}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by, crate::kernel::output::VERSION).as_bytes())
     );
     let kdir = cache.join("kernels").join(&label);
     let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
@@ -260,7 +257,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 s,
                 "| {label} | {} | {} | {} × {} × {} | {} | {:.3e} | {:.3e} | {} | {:.2} / {} |{}",
                 e.side,
-                e.quadrature,
+                e.quadrature_name(),
                 e.shape[0],
                 e.shape[1],
                 e.shape[2],
