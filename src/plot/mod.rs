@@ -26,6 +26,7 @@ mod colour;
 mod marks;
 mod matrix;
 mod panels;
+mod range;
 mod text;
 mod uq;
 mod xy;

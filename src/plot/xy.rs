@@ -5,9 +5,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::axis::{build_chart, finite_range, tf, Axis};
+use super::axis::{build_chart, tf, Axis};
 use super::colour::{mix, TAB10};
 use super::marks::{draw_legend, draw_marker, legend_marker, legend_w, titled, Entry};
+use super::range::finite_range;
 use super::{chart_name, path_name, Chart, Drawn, Scale, Series, CHART_H, CHART_W};
 use crate::error::{Error, Result};
 
