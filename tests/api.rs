@@ -139,9 +139,14 @@ fn svm_and_attribution_on_grams() {
         pathkernel::data::Targets::Labels(y) => y.clone(),
         _ => unreachable!(),
     };
-    let svm = SvmModel::fit(&train, &labels, &SvmParams::new()).unwrap();
+    // The labels come from the run the Gram belongs to: the same model as with them given.
+    assert_eq!(train.train_labels().unwrap(), &labels[..]);
+    let svm = SvmModel::fit(&train, &SvmParams::new()).unwrap();
     let pred = svm.predict(&rows).unwrap();
     assert_eq!(pred.len(), rows.shape().0);
+    let given = SvmModel::fit_labels(&train, &labels, &SvmParams::new()).unwrap();
+    assert_eq!(given.predict(&rows).unwrap(), pred);
+    assert_eq!(given.decision(&rows).unwrap(), svm.decision(&rows).unwrap());
     let at = rows.attribute(&[0, 3], 4).unwrap();
     assert_eq!(at.items.len(), 2 * 3);
     for a in &at.items {

@@ -55,6 +55,8 @@ pub struct Gram {
     points: Points,
     rows: Rows,
     run_id: String,
+    /// The run's training labels (the columns' classes), for the estimators that need them.
+    labels: Option<Vec<usize>>,
     exactness: Exactness,
 }
 
@@ -117,9 +119,10 @@ fn strided(data: &[f64], offset: usize, (rows, cols): (usize, usize), (rs, cs): 
 }
 
 impl Gram {
-    pub(super) fn new(out: KernelOutput, points: Points, rows: Rows, run_id: &str) -> Gram {
+    pub(super) fn new(out: KernelOutput, points: Points, rows: Rows, run: &Run) -> Gram {
+        let run_id = &run.manifest.run_id;
         let exactness = Exactness::of(&out, run_id);
-        Gram { out, points, rows, run_id: run_id.to_string(), exactness }
+        Gram { out, points, rows, run_id: run_id.clone(), labels: train_labels(run), exactness }
     }
 
     /// The kernel kind (`epk`, `ntk`, `dpk`, …).
@@ -173,6 +176,23 @@ impl Gram {
     /// The bias `b = f_{w_0}(x_p)`. # Shapes `[P, K]`.
     pub fn bias(&self) -> MatRef<'_, f64> {
         MatRef::from_row_major_slice(&self.out.bias, self.out.p, self.out.k)
+    }
+    /// The arg-max class of the network's output at each row (the first on ties). # Shapes `[P]`.
+    pub fn predicted(&self) -> Vec<usize> {
+        self.out.network.chunks(self.out.k.max(1)).map(|r| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b })).collect()
+    }
+    /// The class labels of the `M` training points (the columns), from the run this Gram
+    /// belongs to. # Shapes `[M]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn train_labels(&self) -> Result<&[usize]> {
+        self.labels.as_deref().ok_or_else(|| Error::Config("labels need a classification dataset".into()))
+    }
+    /// The per-step check as a chart series labelled `label`: each step `s` against
+    /// `max |predicted − actual change of the output|` over that step. # Shapes `[steps]` each.
+    pub fn step_errors(&self, label: &str) -> crate::plot::Series {
+        let r = &self.out.records;
+        crate::plot::Series::xy(label, r.iter().map(|r| r.step as f64), r.iter().map(|r| r.max_abs_error))
     }
 
     /// Refuses, with what to do instead, when this Gram's layout lacks the blocks `need`s.
@@ -306,8 +326,13 @@ impl Gram {
         let dir = dir.as_ref();
         let run = net.as_ref();
         let kernel::output::GramFile { out, points, rows, exactness, .. } = kernel::output::read(dir, run)?;
-        Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), exactness })
+        Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), labels: train_labels(run), exactness })
     }
+}
+
+/// The training labels of a classification run (`None` for regression targets).
+fn train_labels(run: &Run) -> Option<Vec<usize>> {
+    run.dataset.train_labels().ok().map(<[usize]>::to_vec)
 }
 
 impl fmt::Display for Gram {

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use faer::MatRef;
+
 use super::gram::Gram;
 use super::rows::Rows;
 use crate::error::{Error, Result};
@@ -131,6 +133,29 @@ impl Trained {
     /// difference), when this value imported the run ([`Trained::import_torch`]).
     pub fn imported(&self) -> Option<&ImportSummary> {
         self.imported.as_ref()
+    }
+
+    /// The training inputs, a view of the run's dataset. # Shapes `[M, d]`.
+    pub fn x_train(&self) -> MatRef<'_, f64> {
+        let ds = &self.run.dataset;
+        MatRef::from_row_major_slice(&ds.x_train, ds.n_train(), ds.dim)
+    }
+    /// The held-out test inputs, a view of the run's dataset. # Shapes `[P, d]`.
+    pub fn x_test(&self) -> MatRef<'_, f64> {
+        let ds = &self.run.dataset;
+        MatRef::from_row_major_slice(&ds.x_test, ds.n_test(), ds.dim)
+    }
+    /// The training labels (classification runs). # Shapes `[M]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn y_train(&self) -> Result<&[usize]> {
+        self.run.dataset.train_labels()
+    }
+    /// The test labels (classification runs). # Shapes `[P]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn y_test(&self) -> Result<&[usize]> {
+        self.run.dataset.test_labels()
     }
 
     /// The network `f_{w_N}` at inputs `x`. # Shapes `x: [P, d]`, returns `[P, K]`.
@@ -362,7 +387,7 @@ impl<'a> KernelBuilder<'a> {
             (rows, _) => rows.resolve(ds)?,
         };
         let out = kernel::compute(self.run, self.states, &points, &self.req, self.progress.map_or(&|_, _| {}, |p| p.0))?;
-        Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
+        Ok(Gram::new(out, points, self.rows, self.run))
     }
 }
 
@@ -374,6 +399,28 @@ mod tests {
     /// of batch 8 on 24 two-moons points, made by `scripts/record_torch_trajectory.py`).
     fn recording() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch-trajectory")
+    }
+
+    /// The input and label views equal the flat vectors of the run's dataset.
+    #[test]
+    fn input_and_label_views_equal_the_dataset() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = Trained::train(&RunConfig::mixture(3, 4, 5).mlp(&[4]).lr(0.5).steps(2), dir.path().join("run")).unwrap();
+        let ds = &net.run().dataset;
+        let (xtr, xte) = (net.x_train(), net.x_test());
+        assert_eq!((xtr.nrows(), xtr.ncols(), xte.nrows(), xte.ncols()), (12, 3, 5, 3));
+        for i in 0..12 {
+            for j in 0..3 {
+                assert_eq!(xtr[(i, j)], ds.x_train[i * 3 + j]);
+            }
+        }
+        for q in 0..5 {
+            assert_eq!(xte.row(q).iter().copied().collect::<Vec<_>>(), ds.x_test[q * 3..q * 3 + 3]);
+        }
+        assert_eq!((net.y_train().unwrap(), net.y_test().unwrap()), (ds.train_labels().unwrap(), ds.test_labels().unwrap()));
+        // The Gram carries the labels of its run's training points.
+        let train = net.epk().train_side().layout(Layout::Diag).compute().unwrap();
+        assert_eq!(train.train_labels().unwrap(), net.y_train().unwrap());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use faer::MatRef;
 use serde::Serialize;
 
-use super::{argmax_rows, row_labels, train_labels};
+use super::{argmax_rows, row_labels};
 use crate::api::{Gram, SvmModel, Trained};
 use crate::error::Result;
 use crate::io::{self, Column, Table};
@@ -58,7 +58,7 @@ pub fn svm_report(net: &Trained, train: &Gram, rows: &Gram, params: &SvmParams, 
     train.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
     rows.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
     let (p, _, k) = rows.shape();
-    let model = SvmModel::fit(train, train_labels(net)?, params)?;
+    let model = SvmModel::fit(train, params)?;
     let decision = model.decision(rows)?;
     let predicted = model.predict(rows)?;
     let network = net.network(&rows.points().x)?;

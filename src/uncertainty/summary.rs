@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::error::Result;
 use crate::io;
-use crate::plot::{BarSeries, Chart, ImageTile, ReliabilityPanel, Scale, Series};
+use crate::plot::{BarSeries, Chart, ImageTile, ReliabilityPanel, Series};
 
 use super::metrics::{self, ECE_BINS};
 use super::report::{Metric, SettingKind};
@@ -511,7 +511,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         }
         let series: Vec<Series> = families.into_iter().map(|(n, x, y)| Series::new(n, x, y)).collect();
         if !series.is_empty() {
-            Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series, false)?.save(&dir.join("frontier.png"))?;
+            Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series).draw()?.save(&dir.join("frontier.png"))?;
         }
     }
     // Metrics against the angle.
@@ -521,7 +521,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
             .iter()
             .map(|(m, n)| Series::new(n.clone(), labelled.iter().map(|a| a.0).collect(), labelled.iter().map(|a| res.metric(m, a.1, metric).unwrap_or(f64::NAN)).collect()))
             .collect();
-        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_title(metric)), "rotation angle (degrees)", label, &series, Scale::Linear, Scale::Linear)?.save(&dir.join(file))?;
+        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_title(metric)), "rotation angle (degrees)", label, &series).draw()?.save(&dir.join(file))?;
     }
     // OOD AUROCs.
     let ood: Vec<&str> = res.settings.iter().filter(|x| x.kind == SettingKind::Ood).map(|x| x.name.as_str()).collect();
