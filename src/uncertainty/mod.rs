@@ -39,11 +39,11 @@
 pub mod ensemble;
 pub mod kernel_gp;
 
+pub mod method;
 pub mod metrics;
 pub mod record;
 pub mod report;
 pub mod shift;
-pub mod study;
 pub mod summary;
 pub mod temperature;
 
