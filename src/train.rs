@@ -433,15 +433,7 @@ pub fn accuracy(outputs: &[f64], labels: &[usize], k: usize) -> f64 {
     let correct = outputs
         .chunks(k)
         .zip(labels)
-        .filter(|(row, &y)| {
-            let mut best = 0;
-            for j in 1..k {
-                if row[j] > row[best] {
-                    best = j;
-                }
-            }
-            best == y
-        })
+        .filter(|(row, &y)| crate::data::argmax(row) == y)
         .count();
     correct as f64 / labels.len().max(1) as f64
 }

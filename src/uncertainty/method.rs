@@ -168,6 +168,31 @@ pub enum Method {
 impl Method {
     /// The built-in methods of [`super::builtin_methods`], in order.
     pub const BUILTIN: [Method; 4] = [Method::Map, Method::Temperature, Method::Laplace, Method::Ensemble];
+    /// The protocol's methods in table order.
+    pub const PROTOCOL: [Method; 6] = [Method::Map, Method::Temperature, Method::Gp(GpKernel::Epk), Method::Gp(GpKernel::Ntk), Method::Laplace, Method::Ensemble];
+    /// The ablations of the kernel GPs with a display name, in table order.
+    pub const ABLATIONS: [Method; 3] = [Method::GpSym, Method::GpNetMean(GpKernel::Epk), Method::GpNetMean(GpKernel::Ntk)];
+
+    /// The display name of the protocol's methods and of the named ablations.
+    pub fn title(&self) -> Option<&'static str> {
+        Some(match self {
+            Method::Map => "MAP softmax",
+            Method::Temperature => "temperature scaling",
+            Method::Gp(GpKernel::Epk) => "EPK-GP",
+            Method::Gp(GpKernel::Ntk) => "NTK-GP (w_N)",
+            Method::Laplace => "last-layer Laplace",
+            Method::Ensemble => "deep ensemble",
+            Method::GpSym => "EPK-GP, symmetrised test-side training Gram",
+            Method::GpNetMean(GpKernel::Epk) => "EPK-GP variance around the network's outputs",
+            Method::GpNetMean(GpKernel::Ntk) => "NTK-GP variance around the network's outputs",
+            _ => return None,
+        })
+    }
+}
+
+/// The display name of a method named `m` (`temperature` → `temperature scaling`), else `m`.
+pub fn display_name(m: &str) -> String {
+    m.parse::<Method>().ok().and_then(|x| x.title()).map_or(m.to_string(), str::to_string)
 }
 
 impl Method {

@@ -144,7 +144,7 @@ fn ensemble_stage(clock: &mut Clock, ctx: &StudyContext, spec: &UqStudySpec, sel
     let others: Vec<u64> = spec.ensemble_seeds.iter().copied().filter(|&s| s != seed).collect();
     let jobs: Vec<_> = others.iter().map(|&s| (selection::configured(&ctx.run_config, lr, steps, s), ctx.cache.join("ensemble").join(format!("seed-{s}")))).collect();
     let seeds: Vec<String> = others.iter().map(u64::to_string).collect();
-    let trained = if jobs.is_empty() { Vec::new() } else { clock.train_group(&format!("ensemble members seeds {} (trained side by side)", seeds.join(", ")), "ensemble", &jobs, &ctx.base_dir)? };
+    let trained = if jobs.is_empty() { Vec::new() } else { clock.train_group(&format!("ensemble members seeds {} (trained side by side)", seeds.join(", ")), &Method::Ensemble.to_string(), &jobs, &ctx.base_dir)? };
     let mut trained = others.iter().copied().zip(trained);
     let mut members = Vec::new();
     for &s in &spec.ensemble_seeds {
