@@ -2,10 +2,11 @@
 //! `[uncertainty]`): a learning rate and a step count chosen on the validation split.
 //!
 //! The grid is `lrs × steps`. One run per learning rate is trained to the largest step count
-//! (cached under `select/lr-{lr}-steps-{last}`, the runs trained side by side); candidate
-//! `(lr, s)` is that run's state at step `s` (full-batch training does not depend on where it
-//! stops, so the state is the run of `s` steps; the chosen one is checked against its own run bit
-//! for bit when `s` is not the last). The choice is the best validation accuracy; ties go to the
+//! (cached under `select/lr{lr}-steps{last}/run`, the runs trained side by side); candidate
+//! `(lr, s)` is that run's state at step `s` (training does not depend on where it stops, so the
+//! state is the run of `s` steps; the chosen one is checked against its own run bit for bit when
+//! `s` is not the last). A cosine schedule does depend on the total: then every point of the grid
+//! is trained as its own run. The choice is the best validation accuracy; ties go to the
 //! smaller learning rate, then to fewer steps ([`choose`]).
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use super::cache::Clock;
 use crate::data::{Dataset, Targets};
 use crate::error::{Error, Result};
 use crate::io;
-use crate::train::RunConfig;
+use crate::train::{RunConfig, Schedule};
 use crate::trajectory::Run;
 use crate::uncertainty::{self, metrics};
 
@@ -106,16 +107,28 @@ pub fn select(clock: &mut Clock, rc: &RunConfig, lrs: &[f64], steps: &[usize], d
     let k = data.num_outputs;
     let last = *steps.iter().max().expect("checked non-empty");
     let seed = rc.train.seed;
-    let jobs: Vec<(RunConfig, PathBuf)> = lrs.iter().map(|&lr| (configured(rc, lr, last, seed), cache.join("select").join(format!("lr-{lr}-steps-{last}")))).collect();
+    // A schedule that depends on the total step count (cosine) does not stop where a shorter
+    // run would: then every point of the grid is its own run.
+    let prefix = !matches!(rc.train.schedule, Schedule::Cosine { .. });
+    let lengths: Vec<usize> = if prefix { vec![last] } else { steps.to_vec() };
+    let jobs: Vec<(RunConfig, PathBuf)> =
+        lrs.iter().flat_map(|&lr| lengths.iter().map(move |&t| (configured(rc, lr, t, seed), cache.join("select").join(format!("lr{lr}-steps{t}")).join("run")))).collect();
     let names: Vec<String> = lrs.iter().map(|lr| lr.to_string()).collect();
-    let runs = clock.train_group(&format!("selection runs lr = {}, {last} steps (trained side by side)", names.join(", ")), "shared", &jobs, base_dir)?;
+    let lens: Vec<String> = lengths.iter().map(|t| t.to_string()).collect();
+    let runs = clock.train_group(&format!("selection runs lr = {}, {} steps (trained side by side)", names.join(", "), lens.join(", ")), "shared", &jobs, base_dir)?;
+    // The run that holds candidate (lr, s), and its step count.
+    let run_of = |lr: f64, s: usize| -> &Run {
+        let (i, j) = (lrs.iter().position(|&l| l == lr).expect("from the grid"), if prefix { 0 } else { lengths.iter().position(|&t| t == s).expect("from the grid") });
+        &runs[i * lengths.len() + j]
+    };
     let mut grid = Vec::new();
-    for (&lr, run) in lrs.iter().zip(&runs) {
-        let log = io::Table::read_parquet(&run.dir.join("train_log.parquet"))?;
-        let step_col = log.i64("step").ok_or_else(|| Error::Data("train_log.parquet has no step column".into()))?;
-        let loss_col = log.f64("loss").ok_or_else(|| Error::Data("train_log.parquet has no loss column".into()))?;
-        let w0 = run.load_step(0)?;
+    for &lr in lrs {
         for &s in steps {
+            let run = run_of(lr, s);
+            let log = io::Table::read_parquet(&run.dir.join("train_log.parquet"))?;
+            let step_col = log.i64("step").ok_or_else(|| Error::Data("train_log.parquet has no step column".into()))?;
+            let loss_col = log.f64("loss").ok_or_else(|| Error::Data("train_log.parquet has no loss column".into()))?;
+            let w0 = run.load_step(0)?;
             let w = run.load_step(s)?;
             let probs = |x: &[f64]| metrics::softmax_rows(&uncertainty::network_logits(&run.manifest.architecture, &w, Some(&w0), x)?, k);
             let (pv, pt) = (probs(&val.x)?, probs(&data.x_test)?);
@@ -131,8 +144,8 @@ pub fn select(clock: &mut Clock, rc: &RunConfig, lrs: &[f64], steps: &[usize], d
     }
     let best = choose(&grid);
     let (lr, s) = (grid[best].lr, grid[best].steps);
-    let sel = &runs[lrs.iter().position(|&l| l == lr).expect("from the grid")];
-    let (run, prefix_identical) = if s == last {
+    let sel = run_of(lr, s);
+    let (run, prefix_identical) = if sel.manifest.steps == s {
         (Run::open(&sel.dir)?, None)
     } else {
         let chosen = configured(rc, lr, s, seed);
