@@ -341,6 +341,15 @@ pub fn created_by() -> String {
     format!("pathkernel {} (trainer revision {TRAINER_REVISION})", env!("CARGO_PKG_VERSION"))
 }
 
+/// Whether `dir` holds a run of exactly `cfg` from this trainer revision: its manifest records
+/// the same run id, the same whole configuration and the same `created_by`.
+pub fn holds_run(dir: &Path, cfg: &RunConfig) -> bool {
+    match (trajectory::read_manifest(dir), serde_json::to_value(cfg)) {
+        (Ok(m), Ok(c)) => m.run_id == cfg.run_id() && m.config == c && m.created_by == created_by(),
+        _ => false,
+    }
+}
+
 /// Options of a training run that do not change its result.
 #[derive(Clone, Debug, Default)]
 pub struct TrainOptions {
@@ -424,15 +433,7 @@ pub fn accuracy(outputs: &[f64], labels: &[usize], k: usize) -> f64 {
     let correct = outputs
         .chunks(k)
         .zip(labels)
-        .filter(|(row, &y)| {
-            let mut best = 0;
-            for j in 1..k {
-                if row[j] > row[best] {
-                    best = j;
-                }
-            }
-            best == y
-        })
+        .filter(|(row, &y)| crate::data::argmax(row) == y)
         .count();
     correct as f64 / labels.len().max(1) as f64
 }

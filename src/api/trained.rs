@@ -174,7 +174,7 @@ impl Trained {
         let labels = ds.test_labels()?;
         let f = self.network(&ds.x_test)?;
         let k = ds.num_outputs;
-        let hits = labels.iter().enumerate().filter(|(i, &y)| argmax(&f[i * k..(i + 1) * k]) == y).count();
+        let hits = labels.iter().enumerate().filter(|(i, &y)| crate::data::argmax(&f[i * k..(i + 1) * k]) == y).count();
         Ok(hits as f64 / labels.len().max(1) as f64)
     }
 
@@ -195,10 +195,6 @@ impl Trained {
     pub fn dpk(&self) -> KernelBuilder<'_> {
         self.kernel(KernelKind::Dpk)
     }
-}
-
-fn argmax(v: &[f64]) -> usize {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
 /// The run, for [`Gram::open`] (which reads a kernel directory of this run).

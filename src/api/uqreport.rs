@@ -14,7 +14,6 @@ use crate::io::{Column, Table};
 use crate::plot::{Chart, ReliabilityPanel, Series};
 use crate::uncertainty::metrics::{self, ECE_BINS};
 use crate::uncertainty::report::{self, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
-use crate::uncertainty::summary::{ABLATIONS, METHODS};
 
 /// An uncertainty benchmark report read back from its directory.
 ///
@@ -360,7 +359,7 @@ fn angle(name: &str) -> Option<f64> {
 
 /// The protocol's display name of a method (`temperature` → `temperature scaling`), else its name.
 fn display_name(m: &str) -> String {
-    METHODS.iter().chain(&ABLATIONS).find(|(x, _)| *x == m).map_or(m.to_string(), |(_, n)| n.to_string())
+    crate::uncertainty::method::display_name(m)
 }
 
 fn metric_label(m: Metric) -> &'static str {

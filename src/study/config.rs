@@ -23,8 +23,9 @@ fn default_side() -> Side {
 }
 
 /// Serde through the text form of a value with `FromStr` (`quadrature = "auto:1e-12"`,
-/// `points = "grid:40"`), so a study file and the cache key read as before.
-mod text {
+/// `points = "grid:40"`, `kernel_gps = ["epk", "window:50"]`), so a study file and the cache key
+/// read as before.
+pub(super) mod text {
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
     pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<T, D::Error> {
@@ -36,6 +37,18 @@ mod text {
         pub use super::deserialize;
         pub fn serialize<S: super::Serializer>(r: &crate::kernel::Rule, s: S) -> Result<S::Ok, S::Error> {
             s.serialize_str(&r.to_string())
+        }
+    }
+
+    /// A list of values in their text form (`Display` writes what `FromStr` reads).
+    pub mod list {
+        use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+        pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<Vec<T>, D::Error> {
+            Vec::<String>::deserialize(d)?.iter().map(|s| s.parse().map_err(|e: crate::Error| D::Error::custom(e.to_string()))).collect()
+        }
+        pub fn serialize<S: Serializer, T: std::fmt::Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(v.iter().map(|x| x.to_string()))
         }
     }
 }
@@ -166,10 +179,10 @@ pub struct StudyConfig {
     /// that rerunning a study leaves a committed report unchanged.
     #[serde(default)]
     pub timings_in_summary: bool,
-    /// `[uncertainty]`: the uncertainty benchmark ([`crate::uncertainty::study`]); a study with
-    /// this section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
+    /// `[uncertainty]`: the uncertainty benchmark ([`super::uncertainty`]); a study with this
+    /// section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
     #[serde(default)]
-    pub uncertainty: Option<crate::uncertainty::study::UqStudySpec>,
+    pub uncertainty: Option<super::uncertainty::UqStudySpec>,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -231,9 +244,9 @@ impl StudyConfig {
     }
 }
 
-/// `[selection]`: train every `lr × steps` candidate and keep the one with the best accuracy on
-/// the dataset's validation split (ties: fewer steps, then the smaller rate); the study's
-/// `[train]` lr and steps are replaced by the choice.
+/// `[selection]`: the `lr × steps` grid of [`super::selection`] (the best accuracy on the
+/// dataset's validation split; ties: the smaller rate, then fewer steps); the study's `[train]`
+/// lr and steps are replaced by the choice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelectionSpec {
