@@ -55,6 +55,7 @@ pub mod cache;
 mod config;
 pub mod selection;
 mod sweep;
+mod text;
 pub mod uncertainty;
 
 pub use config::{AnalysisSpec, KernelSpec, SelectionSpec, StudyConfig, SweepSpec};

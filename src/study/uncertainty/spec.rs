@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::super::config::text;
+use super::super::text;
 use crate::error::{Error, Result};
 use crate::gp::Curvature;
 use crate::kernel::{KernelKind, Rule};
