@@ -147,6 +147,10 @@ pub struct MethodResult {
     pub seconds: f64,
     /// Every setting tried.
     pub sweep: Vec<SweepPoint>,
+    /// `τ [P, M]` at the chosen setting (not serialised; [`write_tables`] writes it to
+    /// `tau.safetensors`).
+    #[serde(skip)]
+    pub tau: Vec<f64>,
 }
 
 /// Noisy-label detection by self-attribution.
@@ -200,6 +204,10 @@ pub struct BenchmarkResult {
     pub methods: Vec<MethodResult>,
     /// Noisy-label detection AUCs.
     pub noisy: Vec<NoisyResult>,
+    /// Retrained `log p_y` and logit margins at the test points, `[S, P]` each (not serialised;
+    /// written to `retrained.safetensors`).
+    #[serde(skip)]
+    pub retrained: (Vec<f64>, Vec<f64>),
     /// Checks.
     pub checks: Checks,
     /// `(stage, seconds)` of the shared stages.
@@ -239,7 +247,7 @@ struct Sweep {
     method: String,
     models: usize,
     points: Vec<SweepPoint>,
-    best: Option<(f64, String, Vec<f64>, Vec<f64>)>,
+    best: Option<(f64, String, Vec<f64>, Vec<f64>, Vec<f64>)>,
     start: Instant,
 }
 
@@ -250,13 +258,13 @@ impl Sweep {
     fn add(&mut self, sc: &Scorer, setting: String, dim: Option<usize>, ridge: Option<f64>, tau: &[f64]) -> Result<()> {
         let (pt, e, em) = sc.point(&self.method, setting.clone(), dim, ridge, tau)?;
         if self.best.as_ref().is_none_or(|b| pt.tune > b.0) {
-            self.best = Some((pt.tune, setting, e, em));
+            self.best = Some((pt.tune, setting, e, em, tau.to_vec()));
         }
         self.points.push(pt);
         Ok(())
     }
     fn finish(self, sc: &Scorer, extra_seconds: f64) -> MethodResult {
-        let (tune, chosen, e, em) = self.best.expect("a sweep has at least one point");
+        let (tune, chosen, e, em, tau) = self.best.expect("a sweep has at least one point");
         MethodResult {
             method: self.method,
             models: self.models,
@@ -266,6 +274,7 @@ impl Sweep {
             lds_margin: bootstrap_mean(&em, sc.spec.bootstrap, sc.spec.bootstrap_seed),
             seconds: self.start.elapsed().as_secs_f64() + extra_seconds,
             sweep: self.points,
+            tau,
         }
     }
 }
@@ -370,7 +379,7 @@ pub fn run<C: Stages>(net: &Trained, spec: &AttributionSpec, cache: &C, work_dir
     let noise_key = format!("noise {} {}", spec.noise_fraction, spec.noise_seed);
     let key = |what: &str| -> String {
         let detail = match what {
-            "retrain" => format!("{sub_key} test {p}"),
+            "retrain" => format!("{sub_key} all test points"),
             "epk-rows" | "dpk-rows" | "if-tau" => format!("test {p}"),
             "ensemble" => format!("seeds {:?}", spec.ensemble_seeds),
             "noisy" => noise_key.clone(),
@@ -384,19 +393,24 @@ pub fn run<C: Stages>(net: &Trained, spec: &AttributionSpec, cache: &C, work_dir
     let subsets = Subsets::draw(m, spec.subsets, spec.fraction, spec.tuning_subsets, spec.subset_seed)?;
     let w0 = Mlp1::from_params(arch, &net.states()[0])?;
     let wn = Mlp1::from_params(arch, net.states().last().expect("a run has states"))?;
-    let retrained: Retrained = cache.stage("retrain", &key("retrain"), || {
+    // Outputs at every test point of the run are kept (a forward pass), so a spec with fewer
+    // test points reuses the retraining.
+    let all: Retrained = cache.stage("retrain", &key("retrain"), || {
         let t = Instant::now();
         let (mut logp, mut margin) = (Vec::new(), Vec::new());
         for (s, idx) in subsets.members.iter().enumerate() {
             let (xs, ys) = gather(x, &y, d, idx);
             let w = gd(&w0, &xs, &ys, lr, steps)?;
-            let (a, b) = outputs_at_labels(&w.forward(xt), yt, k);
+            let (a, b) = outputs_at_labels(&w.forward(&ds.x_test), yt_all, k);
             logp.extend(a);
             margin.extend(b);
             log(&format!("retrained subset {}/{} ({:.0} s)", s + 1, subsets.members.len(), t.elapsed().as_secs_f64()));
         }
         Ok(Retrained { logp, margin, seconds: t.elapsed().as_secs_f64() })
     })?;
+    let n_all = yt_all.len();
+    let first = |v: &[f64]| -> Vec<f64> { v.chunks_exact(n_all).flat_map(|r| r[..p].iter().copied()).collect() };
+    let retrained = Retrained { logp: first(&all.logp), margin: first(&all.margin), seconds: all.seconds };
     timings.push(("retrain subsets".to_string(), retrained.seconds));
     let sc = Scorer { subsets: &subsets, retrained: &retrained, m, spec };
     let mut methods = Vec::new();
@@ -672,7 +686,8 @@ pub fn run<C: Stages>(net: &Trained, spec: &AttributionSpec, cache: &C, work_dir
         log("noisy-label detection scored");
     }
 
-    Ok(BenchmarkResult { spec: spec.clone(), run_id, shape: (m, p, k), lr, steps, subsets, methods, noisy, checks, timings, total_seconds: t_all.elapsed().as_secs_f64() })
+    let retrained = (retrained.logp.clone(), retrained.margin.clone());
+    Ok(BenchmarkResult { spec: spec.clone(), run_id, shape: (m, p, k), lr, steps, subsets, methods, noisy, retrained, checks, timings, total_seconds: t_all.elapsed().as_secs_f64() })
 }
 
 impl std::fmt::Display for BenchmarkResult {
@@ -713,9 +728,22 @@ impl std::fmt::Display for BenchmarkResult {
 }
 
 /// Writes `lds.parquet` (one row per method), `sweep.parquet` (every setting), `noisy.parquet`,
-/// `result.json` (everything, with the subsets) and `summary.md` into `dir`.
+/// `result.json` (everything, with the subsets), `summary.md`, and for an independent recheck
+/// (`scripts/check_datamodels_lds.py`) `tau.safetensors` (each method's chosen `τ [P, M]`) and
+/// `retrained.safetensors` (`logp`, `margin` `[S, P]`) into `dir`.
 pub fn write_tables(r: &BenchmarkResult, dir: &Path) -> Result<()> {
     crate::io::create_dir_all(dir)?;
+    let (m, p, _) = r.shape;
+    let taus: Vec<crate::io::NamedArray> = r.methods.iter().filter(|x| x.tau.len() == p * m).map(|x| crate::io::NamedArray::f64(x.method.clone(), vec![p, m], x.tau.clone())).collect();
+    crate::io::write_safetensors(&dir.join("tau.safetensors"), &taus, None)?;
+    let s_all = r.subsets.members.len();
+    if r.retrained.0.len() == s_all * p {
+        crate::io::write_safetensors(
+            &dir.join("retrained.safetensors"),
+            &[crate::io::NamedArray::f64("logp", vec![s_all, p], r.retrained.0.clone()), crate::io::NamedArray::f64("margin", vec![s_all, p], r.retrained.1.clone())],
+            None,
+        )?;
+    }
     let s = |f: &dyn Fn(&MethodResult) -> String| Column::Str(r.methods.iter().map(f).collect());
     let v = |f: &dyn Fn(&MethodResult) -> f64| Column::F64(r.methods.iter().map(f).collect());
     Table::new()

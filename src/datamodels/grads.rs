@@ -181,7 +181,7 @@ impl ScalarGrads {
     /// how the work is chunked, and a projection of dimension `d` is the first `d` columns of one
     /// of dimension `D ≥ d` ([`gaussian_block`]).
     pub fn project(&self, proj: Projection) -> Vec<f64> {
-        let (n, d, h, k) = self.dims;
+        let (n, _, h, k) = self.dims;
         match proj {
             Projection::Identity => (0..n).flat_map(|i| self.explicit(i)).collect(),
             Projection::Gaussian { seed, dim } => {

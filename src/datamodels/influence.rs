@@ -302,13 +302,15 @@ mod tests {
         let zm = z.project(Projection::Identity); // [n_z, W]
         let nz = z.len();
         let hd = nalgebra::DMatrix::from_fn(w, w, |a, b| (0..nz).map(|r| zm[r * w + a] * zm[r * w + b]).sum::<f64>() / m as f64);
-        // The matrix-free product is H.
+        // The matrix-free product is H (to 1e-10 relative: the two sum their terms in different
+        // orders, the explicit H from per-point eigendecompositions, with cancellation; the
+        // differences seen are about 1e-11).
         let ggn = Ggn::new(&net, &x);
         let v: Vec<f64> = (0..w).map(|i| (i as f64 * 0.17).sin()).collect();
         let hv = ggn.hvp(&v);
         let want = &hd * nalgebra::DVector::from_column_slice(&v);
         for i in 0..w {
-            assert!((hv[i] - want[i]).abs() < 1e-12 * (1.0 + want[i].abs()), "{} vs {}", hv[i], want[i]);
+            assert!((hv[i] - want[i]).abs() < 1e-10 * (1.0 + want[i].abs()), "{} vs {}", hv[i], want[i]);
         }
         let ft = net.forward(&x);
         let fx = net.forward(&xt);
