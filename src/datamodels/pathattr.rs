@@ -79,6 +79,72 @@ pub fn path_rows(net: &Trained, kind: KernelKind, x: &[f64], labels: &[usize], c
     Ok(out)
 }
 
+/// The DPK (TracIn) between row points and the training points on factored gradients:
+/// `G(x_p, x_i) = Σ_{s<N} ⟨∇ log p_{y_p}(x_p; w_s), ∇ log p_{y_i}(x_i; w_s)⟩` `[P, M]` (what
+/// [`path_rows`] with [`KernelKind::Dpk`] returns as `kernel`, at a fraction of its cost: the front
+/// door's full layout contracts every `K × K` block) and `τ = (ε/M) G`, with the residual of
+/// `b + Σ_i τ` against `log p_y` (the DPK is not an exact machine).
+///
+/// # Shapes
+/// `x [P, d]`, `labels [P]`.
+///
+/// Errors: a run whose architecture the fast path does not cover ([`Mlp1::check_architecture`]).
+pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathRows> {
+    let t = std::time::Instant::now();
+    let arch = &net.run().manifest.architecture;
+    let ds = &net.run().dataset;
+    let (xt, yt) = (&ds.x_train, ds.train_labels()?);
+    let (p, m) = (labels.len(), yt.len());
+    let d = ds.dim;
+    let mut xx = vec![0.0; p * m];
+    super::mlp::gemm(&mut xx, x, false, xt, true, (p, m, d), 1.0, false);
+    let mut kernel = vec![0.0; p * m];
+    let states = net.states();
+    for w in &states[..states.len().saturating_sub(1)] {
+        let net = Mlp1::from_params(arch, w)?;
+        let (fr, fc) = (net.forward(x), net.forward(xt));
+        let gr = ScalarGrads::new(&net, x, &fr, directions(&fr.logp, labels, net.k, Direction::LogProb));
+        let gc = ScalarGrads::new(&net, xt, &fc, directions(&fc.logp, yt, net.k, Direction::LogProb));
+        let f = |i: usize, j: usize| xx[i * m + j];
+        gr.gram_rows(&gc, Some(&f), &mut |i, row| kernel[i * m..(i + 1) * m].iter_mut().zip(row).for_each(|(a, v)| *a += v));
+    }
+    let lr = net.run().manifest.learning_rates.first().copied().unwrap_or(0.0);
+    let tau: Vec<f64> = kernel.iter().map(|g| lr / m as f64 * g).collect();
+    let k = ds.num_outputs;
+    let (f0, fnn) = (Mlp1::from_params(arch, &states[0])?.forward(x), Mlp1::from_params(arch, states.last().expect("states"))?.forward(x));
+    let mut out = PathRows { tau, kernel, max_residual: 0.0, max_output: 0.0, seconds: 0.0 };
+    for (r, &y) in labels.iter().enumerate() {
+        let res = f0.logp[r * k + y] + out.tau[r * m..(r + 1) * m].iter().sum::<f64>() - fnn.logp[r * k + y];
+        out.max_residual = out.max_residual.max(res.abs());
+        out.max_output = out.max_output.max(fnn.logp[r * k + y].abs());
+    }
+    out.seconds = t.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// The EPK's self-kernel `G(x_i, x_i)[y_i, y_i]` of training points `idx` (test side: the row
+/// integrated along each step, the column at the step's start), through the front door's
+/// class-diagonal layout, `chunk` rows at a time: the noisy-label detector's self-attribution
+/// (times `ε/M`). # Shapes `[|idx|]`.
+///
+/// Errors: every error of the kernel engine.
+pub fn epk_self(net: &Trained, labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<Vec<f64>> {
+    let ds = &net.run().dataset;
+    let (d, m) = (ds.dim, ds.n_train());
+    let mut out = Vec::with_capacity(m);
+    let mut start = 0;
+    while start < m {
+        let end = (start + chunk.max(1)).min(m);
+        let g: Gram = net.epk().inputs(&ds.x_train[start * d..end * d]).layout(Layout::Diag).compute()?;
+        for i in start..end {
+            out.push(g.class_block(labels[i])?[(i - start, i)]);
+        }
+        progress(end, m);
+        start = end;
+    }
+    Ok(out)
+}
+
 /// The train-side path Gram of the log-probabilities, `Σ_{s<N} ⟨∇ log p_{y_i}(x_i; w_s),
 /// ∇ log p_{y_j}(x_j; w_s)⟩` (`[M, M]`, when `full`), and its diagonal (`[M]`), on factored
 /// gradients: the EPK's train side, which is also the DPK's Gram on the training points.
