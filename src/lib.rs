@@ -73,6 +73,7 @@ pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod data;
+pub mod datamodels;
 pub mod error;
 pub mod gp;
 pub mod interop;

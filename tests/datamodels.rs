@@ -1,0 +1,175 @@
+//! The attribution benchmark's pieces against the crate's own slow paths: the fast retrainer
+//! against the recorded dfdx run, the EPK attribution against the network, the factored path
+//! Gram against the front door's DPK Gram, TRAK's projected form against its unprojected form,
+//! and the whole benchmark end to end on a tiny run (with its cache).
+
+use pathkernel::api::{Layout, Trained};
+use pathkernel::datamodels::benchmark::{run, write_tables, AttributionSpec};
+use pathkernel::datamodels::grads::{directions, Direction, Projection, ScalarGrads};
+use pathkernel::datamodels::mlp::Mlp1;
+use pathkernel::datamodels::pathattr::{path_gram, path_rows};
+use pathkernel::datamodels::retrain::gd;
+use pathkernel::datamodels::ridge::Ridge;
+use pathkernel::datamodels::{JsonDir, NoCache};
+use pathkernel::kernel::KernelKind;
+
+fn tiny_run(dir: &std::path::Path, steps: usize) -> Trained {
+    let toml = format!(
+        r#"
+        [data]
+        kind = "gaussian-mixture"
+        dim = 5
+        per_class = 12
+        n_test = 9
+        std = 2.0
+        [model]
+        kind = "mlp"
+        hidden = [8]
+        zero_last = true
+        [train]
+        optimizer = "gd"
+        lr = 0.5
+        steps = {steps}
+        seed = 3
+        "#
+    );
+    Trained::train_toml(&toml, dir.join("run")).unwrap()
+}
+
+fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().map(|v| v.abs()).fold(0.0, f64::max);
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+}
+
+#[test]
+fn fast_retrainer_reproduces_the_recorded_dfdx_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = tiny_run(dir.path(), 40);
+    let arch = &net.run().manifest.architecture;
+    let ds = &net.run().dataset;
+    let w0 = Mlp1::from_params(arch, &net.states()[0]).unwrap();
+    let fast = gd(&w0, &ds.x_train, ds.train_labels().unwrap(), 0.5, 40).unwrap();
+    let rel = max_rel(&fast.flat(), &net.states().last().unwrap().flat());
+    println!("fast retrainer vs dfdx: max relative difference {rel:e}");
+    assert!(rel < 1e-10, "{rel:e}");
+}
+
+#[test]
+fn epk_attribution_sums_to_the_network_and_the_path_gram_is_the_dpk_gram() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = tiny_run(dir.path(), 15);
+    let ds = &net.run().dataset;
+    let (m, k) = (ds.n_train(), ds.num_outputs);
+    let y = ds.train_labels().unwrap();
+    let yt = ds.test_labels().unwrap();
+    let epk = path_rows(&net, KernelKind::Epk, &ds.x_test, yt, 4, &|_, _| {}).unwrap();
+    println!("EPK: max |b + Σ τ − log p_y| = {:e} (outputs up to {})", epk.max_residual, epk.max_output);
+    assert!(epk.max_residual < 1e-12 * (1.0 + epk.max_output), "{}", epk.max_residual);
+    // τ = (ε/M) G[y_x, y_i] with the kernel rows returned beside it.
+    for (t, g) in epk.tau.iter().zip(&epk.kernel) {
+        assert!((t - 0.5 / m as f64 * g).abs() < 1e-13 * (1.0 + g.abs()));
+    }
+    // The same rows of the DPK are not exact: a non-zero residual (this test can fail).
+    let dpk = path_rows(&net, KernelKind::Dpk, &ds.x_test, yt, 9, &|_, _| {}).unwrap();
+    assert!(dpk.max_residual > 1e3 * epk.max_residual);
+    // The fast DPK rows against the front door's.
+    let fast = pathkernel::datamodels::pathattr::dpk_rows_fast(&net, &ds.x_test, yt).unwrap();
+    assert!(max_rel(&fast.kernel, &dpk.kernel) < 1e-12 && max_rel(&fast.tau, &dpk.tau) < 1e-12);
+    assert!((fast.max_residual - dpk.max_residual).abs() < 1e-12 * (1.0 + dpk.max_residual));
+    // The EPK self-kernel from the class-diagonal layout against the full rows at the training points.
+    let rows = path_rows(&net, KernelKind::Epk, &ds.x_train, y, 12, &|_, _| {}).unwrap();
+    let selfk = pathkernel::datamodels::pathattr::epk_self(&net, y, 7, &|_, _| {}).unwrap();
+    for i in 0..m {
+        assert!((selfk[i] - rows.kernel[i * m + i]).abs() < 1e-12 * (1.0 + selfk[i].abs()));
+    }
+    // The factored train-side path Gram against the front door's DPK Gram on the training points.
+    let (g, diag) = path_gram(&net.run().manifest.architecture, net.states(), &ds.x_train, y, true).unwrap();
+    let g = g.unwrap();
+    let front = net.dpk().train_side().layout(Layout::Full).compute().unwrap();
+    for i in 0..m {
+        for j in 0..m {
+            let want = front.pair(i, j).unwrap()[(y[i], y[j])];
+            assert!((g[i * m + j] - want).abs() < 1e-12 * (1.0 + want.abs()), "{i} {j}: {} vs {want}", g[i * m + j]);
+        }
+        assert!((diag[i] - g[i * m + i]).abs() < 1e-12 * (1.0 + diag[i]));
+    }
+    assert_eq!(k, 3);
+}
+
+#[test]
+fn trak_projected_form_is_the_unprojected_form_with_the_identity_and_approaches_it_as_d_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = tiny_run(dir.path(), 20);
+    let arch = &net.run().manifest.architecture;
+    let ds = &net.run().dataset;
+    let w = Mlp1::from_params(arch, net.states().last().unwrap()).unwrap();
+    let (fx, ft) = (w.forward(&ds.x_test), w.forward(&ds.x_train));
+    let gx = ScalarGrads::new(&w, &ds.x_test, &fx, directions(&fx.logp, ds.test_labels().unwrap(), 3, Direction::LogOdds));
+    let gt = ScalarGrads::new(&w, &ds.x_train, &ft, directions(&ft.logp, ds.train_labels().unwrap(), 3, Direction::LogOdds));
+    let m = gt.len();
+    let full = Ridge::kernel(&gx.gram(&gt), &gt.gram(&gt), m).unwrap();
+    let ident = Ridge::features(&gx.project(Projection::Identity), &gt.project(Projection::Identity), w.numel()).unwrap();
+    for lam in [1e-3, 0.1] {
+        let (a, b) = (full.apply(lam), ident.apply(lam));
+        assert!(max_rel(&b, &a) < 1e-9, "λ {lam}: {:e}", max_rel(&b, &a));
+    }
+    let err = |dim: usize| {
+        let r = Ridge::features(&gx.project(Projection::Gaussian { seed: 1, dim }), &gt.project(Projection::Gaussian { seed: 1, dim }), dim).unwrap();
+        max_rel(&r.apply(0.1), &full.apply(0.1))
+    };
+    let (e64, e4096) = (err(64), err(4096));
+    println!("projected vs unprojected TRAK (λ = 0.1): d = 64: {e64:.3}, d = 4096: {e4096:.3}");
+    assert!(e4096 < 0.1 && e4096 < e64 / 2.0, "{e64} {e4096}");
+}
+
+#[test]
+fn benchmark_runs_end_to_end_and_its_cache_returns_the_same_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = tiny_run(dir.path(), 20);
+    let spec = AttributionSpec {
+        subsets: 10,
+        tuning_subsets: 3,
+        test_points: 6,
+        trak_dims: vec![16, 32],
+        trak_ridges: vec![0.0, 1e-2],
+        representer_ridges: vec![1e-3, 1e-1],
+        if_dampings: vec![1e-2, 1e-1],
+        ensemble_seeds: vec![3, 4],
+        noise_fraction: 0.25,
+        bootstrap: 200,
+        chunk_rows: 4,
+        cg_check_points: 2,
+        ggn_tol: 0.0,
+        ..AttributionSpec::default()
+    };
+    let cache = JsonDir(dir.path().join("cache"));
+    let r = run(&net, &spec, &cache, &dir.path().join("work"), &|_| {}).unwrap();
+    println!("{r}");
+    let names: Vec<&str> = r.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(names, ["epk", "tracin", "grad-dot", "epk-rep", "dpk-rep", "trak-1", "trak-1-full", "trak-2", "trak-2-full", "if-ggn"]);
+    assert!(r.checks.dpk_max_residual > 1e3 * r.checks.epk_max_residual);
+    assert!(r.checks.epk_max_residual < 1e-12 * (1.0 + r.checks.epk_max_output));
+    assert!(r.checks.retrain_vs_run.unwrap() < 1e-10);
+    let (_, _, cg_diff) = r.checks.cg.unwrap();
+    assert!(cg_diff < 1e-6, "{cg_diff}");
+    assert_eq!(r.methods.iter().find(|m| m.method == "trak-1").unwrap().sweep.len(), 4);
+    for m in &r.methods {
+        assert!(m.lds.mean.is_finite() && m.lds.lo <= m.lds.mean && m.lds.mean <= m.lds.hi, "{m:?}");
+        assert!(m.sweep.iter().any(|p| p.setting == m.chosen && p.tune == m.tune));
+        assert!(m.sweep.iter().all(|p| p.tune <= m.tune));
+    }
+    assert!(r.noisy.iter().any(|n| n.method == "epk") && r.noisy.iter().all(|n| (0.0..=1.0).contains(&n.auc)));
+    // From the cache: the same numbers (retraining, rows and Grams are not recomputed).
+    let again = run(&net, &spec, &cache, &dir.path().join("work"), &|_| {}).unwrap();
+    assert_eq!(serde_json::to_string(&again.methods.iter().map(|m| (m.lds, m.tune)).collect::<Vec<_>>()).unwrap(), serde_json::to_string(&r.methods.iter().map(|m| (m.lds, m.tune)).collect::<Vec<_>>()).unwrap());
+    let out = dir.path().join("report");
+    write_tables(&r, &out).unwrap();
+    for f in ["lds.parquet", "sweep.parquet", "noisy.parquet", "result.json", "summary.md"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let back = pathkernel::io::Table::read_parquet(&out.join("lds.parquet")).unwrap();
+    assert_eq!(back.rows(), r.methods.len());
+    // Without a cache the same spec gives the same LDS (everything is seeded).
+    let fresh = run(&net, &AttributionSpec { noise_fraction: 0.0, ..spec.clone() }, &NoCache, &dir.path().join("work2"), &|_| {}).unwrap();
+    assert_eq!(fresh.methods[0].lds, r.methods[0].lds);
+}
