@@ -73,3 +73,72 @@ fn a_changed_field_recomputes_its_stage_and_only_those_downstream() {
     assert_ne!(wd, base);
     assert_eq!(reused(&run(d, &wd)), (false, vec![false, false]));
 }
+
+#[test]
+fn the_attribution_benchmark_runs_as_a_study_and_its_stages_come_from_the_engine_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+name = "attribution-check"
+
+[data]
+kind = "gaussian-mixture"
+dim = 2
+per_class = 8
+n_test = 6
+seed = 0
+
+[model]
+kind = "mlp"
+hidden = [6]
+zero_last = true
+
+[train]
+lr = 0.5
+steps = 12
+seed = 0
+
+[attribution]
+subsets = 8
+tuning_subsets = 3
+test_points = 4
+trak_dims = [8]
+trak_ridges = [1e-2]
+representer_ridges = [1e-2]
+if_dampings = [1e-1]
+ensemble_seeds = [1, 2]
+noise_fraction = 0.25
+bootstrap = 50
+chunk_rows = 4
+cg_check_points = 1
+"#;
+    let first = run(dir.path(), text);
+    assert!(!first.reused_run);
+    let report = dir.path().join("report");
+    for f in ["summary.md", "lds.parquet", "sweep.parquet", "noisy.parquet", "result.json", "study.toml", "timings.json"] {
+        assert!(report.join(f).exists(), "{f}");
+    }
+    let stored = std::fs::read_dir(dir.path().join("cache").join("stages")).unwrap().count();
+    assert!(stored > 0, "the benchmark's stages are stored in the engine's cache");
+    let lds_of = |p: &Path| {
+        let t = pathkernel::io::Table::read_parquet(&p.join("lds.parquet")).unwrap();
+        ["tune", "lds", "lds_lo", "lds_hi", "lds_margin"].map(|c| t.f64(c).unwrap_or_else(|| panic!("column {c}")).to_vec())
+    };
+    let lds = lds_of(&report);
+    let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
+    assert!(summary.starts_with("# Study `attribution-check`") && summary.contains("| epk |") && summary.contains("[attribution]"));
+    // Rerun: the run and every stage reused, no new stage files, the same tables.
+    let second = run(dir.path(), text);
+    assert!(second.reused_run);
+    assert_eq!(std::fs::read_dir(dir.path().join("cache").join("stages")).unwrap().count(), stored);
+    assert_eq!(lds_of(&report), lds);
+    // A changed benchmark setting recomputes the stages it determines (new stage files).
+    let third = run(dir.path(), &text.replace("subset_seed = 0\n", "").replace("subsets = 8", "subsets = 8\nsubset_seed = 1"));
+    assert!(third.reused_run, "the network does not depend on the subsets");
+    assert!(std::fs::read_dir(dir.path().join("cache").join("stages")).unwrap().count() > stored);
+    // [attribution] is a study kind of its own.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, format!("{text}\n[analysis]\ncharts = false\n")).unwrap();
+    let opts = StudyOptions { out: Some(dir.path().join("r2")), cache: Some(dir.path().join("c2")), base_dir: PathBuf::from("."), progress: false, command: "test".into() };
+    let e = study::run(&bad, &opts).unwrap_err().to_string();
+    assert!(e.contains("[attribution] runs the attribution benchmark only"), "{e}");
+}

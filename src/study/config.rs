@@ -153,6 +153,10 @@ pub struct StudyConfig {
     /// section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
     #[serde(default)]
     pub uncertainty: Option<super::uncertainty::UqStudySpec>,
+    /// `[attribution]`: the attribution benchmark ([`crate::datamodels`], run by
+    /// `study/attribution.rs`); like `[uncertainty]`, a study kind of its own.
+    #[serde(default)]
+    pub attribution: Option<crate::datamodels::AttributionSpec>,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -189,6 +193,9 @@ impl StudyConfig {
                 return Err(Error::Config("a study with [uncertainty] runs the uncertainty benchmark only (with its own lr/steps selection); leave out [[kernel]], [analysis], [sweep] and [selection]".into()));
             }
             u.validate(&cfg.run_config())?;
+        }
+        if cfg.attribution.is_some() && (cfg.uncertainty.is_some() || !cfg.kernels.is_empty() || cfg.sweep.is_some() || cfg.selection.is_some() || cfg.analysis != AnalysisSpec::default()) {
+            return Err(Error::Config("a study with [attribution] runs the attribution benchmark only; leave out [uncertainty], [[kernel]], [analysis], [sweep] and [selection]".into()));
         }
         let mut labels = std::collections::HashSet::new();
         for k in &cfg.kernels {

@@ -19,7 +19,9 @@
 //! - no kind section: the plain study (training, `[[kernel]]`, `[analysis]`, `[sweep]`), here
 //!   and in `analyses.rs` (one function per analysis) and `sweep.rs`;
 //! - `[uncertainty]`: the uncertainty benchmark, [`uncertainty`] (the protocol itself is
-//!   [`crate::uncertainty`]).
+//!   [`crate::uncertainty`]);
+//! - `[attribution]`: the attribution benchmark (LDS against retraining), `attribution.rs`
+//!   (the methods and the score are [`crate::datamodels`]).
 //!
 //! Every kind shares:
 //! - [`StudyContext`]: the study file (name, text, `[data]`/`[model]`/`[train]`) and where it
@@ -51,6 +53,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 mod analyses;
+mod attribution;
 pub mod cache;
 mod config;
 pub mod selection;
@@ -153,9 +156,10 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         base_dir: opts.base_dir.clone(),
         progress: opts.progress,
     };
-    match &cfg.uncertainty {
-        Some(spec) => uncertainty::run(&ctx, spec),
-        None => run_plain(&ctx, &cfg, opts),
+    match (&cfg.uncertainty, &cfg.attribution) {
+        (Some(spec), _) => uncertainty::run(&ctx, spec),
+        (None, Some(spec)) => attribution::run(&ctx, spec),
+        (None, None) => run_plain(&ctx, &cfg, opts),
     }
 }
 

@@ -1,0 +1,98 @@
+//! `[attribution]`: the attribution benchmark ([`crate::datamodels`]: 50 retrainings on half
+//! subsets, every attribution method on one run, LDS and noisy-label AUCs) as a study of the one
+//! engine. The protocol's network is trained (or reused) through [`Clock::train`]; every
+//! expensive stage of the benchmark (retrained outputs, Grams, attributions) goes through
+//! [`EngineStages`], the engine's keyed cache (one JSON file per stage, its [`Key`] the run's key,
+//! the stage's name and the benchmark's own key of its inputs, reused only when the stored key
+//! equals it) and timing ledger; the tables go into the staged report directory.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use super::cache::{self, run_key, Clock, Key};
+use super::{StudyContext, StudySummary};
+use crate::api::Trained;
+use crate::datamodels::{self, AttributionSpec, Stages};
+use crate::error::Result;
+use crate::io::{self, StagedDir};
+
+/// A stage's value with the key of its inputs.
+#[derive(Serialize, Deserialize)]
+struct Stored<T> {
+    key: Key,
+    value: T,
+}
+
+/// [`Stages`] on the engine's cache: `DIR/<name>-<key>.json` (floats bit-exact, the key stored
+/// beside the value), each computation timed in the study's ledger.
+pub(crate) struct EngineStages<'a> {
+    dir: PathBuf,
+    run: Key,
+    clock: RefCell<&'a mut Clock>,
+}
+
+impl Stages for EngineStages<'_> {
+    fn stage<T: Serialize + DeserializeOwned>(&self, name: &str, key: &str, compute: impl FnOnce() -> Result<T>) -> Result<T> {
+        let k = Key::of(&[self.run.as_str(), name, key]);
+        let path = self.dir.join(format!("{name}-{k}.json"));
+        if let Some(s) = cache::read_json::<Stored<T>>(&path).filter(|s| s.key == k) {
+            let mut clock = self.clock.borrow_mut();
+            if clock.has(name, &k) {
+                clock.reuse(name, &k);
+            }
+            return Ok(s.value);
+        }
+        let value = self.clock.borrow_mut().run(name, "attribution", &k, compute)?;
+        io::create_dir_all(&self.dir)?;
+        let stored = Stored { key: k, value };
+        cache::write_json(&path, &stored)?;
+        Ok(stored.value)
+    }
+}
+
+/// Runs the `[attribution]` study: the network of `[data]`/`[model]`/`[train]`, then
+/// [`datamodels::run`] with `spec`; writes the benchmark's tables ([`datamodels::benchmark::write_tables`]),
+/// the study file and `timings.json` into `ctx.out`.
+///
+/// Errors: those of the training and of the benchmark (a run that is not a one-hidden-layer
+/// ReLU MLP on a classification set, a spec out of range).
+pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySummary> {
+    let start = Instant::now();
+    io::create_dir_all(&ctx.cache)?;
+    let staged = StagedDir::new(&ctx.out, true)?;
+    let mut clock = Clock::open(&ctx.cache, ctx.progress);
+    let run = clock.train("training", "shared", &ctx.run_config, &ctx.cache.join("run"), &ctx.base_dir, ctx.progress)?;
+    let reused_run = clock.order.last().is_some_and(|(_, reused)| *reused);
+    let net = Trained::open(&run.dir)?;
+    let progress = ctx.progress;
+    let log = move |s: &str| {
+        if progress {
+            eprintln!("[attribution] {s}");
+        }
+    };
+    let result = {
+        let stages = EngineStages { dir: ctx.cache.join("stages"), run: run_key(&ctx.run_config), clock: RefCell::new(&mut clock) };
+        datamodels::run(&net, spec, &stages, &ctx.cache.join("work"), &log)?
+    };
+    datamodels::benchmark::write_tables(&result, staged.path())?;
+    // The report's front page: what ran, the benchmark's tables, the study file.
+    let tables = std::fs::read_to_string(staged.path().join("summary.md")).map_err(|e| crate::error::Error::io(staged.path().join("summary.md"), e))?;
+    let front = format!(
+        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}).\n\n{}\n\n## Configuration\n\n```toml\n{}\n```\n",
+        ctx.name,
+        ctx.description,
+        ctx.study_file,
+        env!("CARGO_PKG_VERSION"),
+        tables.trim_end(),
+        ctx.text.trim_end()
+    );
+    io::write_atomic(&staged.path().join("summary.md"), front.as_bytes())?;
+    io::write_atomic(&staged.path().join("study.toml"), ctx.text.as_bytes())?;
+    let timings: Vec<_> = clock.order.iter().map(|(t, reused)| serde_json::json!({ "stage": t.stage, "seconds": t.seconds, "load": t.load, "reused": reused })).collect();
+    io::write_json(&staged.path().join("timings.json"), &serde_json::json!({ "stages": timings, "benchmark_seconds": result.total_seconds, "wall_seconds": start.elapsed().as_secs_f64() }))?;
+    let out = staged.commit()?;
+    Ok(StudySummary { out, reused_run, kernels: Vec::new(), seconds: start.elapsed().as_secs_f64() })
+}
