@@ -40,7 +40,7 @@ fn train_overlay(run: &Run) -> Option<crate::plot::Overlay> {
 }
 
 /// The `[analysis]` section and the charts; returns markdown lines for the summary.
-pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels: &[StudyKernel], cache: &Path, out: &Path, progress: bool) -> Result<Vec<String>> {
+pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels: &[StudyKernel], cache: &Path, out: &Path, base_dir: &Path, progress: bool) -> Result<Vec<String>> {
     let (run, states) = (net.run(), net.states());
     let a = &cfg.analysis;
     let mut notes = Vec::new();
@@ -198,7 +198,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     }
     if a.svm && !a.svm_c.is_empty() {
         if let Some(tk) = train_kernel {
-            notes.extend(svm_sweep(net, tk, kernels, &a.svm_c, out, progress)?);
+            notes.extend(svm_sweep(cfg, net, tk, kernels, &a.svm_c, out, base_dir, progress)?);
         }
     }
     if a.stationarity {
@@ -386,9 +386,16 @@ fn interpolation(run: &Run, states: &[crate::model::Params], n: usize) -> Result
 /// The SVM's C chosen on the validation split ([`report::svm_sweep_report`]): validation rows
 /// of the EPK (class-diagonal), the study's EPK test rows, and the path's logit-space weights
 /// `Σ_s a_{i,s}` from the kernel engine.
-fn svm_sweep(net: &Trained, tk: &Gram, kernels: &[StudyKernel], grid: &[f64], out: &Path, progress: bool) -> Result<Vec<String>> {
+#[allow(clippy::too_many_arguments)]
+fn svm_sweep(cfg: &StudyConfig, net: &Trained, tk: &Gram, kernels: &[StudyKernel], grid: &[f64], out: &Path, base_dir: &Path, progress: bool) -> Result<Vec<String>> {
     let run = net.run();
-    let Some(val) = &run.dataset.validation else {
+    // A recorded run keeps its training and test sets; the validation split is read again from
+    // the study's data section (and checked to belong to the same training set).
+    let data = cfg.data.load(base_dir)?;
+    if data.x_train != run.dataset.x_train {
+        return Err(Error::Data("analysis.svm_c: the study's data section no longer gives the run's training set".into()));
+    }
+    let Some(val) = &data.validation else {
         return Err(Error::Config("analysis.svm_c chooses C on the validation split: the run has none (set data.val_per_class or val_fraction)".into()));
     };
     let crate::data::Targets::Labels(val_labels) = &val.y else {

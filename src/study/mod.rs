@@ -163,7 +163,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         kernels.push(StudyKernel { spec: spec.clone(), label, reused, gram, exactness });
     }
     let mut notes = selection_notes;
-    notes.extend(analyses::analyses(&cfg, &net, &log, &kernels, &cache, staged.path(), opts.progress)?);
+    notes.extend(analyses::analyses(&cfg, &net, &log, &kernels, &cache, staged.path(), &opts.base_dir, opts.progress)?);
     if let Some(sw) = &cfg.sweep {
         notes.extend(sweep::sweep(&cfg, sw, &cache, staged.path(), opts)?);
     }
