@@ -10,10 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // exactly into one contribution per training point. We take the three class means of the 2-D toy as
     // test points (the paper's Figure 6) and list the training points that push each output up or down.
     // %%
-    let net = Trained::train_toml(
-        "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 40\nn_test = 30\n[model]\nkind = \"mlp\"\nhidden = [16]\n[train]\nlr = 0.5\nsteps = 80\n",
-        "../runs/notebook-attribution",
-    )?;
+    let net = Trained::train(&RunConfig::mixture(2, 40, 30).mlp(&[16]).lr(0.5).steps(80), "../runs/notebook-attribution")?;
     let epk = net.epk().class_means().compute()?;
     show(&epk);
     // %% md
@@ -28,16 +25,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // supporters and opponents of each class mean's own output (the paper's Figure 6):
     // %%
     let fig6 = {
-        let x = &net.run().dataset.x_train;
-        let labels = net.run().dataset.train_labels()?;
+        let (x, y, m) = (net.x_train(), net.y_train()?, epk.points());
         let own: Vec<_> = at.items.iter().filter(|a| a.class == a.point).collect();
-        let xy = |idx: Vec<usize>| Series::new("", idx.iter().map(|i| x[2 * i]).collect(), idx.iter().map(|i| x[2 * i + 1]).collect());
-        let mut series: Vec<Series> = (0..3).map(|c| Series { label: format!("class {c}"), ..xy((0..labels.len()).filter(|&i| labels[i] == c).collect()) }).collect();
-        series.push(Series { label: "top supporters of the own class".into(), ..xy(own.iter().flat_map(|a| a.supporters.iter().map(|s| s.0)).collect()) });
-        series.push(Series { label: "top opponents".into(), ..xy(own.iter().flat_map(|a| a.opponents.iter().map(|s| s.0)).collect()) });
-        let m = epk.points();
-        series.push(Series::new("class means", (0..3).map(|q| m.x[2 * q]).collect(), (0..3).map(|q| m.x[2 * q + 1]).collect()));
-        Chart::scatter("Training points, and who supports each class mean's own output", "x1", "x2", &series, false)?
+        let xy = |label: &str, idx: Vec<usize>| Series::xy(label, idx.iter().map(|&i| x[(i, 0)]), idx.iter().map(|&i| x[(i, 1)]));
+        let mut series: Vec<Series> = (0..3).map(|c| xy(&format!("class {c}"), (0..y.len()).filter(|&i| y[i] == c).collect())).collect();
+        series.push(xy("top supporters of the own class", own.iter().flat_map(|a| a.supporters.iter().map(|s| s.0)).collect()));
+        series.push(xy("top opponents", own.iter().flat_map(|a| a.opponents.iter().map(|s| s.0)).collect()));
+        series.push(Series::xy("class means", m.x.iter().step_by(2), m.x.iter().skip(1).step_by(2)));
+        Chart::scatter("Training points, and who supports each class mean's own output", "x1", "x2", &series).draw()?
     };
     show(&fig6);
     // %% md
@@ -52,6 +47,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for c in 0..3 {
         println!("class {c}: {}", train.stationarity(Some(c), &StationarityOptions::default())?);
     }
+    // %% md
+    // ## An SVM on the same Gram
+    //
+    // Would a one-vs-rest SVM (C = 1, SMO as in libsvm) on the train-side Gram choose weights
+    // that predict like the network? The labels come from the run the Gram belongs to; the
+    // predictions are at the test rows (class-diagonal blocks).
+    // %%
+    let rows = net.epk().layout(Layout::Diag).compute()?;
+    let svm = SvmModel::fit(&train, &SvmParams::default())?;
+    let predicted = svm.predict(&rows)?;
+    println!("SVM test accuracy {:.1} %, agreeing with the network on {:.1} %", 100.0 * agreement(&predicted, net.y_test()?), 100.0 * agreement(&predicted, &rows.predicted()));
+    show(&svm);
     Ok(())
 }
 

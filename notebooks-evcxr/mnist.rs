@@ -64,28 +64,12 @@ seed = 0
     // deviation across samples).
     // %%
     let grid = {
-        let ds = &net.run().dataset;
-        let labels = ds.test_labels()?;
-        let net_probs: Vec<f64> = rows.output().network.iter().map(|v| v.exp()).collect();
-        let top = |p: &[f64]| (0..10).fold(0, |b, c| if p[c] > p[b] { c } else { b });
-        let mut order: Vec<usize> = (0..labels.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (pa, pb) = (&mc.mean_prob[a * 10..a * 10 + 10], &mc.mean_prob[b * 10..b * 10 + 10]);
-            pa[top(pa)].total_cmp(&pb[top(pb)])
-        });
-        let tiles: Vec<ImageTile> = order[..12]
-            .iter()
-            .map(|&q| {
-                let (pn, pg) = (&net_probs[q * 10..q * 10 + 10], &mc.mean_prob[q * 10..q * 10 + 10]);
-                let (cn, cg) = (top(pn), top(pg));
-                ImageTile {
-                    pixels: ds.x_test[q * 784..(q + 1) * 784].to_vec(),
-                    width: 28,
-                    height: 28,
-                    caption: vec![format!("label {}", labels[q]), format!("net {cn}: {:.2}", pn[cn]), format!("GP {cg}: {:.2} ± {:.2}", pg[cg], mc.std_prob[q * 10 + cg])],
-                }
-            })
-            .collect();
+        let (x, y, f, p, sd) = (net.x_test(), net.y_test()?, rows.network(), mc.mean(), mc.std());
+        let (cn, cg) = (rows.predicted(), mc.predicted());
+        let tiles: Vec<ImageTile> = mc.least_confident(12).into_iter().map(|q| {
+            let caption = vec![format!("label {}", y[q]), format!("net {}: {:.2}", cn[q], f[(q, cn[q])].exp()), format!("GP {}: {:.2} ± {:.2}", cg[q], p[(q, cg[q])], sd[(q, cg[q])])];
+            ImageTile::square(x.row(q).iter(), caption)
+        }).collect();
         Chart::image_grid("The 12 test digits with the least confident EPK-GP", &tiles, 6)?
     };
     show(&grid);
@@ -102,16 +86,13 @@ seed = 0
     // %%
     let at = three.attribute(&[0, 1, 2], 4)?;
     let support = {
-        let ds = &net.run().dataset;
-        let y = ds.train_labels()?;
+        let (x, x_train, y, c) = (net.x_test(), net.x_train(), net.y_train()?, three.predicted());
         let mut tiles = Vec::new();
         for q in 0..3 {
-            let f = three.network();
-            let c = (0..10).fold(0, |b, j| if f[(q, j)] > f[(q, b)] { j } else { b });
-            let a = at.items.iter().find(|a| a.point == q && a.class == c).expect("every class is attributed");
-            tiles.push(ImageTile { pixels: ds.x_test[q * 784..(q + 1) * 784].to_vec(), width: 28, height: 28, caption: vec![format!("test {q}: class {c}"), format!("residual {:.0e}", a.residual)] });
+            let a = at.of(q, c[q])?;
+            tiles.push(ImageTile::square(x.row(q).iter(), vec![format!("test {q}: class {}", c[q]), format!("residual {:.0e}", a.residual)]));
             for (i, v) in a.supporters.iter().chain(&a.opponents) {
-                tiles.push(ImageTile { pixels: ds.x_train[i * 784..(i + 1) * 784].to_vec(), width: 28, height: 28, caption: vec![format!("train {i} ({})", y[*i]), format!("{v:+.3}")] });
+                tiles.push(ImageTile::square(x_train.row(*i).iter(), vec![format!("train {i} ({})", y[*i]), format!("{v:+.3}")]));
             }
         }
         Chart::image_grid("Each test image, then its 4 strongest supporters and 4 strongest opponents", &tiles, 9)?

@@ -7,31 +7,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // %% md
     // # Quick start: train → exact path kernel → exactness
     //
-    // We train a small ReLU network on the 2-D version of the EPK paper's three-class Gaussian
-    // mixture with full-batch gradient descent, recording every weight state, and then rebuild the
+    // We train a small ReLU network (2-16-3) on the 2-D version of the EPK paper's three-class
+    // Gaussian mixture (50 training points per class, 30 test points) with 60 steps of full-batch
+    // gradient descent, recording every weight state, and then rebuild the
     // network as a kernel machine with the Exact Path Kernel (EPK). The kernel machine must agree with
     // the network to machine precision; the discrete path kernel (DPK) of prior work does not.
     // %%
-    let net = Trained::train_toml(
-        r#"
-[data]
-kind = "gaussian-mixture"
-dim = 2
-per_class = 50
-n_test = 30
-seed = 0
-
-[model]
-kind = "mlp"
-hidden = [16]
-activation = "relu"
-
-[train]
-lr = 0.5
-steps = 60
-"#,
-        "../runs/notebook-quickstart",
-    )?;
+    let cfg = RunConfig::mixture(2, 50, 30).mlp(&[16]).lr(0.5).steps(60);
+    let net = Trained::train(&cfg, "../runs/notebook-quickstart")?;
     show(&net);
     // %% md
     // The run directory holds the manifest, the dataset and one safetensors file per weight state
@@ -52,32 +35,17 @@ steps = 60
     // The paper's Figure 4: the kernel machine against the network, class 0 of every test point.
     // The EPK's points lie on the diagonal; the DPK's do not.
     // %%
-    let fig4 = Chart::scatter(
-        "Kernel machine vs network (class-0 log-probability, 30 test points)",
-        "network f(x)",
-        "kernel machine",
-        &[
-            Series::new("EPK (auto:1e-12)", epk.network().col(0).iter().copied().collect(), epk.machine().col(0).iter().copied().collect()),
-            Series::new("DPK (t = 0)", dpk.network().col(0).iter().copied().collect(), dpk.machine().col(0).iter().copied().collect()),
-        ],
-        true,
-    )?;
+    let fig4 = Chart::scatter("Kernel machine vs network (class-0 log-probability, 30 test points)", "network f(x)", "kernel machine", &[
+        Series::xy("EPK (auto:1e-12)", epk.network().col(0).iter(), epk.machine().col(0).iter()),
+        Series::xy("DPK (t = 0)", dpk.network().col(0).iter(), dpk.machine().col(0).iter()),
+    ]).diagonal().draw()?;
     show(&fig4);
     // %% md
     // Per step, the change of the output predicted by that step's kernel against the network's
     // actual change (the per-step check), and the gradient evaluations the adaptive rule needed:
     // %%
-    let per_step = Chart::line(
-        "Per step: |predicted − actual change of the output| (max over points and classes)",
-        "step",
-        "max abs error",
-        &[
-            Series::new("EPK", epk.output().records.iter().map(|r| r.step as f64).collect(), epk.output().records.iter().map(|r| r.max_abs_error).collect()),
-            Series::new("DPK", dpk.output().records.iter().map(|r| r.step as f64).collect(), dpk.output().records.iter().map(|r| r.max_abs_error).collect()),
-        ],
-        Scale::Linear,
-        Scale::Log,
-    )?;
+    let errors = [epk.step_errors("EPK"), dpk.step_errors("DPK")];
+    let per_step = Chart::line("Per step: |predicted − actual change of the output| (max over points and classes)", "step", "max abs error", &errors).log_y().draw()?;
     show(&per_step);
     // %% md
     // The Gram is a typed value: a class block is a `faer` view `[P, M]` (no index arithmetic), and

@@ -10,10 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the EPK between training points (train side, for the GP's covariance) and on a grid (test side),
     // one GP per class, and the standard deviation of the probabilities across the grid.
     // %%
-    let net = Trained::train_toml(
-        "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 40\nn_test = 30\n[model]\nkind = \"mlp\"\nhidden = [16]\n[train]\nlr = 0.5\nsteps = 80\n",
-        "../runs/notebook-uncertainty",
-    )?;
+    let net = Trained::train(&RunConfig::mixture(2, 40, 30).mlp(&[16]).lr(0.5).steps(80), "../runs/notebook-uncertainty")?;
     show(&net);
     // %% md
     // The GP needs only the class-diagonal blocks `K^{cc}` (`Layout::Diag`, a tenth of the work and
@@ -45,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // probabilities far from the data; `data/studies/toy-2d.toml` measures this along rays.)
     // %%
     let log_self: Vec<f64> = grid.self_kernel_trace()?.iter().map(|v| (v / 3.0).log10()).collect();
-    let prob_std: Vec<f64> = mc.std_prob.chunks(3).map(|r| r.iter().sum::<f64>() / 3.0).collect();
+    let prob_std: Vec<f64> = mc.std().row_iter().map(|r| r.iter().sum::<f64>() / 3.0).collect();
     let fig5 = Chart::heatmaps(
         "EPK self-value and MC std of the softmax probabilities",
         &[

@@ -84,11 +84,10 @@ steps = 150
     // %%
     let who = epk.attribute(&[0], 5)?;
     {
-        let (ds, kinds) = (&net.run().dataset, ["apple", "pear", "quince"]);
-        let (test_y, train_y) = (ds.test_labels()?, ds.train_labels()?);
-        let top = who.items.iter().max_by(|a, b| a.output.total_cmp(&b.output)).ok_or("no outputs")?;
-        let support: Vec<&str> = top.supporters.iter().map(|s| kinds[train_y[s.0]]).collect();
-        println!("test fruit 0 is a {}; the network says {}, supported most by training fruits of kinds {support:?}", kinds[test_y[0]], kinds[top.class]);
+        let (kinds, y_test, y_train) = (["apple", "pear", "quince"], net.y_test()?, net.y_train()?);
+        let top = who.of(0, epk.predicted()[0])?;
+        let support: Vec<&str> = top.supporters.iter().map(|s| kinds[y_train[s.0]]).collect();
+        println!("test fruit 0 is a {}; the network says {}, supported most by training fruits of kinds {support:?}", kinds[y_test[0]], kinds[top.class]);
     }
     show(&who);
     // %% md
@@ -125,10 +124,7 @@ steps = 150
     let grid_post = torch_gp.predict(&grid)?;
     let margin: Vec<f64> = (0..grid_post.mean().nrows()).map(|p| grid_post.mean()[(p, 1)] - grid_post.mean()[(p, 0)]).collect();
     let sd0: Vec<f64> = grid_post.var().col(0).iter().map(|v| v.sqrt()).collect();
-    let overlay = {
-        let ds = &torch_net.run().dataset;
-        Overlay { x: ds.x_train.iter().step_by(2).copied().collect(), y: ds.x_train.iter().skip(1).step_by(2).copied().collect(), class: ds.train_labels()?.to_vec(), value: None }
-    };
+    let overlay = Overlay::points(torch_net.x_train().col(0).iter(), torch_net.x_train().col(1).iter(), torch_net.y_train()?);
     let plane = Chart::heatmaps(
         "GP on the EPK of the imported PyTorch run",
         &[

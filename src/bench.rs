@@ -9,7 +9,7 @@ use serde::Serialize;
 use statrs::statistics::{Data, Median};
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, KernelKind, KernelRequest, Points, Rule, Side};
+use crate::kernel::{self, KernelKind, Points, Request, Rule, Side};
 use crate::trajectory::Run;
 
 /// A global allocator that counts live heap bytes and their peak (for `bench`'s `peak_bytes`).
@@ -251,15 +251,8 @@ pub struct GramProblem {
     pub svm_iterations: usize,
 }
 
-fn step_request(kind: KernelKind, rule: Rule, step: usize, steps: usize) -> KernelRequest {
-    KernelRequest {
-        kind,
-        rule,
-        side: Side::Test,
-        ntk_step: (kind == KernelKind::Ntk).then_some(step),
-        per_step: false,
-        steps: Some((step, step + steps)),
-    }
+fn step_request(kind: KernelKind, rule: Rule, step: usize, steps: usize) -> Request {
+    Request::new(kind).rule(rule).ntk_step((kind == KernelKind::Ntk).then_some(step)).steps(Some((step, step + steps)))
 }
 
 /// Times one NTK step and one EPK step (`auto:tol`) at `step` on the run's test points.
@@ -286,28 +279,26 @@ pub fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResu
         report(&r);
         results.push(r);
     };
-    let run_kernel = |ds: &crate::data::Dataset, pts: &Points, req: &KernelRequest, repeat: usize| {
-        timed(repeat, || kernel::compute(&run.manifest, ds, &states, pts, req, u64::MAX, &|_, _| {}))
-    };
+    let run_kernel = |run: &Run, pts: &Points, req: &Request, repeat: usize| timed(repeat, || kernel::compute(run, &states, pts, req, &|_, _| {}));
     let mut ntk_gram = Vec::new();
     for (name, kind, rule) in [
         ("ntk_step", KernelKind::Ntk, Rule::Gauss(1)),
         ("epk_step", KernelKind::Epk, Rule::Auto(opts.tol)),
         ("dpk_step", KernelKind::Dpk, Rule::Gauss(1)),
     ] {
-        let (t, o) = run_kernel(&run.dataset, &pts, &step_request(kind, rule, step, 1), opts.repeat)?;
+        let (t, o) = run_kernel(run, &pts, &step_request(kind, rule, step, 1), opts.repeat)?;
         push(BenchResult::kernel(name, &o, w, &t, 1), &mut results);
         if kind == KernelKind::Ntk {
             ntk_gram = o.gram;
         }
     }
     if opts.full {
-        let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(opts.tol), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-        let (t, o) = run_kernel(&run.dataset, &pts, &req, 1)?;
+        let req = Request::new(KernelKind::Epk).rule(Rule::Auto(opts.tol));
+        let (t, o) = run_kernel(run, &pts, &req, 1)?;
         push(BenchResult::kernel("epk_full", &o, w, &t, 1), &mut results);
         drop(o);
         let rows = pts.len().div_ceil(opts.full_blocks.max(1));
-        let (t, o) = timed(1, || kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, rows, &|_, _| {}))?;
+        let (t, o) = run_kernel(run, &pts, &req.clone().block_rows(Some(rows)), 1)?;
         push(BenchResult::kernel("epk_full_blocked", &o, w, &t, pts.len().div_ceil(rows)), &mut results);
     }
     let gram_problem = match opts.gram_m {
@@ -324,8 +315,9 @@ pub fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResu
                 return Err(Error::Config("--scaling needs a run on the paper's Gaussian mixture (d and K of the run)".into()));
             }
             let spts = Points { x: ds.x_test.clone(), dim: ds.dim };
+            let srun = Run { dataset: ds, ..run.clone() };
             for (name, kind, rule) in [("ntk_step", KernelKind::Ntk, Rule::Gauss(1)), ("epk_step", KernelKind::Epk, Rule::Auto(opts.tol))] {
-                let (t, o) = run_kernel(&ds, &spts, &step_request(kind, rule, step, 1), repeat)?;
+                let (t, o) = run_kernel(&srun, &spts, &step_request(kind, rule, step, 1), repeat)?;
                 let r = BenchResult::kernel(&format!("scaling_{name}"), &o, w, &t, 1);
                 scaling.push((kind.to_string(), o.m, o.p, 1, r.seconds_min, r.seconds_median));
                 push(r, &mut results);
@@ -335,8 +327,8 @@ pub fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResu
             if ns == 0 || ns > n {
                 return Err(Error::Config(format!("--scaling-steps {ns}: need 1..={n}")));
             }
-            let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(opts.tol), side: Side::Test, ntk_step: None, per_step: false, steps: Some((0, ns)) };
-            let (t, o) = run_kernel(&run.dataset, &pts, &req, if ns > 10 { 1 } else { repeat })?;
+            let req = Request::new(KernelKind::Epk).rule(Rule::Auto(opts.tol)).steps(Some((0, ns)));
+            let (t, o) = run_kernel(run, &pts, &req, if ns > 10 { 1 } else { repeat })?;
             let r = BenchResult::kernel("scaling_epk_steps", &o, w, &t, 1);
             scaling.push(("epk-steps".into(), o.m, o.p, ns, r.seconds_min, r.seconds_median));
             push(r, &mut results);
@@ -357,8 +349,8 @@ fn gram_cases(run: &Run, states: &[crate::model::Params], step: usize, mreq: usi
     };
     let w = run.manifest.num_params;
     let pts = Points { x: ds.x_train[..m * ds.dim].to_vec(), dim: ds.dim };
-    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Train, ntk_step: Some(step), per_step: false, steps: Some((step, step + 1)) };
-    let (t, o) = timed(1, || kernel::compute(&run.manifest, ds, states, &pts, &req, u64::MAX, &|_, _| {}))?;
+    let req = Request::new(KernelKind::Ntk).rule(Rule::Gauss(1)).side(Side::Train).ntk_step(Some(step)).steps(Some((step, step + 1)));
+    let (t, o) = timed(1, || kernel::compute(run, states, &pts, &req, &|_, _| {}))?;
     push(BenchResult::kernel("ntk_train_gram", &o, w, &t, 1));
     let (kk, mt) = (o.k, o.m);
     let mut k = vec![0.0; m * m];
@@ -463,13 +455,13 @@ pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<C
     }
     let states = run.load_all()?;
     let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
-    let req = KernelRequest { kind: KernelKind::Epk, rule, side: Side::Test, ntk_step: None, per_step: false, steps: Some((step, step + 1)) };
+    let req = Request::new(KernelKind::Epk).rule(rule).steps(Some((step, step + 1)));
     let mut best = [f64::INFINITY; 2];
     let mut grams: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for (j, path) in [kernel::GramPath::Generic, kernel::GramPath::Fast].into_iter().enumerate() {
         for _ in 0..repeat {
             let t0 = Instant::now();
-            let o = kernel::compute_with_path(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {}, path)?;
+            let o = kernel::compute(run, &states, &pts, &req.clone().path(path), &|_, _| {})?;
             best[j] = best[j].min(t0.elapsed().as_secs_f64());
             grams[j] = o.gram;
         }
@@ -539,7 +531,7 @@ pub fn gemm_rate(n: usize, repeat: usize) -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..repeat.max(1) {
         let t0 = Instant::now();
-        kernel::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
+        crate::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
         best = best.min(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&c);
@@ -556,9 +548,9 @@ pub fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel:
     }
     let states = run.load_all()?;
     let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
-    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps };
+    let req = Request::new(kind).rule(rule).steps(steps).layout(layout);
     let t0 = Instant::now();
-    let o = kernel::compute_in(run, &states, &pts, &req, &kernel::Options::layout(layout), &|_, _| {})?;
+    let o = kernel::compute(run, &states, &pts, &req, &|_, _| {})?;
     let total = t0.elapsed().as_secs_f64();
     let n = o.p.max(o.m).div_ceil(64) * 64;
     let gemm = gemm_rate(n, 3);

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::io::{self, SafeFile, StagedDir};
 use crate::model::net::{LossKind, Objective};
 use crate::model::torch::{self, ExportSource};
-use crate::model::{Activation, Architecture, Body, OutputKind};
+use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 use crate::trajectory::{self, DatasetInfo, InitRecord, Manifest, OptimizerRecord, Run, Writer};
 
 /// A network exported from a run.
@@ -295,6 +295,27 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 /// `w_{s+1} − w_s` equals `−ε_s ∇L_{B_s}(w_s)` recomputed here to `opts.tolerance` (relative,
 /// max-norm); the first step beyond it is named.
 pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSummary> {
+    check_import_options(dir, out, opts)?;
+    let rec = load_recording(dir)?;
+    let replay = replay_updates(dir, &rec, opts.tolerance)?;
+    let n = rec.states.len() - 1;
+    let loss = (replay.log.loss[0], replay.log.loss[n]);
+    let dir_out = write_imported_run(dir, out, opts.force, &rec, replay.log)?;
+    Ok(ImportSummary {
+        dir: dir_out,
+        steps: n,
+        num_params: rec.states[0].numel(),
+        module: torch::module_description(&rec.arch),
+        optimizer: rec.json.optimizer.clone(),
+        max_update_rel_diff: replay.worst,
+        worst_step: replay.worst_step,
+        loss,
+    })
+}
+
+/// The checks of [`import_torch`]'s arguments: `dir` a directory, `out` free (or empty, or
+/// `force`), the tolerance a finite number > 0.
+fn check_import_options(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<()> {
     if !dir.is_dir() {
         return Err(Error::trajectory(dir, "not a directory (expected a recording with trajectory.json and step_NNNNN.safetensors files)"));
     }
@@ -307,38 +328,88 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
     if !(opts.tolerance.is_finite() && opts.tolerance > 0.0) {
         return Err(Error::Config(format!("--tolerance {}: it must be a finite number > 0", opts.tolerance)));
     }
+    Ok(())
+}
+
+/// A recording read and checked on its own terms (everything but its updates).
+struct LoadedRecording {
+    /// `trajectory.json`.
+    json: Recording,
+    /// The loss `json.loss` names.
+    loss: LossKind,
+    /// The module, from `json.model` and the shapes of step 0.
+    arch: Architecture,
+    /// `data.safetensors`.
+    data: Dataset,
+    /// The training rows of every update, sorted (sgd); `None` for gd. # Shapes `N × [B_s]`.
+    batches: Option<Vec<Vec<usize>>>,
+    /// The states w_0 … w_N. # Shapes `[N + 1]`.
+    states: Vec<Params>,
+    /// SHA-256 of `trajectory.json`, of every step file (0 … N), of `data.safetensors`.
+    hashes: Vec<String>,
+}
+
+/// Reads every file of the recording in `dir` and checks each against the others (see
+/// [`import_torch`]); the updates are checked by [`replay_updates`].
+fn load_recording(dir: &Path) -> Result<LoadedRecording> {
     let jpath = dir.join("trajectory.json");
     let jbytes = io::read_file(&jpath)?;
-    let rec: Recording = serde_json::from_slice(&jbytes).map_err(|e| Error::format(&jpath, format!("invalid recording: {e}")))?;
-    if rec.format != RECORDING_FORMAT || rec.version != 1 {
-        return Err(Error::format(&jpath, format!("format {} version {}; expected {RECORDING_FORMAT} version 1", rec.format, rec.version)));
+    let (json, loss) = parse_recording(&jpath, &jbytes)?;
+    let n = json.learning_rates.len();
+    check_step_files(dir, n)?;
+    let output = if loss == LossKind::CrossEntropy { OutputKind::LogSoftmax } else { OutputKind::Identity };
+    let arch = recorded_architecture(dir, &json.model, output)?;
+    let data = read_recorded_data(&dir.join("data.safetensors"), &arch, loss)?;
+    let batches = recorded_batches(&jpath, &json, data.n_train())?;
+    // Every state, checked against the architecture (names, shapes, dtypes, finite).
+    let mut states = Vec::with_capacity(n + 1);
+    let mut hashes = vec![torch::sha256_hex(&jbytes)];
+    for s in 0..=n {
+        let path = recording_step_path(dir, s);
+        let sd = torch::read_state_dict(&path, &arch).map_err(|e| match e {
+            Error::Format { path, msg } => Error::trajectory(path, format!("step {s}: {msg}")),
+            other => other,
+        })?;
+        hashes.push(sd.sha256);
+        states.push(sd.params);
     }
-    let sgd = match rec.optimizer.as_str() {
-        "gd" => false,
-        "sgd" => true,
-        other => {
-            return Err(Error::format(
-                &jpath,
-                format!(
-                    "optimizer `{other}` is not supported: only plain gd or sgd updates w_(s+1) = w_s - lr_s * grad are a path kernel of the recorded states; \
-                     momentum, Adam and the like need optimizer state (buffers, moments) the recording does not have"
-                ),
-            ))
-        }
-    };
+    hashes.push(torch::sha256_hex(&io::read_file(&dir.join("data.safetensors"))?));
+    Ok(LoadedRecording { json, loss, arch, data, batches, states, hashes })
+}
+
+/// Parses `trajectory.json` (`bytes`, read from `jpath`) and checks its format, optimizer (`gd`
+/// or `sgd`), loss and learning rates (at least one, each finite and > 0).
+fn parse_recording(jpath: &Path, bytes: &[u8]) -> Result<(Recording, LossKind)> {
+    let rec: Recording = serde_json::from_slice(bytes).map_err(|e| Error::format(jpath, format!("invalid recording: {e}")))?;
+    if rec.format != RECORDING_FORMAT || rec.version != 1 {
+        return Err(Error::format(jpath, format!("format {} version {}; expected {RECORDING_FORMAT} version 1", rec.format, rec.version)));
+    }
+    if !matches!(rec.optimizer.as_str(), "gd" | "sgd") {
+        return Err(Error::format(
+            jpath,
+            format!(
+                "optimizer `{}` is not supported: only plain gd or sgd updates w_(s+1) = w_s - lr_s * grad are a path kernel of the recorded states; \
+                 momentum, Adam and the like need optimizer state (buffers, moments) the recording does not have",
+                rec.optimizer
+            ),
+        ));
+    }
     let loss = match rec.loss.as_str() {
         "cross_entropy" => LossKind::CrossEntropy,
         "mse" => LossKind::Mse,
-        other => return Err(Error::format(&jpath, format!("loss `{other}`: expected cross_entropy (on logits) or mse"))),
+        other => return Err(Error::format(jpath, format!("loss `{other}`: expected cross_entropy (on logits) or mse"))),
     };
-    let n = rec.learning_rates.len();
-    if n == 0 {
-        return Err(Error::format(&jpath, "no learning rates: at least one recorded update is needed"));
+    if rec.learning_rates.is_empty() {
+        return Err(Error::format(jpath, "no learning rates: at least one recorded update is needed"));
     }
     if let Some(s) = rec.learning_rates.iter().position(|e| !(e.is_finite() && *e > 0.0)) {
-        return Err(Error::format(&jpath, format!("learning_rates[{s}] = {}; it must be a finite number > 0", rec.learning_rates[s])));
+        return Err(Error::format(jpath, format!("learning_rates[{s}] = {}; it must be a finite number > 0", rec.learning_rates[s])));
     }
-    // Step files: exactly 0 … N.
+    Ok((rec, loss))
+}
+
+/// Checks that the step files in `dir` are exactly `step_00000` … step N.
+fn check_step_files(dir: &Path, n: usize) -> Result<()> {
     let mut found: Vec<usize> = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let e = e.map_err(|e| Error::io(dir, e))?;
@@ -356,50 +427,55 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
     if found.len() != n + 1 {
         return Err(Error::trajectory(dir, format!("{} learning rates (N = {n} updates) need step files 0..={n}, found {} (0..={})", n, found.len(), found.len() as isize - 1)));
     }
-    let output = if loss == LossKind::CrossEntropy { OutputKind::LogSoftmax } else { OutputKind::Identity };
-    let arch = recorded_architecture(dir, &rec.model, output)?;
-    let data = read_recorded_data(&dir.join("data.safetensors"), &arch, loss)?;
-    let m = data.n_train();
-    let batches = match (sgd, &rec.batches) {
-        (false, None) => None,
-        (false, Some(_)) => return Err(Error::format(&jpath, "optimizer gd uses the full batch; `batches` is only for sgd")),
-        (true, None) => return Err(Error::format(&jpath, "optimizer sgd needs `batches`: the training rows of every update")),
+    Ok(())
+}
+
+/// The batches of a recording, each sorted: `None` for gd (which must have none), one batch of
+/// distinct rows in `0..m` per update for sgd.
+fn recorded_batches(jpath: &Path, rec: &Recording, m: usize) -> Result<Option<Vec<Vec<usize>>>> {
+    let n = rec.learning_rates.len();
+    match (rec.optimizer == "sgd", &rec.batches) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(Error::format(jpath, "optimizer gd uses the full batch; `batches` is only for sgd")),
+        (true, None) => Err(Error::format(jpath, "optimizer sgd needs `batches`: the training rows of every update")),
         (true, Some(b)) => {
             if b.len() != n {
-                return Err(Error::format(&jpath, format!("{} batches for {n} updates", b.len())));
+                return Err(Error::format(jpath, format!("{} batches for {n} updates", b.len())));
             }
             let mut sorted = Vec::with_capacity(n);
             for (s, batch) in b.iter().enumerate() {
                 let mut v = batch.clone();
                 v.sort_unstable();
                 if v.is_empty() || v.windows(2).any(|w| w[0] == w[1]) || v.last().is_some_and(|&i| i >= m) {
-                    return Err(Error::format(&jpath, format!("batch of step {s} must be distinct training rows in 0..{m}, non-empty")));
+                    return Err(Error::format(jpath, format!("batch of step {s} must be distinct training rows in 0..{m}, non-empty")));
                 }
                 sorted.push(v);
             }
-            Some(sorted)
+            Ok(Some(sorted))
         }
-    };
-    // Every state, checked against the architecture (names, shapes, dtypes, finite).
-    let mut states = Vec::with_capacity(n + 1);
-    let mut hashes = vec![torch::sha256_hex(&jbytes)];
-    for s in 0..=n {
-        let path = recording_step_path(dir, s);
-        let sd = torch::read_state_dict(&path, &arch).map_err(|e| match e {
-            Error::Format { path, msg } => Error::trajectory(path, format!("step {s}: {msg}")),
-            other => other,
-        })?;
-        hashes.push(sd.sha256);
-        states.push(sd.params);
     }
-    hashes.push(torch::sha256_hex(&io::read_file(&dir.join("data.safetensors"))?));
-    // The recorded updates against −ε_s ∇L_{B_s}(w_s).
-    let (labels, values) = match &data.y_train {
-        Targets::Labels(y) => (Some(y.as_slice()), None),
-        Targets::Values(v) => (None, Some(v.as_slice())),
-    };
+}
+
+/// What [`replay_updates`] found.
+struct Replay {
+    /// The training log of w_0 … w_N, as `train` writes it.
+    log: crate::train::TrainLog,
+    /// Largest relative difference between a recorded update and `−ε_s ∇L_{B_s}(w_s)`.
+    worst: f64,
+    /// The step where it occurs.
+    worst_step: usize,
+}
+
+/// Recomputes `−ε_s ∇L_{B_s}(w_s)` at every state and compares it with the recorded update
+/// `w_{s+1} − w_s` (relative, max-norm); logs loss, accuracies and norms of every state.
+///
+/// Errors: the first update beyond `tolerance`, named by its step file.
+fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<Replay> {
+    let LoadedRecording { json, loss, arch, data, batches, states, .. } = rec;
+    let n = states.len() - 1;
+    let (labels, values) = crate::train::train_targets(data);
     let dev = dfdx::tensor::Cpu::default();
-    let full = Objective::new(dev.clone(), &arch, &data.x_train, labels, values, loss, None)?;
+    let full = Objective::new(dev.clone(), arch, &data.x_train, labels, values, *loss, None)?;
     let k = arch.outputs();
     let mut log = crate::train::TrainLog::default();
     let (mut worst, mut worst_step) = (0.0f64, 0);
@@ -413,35 +489,20 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
         if s == n {
             break;
         }
-        let grad = match &batches {
+        let grad = match batches {
             None => lg.grad,
-            Some(b) => {
-                let d = data.dim;
-                let rows = &b[s];
-                let xb: Vec<f64> = rows.iter().flat_map(|&i| data.x_train[i * d..(i + 1) * d].iter().copied()).collect();
-                let yb: Option<Vec<usize>> = labels.map(|y| rows.iter().map(|&i| y[i]).collect());
-                let vb: Option<Vec<f64>> = values.map(|v| rows.iter().flat_map(|&i| v[i * k..(i + 1) * k].iter().copied()).collect());
-                Objective::new(dev.clone(), &arch, &xb, yb.as_deref(), vb.as_deref(), loss, None)?.evaluate(&states[s]).grad
-            }
+            Some(b) => crate::train::batch_objective(dev.clone(), arch, data, &b[s], *loss, None)?.evaluate(&states[s]).grad,
         };
-        let eps = rec.learning_rates[s];
-        let (w0, w1) = (states[s].flat(), states[s + 1].flat());
-        let (mut diff, mut scale) = (0.0f64, 0.0f64);
-        for ((a, b), g) in w0.iter().zip(&w1).zip(grad.flat()) {
-            let (dw, want) = (b - a, -eps * g);
-            diff = diff.max((dw - want).abs());
-            scale = scale.max(dw.abs()).max(want.abs());
-        }
-        let rel = if scale == 0.0 { 0.0 } else { diff / scale };
-        if !(rel <= opts.tolerance) {
+        let rel = update_rel_diff(&states[s], &states[s + 1], &grad, json.learning_rates[s]);
+        if !(rel <= tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),
                 format!(
                     "the update of step {s} (w_{} - w_{s}) differs from -lr_{s} * gradient recomputed at w_{s} on its batch by {rel:.3e} relative (tolerance {:e}); \
                      not a plain {} step of this model, loss and data",
                     s + 1,
-                    opts.tolerance,
-                    rec.optimizer
+                    tolerance,
+                    json.optimizer
                 ),
             ));
         }
@@ -449,12 +510,51 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
             (worst, worst_step) = (rel, s);
         }
     }
-    // Write the run exactly as `train` does, staged and renamed.
-    let num_params = states[0].numel();
-    let optimizer = match &batches {
-        None => OptimizerRecord::Gd { lr: rec.learning_rates[0], momentum: 0.0, weight_decay: 0.0, decoupled_weight_decay: false },
+    Ok(Replay { log, worst, worst_step })
+}
+
+/// `‖(w1 − w0) − (−ε g)‖_∞ / max(‖w1 − w0‖_∞, ‖ε g‖_∞)` (0 when both are 0).
+fn update_rel_diff(w0: &Params, w1: &Params, grad: &Params, eps: f64) -> f64 {
+    let (w0, w1) = (w0.flat(), w1.flat());
+    let (mut diff, mut scale) = (0.0f64, 0.0f64);
+    for ((a, b), g) in w0.iter().zip(&w1).zip(grad.flat()) {
+        let (dw, want) = (b - a, -eps * g);
+        diff = diff.max((dw - want).abs());
+        scale = scale.max(dw.abs()).max(want.abs());
+    }
+    if scale == 0.0 {
+        0.0
+    } else {
+        diff / scale
+    }
+}
+
+/// Writes the run exactly as `train` does, staged in a sibling of `out` and renamed; returns
+/// the directory written.
+fn write_imported_run(dir: &Path, out: &Path, force: bool, rec: &LoadedRecording, log: crate::train::TrainLog) -> Result<PathBuf> {
+    let run_id = format!("{:016x}", crate::train::fnv1a(rec.hashes.join(" ").as_bytes()));
+    let staged = StagedDir::new(out, force)?;
+    let writer = Writer::create(staged.path(), imported_manifest(dir, rec, run_id.clone()), &rec.data)?;
+    for (s, p) in rec.states.iter().enumerate() {
+        writer.write_step(s, p)?;
+    }
+    if let Some(b) = &rec.batches {
+        trajectory::write_batches(staged.path(), b, &run_id)?;
+    }
+    log.table().write_parquet(&staged.path().join("train_log.parquet"))?;
+    Run::open(staged.path())?;
+    staged.commit()
+}
+
+/// The manifest of an imported run: the recording's optimizer, learning rates and data, its
+/// files' hashes under `config.import`, step 0 as the init.
+fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manifest {
+    let LoadedRecording { json, loss, arch, data, batches, states, hashes } = rec;
+    let lr = json.learning_rates[0];
+    let optimizer = match batches {
+        None => OptimizerRecord::Gd { lr, momentum: 0.0, weight_decay: 0.0, decoupled_weight_decay: false },
         Some(b) => OptimizerRecord::Sgd {
-            lr: rec.learning_rates[0],
+            lr,
             batch_size: b.iter().map(Vec::len).max().unwrap_or(0),
             shuffle_seed: 0,
             momentum: 0.0,
@@ -463,53 +563,30 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
             recorded_batches: Some(b.clone()),
         },
     };
-    let run_id = format!("{:016x}", crate::train::fnv1a(hashes.join(" ").as_bytes()));
-    let manifest = Manifest {
+    Manifest {
         format: trajectory::FORMAT.into(),
         version: trajectory::VERSION,
-        run_id: run_id.clone(),
+        run_id,
         architecture: arch.clone(),
-        loss,
+        loss: *loss,
         optimizer,
-        learning_rates: rec.learning_rates.clone(),
+        learning_rates: json.learning_rates.clone(),
         seed: 0,
-        steps: n,
+        steps: states.len() - 1,
         params: arch.param_specs(),
-        num_params,
+        num_params: states[0].numel(),
         dataset: DatasetInfo {
             name: data.name.clone(),
             description: data.description.clone(),
             dim: data.dim,
             image_shape: data.image_shape,
-            num_outputs: k,
-            n_train: m,
+            num_outputs: arch.outputs(),
+            n_train: data.n_train(),
             n_test: data.n_test(),
             task: if data.is_classification() { "classification".into() } else { "regression".into() },
         },
-        config: serde_json::json!({ "import": { "from": "torch", "dir": dir.display().to_string(), "description": rec.description, "sha256": hashes } }),
+        config: serde_json::json!({ "import": { "from": "torch", "dir": dir.display().to_string(), "description": json.description, "sha256": hashes } }),
         created_by: crate::train::created_by(),
         init: Some(InitRecord { path: recording_step_path(dir, 0).display().to_string(), sha256: hashes[1].clone(), format: torch::FORMAT.into() }),
-    };
-    let staged = StagedDir::new(out, opts.force)?;
-    let writer = Writer::create(staged.path(), manifest, &data)?;
-    for (s, p) in states.iter().enumerate() {
-        writer.write_step(s, p)?;
     }
-    if let Some(b) = &batches {
-        trajectory::write_batches(staged.path(), b, &run_id)?;
-    }
-    let losses = (log.loss[0], log.loss[n]);
-    log.table().write_parquet(&staged.path().join("train_log.parquet"))?;
-    Run::open(staged.path())?;
-    let dir_out = staged.commit()?;
-    Ok(ImportSummary {
-        dir: dir_out,
-        steps: n,
-        num_params,
-        module: torch::module_description(&arch),
-        optimizer: rec.optimizer.clone(),
-        max_update_rel_diff: worst,
-        worst_step,
-        loss: losses,
-    })
 }

@@ -341,6 +341,15 @@ pub fn created_by() -> String {
     format!("pathkernel {} (trainer revision {TRAINER_REVISION})", env!("CARGO_PKG_VERSION"))
 }
 
+/// Whether `dir` holds a run of exactly `cfg` from this trainer revision: its manifest records
+/// the same run id, the same whole configuration and the same `created_by`.
+pub fn holds_run(dir: &Path, cfg: &RunConfig) -> bool {
+    match (trajectory::read_manifest(dir), serde_json::to_value(cfg)) {
+        (Ok(m), Ok(c)) => m.run_id == cfg.run_id() && m.config == c && m.created_by == created_by(),
+        _ => false,
+    }
+}
+
 /// Options of a training run that do not change its result.
 #[derive(Clone, Debug, Default)]
 pub struct TrainOptions {
@@ -424,15 +433,7 @@ pub fn accuracy(outputs: &[f64], labels: &[usize], k: usize) -> f64 {
     let correct = outputs
         .chunks(k)
         .zip(labels)
-        .filter(|(row, &y)| {
-            let mut best = 0;
-            for j in 1..k {
-                if row[j] > row[best] {
-                    best = j;
-                }
-            }
-            best == y
-        })
+        .filter(|(row, &y)| crate::data::argmax(row) == y)
         .count();
     correct as f64 / labels.len().max(1) as f64
 }
@@ -592,6 +593,12 @@ fn record_cpu(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architectu
     pool.install(|| record_inner(dfdx::tensor::Cpu::default(), cfg, data, loss, arch, dir, opts, resume))
 }
 
+/// Records the run of `cfg` into `dir` on `dev`: every state w_0 … w_N, the preconditioners of
+/// adaptive optimizers, the batches of SGD and the training log. With `resume`, the states
+/// already in `dir` are replayed and checked bit for bit against the recomputed path.
+///
+/// Errors: a non-finite loss, gradient or weight ([`Error::Diverged`]); a resumed run whose
+/// dataset or states differ from the recomputed ones.
 #[allow(clippy::too_many_arguments)]
 fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
     dev: D,
@@ -605,76 +612,17 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
 ) -> Result<TrainSummary> {
     let start = Instant::now();
     let n = cfg.train.steps;
-    let lr = cfg.train.lr;
     let k = data.num_outputs;
-    let (init, init_record) = match &cfg.init {
-        None => (arch.init(cfg.train.seed), None),
-        Some(path) => {
-            let sd = crate::model::torch::read_state_dict(&opts.base_dir.join(path), arch)?;
-            let record = trajectory::InitRecord { path: path.display().to_string(), sha256: sd.sha256, format: crate::model::torch::FORMAT.into() };
-            (sd.params, Some(record))
-        }
-    };
-    let manifest = Manifest {
-        format: trajectory::FORMAT.into(),
-        version: trajectory::VERSION,
-        run_id: cfg.run_id(),
-        architecture: arch.clone(),
-        loss,
-        optimizer: cfg.train.optimizer_record(data.n_train()),
-        learning_rates: (0..n).map(|s| cfg.train.schedule.lr(lr, s, n)).collect(),
-        seed: cfg.train.seed,
-        steps: n,
-        params: init.specs.clone(),
-        num_params: init.numel(),
-        dataset: DatasetInfo {
-            name: data.name.clone(),
-            description: data.description.clone(),
-            dim: data.dim,
-            image_shape: data.image_shape,
-            num_outputs: k,
-            n_train: data.n_train(),
-            n_test: data.n_test(),
-            task: if data.is_classification() { "classification".into() } else { "regression".into() },
-        },
-        config: serde_json::to_value(cfg).expect("config serialises"),
-        created_by: created_by(),
-        init: init_record,
-    };
+    let (init, init_record) = initial_state(cfg, arch, opts)?;
+    let manifest = run_manifest(cfg, data, loss, arch, &init, init_record);
     // Resuming: the states already on disk are replayed (and checked bit for bit against the
     // recomputed path); recording continues after the last complete one.
-    let (writer, replay) = if resume {
-        let writer = Writer::reopen(dir, manifest.clone())?;
-        let stored = trajectory::read_dataset(&dir.join("dataset.safetensors"), &manifest)?;
-        if stored.x_train != data.x_train || stored.y_train != data.y_train || stored.x_test != data.x_test || stored.y_test != data.y_test {
-            return Err(Error::trajectory(dir, "the dataset on disk differs from the one the configuration produces now; cannot resume"));
-        }
-        let mut last = None;
-        for s in 0..=n {
-            match trajectory::load_step(dir, &manifest, s) {
-                Ok(_) => last = Some(s),
-                Err(_) => break,
-            }
-        }
-        let first_missing = last.map_or(0, |l| l + 1);
-        for s in first_missing..=n + 1 {
-            let p = trajectory::step_path(dir, s);
-            if p.exists() {
-                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
-            }
-        }
-        (writer, last)
-    } else {
-        (Writer::create(dir, manifest.clone(), data)?, None)
-    };
+    let (writer, replay) = if resume { reopen_for_resume(dir, &manifest, data)? } else { (Writer::create(dir, manifest.clone(), data)?, None) };
     let batches = manifest.batches();
     if let Some(b) = &batches {
         trajectory::write_batches(dir, b, &manifest.run_id)?;
     }
-    let (labels, values) = match &data.y_train {
-        Targets::Labels(y) => (Some(y.as_slice()), None),
-        Targets::Values(v) => (None, Some(v.as_slice())),
-    };
+    let (labels, values) = train_targets(data);
     let test_labels = match &data.y_test {
         Targets::Labels(y) => Some(y.as_slice()),
         Targets::Values(_) => None,
@@ -715,21 +663,14 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         };
         // The update's gradient: the full batch (gd) or this step's mini-batch (sgd).
         let grad = match &batches {
-            None => lg.grad,
             Some(b) if s < n => {
-                let rows = &b[s];
-                let d = data.dim;
-                let xb: Vec<f64> = rows.iter().flat_map(|&i| data.x_train[i * d..(i + 1) * d].iter().copied()).collect();
-                let yb: Option<Vec<usize>> = labels.map(|y| rows.iter().map(|&i| y[i]).collect());
-                let vb: Option<Vec<f64>> = values.map(|v| rows.iter().flat_map(|&i| v[i * k..(i + 1) * k].iter().copied()).collect());
-                let obj = Objective::new(objective.device().clone(), arch, &xb, yb.as_deref(), vb.as_deref(), loss, Some(&init))?;
-                let bg = obj.evaluate(&params);
+                let bg = batch_objective(objective.device().clone(), arch, data, &b[s], loss, Some(&init))?.evaluate(&params);
                 if let Some(name) = bg.grad.first_non_finite() {
                     return Err(Error::Diverged { step: s, loss: bg.loss, what: format!("non-finite mini-batch gradient in {name}") });
                 }
                 bg.grad
             }
-            Some(_) => lg.grad,
+            _ => lg.grad,
         };
         log.push(s, lg.loss, acc, test_acc, grad.norm(), params.norm());
         if s == 0 {
@@ -741,18 +682,11 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         if s == n {
             break;
         }
-        let lr_s = manifest.learning_rates[s];
-        let delta = optimizer.step(lr_s, &params.flat(), &grad.flat());
+        let delta = optimizer.step(manifest.learning_rates[s], &params.flat(), &grad.flat());
         if let Some(scale) = optimizer.last_scale() {
             writer.write_preconditioner(s, scale)?;
         }
-        let mut off = 0;
-        for w in params.data.iter_mut() {
-            for (wi, di) in w.iter_mut().zip(&delta[off..]) {
-                *wi += di;
-            }
-            off += w.len();
-        }
+        add_flat(&mut params, &delta);
         if let Some(name) = params.first_non_finite() {
             return Err(Error::Diverged { step: s + 1, loss: lg.loss, what: format!("non-finite weight in {name}") });
         }
@@ -769,6 +703,120 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
         test_accuracy: last.2,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The initial state w_0: `cfg.init`'s PyTorch `state_dict` (with its record for the manifest)
+/// when it names one, else the architecture's seeded initialisation.
+fn initial_state(cfg: &RunConfig, arch: &Architecture, opts: &TrainOptions) -> Result<(Params, Option<trajectory::InitRecord>)> {
+    Ok(match &cfg.init {
+        None => (arch.init(cfg.train.seed), None),
+        Some(path) => {
+            let sd = crate::model::torch::read_state_dict(&opts.base_dir.join(path), arch)?;
+            let record = trajectory::InitRecord { path: path.display().to_string(), sha256: sd.sha256, format: crate::model::torch::FORMAT.into() };
+            (sd.params, Some(record))
+        }
+    })
+}
+
+/// The manifest of the run of `cfg` on `data` from `init`.
+fn run_manifest(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architecture, init: &Params, init_record: Option<trajectory::InitRecord>) -> Manifest {
+    let n = cfg.train.steps;
+    Manifest {
+        format: trajectory::FORMAT.into(),
+        version: trajectory::VERSION,
+        run_id: cfg.run_id(),
+        architecture: arch.clone(),
+        loss,
+        optimizer: cfg.train.optimizer_record(data.n_train()),
+        learning_rates: (0..n).map(|s| cfg.train.schedule.lr(cfg.train.lr, s, n)).collect(),
+        seed: cfg.train.seed,
+        steps: n,
+        params: init.specs.clone(),
+        num_params: init.numel(),
+        dataset: DatasetInfo {
+            name: data.name.clone(),
+            description: data.description.clone(),
+            dim: data.dim,
+            image_shape: data.image_shape,
+            num_outputs: data.num_outputs,
+            n_train: data.n_train(),
+            n_test: data.n_test(),
+            task: if data.is_classification() { "classification".into() } else { "regression".into() },
+        },
+        config: serde_json::to_value(cfg).expect("config serialises"),
+        created_by: created_by(),
+        init: init_record,
+    }
+}
+
+/// Reopens the partial run in `dir` for `--resume`: checks that its dataset is `data`, finds
+/// the last complete state and removes the step files after it. Returns the writer and that
+/// last state (`None` when there is none).
+fn reopen_for_resume(dir: &Path, manifest: &Manifest, data: &Dataset) -> Result<(Writer, Option<usize>)> {
+    let n = manifest.steps;
+    let writer = Writer::reopen(dir, manifest.clone())?;
+    let stored = trajectory::read_dataset(&dir.join("dataset.safetensors"), manifest)?;
+    if stored.x_train != data.x_train || stored.y_train != data.y_train || stored.x_test != data.x_test || stored.y_test != data.y_test {
+        return Err(Error::trajectory(dir, "the dataset on disk differs from the one the configuration produces now; cannot resume"));
+    }
+    let mut last = None;
+    for s in 0..=n {
+        match trajectory::load_step(dir, manifest, s) {
+            Ok(_) => last = Some(s),
+            Err(_) => break,
+        }
+    }
+    let first_missing = last.map_or(0, |l| l + 1);
+    for s in first_missing..=n + 1 {
+        let p = trajectory::step_path(dir, s);
+        if p.exists() {
+            std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        }
+    }
+    Ok((writer, last))
+}
+
+/// `params += delta`, `delta` flat in the parameters' order. # Shapes `delta`: `[W]`.
+fn add_flat(params: &mut Params, delta: &[f64]) {
+    let mut off = 0;
+    for w in params.data.iter_mut() {
+        for (wi, di) in w.iter_mut().zip(&delta[off..]) {
+            *wi += di;
+        }
+        off += w.len();
+    }
+}
+
+/// The training targets of `data` as [`Objective::new`] takes them: class labels or values.
+///
+/// # Shapes
+/// Labels `[M]`, or values `[M, K]` row-major.
+pub(crate) fn train_targets(data: &Dataset) -> (Option<&[usize]>, Option<&[f64]>) {
+    match &data.y_train {
+        Targets::Labels(y) => (Some(y.as_slice()), None),
+        Targets::Values(v) => (None, Some(v.as_slice())),
+    }
+}
+
+/// The objective on the training rows `rows` of `data` (one mini-batch), with `loss` and the
+/// output offset `offset` (`zero_output`'s w_0) of the full-batch one.
+///
+/// # Shapes
+/// `rows`: `[B]` indices into the `M` training rows.
+pub(crate) fn batch_objective<D: dfdx::tensor_ops::Device<f64>>(
+    dev: D,
+    arch: &Architecture,
+    data: &Dataset,
+    rows: &[usize],
+    loss: LossKind,
+    offset: Option<&Params>,
+) -> Result<Objective<D>> {
+    let (labels, values) = train_targets(data);
+    let (d, k) = (data.dim, data.num_outputs);
+    let xb: Vec<f64> = rows.iter().flat_map(|&i| data.x_train[i * d..(i + 1) * d].iter().copied()).collect();
+    let yb: Option<Vec<usize>> = labels.map(|y| rows.iter().map(|&i| y[i]).collect());
+    let vb: Option<Vec<f64>> = values.map(|v| rows.iter().flat_map(|&i| v[i * k..(i + 1) * k].iter().copied()).collect());
+    Objective::new(dev, arch, &xb, yb.as_deref(), vb.as_deref(), loss, offset)
 }
 
 /// The per-step training log, `DIR/train_log.parquet` of a run. # Shapes `[N + 1]` per field.

@@ -139,9 +139,14 @@ fn svm_and_attribution_on_grams() {
         pathkernel::data::Targets::Labels(y) => y.clone(),
         _ => unreachable!(),
     };
-    let svm = SvmModel::fit(&train, &labels, &SvmParams::new()).unwrap();
+    // The labels come from the run the Gram belongs to: the same model as with them given.
+    assert_eq!(train.train_labels().unwrap(), &labels[..]);
+    let svm = SvmModel::fit(&train, &SvmParams::new()).unwrap();
     let pred = svm.predict(&rows).unwrap();
     assert_eq!(pred.len(), rows.shape().0);
+    let given = SvmModel::fit_labels(&train, &labels, &SvmParams::new()).unwrap();
+    assert_eq!(given.predict(&rows).unwrap(), pred);
+    assert_eq!(given.decision(&rows).unwrap(), svm.decision(&rows).unwrap());
     let at = rows.attribute(&[0, 3], 4).unwrap();
     assert_eq!(at.items.len(), 2 * 3);
     for a in &at.items {
@@ -182,6 +187,69 @@ fn save_and_open_round_trip() {
     // A Gram of another run is refused.
     let other = Trained::train_toml(&TOY.replace("seed = 3", "seed = 4"), d.path().join("other")).unwrap();
     assert!(Gram::open(&dir, &other).is_err());
+}
+
+/// Rewrites `DIR/gram.safetensors` with its arrays unchanged and its metadata edited by `edit`.
+fn rewrite_gram_metadata(dir: &std::path::Path, edit: impl FnOnce(&mut std::collections::HashMap<String, String>)) {
+    use pathkernel::io::{write_safetensors, NamedArray, SafeFile};
+    let path = dir.join("gram.safetensors");
+    let f = SafeFile::open(&path).unwrap();
+    let mut meta = f.metadata();
+    let arrays: Vec<NamedArray> = f
+        .names()
+        .into_iter()
+        .map(|name| match f.f64(&name, None) {
+            Ok((shape, v)) => NamedArray::f64(name, shape, v),
+            Err(_) => {
+                let (shape, v) = f.i64(&name, None).unwrap();
+                NamedArray::i64(name, shape, v)
+            }
+        })
+        .collect();
+    edit(&mut meta);
+    drop(f);
+    write_safetensors(&path, &arrays, Some(meta)).unwrap();
+}
+
+#[test]
+fn gram_files_record_their_rows_and_older_files_still_open() {
+    let (d, net) = trained();
+    // A saved grid Gram reopens as a grid: the file records its rows.
+    let g = net.epk().grid(5).compute().unwrap();
+    let dir = d.path().join("grid");
+    g.save(&dir).unwrap();
+    let back = Gram::open(&dir, &net).unwrap();
+    assert_eq!(back.rows(), &Rows::Grid(5));
+    let values: Vec<f64> = (0..25).map(f64::from).collect();
+    assert_eq!(back.on_grid(values.clone()).unwrap().values, g.on_grid(values.clone()).unwrap().values);
+    assert_eq!(back.output().gram, g.output().gram);
+    // A version-2 file (no `rows`, no `format_version`: what pathkernel wrote before) opens
+    // with its rows taken from its points, as before.
+    rewrite_gram_metadata(&dir, |m| {
+        m.remove("rows");
+        m.remove("format_version");
+    });
+    let old = Gram::open(&dir, &net).unwrap();
+    assert_eq!(old.rows(), &Rows::Inputs);
+    assert_eq!(old.output().gram, g.output().gram);
+    let test_dir = d.path().join("test");
+    net.epk().compute().unwrap().save(&test_dir).unwrap();
+    rewrite_gram_metadata(&test_dir, |m| {
+        m.remove("rows");
+        m.remove("format_version");
+    });
+    assert_eq!(Gram::open(&test_dir, &net).unwrap().rows(), &Rows::Test);
+    // A version this build cannot read is one clear line.
+    rewrite_gram_metadata(&dir, |m| {
+        m.insert("format_version".into(), "99".into());
+    });
+    let e = Gram::open(&dir, &net).unwrap_err().to_string();
+    assert!(e.contains("version 99") && e.contains("reads versions 2 to 3") && !e.contains('\n'), "{e}");
+    // Rows read and write one text form.
+    for r in [Rows::Test, Rows::Train, Rows::Grid(40), Rows::ClassMeans, Rows::Inputs] {
+        assert_eq!(r.to_string().parse::<Rows>().unwrap(), r);
+    }
+    assert!("grid:1".parse::<Rows>().is_err() && "grid 4".parse::<Rows>().is_err());
 }
 
 #[test]

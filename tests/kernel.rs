@@ -4,15 +4,15 @@
 mod common;
 
 use common::*;
-use pathkernel::kernel::{self, generic, KernelKind, KernelOutput, KernelRequest, Points, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, generic, KernelKind, KernelOutput, Request, Points, Rows, Rule, Side};
 use pathkernel::model::Params;
 use pathkernel::trajectory::Run;
 
-fn compute(run: &Run, kind: KernelKind, rule: Rule, side: Side, points: PointsSpec) -> KernelOutput {
+fn compute(run: &Run, kind: KernelKind, rule: Rule, side: Side, points: Rows) -> KernelOutput {
     let states = run.load_all().unwrap();
     let pts = points.resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None };
-    kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap()
+    let req = Request::new(kind).rule(rule).side(side);
+    kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap()
 }
 
 #[test]
@@ -22,7 +22,7 @@ fn fast_gram_equals_generic_autodiff_gram() {
         let run = train(dir.path(), name, &toy2d(hidden, act, 3, 0.5, 6, 4));
         let states = run.load_all().unwrap();
         let rule = Rule::Gauss(3);
-        let fast = compute(&run, KernelKind::Epk, rule, Side::Test, PointsSpec::Test);
+        let fast = compute(&run, KernelKind::Epk, rule, Side::Test, Rows::Test);
         let arch = &run.manifest.architecture;
         let mut slow = vec![0.0; fast.gram.len()];
         let mut slow_diag = vec![0.0; fast.p * fast.k * fast.k];
@@ -37,7 +37,7 @@ fn fast_gram_equals_generic_autodiff_gram() {
         assert!(max_abs(&slow) > 1e-6, "{name}: trivial Gram");
         // NTK and DPK too (t = 0 on both sides).
         for kind in [KernelKind::Ntk, KernelKind::Dpk] {
-            let fast = compute(&run, kind, rule, Side::Test, PointsSpec::Train);
+            let fast = compute(&run, kind, rule, Side::Test, Rows::Train);
             let mut slow = vec![0.0; fast.gram.len()];
             let mut slow_diag = vec![0.0; fast.p * fast.k * fast.k];
             let range: Vec<usize> = if kind == KernelKind::Ntk { vec![run.manifest.steps] } else { (0..run.manifest.steps).collect() };
@@ -91,7 +91,7 @@ fn min_eigenvalue(a: Vec<f64>, n: usize) -> f64 {
 fn epk_train_gram_is_symmetric_and_psd() {
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "sym", &toy2d("[8]", "relu", 20, 0.5, 8, 3));
-    let out = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Train, PointsSpec::Train);
+    let out = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Train, Rows::Train);
     let (m, k) = (out.m, out.k);
     let n = m * k;
     // As an (i,k) x (j,k') matrix.
@@ -124,7 +124,7 @@ fn epk_train_gram_is_symmetric_and_psd() {
     let lmin = min_eigenvalue(a, n);
     assert!(lmin >= -1e-10 * scale, "smallest eigenvalue {lmin:e} (scale {scale:e})");
     // The test-side EPK on the same points is not symmetric in general (Definition 3.4's asymmetry).
-    let test_side = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Train);
+    let test_side = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, Rows::Train);
     assert!(max_abs_diff(&test_side.gram, &out.gram) > 1e-8);
 }
 
@@ -132,18 +132,18 @@ fn epk_train_gram_is_symmetric_and_psd() {
 fn epk_kernel_machine_reproduces_the_network_on_the_2d_toy() {
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "exact", &toy2d("[16]", "relu", 60, 1.0, 20, 30));
-    let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+    let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, Rows::Test);
     assert!(epk.max_abs_error() <= 1e-11, "EPK auto:1e-12 error {:e}", epk.max_abs_error());
     let single = epk.single_machine.as_ref().expect("cross-entropy: constant a_i");
     assert!(max_abs_diff(single, &epk.network) <= 1e-11);
     // The network actually moved, and the DPK does not reproduce it.
     assert!(max_abs_diff(&epk.network, &epk.bias) > 0.5);
-    let dpk = compute(&run, KernelKind::Dpk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+    let dpk = compute(&run, KernelKind::Dpk, Rule::Auto(1e-12), Side::Test, Rows::Test);
     assert!(dpk.max_abs_error() > 1e3 * epk.max_abs_error().max(1e-14), "dpk {:e}", dpk.max_abs_error());
     // Deeper and tanh networks too.
     for (name, hidden, act) in [("deep", "[8, 6]", "relu"), ("tanh", "[8]", "tanh"), ("deep3", "[6, 5, 4]", "relu")] {
         let run = train(dir.path(), name, &toy2d(hidden, act, 30, 1.0, 15, 20));
-        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, Rows::Test);
         assert!(epk.max_abs_error() <= 1e-11, "{name}: EPK auto:1e-12 error {:e}", epk.max_abs_error());
     }
 }
@@ -154,7 +154,7 @@ fn left_riemann_error_shrinks_as_one_over_t() {
     let run = train(dir.path(), "riemann", &toy2d("[8]", "tanh", 10, 1.0, 10, 10));
     let errs: Vec<f64> = [8, 16, 32, 64]
         .iter()
-        .map(|&t| compute(&run, KernelKind::Epk, Rule::Left(t), Side::Test, PointsSpec::Test).max_abs_error())
+        .map(|&t| compute(&run, KernelKind::Epk, Rule::Left(t), Side::Test, Rows::Test).max_abs_error())
         .collect();
     for w in errs.windows(2) {
         let ratio = w[0] / w[1];
@@ -200,8 +200,8 @@ fn ntk_matches_an_independent_closed_form() {
     let s = 9;
     let states = run.load_all().unwrap();
     let pts = Points { x: run.dataset.x_test.clone(), dim: 2 };
-    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: Some(s), per_step: false, steps: None };
-    let out = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let req = Request::new(KernelKind::Ntk).rule(Rule::Gauss(1)).ntk_step(Some(s));
+    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     let w = &states[s];
     let (d, h, k) = (2, 7, 3);
     let (w1, b1, w2, b2) = (&w.data[0], &w.data[1], &w.data[2], &w.data[3]);
@@ -230,7 +230,7 @@ fn row_blocked_kernels_equal_unblocked() {
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "blocked", &toy2d("[8, 6]", "relu", 12, 1.0, 15, 13));
     let states = run.load_all().unwrap();
-    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
     let cases = [
         (KernelKind::Epk, Rule::Auto(1e-12), false, None),
         (KernelKind::Epk, Rule::Gauss(3), true, Some((2, 9))),
@@ -240,10 +240,10 @@ fn row_blocked_kernels_equal_unblocked() {
         (KernelKind::Kprime, Rule::Auto(1e-10), false, None),
     ];
     for (kind, rule, per_step, steps) in cases {
-        let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: Some(5).filter(|_| kind == KernelKind::Ntk), per_step, steps };
-        let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap();
+        let req = Request::new(kind).rule(rule).ntk_step(Some(5).filter(|_| kind == KernelKind::Ntk)).per_step(per_step).steps(steps);
+        let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
         for block in [1, 4, 5, 12] {
-            let b = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, block, &|_, _| {}).unwrap();
+            let b = kernel::compute(&run, &states, &pts, &req.clone().block_rows(Some(block)), &|_, _| {}).unwrap();
             let rel = |x: &[f64], y: &[f64]| max_abs_diff(x, y) / max_abs(y).max(1e-300);
             let what = format!("{kind} block {block}");
             assert_eq!(b.p, whole.p, "{what}");
@@ -271,7 +271,7 @@ fn row_blocked_kernels_equal_unblocked() {
     }
     // A budget that holds the output but not the whole computation blocks; one that cannot
     // hold the output refuses with the estimate.
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
     let p = pts.len();
     let m = run.dataset.n_train();
     let full = kernel::blocked::plan(&run.manifest, p, m, &req, u64::MAX).unwrap();
@@ -281,12 +281,19 @@ fn row_blocked_kernels_equal_unblocked() {
     while kernel::blocked::plan(&run.manifest, p, m, &req, tight * 49 / 50).is_ok() {
         tight = tight * 49 / 50;
     }
-    let (out, plan) = kernel::blocked::compute_blocked(&run.manifest, &run.dataset, &states, &pts, &req, tight, &|_, _| {}).unwrap();
+    let (out, plan) = compute_blocked(&run, &states, &pts, &req, tight);
     assert!(plan.blocks > 1 && plan.estimated_peak() <= tight, "{plan:?} for {tight}");
-    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, u64::MAX, &|_, _| {}).unwrap();
+    let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     assert!(max_abs_diff(&out.gram, &whole.gram) <= 1e-12 * max_abs(&whole.gram));
     let err = kernel::blocked::plan(&run.manifest, p, m, &req, full.output_bytes).unwrap_err();
     assert!(matches!(err, pathkernel::Error::OutOfMemoryBudget { .. }), "{err}");
+}
+
+/// The kernel within a memory budget: the planner's row blocks through the one entry.
+fn compute_blocked(run: &Run, states: &[Params], pts: &Points, req: &Request, budget: u64) -> (KernelOutput, kernel::blocked::BlockPlan) {
+    let plan = kernel::blocked::plan(&run.manifest, pts.len(), run.dataset.n_train(), req, budget).unwrap();
+    let out = kernel::compute(run, states, pts, &req.clone().block_rows(Some(plan.block_rows)), &|_, _| {}).unwrap();
+    (out, plan)
 }
 
 #[test]
@@ -297,11 +304,11 @@ fn chunked_node_evaluation_equals_small_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "chunks", &toy2d("[8]", "relu", 6, 1.0, 10, 5));
     let states = run.load_all().unwrap();
-    let pts = PointsSpec::Grid(40).resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}).unwrap();
+    let pts = Rows::Grid(40).resolve(&run.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     assert!(whole.mean_evaluations() * whole.p as f64 > 2048.0);
-    let small = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &req, 16, &|_, _| {}).unwrap();
+    let small = kernel::compute(&run, &states, &pts, &req.clone().block_rows(Some(16)), &|_, _| {}).unwrap();
     assert!(max_abs_diff(&whole.gram, &small.gram) <= 1e-12 * max_abs(&whole.gram));
     assert!(max_abs_diff(&whole.machine, &small.machine) <= 1e-12 * max_abs(&whole.machine));
     assert!(max_abs_diff(whole.diag.as_ref().unwrap(), small.diag.as_ref().unwrap()) <= 1e-12 * max_abs(whole.diag.as_ref().unwrap()));
@@ -336,15 +343,15 @@ fn cnn_fast_path_equals_generic_path_end_to_end() {
         let run = cnn_run(dir.path(), name, model);
         let states = run.load_all().unwrap();
         for (kind, rule, points) in [
-            (KernelKind::Epk, Rule::Gauss(3), PointsSpec::Test),
-            (KernelKind::Dpk, Rule::Gauss(1), PointsSpec::Train),
-            (KernelKind::Ntk, Rule::Gauss(1), PointsSpec::Test),
-            (KernelKind::Chen, Rule::Gauss(1), PointsSpec::Test),
+            (KernelKind::Epk, Rule::Gauss(3), Rows::Test),
+            (KernelKind::Dpk, Rule::Gauss(1), Rows::Train),
+            (KernelKind::Ntk, Rule::Gauss(1), Rows::Test),
+            (KernelKind::Chen, Rule::Gauss(1), Rows::Test),
         ] {
             let pts = points.resolve(&run.dataset).unwrap();
-            let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
+            let req = Request::new(kind).rule(rule);
             let [fast, slow] = [kernel::GramPath::Fast, kernel::GramPath::Generic]
-                .map(|path| kernel::compute_with_path(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 32, &|_, _| {}, path).unwrap());
+                .map(|path| kernel::compute(&run, &states, &pts, &req.clone().path(path), &|_, _| {}).unwrap());
             let rel = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
             assert!(rel <= 1e-12, "{name} {kind}: Gram relative difference {rel:e}");
             worst = worst.max(rel);
@@ -368,11 +375,11 @@ fn cnn_epk_auto_reproduces_the_network() {
         ("tanh", "channels = 2\nkernel = 3\nstride = 1\npool = 2\nactivation = \"tanh\""),
     ] {
         let run = cnn_run(dir.path(), name, model);
-        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, PointsSpec::Test);
+        let epk = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Test, Rows::Test);
         eprintln!("{name}: EPK auto:1e-12 max |machine − network| {:e}, {:.1} evaluations/point/step", epk.max_abs_error(), epk.mean_evaluations());
         assert!(epk.max_abs_error() <= 1e-11, "{name}: EPK auto:1e-12 error {:e}", epk.max_abs_error());
         assert!(max_abs_diff(&epk.network, &epk.bias) > 0.1, "{name}: the network barely moved");
-        let dpk = compute(&run, KernelKind::Dpk, Rule::Gauss(1), Side::Test, PointsSpec::Test);
+        let dpk = compute(&run, KernelKind::Dpk, Rule::Gauss(1), Side::Test, Rows::Test);
         assert!(dpk.max_abs_error() > 1e3 * epk.max_abs_error().max(1e-14), "{name}: dpk {:e}", dpk.max_abs_error());
     }
 }
@@ -385,16 +392,15 @@ fn cnn_epk_auto_reproduces_the_network() {
 /// refused.
 #[test]
 fn logit_kernels_reproduce_the_logits() {
-    use pathkernel::kernel::{Layout, Options, Outputs};
+    use pathkernel::kernel::Outputs;
     use pathkernel::model::OutputKind;
     let dir = tempfile::tempdir().unwrap();
     for (name, hidden, act, rule) in [("relu1", "[6]", "relu", Rule::Auto(1e-12)), ("tanh2", "[5, 4]", "tanh", Rule::Gauss(8))] {
         let run = train(dir.path(), name, &toy2d(hidden, act, 3, 0.5, 8, 4));
         let states = run.load_all().unwrap();
-        let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
-        let opts = Options { outputs: Outputs::Logits, ..Options::layout(Layout::Full) };
-        let req = KernelRequest { kind: KernelKind::Epk, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
-        let o = kernel::compute_in(&run, &states, &pts, &req, &opts, &|_, _| {}).unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        let req = Request::new(KernelKind::Epk).rule(rule);
+        let o = kernel::compute(&run, &states, &pts, &req.clone().outputs(Outputs::Logits), &|_, _| {}).unwrap();
         let mut arch = run.manifest.architecture.clone();
         arch.output = OutputKind::Identity;
         let logits = arch.forward(&states[run.manifest.steps], Some(&states[0]), &run.dataset.x_test).unwrap();
@@ -403,8 +409,8 @@ fn logit_kernels_reproduce_the_logits() {
         assert!(max_abs_diff(&logits, &logsm) > 1e-3, "{name}: logits equal log-softmax outputs");
         assert!(o.max_abs_error() < 1e-11, "{name}: machine vs logits {:e}", o.max_abs_error());
         // The NTK on the logits against the generic autodiff Gram of the identity-output network.
-        let ntk = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-        let o = kernel::compute_in(&run, &states, &pts, &ntk, &opts, &|_, _| {}).unwrap();
+        let ntk = Request::new(KernelKind::Ntk).rule(Rule::Gauss(1));
+        let o = kernel::compute(&run, &states, &pts, &ntk.outputs(Outputs::Logits), &|_, _| {}).unwrap();
         let mut slow = vec![0.0; o.gram.len()];
         let mut slow_diag = vec![0.0; o.p * o.k * o.k];
         let n = run.manifest.steps;
@@ -414,13 +420,13 @@ fn logit_kernels_reproduce_the_logits() {
     }
     let sgd = train(dir.path(), "sgd", &toy2d("[6]", "relu", 3, 0.3, 10, 4).replace("seed = 7\n", "seed = 7\noptimizer = \"sgd\"\nbatch_size = 7\n"));
     let states = sgd.load_all().unwrap();
-    let pts = PointsSpec::Test.resolve(&sgd.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let o = kernel::compute_in(&sgd, &states, &pts, &req, &Options { outputs: Outputs::Logits, ..Default::default() }, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&sgd.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let o = kernel::compute(&sgd, &states, &pts, &req.clone().outputs(Outputs::Logits), &|_, _| {}).unwrap();
     assert!(o.max_abs_error() < 1e-11, "sgd: machine vs logits {:e}", o.max_abs_error());
     let mom = train(dir.path(), "mom", &toy2d("[6]", "relu", 3, 0.3, 5, 4).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
     let states = mom.load_all().unwrap();
-    let err = kernel::compute_in(&mom, &states, &pts, &req, &Options { outputs: Outputs::Logits, ..Default::default() }, &|_, _| {}).unwrap_err();
+    let err = kernel::compute(&mom, &states, &pts, &req.clone().outputs(Outputs::Logits), &|_, _| {}).unwrap_err();
     assert!(err.to_string().contains("plain gradient steps"), "{err}");
 }
 
@@ -432,7 +438,7 @@ fn logit_kernels_reproduce_the_logits() {
 /// the kinds it is not built for are refused.
 #[test]
 fn path_kernel_equals_explicit_integrated_jacobians() {
-    use pathkernel::kernel::{Layout, Options, Outputs};
+    use pathkernel::kernel::{Layout, Outputs};
     use pathkernel::model::OutputKind;
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "relu1", &toy2d("[6]", "relu", 4, 0.5, 8, 4));
@@ -489,11 +495,10 @@ fn path_kernel_equals_explicit_integrated_jacobians() {
         }
         (g, diag)
     };
-    let opts = Options { outputs: Outputs::Logits, ..Options::layout(Layout::Full) };
-    let req = |steps| KernelRequest { kind: KernelKind::Path, rule: Rule::Auto(1e-13), side: Side::Test, ntk_step: None, per_step: false, steps };
-    let test_pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let req = |steps| Request::new(KernelKind::Path).rule(Rule::Auto(1e-13)).steps(steps);
+    let test_pts = Rows::Test.resolve(&run.dataset).unwrap();
     for steps in [None, Some((n - 2, n))] {
-        let o = kernel::compute_in(&run, &states, &test_pts, &req(steps), &opts, &|_, _| {}).unwrap();
+        let o = kernel::compute(&run, &states, &test_pts, &req(steps).outputs(Outputs::Logits), &|_, _| {}).unwrap();
         let (g, diag) = slow(steps.map_or(0..n, |(a, b)| a..b), xr);
         let rel = max_abs_diff(&o.gram, &g) / max_abs(&g);
         assert!(rel <= 1e-12, "path rows {steps:?} vs explicit J̄: {rel:e}");
@@ -503,7 +508,7 @@ fn path_kernel_equals_explicit_integrated_jacobians() {
     }
     // The training Gram: symmetric, PSD, equal to the explicit one; its diagonal is the self-kernel.
     let train_pts = Points { x: xt.clone(), dim: d };
-    let o = kernel::compute_in(&run, &states, &train_pts, &req(None), &Options { outputs: Outputs::Logits, ..Options::layout(Layout::Diag) }, &|_, _| {}).unwrap();
+    let o = kernel::compute(&run, &states, &train_pts, &req(None).outputs(Outputs::Logits).layout(Layout::Diag), &|_, _| {}).unwrap();
     let (g, diag) = slow(0..n, xt);
     let scale = max_abs(&g);
     for i in 0..m {
@@ -523,14 +528,14 @@ fn path_kernel_equals_explicit_integrated_jacobians() {
         assert!(min >= -1e-12 * scale, "class {c}: min eigenvalue {min:e}");
     }
     // Refused: the log-softmax outputs, a fixed rule, another activation, momentum.
-    let err = kernel::compute_in(&run, &states, &test_pts, &req(None), &Options::default(), &|_, _| {}).unwrap_err();
+    let err = kernel::compute(&run, &states, &test_pts, &req(None), &|_, _| {}).unwrap_err();
     assert!(err.to_string().contains("identity outputs"), "{err}");
-    let fixed = KernelRequest { rule: Rule::Gauss(4), ..req(None) };
-    assert!(kernel::compute_in(&run, &states, &test_pts, &fixed, &opts, &|_, _| {}).unwrap_err().to_string().contains("auto quadrature"));
+    let fixed = req(None).rule(Rule::Gauss(4));
+    assert!(kernel::compute(&run, &states, &test_pts, &fixed.outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("auto quadrature"));
     let tanh = train(dir.path(), "tanh", &toy2d("[6]", "tanh", 2, 0.5, 8, 4));
     let ts = tanh.load_all().unwrap();
-    assert!(kernel::compute_in(&tanh, &ts, &test_pts, &req(None), &opts, &|_, _| {}).unwrap_err().to_string().contains("ReLU"));
+    assert!(kernel::compute(&tanh, &ts, &test_pts, &req(None).outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("ReLU"));
     let mom = train(dir.path(), "mom", &toy2d("[6]", "relu", 3, 0.3, 5, 4).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
     let ms = mom.load_all().unwrap();
-    assert!(kernel::compute_in(&mom, &ms, &test_pts, &req(None), &opts, &|_, _| {}).unwrap_err().to_string().contains("plain gradient steps"));
+    assert!(kernel::compute(&mom, &ms, &test_pts, &req(None).outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("plain gradient steps"));
 }

@@ -5,21 +5,21 @@
 mod common;
 
 use common::*;
-use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, Layout, Rows, Request, Rule, Side};
 use pathkernel::trajectory::Run;
 
-fn req(kind: KernelKind, rule: Rule, side: Side) -> KernelRequest {
-    KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None }
+fn req(kind: KernelKind, rule: Rule, side: Side) -> Request {
+    Request::new(kind).rule(rule).side(side)
 }
 
-fn in_layout(run: &Run, r: &KernelRequest, points: PointsSpec, layout: Layout, path: GramPath) -> KernelOutput {
+fn in_layout(run: &Run, r: &Request, points: Rows, layout: Layout, path: GramPath) -> KernelOutput {
     let states = run.load_all().unwrap();
     let pts = points.resolve(&run.dataset).unwrap();
-    kernel::compute_in(run, &states, &pts, r, &Options { layout, path, memory_budget: 1 << 32, ..Default::default() }, &|_, _| {}).unwrap()
+    kernel::compute(run, &states, &pts, &r.clone().layout(layout).path(path).memory_budget(1 << 32), &|_, _| {}).unwrap()
 }
 
 /// Every layout against the full Gram of the same job, and the machine against the full one's.
-fn check_layouts(name: &str, run: &Run, r: &KernelRequest, points: PointsSpec, path: GramPath) {
+fn check_layouts(name: &str, run: &Run, r: &Request, points: Rows, path: GramPath) {
     let full = in_layout(run, r, points, Layout::Full, path);
     let (p, m, k) = (full.p, full.m, full.k);
     assert!(max_abs(&full.gram) > 1e-8, "{name}: trivial Gram");
@@ -45,10 +45,10 @@ fn mlp_layouts_are_parts_of_the_full_gram() {
     let dir = tempfile::tempdir().unwrap();
     for (name, hidden, act) in [("relu2", "[5, 4]", "relu"), ("tanh1", "[6]", "tanh"), ("linear", "[]", "relu")] {
         let run = train(dir.path(), name, &toy2d(hidden, act, 4, 0.5, 6, 4));
-        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, GramPath::Fast);
-        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Train), PointsSpec::Train, GramPath::Fast);
-        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
-        check_layouts(name, &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), Rows::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Train), Rows::Train, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Rows::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), Rows::Test, GramPath::Fast);
     }
 }
 
@@ -58,8 +58,8 @@ fn stateful_optimizer_layouts_are_parts_of_the_full_gram() {
     for (name, extra) in [("momentum", "momentum = 0.9"), ("adamw", "optimizer = \"adamw\"\nweight_decay = 0.01")] {
         let toml = toy2d("[5]", "relu", 6, 0.05, 6, 4).replace("seed = 7\n", &format!("seed = 7\n{extra}\n"));
         let run = train(dir.path(), name, &toml);
-        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Test), PointsSpec::Test, GramPath::Fast);
-        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), PointsSpec::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Epk, Rule::Gauss(3), Side::Test), Rows::Test, GramPath::Fast);
+        check_layouts(name, &run, &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Rows::Test, GramPath::Fast);
     }
 }
 
@@ -76,20 +76,20 @@ fn cnn_layouts_are_parts_of_the_full_gram_on_both_paths() {
     );
     let run = train(dir.path(), "cnn", &toml);
     for path in [GramPath::Fast, GramPath::Generic] {
-        check_layouts(&format!("cnn {path:?} epk"), &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), PointsSpec::Test, path);
-        check_layouts(&format!("cnn {path:?} chen"), &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), PointsSpec::Test, path);
+        check_layouts(&format!("cnn {path:?} epk"), &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), Rows::Test, path);
+        check_layouts(&format!("cnn {path:?} chen"), &run, &req(KernelKind::Chen, Rule::Gauss(1), Side::Test), Rows::Test, path);
     }
-    check_layouts("cnn auto", &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, GramPath::Fast);
+    check_layouts("cnn auto", &run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), Rows::Test, GramPath::Fast);
     // A momentum CNN goes through the stateful path with dense Jacobians.
     let run = train(dir.path(), "cnn-mom", &toml.replace("seed = 2\n", "seed = 2\nmomentum = 0.5\n"));
-    check_layouts("cnn momentum", &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), PointsSpec::Test, GramPath::Fast);
+    check_layouts("cnn momentum", &run, &req(KernelKind::Epk, Rule::Gauss(2), Side::Test), Rows::Test, GramPath::Fast);
 }
 
 #[test]
 fn a_nan_machine_is_not_exact() {
     let dir = tempfile::tempdir().unwrap();
     let run = train(dir.path(), "r", &toy2d("[4]", "relu", 2, 0.5, 4, 3));
-    let mut out = in_layout(&run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), PointsSpec::Test, Layout::Diag, GramPath::Fast);
+    let mut out = in_layout(&run, &req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test), Rows::Test, Layout::Diag, GramPath::Fast);
     assert!(out.max_abs_error() <= 1e-12);
     // One entry of the machine becomes NaN: the verdict must say so, not drop it.
     out.machine[1] = f64::NAN;
@@ -110,10 +110,10 @@ fn row_blocks_keep_every_blocks_non_data_terms() {
     let toml = toy2d("[5]", "relu", 6, 0.05, 6, 5).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\nweight_decay = 0.01\n");
     let run = train(dir.path(), "m", &toml);
     let states = run.load_all().unwrap();
-    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
     let r = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
-    let whole = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &r, 1 << 30, &|_, _| {}).unwrap();
-    let blocked = kernel::blocked::compute_in_blocks(&run.manifest, &run.dataset, &states, &pts, &r, 2, &|_, _| {}).unwrap();
+    let whole = kernel::compute(&run, &states, &pts, &r, &|_, _| {}).unwrap();
+    let blocked = kernel::compute(&run, &states, &pts, &r.clone().block_rows(Some(2)), &|_, _| {}).unwrap();
     for (name, a, b) in [("reg", &whole.reg, &blocked.reg), ("rounding", &whole.rounding, &blocked.rounding)] {
         let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
         assert_eq!(a.len(), b.len(), "{name}: blocked length");

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use pathkernel::kernel::{self, generic, KernelForm, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, generic, KernelForm, KernelKind, Rows, Request, Rule};
 use pathkernel::optim::UpdateRule;
 use pathkernel::trajectory::Run;
 
@@ -122,9 +122,9 @@ fn check_net(name: &str, hidden: &str, activation: &str, extra: &str, form: Kern
     assert!(max_abs(&states[n].flat().iter().zip(states[0].flat()).map(|(a, b)| a - b).collect::<Vec<_>>()) > 1e-3, "{name}: the net must move");
 
     // 2. The kernel machine reproduces the network (auto quadrature).
-    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     assert_eq!(out.form, form);
     assert!(out.max_abs_error() <= 1e-11, "{name}: machine error {:e}", out.max_abs_error());
     let resid = out.decomposition_residual.unwrap();
@@ -143,8 +143,8 @@ fn check_net(name: &str, hidden: &str, activation: &str, extra: &str, form: Kern
     }
 
     // 3. Per-point contributions against the obvious Σ_s J̄_s(x)·u_{i,s} (gauss:4 on both sides).
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Gauss(4), side: Side::Test, ntk_step: None, per_step: true, steps: None };
-    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Gauss(4)).per_step(true);
+    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     let p = pts.len();
     let gs = out.per_step.as_ref().unwrap();
     assert_eq!(out.steps, (0..n).collect::<Vec<_>>());
@@ -202,9 +202,9 @@ fn momentum_on_a_deeper_tanh_net_and_its_ntk() {
     let states = run.load_all().unwrap();
     let arch = &run.manifest.architecture;
     let (m, k, n) = (run.dataset.n_train(), arch.outputs(), run.manifest.steps);
-    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Ntk, rule: Rule::Gauss(1), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let req = Request::new(KernelKind::Ntk).rule(Rule::Gauss(1));
+    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     let w = states[n].numel();
     let jt = generic::jacobians(arch, &states[n], &states[0], &run.dataset.x_train).unwrap();
     let jr = generic::jacobians(arch, &states[n], &states[0], &pts.x).unwrap();

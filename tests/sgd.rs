@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use pathkernel::kernel::{self, generic, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, generic, KernelKind, Rows, Request, Rule};
 use pathkernel::trajectory::{batch_schedule, OptimizerRecord};
 
 fn sgd_config(schedule: &str) -> String {
@@ -45,9 +45,9 @@ fn sgd_steps_decompose_exactly_and_the_epk_reproduces_the_network() {
 
         let states = run.load_all().unwrap();
         let arch = &run.manifest.architecture;
-        let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
-        let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-        let out = kernel::compute(&run.manifest, &run.dataset, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+        let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
         assert!(out.max_abs_error() <= 1e-11, "{name}: EPK error {:e}", out.max_abs_error());
         assert!(out.single_machine.is_none(), "a_i changes with the batch: no single machine");
         assert!(max_abs_diff(&out.network, &out.bias) > 0.3);

@@ -11,29 +11,29 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
-use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, KernelRequest, Layout, Options, PointsSpec, Rule, Side};
+use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, Layout, Rows, Request, Rule, Side};
 use pathkernel::tile::{self, Plan, PlanInput, Tiling};
 use pathkernel::trajectory::Run;
 
-fn req(kind: KernelKind, rule: Rule, side: Side) -> KernelRequest {
-    KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None }
+fn req(kind: KernelKind, rule: Rule, side: Side) -> Request {
+    Request::new(kind).rule(rule).side(side)
 }
 
-fn one_process(run: &Run, points: &str, r: &KernelRequest, layout: Layout) -> KernelOutput {
+fn one_process(run: &Run, points: &str, r: &Request, layout: Layout) -> KernelOutput {
     let states = run.load_all().unwrap();
-    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
-    kernel::compute_in(run, &states, &pts, r, &Options::layout(layout), &|_, _| {}).unwrap()
+    let pts = points.parse::<Rows>().unwrap().resolve(&run.dataset).unwrap();
+    kernel::compute(run, &states, &pts, &r.clone().layout(layout), &|_, _| {}).unwrap()
 }
 
 /// Plans, runs every tile and merges, in process.
-fn tiled(run: &Run, out: &Path, points: &str, r: &KernelRequest, layout: Layout, tiling: Tiling, budget: u64) -> (Plan, KernelOutput) {
+fn tiled(run: &Run, out: &Path, points: &str, r: &Request, layout: Layout, tiling: Tiling, budget: u64) -> (Plan, KernelOutput) {
     let states = run.load_all().unwrap();
-    let plan = tile::make_plan(&PlanInput { run, states: &states, points, req: r, layout, memory_budget: budget, tiling, pilot: false }).unwrap();
+    let plan = tile::make_plan(&PlanInput { run, states: &states, points, req: &r.clone().layout(layout), memory_budget: budget, tiling, pilot: false }).unwrap();
     plan.write(out, true).unwrap();
     for t in &plan.tiles {
         tile::run_tile(out, t.index, &|_, _| {}).unwrap();
     }
-    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
+    let pts = points.parse::<Rows>().unwrap().resolve(&run.dataset).unwrap();
     let merged = tile::merge_output(out, &Plan::read(out).unwrap(), &pts).unwrap();
     (plan, merged)
 }
@@ -148,12 +148,12 @@ fn tiles_equal_the_one_process_kernel_in_every_split_and_layout() {
         }
     }
     // Other kinds, sides, per-step Grams and a sub-range of the steps.
-    let cases: Vec<(&str, &str, KernelRequest)> = vec![
+    let cases: Vec<(&str, &str, Request)> = vec![
         ("dpk", "test", req(KernelKind::Dpk, Rule::Gauss(1), Side::Test)),
         ("chen", "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test)),
         ("epk train side", "train", req(KernelKind::Epk, Rule::Gauss(3), Side::Train)),
-        ("kprime per-step", "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }),
-        ("epk steps 2:8", "class-means", KernelRequest { steps: Some((2, 8)), ..req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test) }),
+        ("kprime per-step", "test", req(KernelKind::Kprime, Rule::Gauss(4), Side::Test).per_step(true)),
+        ("epk steps 2:8", "class-means", req(KernelKind::Epk, Rule::Auto(1e-12), Side::Test).steps(Some((2, 8)))),
     ];
     for (name, points, r) in cases {
         let want = one_process(&run, points, &r, Layout::Full);
@@ -172,8 +172,8 @@ fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
     let gd = train(dir.path(), "gd", &toy2d("[5]", "tanh", 6, 0.5, 8, 6));
     let ntk = req(KernelKind::Ntk, Rule::Gauss(1), Side::Test);
     let states = gd.load_all().unwrap();
-    let input = |run: &'_ Run, states: &'_ [pathkernel::model::Params], r: &KernelRequest, tiling| {
-        tile::make_plan(&PlanInput { run, states, points: "test", req: r, layout: Layout::Full, memory_budget: 1 << 30, tiling, pilot: false }).map(|p| (p.row_blocks, p.step_ranges.len()))
+    let input = |run: &'_ Run, states: &'_ [pathkernel::model::Params], r: &Request, tiling| {
+        tile::make_plan(&PlanInput { run, states, points: "test", req: r, memory_budget: 1 << 30, tiling, pilot: false }).map(|p| (p.row_blocks, p.step_ranges.len()))
     };
     assert_eq!(input(&gd, &states, &ntk, Tiling::Count(12)).unwrap(), (6, 1));
     let e = input(&gd, &states, &ntk, Tiling::Grid { rows: 1, cols: 1, steps: 2 }).unwrap_err().to_string();
@@ -188,7 +188,7 @@ fn ntk_and_coupled_optimizers_are_tiled_by_rows_only() {
     let e = input(&momentum, &ms, &epk, Tiling::Grid { rows: 2, cols: 1, steps: 2 }).unwrap_err().to_string();
     assert!(e.contains("couples its steps (kernel form momentum)"), "{e}");
     assert_eq!(input(&momentum, &ms, &epk, Tiling::Count(9)).unwrap(), (6, 1), "more tiles than rows: rows only");
-    for (name, r) in [("momentum", epk.clone()), ("momentum steps 2:5", KernelRequest { steps: Some((2, 5)), ..epk.clone() })] {
+    for (name, r) in [("momentum", epk.clone()), ("momentum steps 2:5", epk.clone().steps(Some((2, 5))))] {
         let want = one_process(&momentum, "test", &r, Layout::Full);
         let (_, got) = tiled(&momentum, &dir.path().join("t"), "test", &r, Layout::Full, Tiling::Count(3), 1 << 30);
         assert_same(name, &got, &want);
@@ -249,7 +249,7 @@ fn each_tile_fits_the_memory_budget() {
     let epk = req(KernelKind::Epk, Rule::Gauss(2), Side::Train);
     let states = run.load_all().unwrap();
     let plan_with = |budget: u64| {
-        tile::make_plan(&PlanInput { run: &run, states: &states, points: "train", req: &epk, layout: Layout::Full, memory_budget: budget, tiling: Tiling::Count(2), pilot: true })
+        tile::make_plan(&PlanInput { run: &run, states: &states, points: "train", req: &epk, memory_budget: budget, tiling: Tiling::Count(2), pilot: true })
     };
     let roomy = plan_with(1 << 30).unwrap();
     assert_eq!(roomy.row_blocks, 2);
@@ -308,16 +308,16 @@ fn uneven(m: usize) -> Vec<(usize, usize)> {
 /// Column blocks computed apart against the one-process kernel: each block's Gram and `a` are
 /// its columns of the whole (the slow, obvious reference: compute every column, then slice), and
 /// the blocks assembled are the whole, per-step validation included.
-fn check_column_blocks(name: &str, run: &Run, points: &str, r: &KernelRequest, layout: Layout, path: GramPath) {
+fn check_column_blocks(name: &str, run: &Run, points: &str, r: &Request, layout: Layout, path: GramPath) {
     let states = run.load_all().unwrap();
-    let pts = points.parse::<PointsSpec>().unwrap().resolve(&run.dataset).unwrap();
-    let opts = Options { path, ..Options::layout(layout) };
-    let want = kernel::compute_in(run, &states, &pts, r, &opts, &|_, _| {}).unwrap();
+    let pts = points.parse::<Rows>().unwrap().resolve(&run.dataset).unwrap();
+    let opts = r.clone().path(path).layout(layout);
+    let want = kernel::compute(run, &states, &pts, &opts, &|_, _| {}).unwrap();
     let (p, m, k) = (want.p, want.m, want.k);
     let (pp, n_a) = (layout.per_pair(k), want.a.len() / (m * k));
     let mut parts = Vec::new();
     for (c0, c1) in uneven(m) {
-        let o = kernel::compute_in(run, &states, &pts, r, &Options { columns: Some((c0, c1)), ..opts }, &|_, _| {}).unwrap();
+        let o = kernel::compute(run, &states, &pts, &opts.clone().columns(Some((c0, c1))), &|_, _| {}).unwrap();
         assert_eq!((o.p, o.m, o.k), (p, c1 - c0, k), "{name}: block {c0}..{c1}");
         let share = o.columns.as_ref().expect("a proper range is a share");
         assert_eq!((share.range, share.of), ((c0, c1), m), "{name}");
@@ -335,7 +335,7 @@ fn check_column_blocks(name: &str, run: &Run, points: &str, r: &KernelRequest, l
     assert!(got.columns.is_none());
     assert_same(name, &got, &want);
     // The whole range is no share: the same bits as no range at all.
-    let whole = kernel::compute_in(run, &states, &pts, r, &Options { columns: Some((0, m)), ..opts }, &|_, _| {}).unwrap();
+    let whole = kernel::compute(run, &states, &pts, &opts.clone().columns(Some((0, m))), &|_, _| {}).unwrap();
     assert!(whole.columns.is_none() && bits(&whole.gram) == bits(&want.gram) && bits(&whole.machine) == bits(&want.machine), "{name}: columns 0..M");
 }
 
@@ -348,13 +348,13 @@ fn column_blocks_are_the_columns_of_the_whole_on_every_path() {
     for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
         check_column_blocks(&format!("mlp epk {layout}"), &gd, "test", &epk, layout, GramPath::Fast);
     }
-    let cases: Vec<(&str, &str, KernelRequest)> = vec![
+    let cases: Vec<(&str, &str, Request)> = vec![
         ("mlp ntk", "test", req(KernelKind::Ntk, Rule::Gauss(1), Side::Test)),
         ("mlp dpk", "test", req(KernelKind::Dpk, Rule::Gauss(1), Side::Test)),
         ("mlp chen", "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test)),
         ("mlp epk train side", "train", req(KernelKind::Epk, Rule::Gauss(3), Side::Train)),
-        ("mlp kprime per-step", "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }),
-        ("mlp epk steps 2:8", "class-means", KernelRequest { steps: Some((2, 8)), ..epk.clone() }),
+        ("mlp kprime per-step", "test", req(KernelKind::Kprime, Rule::Gauss(4), Side::Test).per_step(true)),
+        ("mlp epk steps 2:8", "class-means", epk.clone().steps(Some((2, 8)))),
     ];
     for (name, points, r) in &cases {
         check_column_blocks(name, &gd, points, r, Layout::Full, GramPath::Fast);
@@ -377,7 +377,7 @@ fn column_blocks_are_the_columns_of_the_whole_on_every_path() {
     let gauss3 = req(KernelKind::Epk, Rule::Gauss(3), Side::Test);
     let mom = train(d, "mom", &toy2d("[5]", "relu", 6, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\nweight_decay = 0.01\n"));
     check_column_blocks("momentum + weight decay epk", &mom, "test", &gauss3, Layout::Full, GramPath::Fast);
-    check_column_blocks("momentum + weight decay epk steps 2:5 diag", &mom, "test", &KernelRequest { steps: Some((2, 5)), ..gauss3.clone() }, Layout::Diag, GramPath::Fast);
+    check_column_blocks("momentum + weight decay epk steps 2:5 diag", &mom, "test", &gauss3.clone().steps(Some((2, 5))), Layout::Diag, GramPath::Fast);
     check_column_blocks("momentum ntk", &mom, "test", &req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Layout::Full, GramPath::Fast);
     let adam = train(d, "adam", &toy2d("[5]", "tanh", 5, 0.05, 8, 6).replace("seed = 7\n", "seed = 7\noptimizer = \"adam\"\n"));
     check_column_blocks("adam epk auto", &adam, "test", &epk, Layout::Full, GramPath::Fast);
@@ -386,9 +386,9 @@ fn column_blocks_are_the_columns_of_the_whole_on_every_path() {
 
     // Bad ranges are errors.
     let states = gd.load_all().unwrap();
-    let pts = PointsSpec::Test.resolve(&gd.dataset).unwrap();
+    let pts = Rows::Test.resolve(&gd.dataset).unwrap();
     for bad in [(3, 3), (5, 2), (0, 31)] {
-        let e = kernel::compute_in(&gd, &states, &pts, &epk, &Options { columns: Some(bad), ..Default::default() }, &|_, _| {}).unwrap_err().to_string();
+        let e = kernel::compute(&gd, &states, &pts, &epk.clone().columns(Some(bad)), &|_, _| {}).unwrap_err().to_string();
         assert!(e.contains("need 0 <= lo < hi <= M = 30"), "{e}");
     }
 }
@@ -414,10 +414,10 @@ fn column_tiles_equal_the_one_process_kernel() {
         }
     }
     // Per-step Grams, Chen, a sub-range of steps, the NTK, MSE.
-    let cases: Vec<(&str, &Run, &str, KernelRequest, Tiling)> = vec![
-        ("kprime per-step", &run, "test", KernelRequest { per_step: true, ..req(KernelKind::Kprime, Rule::Gauss(4), Side::Test) }, Tiling::Grid { rows: 2, cols: 2, steps: 3 }),
+    let cases: Vec<(&str, &Run, &str, Request, Tiling)> = vec![
+        ("kprime per-step", &run, "test", req(KernelKind::Kprime, Rule::Gauss(4), Side::Test).per_step(true), Tiling::Grid { rows: 2, cols: 2, steps: 3 }),
         ("chen", &run, "test", req(KernelKind::Chen, Rule::Gauss(1), Side::Test), Tiling::Grid { rows: 2, cols: 3, steps: 2 }),
-        ("epk steps 2:8", &run, "class-means", KernelRequest { steps: Some((2, 8)), ..epk.clone() }, Tiling::Grid { rows: 3, cols: 2, steps: 3 }),
+        ("epk steps 2:8", &run, "class-means", epk.clone().steps(Some((2, 8))), Tiling::Grid { rows: 3, cols: 2, steps: 3 }),
         ("ntk", &run, "test", req(KernelKind::Ntk, Rule::Gauss(1), Side::Test), Tiling::Grid { rows: 2, cols: 3, steps: 1 }),
     ];
     for (name, r_run, points, r, tiling) in cases {
@@ -446,11 +446,11 @@ fn column_tiles_equal_the_one_process_kernel() {
         assert_eq!(got.records.len(), want.records.len());
     }
     let states = mom.load_all().unwrap();
-    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, layout: Layout::Full, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 2, steps: 2 }, pilot: false })
+    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 2, steps: 2 }, pilot: false })
         .unwrap_err()
         .to_string();
     assert!(e.contains("--tiles 1x2x2: step ranges need plain gradient steps") && e.contains("--tiles N or 1x2x1"), "{e}");
-    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, layout: Layout::Full, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 25, steps: 1 }, pilot: false })
+    let e = tile::make_plan(&PlanInput { run: &mom, states: &states, points: "test", req: &gauss2, memory_budget: 1 << 30, tiling: Tiling::Grid { rows: 1, cols: 25, steps: 1 }, pilot: false })
         .unwrap_err()
         .to_string();
     assert!(e.contains("25 column blocks for 24 training points"), "{e}");
@@ -498,7 +498,7 @@ fn column_blocks_grow_when_a_tile_of_one_row_does_not_fit() {
     let epk = req(KernelKind::Epk, Rule::Gauss(2), Side::Test);
     let plan_with = |run: &Run, budget: u64, tiling: Tiling| {
         let states = run.load_all().unwrap();
-        tile::make_plan(&PlanInput { run, states: &states, points: "test", req: &epk, layout: Layout::Full, memory_budget: budget, tiling, pilot: false })
+        tile::make_plan(&PlanInput { run, states: &states, points: "test", req: &epk, memory_budget: budget, tiling, pilot: false })
     };
     let roomy = plan_with(&gd, 1 << 30, Tiling::Count(2)).unwrap();
     assert_eq!((roomy.row_blocks, roomy.col_blocks), (2, 1));

@@ -359,7 +359,7 @@ fn printed_rel_diff(out: &str) -> f64 {
 
 #[test]
 fn imported_pytorch_sgd_trajectory_is_a_run_whose_epk_reproduces_the_network() {
-    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    use pathkernel::kernel::{self, KernelKind, Rows, Request, Rule};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     copy_recording(&d.join("rec"));
@@ -388,9 +388,9 @@ fn imported_pytorch_sgd_trajectory_is_a_run_whose_epk_reproduces_the_network() {
     }
     assert_eq!(m.init.as_ref().unwrap().sha256, sha256_hex(&std::fs::read(d.join("rec/step_00000.safetensors")).unwrap()));
     // The EPK's kernel machine reproduces the network on the test points.
-    let pts = PointsSpec::Test.resolve(&run.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let out = kernel::compute_run(&run, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     eprintln!("imported torch SGD run: EPK machine vs network {:e}", out.max_abs_error());
     assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
     assert!(max_abs_diff(&out.network, &out.bias) > 1e-2, "the outputs must move");
@@ -504,7 +504,7 @@ fn write_recording(native: &Run, rec: &Path, model: serde_json::Value, x_train_s
 
 #[test]
 fn a_native_mse_regression_run_written_as_a_torch_recording_imports_as_the_same_run() {
-    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    use pathkernel::kernel::{self, KernelKind, Rows, Request, Rule};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let toml = "[data]\nkind = \"regression1d\"\nn_test = 5\n\n[model]\nkind = \"mlp\"\nhidden = [6]\nactivation = \"tanh\"\nzero_last = false\n\n[train]\nlr = 0.05\nsteps = 5\nloss = \"mse\"\n";
@@ -518,16 +518,16 @@ fn a_native_mse_regression_run_written_as_a_torch_recording_imports_as_the_same_
     assert_eq!(imported.dataset.y_train, native.dataset.y_train);
     let states = imported.load_all().unwrap();
     assert_eq!(states, native.load_all().unwrap());
-    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&imported.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let out = kernel::compute(&imported, &states, &pts, &req, &|_, _| {}).unwrap();
     assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
     assert!(max_abs_diff(&out.network, &out.bias) > 1e-3);
 }
 
 #[test]
 fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
-    use pathkernel::kernel::{self, KernelKind, KernelRequest, PointsSpec, Rule, Side};
+    use pathkernel::kernel::{self, KernelKind, Rows, Request, Rule};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let data = d.join("mnist");
@@ -552,9 +552,9 @@ fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
     assert_eq!(imported.dataset.image_shape, Some([1, 28, 28]));
     let states = imported.load_all().unwrap();
     assert_eq!(states, native.load_all().unwrap());
-    let pts = PointsSpec::Test.resolve(&imported.dataset).unwrap();
-    let req = KernelRequest { kind: KernelKind::Epk, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None };
-    let out = kernel::compute_run(&imported, &states, &pts, &req, 1 << 30, &|_, _| {}).unwrap();
+    let pts = Rows::Test.resolve(&imported.dataset).unwrap();
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let out = kernel::compute(&imported, &states, &pts, &req, &|_, _| {}).unwrap();
     assert!(out.max_abs_error() <= 1e-10, "{:e}", out.max_abs_error());
     // A gd recording with batches, and an MLP description of CNN tensors, are refused.
     let mut bad = json.clone();

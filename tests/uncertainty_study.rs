@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use pathkernel::gp::GpParams;
 use pathkernel::io::{Column, SafeFile, Table};
-use pathkernel::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, Rule, Side};
+use pathkernel::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rows, Rule, Side};
 use pathkernel::study::{self, StudyOptions};
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
@@ -254,11 +254,11 @@ fn kernel_gp_matches_the_gp_workflow() {
         let (mean, var, noise) = if kind == KernelKind::Epk {
             // The reference: the same kernels written as kernel directories, then `gp`.
             let write = |pts: &Points, side: Side, name: &str| {
-                let req = KernelRequest { kind, rule, side, ntk_step: None, per_step: false, steps: None };
-                let o = kernel::compute_in(&run, &states, pts, &req, &Options::layout(Layout::Diag), &noop).unwrap();
+                let req = Request::new(kind).rule(rule).side(side);
+                let o = kernel::compute(&run, &states, pts, &req.clone().layout(Layout::Diag), &noop).unwrap();
                 let dir = d.join(format!("{kind}-{name}"));
                 std::fs::create_dir_all(&dir).unwrap();
-                kernel::output::write(&dir, &o, pts, &run.manifest.run_id).unwrap();
+                kernel::output::write(&dir, &o, pts, Rows::of_points(pts, &run), &run.manifest.run_id).unwrap();
                 Gram::open(&dir, &net).unwrap()
             };
             let (kt, kp) = (write(&train_pts, Side::Train, "train"), write(&test_pts, Side::Test, "test"));
@@ -271,8 +271,8 @@ fn kernel_gp_matches_the_gp_workflow() {
             // The reference for the NTK: the
             // full-layout Grams' diagonal blocks and a GP fitted on them directly.
             let full = |pts: &Points| {
-                let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: None };
-                kernel::compute_in(&run, &states, pts, &req, &Options::layout(Layout::Full), &noop).unwrap()
+                let req = Request::new(kind).rule(rule);
+                kernel::compute(&run, &states, pts, &req, &noop).unwrap()
             };
             let (ot, op) = (full(&train_pts), full(&test_pts));
             let (m, p, k) = (ot.m, op.p, ot.k);

@@ -224,7 +224,7 @@ impl fmt::Display for GpPrediction {
 }
 
 /// The one-vs-rest SVM refit of the kernel machine's weights on the class blocks of a
-/// train × train [`Gram`] (labels: the run's training labels).
+/// train × train [`Gram`] (labels: the training labels of the run the Gram came from).
 ///
 /// # Example
 ///
@@ -236,12 +236,14 @@ impl fmt::Display for GpPrediction {
 /// #             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
 /// # let net = Trained::train_toml(toml, dir.path().join("run"))?;
 /// let train = net.epk().train_side().layout(Layout::Diag).compute()?;
-/// let labels = net.run().dataset.train_labels()?;
-/// let svm = SvmModel::fit(&train, labels, &SvmParams::default())?; // C = 1, tol 1e-3 (libsvm's)
 /// let rows = net.epk().layout(Layout::Diag).compute()?;
+/// let svm = SvmModel::fit(&train, &SvmParams::default())?; // C = 1, tol 1e-3 (libsvm's)
 /// let predicted = svm.predict(&rows)?;            // a class per test row
 /// assert_eq!(predicted.len(), 6);
 /// assert_eq!(svm.support().len(), 3);             // support vectors per class
+///
+/// let flipped: Vec<usize> = net.y_train()?.iter().map(|y| (y + 1) % 3).collect();
+/// let other = SvmModel::fit_labels(&train, &flipped, &SvmParams::default())?; // labels of your own
 /// # Ok(()) }
 /// ```
 ///
@@ -256,11 +258,19 @@ pub struct SvmModel {
 
 impl SvmModel {
     /// Fits one binary SVM per class on the symmetrised class block `c` with labels
-    /// `y_i == c`.
+    /// `y_i == c`, `y` the training labels of the run the Gram came from
+    /// ([`Gram::train_labels`]).
+    ///
+    /// Errors: as [`SvmModel::fit_labels`], and a run with regression targets.
+    pub fn fit(train: &Gram, params: &SvmParams) -> Result<SvmModel> {
+        SvmModel::fit_labels(train, train.train_labels()?, params)
+    }
+
+    /// [`SvmModel::fit`] with the labels `labels` instead of the run's. # Shapes `labels: [M]`.
     ///
     /// Errors: as [`GpModel::fit_with`], labels of the wrong length, and those of
     /// [`SvmParams::fit_ovr`].
-    pub fn fit(train: &Gram, labels: &[usize], params: &SvmParams) -> Result<SvmModel> {
+    pub fn fit_labels(train: &Gram, labels: &[usize], params: &SvmParams) -> Result<SvmModel> {
         train.require_train_rows("an SVM")?;
         let (m, _, k) = train.shape();
         if labels.len() != m {
@@ -338,6 +348,8 @@ impl fmt::Display for SvmModel {
 /// let epk = net.epk().compute()?;                 // attribution needs the full layout
 /// let who = epk.attribute(&[0, 2], 3)?;           // rows 0 and 2, top 3 each way
 /// assert_eq!(who.items.len(), 2 * 3);             // one item per row and class
+/// assert_eq!(who.of(2, 1)?.point, 2);             // row 2's output 1
+/// assert!(who.of(1, 0).is_err());                 // row 1 was not asked for
 /// for a in &who.items {
 ///     // the training points' contributions add up to the output minus the bias
 ///     assert!(a.residual.abs() < 1e-10);
@@ -353,6 +365,15 @@ impl fmt::Display for SvmModel {
 pub struct Attributions {
     /// One entry per chosen row and class.
     pub items: Vec<Attribution>,
+}
+
+impl Attributions {
+    /// The attribution of row `point`'s output `class`.
+    ///
+    /// Errors: a row or class that was not attributed.
+    pub fn of(&self, point: usize, class: usize) -> Result<&Attribution> {
+        self.items.iter().find(|a| a.point == point && a.class == class).ok_or_else(|| Error::Config(format!("row {point}, class {class} was not attributed")))
+    }
 }
 
 impl fmt::Display for Attributions {

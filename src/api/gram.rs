@@ -6,11 +6,10 @@ use std::path::Path;
 
 use faer::{Mat, MatRef};
 
-use super::files::KernelFiles;
 use super::rows::Rows;
 use crate::error::{Error, Result};
-use crate::io::{self, StagedDir, Table};
-use crate::kernel::{self, output::Exactness, KernelKind, KernelOutput, Layout, Points, Rule, Side, StepRecord};
+use crate::io::StagedDir;
+use crate::kernel::{self, output::Exactness, KernelForm, KernelKind, KernelOutput, Layout, Points, Side};
 use crate::trajectory::Run;
 
 /// A kernel Gram of a recorded run with its rows, layout and exactness.
@@ -56,6 +55,8 @@ pub struct Gram {
     points: Points,
     rows: Rows,
     run_id: String,
+    /// The run's training labels (the columns' classes), for the estimators that need them.
+    labels: Option<Vec<usize>>,
     exactness: Exactness,
 }
 
@@ -118,9 +119,10 @@ fn strided(data: &[f64], offset: usize, (rows, cols): (usize, usize), (rs, cs): 
 }
 
 impl Gram {
-    pub(super) fn new(out: KernelOutput, points: Points, rows: Rows, run_id: &str) -> Gram {
+    pub(super) fn new(out: KernelOutput, points: Points, rows: Rows, run: &Run) -> Gram {
+        let run_id = &run.manifest.run_id;
         let exactness = Exactness::of(&out, run_id);
-        Gram { out, points, rows, run_id: run_id.to_string(), exactness }
+        Gram { out, points, rows, run_id: run_id.clone(), labels: train_labels(run), exactness }
     }
 
     /// The kernel kind (`epk`, `ntk`, `dpk`, …).
@@ -174,6 +176,23 @@ impl Gram {
     /// The bias `b = f_{w_0}(x_p)`. # Shapes `[P, K]`.
     pub fn bias(&self) -> MatRef<'_, f64> {
         MatRef::from_row_major_slice(&self.out.bias, self.out.p, self.out.k)
+    }
+    /// The arg-max class of the network's output at each row (the first on ties). # Shapes `[P]`.
+    pub fn predicted(&self) -> Vec<usize> {
+        self.out.network.chunks(self.out.k.max(1)).map(|r| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b })).collect()
+    }
+    /// The class labels of the `M` training points (the columns), from the run this Gram
+    /// belongs to. # Shapes `[M]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn train_labels(&self) -> Result<&[usize]> {
+        self.labels.as_deref().ok_or_else(|| Error::Config("labels need a classification dataset".into()))
+    }
+    /// The per-step check as a chart series labelled `label`: each step `s` against
+    /// `max |predicted − actual change of the output|` over that step. # Shapes `[steps]` each.
+    pub fn step_errors(&self, label: &str) -> crate::plot::Series {
+        let r = &self.out.records;
+        crate::plot::Series::xy(label, r.iter().map(|r| r.step as f64), r.iter().map(|r| r.max_abs_error))
     }
 
     /// Refuses, with what to do instead, when this Gram's layout lacks the blocks `need`s.
@@ -247,7 +266,7 @@ impl Gram {
             )));
         }
         if self.rows != Rows::Train {
-            return Err(Error::Config(format!("{what} needs a train × train Gram (`.train_side()`); these rows are {}", self.rows)));
+            return Err(Error::Config(format!("{what} needs a train × train Gram (`.train_side()`); these rows are {}", self.rows.describe())));
         }
         Ok(())
     }
@@ -281,7 +300,7 @@ impl Gram {
     /// Errors: rows that are not a grid; `values` not one per grid point.
     pub fn on_grid(&self, values: Vec<f64>) -> Result<crate::plot::Grid2d> {
         let Rows::Grid(n) = self.rows else {
-            return Err(Error::Config(format!("values on a grid need a grid Gram (`.grid(n)`); these rows are {}", self.rows)));
+            return Err(Error::Config(format!("values on a grid need a grid Gram (`.grid(n)`); these rows are {}", self.rows.describe())));
         };
         if values.len() != n * n || self.points.dim != 2 || n < 2 {
             return Err(Error::ShapeMismatch { what: "values on the grid".into(), expected: vec![n * n], got: vec![values.len()] });
@@ -294,7 +313,7 @@ impl Gram {
     /// a staging sibling and moved into place, so `dir` never holds a partial result).
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
         let staged = StagedDir::new(dir.as_ref(), true)?;
-        kernel::output::write(staged.path(), &self.out, &self.points, &self.run_id)?;
+        kernel::output::write(staged.path(), &self.out, &self.points, self.rows, &self.run_id)?;
         staged.commit()?;
         Ok(())
     }
@@ -306,73 +325,14 @@ impl Gram {
     pub fn open(dir: impl AsRef<Path>, net: impl AsRef<Run>) -> Result<Gram> {
         let dir = dir.as_ref();
         let run = net.as_ref();
-        let kf = KernelFiles::open(dir, run)?;
-        let exactness: Exactness = serde_json::from_slice(&io::read_file(&dir.join("exactness.json"))?).map_err(|e| Error::format(dir.join("exactness.json"), e.to_string()))?;
-        let pred = Table::read_parquet(&dir.join("predictions.parquet"))?;
-        let col = |name: &str| -> Result<Vec<f64>> {
-            pred.f64(name).map(<[f64]>::to_vec).ok_or_else(|| Error::format(dir.join("predictions.parquet"), format!("no column `{name}`")))
-        };
-        let (network, machine) = (col("network")?, col("kernel_machine")?);
-        if network.len() != kf.p * kf.k || machine.len() != kf.p * kf.k {
-            return Err(Error::format(dir.join("predictions.parquet"), format!("{} rows, expected P·K = {}", network.len(), kf.p * kf.k)));
-        }
-        let steps_path = dir.join("steps.parquet");
-        let records = steps_records(&Table::read_parquet(&steps_path)?).map_err(|name| Error::format(&steps_path, format!("no column `{name}`")))?;
-        let single_machine = pred.f64("single_machine").map(<[f64]>::to_vec);
-        let points = Points { x: kf.points, dim: kf.d };
-        let rows = Rows::of_points(&points, run);
-        let out = KernelOutput {
-            kind: kf.kind,
-            rule: kf.rule.unwrap_or(Rule::Gauss(1)),
-            side: kf.side,
-            integrated: kf.rule.is_some(),
-            p: kf.p,
-            m: kf.m,
-            k: kf.k,
-            steps: kf.steps,
-            layout: kf.layout,
-            contraction: Default::default(),
-            gram: kf.gram,
-            per_step: kf.gram_steps,
-            diag: kf.diag,
-            a: kf.a,
-            bias: kf.bias,
-            network,
-            machine,
-            single_machine,
-            records,
-            seconds: exactness.seconds,
-            form: kf.form,
-            reg: kf.reg,
-            decomposition_residual: exactness.decomposition_residual,
-            rounding: kf.rounding,
-            columns: None,
-        };
-        Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), exactness })
+        let kernel::output::GramFile { out, points, rows, exactness, .. } = kernel::output::read(dir, run)?;
+        Ok(Gram { out, points, rows, run_id: run.manifest.run_id.clone(), labels: train_labels(run), exactness })
     }
 }
 
-/// The per-step records of a `steps.parquet` table; `Err(name)` names a missing column.
-fn steps_records(t: &Table) -> std::result::Result<Vec<StepRecord>, &'static str> {
-    let f = |name: &'static str| t.f64(name).map(<[f64]>::to_vec).ok_or(name);
-    let i = |name: &'static str| t.i64(name).map(<[i64]>::to_vec).ok_or(name);
-    let (step, max_err, mean_err, change) = (i("step")?, f("max_abs_error")?, f("mean_abs_error")?, f("max_abs_change")?);
-    let (mean_ev, max_ev, jvp) = (f("mean_evaluations")?, i("max_evaluations")?, f("mean_jvp_evaluations")?);
-    let (pieces, unconv, cosine) = (f("mean_pieces")?, i("unconverged_pieces")?, f("dpk_cosine_error")?);
-    Ok((0..t.rows())
-        .map(|r| StepRecord {
-            step: step[r] as usize,
-            max_abs_error: max_err[r],
-            mean_abs_error: mean_err[r],
-            max_abs_change: change[r],
-            mean_evaluations: mean_ev[r],
-            max_evaluations: max_ev[r] as usize,
-            mean_jvp_evaluations: jvp[r],
-            mean_pieces: pieces[r],
-            unconverged_pieces: unconv[r] as usize,
-            dpk_cosine_error: cosine[r],
-        })
-        .collect())
+/// The training labels of a classification run (`None` for regression targets).
+fn train_labels(run: &Run) -> Option<Vec<usize>> {
+    run.dataset.train_labels().ok().map(<[usize]>::to_vec)
 }
 
 impl fmt::Display for Gram {
@@ -387,14 +347,14 @@ impl fmt::Display for Gram {
             (Side::Train, _) => "train (gradients at t = 0)",
         };
         let shape = self.layout().shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" × ");
-        writeln!(f, "Gram {} · {} rows × {m} training points · {k} outputs", self.kind(), self.rows)?;
+        writeln!(f, "Gram {} · {} rows × {m} training points · {k} outputs", self.kind(), self.rows.describe())?;
         writeln!(f, "  side        {side}")?;
-        writeln!(f, "  quadrature  {}", e.quadrature)?;
+        writeln!(f, "  quadrature  {}", e.quadrature_name())?;
         writeln!(f, "  layout      {} [{shape}]", self.layout())?;
         writeln!(f, "  steps       {}", e.steps)?;
         writeln!(f, "  evaluations {:.2} per point and step (max {})", e.evaluations_per_step.mean, e.evaluations_per_step.max)?;
         writeln!(f, "  seconds     {:.2}", e.seconds)?;
-        if e.form != "gradient" {
+        if e.form != KernelForm::Gradient {
             writeln!(f, "  form        {}{}", e.form, if e.symmetric_kernel { "" } else { " (not a symmetric kernel)" })?;
         }
         write!(f, "  machine     max |kernel machine − network| {:.3e}, mean {:.3e}", e.max_abs_error, e.mean_abs_error)?;

@@ -15,6 +15,9 @@
 //!             [model]\nkind = \"mlp\"\nhidden = [8]\n[train]\nlr = 0.5\nsteps = 10\n";
 //! let net = Trained::train_toml(toml, dir.path().join("run"))?;
 //! println!("{net}");                               // steps, parameters, loss, accuracy
+//! let same = RunConfig::mixture(2, 10, 6).mlp(&[8]).lr(0.5).steps(10); // the TOML by setters
+//! assert_eq!(Trained::train(&same, dir.path().join("again"))?.states(), net.states());
+//! assert_eq!((net.x_test().nrows(), net.x_test().ncols(), net.y_test()?.len()), (6, 2, 6));
 //!
 //! let epk = net.epk().compute()?;                  // test × train EPK, auto:1e-12, full layout
 //! println!("{epk}");                               // kernel machine vs network: ~1e-14
@@ -27,14 +30,18 @@
 //! let gp = GpModel::fit(&train)?;                  // noise and scale by marginal likelihood
 //! let post = gp.predict(&rows)?;                   // logit mean (bias included) and variance
 //! let probs = post.mc_softmax(1000, 0)?;           // Monte-Carlo softmax, seeded
-//! assert!(probs.mean_prob.chunks(3).all(|p| (p.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+//! let mean = probs.mean();                         // a [P, K] view, as probs.std()
+//! assert!((0..6).all(|q| (mean.row(q).iter().sum::<f64>() - 1.0).abs() < 1e-9));
+//!
+//! let svm = SvmModel::fit(&train, &SvmParams::default())?; // labels from the Gram's run
+//! assert_eq!(svm.predict(&rows)?.len(), 6);
 //!
 //! let who = epk.attribute(&[0, 1], 5)?;            // supporters and opponents of two rows
 //! println!("{who}");
 //! # Ok(()) }
 //! ```
 
-mod files;
+mod config;
 mod fit;
 mod gram;
 mod laplace;
@@ -65,9 +72,10 @@ pub use uqreport::{MetricTable, UqReport};
 pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};
 pub use crate::kernel::{KernelKind, Layout, Rule, Side};
-pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, Overlay, ReliabilityPanel, Scale, Series};
+pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, LineChart, Overlay, ReliabilityPanel, Scale, ScatterChart, Series};
+pub use crate::train::{OptimizerKind, RunConfig};
 pub use crate::analysis::{Stationarity, StationarityOptions};
-pub use crate::svm::SvmParams;
+pub use crate::svm::{agreement, SvmParams};
 pub use crate::interop::ImportSummary;
 pub use crate::uncertainty::Metric;
 

@@ -4,11 +4,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use faer::MatRef;
+
 use super::gram::Gram;
 use super::rows::Rows;
 use crate::error::{Error, Result};
 use crate::interop::{import_torch, ImportOptions, ImportSummary};
-use crate::kernel::{self, KernelKind, KernelRequest, Layout, Options, Outputs, Points, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rule, Side};
 use crate::model::Params;
 use crate::train::{train_to_dir, RunConfig, TrainOptions, TrainSummary};
 use crate::trajectory::Run;
@@ -133,6 +135,29 @@ impl Trained {
         self.imported.as_ref()
     }
 
+    /// The training inputs, a view of the run's dataset. # Shapes `[M, d]`.
+    pub fn x_train(&self) -> MatRef<'_, f64> {
+        let ds = &self.run.dataset;
+        MatRef::from_row_major_slice(&ds.x_train, ds.n_train(), ds.dim)
+    }
+    /// The held-out test inputs, a view of the run's dataset. # Shapes `[P, d]`.
+    pub fn x_test(&self) -> MatRef<'_, f64> {
+        let ds = &self.run.dataset;
+        MatRef::from_row_major_slice(&ds.x_test, ds.n_test(), ds.dim)
+    }
+    /// The training labels (classification runs). # Shapes `[M]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn y_train(&self) -> Result<&[usize]> {
+        self.run.dataset.train_labels()
+    }
+    /// The test labels (classification runs). # Shapes `[P]`.
+    ///
+    /// Errors: a run with regression targets.
+    pub fn y_test(&self) -> Result<&[usize]> {
+        self.run.dataset.test_labels()
+    }
+
     /// The network `f_{w_N}` at inputs `x`. # Shapes `x: [P, d]`, returns `[P, K]`.
     pub fn network(&self, x: &[f64]) -> Result<Vec<f64>> {
         let d = self.run.dataset.dim;
@@ -149,7 +174,7 @@ impl Trained {
         let labels = ds.test_labels()?;
         let f = self.network(&ds.x_test)?;
         let k = ds.num_outputs;
-        let hits = labels.iter().enumerate().filter(|(i, &y)| argmax(&f[i * k..(i + 1) * k]) == y).count();
+        let hits = labels.iter().enumerate().filter(|(i, &y)| crate::data::argmax(&f[i * k..(i + 1) * k]) == y).count();
         Ok(hits as f64 / labels.len().max(1) as f64)
     }
 
@@ -170,10 +195,6 @@ impl Trained {
     pub fn dpk(&self) -> KernelBuilder<'_> {
         self.kernel(KernelKind::Dpk)
     }
-}
-
-fn argmax(v: &[f64]) -> usize {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
 /// The run, for [`Gram::open`] (which reads a kernel directory of this run).
@@ -227,12 +248,9 @@ impl fmt::Display for Trained {
 pub struct KernelBuilder<'a> {
     run: &'a Run,
     states: &'a [Params],
-    req: KernelRequest,
+    req: Request,
     rows: Rows,
     inputs: Option<Points>,
-    layout: Layout,
-    outputs: Outputs,
-    memory_budget: u64,
     progress: Option<Progress<'a>>,
 }
 
@@ -253,12 +271,9 @@ impl<'a> KernelBuilder<'a> {
         KernelBuilder {
             run,
             states,
-            req: KernelRequest { kind, rule: Rule::Auto(1e-12), side: Side::Test, ntk_step: None, per_step: false, steps: None },
+            req: Request::new(kind),
             rows: Rows::Test,
             inputs: None,
-            layout: Layout::Full,
-            outputs: Outputs::Network,
-            memory_budget: u64::MAX,
             progress: None,
         }
     }
@@ -296,6 +311,12 @@ impl<'a> KernelBuilder<'a> {
         self.rows = Rows::ClassMeans;
         self
     }
+    /// Rows: one of the run's own sets ([`Rows::Test`], [`Rows::Train`], [`Rows::Grid`],
+    /// [`Rows::ClassMeans`]; [`Rows::Inputs`] needs [`KernelBuilder::inputs`]).
+    pub fn rows(mut self, rows: Rows) -> Self {
+        self.rows = rows;
+        self
+    }
     /// Rows: the inputs `x` (`[P, d]`, row-major).
     pub fn inputs(mut self, x: &[f64]) -> Self {
         self.rows = Rows::Inputs;
@@ -309,7 +330,7 @@ impl<'a> KernelBuilder<'a> {
     }
     /// Which blocks are computed and held.
     pub fn layout(mut self, layout: Layout) -> Self {
-        self.layout = layout;
+        self.req.layout = layout;
         self
     }
     /// Sum only the steps `[a, b)`; the machine then predicts `f_{w_b}` from `f_{w_a}`.
@@ -320,7 +341,7 @@ impl<'a> KernelBuilder<'a> {
     /// The kernel on a classifier's logits instead of its log-softmax outputs (plain gradient
     /// steps; the machine then reproduces the logits): what [`super::FslModel`] needs.
     pub fn logits(mut self) -> Self {
-        self.outputs = Outputs::Logits;
+        self.req.outputs = Outputs::Logits;
         self
     }
     /// Keep every per-step Gram `K_s` (needed for attribution when `a_{i,s}` varies by step).
@@ -336,7 +357,7 @@ impl<'a> KernelBuilder<'a> {
 
     /// Refuses, with an estimate, a computation whose outputs would take more than `bytes`.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
-        self.memory_budget = bytes;
+        self.req.memory_budget = bytes;
         self
     }
     /// Calls `f(steps done, steps in all)` as the computation proceeds (a progress bar).
@@ -358,14 +379,11 @@ impl<'a> KernelBuilder<'a> {
                 }
                 p
             }
-            (Rows::Test, _) => PointsSpec::Test.resolve(ds)?,
-            (Rows::Train, _) => PointsSpec::Train.resolve(ds)?,
-            (Rows::Grid(n), _) => PointsSpec::Grid(*n).resolve(ds)?,
-            (Rows::ClassMeans, _) => PointsSpec::ClassMeans.resolve(ds)?,
             (Rows::Inputs, None) => return Err(Error::Config("no inputs given".into())),
+            (rows, _) => rows.resolve(ds)?,
         };
-        let out = kernel::compute_in(self.run, self.states, &points, &self.req, &Options { memory_budget: self.memory_budget, outputs: self.outputs, ..Options::layout(self.layout) }, self.progress.map_or(&|_, _| {}, |p| p.0))?;
-        Ok(Gram::new(out, points, self.rows, &self.run.manifest.run_id))
+        let out = kernel::compute(self.run, self.states, &points, &self.req, self.progress.map_or(&|_, _| {}, |p| p.0))?;
+        Ok(Gram::new(out, points, self.rows, self.run))
     }
 }
 
@@ -377,6 +395,28 @@ mod tests {
     /// of batch 8 on 24 two-moons points, made by `scripts/record_torch_trajectory.py`).
     fn recording() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch-trajectory")
+    }
+
+    /// The input and label views equal the flat vectors of the run's dataset.
+    #[test]
+    fn input_and_label_views_equal_the_dataset() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = Trained::train(&RunConfig::mixture(3, 4, 5).mlp(&[4]).lr(0.5).steps(2), dir.path().join("run")).unwrap();
+        let ds = &net.run().dataset;
+        let (xtr, xte) = (net.x_train(), net.x_test());
+        assert_eq!((xtr.nrows(), xtr.ncols(), xte.nrows(), xte.ncols()), (12, 3, 5, 3));
+        for i in 0..12 {
+            for j in 0..3 {
+                assert_eq!(xtr[(i, j)], ds.x_train[i * 3 + j]);
+            }
+        }
+        for q in 0..5 {
+            assert_eq!(xte.row(q).iter().copied().collect::<Vec<_>>(), ds.x_test[q * 3..q * 3 + 3]);
+        }
+        assert_eq!((net.y_train().unwrap(), net.y_test().unwrap()), (ds.train_labels().unwrap(), ds.test_labels().unwrap()));
+        // The Gram carries the labels of its run's training points.
+        let train = net.epk().train_side().layout(Layout::Diag).compute().unwrap();
+        assert_eq!(train.train_labels().unwrap(), net.y_train().unwrap());
     }
 
     #[test]

@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::{Column, Table};
-use crate::plot::{Chart, ReliabilityPanel, Scale, Series};
+use crate::plot::{Chart, ReliabilityPanel, Series};
 use crate::uncertainty::metrics::{self, ECE_BINS};
 use crate::uncertainty::report::{self, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
-use crate::uncertainty::summary::{ABLATIONS, METHODS};
 
 /// An uncertainty benchmark report read back from its directory.
 ///
@@ -203,7 +202,7 @@ impl UqReport {
             .iter()
             .map(|m| Series::new(display_name(m.as_ref()), at.iter().map(|a| a.0).collect(), at.iter().map(|a| self.metric(m.as_ref(), a.1, metric).unwrap_or(f64::NAN)).collect()))
             .collect();
-        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_label(metric)), "rotation angle (degrees)", metric_label(metric), &series, Scale::Linear, Scale::Linear)
+        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_label(metric)), "rotation angle (degrees)", metric_label(metric), &series).draw()
     }
 
     fn prediction(&self, method: &str, setting: &str) -> Option<&MethodPrediction> {
@@ -360,7 +359,7 @@ fn angle(name: &str) -> Option<f64> {
 
 /// The protocol's display name of a method (`temperature` → `temperature scaling`), else its name.
 fn display_name(m: &str) -> String {
-    METHODS.iter().chain(&ABLATIONS).find(|(x, _)| *x == m).map_or(m.to_string(), |(_, n)| n.to_string())
+    crate::uncertainty::method::display_name(m)
 }
 
 fn metric_label(m: Metric) -> &'static str {

@@ -278,7 +278,7 @@ pub fn attribute(a: AttributeArgs) -> Result<()> {
 /// How far a kernel is from stationary, and its far field.
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Stationarity score of a train x train kernel (1 = stationary: k depends on x - x' only; \
-one minus the RMS error of the best stationary fit relative to the kernel's spread, see src/analysis.rs) with an RBF \
+one minus the RMS error of the best stationary fit relative to the kernel's spread, see src/analysis/stationarity.rs) with an RBF \
 kernel on the same points as the stationary reference, and the far field: the kernel's self-value and the GP \
 posterior standard deviation along rays leaving the training data. Writes stationarity.json, far_field.parquet \
 and far_profile.parquet.")]

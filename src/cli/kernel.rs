@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::error::Result;
 use crate::io::StagedDir;
-use crate::kernel::{self, KernelKind, KernelRequest, Layout, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelKind, Layout, Rows, Request, Rule, Side};
 use crate::trajectory::Run;
 
 /// Compute a kernel of a recorded run and the kernel machine that reproduces the network.
@@ -77,7 +77,7 @@ pub struct Args {
 pub fn exec(a: Args) -> Result<()> {
     let kind: KernelKind = a.kind.parse()?;
     let rule: Rule = a.quadrature.parse()?;
-    let spec: PointsSpec = a.points.parse()?;
+    let spec: Rows = a.points.parse()?;
     let layout: Layout = a.blocks.parse()?;
     let outputs: kernel::Outputs = a.outputs.parse()?;
     let side = match a.side.as_str() {
@@ -93,12 +93,12 @@ pub fn exec(a: Args) -> Result<()> {
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = KernelRequest { kind, rule, side, ntk_step: a.step, per_step: a.per_step, steps };
+    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs);
     if let Some(tiles) = &a.tiles {
         if outputs != kernel::Outputs::Network {
             return Err(crate::Error::Config("--outputs logits is not available with --tiles".into()));
         }
-        return super::tile::plan(&run, &states, &a.points, &req, layout, budget, tiles, &a.out, a.force);
+        return super::tile::plan(&run, &states, &a.points, &req, budget, tiles, &a.out, a.force);
     }
     let staged = StagedDir::new(&a.out, a.force)?;
     let bar = if !a.quiet && std::io::stderr().is_terminal() {
@@ -112,11 +112,10 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let plan = kernel::blocked::plan_in(&run.manifest, points.len(), run.dataset.n_train(), &req, layout, budget)?;
-    let opts = kernel::Options { outputs, ..kernel::Options::layout(layout) };
-    let out = kernel::blocked::in_blocks(&points, plan.block_rows, &progress, &mut |pts, prog| kernel::compute_in(&run, &states, pts, &req, &opts, prog))?;
+    let plan = kernel::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
+    let out = kernel::compute(&run, &states, &points, &req.block_rows(Some(plan.block_rows)), &progress)?;
     bar.finish_and_clear();
-    kernel::output::write(staged.path(), &out, &points, &run.manifest.run_id)?;
+    kernel::output::write(staged.path(), &out, &points, spec, &run.manifest.run_id)?;
     let dir = staged.commit()?;
     println!("{out}");
     if plan.blocks > 1 {

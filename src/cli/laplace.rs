@@ -7,7 +7,7 @@ use crate::data::Targets;
 use crate::error::{Error, Result};
 use crate::gp::{LaplaceParams, LastLayerLaplace};
 use crate::io::StagedDir;
-use crate::kernel::PointsSpec;
+use crate::kernel::Rows;
 use crate::trajectory::Run;
 
 /// Last-layer Laplace of a recorded classification run.
@@ -66,7 +66,7 @@ pub fn exec(a: Args) -> Result<()> {
         }
         (None, None) => {}
     }
-    let spec: PointsSpec = a.points.parse()?;
+    let spec: Rows = a.points.parse()?;
     let run = Run::open(&a.run)?;
     let n = run.manifest.steps;
     let step = a.step.unwrap_or(n);

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::kernel::{KernelRequest, Layout};
+use crate::kernel::Request;
 use crate::model::Params;
 use crate::tile::{self, Plan, RunOutcome, TileProblem, TileState, Tiling};
 use crate::trajectory::Run;
@@ -123,9 +123,9 @@ pub fn exec(a: Args) -> Result<()> {
 }
 
 /// `pathkernel kernel … --tiles T`: plans the job and writes `OUT/plan.json`.
-pub fn plan(run: &Run, states: &[Params], points: &str, req: &KernelRequest, layout: Layout, budget: u64, tiles: &str, out: &Path, force: bool) -> Result<()> {
+pub fn plan(run: &Run, states: &[Params], points: &str, req: &Request, budget: u64, tiles: &str, out: &Path, force: bool) -> Result<()> {
     let tiling: Tiling = tiles.parse()?;
-    let plan = tile::make_plan(&tile::PlanInput { run, states, points, req, layout, memory_budget: budget, tiling, pilot: true })?;
+    let plan = tile::make_plan(&tile::PlanInput { run, states, points, req, memory_budget: budget, tiling, pilot: true })?;
     let written = plan.write(out, force)?;
     println!("{plan}");
     let n = plan.tiles.len();

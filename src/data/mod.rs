@@ -731,6 +731,24 @@ pub fn grid_2d(x: &[f64], n: usize, margin: f64) -> Result<Vec<f64>> {
 // Tests
 // ---------------------------------------------------------------------------------------------
 
+/// The class of a row of scores (probabilities, logits, log-probabilities): the index of the
+/// largest entry, the first one on ties, in [`f64::total_cmp`] order (so a NaN entry wins and
+/// shows; for finite rows this is the first maximum). The one arg-max of the crate: accuracies,
+/// agreements, ECE bins and model selection all count with it.
+///
+/// # Panics
+/// If `row` is empty.
+pub fn argmax(row: &[f64]) -> usize {
+    assert!(!row.is_empty(), "argmax of an empty row");
+    let mut best = 0;
+    for (j, v) in row.iter().enumerate().skip(1) {
+        if v.total_cmp(&row[best]).is_gt() {
+            best = j;
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

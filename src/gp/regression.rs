@@ -605,6 +605,70 @@ pub struct McSoftmax {
     pub samples: usize,
 }
 
+/// Shaped views of the estimate (no flat index arithmetic in a notebook cell).
+///
+/// # Example
+///
+/// ```
+/// use pathkernel::gp::{mc_softmax, Posterior};
+/// let post = Posterior { mean: vec![2.0, 0.0, 0.0, 0.0, 0.1, 0.0], var: vec![0.1; 6], p: 2, k: 3 };
+/// let mc = mc_softmax(&post, 500, 0)?;
+/// assert_eq!((mc.mean().nrows(), mc.mean().ncols()), (2, 3)); // [P, K]
+/// assert_eq!(mc.std()[(1, 2)], mc.std_prob[1 * 3 + 2]);
+/// assert_eq!(mc.predicted(), vec![0, 1]);                      // arg-max of each mean row
+/// assert_eq!(mc.least_confident(1), vec![1]);                   // the flatter point first
+/// # Ok::<(), pathkernel::Error>(())
+/// ```
+impl McSoftmax {
+    /// `(P, K)`: points and classes.
+    pub fn shape(&self) -> (usize, usize) {
+        let p = self.entropy.len();
+        (p, if p == 0 { 0 } else { self.mean_prob.len() / p })
+    }
+    /// `E[softmax(z)]` as a matrix view of [`McSoftmax::mean_prob`]. # Shapes `[P, K]`.
+    pub fn mean(&self) -> faer::MatRef<'_, f64> {
+        let (p, k) = self.shape();
+        faer::MatRef::from_row_major_slice(&self.mean_prob, p, k)
+    }
+    /// The sample standard deviation of `softmax(z)_c`, a view of [`McSoftmax::std_prob`].
+    /// # Shapes `[P, K]`.
+    pub fn std(&self) -> faer::MatRef<'_, f64> {
+        let (p, k) = self.shape();
+        faer::MatRef::from_row_major_slice(&self.std_prob, p, k)
+    }
+    /// The Monte-Carlo standard error of the mean, a view of [`McSoftmax::se_mean_prob`].
+    /// # Shapes `[P, K]`.
+    pub fn se(&self) -> faer::MatRef<'_, f64> {
+        let (p, k) = self.shape();
+        faer::MatRef::from_row_major_slice(&self.se_mean_prob, p, k)
+    }
+    /// The arg-max class of each point's mean probabilities (the first on ties). # Shapes `[P]`.
+    pub fn predicted(&self) -> Vec<usize> {
+        let k = self.shape().1;
+        self.mean_prob.chunks(k.max(1)).map(argmax).collect()
+    }
+    /// The largest mean probability of each point (its [`McSoftmax::predicted`] class's).
+    /// # Shapes `[P]`.
+    pub fn confidence(&self) -> Vec<f64> {
+        let k = self.shape().1;
+        self.mean_prob.chunks(k.max(1)).map(|r| r[argmax(r)]).collect()
+    }
+    /// The `n` points of lowest [`McSoftmax::confidence`], least confident first (ties in point
+    /// order; all points when `n ≥ P`). # Shapes `[min(n, P)]`.
+    pub fn least_confident(&self, n: usize) -> Vec<usize> {
+        let c = self.confidence();
+        let mut order: Vec<usize> = (0..c.len()).collect();
+        order.sort_by(|&a, &b| c[a].total_cmp(&c[b]));
+        order.truncate(n);
+        order
+    }
+}
+
+/// The index of the largest value (the first on ties; 0 for an empty slice; NaN never wins).
+fn argmax(v: &[f64]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
 /// Monte-Carlo softmax posterior: for each point `p`, draws `samples` logit vectors
 /// `z ~ N(mean_p, diag(var_p))` (classes independent) and pushes them through the softmax.
 ///
@@ -1182,6 +1246,30 @@ mod tests {
             assert!((mc.entropy[q] - h).abs() < 1e-14);
             assert_eq!(mc.se_entropy[q], 0.0);
         }
+    }
+
+    /// Each view of `McSoftmax` equals the flat data it views, read the slow obvious way.
+    #[test]
+    fn mc_softmax_views_equal_the_flat_vectors() {
+        let mean = vec![0.5, -0.5, 1.0, 0.0, 0.0, 0.0, 2.0, -1.0, 0.5, 0.1, 0.2, 3.0];
+        let mc = mc_softmax(&post_of(mean, vec![0.4; 12], 3), 200, 3).unwrap();
+        assert_eq!(mc.shape(), (4, 3));
+        for q in 0..4 {
+            for c in 0..3 {
+                assert_eq!(mc.mean()[(q, c)], mc.mean_prob[q * 3 + c]);
+                assert_eq!(mc.std()[(q, c)], mc.std_prob[q * 3 + c]);
+                assert_eq!(mc.se()[(q, c)], mc.se_mean_prob[q * 3 + c]);
+            }
+            let row = &mc.mean_prob[q * 3..q * 3 + 3];
+            let best = (0..3).filter(|&c| (0..3).all(|j| row[j] <= row[c])).min().unwrap();
+            assert_eq!((mc.predicted()[q], mc.confidence()[q]), (best, row[best]));
+        }
+        // Point 1 has equal means (flattest), point 3 the largest gap.
+        let order = mc.least_confident(10);
+        assert_eq!(order.len(), 4);
+        assert_eq!(order[0], 1);
+        assert!(order.windows(2).all(|w| mc.confidence()[w[0]] <= mc.confidence()[w[1]]));
+        assert_eq!(mc.least_confident(2), order[..2]);
     }
 
     #[test]

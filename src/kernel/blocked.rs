@@ -1,18 +1,20 @@
-//! Kernels under a memory budget: [`compute`] over blocks of row points.
+//! Kernels under a memory budget: blocks of row points.
 //!
 //! Row points are independent (each has its own quadrature nodes, Gram rows, bias, network
 //! value and machine), so a kernel over P rows is the concatenation of kernels over blocks of
-//! rows. [`compute_blocked`] picks the largest block whose working memory, together with the
-//! complete output, fits the budget, runs [`compute`] per block and assembles
-//! the output; it refuses (with an estimate) only when the output alone, plus one row's work,
-//! cannot fit. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
+//! rows. [`plan`] picks the largest block whose working memory, together with the complete
+//! output, fits the budget ([`super::Request::block_rows`] then runs the one entry per block);
+//! it refuses (with an estimate) only when the output alone, plus one row's work, cannot fit.
+//! [`in_blocks`] concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
 //! numbers) are part of the fixed cost of every block.
 
 use crate::error::{Error, Result};
-use crate::model::{Body, Params};
+use crate::model::Body;
 use crate::trajectory::Manifest;
 
-use super::{compute, output_bytes_in, KernelOutput, KernelRequest, Layout, Points, StepRecord};
+use super::layout::Layout;
+use super::request::Request;
+use super::types::{nan_max, output_bytes_in, ColumnShare, KernelKind, KernelOutput, Points, StepRecord};
 
 /// Auto-rule nodes per row point assumed by the working-memory estimate (the paper toy uses
 /// about 5 on average; a point with many kinks may use more, the estimate is not a bound).
@@ -43,27 +45,23 @@ impl BlockPlan {
     }
 }
 
-/// Plans a computation of `p` rows against the run's `m` training points within `budget`
-/// bytes (see the module docs). With one block, no extra copy is made.
+/// Plans a computation of `p` rows against the run's `m` training points, in `req.layout`,
+/// within `budget` bytes (see the module docs). With one block, no extra copy is made.
 ///
 /// Errors: [`Error::OutOfMemoryBudget`] with the estimate when the output plus one row's work
 /// does not fit.
-pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, budget: u64) -> Result<BlockPlan> {
-    plan_in(manifest, p, m, req, Layout::Full, budget)
+pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
+    plan_columns(manifest, p, m, m, req, budget)
 }
 
-/// [`plan`] for a Gram stored in `layout`.
-pub fn plan_in(manifest: &Manifest, p: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
-    plan_columns(manifest, p, m, m, req, layout, budget)
-}
-
-/// [`plan_in`] for a Gram against `mc` of the run's `m` training points
-/// ([`super::Options::columns`]): the Gram, the training factors, `a` and the accumulator scale
+/// [`plan`] for a Gram against `mc` of the run's `m` training points
+/// ([`super::Request::columns`]): the Gram, the training factors, `a` and the accumulator scale
 /// with `mc`; the loss gradients of a step (`[M, K]`) and, for momentum/Adam, the replay's
 /// training side with `m`. Runs that are not plain gradient steps add the recursion's working
 /// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
 /// preconditioners).
-pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &KernelRequest, layout: Layout, budget: u64) -> Result<BlockPlan> {
+pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
+    let layout = req.layout;
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
     let (m64, p64) = (mc as u64, p as u64);
@@ -100,7 +98,7 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
     let mut row = gram_row * (1 + steps_kept) + l0_buffer + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
     if !rule.is_plain() {
         let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
-        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == super::KernelKind::Ntk);
+        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == KernelKind::Ntk);
         fixed += work.fixed;
         row += work.per_row;
     }
@@ -138,56 +136,14 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Ke
     Ok(BlockPlan { block_rows, blocks, output_bytes: out, fixed_bytes: fixed, row_bytes: row })
 }
 
-/// [`compute`] within a memory budget: row points in blocks of
-/// `plan.block_rows`, outputs concatenated (records combined: maxima of maxima, means weighted
-/// by block size). Equal to the unblocked computation up to rounding of the combined means.
-///
-/// `progress(done, total)` counts steps over all blocks.
-///
-/// # Shapes
-/// As [`compute`]: `rows.x` `[P, d]`; the output's arrays have P rows.
-pub fn compute_blocked(
-    manifest: &Manifest,
-    train: &crate::data::Dataset,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    budget: u64,
-    progress: &dyn Fn(usize, usize),
-) -> Result<(KernelOutput, BlockPlan)> {
-    let p = rows.len();
-    if p == 0 {
-        return Err(Error::Data("no row points".into()));
-    }
-    let plan = plan(manifest, p, train.n_train(), req, budget)?;
-    let out = in_blocks(rows, plan.block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))?;
-    Ok((out, plan))
-}
-
-/// [`compute`] over blocks of `block_rows` row points, concatenated. One block
-/// (`block_rows >= P`) is `compute` itself.
-///
-/// # Panics
-/// If `block_rows == 0`.
-pub fn compute_in_blocks(
-    manifest: &Manifest,
-    train: &crate::data::Dataset,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    block_rows: usize,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
-    in_blocks(rows, block_rows, progress, &mut |pts, prog| compute(manifest, train, states, pts, req, u64::MAX, prog))
-}
-
 /// Computes one block of row points with a progress callback (see [`in_blocks`]).
 pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
 
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
-/// `compute_block(points, progress)` computes one block (e.g. [`compute`] or a
-/// variant that loads optimizer state); all blocks must use the same request. One block
-/// (`block_rows >= P`) is a single call on `rows`.
+/// `compute_block(points, progress)` computes one block (the one entry with one request, or
+/// the tiles' outputs read back from disk); all blocks must use the same request. One block
+/// (`block_rows >= P`) is a single call on `rows`. Records are combined: maxima of maxima,
+/// means weighted by block size.
 ///
 /// # Panics
 /// If `block_rows == 0`.
@@ -248,7 +204,7 @@ impl Assembly {
             out[..v.len()].copy_from_slice(v);
             out
         };
-        let columns = first.columns.as_ref().map(|c| super::ColumnShare {
+        let columns = first.columns.as_ref().map(|c| ColumnShare {
             step_pred: c.step_pred.as_deref().map(|v| grow_steps(v, nb, p, k)),
             step_actual: c.step_actual.as_deref().map(|v| grow_steps(v, nb, p, k)),
             ..c.clone()
@@ -309,7 +265,7 @@ impl Assembly {
             }
         }
         if let (Some(r), Some(q)) = (a.decomposition_residual.as_mut(), o.decomposition_residual) {
-            *r = super::nan_max(*r, q);
+            *r = nan_max(*r, q);
         }
         a.contraction.seconds += o.contraction.seconds;
         a.contraction.flops += o.contraction.flops;
@@ -344,9 +300,9 @@ fn put_steps(dst: &mut [f64], src: &[f64], lo: usize, nb: usize, p: usize, k: us
 /// Combines the records of two disjoint row sets of sizes `w0` and `w1`.
 fn combine(r: &mut StepRecord, s: &StepRecord, w0: f64, w1: f64) {
     let mean = |a: f64, b: f64| (a * w0 + b * w1) / (w0 + w1);
-    r.max_abs_error = super::nan_max(r.max_abs_error, s.max_abs_error);
+    r.max_abs_error = nan_max(r.max_abs_error, s.max_abs_error);
     r.mean_abs_error = mean(r.mean_abs_error, s.mean_abs_error);
-    r.max_abs_change = super::nan_max(r.max_abs_change, s.max_abs_change);
+    r.max_abs_change = nan_max(r.max_abs_change, s.max_abs_change);
     r.mean_evaluations = mean(r.mean_evaluations, s.mean_evaluations);
     r.max_evaluations = r.max_evaluations.max(s.max_evaluations);
     r.mean_jvp_evaluations = mean(r.mean_jvp_evaluations, s.mean_jvp_evaluations);

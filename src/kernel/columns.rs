@@ -11,7 +11,9 @@
 //! per-step validation recomputed from it (plain gradient steps), or, for momentum and Adam,
 //! block 0's, which every block computes whole ([`super::ColumnShare`] says why).
 
-use super::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput, Layout};
+use super::driver::contract;
+use super::layout::Layout;
+use super::types::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput};
 use crate::error::{Error, Result};
 
 /// Assembles column blocks, in the order given (which fixes the order of every sum), into the
@@ -147,7 +149,7 @@ pub fn single_machine(o: &KernelOutput) -> Option<Vec<f64>> {
     let n = o.a.len() / mk.max(1);
     let constant_a = n > 0 && (1..n).all(|s| o.a[s * mk..(s + 1) * mk] == o.a[..mk]);
     if o.form == KernelForm::Gradient && constant_a && o.kind != KernelKind::Ntk && o.layout == Layout::Full && o.columns.is_none() {
-        let pred = super::contract(&o.gram, &o.a[..mk], o.p, o.m, o.k);
+        let pred = contract(&o.gram, &o.a[..mk], o.p, o.m, o.k);
         Some(o.bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
     } else {
         None

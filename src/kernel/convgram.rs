@@ -35,7 +35,7 @@ use super::convpieces::{self, Measure};
 pub use super::convstep::CnnStep;
 use super::convstep::SideFactors;
 use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
 use crate::model::{Architecture, Params};
 
@@ -312,7 +312,7 @@ pub fn step_into(
         }
         None if convpieces::applies(&step) => (Vec::new(), Vec::new(), Vec::new(), NodeStats::default()),
         None => {
-            let c = super::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
+            let c = super::nodes::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
             let stats = NodeStats { evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged };
             (c.point, c.weight, c.times, stats)
         }

@@ -6,9 +6,9 @@
 
 use rayon::prelude::*;
 
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use super::nodes;
-use super::AlongPath;
+use super::nodes::AlongPath;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 

@@ -1,321 +1,38 @@
-//! The driver: one kernel computation from validated inputs to the kernel machine and its
-//! per-step validation (nodes → contraction → accumulation → validation).
+//! The plain driver: one kernel computation of a run trained with plain gradient steps
+//! (GD/SGD), from a [`Prepared`] computation to the kernel machine and its per-step validation
+//! (nodes → contraction → accumulation → validation). Runs whose optimizer keeps state take
+//! [`super::stateful`] instead; [`super::entry::compute`] chooses.
 
-use std::time::Instant;
-
-use super::eval::MlpStep;
 use super::gram::{self, GramAccumulator};
+use super::layout::Layout;
 use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel};
-use super::stateful;
-use super::types::*;
-use crate::data::Targets;
-use crate::error::{Error, Result};
-use crate::model::net::LossKind;
-use crate::model::{Body, Params};
-use crate::trajectory::Manifest;
+use super::prepare::Prepared;
+use super::types::{max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
+use crate::error::Result;
 
-/// The points a step's loss is averaged over: its mini-batch, or all M.
-fn step_rows(m: usize, batch: Option<&[usize]>) -> std::borrow::Cow<'_, [usize]> {
-    match batch {
-        Some(b) => std::borrow::Cow::Borrowed(b),
-        None => std::borrow::Cow::Owned((0..m).collect()),
-    }
-}
-
-/// ∂L/∂f(x_i) at one state, `[M, K]`, for the loss as minimised at that step: the mean over
-/// all M points (gradient descent) or over the step's mini-batch (SGD; zero outside it).
-pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
-    let mut g = vec![0.0; m * k];
-    let rows = step_rows(m, batch);
-    let n = rows.len().max(1) as f64;
-    match (loss, targets) {
-        (LossKind::CrossEntropy, Targets::Labels(y)) => {
-            for &i in rows.iter() {
-                g[i * k + y[i]] = -1.0 / n;
-            }
-        }
-        (LossKind::Mse, Targets::Values(v)) => {
-            let scale = 2.0 / (n * k as f64);
-            for &i in rows.iter() {
-                for c in 0..k {
-                    g[i * k + c] = scale * (f_train[i * k + c] - v[i * k + c]);
-                }
-            }
-        }
-        _ => return Err(Error::Data("loss and targets do not match (cross-entropy needs labels, mse values)".into())),
-    }
-    Ok(g)
-}
-
-/// ∂L/∂z(x_i) at one state for the mean cross-entropy on the logits `z` (`[M, K]`):
-/// `(softmax(z_i) − e_{y_i}) / n` over the step's points (all M, or the mini-batch).
-pub fn logit_loss_gradient(z: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
-    let Targets::Labels(y) = targets else {
-        return Err(Error::Data("the cross-entropy on the logits needs class labels".into()));
-    };
-    if z.len() != m * k {
-        return Err(Error::ShapeMismatch { what: "training logits".into(), expected: vec![m, k], got: vec![z.len()] });
-    }
-    let mut g = vec![0.0; m * k];
-    let rows = step_rows(m, batch);
-    let n = rows.len().max(1) as f64;
-    for &i in rows.iter() {
-        let row = &z[i * k..(i + 1) * k];
-        let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|v| (v - mx).exp()).sum();
-        for c in 0..k {
-            g[i * k + c] = ((row[c] - mx).exp() / s - if c == y[i] { 1.0 } else { 0.0 }) / n;
-        }
-    }
-    Ok(g)
-}
-
-/// Computes a kernel over the recorded path between row points and the training set, with the
-/// kernel machine and its per-step validation.
-///
-/// `states` are `w_0 … w_N`. MLPs use the structured fast path; other architectures the
-/// generic autodiff path (fixed quadrature rules only). Runs trained with Adam(W) need their
-/// recorded preconditioners: use [`compute_run`] for them.
-pub fn compute(
-    manifest: &Manifest,
-    train: &crate::data::Dataset,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    memory_budget: u64,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
-    compute_inner(manifest, train, states, None, rows, req, &Options { memory_budget, ..Default::default() }, progress)
-}
-
-/// [`compute`] for a run on disk: also loads what the run recorded besides its states (Adam's
-/// preconditioners), so it works for every optimizer.
-pub fn compute_run(
-    run: &crate::trajectory::Run,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    memory_budget: u64,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
-    compute_in(run, states, rows, req, &Options { memory_budget, ..Default::default() }, progress)
-}
-
-/// How a kernel computation runs: which blocks of the Gram it computes, against which training
-/// points, which path a CNN takes, and the memory it may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Options {
-    /// Which blocks of the Gram are computed and held (`full`, `diag`, `trace`).
-    pub layout: Layout,
-    /// The CNN's Gram path (MLPs always take the structured one).
-    pub path: GramPath,
-    /// Bytes the outputs may take; refused with an estimate above it.
-    pub memory_budget: u64,
-    /// The training points `[lo, hi)` the Gram's columns are (`None`: all M). Only those
-    /// columns are computed: every path forms the training-side factors of those points alone,
-    /// so work and memory scale with `hi − lo` (the loss gradients `∂L/∂f` of a step, `[M, K]`,
-    /// and for momentum/Adam the optimizer replay, which needs the full data gradient, still see
-    /// all M). A proper range gives one column block's share ([`ColumnShare`]), assembled with
-    /// the others by [`super::columns::assemble`]; `(0, M)` is the same as `None`.
-    pub columns: Option<(usize, usize)>,
-    /// Which outputs the kernel is on: the network's own (log-softmax for a classifier) or its
-    /// logits ([`Outputs`]).
-    pub outputs: Outputs,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options { layout: Layout::Full, path: GramPath::Fast, memory_budget: u64::MAX, columns: None, outputs: Outputs::Network }
-    }
-}
-
-impl Options {
-    /// The default options with the Gram in `layout`.
-    pub fn layout(layout: Layout) -> Self {
-        Options { layout, ..Default::default() }
-    }
-}
-
-/// The kernel of a run on disk: the engine's front door. Only the entries of `opts.layout` are
-/// computed and held; the kernel machine and its per-step validation are computed for every
-/// layout (contracted with `a_{i,s}` on the fly, from the factors); the single machine of
-/// Theorem 3.7 contracts the off-diagonal blocks and comes with `full` only. Loads what the run
-/// recorded besides its states (Adam's preconditioners), so it works for every optimizer.
-pub fn compute_in(run: &crate::trajectory::Run, states: &[Params], rows: &Points, req: &KernelRequest, opts: &Options, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
-    let precond = run.load_preconditioners()?;
-    compute_inner(&run.manifest, &run.dataset, states, precond.as_deref(), rows, req, opts, progress)
-}
-
-/// Which Gram path a CNN takes (MLPs always take the structured one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GramPath {
-    /// The structured path ([`super::convgram`] for CNNs); any quadrature rule.
-    Fast,
-    /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
-    Generic,
-}
-
-/// [`compute`] with the CNN's Gram path chosen: [`GramPath::Generic`] forces the autodiff
-/// reference (benchmarks, differential tests).
-#[allow(clippy::too_many_arguments)]
-pub fn compute_with_path(
-    manifest: &Manifest,
-    train: &crate::data::Dataset,
-    states: &[Params],
-    rows: &Points,
-    req: &KernelRequest,
-    memory_budget: u64,
-    progress: &dyn Fn(usize, usize),
-    path: GramPath,
-) -> Result<KernelOutput> {
-    compute_inner(manifest, train, states, None, rows, req, &Options { memory_budget, path, ..Default::default() }, progress)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn compute_inner(
-    manifest: &Manifest,
-    train: &crate::data::Dataset,
-    states: &[Params],
-    precond: Option<&[Vec<f64>]>,
-    rows: &Points,
-    req: &KernelRequest,
-    opts: &Options,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
-    let (layout, memory_budget, path) = (opts.layout, opts.memory_budget, opts.path);
-    let start = Instant::now();
-    // The kernel on the logits of a classifier: the same path seen through the identity output
-    // map, a_{i,s} from ∂L/∂z = softmax(z) − y (module docs of `Outputs`).
-    let logit_manifest;
-    let manifest = match (opts.outputs, manifest.architecture.output) {
-        (Outputs::Logits, crate::model::OutputKind::LogSoftmax) => {
-            if manifest.loss != LossKind::CrossEntropy {
-                return Err(Error::Config("kernels on the logits need a classifier trained on the cross-entropy".into()));
-            }
-            if !crate::optim::UpdateRule::of(&manifest.optimizer).is_plain() {
-                return Err(Error::Config("kernels on the logits are implemented for plain gradient steps (GD/SGD); this run's optimizer keeps state (momentum, Adam or weight decay)".into()));
-            }
-            let mut m = manifest.clone();
-            m.architecture.output = crate::model::OutputKind::Identity;
-            logit_manifest = m;
-            &logit_manifest
-        }
-        _ => manifest,
-    };
-    let ce_on_logits = manifest.loss == LossKind::CrossEntropy && manifest.architecture.output == crate::model::OutputKind::Identity;
-    let arch = &manifest.architecture;
+/// The kernel of a plain-gradient run (see the module docs).
+pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    let req = prep.req;
+    let (layout, start) = (req.layout, prep.start);
+    let manifest = &*prep.manifest;
+    let (train, states, rows) = (prep.train, prep.states, prep.rows);
+    let arch = prep.arch();
     let n = manifest.steps;
-    if states.len() != n + 1 {
-        return Err(Error::Data(format!("{} states for {} steps", states.len(), n)));
-    }
-    if rows.dim != arch.input_dim() {
-        return Err(Error::ShapeMismatch { what: "row points".into(), expected: vec![arch.input_dim()], got: vec![rows.dim] });
-    }
-    if rows.is_empty() {
-        return Err(Error::Data("no row points".into()));
-    }
-    if let Some(i) = rows.x.iter().position(|v| !v.is_finite()) {
-        return Err(Error::Data(format!("row point value {i} is not finite")));
-    }
     let (p, m_all, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
-    // The Gram's columns: the training points [c0, c1) (a share when a proper range).
-    let (c0, c1) = match opts.columns {
-        None => (0, m_all),
-        Some((a0, b0)) => {
-            if a0 >= b0 || b0 > m_all {
-                return Err(Error::Config(format!("columns {a0}..{b0}: need 0 <= lo < hi <= M = {m_all}")));
-            }
-            (a0, b0)
-        }
-    };
+    let (c0, c1) = prep.cols;
     let share = (c0, c1) != (0, m_all);
     let m = c1 - c0;
-    let out_bytes = output_bytes_in(layout, p, m, k, n, req.per_step);
-    if out_bytes > memory_budget {
-        let shape = layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
-        let blocks = if layout == Layout::Full { String::new() } else { format!(" ({layout} blocks)") };
-        return Err(Error::OutOfMemoryBudget {
-            what: format!("the {} Gram [{shape}]{blocks}{}", req.kind, if req.per_step { " with per-step Grams" } else { "" }),
-            needed_bytes: out_bytes,
-            budget_bytes: memory_budget,
-            hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
-        });
-    }
-    let structured = matches!(arch.body, Body::Mlp { .. });
-    let conv_fast = path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
-    if req.kind == KernelKind::Path && (!structured || !matches!(req.rule, Rule::Auto(_)) || arch.output != crate::model::OutputKind::Identity) {
-        return Err(Error::Config(
-            "the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits of a classifier: outputs = logits; or regression) with the auto quadrature".into(),
-        ));
-    }
-    if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
-        return Err(Error::Config(
-            "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
-        ));
-    }
+    let (structured, conv_fast) = (prep.structured, prep.conv_fast);
     let init = &states[0];
-    let values = |state: &Params, x: &[f64], off: Option<&[f64]>| -> Result<Vec<f64>> {
-        if structured {
-            let z = vec![0.0; x.len() / d];
-            Ok(MlpStep::new(arch, state, None)?.eval(x, &z, off, false).f)
-        } else {
-            arch.forward(state, Some(init), x)
-        }
-    };
-    let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
-    let off_train = if arch.zero_output { Some(arch.raw_forward(init, &train.x_train)) } else { None };
+    let values = |state, x, off| prep.values(state, x, off);
+    let (off_rows, off_train) = (&prep.off_rows, &prep.off_train);
     let x_cols = &train.x_train[c0 * d..c1 * d];
     let off_cols = off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
-    // The steps summed: all by default, or [s0, s1) (then b = f_{w_{s0}}, network = f_{w_{s1}}).
-    let (s0, s1) = match req.steps {
-        None => (0, n),
-        Some((a0, b0)) => {
-            if a0 >= b0 || b0 > n {
-                return Err(Error::Config(format!("--steps {a0}:{b0}: need 0 <= A < B <= {n}")));
-            }
-            (a0, b0)
-        }
-    };
-    let (lo, hi) = (s0, s1);
-    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
-    if !rule.is_plain() && req.kind == KernelKind::Path {
-        return Err(Error::Config("the path kernel is implemented for plain gradient steps (GD/SGD); this run's optimizer keeps state".into()));
-    }
-    if !rule.is_plain() {
-        let setup = stateful::Setup {
-            manifest,
-            train,
-            states,
-            rows,
-            req,
-            rule,
-            structured,
-            integrate: match req.kind {
-                KernelKind::Epk => req.side == Side::Test,
-                KernelKind::Kprime => true,
-                _ => false,
-            },
-            tol_step: match req.rule {
-                Rule::Auto(tol) => tol / n.max(1) as f64,
-                _ => 0.0,
-            },
-            lo,
-            hi,
-            off_rows,
-            off_train,
-            budget: memory_budget,
-            start,
-            precond,
-            layout,
-            cols: (c0, c1),
-        };
-        return stateful::compute(&setup, progress);
-    }
+    let (lo, hi) = (prep.lo, prep.hi);
     // Network values at the states used, and a_{i,s} (zero outside the steps summed).
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
     let mut a = vec![0.0; n * m * k];
     let mut lossgrads: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let batches = manifest.batches();
     for s in lo..=hi {
         // The NTK's machine is checked once, against f at the ends; path kernels per step.
         if req.kind != KernelKind::Ntk || s == lo || s == hi {
@@ -323,9 +40,7 @@ pub(super) fn compute_inner(
         }
         if s < hi {
             // Cross-entropy's ∂L/∂f depends on the labels only; MSE's on the outputs.
-            let ft = if manifest.loss == LossKind::Mse || ce_on_logits { values(&states[s], &train.x_train, off_train.as_deref())? } else { Vec::new() };
-            let batch = batches.as_ref().map(|b| b[s].as_slice());
-            let g = if ce_on_logits { logit_loss_gradient(&ft, &train.y_train, m_all, k, batch)? } else { loss_gradient(manifest.loss, &ft, &train.y_train, m_all, k, batch)? };
+            let g = prep.loss_gradient(s, None)?;
             // Only the columns' rows of a and ∂L/∂f are kept.
             let g = g[c0 * k..c1 * k].to_vec();
             let eps = manifest.learning_rates[s];
@@ -343,21 +58,11 @@ pub(super) fn compute_inner(
     }
     let bias = f_rows[lo].clone();
     let network = f_rows[hi].clone();
-    let steps: Vec<usize> = match req.kind {
-        KernelKind::Ntk => {
-            let s = req.ntk_step.unwrap_or(n);
-            if s > n {
-                return Err(Error::Config(format!("--step {s} is beyond the last state {n}")));
-            }
-            vec![s]
-        }
-        _ => (s0..s1).collect(),
+    let steps: Vec<usize> = match prep.ntk_step {
+        Some(s) => vec![s],
+        None => (lo..hi).collect(),
     };
-    let integrate = match req.kind {
-        KernelKind::Epk => req.side == Side::Test,
-        KernelKind::Kprime | KernelKind::Path => true,
-        _ => false,
-    };
+    let integrate = prep.integrate;
     let gsize = p * m * layout.per_pair(k);
     // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
     let mut extra: Option<Vec<f64>> = None;
@@ -382,10 +87,7 @@ pub(super) fn compute_inner(
     let mut step_actual = Vec::with_capacity(step_pred.capacity());
     let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk | KernelKind::Path);
     let mut diag = vec![0.0; p * k * k];
-    let tol_step = match req.rule {
-        Rule::Auto(tol) => tol / n.max(1) as f64,
-        _ => 0.0,
-    };
+    let tol_step = prep.tol_step;
     for (count, &s) in steps.iter().enumerate() {
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };

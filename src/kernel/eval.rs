@@ -10,7 +10,7 @@
 //! Also: the exact derivative `d/dt f_{w_s(t)}(x)` (a forward-mode product, for the quadrature's
 //! error control) and the kinks of ReLU networks along `t` (where a pre-activation crosses 0).
 
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use super::quadrature::poly_roots_in;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};

@@ -6,7 +6,7 @@
 use dfdx::tensor::Cpu;
 
 use super::layout::{add_dense, GramSink, Layout};
-use super::linalg::{gemm_ab, gemm_abt};
+use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
 use crate::model::{net, Architecture, Params};
 

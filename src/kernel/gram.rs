@@ -20,7 +20,7 @@
 use rayon::prelude::*;
 
 use super::layout::{add_formed, add_output_layer, zeroed, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt, gemm_abt_prefix};
+use crate::linalg::{gemm_ab, gemm_abt, gemm_abt_prefix};
 
 /// One layer's factors for a set of rows.
 pub struct LayerFactors<'a> {

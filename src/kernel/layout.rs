@@ -20,7 +20,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::linalg::gemm_abt;
+use crate::linalg::gemm_abt;
 use crate::error::{Error, Result};
 
 /// Which blocks of a Gram are computed and stored (`--blocks`).

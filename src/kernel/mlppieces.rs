@@ -19,7 +19,7 @@
 //!
 //! the factors [`super::gram::GramAccumulator::add_integrated`] contracts (layer 0 as
 //! `δ̄ ⊗ x`, the output layer as `α(e_k ⊗ Ā − Σ_o e_o ⊗ B̄[o])`). Only the scalars `S_m` need a
-//! quadrature, on the known quadratic logits ([`super::convpieces::Piece`], Gauss–Legendre 8
+//! quadrature, on the known quadratic logits ([`super::piece::Piece`], Gauss–Legendre 8
 //! against 16, bisected until they agree to `tol·(b − a)`). The self-kernel's integrand is
 //! `(D H(t) Dᵀ)[k, k']` with `D = α(I − 1pᵀ)` and `H(t)[o, o'] = (Σ_j m_j W(t)[o, j] W(t)[o', j])
 //! (|x|² + 1) + δ_{oo'}|ã(t)|²`, quadratic in t, through the same quadrature.
@@ -28,7 +28,7 @@
 //! evaluations this path reports are [`EVALUATIONS`] per point and step: the two t-coefficients
 //! `W`, `ΔW` routed through the pattern, a backward pass' worth each.
 
-use super::convpieces::{add_dense_moments, Piece};
+use super::piece::{add_dense_moments, Piece};
 use super::eval::{relu_cuts, FirstLayer, MlpStep};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;

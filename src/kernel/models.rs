@@ -19,7 +19,8 @@ use super::eval::MlpStep;
 use super::gram::{self, GramAccumulator, LayerFactors};
 use super::mlppieces::{self, dot};
 use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
-use super::{generic, Points};
+use super::generic;
+use super::types::Points;
 use crate::error::Result;
 use crate::model::{Architecture, Params};
 
@@ -144,7 +145,7 @@ impl StepModel for MlpModel<'_> {
                 }
                 let de = d + usize::from(arch.bias);
                 let mut vx = vec![0.0; pc * h];
-                super::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
+                crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
                 for pl in 0..pc {
                     let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
                     let v1 = &v[1];

@@ -24,52 +24,21 @@
 //! `P·K·M·Σ_l K·out_l` for plain gradient steps; that is the price of a row side which no longer
 //! factors per layer. Memory: two `[P·K, W]` arrays besides the outputs.
 
-use std::time::Instant;
-
 use super::eval::{Evals, MlpStep};
 use super::gram::{train_acts_ext, LayerFactors};
 use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
-use super::linalg::{gemm_ab, gemm_abt};
-use super::{auto_nodes, fixed_nodes, generic, loss_gradient, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput, KernelRequest, Points, StepRecord};
-use crate::data::Dataset;
+use super::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
+use super::prepare::Prepared;
+use super::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
+use super::{convstep, generic};
 use crate::error::{Error, Result};
-use crate::model::{Architecture, Params};
+use crate::linalg::{gemm_ab, gemm_abt};
+use crate::model::Params;
 use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::Manifest;
 
 /// Scratch bytes allowed for one block of a dense layer's contraction.
 const BLOCK_BYTES: usize = 64 << 20;
-
-/// What [`super::compute`] has checked and resolved.
-pub(super) struct Setup<'a> {
-    pub manifest: &'a Manifest,
-    pub train: &'a Dataset,
-    pub states: &'a [Params],
-    pub rows: &'a Points,
-    pub req: &'a KernelRequest,
-    pub rule: UpdateRule,
-    pub structured: bool,
-    pub integrate: bool,
-    pub tol_step: f64,
-    pub lo: usize,
-    pub hi: usize,
-    pub off_rows: Option<Vec<f64>>,
-    pub off_train: Option<Vec<f64>>,
-    pub budget: u64,
-    pub start: Instant,
-    /// Adam's recorded `κ_s D_s` per step (required for Adam runs).
-    pub precond: Option<&'a [Vec<f64>]>,
-    /// Which blocks of the Gram are computed.
-    pub layout: Layout,
-    /// The training points `[lo, hi)` of the Gram's columns (`(0, M)`: all).
-    pub cols: (usize, usize),
-}
-
-impl Setup<'_> {
-    fn arch(&self) -> &Architecture {
-        &self.manifest.architecture
-    }
-}
 
 /// The training points at one state: outputs and what the contraction needs.
 enum TrainSide {
@@ -80,7 +49,7 @@ enum TrainSide {
 
 impl TrainSide {
     /// The training points `[c0, c1)` at `state`.
-    fn at(s: &Setup<'_>, state: &Params, (c0, c1): (usize, usize)) -> Result<Self> {
+    fn at(s: &Prepared<'_>, state: &Params, (c0, c1): (usize, usize)) -> Result<Self> {
         let (d, k) = (s.arch().input_dim(), s.arch().outputs());
         let x = &s.train.x_train[c0 * d..c1 * d];
         let off = s.off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
@@ -290,7 +259,7 @@ struct RowGradients {
     unconverged: usize,
 }
 
-fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Option<&Layer0<'_>>) -> Result<RowGradients> {
+fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Option<&Layer0<'_>>) -> Result<RowGradients> {
     let arch = s.arch();
     let (p, k, w) = (s.rows.len(), arch.outputs(), state.numel());
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
@@ -305,8 +274,8 @@ fn row_gradients(s: &Setup<'_>, state: &Params, next: Option<&Params>, l0: Optio
                 (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
             }
             None => {
-                let st = super::convstep::CnnStep::new(arch, state, next)?;
-                let c = super::choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                let st = convstep::CnnStep::new(arch, state, next)?;
+                let c = choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }
         };
@@ -372,7 +341,7 @@ fn matvec(a: &[f64], v: &[f64]) -> Vec<f64> {
 pub(crate) struct Work {
     /// Independent of the row points: per step of the range the replay's `Δw − Σ_i u_i` and,
     /// for Adam, its scales (`[W]` each); Adam's recorded preconditioners (`[N, W]`, loaded by
-    /// [`super::compute_in`]); the optimizer's buffers; what the machine keeps per step, the
+    /// [`super::entry::compute`]); the optimizer's buffers; what the machine keeps per step, the
     /// path's `∂L/∂f` (`[N, M, K]`) or, with a column share, the replay's data gradients
     /// (`[N, W]`); one state's training side over all M (the replay) and over the columns (the
     /// contraction): structured factors, or dense Jacobians `[M·K, W]` without a structured
@@ -403,7 +372,7 @@ pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, m
 }
 
 /// Computes the kernel of a run whose optimizer is not plain gradient steps.
-pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = s.arch();
     let req = s.req;
     let (p, m_all, k) = (s.rows.len(), s.train.n_train(), arch.outputs());
@@ -419,43 +388,28 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
             s.manifest.optimizer
         )));
     }
-    let ntk_step = if req.kind == KernelKind::Ntk {
-        let st = req.ntk_step.unwrap_or(n);
-        if st > n {
-            return Err(Error::Config(format!("--step {st} is beyond the last state {n}")));
-        }
-        Some(st)
-    } else {
-        None
-    };
+    let ntk_step = s.ntk_step;
     if s.rule.adam.is_some() && s.precond.map(<[Vec<f64>]>::len) != Some(n) {
         return Err(Error::Config(
-            "this run was trained with Adam: its kernel needs the recorded preconditioners (use kernel::compute_run on the run directory)".into(),
+            "this run was trained with Adam: its kernel needs the recorded preconditioners (compute it from the run directory: kernel::compute loads them)".into(),
         ));
     }
     let first = if s.rule.beta == 0.0 { lo } else { 0 };
     let kept = hi - first;
-    let work = work_bytes(s.manifest, &s.rule, hi - lo, m, m_all, s.layout, ntk_step.is_some());
-    let need = super::output_bytes_in(s.layout, p, m, k, kept, req.per_step) + work.fixed + p as u64 * work.per_row;
-    if need > s.budget {
-        let shape = s.layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+    let work = work_bytes(&s.manifest, &s.rule, hi - lo, m, m_all, s.req.layout, ntk_step.is_some());
+    let need = output_bytes_in(s.req.layout, p, m, k, kept, req.per_step) + work.fixed + p as u64 * work.per_row;
+    if need > s.req.memory_budget {
+        let shape = s.req.layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
         return Err(Error::OutOfMemoryBudget {
             what: format!("the {} Gram [{shape}] of a {} run (with its [P·K, W] recursion)", req.kind, s.manifest.optimizer),
             needed_bytes: need,
-            budget_bytes: s.budget,
+            budget_bytes: s.req.memory_budget,
             hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
         });
     }
-    let values = |state: &Params, x: &[f64], off: Option<&[f64]>| -> Result<Vec<f64>> {
-        if s.structured {
-            Ok(MlpStep::new(arch, state, None)?.eval(x, &vec![0.0; x.len() / arch.input_dim()], off, false).f)
-        } else {
-            arch.forward(state, Some(&s.states[0]), x)
-        }
-    };
+    let values = |state, x, off| s.values(state, x, off);
     let bias = values(&s.states[lo], &s.rows.x, s.off_rows.as_deref())?;
     let network = values(&s.states[hi], &s.rows.x, s.off_rows.as_deref())?;
-    let batches = s.manifest.batches();
     let lrs = &s.manifest.learning_rates;
 
     // Phase 1: forward replay of the optimizer.
@@ -475,7 +429,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         progress(r, total_work);
         // The replay needs the whole data gradient: all M training points.
         let ts = TrainSide::at(s, &s.states[r], (0, m_all))?;
-        let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m_all, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+        let lg = s.loss_gradient(r, Some(ts.f()))?;
         let g = ts.gradient(&lg, w);
         if r >= first && share && ntk_step.is_none() {
             path_g[r] = g.clone();
@@ -520,7 +474,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         Some(st) if share => Some(TrainSide::at(s, &s.states[st], (0, m_all))?),
         _ => None,
     };
-    let layout = s.layout;
+    let layout = s.req.layout;
     let mut h = Feature::zeros(pk, w, l0);
     let mut gram = GramSink::new(layout, p, m, k);
     let mut per_step: Vec<Vec<f64>> = Vec::new();
@@ -595,7 +549,7 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         } else if frozen.is_some() {
             ts.gradient(&std::mem::take(&mut path_lg[r]), w)
         } else {
-            let lg = loss_gradient(s.manifest.loss, ts.f(), &s.train.y_train, m_all, k, batches.as_ref().map(|b| b[r].as_slice()))?;
+            let lg = s.loss_gradient(r, Some(ts.f()))?;
             ts.gradient(&lg, w)
         };
         let hg = h.dot(&g, l0);
@@ -666,6 +620,6 @@ pub(super) fn compute(s: &Setup<'_>, progress: &dyn Fn(usize, usize)) -> Result<
         decomposition_residual: Some(residual),
         rounding: Some(rounding),
         // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
-        columns: share.then_some(super::ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
+        columns: share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
     })
 }

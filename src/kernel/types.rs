@@ -3,9 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::gram::Contraction;
+use super::layout::Layout;
+use super::quadrature::Rule;
 use crate::error::{Error, Result};
-pub use super::layout::Layout;
-pub use super::quadrature::Rule;
 
 /// Which kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,22 +161,14 @@ pub enum Side {
     Test,
 }
 
-/// What to compute.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelRequest {
-    /// Kernel kind.
-    pub kind: KernelKind,
-    /// Quadrature for integrated rows.
-    pub rule: Rule,
-    /// Side of the row points.
-    pub side: Side,
-    /// For the NTK: the step S (default: the last state N).
-    pub ntk_step: Option<usize>,
-    /// Keep every per-step Gram `K_s`.
-    pub per_step: bool,
-    /// Sum only the steps `[A, B)` (default: all); the machine then predicts `f_{w_B}` from
-    /// the bias `f_{w_A}`.
-    pub steps: Option<(usize, usize)>,
+/// `train` or `test` (the serde names).
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Train => "train",
+            Side::Test => "test",
+        })
+    }
 }
 
 /// Per-step record (the ExPLAIND-style validation: predicted vs actual change of the output).
@@ -228,7 +221,7 @@ pub struct KernelOutput {
     pub layout: Layout,
     /// Time and GEMM flops of the Gram contraction (node evaluations excluded; the MLP path
     /// measures it, other paths report zeros).
-    pub contraction: super::gram::Contraction,
+    pub contraction: Contraction,
     /// `Σ_s K_s` (NTK: at step S) in `layout`: `[P, M, K, K]`, `[P, M, K]` or `[P, M]`.
     pub gram: Vec<f64>,
     /// Per-step Grams `[S, …]` (each in `layout`) when requested.
@@ -263,7 +256,7 @@ pub struct KernelOutput {
     /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
     pub rounding: Option<Vec<f64>>,
     /// Set when the Gram's columns are a proper range of the training points
-    /// ([`super::Options::columns`]): the output is then one column block's share, assembled
+    /// ([`super::Request::columns`]): the output is then one column block's share, assembled
     /// with the others by [`super::columns::assemble`].
     pub columns: Option<ColumnShare>,
 }
@@ -435,75 +428,6 @@ pub fn output_bytes_in(layout: Layout, p: usize, m: usize, k: usize, steps: usiz
     let g = (p * m * layout.per_pair(k)) as u64 * 8;
     let (p, m, k, n) = (p as u64, m as u64, k as u64, steps as u64);
     g + if per_step { g * n } else { 0 } + p * k * k * 8 + n * m * k * 8 + 4 * p * k * 8
-}
-
-/// Which row points a kernel is computed at (`--points`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PointsSpec {
-    /// The held-out test set.
-    Test,
-    /// The training set.
-    Train,
-    /// An N×N grid over the 2-D training data (10 % margin).
-    Grid(usize),
-    /// The mean of the training points of each class (the EPK paper's Fig. 6 test points).
-    ClassMeans,
-}
-
-impl std::str::FromStr for PointsSpec {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "test" => Ok(PointsSpec::Test),
-            "train" => Ok(PointsSpec::Train),
-            "class-means" => Ok(PointsSpec::ClassMeans),
-            _ => match s.strip_prefix("grid:").map(str::parse::<usize>) {
-                Some(Ok(n)) if (2..=2000).contains(&n) => Ok(PointsSpec::Grid(n)),
-                _ => Err(Error::Config(format!("--points `{s}`: expected test, train, class-means or grid:N with 2 <= N <= 2000"))),
-            },
-        }
-    }
-}
-
-impl PointsSpec {
-    /// The points for a dataset.
-    pub fn resolve(&self, data: &crate::data::Dataset) -> Result<Points> {
-        let x = match self {
-            PointsSpec::Test => data.x_test.clone(),
-            PointsSpec::Train => data.x_train.clone(),
-            PointsSpec::Grid(n) => {
-                if data.dim != 2 {
-                    return Err(Error::Config(format!("--points grid:{n} needs 2-D data; this dataset has d = {}", data.dim)));
-                }
-                crate::data::grid_2d(&data.x_train, *n, 0.1)?
-            }
-            PointsSpec::ClassMeans => {
-                let crate::data::Targets::Labels(y) = &data.y_train else {
-                    return Err(Error::Config("--points class-means needs a classification dataset".into()));
-                };
-                let d = data.dim;
-                let mut sums = vec![0.0; data.num_outputs * d];
-                let mut counts = vec![0usize; data.num_outputs];
-                for (i, &c) in y.iter().enumerate() {
-                    counts[c] += 1;
-                    for j in 0..d {
-                        sums[c * d + j] += data.x_train[i * d + j];
-                    }
-                }
-                let mut x = Vec::new();
-                for c in 0..data.num_outputs {
-                    if counts[c] > 0 {
-                        x.extend(sums[c * d..(c + 1) * d].iter().map(|v| v / counts[c] as f64));
-                    }
-                }
-                x
-            }
-        };
-        if x.is_empty() {
-            return Err(Error::Data(format!("the {self:?} point set is empty")));
-        }
-        Ok(Points { x, dim: data.dim })
-    }
 }
 
 /// Parses a step range `A:B` (steps A ≤ s < B).

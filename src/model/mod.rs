@@ -634,7 +634,7 @@ impl Architecture {
                     // z = a Wᵀ (+ b) as one GEMM (a scalar loop here made the per-step test
                     // accuracy of training cost more than its gradient).
                     let mut z = vec![0.0; n * no];
-                    crate::kernel::linalg::gemm_abt(&mut z, &a, w, n, no, ni, 1.0, false);
+                    crate::linalg::gemm_abt(&mut z, &a, w, n, no, ni, 1.0, false);
                     for zr in z.chunks_exact_mut(no) {
                         if let Some(b) = b {
                             zr.iter_mut().zip(b.iter()).for_each(|(v, bv)| *v += bv);

@@ -5,6 +5,7 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::prelude::*;
 
 use super::colour::{AXIS_INK, GRID_BOLD, GRID_LIGHT, INK};
+use super::range::{finite_range, widen};
 use super::text::{fmt_num, superscript, Txt, H, V};
 use super::{Area, Ctx, Scale, DESC_PX, TICK_PX};
 
@@ -309,24 +310,4 @@ pub(super) fn build_chart<'a>(
         true,
     );
     Ok(chart)
-}
-
-/// The (min, max) of the finite values; `None` when there is none.
-pub(super) fn finite_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    values
-        .filter(|v| v.is_finite())
-        .fold(None, |acc, v| match acc {
-            None => Some((v, v)),
-            Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-        })
-}
-
-/// Widens a degenerate range so that it has a positive span.
-pub(super) fn widen(lo: f64, hi: f64) -> (f64, f64) {
-    if hi > lo {
-        (lo, hi)
-    } else {
-        let d = if lo.abs() > 0.0 { lo.abs() * 0.05 } else { 0.5 };
-        (lo - d, hi + d)
-    }
 }

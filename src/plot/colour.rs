@@ -3,7 +3,7 @@
 
 use plotters::prelude::*;
 
-use super::axis::{finite_range, widen};
+use super::range::{finite_range, widen};
 
 /// matplotlib's "tab10" categorical palette.
 pub(super) const TAB10: [RGBColor; 10] = [

@@ -4,9 +4,9 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::axis::{finite_range, widen};
 use super::colour::{luminance, Cmap, AXIS_INK, INK};
 use super::marks::draw_colorbar;
+use super::range::{finite_range, widen};
 use super::text::{cell_formatter, H, V};
 use super::{chart_name, path_name, Chart, CBAR_W, MATRIX_H, MATRIX_W, TICK_PX, TITLE_H, TITLE_PX};
 use crate::error::{Error, Result};

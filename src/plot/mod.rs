@@ -26,6 +26,7 @@ mod colour;
 mod marks;
 mod matrix;
 mod panels;
+mod range;
 mod text;
 mod uq;
 mod xy;
@@ -45,7 +46,7 @@ use crate::error::{Error, Result};
 pub use matrix::matrix;
 pub use panels::{heatmaps, point_value_panels};
 pub use uq::{BarSeries, ImageTile, ReliabilityPanel};
-pub use xy::{line_chart, scatter_chart};
+pub use xy::{line_chart, scatter_chart, LineChart, ScatterChart};
 
 use axis::Axis1;
 use text::Txt;
@@ -73,6 +74,28 @@ impl Series {
             x,
             y,
         }
+    }
+
+    /// A series from a label and any two sequences of values: arrays, slices, iterators, or a
+    /// `faer` column's `.iter()` (`gram.network().col(0).iter()`).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use pathkernel::api::*;
+    /// let m = from_nalgebra(&DMatrix::from_row_slice(3, 2, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+    /// let s = Series::xy("col 0 vs col 1", m.col(0).iter(), m.col(1).iter());
+    /// assert_eq!(s, Series::new("col 0 vs col 1", vec![1.0, 3.0, 5.0], vec![2.0, 4.0, 6.0]));
+    /// ```
+    pub fn xy<X, Y>(label: impl Into<String>, x: X, y: Y) -> Self
+    where
+        X: IntoIterator,
+        X::Item: std::borrow::Borrow<f64>,
+        Y: IntoIterator,
+        Y::Item: std::borrow::Borrow<f64>,
+    {
+        use std::borrow::Borrow;
+        Series::new(label, x.into_iter().map(|v| *v.borrow()).collect(), y.into_iter().map(|v| *v.borrow()).collect())
     }
 }
 
@@ -124,6 +147,29 @@ pub struct Overlay {
     pub value: Option<Vec<f64>>,
 }
 
+impl Overlay {
+    /// Points coloured by class: abscissae, ordinates (any sequences of values, e.g. a `faer`
+    /// column's `.iter()`) and one class per point.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use pathkernel::api::*;
+    /// let o = Overlay::points([0.0, 1.0], [2.0, 3.0], &[1, 0]);
+    /// assert_eq!((o.x, o.y, o.class, o.value), (vec![0.0, 1.0], vec![2.0, 3.0], vec![1, 0], None));
+    /// ```
+    pub fn points<X, Y>(x: X, y: Y, class: &[usize]) -> Self
+    where
+        X: IntoIterator,
+        X::Item: std::borrow::Borrow<f64>,
+        Y: IntoIterator,
+        Y::Item: std::borrow::Borrow<f64>,
+    {
+        let s = Series::xy("", x, y);
+        Overlay { x: s.x, y: s.y, class: class.to_vec(), value: None }
+    }
+}
+
 /// One panel of [`Chart::heatmaps`]: a titled grid with its own colour bar label.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heatmap {
@@ -148,7 +194,7 @@ impl Heatmap {
 
 /// A rendered chart: a PNG image and its size in pixels.
 ///
-/// Returned by the chart constructors ([`Chart::line`], [`Chart::scatter`], [`Chart::heatmaps`],
+/// Returned by the chart constructors ([`LineChart::draw`], [`ScatterChart::draw`], [`Chart::heatmaps`],
 /// [`Chart::point_value_panels`], [`Chart::matrix`]). In an evcxr notebook a `Chart` that is a
 /// cell's value is shown inline ([`Chart::evcxr_display`]).
 #[derive(Clone, PartialEq, Eq)]

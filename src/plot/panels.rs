@@ -6,9 +6,10 @@ use std::path::Path;
 use ab_glyph::FontRef;
 use plotters::prelude::*;
 
-use super::axis::{build_chart, finite_range, widen, Axis};
+use super::axis::{build_chart, Axis};
 use super::colour::{class_color, light_class, Cmap};
 use super::marks::{cross_px, draw_colorbar, draw_cross, draw_marker, legend_marker, titled};
+use super::range::{finite_range, widen};
 use super::text::{face, measure, Txt, H, V};
 use super::{
     chart_name, path_name, Area, Chart, Drawn, Grid2d, Heatmap, Overlay, Plot, CBAR_W, FOOTER_H,

@@ -603,15 +603,7 @@ fn overwrite_is_atomic_and_repeatable() {
 fn a_chart_value_is_the_file_it_saves() {
     let dir = tempfile::tempdir().unwrap();
     let s = Series::new("a", vec![1.0, 2.0, 3.0], vec![3.0, 1.0, 2.0]);
-    let chart = Chart::line(
-        "value",
-        "x",
-        "y",
-        std::slice::from_ref(&s),
-        Scale::Linear,
-        Scale::Linear,
-    )
-    .unwrap();
+    let chart = Chart::line("value", "x", "y", std::slice::from_ref(&s)).draw().unwrap();
     assert_eq!((chart.width(), chart.height()), (CHART_W, CHART_H));
     assert_eq!(chart.png()[..8], PNG_SIG);
     // The path-taking function writes exactly the bytes of the value.
@@ -718,28 +710,15 @@ fn errors_of_chart_values_name_the_chart() {
         other => panic!("expected a data error, got {other:?}"),
     };
     assert_eq!(
-        msg(Chart::line(
-            "Loss",
-            "x",
-            "y",
-            &[],
-            Scale::Linear,
-            Scale::Linear
-        )),
+        msg(Chart::line("Loss", "x", "y", &[]).draw()),
         "chart 'Loss': line_chart needs at least one series"
     );
     assert_eq!(
         msg(Chart::matrix("", &[], &[], "v")),
         "chart: matrix needs at least one row"
     );
-    assert!(msg(Chart::scatter(
-        "S",
-        "x",
-        "y",
-        &[Series::new("a", vec![f64::NAN], vec![1.0])],
-        false
-    ))
-    .starts_with("chart 'S': "));
+    assert!(msg(Chart::scatter("S", "x", "y", &[Series::new("a", vec![f64::NAN], vec![1.0])]).draw())
+        .starts_with("chart 'S': "));
     assert!(msg(Chart::heatmaps("H", &[], None)).starts_with("chart 'H': heatmaps needs"));
     assert!(msg(Chart::point_value_panels("P", &[], &[], "v"))
         .starts_with("chart 'P': point_value_panels needs"));
@@ -749,4 +728,30 @@ fn errors_of_chart_values_name_the_chart() {
         Err(Error::Data(m)) => assert_eq!(m, "/tmp/x.png: line_chart needs at least one series"),
         other => panic!("{other:?}"),
     }
+}
+
+/// The named options draw what the path-taking functions draw with the same settings: a log y
+/// axis and the y = x diagonal give the bytes of `line_chart(…, Scale::Log)` and
+/// `scatter_chart(…, true)`; `Series::xy` and `ImageTile::square` hold the values they were given.
+#[test]
+fn named_chart_options_equal_the_explicit_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Series::xy("a", [1.0, 2.0, 3.0], vec![3.0, 1.0, 2.0]);
+    assert_eq!(s, Series::new("a", vec![1.0, 2.0, 3.0], vec![3.0, 1.0, 2.0]));
+    let p = dir.path().join("line.png");
+    line_chart(&p, "t", "x", "y", std::slice::from_ref(&s), Scale::Linear, Scale::Log).unwrap();
+    let log = Chart::line("t", "x", "y", std::slice::from_ref(&s)).log_y().draw().unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), log.png());
+    assert_ne!(Chart::line("t", "x", "y", std::slice::from_ref(&s)).draw().unwrap().png(), log.png());
+    let both = Chart::line("t", "x", "y", std::slice::from_ref(&s)).log_x().log_y().draw().unwrap();
+    assert_eq!(both, Chart::line("t", "x", "y", std::slice::from_ref(&s)).scales(Scale::Log, Scale::Log).draw().unwrap());
+    let q = dir.path().join("scatter.png");
+    scatter_chart(&q, "t", "x", "y", std::slice::from_ref(&s), true).unwrap();
+    let diag = Chart::scatter("t", "x", "y", std::slice::from_ref(&s)).diagonal().draw().unwrap();
+    assert_eq!(std::fs::read(&q).unwrap(), diag.png());
+    assert_ne!(Chart::scatter("t", "x", "y", &[s]).draw().unwrap().png(), diag.png());
+    let t = ImageTile::square((0..9).map(|v| v as f64 / 8.0), vec!["c".into()]);
+    assert_eq!((t.width, t.height, t.pixels[8]), (3, 3, 1.0));
+    let bad = ImageTile::square([0.0; 5], vec![]);
+    assert!(Chart::image_grid("g", &[bad], 1).is_err());
 }

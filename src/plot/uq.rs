@@ -47,6 +47,34 @@ pub struct ImageTile {
     pub caption: Vec<String>,
 }
 
+impl ImageTile {
+    /// A square tile (`width = height = √len`) from its pixels, row-major, in any sequence
+    /// (a slice, a `Vec`, or a `faer` row's `.iter()`: `net.x_test().row(q).iter()`), and its
+    /// caption lines.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use pathkernel::api::*;
+    /// let t = ImageTile::square([0.0, 0.5, 1.0, 0.25], vec!["a 2 × 2 image".into()]);
+    /// assert_eq!((t.width, t.height, t.pixels.len()), (2, 2, 4));
+    /// ```
+    ///
+    /// A pixel count that is not a square gives a `0 × 0` tile holding the pixels, which
+    /// [`Chart::image_grid`] refuses with that count.
+    pub fn square<I>(pixels: I, caption: Vec<String>) -> ImageTile
+    where
+        I: IntoIterator,
+        I::Item: std::borrow::Borrow<f64>,
+    {
+        use std::borrow::Borrow;
+        let pixels: Vec<f64> = pixels.into_iter().map(|v| *v.borrow()).collect();
+        let side = (pixels.len() as f64).sqrt().round() as usize;
+        let side = if side * side == pixels.len() { side } else { 0 };
+        ImageTile { pixels, width: side, height: side, caption }
+    }
+}
+
 const REL_W: u32 = 400;
 const REL_H: u32 = 400;
 /// Colour of the accuracy bars and of the gap to the diagonal.

@@ -5,67 +5,118 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::axis::{build_chart, finite_range, tf, Axis};
+use super::axis::{build_chart, tf, Axis};
 use super::colour::{mix, TAB10};
 use super::marks::{draw_legend, draw_marker, legend_marker, legend_w, titled, Entry};
+use super::range::finite_range;
 use super::{chart_name, path_name, Chart, Drawn, Scale, Series, CHART_H, CHART_W};
 use crate::error::{Error, Result};
 
 impl Chart {
-    /// Line chart (several series, legend, axis labels with units given by the caller, optional
-    /// log axes; non-finite points skipped; for log axes non-positive values skipped).
+    /// A line chart of `series` (legend, axis labels with units given by the caller), drawn by
+    /// [`LineChart::draw`]; options by name: [`LineChart::log_x`], [`LineChart::log_y`].
     ///
-    /// A skipped point breaks the line; isolated points and short series (≤ 40 drawable points)
-    /// are also drawn as markers. The legend sits in a column to the right of the plot, never
-    /// over the data; series with an empty label are left out of it. 900×600 pixels.
+    /// Non-finite points are skipped (and, on a log axis, non-positive ones). A skipped point
+    /// breaks the line; isolated points and short series (≤ 40 drawable points) are also drawn
+    /// as markers. The legend sits in a column to the right of the plot, never over the data;
+    /// series with an empty label are left out of it. 900×600 pixels.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use pathkernel::api::*;
+    /// let s = Series::xy("loss", [0.0, 1.0, 2.0], [1.0, 0.1, 0.01]);
+    /// let chart = Chart::line("Training loss", "step", "loss", &[s]).log_y().draw()?;
+    /// assert_eq!((chart.width(), chart.height()), (900, 600));
+    /// # Ok::<(), pathkernel::Error>(())
+    /// ```
+    pub fn line(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> LineChart {
+        LineChart { title: title.into(), x_label: x_label.into(), y_label: y_label.into(), series: series.to_vec(), x_scale: Scale::Linear, y_scale: Scale::Linear }
+    }
+
+    /// A scatter chart of `series`, drawn by [`ScatterChart::draw`]; [`ScatterChart::diagonal`]
+    /// adds the y = x line (kernel machine vs network, Fig. 4).
+    ///
+    /// Non-finite points are skipped. Series get distinct colours and marker shapes; the legend
+    /// sits to the right of the plot. 900×600 pixels.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use pathkernel::api::*;
+    /// let s = Series::xy("machine vs network", [0.1, 0.5, 0.9], [0.1, 0.52, 0.88]);
+    /// let fig = Chart::scatter("Fig. 4", "network", "kernel machine", &[s]).diagonal().draw()?;
+    /// assert_eq!(fig.width(), 900);
+    /// # Ok::<(), pathkernel::Error>(())
+    /// ```
+    pub fn scatter(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> ScatterChart {
+        ScatterChart { title: title.into(), x_label: x_label.into(), y_label: y_label.into(), series: series.to_vec(), diagonal: false }
+    }
+}
+
+/// A line chart with its options, from [`Chart::line`]; [`LineChart::draw`] renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineChart {
+    title: String,
+    x_label: String,
+    y_label: String,
+    series: Vec<Series>,
+    x_scale: Scale,
+    y_scale: Scale,
+}
+
+impl LineChart {
+    /// A base-10 logarithmic x axis (non-positive values skipped).
+    pub fn log_x(mut self) -> Self {
+        self.x_scale = Scale::Log;
+        self
+    }
+    /// A base-10 logarithmic y axis (non-positive values skipped).
+    pub fn log_y(mut self) -> Self {
+        self.y_scale = Scale::Log;
+        self
+    }
+    /// The x and y axis scales at once.
+    pub fn scales(mut self, x: Scale, y: Scale) -> Self {
+        (self.x_scale, self.y_scale) = (x, y);
+        self
+    }
+
+    /// Renders the chart.
     ///
     /// # Errors
     /// [`Error::Data`] for no series, series with different numbers of x and y values, or no
     /// drawable point.
-    pub fn line(
-        title: &str,
-        x_label: &str,
-        y_label: &str,
-        series: &[Series],
-        x_scale: Scale,
-        y_scale: Scale,
-    ) -> Result<Chart> {
-        line(
-            &chart_name(title),
-            title,
-            x_label,
-            y_label,
-            series,
-            x_scale,
-            y_scale,
-        )
+    pub fn draw(&self) -> Result<Chart> {
+        line(&chart_name(&self.title), &self.title, &self.x_label, &self.y_label, &self.series, self.x_scale, self.y_scale)
+    }
+}
+
+/// A scatter chart with its options, from [`Chart::scatter`]; [`ScatterChart::draw`] renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScatterChart {
+    title: String,
+    x_label: String,
+    y_label: String,
+    series: Vec<Series>,
+    diagonal: bool,
+}
+
+impl ScatterChart {
+    /// Adds the dashed y = x line; both axes then share one range, so that it is the 45°
+    /// diagonal of the data range.
+    pub fn diagonal(mut self) -> Self {
+        self.diagonal = true;
+        self
     }
 
-    /// Scatter chart of several series, optional y = x diagonal (kernel machine vs network,
-    /// Fig. 4), legend.
-    ///
-    /// With `diagonal`, both axes share one range so that the dashed grey y = x line is the 45°
-    /// diagonal of the data range. Non-finite points are skipped. Series get distinct colours
-    /// and marker shapes; the legend sits to the right of the plot. 900×600 pixels.
+    /// Renders the chart.
     ///
     /// # Errors
     /// [`Error::Data`] for no series, series with different numbers of x and y values, or no
     /// finite point.
-    pub fn scatter(
-        title: &str,
-        x_label: &str,
-        y_label: &str,
-        series: &[Series],
-        diagonal: bool,
-    ) -> Result<Chart> {
-        scatter(
-            &chart_name(title),
-            title,
-            x_label,
-            y_label,
-            series,
-            diagonal,
-        )
+    pub fn draw(&self) -> Result<Chart> {
+        scatter(&chart_name(&self.title), &self.title, &self.x_label, &self.y_label, &self.series, self.diagonal)
     }
 }
 

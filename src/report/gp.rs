@@ -74,33 +74,26 @@ pub struct GpReport {
 pub struct Calibration {
     /// Mean Brier score `Σ_k (p_k − [y = k])²`.
     pub brier: f64,
-    /// Mean negative log-likelihood `−log p_y` (probabilities floored at 1e-300).
+    /// Mean negative log-likelihood `−ln p_y` (unclamped: `+∞` for a true class given 0).
     pub nll: f64,
-    /// Expected calibration error of the top-class probability over 10 equal-width bins.
+    /// Expected calibration error of the top-class probability over [`GP_ECE_BINS`] equal-width
+    /// bins (conventions of [`crate::uncertainty::metrics`]).
     pub ece: f64,
 }
 
-/// Calibration of probabilities `probs` against `labels`. # Shapes `probs: [P, K]`, `labels: [P]`.
-pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Calibration {
-    let p = labels.len().max(1) as f64;
-    let mut brier = 0.0;
-    let mut nll = 0.0;
-    let mut bins = [(0.0f64, 0.0f64, 0usize); 10];
-    for (row, &y) in probs.chunks(k).zip(labels) {
-        for (c, &v) in row.iter().enumerate() {
-            let t = if c == y { 1.0 } else { 0.0 };
-            brier += (v - t) * (v - t);
-        }
-        nll -= row[y].max(1e-300).ln();
-        let (top, conf) = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (c, &v)| if v > b.1 { (c, v) } else { b });
-        let bin = ((conf * 10.0) as usize).min(9);
-        bins[bin].0 += conf;
-        bins[bin].1 += if top == y { 1.0 } else { 0.0 };
-        bins[bin].2 += 1;
-    }
-    let ece = bins.iter().filter(|b| b.2 > 0).map(|b| (b.0 - b.1).abs()).sum::<f64>() / p;
-    Calibration { brier: brier / p, nll: nll / p, ece }
+/// Calibration of probabilities `probs` against `labels`, by the benchmark's metrics
+/// ([`crate::uncertainty::metrics`]) with [`GP_ECE_BINS`] ECE bins.
+///
+/// Errors: those of the metrics (probabilities that are not a distribution, a label out of
+/// range). # Shapes `probs: [P, K]`, `labels: [P]`.
+pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Result<Calibration> {
+    use crate::uncertainty::metrics;
+    Ok(Calibration { brier: metrics::brier(probs, labels, k)?, nll: metrics::nll(probs, labels, k)?, ece: metrics::ece(probs, labels, k, GP_ECE_BINS)? })
 }
+
+/// ECE bins of the `[analysis] gp` report (the uncertainty benchmark uses
+/// [`crate::uncertainty::metrics::ECE_BINS`]).
+pub const GP_ECE_BINS: usize = 10;
 
 /// GP logit regression with `train`'s class blocks as covariance ([`GpModel`]), predicted at the
 /// rows of `rows` (cross blocks and self-kernels), and a Monte-Carlo softmax posterior. Writes
@@ -136,9 +129,9 @@ pub fn gp_report(net: &Trained, train: &Gram, rows: &Gram, params: &GpParams, ta
         _ => None,
     };
     let accuracy = test_labels.map(|yt| svm::agreement(&mc_arg, yt));
-    let calib = test_labels.map(|yt| calibration(&mc.mean_prob, yt, k));
+    let calib = test_labels.map(|yt| calibration(&mc.mean_prob, yt, k)).transpose()?;
     let net_probs: Vec<f64> = network.iter().map(|v| v.exp()).collect();
-    let net_calib = test_labels.map(|yt| calibration(&net_probs, yt, k));
+    let net_calib = test_labels.map(|yt| calibration(&net_probs, yt, k)).transpose()?;
     let fitted = model.fitted();
     let mut k_train = Vec::with_capacity(k * m * m);
     let mut k_cross = Vec::with_capacity(k * p * m);

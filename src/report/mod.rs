@@ -58,7 +58,7 @@ fn network_minus_bias(net: &Trained) -> Result<Vec<f64>> {
 
 /// The arg-max of each row of `v`. # Shapes `v: [P, K]`, returns `[P]`.
 fn argmax_rows(v: &[f64], k: usize) -> Vec<usize> {
-    v.chunks(k).map(|r| r.iter().enumerate().fold(0, |b, (j, x)| if *x > r[b] { j } else { b })).collect()
+    v.chunks(k).map(crate::data::argmax).collect()
 }
 
 /// Class block `c` of `g`, row-major. # Shapes `[P, M]`.

@@ -215,7 +215,7 @@ fn median(v: &[f64]) -> f64 {
 /// "higher kernel values far from the data", tested on data rather than on rays): for each
 /// setting of the uncertainty benchmark ([`crate::uncertainty::settings`]: the clean test
 /// images, the rotations, uniform noise and inverted images; `points` images each), the
-/// kernel of `train`'s kind at the images (test side, `rule`, class-diagonal blocks), its
+/// kernel rows at the images (`rows_of`), their
 /// self-value, the GP fitted on `train` ([`GpModel`], targets: the network's outputs minus the
 /// bias) and the Monte-Carlo spread of its softmax probabilities (1 000 samples, `seed`),
 /// against the Euclidean distance to the nearest training image. Writes `far_settings.parquet`
@@ -223,7 +223,10 @@ fn median(v: &[f64]) -> f64 {
 ///
 /// Errors: a run that is not 28×28 images, and those of the benchmark settings, the kernel
 /// engine and [`GpModel::fit_targets`].
-pub fn settings_far_field_report(net: &Trained, train: &Gram, gp_params: &GpParams, rule: Rule, points: usize, seed: u64, out_dir: &Path, progress: &dyn Fn(usize, usize)) -> Result<SettingsFarField> {
+///
+/// `rows_of(setting, x)` gives the kernel rows of a setting's images: the Gram of `train`'s
+/// kind at `x` (test side, class-diagonal blocks), computed or taken from a cache.
+pub fn settings_far_field_report(net: &Trained, train: &Gram, gp_params: &GpParams, points: usize, seed: u64, out_dir: &Path, rows_of: &dyn Fn(&str, &[f64]) -> Result<Gram>) -> Result<SettingsFarField> {
     train.require_train_rows("the far field")?;
     train.require_layout(Layout::Diag, "the far-field GP")?;
     let (_, _, k) = train.shape();
@@ -236,7 +239,8 @@ pub fn settings_far_field_report(net: &Trained, train: &Gram, gp_params: &GpPara
     for setting in crate::uncertainty::settings(data, &cfg)? {
         let n = setting.info.n.min(points);
         let x = &setting.x[..n * data.dim];
-        let rows = net.kernel(train.kind()).inputs(x).rule(rule).layout(Layout::Diag).progress(progress).compute()?;
+        let rows = rows_of(&setting.info.name, x)?;
+        rows.require_layout(Layout::Diag, "the far-field rows")?;
         let self_values = (0..k).map(|c| rows.self_kernel(c)).collect::<Result<Vec<_>>>()?;
         let mut k_cross = Vec::new();
         for c in 0..k {

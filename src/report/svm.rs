@@ -6,7 +6,7 @@ use std::path::Path;
 use faer::MatRef;
 use serde::Serialize;
 
-use super::{argmax_rows, row_labels, train_labels};
+use super::{argmax_rows, row_labels};
 use crate::api::{Gram, SvmModel, Trained};
 use crate::error::Result;
 use crate::io::{self, Column, Table};
@@ -58,7 +58,7 @@ pub fn svm_report(net: &Trained, train: &Gram, rows: &Gram, params: &SvmParams, 
     train.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
     rows.require_layout(Layout::Diag, "the one-vs-rest SVM")?;
     let (p, _, k) = rows.shape();
-    let model = SvmModel::fit(train, train_labels(net)?, params)?;
+    let model = SvmModel::fit(train, params)?;
     let decision = model.decision(rows)?;
     let predicted = model.predict(rows)?;
     let network = net.network(&rows.points().x)?;
@@ -165,14 +165,13 @@ pub fn svm_sweep_report(net: &Trained, train: &Gram, val: &Gram, val_labels: &[u
     if val_labels.len() != val.shape().0 || path_a.len() != m * k {
         return Err(crate::error::Error::ShapeMismatch { what: "SVM sweep: validation labels [P_val], path weights [M, K]".into(), expected: vec![val.shape().0, m * k], got: vec![val_labels.len(), path_a.len()] });
     }
-    let labels = train_labels(net)?;
-    let net_arg = argmax_rows(&net.network(&test.points().x)?, k);
+        let net_arg = argmax_rows(&net.network(&test.points().x)?, k);
     let network_test_accuracy = svm::agreement(&net_arg, test_labels);
     let mut rows = Vec::with_capacity(grid.len());
     let mut best: Option<(f64, SvmModel)> = None;
     for &c in grid {
         let t0 = std::time::Instant::now();
-        let model = SvmModel::fit(train, labels, &SvmParams::new().c(c))?;
+        let model = SvmModel::fit(train, &SvmParams::new().c(c))?;
         let vacc = svm::agreement(&model.predict(val)?, val_labels);
         let pred = model.predict(test)?;
         rows.push(SvmSweepRow {

@@ -8,33 +8,24 @@ use serde::{Deserialize, Serialize};
 use crate::api::{KernelBuilder, Trained};
 use crate::data::DataConfig;
 use crate::error::{Error, Result};
-use crate::kernel::{KernelKind, Layout, PointsSpec, Rule, Side};
+use crate::kernel::{KernelKind, Layout, Rows, Rule, Side};
 use crate::model::ModelConfig;
 use crate::train::{RunConfig, TrainConfig};
 
 fn default_quadrature() -> Rule {
     Rule::Auto(1e-12)
 }
-fn default_points() -> PointsSpec {
-    PointsSpec::Test
+fn default_points() -> Rows {
+    Rows::Test
 }
 fn default_side() -> Side {
     Side::Test
 }
 
-/// The text of a row-point choice, as `--points` and a study file write it.
-fn points_text(p: &PointsSpec) -> String {
-    match p {
-        PointsSpec::Test => "test".into(),
-        PointsSpec::Train => "train".into(),
-        PointsSpec::Grid(n) => format!("grid:{n}"),
-        PointsSpec::ClassMeans => "class-means".into(),
-    }
-}
-
 /// Serde through the text form of a value with `FromStr` (`quadrature = "auto:1e-12"`,
-/// `points = "grid:40"`), so a study file and the cache key read as before.
-mod text {
+/// `points = "grid:40"`, `kernel_gps = ["epk", "window:50"]`), so a study file and the cache key
+/// read as before.
+pub(super) mod text {
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
     pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<T, D::Error> {
@@ -49,10 +40,15 @@ mod text {
         }
     }
 
-    pub mod points {
-        pub use super::deserialize;
-        pub fn serialize<S: super::Serializer>(p: &crate::kernel::PointsSpec, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&super::super::points_text(p))
+    /// A list of values in their text form (`Display` writes what `FromStr` reads).
+    pub mod list {
+        use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+        pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<Vec<T>, D::Error> {
+            Vec::<String>::deserialize(d)?.iter().map(|s| s.parse().map_err(|e: crate::Error| D::Error::custom(e.to_string()))).collect()
+        }
+        pub fn serialize<S: Serializer, T: std::fmt::Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(v.iter().map(|x| x.to_string()))
         }
     }
 }
@@ -67,8 +63,8 @@ pub struct KernelSpec {
     #[serde(default = "default_quadrature", with = "text::rule")]
     pub quadrature: Rule,
     /// Row points: test, train, class-means or grid:N (default test).
-    #[serde(default = "default_points", with = "text::points")]
-    pub points: PointsSpec,
+    #[serde(default = "default_points")]
+    pub points: Rows,
     /// Side of the row points (default test).
     #[serde(default = "default_side")]
     pub side: Side,
@@ -97,18 +93,12 @@ impl KernelSpec {
     }
     /// Output folder name.
     pub fn label(&self) -> String {
-        self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, points_text(&self.points).replace(':', "")))
+        self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, self.points.to_string().replace(':', "")))
     }
     /// The kernel request of this entry on `net`.
     pub fn builder<'a>(&self, net: &'a Trained) -> KernelBuilder<'a> {
         let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
-        let b = match self.points {
-            PointsSpec::Test => b.test(),
-            PointsSpec::Train => b.train(),
-            PointsSpec::Grid(n) => b.grid(n),
-            PointsSpec::ClassMeans => b.class_means(),
-        };
-        let b = b.side(self.side);
+        let b = b.rows(self.points).side(self.side);
         match self.step {
             Some(s) => b.at_step(s),
             None => b,
@@ -198,10 +188,10 @@ pub struct StudyConfig {
     /// that rerunning a study leaves a committed report unchanged.
     #[serde(default)]
     pub timings_in_summary: bool,
-    /// `[uncertainty]`: the uncertainty benchmark ([`crate::uncertainty::study`]); a study with
-    /// this section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
+    /// `[uncertainty]`: the uncertainty benchmark ([`super::uncertainty`]); a study with this
+    /// section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
     #[serde(default)]
-    pub uncertainty: Option<crate::uncertainty::study::UqStudySpec>,
+    pub uncertainty: Option<super::uncertainty::UqStudySpec>,
 }
 
 /// The optional `[sweep]` section: one extra run per entry of `hidden` (replacing
@@ -263,9 +253,9 @@ impl StudyConfig {
     }
 }
 
-/// `[selection]`: train every `lr × steps` candidate and keep the one with the best accuracy on
-/// the dataset's validation split (ties: fewer steps, then the smaller rate); the study's
-/// `[train]` lr and steps are replaced by the choice.
+/// `[selection]`: the `lr × steps` grid of [`super::selection`] (the best accuracy on the
+/// dataset's validation split; ties: the smaller rate, then fewer steps); the study's `[train]`
+/// lr and steps are replaced by the choice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelectionSpec {

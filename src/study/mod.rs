@@ -13,15 +13,37 @@
 //! side = "test"         # test | train
 //! ```
 //!
-//! Large artifacts (the trajectory, the Grams) live in a cache directory (`runs/NAME/` by
-//! default) and are reused when their inputs are unchanged (the run by its configuration hash,
-//! each kernel by the hash of the run id and its own settings); the report directory receives
-//! the small tables, the JSON summaries and `summary.md`, and is replaced only when complete.
+//! # The engine
+//!
+//! One engine runs every study; a study file's optional section picks its kind:
+//! - no kind section: the plain study (training, `[[kernel]]`, `[analysis]`, `[sweep]`), here
+//!   and in `analyses.rs` (one function per analysis) and `sweep.rs`;
+//! - `[uncertainty]`: the uncertainty benchmark, [`uncertainty`] (the protocol itself is
+//!   [`crate::uncertainty`]).
+//!
+//! Every kind shares:
+//! - [`StudyContext`]: the study file (name, text, `[data]`/`[model]`/`[train]`) and where it
+//!   reads and writes;
+//! - [`cache`]: the cache directory (`runs/NAME/` by default), where every stage is stored with
+//!   the [`cache::Key`] of everything that determines it and reused only when
+//!   [`cache::reusable`] says so (one predicate), with a ledger of the seconds each stage took
+//!   ([`cache::Clock`]);
+//! - [`selection`]: the one model selection (`lr × steps` on the validation split, one tie
+//!   order);
+//! - the report directory (`reports/NAME/`), staged ([`crate::io::StagedDir`]) and replaced
+//!   only when complete, with `timings.json` (run-dependent, not tracked by git) apart from the
+//!   deterministic files.
+//!
+//! A new kind (the attribution benchmark: retrain on subsets, attribute, write tables) is one
+//! optional section in [`StudyConfig`] with its typed spec, one file `study/<kind>.rs` with a
+//! `run(&StudyContext, &Spec) -> Result<StudySummary>` that trains through [`cache::Clock`]
+//! (stages keyed by their full inputs) and writes a staged report, and one line in [`run`].
 //!
 //! The kernels are computed once ([`crate::api`]) and passed along as [`Gram`] values; the
 //! analyses ([`crate::report`]) return what they wrote, so charts and the summary never read a
-//! table back. Files: `config.rs` (the study file), `selection.rs` (`[selection]`),
-//! `analyses.rs` (`[analysis]` and the charts), `sweep.rs` (`[sweep]`).
+//! table back. Files: `config.rs` (the study file), `cache.rs` (keys, the reuse predicate, the
+//! ledger), `selection.rs` (`[selection]`), `analyses.rs` (`[analysis]` and the charts),
+//! `sweep.rs` (`[sweep]`), `uncertainty/` (`[uncertainty]`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -29,22 +51,23 @@ use std::time::Instant;
 use serde::Serialize;
 
 mod analyses;
+pub mod cache;
 mod config;
-mod selection;
+pub mod selection;
 mod sweep;
+pub mod uncertainty;
 
 pub use config::{AnalysisSpec, KernelSpec, SelectionSpec, StudyConfig, SweepSpec};
 pub use selection::Candidate;
+pub use uncertainty::UqStudySpec;
 
 use crate::api::{Gram, Trained};
 use crate::error::{Error, Result};
 use crate::io::{self, StagedDir};
 use crate::kernel::{output::Exactness, KernelForm};
-use crate::train::{fnv1a, train_to_dir, TrainLog, TrainOptions};
+use crate::train::{RunConfig, TrainLog};
 use crate::trajectory::Run;
-
-/// Bumped whenever the kernel output files change, so cached kernels are recomputed.
-const KERNEL_OUTPUT_VERSION: u32 = 2;
+use cache::{Clock, Key};
 
 /// Where a study reads and writes.
 #[derive(Clone, Debug)]
@@ -91,53 +114,82 @@ fn recorded(e: &Exactness) -> Exactness {
     serde_json::from_str(&serde_json::to_string(e).expect("serialisable")).expect("parses its own output")
 }
 
+/// What every kind of study reads: the study file and where to read and write.
+#[derive(Clone, Debug)]
+pub struct StudyContext {
+    /// Study name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// The study file as given on the command line (recorded in the summary).
+    pub study_file: String,
+    /// The study file's text (copied into the report).
+    pub text: String,
+    /// `[data]`, `[model]`, `[train]`.
+    pub run_config: RunConfig,
+    /// Report directory.
+    pub out: PathBuf,
+    /// Cache directory.
+    pub cache: PathBuf,
+    /// Directory relative data paths are resolved against.
+    pub base_dir: PathBuf,
+    /// Progress bars and stage lines on stderr.
+    pub progress: bool,
+}
+
 /// Runs a study file end to end.
 pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
-    let start = Instant::now();
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let cfg = StudyConfig::from_toml(&text, path)?;
-    let out = opts.out.clone().unwrap_or_else(|| PathBuf::from("reports").join(&cfg.name));
-    let cache = opts.cache.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
-    if let Some(spec) = &cfg.uncertainty {
-        let input = crate::uncertainty::study::UqStudyInput {
-            name: cfg.name.clone(),
-            description: cfg.description.clone(),
-            study_file: path.display().to_string(),
-            text: text.clone(),
-            run_config: cfg.run_config(),
-            spec: spec.clone(),
-            out,
-            cache,
-            base_dir: opts.base_dir.clone(),
-            progress: opts.progress,
-        };
-        let o = crate::uncertainty::study::run(&input)?;
-        return Ok(StudySummary { out: o.out, reused_run: o.stages.iter().all(|(_, reused)| *reused), kernels: Vec::new(), seconds: o.seconds });
-    }
-    io::create_dir_all(&cache)?;
-    let staged = StagedDir::new(&out, true)?;
-
-    // Training (or the validation-chosen candidate), reused when the configuration is unchanged.
-    let mut selection_notes = Vec::new();
-    let (run_dir, reused_run) = if let Some(sel) = &cfg.selection {
-        let (cands, best, dir, reused) = selection::select(&cfg, sel, &cache, opts)?;
-        io::write_json(&staged.path().join("selection.json"), &cands)?;
-        selection_notes.push(format!(
-            "- Learning rate and steps chosen on the validation split (`[selection]`, `selection.json`): {}; chosen lr {} with {} steps.",
-            cands.iter().map(|c| format!("lr {} × {} steps: validation {:.2} %", c.lr, c.steps, 100.0 * c.validation_accuracy)).collect::<Vec<_>>().join(", "),
-            cands[best].lr,
-            cands[best].steps
-        ));
-        (dir, reused)
-    } else {
-        let rc = cfg.run_config();
-        let run_dir = cache.join("run");
-        let reused_run = matches!(Run::open(&run_dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.config == serde_json::to_value(&rc).expect("serialisable") && r.manifest.created_by == crate::train::created_by());
-        if !reused_run {
-            train_to_dir(&rc, &run_dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
-        }
-        (run_dir, reused_run)
+    let ctx = StudyContext {
+        name: cfg.name.clone(),
+        description: cfg.description.clone(),
+        study_file: path.display().to_string(),
+        text,
+        run_config: cfg.run_config(),
+        out: opts.out.clone().unwrap_or_else(|| PathBuf::from("reports").join(&cfg.name)),
+        cache: opts.cache.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name)),
+        base_dir: opts.base_dir.clone(),
+        progress: opts.progress,
     };
+    match &cfg.uncertainty {
+        Some(spec) => uncertainty::run(&ctx, spec),
+        None => run_plain(&ctx, &cfg, opts),
+    }
+}
+
+/// The trained network of a plain study: the `[selection]` choice, or the study's own run;
+/// with the selection's summary line.
+fn plain_training(ctx: &StudyContext, cfg: &StudyConfig, clock: &mut Clock, staged: &Path) -> Result<(PathBuf, Vec<String>)> {
+    let Some(sel) = &cfg.selection else {
+        let run = clock.train("training", "shared", &ctx.run_config, &ctx.cache.join("run"), &ctx.base_dir, ctx.progress)?;
+        return Ok((run.dir, Vec::new()));
+    };
+    let data = cfg.data.load(&ctx.base_dir)?;
+    let chosen = selection::select(clock, &ctx.run_config, &sel.lr, &sel.steps, &data, &ctx.cache, &ctx.base_dir, ctx.progress)?;
+    // `selection.json` lists the candidates steps outer, rates inner.
+    let mut order: Vec<usize> = (0..chosen.grid.len()).collect();
+    order.sort_by_key(|&i| (sel.steps.iter().position(|&s| s == chosen.grid[i].steps), sel.lr.iter().position(|&l| l == chosen.grid[i].lr)));
+    let cands: Vec<Candidate> = order.iter().map(|&i| &chosen.grid[i]).map(|g| Candidate { lr: g.lr, steps: g.steps, validation_accuracy: g.val_accuracy, test_accuracy: g.test_accuracy }).collect();
+    io::write_json(&staged.join("selection.json"), &cands)?;
+    let best = &chosen.grid[chosen.best];
+    let note = format!(
+        "- Learning rate and steps chosen on the validation split (`[selection]`, `selection.json`): {}; chosen lr {} with {} steps.",
+        cands.iter().map(|c| format!("lr {} × {} steps: validation {:.2} %", c.lr, c.steps, 100.0 * c.validation_accuracy)).collect::<Vec<_>>().join(", "),
+        best.lr,
+        best.steps
+    );
+    Ok((chosen.run.dir.clone(), vec![note]))
+}
+
+/// The plain study: training (or the selection), the `[[kernel]]` Grams, `[analysis]`, `[sweep]`.
+fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Result<StudySummary> {
+    let start = Instant::now();
+    io::create_dir_all(&ctx.cache)?;
+    let mut clock = Clock::open(&ctx.cache, false);
+    let staged = StagedDir::new(&ctx.out, true)?;
+    let (run_dir, mut notes) = plain_training(ctx, cfg, &mut clock, staged.path())?;
+    let reused_run = clock.order.iter().all(|(_, reused)| *reused);
     let net = Trained::open(&run_dir)?;
     let run = net.run();
     let log = TrainLog::read(&run_dir)?;
@@ -146,7 +198,7 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
 
     let mut kernels = Vec::new();
     for spec in &cfg.kernels {
-        let (reused, gram, kdir) = cached_kernel(&net, spec, &cache, opts.progress)?;
+        let (reused, gram, kdir) = cached_kernel(&net, spec, &ctx.cache, ctx.progress)?;
         let label = spec.label();
         let dst = staged.path().join("kernels").join(&label);
         io::create_dir_all(&dst)?;
@@ -162,10 +214,9 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
         io::write_json(&dst.join("exactness.json"), &exv)?;
         kernels.push(StudyKernel { spec: spec.clone(), label, reused, gram, exactness });
     }
-    let mut notes = selection_notes;
-    notes.extend(analyses::analyses(&cfg, &net, &log, &kernels, &cache, staged.path(), &opts.base_dir, opts.progress)?);
+    notes.extend(analyses::analyses(cfg, &net, &log, &kernels, &ctx.cache, staged.path(), &ctx.base_dir, ctx.progress)?);
     if let Some(sw) = &cfg.sweep {
-        notes.extend(sweep::sweep(&cfg, sw, &cache, staged.path(), opts)?);
+        notes.extend(sweep::sweep(cfg, sw, &mut clock, &ctx.cache, staged.path(), opts)?);
     }
     // Run-dependent figures: always in timings.json (git-ignored), in summary.md on request.
     let peak_mib = peak_rss_bytes().map(|b| b as f64 / (1 << 20) as f64);
@@ -186,9 +237,9 @@ pub fn run(path: &Path, opts: &StudyOptions) -> Result<StudySummary> {
             std::thread::available_parallelism().map_or(0, |n| n.get())
         ));
     }
-    let summary_md = summary_markdown(&cfg, &text, run, &log, &kernels, &notes, opts);
+    let summary_md = summary_markdown(cfg, &ctx.text, run, &log, &kernels, &notes, opts);
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
-    io::write_atomic(&staged.path().join("study.toml"), text.as_bytes())?;
+    io::write_atomic(&staged.path().join("study.toml"), ctx.text.as_bytes())?;
     let out = staged.commit()?;
     let kernels = kernels.into_iter().map(|k| (k.label, k.reused, k.exactness)).collect();
     Ok(StudySummary { out, reused_run, kernels, seconds: start.elapsed().as_secs_f64() })
@@ -207,15 +258,13 @@ fn peak_rss_bytes() -> Option<u64> {
 fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool) -> Result<(bool, Gram, PathBuf)> {
     let run = net.run();
     let label = spec.label();
-    let key = format!(
-        "{:016x}",
-        fnv1a(format!("{}|{}|{}|{KERNEL_OUTPUT_VERSION}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by).as_bytes())
-    );
+    // The run (its id hashes its whole configuration), every kernel setting and the Gram file's version.
+    let key = Key::of_bytes(format!("{}|{}|{}|{}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by, crate::kernel::output::VERSION).as_bytes());
     let kdir = cache.join("kernels").join(&label);
-    let reused = std::fs::read_to_string(kdir.join("inputs.key")).map(|s| s.trim() == key).unwrap_or(false) && kdir.join("exactness.json").exists();
-    if reused {
+    if cache::reusable(&kdir, &key) {
         return Ok((true, Gram::open(&kdir, net)?, kdir));
     }
+    cache::unstamp(&kdir)?;
     let bar = crate::progress::Progress::new(progress, 1, &format!("kernel {label:<16} {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
     let show = |done: usize, total: usize| {
         bar.set_length(total as u64);
@@ -224,7 +273,7 @@ fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool)
     let gram = spec.builder(net).progress(&show).compute()?;
     bar.finish_and_clear();
     gram.save(&kdir)?;
-    io::write_atomic(&kdir.join("inputs.key"), key.as_bytes())?;
+    cache::stamp(&kdir, &key)?;
     Ok((false, gram, kdir))
 }
 
@@ -260,7 +309,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 s,
                 "| {label} | {} | {} | {} × {} × {} | {} | {:.3e} | {:.3e} | {} | {:.2} / {} |{}",
                 e.side,
-                e.quadrature,
+                e.quadrature_name(),
                 e.shape[0],
                 e.shape[1],
                 e.shape[2],

@@ -2,17 +2,18 @@
 
 use std::path::Path;
 
+use super::cache::Clock;
 use super::{StudyConfig, StudyOptions, SweepSpec};
 use crate::api::{Gram, Trained};
 use crate::error::Result;
 use crate::io::{self, Column, Table};
 use crate::kernel::Rule;
 use crate::plot::{self, Scale, Series};
-use crate::train::{train_to_dir, TrainLog, TrainOptions};
-use crate::trajectory::Run;
+use crate::train::TrainLog;
 
-/// The `[sweep]` section: train one run per width and report the lazy-training measures.
-pub(super) fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path, opts: &StudyOptions) -> Result<Vec<String>> {
+/// The `[sweep]` section: train one run per width (each a cached stage of the study's
+/// [`Clock`]) and report the lazy-training measures.
+pub(super) fn sweep(cfg: &StudyConfig, sw: &SweepSpec, clock: &mut Clock, cache: &Path, out: &Path, opts: &StudyOptions) -> Result<Vec<String>> {
     let mut notes = vec!["- Width sweep (lazy training, the NTK notebook): relative weight change ‖w_s − w_0‖/‖w_0‖, loss, and the NTK's relative change ‖K_N − K_0‖/‖K_0‖ on the training points.".to_string()];
     let mut t_name = Vec::new();
     let mut t_step = Vec::new();
@@ -24,10 +25,7 @@ pub(super) fn sweep(cfg: &StudyConfig, sw: &SweepSpec, cache: &Path, out: &Path,
         let name = format!("hidden {h:?}");
         let rc = cfg.sweep_config(h);
         let dir = cache.join("sweep").join(h.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("x")).join("run");
-        let reused = matches!(Run::open(&dir), Ok(r) if r.manifest.run_id == rc.run_id() && r.manifest.created_by == crate::train::created_by());
-        if !reused {
-            train_to_dir(&rc, &dir, &TrainOptions { progress: opts.progress, force: true, base_dir: opts.base_dir.clone(), memory_budget: None })?;
-        }
+        clock.train(&format!("sweep run {name}"), "sweep", &rc, &dir, &opts.base_dir, opts.progress)?;
         let net = Trained::open(&dir)?;
         let (run, states) = (net.run(), net.states());
         let w0 = states[0].flat();

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, Options, Points};
+use crate::kernel::{self, Points};
 use crate::trajectory::Run;
 
 use super::format::{read_header, read_tile, tile_path, write_tile, TileProblem};
@@ -78,14 +78,12 @@ pub fn run_tile(out: &Path, index: usize, progress: &dyn Fn(usize, usize)) -> Re
     let d = points.dim;
     let rows = Points { x: points.x[entry.rows[0] * d..entry.rows[1] * d].to_vec(), dim: d };
     let split = plan.step_ranges.len() > 1;
-    let req = plan.request.kernel_request(if split { Some(entry.steps) } else { None })?;
-    let layout = plan.request.layout;
-    let mc = entry.cols[1] - entry.cols[0];
-    let bp = kernel::blocked::plan_columns(&run.manifest, rows.len(), mc, plan.m, &req, layout, plan.memory_budget)?;
     // Several column blocks: this tile's columns only (a column share).
     let columns = (plan.col_blocks > 1).then_some((entry.cols[0], entry.cols[1]));
-    let opts = Options { memory_budget: plan.memory_budget, columns, ..Options::layout(layout) };
-    let o = kernel::blocked::in_blocks(&rows, bp.block_rows, progress, &mut |pts, prog| kernel::compute_in(&run, &states, pts, &req, &opts, prog))?;
+    let req = plan.request.kernel_request(if split { Some(entry.steps) } else { None })?.memory_budget(plan.memory_budget).columns(columns);
+    let mc = entry.cols[1] - entry.cols[0];
+    let bp = kernel::blocked::plan_columns(&run.manifest, rows.len(), mc, plan.m, &req, plan.memory_budget)?;
+    let o = kernel::compute(&run, &states, &rows, &req.block_rows(Some(bp.block_rows)), progress)?;
     if o.p != rows.len() || o.m != mc || o.k != plan.k {
         return Err(Error::ShapeMismatch { what: format!("tile {index}"), expected: vec![rows.len(), mc, plan.k], got: vec![o.p, o.m, o.k] });
     }

@@ -132,7 +132,7 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
 /// `seconds` is the sum of the tiles' seconds.
 ///
 /// # Shapes
-/// As [`kernel::compute_in`] over all the plan's row points.
+/// As [`kernel::compute`] over all the plan's row points.
 pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<KernelOutput> {
     let (m, k, n) = (plan.m, plan.k, plan.n_steps);
     let mk = m * k;
@@ -214,7 +214,7 @@ pub fn merge(out: &Path, force: bool, budget: u64) -> Result<(PathBuf, KernelOut
     let points = plan.points(&dataset)?;
     let staged = crate::io::StagedDir::new(&merged_dir(out), force)?;
     let o = merge_output(out, &plan, &points)?;
-    kernel::output::write(staged.path(), &o, &points, &plan.run_id)?;
+    kernel::output::write(staged.path(), &o, &points, plan.request.points.parse()?, &plan.run_id)?;
     let dir = staged.commit()?;
     Ok((dir, o))
 }

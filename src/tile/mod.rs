@@ -3,11 +3,11 @@
 //! merged in a fixed order.
 //!
 //! Row points are independent (`kernel::blocked`); so are the training points, the Gram's
-//! columns (`kernel::columns`, `Options::columns`: each column block forms the training-side
+//! columns (`kernel::columns`, `Request::columns`: each column block forms the training-side
 //! factors of its own points only, and the kernel machine `Σ_i a_{i,s} K_s(x, x_i)` is a sum
 //! over them); and for plain gradient steps so are the steps: `G = Σ_s K_s` and the machine's
 //! change are sums over steps, so the steps `[A, B)` split into ranges `[A, A_1), [A_1, A_2), …`
-//! whose kernels are computed apart (`KernelRequest::steps`) and summed.
+//! whose kernels are computed apart (`Request::steps`) and summed.
 //!
 //! ```text
 //! pathkernel kernel --run R --kind epk --tiles 8 --out OUT   # OUT/plan.json, nothing computed

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::kernel::{self, KernelForm, KernelKind, KernelRequest, Layout, Options, Points, PointsSpec, Rule, Side};
+use crate::kernel::{self, KernelForm, KernelKind, Layout, Points, Rows, Request, Rule, Side};
 use crate::model::Params;
 use crate::trajectory::Run;
 
@@ -91,16 +91,16 @@ impl PlanRequest {
         self.quadrature.parse()
     }
 
-    /// The engine's request for steps `[a, b)` (`None`: the plan's own range).
-    pub fn kernel_request(&self, steps: Option<[usize; 2]>) -> Result<KernelRequest> {
-        Ok(KernelRequest {
-            kind: self.kind,
-            rule: self.rule()?,
-            side: self.side,
-            ntk_step: self.ntk_step,
-            per_step: self.per_step,
-            steps: steps.or(self.steps).map(|[a, b]| (a, b)),
-        })
+    /// The engine's request for steps `[a, b)` (`None`: the plan's own range), in the plan's
+    /// layout.
+    pub fn kernel_request(&self, steps: Option<[usize; 2]>) -> Result<Request> {
+        Ok(Request::new(self.kind)
+            .rule(self.rule()?)
+            .side(self.side)
+            .ntk_step(self.ntk_step)
+            .per_step(self.per_step)
+            .steps(steps.or(self.steps).map(|[a, b]| (a, b)))
+            .layout(self.layout))
     }
 }
 
@@ -206,10 +206,8 @@ pub struct PlanInput<'a> {
     pub states: &'a [Params],
     /// `--points` as given (test, train, class-means, grid:N).
     pub points: &'a str,
-    /// What to compute (its `steps` is the whole job's range).
-    pub req: &'a KernelRequest,
-    /// The Gram's layout.
-    pub layout: Layout,
+    /// What to compute (its `steps` is the whole job's range; its layout the Gram's).
+    pub req: &'a Request,
     /// Memory budget per tile, bytes.
     pub memory_budget: u64,
     /// How many tiles.
@@ -236,7 +234,7 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     let run = input.run;
     let manifest = &run.manifest;
     let req = input.req;
-    let spec: PointsSpec = input.points.parse()?;
+    let spec: Rows = input.points.parse()?;
     let points = spec.resolve(&run.dataset)?;
     let (p, m, k, n) = (points.len(), run.dataset.n_train(), manifest.architecture.outputs(), manifest.steps);
     if p == 0 {
@@ -301,10 +299,10 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     // Grow the blocks until one tile fits the budget: the column blocks while a tile of one row
     // point does not fit (the training side, a and the loss gradients scale with the columns),
     // the row blocks otherwise.
-    let req_tile = KernelRequest { steps: Some((lo, hi)), ..req.clone() };
-    let peak = |br: usize, bc: usize| -> Result<u64> { Ok(kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.layout, u64::MAX)?.estimated_peak() + states_bytes(run)) };
+    let req_tile = req.clone().steps(Some((lo, hi)));
+    let peak = |br: usize, bc: usize| -> Result<u64> { Ok(kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, u64::MAX)?.estimated_peak() + states_bytes(run)) };
     let fits = |br: usize, bc: usize| -> bool {
-        kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.layout, input.memory_budget)
+        kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.memory_budget)
             .is_ok_and(|bp| bp.blocks == 1 && bp.estimated_peak() + states_bytes(run) <= input.memory_budget)
     };
     let (wanted_rows, wanted_cols) = (rows, cols);
@@ -344,7 +342,7 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     let step_ranges: Vec<[usize; 2]> = bounds.windows(2).map(|w| [w[0], w[1]]).collect();
 
     let pilot = if input.pilot { Some(run_pilot(input, &points, separable, (lo, hi))?) } else { None };
-    let per_pair = input.layout.per_pair(k) as u64;
+    let per_pair = input.req.layout.per_pair(k) as u64;
     // Column blocks of plain gradient steps carry their per-step predicted and actual changes.
     let shares = cols > 1 && form == KernelForm::Gradient;
     let mut tiles = Vec::with_capacity(rows * cols * steps);
@@ -400,7 +398,7 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
             ntk_step: req.ntk_step,
             per_step: req.per_step,
             steps: req.steps.map(|(a, b)| [a, b]),
-            layout: input.layout,
+            layout: input.req.layout,
             points: input.points.to_string(),
             points_crc32: format!("{:08x}", crc32_f64(&points.x)),
         },
@@ -416,7 +414,7 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
         step_ranges,
         split,
         memory_budget: input.memory_budget,
-        merged_output_bytes: kernel::output_bytes_in(input.layout, p, m, k, n, req.per_step),
+        merged_output_bytes: kernel::output_bytes_in(input.req.layout, p, m, k, n, req.per_step),
         pilot,
         tiles,
         created_by: format!("pathkernel {}", env!("CARGO_PKG_VERSION")),
@@ -449,11 +447,10 @@ fn run_pilot(input: &PlanInput<'_>, points: &Points, separable: bool, (lo, hi): 
     } else {
         vec![(lo, lo + 1)]
     };
-    let opts = Options::layout(input.layout);
     let time = |pts: &Points, range: (usize, usize)| -> Result<f64> {
-        let req = KernelRequest { steps: Some(range), ..input.req.clone() };
+        let req = input.req.clone().steps(Some(range)).memory_budget(u64::MAX).columns(None).block_rows(None);
         let t = Instant::now();
-        kernel::compute_in(input.run, input.states, pts, &req, &opts, &|_, _| {})?;
+        kernel::compute(input.run, input.states, pts, &req, &|_, _| {})?;
         Ok(t.elapsed().as_secs_f64())
     };
     let (mut fixed, mut per_row) = (0.0, 0.0);
@@ -567,7 +564,7 @@ impl Plan {
 
     /// The row points, resolved from the run's dataset and checked against the plan's checksum.
     pub fn points(&self, dataset: &crate::data::Dataset) -> Result<Points> {
-        let spec: PointsSpec = self.request.points.parse()?;
+        let spec: Rows = self.request.points.parse()?;
         let points = spec.resolve(dataset)?;
         let crc = format!("{:08x}", crc32_f64(&points.x));
         if crc != self.request.points_crc32 || points.len() != self.p {

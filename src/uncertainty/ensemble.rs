@@ -80,7 +80,7 @@ pub fn train_ensemble(cfg: &RunConfig, seeds: &[u64], out: &Path, opts: &TrainOp
         c.train.seed = seed;
         let dir = out.join(format!("seed-{seed}"));
         let member = match load_member(&dir, seed) {
-            Ok(m) if same_run(&dir, &c) => EnsembleMember { reused: true, ..m },
+            Ok(m) if train::holds_run(&dir, &c) => EnsembleMember { reused: true, ..m },
             _ => {
                 train::train_to_dir(&c, &dir, opts)?;
                 load_member(&dir, seed)?
@@ -91,13 +91,6 @@ pub fn train_ensemble(cfg: &RunConfig, seeds: &[u64], out: &Path, opts: &TrainOp
     Ok(Ensemble { members })
 }
 
-/// Whether `dir` holds a run of exactly `cfg` from this trainer revision.
-fn same_run(dir: &Path, cfg: &RunConfig) -> bool {
-    match (trajectory::read_manifest(dir), serde_json::to_value(cfg)) {
-        (Ok(m), Ok(c)) => m.run_id == cfg.run_id() && m.config == c && m.created_by == train::created_by(),
-        _ => false,
-    }
-}
 
 /// Loads `w_0` and `w_N` of the run in `dir`.
 fn load_member(dir: &Path, seed: u64) -> Result<EnsembleMember> {

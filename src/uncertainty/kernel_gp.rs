@@ -21,7 +21,7 @@
 //!   self-kernel `K^{cc}(x, x)` as the prior variance; the posterior mean gets the bias
 //!   `f_{w_0}(x)` back.
 //!
-//! Every Gram is computed in memory ([`crate::kernel::compute_in`]) and checked: its kernel
+//! Every Gram is computed in memory ([`crate::kernel::compute`]) and checked: its kernel
 //! machine against the network ([`GramCheck`]).
 
 use std::time::Instant;
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::gp::{FittedGp, GpParams, Posterior};
-use crate::kernel::{self, KernelKind, KernelOutput, KernelRequest, Layout, Options, Outputs, Points, Rule, Side};
+use crate::kernel::{self, KernelKind, KernelOutput, Layout, Outputs, Points, Request, Rule, Side};
 use crate::model::Params;
 use crate::trajectory::Run;
 
@@ -105,7 +105,7 @@ pub struct GramCheck {
     /// What the rows are (`train` or a setting name).
     pub rows: String,
     /// `train` (gradients at `t = 0`) or `test` (EPK: integrated over each step).
-    pub side: String,
+    pub side: Side,
     /// Row points P.
     pub points: usize,
     /// Steps summed (1 for the NTK).
@@ -124,10 +124,7 @@ impl GramCheck {
     fn of(rows: &str, o: &KernelOutput) -> Self {
         GramCheck {
             rows: rows.into(),
-            side: match o.side {
-                Side::Train => "train".into(),
-                Side::Test => "test".into(),
-            },
+            side: o.side,
             points: o.p,
             steps: o.steps.len(),
             max_abs_error: o.max_abs_error(),
@@ -289,9 +286,9 @@ impl TrainBlocks {
             TrainGram::TrainSide => Side::Train,
             TrainGram::SymmetrisedTestSide => Side::Test,
         };
-        let req = KernelRequest { kind: spec.kind, rule: spec.rule, side, ntk_step: None, per_step: false, steps: window_steps(run, spec.window)? };
+        let req = Request::new(spec.kind).rule(spec.rule).side(side).steps(window_steps(run, spec.window)?).layout(Layout::Diag).outputs(spec.outputs);
         let pts = points(&run.dataset.x_train, run.dataset.dim);
-        let o = kernel::compute_in(run, states, &pts, &req, &Options { outputs: spec.outputs, ..Options::layout(Layout::Diag) }, progress)?;
+        let o = kernel::compute(run, states, &pts, &req, progress)?;
         let (m, k) = (o.m, o.k);
         if o.p != m {
             return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
@@ -354,8 +351,8 @@ pub struct RowGram {
 pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-    let req = KernelRequest { kind, rule, side: Side::Test, ntk_step: None, per_step: false, steps: window_steps(run, window)? };
-    let o = kernel::compute_in(run, states, &points(&x, d), &req, &Options { outputs, ..Options::layout(Layout::Diag) }, progress)?;
+    let req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(Layout::Diag).outputs(outputs);
+    let o = kernel::compute(run, states, &points(&x, d), &req, progress)?;
     let (m, k) = (o.m, o.k);
     let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
     let mut out = Vec::with_capacity(sets.len());
@@ -367,7 +364,7 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
         let errs: Vec<f64> = machine.iter().zip(network).map(|(a, b)| (a - b).abs()).collect();
         let check = GramCheck {
             rows: (*name).into(),
-            side: "test".into(),
+            side: Side::Test,
             points: p,
             steps: o.steps.len(),
             max_abs_error: errs.iter().copied().fold(0.0, kernel::nan_max),

@@ -74,19 +74,7 @@ fn check_labels(n: usize, labels: &[usize], k: usize) -> Result<()> {
     Ok(())
 }
 
-/// Index of the largest entry, the first one on ties.
-///
-/// # Panics
-/// If `row` is empty.
-pub fn argmax(row: &[f64]) -> usize {
-    let mut best = 0;
-    for (j, v) in row.iter().enumerate().skip(1) {
-        if v.total_cmp(&row[best]).is_gt() {
-            best = j;
-        }
-    }
-    best
-}
+pub use crate::data::argmax;
 
 /// Row-wise softmax of logits (max-shifted), `[N, K] → [N, K]`. Non-finite logits are an error.
 ///

@@ -39,11 +39,11 @@
 pub mod ensemble;
 pub mod kernel_gp;
 
+pub mod method;
 pub mod metrics;
 pub mod record;
 pub mod report;
 pub mod shift;
-pub mod study;
 pub mod summary;
 pub mod temperature;
 
@@ -57,6 +57,7 @@ use crate::gp::{self, Posterior};
 use crate::model::{Architecture, Params};
 
 pub use ensemble::{network_logits, train_ensemble, Ensemble};
+pub use method::Method;
 pub use kernel_gp::{GramCheck, KernelGp, KernelGpFit, KernelGpSpec};
 pub use crate::gp::lastlayer::{self as laplace, LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, reliability, ReliabilityBin, ScoreDirection};
@@ -269,40 +270,40 @@ pub fn builtin_methods(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensem
     }
     let mut predictions = Vec::new();
     let mut seconds = Vec::new();
-    let push = |preds: &mut Vec<MethodPrediction>, method: &str, setting: &str, p: Predictive| {
-        preds.push(MethodPrediction { method: method.into(), setting: setting.into(), probs: p.probs, ood_score: p.ood_score });
+    let push = |preds: &mut Vec<MethodPrediction>, method: Method, setting: &str, p: Predictive| {
+        preds.push(MethodPrediction { method: method.to_string(), setting: setting.into(), probs: p.probs, ood_score: p.ood_score });
     };
     let logits = |x: &[f64]| network_logits(net.arch, net.params, net.init, x);
 
     let t = std::time::Instant::now();
     for s in settings {
-        push(&mut predictions, "map", &s.info.name, Predictive::from_probs(metrics::softmax_rows(&logits(&s.x)?, k)?));
+        push(&mut predictions, Method::Map, &s.info.name, Predictive::from_probs(metrics::softmax_rows(&logits(&s.x)?, k)?));
     }
-    seconds.push(("map".to_string(), t.elapsed().as_secs_f64()));
+    seconds.push((Method::Map.to_string(), t.elapsed().as_secs_f64()));
 
     let t = std::time::Instant::now();
     let temperature = fit_temperature(&logits(&val.x)?, y_val, k)?;
     for s in settings {
         let probs = temperature::tempered_softmax(&logits(&s.x)?, k, temperature.temperature)?;
-        push(&mut predictions, "temperature", &s.info.name, Predictive::from_probs(probs));
+        push(&mut predictions, Method::Temperature, &s.info.name, Predictive::from_probs(probs));
     }
-    seconds.push(("temperature".to_string(), t.elapsed().as_secs_f64()));
+    seconds.push((Method::Temperature.to_string(), t.elapsed().as_secs_f64()));
 
     let t = std::time::Instant::now();
     let lap = LastLayerLaplace::fit(net.arch, net.params, net.init, &data.x_train, y_train, &cfg.laplace)?;
     for s in settings {
         let post = lap.predict(&s.x)?;
         let p = Predictive { probs: post.mc_softmax(cfg.mc_samples, cfg.mc_seed)?, ood_score: Some(post.total_variance()) };
-        push(&mut predictions, "laplace", &s.info.name, p);
+        push(&mut predictions, Method::Laplace, &s.info.name, p);
     }
-    seconds.push(("laplace".to_string(), t.elapsed().as_secs_f64()));
+    seconds.push((Method::Laplace.to_string(), t.elapsed().as_secs_f64()));
 
     if let Some(ens) = ensemble {
         let t = std::time::Instant::now();
         for s in settings {
-            push(&mut predictions, "ensemble", &s.info.name, Predictive::from_probs(ens.predict(&s.x)?));
+            push(&mut predictions, Method::Ensemble, &s.info.name, Predictive::from_probs(ens.predict(&s.x)?));
         }
-        seconds.push(("ensemble".to_string(), t.elapsed().as_secs_f64()));
+        seconds.push((Method::Ensemble.to_string(), t.elapsed().as_secs_f64()));
     }
     let p = lap.posterior();
     let laplace = LaplaceSummary {
@@ -322,9 +323,8 @@ pub fn builtin_methods(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensem
 /// `predictions`. Errors: a name taken by a built-in method or by an earlier external one, or a
 /// missing setting.
 pub fn push_external(predictions: &mut Vec<MethodPrediction>, settings: &[SettingInfo], external: &[ExternalMethod]) -> Result<()> {
-    const BUILTIN: [&str; 4] = ["map", "temperature", "laplace", "ensemble"];
     for (i, e) in external.iter().enumerate() {
-        if BUILTIN.contains(&e.name.as_str()) || external[..i].iter().any(|o| o.name == e.name) {
+        if Method::BUILTIN.iter().any(|m| m.to_string() == e.name) || external[..i].iter().any(|o| o.name == e.name) {
             return Err(Error::Config(format!("external method name {:?} is taken", e.name)));
         }
     }

@@ -1,6 +1,6 @@
 //! What one uncertainty study run records for its report: the selection, the stages' timings,
 //! the function-space Laplace fits and everything `summary.md` is written from. The runner
-//! ([`super::study`]) fills it; the summary and the charts ([`super::summary`]) read it.
+//! ([`crate::study::uncertainty`]) fills it; the summary and the charts ([`super::summary`]) read it.
 
 use serde::{Deserialize, Serialize};
 

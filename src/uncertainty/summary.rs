@@ -6,69 +6,54 @@ use std::path::Path;
 
 use crate::error::Result;
 use crate::io;
-use crate::plot::{BarSeries, Chart, ImageTile, ReliabilityPanel, Scale, Series};
+use crate::plot::{BarSeries, Chart, ImageTile, ReliabilityPanel, Series};
 
+use super::method::{display_name, FslVariant, GpKernel, Method};
 use super::metrics::{self, ECE_BINS};
+use crate::gp::Curvature;
+use crate::kernel::KernelKind;
 use super::report::{Metric, SettingKind};
 use super::record::UqStudyReport;
 use super::Setting;
 
-/// The protocol's methods in table order, with their display names.
-pub const METHODS: [(&str, &str); 6] = [
-    ("map", "MAP softmax"),
-    ("temperature", "temperature scaling"),
-    ("epk-gp", "EPK-GP"),
-    ("ntk-gp", "NTK-GP (w_N)"),
-    ("laplace", "last-layer Laplace"),
-    ("ensemble", "deep ensemble"),
-];
-
-/// The ablations of the kernel GPs, with their display names.
-pub const ABLATIONS: [(&str, &str); 3] = [
-    ("epk-gp-sym", "EPK-GP, symmetrised test-side training Gram"),
-    ("epk-gp-netmean", "EPK-GP variance around the network's outputs"),
-    ("ntk-gp-netmean", "NTK-GP variance around the network's outputs"),
-];
-
 /// The function-space Laplace predictives drawn beside the protocol's methods in the reliability,
 /// angle and OOD charts.
-const ANGLE_FSL: [(&str, &str); 2] = [("fsl-epk-full", "FSL on the EPK, full Λ (δ by evidence)"), ("fsl-epk-diag-T", "FSL on the EPK, diagonal, validation T")];
+const ANGLE_FSL: [(Method, &str); 2] = [
+    (Method::Fsl(GpKernel::Epk, Curvature::Full, FslVariant::Probit), "FSL on the EPK, full Λ (δ by evidence)"),
+    (Method::Fsl(GpKernel::Epk, Curvature::ClassDiagonal, FslVariant::Temperature), "FSL on the EPK, diagonal, validation T"),
+];
 
 /// The legend entry of a method on the frontier chart: the protocol's methods by name, the
 /// kernel GPs together, function-space Laplace per kernel and with or without a validation fit.
 fn frontier_family(m: &str) -> String {
-    if let Some(rest) = m.strip_prefix("fsl-") {
-        let kernel = rest.split('-').next().unwrap_or(rest);
-        let calibrated = m.ends_with("-T") || m.ends_with("-Ts") || m.ends_with("-grid");
-        return format!("FSL on {kernel}: {}", if calibrated { "validation-fitted (T, Ts, grid)" } else { "δ by evidence (probit, MC)" });
+    match m.parse::<Method>() {
+        Ok(Method::Fsl(kernel, _, v)) => format!("FSL on {}: {}", kernel.label(), if v.calibrated() { "validation-fitted (T, Ts, grid)" } else { "δ by evidence (probit, MC)" }),
+        Ok(x) if Method::PROTOCOL.contains(&x) && !matches!(x, Method::Gp(_)) => display_name(m),
+        _ => "kernel GPs (regression; netmean, sym)".to_string(),
     }
-    if METHODS.iter().any(|(x, _)| *x == m) && !m.ends_with("-gp") {
-        return display_name(m);
-    }
-    "kernel GPs (regression; netmean, sym)".to_string()
+}
+
+/// The methods of `list` present in the results, with their display names, in order.
+fn present_of(r: &UqStudyReport, list: &[Method]) -> Vec<(String, String)> {
+    let present = r.results.methods();
+    list.iter().map(|m| m.to_string()).filter(|m| present.iter().any(|p| p == m)).map(|m| (m.clone(), display_name(&m))).collect()
 }
 
 /// The protocol's methods present in the results, in table order.
 fn methods(r: &UqStudyReport) -> Vec<(String, String)> {
-    let present = r.results.methods();
-    METHODS.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())).collect()
+    present_of(r, &Method::PROTOCOL)
 }
 
 /// The other methods present (ablations), in order.
 fn ablations(r: &UqStudyReport) -> Vec<(String, String)> {
-    let present = r.results.methods();
-    let mut out: Vec<(String, String)> =
-        ABLATIONS.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())).collect();
-    for m in present {
-        if !METHODS.iter().chain(&ABLATIONS).any(|(x, _)| *x == m) {
+    let mut out = present_of(r, &Method::ABLATIONS);
+    let named: Vec<String> = Method::PROTOCOL.iter().chain(&Method::ABLATIONS).map(|m| m.to_string()).collect();
+    for m in r.results.methods() {
+        if !named.iter().any(|x| x == m) {
             out.push((m.to_string(), m.to_string()));
         }
     }
     out
-}
-
-fn display_name(m: &str) -> String {
-    METHODS.iter().chain(&ABLATIONS).find(|(x, _)| *x == m).map_or(m.to_string(), |(_, n)| n.to_string())
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -96,14 +81,25 @@ fn setting_title(r: &UqStudyReport, name: &str) -> String {
     }
 }
 
-/// `summary.md`.
+/// `summary.md`, section by section.
 pub fn summary_markdown(r: &UqStudyReport) -> String {
     let mut s = String::new();
+    summary_data(&mut s, r);
+    summary_selection(&mut s, r);
+    summary_fits(&mut s, r);
+    summary_exactness(&mut s, r);
+    summary_results(&mut s, r);
+    summary_comparison(&mut s, r);
+    summary_files(&mut s, r);
+    s
+}
+
+/// The title, the provenance and the data, network and settings.
+fn summary_data(s: &mut String, r: &UqStudyReport) {
     let res = &r.results;
-    let ms = methods(r);
-    let _ = writeln!(s, "# Study `{}`\n", r.name);
+    let _ = writeln!(*s, "# Study `{}`\n", r.name);
     if !r.description.is_empty() {
-        let _ = writeln!(s, "{}\n", r.description.trim());
+        let _ = writeln!(*s, "{}\n", r.description.trim());
     }
     let _ = writeln!(
         s,
@@ -115,9 +111,9 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
         r.name
     );
 
-    let _ = writeln!(s, "## Data, network, settings\n");
-    let _ = writeln!(s, "- data: {}", r.data_description);
-    let _ = writeln!(s, "- {} training, {} validation, {} test images", r.sizes[0], r.sizes[1], r.sizes[2]);
+    let _ = writeln!(*s, "## Data, network, settings\n");
+    let _ = writeln!(*s, "- data: {}", r.data_description);
+    let _ = writeln!(*s, "- {} training, {} validation, {} test images", r.sizes[0], r.sizes[1], r.sizes[2]);
     let _ = writeln!(
         s,
         "- network: {}, {} parameters, final layer zero-initialised, f64, mean cross-entropy, full-batch gradient descent, seed 0 (run id `{}`); \
@@ -128,23 +124,27 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
         100.0 * r.train_fit.0,
         r.train_fit.1
     );
-    let _ = writeln!(s, "- settings: {}", res.settings.iter().map(|x| format!("`{}` ({})", x.name, x.n)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(*s, "- settings: {}", res.settings.iter().map(|x| format!("`{}` ({})", x.name, x.n)).collect::<Vec<_>>().join(", "));
     let _ = writeln!(
         s,
         "- Monte-Carlo predictives (Laplace, GPs): {} samples per point, seed {} (point p on ChaCha8 stream p)\n",
         r.mc.0, r.mc.1
     );
 
-    let _ = writeln!(s, "## Selection of the learning rate and the number of steps\n");
-    let _ = writeln!(s, "One run per learning rate, trained to the largest step count; the validation accuracy of the state after each step count picks the pair (ties: the smaller rate, then fewer steps).\n");
-    let _ = writeln!(s, "| lr | steps | validation accuracy | validation NLL | training loss |");
-    let _ = writeln!(s, "|---|---|---|---|---|");
+}
+
+/// The selection of lr and steps, and the ensemble members.
+fn summary_selection(s: &mut String, r: &UqStudyReport) {
+    let _ = writeln!(*s, "## Selection of the learning rate and the number of steps\n");
+    let _ = writeln!(*s, "One run per learning rate, trained to the largest step count; the validation accuracy of the state after each step count picks the pair (ties: the smaller rate, then fewer steps).\n");
+    let _ = writeln!(*s, "| lr | steps | validation accuracy | validation NLL | training loss |");
+    let _ = writeln!(*s, "|---|---|---|---|---|");
     for row in &r.selection.rows {
         let chosen = row.lr == r.selection.lr && row.steps == r.selection.steps;
         let b = if chosen { "**" } else { "" };
-        let _ = writeln!(s, "| {b}{}{b} | {b}{}{b} | {b}{:.4}{b} | {:.4} | {:.4} |", row.lr, row.steps, row.val_accuracy, row.val_nll, row.train_loss);
+        let _ = writeln!(*s, "| {b}{}{b} | {b}{}{b} | {b}{:.4}{b} | {:.4} | {:.4} |", row.lr, row.steps, row.val_accuracy, row.val_nll, row.train_loss);
     }
-    let _ = writeln!(s, "\nChosen: **lr = {}, {} steps**.", r.selection.lr, r.selection.steps);
+    let _ = writeln!(*s, "\nChosen: **lr = {}, {} steps**.", r.selection.lr, r.selection.steps);
     if let Some(same) = r.selection.prefix_identical {
         let _ = writeln!(
             s,
@@ -154,13 +154,18 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
             r.selection.steps
         );
     }
-    let _ = writeln!(s, "\nDeep ensemble members (the same configuration, seeds {}): clean test accuracy {}.\n",
+    let _ = writeln!(*s, "\nDeep ensemble members (the same configuration, seeds {}): clean test accuracy {}.\n",
         r.ensemble.iter().map(|e| e.0.to_string()).collect::<Vec<_>>().join(", "),
         r.ensemble.iter().map(|e| format!("{:.4}", e.2)).collect::<Vec<_>>().join(", "));
 
-    let _ = writeln!(s, "## Fitted hyper-parameters\n");
+}
+
+/// The fitted hyper-parameters (temperature, Laplace, kernel GPs, function-space Laplace).
+fn summary_fits(s: &mut String, r: &UqStudyReport) {
+    let res = &r.results;
+    let _ = writeln!(*s, "## Fitted hyper-parameters\n");
     if let Some(t) = &res.temperature {
-        let _ = writeln!(s, "- temperature scaling: **T = {:.4}** (validation NLL {:.4} → {:.4}, {} validation images)", t.temperature, t.nll_before, t.nll_after, t.n);
+        let _ = writeln!(*s, "- temperature scaling: **T = {:.4}** (validation NLL {:.4} → {:.4}, {} validation images)", t.temperature, t.nll_before, t.nll_after, t.n);
     }
     if let Some(l) = &res.laplace {
         let _ = writeln!(
@@ -171,8 +176,8 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
     }
     for (name, fit) in &r.kernel_gps {
         let gram = match fit.train_gram {
-            super::kernel_gp::TrainGram::TrainSide if fit.kind == "epk" => "the EPK training Gram with the gradients at t = 0 on both sides",
-            super::kernel_gp::TrainGram::TrainSide if fit.kind == "path" => "the path-averaged kernel with both sides integrated over each step (a window: its last steps only)",
+            super::kernel_gp::TrainGram::TrainSide if fit.kind == KernelKind::Epk.to_string() => "the EPK training Gram with the gradients at t = 0 on both sides",
+            super::kernel_gp::TrainGram::TrainSide if fit.kind == KernelKind::Path.to_string() => "the path-averaged kernel with both sides integrated over each step (a window: its last steps only)",
             super::kernel_gp::TrainGram::TrainSide => "the NTK at w_N on the training points",
             super::kernel_gp::TrainGram::SymmetrisedTestSide => "the EPK training Gram with the training points on the test side (integrated), symmetrised",
         };
@@ -181,8 +186,8 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
             "- {} (`{name}`): one GP per class on the class block of {gram}, targets = network outputs minus the bias f(w_0), noise σ² and scale s per class by marginal likelihood:\n",
             display_name(name)
         );
-        let _ = writeln!(s, "  | class | σ² | s | σ² / (s·mean diag K) | jitter | log marginal likelihood | asymmetry before symmetrisation |");
-        let _ = writeln!(s, "  |---|---|---|---|---|---|---|");
+        let _ = writeln!(*s, "  | class | σ² | s | σ² / (s·mean diag K) | jitter | log marginal likelihood | asymmetry before symmetrisation |");
+        let _ = writeln!(*s, "  |---|---|---|---|---|---|---|");
         for c in 0..fit.noise.len() {
             let _ = writeln!(
                 s,
@@ -195,18 +200,18 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
                 fit.asymmetry[c]
             );
         }
-        let _ = writeln!(s);
+        let _ = writeln!(*s);
     }
     if !r.fsl.is_empty() {
-        let _ = writeln!(s, "## Function-space Laplace fits\n");
+        let _ = writeln!(*s, "## Function-space Laplace fits\n");
         let _ = writeln!(
             s,
             "GP prior `k/δ` on the logits (the kernels on the logits), softmax-Hessian curvature at the network's outputs, the network as the mean \
              (`src/gp/functional.rs`). δ by the function-space evidence; `-grid`: δ by the validation NLL over logspace(−4, 4, 100); `-T`: a temperature \
              fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling).\n"
         );
-        let _ = writeln!(s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(*s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
+        let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &r.fsl {
             let kmin = f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min);
             let smin = f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min);
@@ -229,18 +234,22 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
                 vmin
             );
         }
-        let _ = writeln!(s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
+        let _ = writeln!(*s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
     }
 
-    let _ = writeln!(s, "## Exactness of the Grams used\n");
+}
+
+/// The exactness of every Gram used.
+fn summary_exactness(s: &mut String, r: &UqStudyReport) {
+    let _ = writeln!(*s, "## Exactness of the Grams used\n");
     let _ = writeln!(
         s,
         "Each Gram's kernel machine `f(w_0) + Σ_s Σ_i a_is K_s(x, x_i)` against the network `f(w_N)` at its rows (on the kernels' outputs, the logits; all classes; a window of the last L steps starts from `f(w_{{N−L}})`). \
          The EPK's test-side rows are exact; its train-side training Gram takes the gradients at t = 0 on both sides (a symmetric kernel for the GP), so its \
          machine is the discrete path kernel's, not exact; the NTK at w_N is the linearisation; the path kernel integrates both sides, so its machine is not the network either.\n"
     );
-    let _ = writeln!(s, "| Gram | rows | side | points | steps | max \\|machine − network\\| | mean | gradient evaluations per point and step (mean / max) |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(*s, "| Gram | rows | side | points | steps | max \\|machine − network\\| | mean | gradient evaluations per point and step (mean / max) |");
+    let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|");
     let row = |s: &mut String, what: &str, c: &super::kernel_gp::GramCheck| {
         let _ = writeln!(
             s,
@@ -249,102 +258,118 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
         );
     };
     for (name, fit) in &r.kernel_gps {
-        row(&mut s, &format!("training Gram of `{name}`"), &fit.train_check);
+        row(s, &format!("training Gram of `{name}`"), &fit.train_check);
     }
     for (kernel, checks) in &r.row_grams {
         for c in checks {
-            row(&mut s, &format!("{} rows", kernel.to_uppercase()), c);
+            row(s, &format!("{} rows", kernel.to_uppercase()), c);
         }
     }
-    let _ = writeln!(s);
+    let _ = writeln!(*s);
 
-    let _ = writeln!(s, "## Results per setting\n");
-    let _ = writeln!(s, "NLL = mean −ln p(label); Brier = mean over points of the sum over classes of (p − onehot)²; ECE with {ECE_BINS} equal-width bins of the top-label confidence. OOD: AUROC of the test set (positives) against the OOD images by the max softmax probability, and by the posterior logit variance (summed over classes) where the method has one (OOD images positive).\n");
+}
+
+/// The metrics per setting and against the rotation angle.
+fn summary_results(s: &mut String, r: &UqStudyReport) {
+    let res = &r.results;
+    let ms = methods(r);
+    let _ = writeln!(*s, "## Results per setting\n");
+    let _ = writeln!(*s, "NLL = mean −ln p(label); Brier = mean over points of the sum over classes of (p − onehot)²; ECE with {ECE_BINS} equal-width bins of the top-label confidence. OOD: AUROC of the test set (positives) against the OOD images by the max softmax probability, and by the posterior logit variance (summed over classes) where the method has one (OOD images positive).\n");
     for st in &res.settings {
-        let _ = writeln!(s, "### `{}`: {}\n", st.name, setting_title(r, &st.name));
+        let _ = writeln!(*s, "### `{}`: {}\n", st.name, setting_title(r, &st.name));
         match st.kind {
             SettingKind::Clean | SettingKind::Shifted => {
-                let _ = writeln!(s, "| method | accuracy | NLL | Brier | ECE |");
-                let _ = writeln!(s, "|---|---|---|---|---|");
+                let _ = writeln!(*s, "| method | accuracy | NLL | Brier | ECE |");
+                let _ = writeln!(*s, "|---|---|---|---|---|");
                 for (m, n) in &ms {
                     let g = |x| res.metric(m, &st.name, x);
-                    let _ = writeln!(s, "| {n} | {} | {} | {} | {} |", fmt(g(Metric::Accuracy)), fmt(g(Metric::Nll)), fmt(g(Metric::Brier)), fmt(g(Metric::Ece)));
+                    let _ = writeln!(*s, "| {n} | {} | {} | {} | {} |", fmt(g(Metric::Accuracy)), fmt(g(Metric::Nll)), fmt(g(Metric::Brier)), fmt(g(Metric::Ece)));
                 }
             }
             SettingKind::Ood => {
-                let _ = writeln!(s, "| method | AUROC, max probability | AUROC, logit variance |");
-                let _ = writeln!(s, "|---|---|---|");
+                let _ = writeln!(*s, "| method | AUROC, max probability | AUROC, logit variance |");
+                let _ = writeln!(*s, "|---|---|---|");
                 for (m, n) in &ms {
                     let g = |x| res.metric(m, &st.name, x);
-                    let _ = writeln!(s, "| {n} | {} | {} |", fmt(g(Metric::AurocMsp)), fmt(g(Metric::AurocVariance)));
+                    let _ = writeln!(*s, "| {n} | {} | {} |", fmt(g(Metric::AurocMsp)), fmt(g(Metric::AurocVariance)));
                 }
             }
         }
-        let _ = writeln!(s);
+        let _ = writeln!(*s);
     }
 
     let labelled: Vec<&str> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| x.name.as_str()).collect();
     for (metric, title) in [(Metric::Nll, "NLL"), (Metric::Ece, "ECE"), (Metric::Accuracy, "Accuracy")] {
-        let _ = writeln!(s, "### {title} against the rotation angle (0 = the clean set)\n");
-        let _ = writeln!(s, "| method | {} |", labelled.iter().map(|n| angle(n).map_or("0".to_string(), |a| format!("{a}°"))).collect::<Vec<_>>().join(" | "));
-        let _ = writeln!(s, "|---|{}", "---|".repeat(labelled.len()));
+        let _ = writeln!(*s, "### {title} against the rotation angle (0 = the clean set)\n");
+        let _ = writeln!(*s, "| method | {} |", labelled.iter().map(|n| angle(n).map_or("0".to_string(), |a| format!("{a}°"))).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(*s, "|---|{}", "---|".repeat(labelled.len()));
         for (m, n) in &ms {
-            let _ = writeln!(s, "| {n} | {} |", labelled.iter().map(|x| fmt(res.metric(m, x, metric))).collect::<Vec<_>>().join(" | "));
+            let _ = writeln!(*s, "| {n} | {} |", labelled.iter().map(|x| fmt(res.metric(m, x, metric))).collect::<Vec<_>>().join(" | "));
         }
-        let _ = writeln!(s);
+        let _ = writeln!(*s);
     }
 
-    let _ = writeln!(s, "## Where the EPK-GP wins and where it loses\n");
-    let _ = writeln!(s, "{}", comparison(r));
+}
+
+/// The EPK-GP against each method, and the ablations.
+fn summary_comparison(s: &mut String, r: &UqStudyReport) {
+    let res = &r.results;
+    let labelled: Vec<&str> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| x.name.as_str()).collect();
+    let _ = writeln!(*s, "## Where the EPK-GP wins and where it loses\n");
+    let _ = writeln!(*s, "{}", comparison(r));
 
     let abl = ablations(r);
     if !r.failed.is_empty() {
-        let _ = writeln!(s, "## Ablations left out\n");
+        let _ = writeln!(*s, "## Ablations left out\n");
         for (m, e) in &r.failed {
-            let _ = writeln!(s, "- `{m}` ({}): {e}", display_name(m));
+            let _ = writeln!(*s, "- `{m}` ({}): {e}", display_name(m));
         }
-        let _ = writeln!(s);
+        let _ = writeln!(*s);
     }
     if !abl.is_empty() {
-        let _ = writeln!(s, "## Ablations of the kernel GPs (not part of the protocol)\n");
-        let _ = writeln!(s, "The same Grams, other choices: {}. Rows: the protocol's EPK-GP and NTK-GP and the MAP for reference.\n",
+        let _ = writeln!(*s, "## Ablations of the kernel GPs (not part of the protocol)\n");
+        let _ = writeln!(*s, "The same Grams, other choices: {}. Rows: the protocol's EPK-GP and NTK-GP and the MAP for reference.\n",
             abl.iter().map(|(m, n)| format!("`{m}` = {n}")).collect::<Vec<_>>().join("; "));
-        let mut rows: Vec<(String, String)> = ["map", "epk-gp", "ntk-gp"].iter().filter(|m| res.methods().contains(m)).map(|m| (m.to_string(), display_name(m))).collect();
+        let mut rows = present_of(r, &[Method::Map, Method::Gp(GpKernel::Epk), Method::Gp(GpKernel::Ntk)]);
         rows.extend(abl.iter().cloned());
         for (metric, title) in [(Metric::Nll, "NLL"), (Metric::Ece, "ECE"), (Metric::Accuracy, "Accuracy")] {
-            let _ = writeln!(s, "{title}:\n");
-            let _ = writeln!(s, "| method | {} |", labelled.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
-            let _ = writeln!(s, "|---|{}", "---|".repeat(labelled.len()));
+            let _ = writeln!(*s, "{title}:\n");
+            let _ = writeln!(*s, "| method | {} |", labelled.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
+            let _ = writeln!(*s, "|---|{}", "---|".repeat(labelled.len()));
             for (m, n) in &rows {
-                let _ = writeln!(s, "| {n} | {} |", labelled.iter().map(|x| fmt(res.metric(m, x, metric))).collect::<Vec<_>>().join(" | "));
+                let _ = writeln!(*s, "| {n} | {} |", labelled.iter().map(|x| fmt(res.metric(m, x, metric))).collect::<Vec<_>>().join(" | "));
             }
-            let _ = writeln!(s);
+            let _ = writeln!(*s);
         }
         let ood: Vec<&str> = res.settings.iter().filter(|x| x.kind == SettingKind::Ood).map(|x| x.name.as_str()).collect();
-        let _ = writeln!(s, "OOD AUROC (max probability / logit variance):\n");
-        let _ = writeln!(s, "| method | {} |", ood.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
-        let _ = writeln!(s, "|---|{}", "---|".repeat(ood.len()));
+        let _ = writeln!(*s, "OOD AUROC (max probability / logit variance):\n");
+        let _ = writeln!(*s, "| method | {} |", ood.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(*s, "|---|{}", "---|".repeat(ood.len()));
         for (m, n) in &rows {
-            let _ = writeln!(s, "| {n} | {} |", ood.iter().map(|x| format!("{} / {}", fmt(res.metric(m, x, Metric::AurocMsp)), fmt(res.metric(m, x, Metric::AurocVariance)))).collect::<Vec<_>>().join(" | "));
+            let _ = writeln!(*s, "| {n} | {} |", ood.iter().map(|x| format!("{} / {}", fmt(res.metric(m, x, Metric::AurocMsp)), fmt(res.metric(m, x, Metric::AurocVariance)))).collect::<Vec<_>>().join(" | "));
         }
-        let _ = writeln!(s);
+        let _ = writeln!(*s);
     }
 
-    let _ = writeln!(s, "## Charts\n");
-    let _ = writeln!(s, "- `charts/reliability_clean.png`, `charts/reliability_{}.png`: reliability diagrams, one panel per method.", reliability_shift(r).unwrap_or_default());
-    let _ = writeln!(s, "- `charts/nll_vs_angle.png`, `charts/ece_vs_angle.png`, `charts/accuracy_vs_angle.png`: one line per method; angle 0 is the clean set (all test images), the rotations take the first images.");
-    let _ = writeln!(s, "- `charts/ood_auroc.png`: OOD AUROCs (noise, inverted) by max probability and by logit variance.");
-    let _ = writeln!(s, "- `charts/disagreement.png`: the clean test images on which the EPK-GP's and the MAP's top-label confidences differ most.\n");
+}
+
+/// Charts, the author's notes, the files.
+fn summary_files(s: &mut String, r: &UqStudyReport) {
+    let _ = writeln!(*s, "## Charts\n");
+    let _ = writeln!(*s, "- `charts/reliability_clean.png`, `charts/reliability_{}.png`: reliability diagrams, one panel per method.", reliability_shift(r).unwrap_or_default());
+    let _ = writeln!(*s, "- `charts/nll_vs_angle.png`, `charts/ece_vs_angle.png`, `charts/accuracy_vs_angle.png`: one line per method; angle 0 is the clean set (all test images), the rotations take the first images.");
+    let _ = writeln!(*s, "- `charts/ood_auroc.png`: OOD AUROCs (noise, inverted) by max probability and by logit variance.");
+    let _ = writeln!(*s, "- `charts/disagreement.png`: the clean test images on which the EPK-GP's and the MAP's top-label confidences differ most.\n");
 
     if !r.notes.trim().is_empty() {
-        let _ = writeln!(s, "## Discussion (the study author's notes, from the study file)\n");
-        let _ = writeln!(s, "{}\n", r.notes.trim());
+        let _ = writeln!(*s, "## Discussion (the study author's notes, from the study file)\n");
+        let _ = writeln!(*s, "{}\n", r.notes.trim());
     }
 
-    let _ = writeln!(s, "## Files\n");
-    let _ = writeln!(s, "- `predictions.parquet` (every method, the ablations included): one row per (method, setting, point): `method`, `setting`, `point`, `label` (−1 for OOD), `p0`…`p9`, `ood_score` (NaN for methods without a variance).");
-    let _ = writeln!(s, "- `metrics.parquet`: one row per (method, setting, metric): `method`, `setting`, `metric`, `value`, `n`.");
-    let _ = writeln!(s, "- `uq.json` (temperature, Laplace fit, settings, benchmark configuration), `selection.json`, `gp_fits.json` (GP hyper-parameters and Gram checks), `timings.md`/`timings.json`, `study.toml`.");
+    let _ = writeln!(*s, "## Files\n");
+    let _ = writeln!(*s, "- `predictions.parquet` (every method, the ablations included): one row per (method, setting, point): `method`, `setting`, `point`, `label` (−1 for OOD), `p0`…`p9`, `ood_score` (NaN for methods without a variance).");
+    let _ = writeln!(*s, "- `metrics.parquet`: one row per (method, setting, metric): `method`, `setting`, `metric`, `value`, `n`.");
+    let _ = writeln!(*s, "- `uq.json` (temperature, Laplace fit, settings, benchmark configuration), `selection.json`, `gp_fits.json` (GP hyper-parameters and Gram checks), `timings.md`/`timings.json`, `study.toml`.");
     let _ = writeln!(
         s,
         "- Check: the study re-read `predictions.parquet` and re-scored it: {} metric values, largest difference from `metrics.parquet` {}. \
@@ -353,7 +378,6 @@ pub fn summary_markdown(r: &UqStudyReport) -> String {
         if r.rescored.1 == 0.0 { "0 (identical)".to_string() } else { format!("{:e}", r.rescored.1) },
         r.name
     );
-    s
 }
 
 /// The rotation setting shown in the second reliability chart: 45° if present, else the middle one.
@@ -370,7 +394,8 @@ fn comparison(r: &UqStudyReport) -> String {
     let res = &r.results;
     let mut s = String::new();
     let ms = methods(r);
-    if !ms.iter().any(|(m, _)| m == "epk-gp") {
+    let (epk, ntk, laplace) = (Method::Gp(GpKernel::Epk).to_string(), Method::Gp(GpKernel::Ntk).to_string(), Method::Laplace.to_string());
+    if !ms.iter().any(|(m, _)| *m == epk) {
         return "The EPK-GP was not run.\n".into();
     }
     let labelled: Vec<&str> = res.settings.iter().filter(|x| x.kind != SettingKind::Ood).map(|x| x.name.as_str()).collect();
@@ -382,21 +407,21 @@ fn comparison(r: &UqStudyReport) -> String {
         labelled.len(),
         labelled.len().saturating_sub(1)
     );
-    for (m, n) in ms.iter().filter(|(m, _)| m != "epk-gp") {
+    for (m, n) in ms.iter().filter(|(m, _)| *m != epk) {
         let mut line = format!("- **vs {n}**: ");
         let mut parts = Vec::new();
         for (x, xn) in [(Metric::Nll, "NLL"), (Metric::Ece, "ECE")] {
-            let wins: Vec<&str> = labelled.iter().filter(|st| get("epk-gp", st, x) < get(m, st, x)).copied().collect();
-            let losses: Vec<&str> = labelled.iter().filter(|st| get("epk-gp", st, x) > get(m, st, x)).copied().collect();
+            let wins: Vec<&str> = labelled.iter().filter(|st| get(&epk, st, x) < get(m, st, x)).copied().collect();
+            let losses: Vec<&str> = labelled.iter().filter(|st| get(&epk, st, x) > get(m, st, x)).copied().collect();
             let worst = labelled
                 .iter()
-                .map(|st| (st, get("epk-gp", st, x) - get(m, st, x)))
+                .map(|st| (st, get(&epk, st, x) - get(m, st, x)))
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .filter(|w| w.1 > 0.0)
                 .map_or(String::new(), |(st, d)| format!("; largest loss at `{st}` (+{d:.4})"));
             let best = labelled
                 .iter()
-                .map(|st| (st, get("epk-gp", st, x) - get(m, st, x)))
+                .map(|st| (st, get(&epk, st, x) - get(m, st, x)))
                 .min_by(|a, b| a.1.total_cmp(&b.1))
                 .filter(|w| w.1 < 0.0)
                 .map_or(String::new(), |(st, d)| format!("; largest gain at `{st}` ({d:.4})"));
@@ -411,7 +436,7 @@ fn comparison(r: &UqStudyReport) -> String {
         }
         let auroc: Vec<String> = ood
             .iter()
-            .map(|st| format!("`{st}` {:.3} vs {:.3}", get("epk-gp", st, Metric::AurocMsp), get(m, st, Metric::AurocMsp)))
+            .map(|st| format!("`{st}` {:.3} vs {:.3}", get(&epk, st, Metric::AurocMsp), get(m, st, Metric::AurocMsp)))
             .collect();
         parts.push(format!("AUROC by max probability {}", auroc.join(", ")));
         line += &parts.join("; ");
@@ -421,7 +446,7 @@ fn comparison(r: &UqStudyReport) -> String {
         .iter()
         .map(|st| {
             let v = |m: &str| res.metric(m, st, Metric::AurocVariance).map_or("—".into(), |x| format!("{x:.3}"));
-            format!("`{st}`: EPK-GP {}, NTK-GP {}, Laplace {}", v("epk-gp"), v("ntk-gp"), v("laplace"))
+            format!("`{st}`: EPK-GP {}, NTK-GP {}, Laplace {}", v(&epk), v(&ntk), v(&laplace))
         })
         .collect();
     let _ = writeln!(s, "- **AUROC by the posterior logit variance**: {}.", var.join("; "));
@@ -469,7 +494,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
     // (δ by the evidence with the full curvature; validation temperature, class-diagonal).
     let present = res.methods();
     let mut lines = methods(r);
-    lines.extend(ANGLE_FSL.iter().filter(|(m, _)| present.contains(m)).map(|(m, n)| (m.to_string(), n.to_string())));
+    lines.extend(ANGLE_FSL.iter().map(|(m, n)| (m.to_string(), n.to_string())).filter(|(m, _)| present.iter().any(|p| p == m)));
     let k = res.k;
     let find = |m: &str, st: &str| res.predictions.iter().find(|p| p.method == m && p.setting == st);
     // Reliability diagrams.
@@ -511,7 +536,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         }
         let series: Vec<Series> = families.into_iter().map(|(n, x, y)| Series::new(n, x, y)).collect();
         if !series.is_empty() {
-            Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series, false)?.save(&dir.join("frontier.png"))?;
+            Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series).draw()?.save(&dir.join("frontier.png"))?;
         }
     }
     // Metrics against the angle.
@@ -521,7 +546,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
             .iter()
             .map(|(m, n)| Series::new(n.clone(), labelled.iter().map(|a| a.0).collect(), labelled.iter().map(|a| res.metric(m, a.1, metric).unwrap_or(f64::NAN)).collect()))
             .collect();
-        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_title(metric)), "rotation angle (degrees)", label, &series, Scale::Linear, Scale::Linear)?.save(&dir.join(file))?;
+        Chart::line(&format!("{} under rotation (0° = clean test set)", metric_title(metric)), "rotation angle (degrees)", label, &series).draw()?.save(&dir.join(file))?;
     }
     // OOD AUROCs.
     let ood: Vec<&str> = res.settings.iter().filter(|x| x.kind == SettingKind::Ood).map(|x| x.name.as_str()).collect();
@@ -541,7 +566,7 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
         Chart::grouped_bars("OOD detection: AUROC against the clean test set", "AUROC", &groups, &series, (0.0, 1.0))?.save(&dir.join("ood_auroc.png"))?;
     }
     // Disagreement grid.
-    if let (Some(e), Some(mp), Some(clean)) = (find("epk-gp", "clean"), find("map", "clean"), settings.iter().find(|x| x.info.name == "clean")) {
+    if let (Some(e), Some(mp), Some(clean)) = (find(&Method::Gp(GpKernel::Epk).to_string(), "clean"), find(&Method::Map.to_string(), "clean"), settings.iter().find(|x| x.info.name == "clean")) {
         let (ce, cm) = (metrics::max_prob(&e.probs, k)?, metrics::max_prob(&mp.probs, k)?);
         let mut idx: Vec<usize> = (0..ce.len()).collect();
         idx.sort_by(|&a, &b| (ce[b] - cm[b]).abs().total_cmp(&(ce[a] - cm[a]).abs()).then(a.cmp(&b)));

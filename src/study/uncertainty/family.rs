@@ -1,0 +1,502 @@
+//! The kernel GPs of one kernel (a [`KernelFamily`]) in every setting, stage by stage: the fits
+//! (each GP's training Gram and hyper-parameters; the function-space Laplace fits on the
+//! protocol GP's training Gram), the row Grams of every setting in one computation, the
+//! validation calibrations, and each setting's posteriors and predictives, every stage cached
+//! under `{kernel}-gp/` by its key ([`crate::study::cache`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::spec::KernelFamily;
+use super::{labels, CACHE_VERSION};
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::gp::{Curvature, Posterior};
+use crate::io::{self, NamedArray, SafeFile};
+use crate::model::Params;
+use crate::study::cache::{self, f64_bytes, Clock, Key, Keyed};
+use crate::train::fnv1a;
+use crate::trajectory::Run;
+use crate::uncertainty::kernel_gp::{self, GramCheck, KernelGp, KernelGpFit};
+use crate::uncertainty::method::{FslVariant, Method};
+use crate::uncertainty::record::FslStudyFit;
+use crate::uncertainty::{BenchmarkConfig, ExternalMethod, Predictive, Setting};
+
+#[derive(Serialize, Deserialize)]
+struct GpSettingCache {
+    key: Key,
+    classes: usize,
+    check: GramCheck,
+    /// Ablations without a predictive here, with the reason.
+    failed: Vec<(String, String)>,
+    /// Per function-space Laplace curvature: the smallest posterior variance here and how many
+    /// were clamped (the fit's report lists every setting, cached or not).
+    #[serde(default)]
+    fsl_min_variance: Vec<(String, f64, usize)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GpFitCache {
+    key: Key,
+    fit: Option<KernelGpFit>,
+    error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FslCache {
+    key: Key,
+    fits: Vec<FslStudyFit>,
+}
+
+impl Keyed for GpSettingCache {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+impl Keyed for GpFitCache {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+impl Keyed for FslCache {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+/// One setting of a family from the cache: each method's predictive, the row Gram's check, the
+/// ablations without a predictive there (method, reason) and the function-space Laplace fits'
+/// smallest posterior variance there (curvature, variance, clamped).
+type SettingResult = (BTreeMap<Method, Predictive>, GramCheck, Vec<(String, String)>, Vec<(String, f64, usize)>);
+
+/// What a kernel family produced: its methods' predictives, the fits, the row Grams' checks,
+/// and the ablations that failed (method, error).
+pub(super) struct FamilyOutput {
+    pub methods: Vec<ExternalMethod>,
+    pub fits: Vec<(String, KernelGpFit)>,
+    pub checks: Vec<GramCheck>,
+    pub failed: Vec<(String, String)>,
+    pub fsl: Vec<FslStudyFit>,
+}
+
+/// The validation split's inputs and labels (the function-space Laplace calibration's data).
+fn data_validation(data: &Dataset) -> Result<(&[f64], &[usize])> {
+    let v = data.validation.as_ref().ok_or_else(|| Error::Config("the benchmark needs a validation split".into()))?;
+    Ok((&v.x, labels(&v.y)?))
+}
+
+/// A function-space Laplace fit of a family with its validation calibrations.
+struct FslFitted {
+    curvature: Curvature,
+    fsl: crate::gp::FunctionalLaplace,
+    /// δ by the validation grid (class-diagonal): the refitted approximation and the sweep.
+    grid: Option<(crate::gp::FunctionalLaplace, Vec<(f64, f64)>)>,
+    cal: Option<FslCalibrated>,
+    min_variance: Vec<(String, f64, usize)>,
+}
+
+struct FslCalibrated {
+    temperature: crate::gp::Calibration,
+    calibration: crate::gp::Calibration,
+}
+
+impl FslFitted {
+    fn report(&self, kernel: &str) -> FslStudyFit {
+        let cal = self.cal.as_ref().expect("calibrated before the report");
+        FslStudyFit {
+            kernel: kernel.into(),
+            fit: self.fsl.fit.clone(),
+            temperature: cal.temperature.clone(),
+            calibration: cal.calibration.clone(),
+            grid: self.grid.as_ref().map(|(g, sweep)| (g.delta(), sweep.clone())),
+            min_variance: self.min_variance.clone(),
+        }
+    }
+
+    /// This curvature's methods at one setting's rows, and (smallest variance, clamped count).
+    fn predict_setting(&self, fam: &KernelFamily, rows: &kernel_gp::RowGram, bench: &BenchmarkConfig) -> Result<(BTreeMap<Method, Predictive>, (f64, usize))> {
+        let r = crate::gp::FslRows { k_cross: &rows.k_cross, k_diag: &rows.k_test_diag, mean: &rows.network, p: rows.p };
+        let pred = self.fsl.predict(&r)?;
+        let cal = self.cal.as_ref().expect("calibrated before predicting");
+        let trace = |post: &crate::gp::LogitPosterior, scale: f64| -> Vec<f64> { (0..post.p).map(|q| scale * (0..post.k).map(|c| post.cov[(q * post.k + c) * post.k + c]).sum::<f64>()).collect() };
+        let mut out = BTreeMap::new();
+        for m in fam.fsl_methods() {
+            let Method::Fsl(_, c, v) = m else { unreachable!("fsl_methods gives function-space Laplace methods") };
+            if c != self.curvature {
+                continue;
+            }
+            let p = match v {
+                FslVariant::Probit => Predictive { probs: pred.post.probit(1.0, 1.0), ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::Mc => Predictive { probs: pred.post.mc_softmax(bench.mc_samples, bench.mc_seed)?, ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::Temperature => Predictive { probs: pred.post.probit(cal.temperature.temperature, 1.0), ood_score: Some(trace(&pred.post, 1.0)) },
+                FslVariant::TemperatureScale => Predictive {
+                    probs: pred.post.probit(cal.calibration.temperature, cal.calibration.scale),
+                    ood_score: Some(trace(&pred.post, cal.calibration.scale.max(f64::MIN_POSITIVE))),
+                },
+                FslVariant::Grid => {
+                    let (g, _) = self.grid.as_ref().expect("the class-diagonal fit has its grid");
+                    let gp = g.predict(&r)?;
+                    Predictive { probs: gp.post.probit(1.0, 1.0), ood_score: Some(trace(&gp.post, 1.0)) }
+                }
+            };
+            out.insert(m, p);
+        }
+        Ok((out, (pred.min_variance, pred.clamped)))
+    }
+}
+
+/// The timing stage of a function-space Laplace fit.
+fn fsl_fit_stage(kernel: &str, c: Curvature) -> String {
+    format!("fsl-{kernel}-{c}: fit (eigendecompositions, δ by the evidence)")
+}
+
+/// The timing stage of a function-space Laplace validation calibration.
+fn fsl_calibration_stage(kernel: &str, c: Curvature) -> String {
+    format!("fsl-{kernel}-{c}: validation calibration (T; T and s; δ grid)")
+}
+
+/// The validation calibrations of every function-space Laplace fit of a family: T alone, (T, s),
+/// and for the class-diagonal curvature δ by the validation grid.
+fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize], key: &Key) -> Result<()> {
+    let r = crate::gp::FslRows { k_cross: &vrows.k_cross, k_diag: &vrows.k_test_diag, mean: &vrows.network, p: vrows.p };
+    for f in fitted.iter_mut() {
+        let name = Method::Fsl(fam.kernel, f.curvature, FslVariant::Probit).to_string();
+        let (cal, grid, mins) = clock.run(&fsl_calibration_stage(&fam.label(), f.curvature), &name, key, || {
+            let pred = f.fsl.predict(&r)?;
+            let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
+            let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
+            let grid = if f.curvature == Curvature::ClassDiagonal {
+                let mut g = f.fsl.clone();
+                let sweep = g.grid_search(&r, vlabels, -4.0, 4.0, 100)?;
+                Some((g, sweep))
+            } else {
+                None
+            };
+            Ok((FslCalibrated { temperature, calibration }, grid, (pred.min_variance, pred.clamped)))
+        })?;
+        f.cal = Some(cal);
+        f.grid = grid;
+        f.min_variance.push(("val".into(), mins.0, mins.1));
+    }
+    Ok(())
+}
+
+/// The keys and stage names of a family's stages.
+struct Stages {
+    dir: PathBuf,
+    /// Each GP's fit: its run and specification.
+    fit_keys: Vec<Key>,
+    /// The whole family: the fits, the netmean ablations, the Monte Carlo, the curvatures.
+    fam_key: Key,
+    /// The row Grams of every setting (and the validation split's rows for the calibrations).
+    grams_key: Key,
+    grams_stage: String,
+    n: usize,
+}
+
+impl Stages {
+    fn new(fam: &KernelFamily, run: &Run, settings: &[Setting], bench: &BenchmarkConfig, val_x: &[f64], cache_dir: &Path) -> Stages {
+        let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &g.key()])).collect();
+        let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
+        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
+        let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
+        let mut s = Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, grams_key: Key::of(&[]), grams_stage: String::new(), n: run.dataset.n_train() };
+        let mut parts: Vec<String> = settings.iter().map(|x| s.setting_key(x).to_string()).collect();
+        if !fam.fsl.is_empty() {
+            parts.push(format!("val:{:016x}", fnv1a(&f64_bytes(val_x))));
+        }
+        s.grams_key = Key::of(&parts.iter().map(String::as_str).collect::<Vec<_>>());
+        s.grams_stage = format!("{} Gram at every setting ({} points, one computation)", fam.label().to_uppercase(), settings.iter().map(|s| s.info.n).sum::<usize>());
+        s
+    }
+    fn setting_key(&self, s: &Setting) -> Key {
+        Key::of(&[self.fam_key.as_str(), &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))])
+    }
+    fn setting_stage(fam: &KernelFamily, s: &Setting) -> String {
+        format!("{} posteriors and MC softmax at `{}` ({} points)", fam.label().to_uppercase(), s.info.name, s.info.n)
+    }
+    fn fit_stage(&self, m: &Method) -> String {
+        format!("{m}: training Gram ({} × {}) and GP fit", self.n, self.n)
+    }
+
+    /// A setting from the cache, when its files carry its key and the ledger its time.
+    fn cached_setting(&self, clock: &Clock, fam: &KernelFamily, s: &Setting) -> Option<SettingResult> {
+        let key = self.setting_key(s);
+        let c: GpSettingCache = cache::read_keyed(&self.dir.join(format!("{}.json", s.info.name)), &key)?;
+        let f = SafeFile::open(&self.dir.join(format!("{}.safetensors", s.info.name))).ok()?;
+        if f.metadata().get("key").map(String::as_str) != Some(key.as_str()) || !clock.has(&Self::setting_stage(fam, s), &key) {
+            return None;
+        }
+        let (n, k) = (s.info.n, c.classes);
+        let mut out = BTreeMap::new();
+        for m in fam.methods().into_iter().filter(|m| !c.failed.iter().any(|f| f.0 == m.to_string())) {
+            let probs = f.f64(&format!("{m}/probs"), Some(&[n, k])).ok()?.1;
+            let score = f.f64(&format!("{m}/ood_score"), Some(&[n])).ok()?.1;
+            out.insert(m, Predictive { probs, ood_score: Some(score) });
+        }
+        Some((out, c.check, c.failed, c.fsl_min_variance))
+    }
+}
+
+/// The fits of a family: reported fits, failed ablations, the fitted GPs (None where the fit
+/// failed; empty when reused) and the function-space Laplace fits (empty when reused).
+struct Fits {
+    fits: Vec<(String, KernelGpFit)>,
+    failed: Vec<(String, String)>,
+    gps: Vec<Option<KernelGp>>,
+    fsl: Vec<FslFitted>,
+}
+
+/// The family's fits from the cache (with their recorded times), when every one is there.
+fn reuse_fits(clock: &mut Clock, fam: &KernelFamily, st: &Stages) -> Option<Fits> {
+    let cached: Vec<GpFitCache> =
+        fam.gps.iter().zip(&st.fit_keys).map(|((m, _), key)| cache::read_keyed::<GpFitCache>(&st.dir.join(format!("{m}.fit.json")), key).filter(|_| clock.has(&st.fit_stage(m), key))).collect::<Option<_>>()?;
+    let mut out = Fits { fits: Vec::new(), failed: Vec::new(), gps: Vec::new(), fsl: Vec::new() };
+    for (((m, _), key), c) in fam.gps.iter().zip(&st.fit_keys).zip(cached) {
+        clock.reuse(&st.fit_stage(m), key);
+        match c {
+            GpFitCache { fit: Some(f), .. } => out.fits.push((m.to_string(), f)),
+            GpFitCache { error, .. } => out.failed.push((m.to_string(), error.unwrap_or_default())),
+        }
+    }
+    // The function-space Laplace stages, in the order they ran (their timings stay in the report).
+    for c in &fam.fsl {
+        let stage = fsl_fit_stage(&fam.label(), *c);
+        if clock.has(&stage, &st.fam_key) {
+            clock.reuse(&stage, &st.fam_key);
+        }
+    }
+    Some(out)
+}
+
+/// Fits every GP of the family (the first on training blocks shared with the function-space
+/// Laplace fits) and the function-space Laplace curvatures. The protocol GP's failure is an
+/// error; an ablation's is recorded.
+fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, states: &[Params], progress: bool) -> Result<Fits> {
+    let mut out = Fits { fits: Vec::new(), failed: Vec::new(), gps: Vec::new(), fsl: Vec::new() };
+    let mut shared_blocks: Option<kernel_gp::TrainBlocks> = None;
+    for (i, ((m, spec), key)) in fam.gps.iter().zip(&st.fit_keys).enumerate() {
+        let name = m.to_string();
+        let bar = crate::progress::Progress::new(progress, 1, &format!("{name} fit {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]"));
+        let show = |d: usize, t: usize| {
+            bar.set_length(t as u64);
+            bar.set_position(d as u64);
+        };
+        let g = clock.run(&st.fit_stage(m), &name, key, || {
+            let g = if i == 0 {
+                kernel_gp::TrainBlocks::compute(run, states, spec, &show).and_then(|b| {
+                    let g = KernelGp::fit_blocks(&b, spec);
+                    shared_blocks = Some(b);
+                    g
+                })
+            } else {
+                KernelGp::fit(run, states, spec, &show)
+            };
+            match g {
+                Err(e) if i > 0 => Ok(Err(e.to_string())),
+                other => other.map(Ok),
+            }
+        })?;
+        bar.finish_and_clear();
+        let path = st.dir.join(format!("{name}.fit.json"));
+        match g {
+            Ok(g) => {
+                cache::write_json(&path, &GpFitCache { key: key.clone(), fit: Some(g.fit.clone()), error: None })?;
+                out.fits.push((name, g.fit.clone()));
+                out.gps.push(Some(g));
+            }
+            Err(e) => {
+                clock.say(&format!("{name}: the ablation's fit failed: {e}"));
+                cache::write_json(&path, &GpFitCache { key: key.clone(), fit: None, error: Some(e.clone()) })?;
+                out.failed.push((name, e));
+                out.gps.push(None);
+            }
+        }
+    }
+    if !fam.fsl.is_empty() {
+        let blocks = shared_blocks.ok_or_else(|| Error::Data(format!("{}: the training Gram for the function-space Laplace fits was not computed", fam.label())))?;
+        let labels = labels(&run.dataset.y_train)?.to_vec();
+        for &c in &fam.fsl {
+            let name = Method::Fsl(fam.kernel, c, FslVariant::Probit).to_string();
+            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c), &name, &st.fam_key, || {
+                let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
+                crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)
+            })?;
+            out.fsl.push(FslFitted { curvature: c, fsl, grid: None, cal: None, min_variance: Vec::new() });
+        }
+    }
+    Ok(out)
+}
+
+/// The row Grams of the settings not cached (computed over every setting, so that a setting
+/// recomputed alone gets the rows of the same computation bit for bit) and the validation
+/// calibrations of the function-space Laplace fits; when every setting is cached, their stages
+/// are reused.
+#[allow(clippy::too_many_arguments)]
+fn row_grams(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits, todo: &[&Setting], settings: &[Setting], val: (&[f64], &[usize]), run: &Run, states: &[Params], progress: bool) -> Result<BTreeMap<String, kernel_gp::RowGram>> {
+    if todo.is_empty() {
+        if clock.has(&st.grams_stage, &st.grams_key) {
+            clock.reuse(&st.grams_stage, &st.grams_key);
+        }
+        for c in &fam.fsl {
+            let stage = fsl_calibration_stage(&fam.label(), *c);
+            if clock.has(&stage, &st.fam_key) {
+                clock.reuse(&stage, &st.fam_key);
+            }
+        }
+        return Ok(BTreeMap::new());
+    }
+    let total: usize = settings.iter().map(|s| s.info.n).sum();
+    let bar = crate::progress::Progress::new(progress, 1, &format!("{} {total} rows {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.label()));
+    let mut sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
+    if !fam.fsl.is_empty() {
+        // The validation split's rows, for the function-space Laplace calibration.
+        sets.push((val.0, "val"));
+    }
+    let method = fam.gps[0].0.to_string();
+    let mut gs = clock.run(&st.grams_stage, &method, &st.grams_key, || {
+        kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), &sets, &|d, t| {
+            bar.set_length(t as u64);
+            bar.set_position(d as u64);
+        })
+    })?;
+    bar.finish_and_clear();
+    if !fam.fsl.is_empty() {
+        let vrows = gs.pop().expect("the validation rows were computed last");
+        calibrate_fsl(clock, fam, &mut fits.fsl, &vrows, val.1, &st.fam_key)?;
+    }
+    Ok(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)).collect())
+}
+
+/// One setting's posteriors and predictives from its row Gram, written to the cache: the
+/// methods' predictives, the rows' check and the ablations without a predictive (method, reason).
+fn predict_setting(fam: &KernelFamily, st: &Stages, fits: &mut Fits, s: &Setting, rows: kernel_gp::RowGram, bench: &BenchmarkConfig) -> Result<(BTreeMap<Method, Predictive>, GramCheck, Vec<(String, String)>)> {
+    let key = st.setting_key(s);
+    let mut errs: Vec<(String, String)> = Vec::new();
+    let mut posts: BTreeMap<Method, Posterior> = BTreeMap::new();
+    for (i, ((m, _), g)) in fam.gps.iter().zip(&fits.gps).enumerate() {
+        let Some(g) = g else {
+            errs.push((m.to_string(), "the fit failed".into()));
+            continue;
+        };
+        match g.posterior(&rows) {
+            Ok(p) => {
+                posts.insert(*m, p);
+            }
+            Err(e) if i > 0 => errs.push((m.to_string(), e.to_string())),
+            Err(e) => return Err(e),
+        }
+    }
+    let mut preds = BTreeMap::new();
+    let mut arrays = Vec::new();
+    let k = posts[&fam.gps[0].0].k;
+    // Array names in the order the files always had: by method name.
+    let mut named: Vec<(String, &Posterior)> = posts.iter().map(|(m, p)| (m.to_string(), p)).collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, post) in &named {
+        arrays.push(NamedArray::f64(format!("{name}/mean"), vec![post.p, post.k], post.mean.clone()));
+        arrays.push(NamedArray::f64(format!("{name}/var"), vec![post.p, post.k], post.var.clone()));
+    }
+    for (m, post) in &posts {
+        preds.insert(*m, Predictive::from_gp(post, bench.mc_samples, bench.mc_seed)?);
+    }
+    for (m, from) in &fam.netmean {
+        match posts.get(from) {
+            Some(p) => {
+                let post = Posterior { mean: rows.network.clone(), ..p.clone() };
+                preds.insert(*m, Predictive::from_gp(&post, bench.mc_samples, bench.mc_seed)?);
+            }
+            None => errs.push((m.to_string(), format!("{from} failed"))),
+        }
+    }
+    for f in &mut fits.fsl {
+        let (fam_fsl, mins) = f.predict_setting(fam, &rows, bench)?;
+        f.min_variance.push((s.info.name.clone(), mins.0, mins.1));
+        preds.extend(fam_fsl);
+    }
+    let mut named: Vec<(String, &Predictive)> = preds.iter().map(|(m, p)| (m.to_string(), p)).collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    for (m, p) in &named {
+        arrays.push(NamedArray::f64(format!("{m}/probs"), vec![rows.p, k], p.probs.clone()));
+        arrays.push(NamedArray::f64(format!("{m}/ood_score"), vec![rows.p], p.ood_score.clone().unwrap_or_default()));
+    }
+    let meta = std::collections::HashMap::from([("key".to_string(), key.to_string())]);
+    io::write_safetensors(&st.dir.join(format!("{}.safetensors", s.info.name)), &arrays, Some(meta))?;
+    let fsl_min_variance = fits.fsl.iter().filter_map(|f| f.min_variance.last().map(|m| (f.curvature.to_string(), m.1, m.2))).collect();
+    cache::write_json(&st.dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key, classes: k, check: rows.check.clone(), failed: errs.clone(), fsl_min_variance })?;
+    Ok((preds, rows.check, errs))
+}
+
+/// The GPs of a kernel family in every setting: fitted (when some setting is not cached), and
+/// in each setting the kernel's row Gram, every GP's posterior and the Monte-Carlo predictives,
+/// each setting cached. The family's first GP is the protocol's method: its errors end the
+/// study; an ablation that fails (a symmetrised Gram that is not positive definite, a negative
+/// posterior variance) is left out and reported.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool, data: &Dataset, fam: &KernelFamily, run: &Run, states: &[Params], settings: &[Setting], bench: &BenchmarkConfig) -> Result<FamilyOutput> {
+    let val = if fam.fsl.is_empty() { (&[][..], &[][..]) } else { data_validation(data)? };
+    let st = Stages::new(fam, run, settings, bench, val.0, cache_dir);
+    io::create_dir_all(&st.dir)?;
+    let fsl_path = st.dir.join("fsl.fit.json");
+    let mut hits: Vec<Option<SettingResult>> = settings.iter().map(|s| st.cached_setting(clock, fam, s)).collect();
+    let cached_fsl: Option<Vec<FslStudyFit>> = if fam.fsl.is_empty() { Some(Vec::new()) } else { cache::read_keyed::<FslCache>(&fsl_path, &st.fam_key).map(|c| c.fits) };
+    let fits_cached = fam.gps.iter().zip(&st.fit_keys).all(|((m, _), key)| cache::read_keyed::<GpFitCache>(&st.dir.join(format!("{m}.fit.json")), key).is_some() && clock.has(&st.fit_stage(m), key));
+    let all_cached = hits.iter().all(Option::is_some) && fits_cached && cached_fsl.is_some();
+    let (mut fits, reused) = match all_cached.then(|| reuse_fits(clock, fam, &st)).flatten() {
+        Some(f) => (f, true),
+        None => (fit_family(clock, fam, &st, run, states, progress)?, false),
+    };
+    if !reused && !fam.fsl.is_empty() && hits.iter().all(Option::is_some) {
+        // Refitted function-space Laplace fits need their validation calibration, which comes
+        // with the row Grams: recompute every setting (deterministic, so the same results).
+        hits.iter_mut().for_each(|h| *h = None);
+    }
+    let todo: Vec<&Setting> = settings.iter().zip(&hits).filter(|(_, h)| h.is_none()).map(|(s, _)| s).collect();
+    let mut grams = row_grams(clock, fam, &st, &mut fits, &todo, settings, val, run, states, progress)?;
+    let mut fsl_fits = if todo.is_empty() { cached_fsl.unwrap_or_default() } else { fits.fsl.iter().map(|f| f.report(&fam.label())).collect() };
+    let mut out: Vec<ExternalMethod> = fam.methods().iter().map(|m| ExternalMethod { name: m.to_string(), settings: BTreeMap::new() }).collect();
+    let mut checks = Vec::new();
+    let mut failed = fits.failed.clone();
+    for (s, hit) in settings.iter().zip(hits) {
+        let (stage, key) = (Stages::setting_stage(fam, s), st.setting_key(s));
+        // A cached setting comes from the same (deterministic) fits: reused even when the fits
+        // were recomputed for another setting.
+        let (preds, check, errs) = match hit {
+            Some((preds, check, errs, mins)) => {
+                clock.reuse(&stage, &key);
+                for f in &mut fits.fsl {
+                    if let Some((_, v, n)) = mins.iter().find(|m| m.0 == f.curvature.to_string()) {
+                        f.min_variance.push((s.info.name.clone(), *v, *n));
+                    }
+                }
+                (preds, check, errs)
+            }
+            None => {
+                let rows = grams.remove(&s.info.name).expect("computed above for every setting not cached");
+                clock.run(&stage, &fam.gps[0].0.to_string(), &key, || predict_setting(fam, &st, &mut fits, s, rows, bench))?
+            }
+        };
+        for (m, e) in errs {
+            if !failed.iter().any(|f| f.0 == m) {
+                clock.say(&format!("{m} at `{}`: left out: {e}", s.info.name));
+                failed.push((m, format!("at `{}`: {e}", s.info.name)));
+            }
+        }
+        for e in out.iter_mut() {
+            if let Some(p) = preds.iter().find(|(m, _)| m.to_string() == e.name).map(|(_, p)| p) {
+                e.settings.insert(s.info.name.clone(), p.clone());
+            }
+        }
+        checks.push(check);
+    }
+    if !fits.fsl.is_empty() {
+        fsl_fits = fits.fsl.iter().map(|f| f.report(&fam.label())).collect();
+        cache::write_json(&fsl_path, &FslCache { key: st.fam_key.clone(), fits: fsl_fits.clone() })?;
+    }
+    // A method that failed anywhere is left out everywhere (the metrics need every setting).
+    out.retain(|e| !failed.iter().any(|f| f.0 == e.name));
+    Ok(FamilyOutput { methods: out, fits: fits.fits, checks, failed, fsl: fsl_fits })
+}

@@ -1,0 +1,204 @@
+//! The `[uncertainty]` section of a study file, typed: kernels, ablations and curvatures are
+//! enums from the parse on ([`GpKernel`], [`Ablation`], [`crate::gp::Curvature`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::super::config::text;
+use crate::error::{Error, Result};
+use crate::gp::Curvature;
+use crate::kernel::{KernelKind, Rule};
+use crate::train::{self, RunConfig};
+use crate::uncertainty::ensemble::ENSEMBLE_SEEDS;
+use crate::uncertainty::kernel_gp::{KernelGpSpec, TrainGram};
+use crate::uncertainty::method::{Ablation, FslVariant, GpKernel, Method};
+use crate::uncertainty::BenchmarkConfig;
+
+fn default_lrs() -> Vec<f64> {
+    vec![0.1, 0.2, 0.5]
+}
+fn default_steps() -> Vec<usize> {
+    vec![200, 500]
+}
+fn default_seeds() -> Vec<u64> {
+    ENSEMBLE_SEEDS.to_vec()
+}
+fn default_quadrature() -> Rule {
+    Rule::Auto(1e-12)
+}
+fn default_kernel_gps() -> Vec<GpKernel> {
+    vec![GpKernel::Epk, GpKernel::Ntk]
+}
+fn default_grid() -> usize {
+    24
+}
+
+/// The `[uncertainty]` section of a study file.
+///
+/// ```toml
+/// [uncertainty]
+/// lrs = [0.1, 0.2, 0.5]          # learning rates tried
+/// steps = [200, 500]             # step counts tried
+/// ensemble_seeds = [0, 1, 2, 3, 4]
+/// quadrature = "auto:1e-12"      # the EPK rows' quadrature
+/// kernel_gps = ["epk", "ntk"]    # epk | ntk | path | window:L
+/// [uncertainty.benchmark]        # settings and Monte-Carlo (BenchmarkConfig; defaults: the protocol)
+/// angles = [15, 30, 45, 60, 90, 180]
+/// ```
+///
+/// `[train]` gives the optimizer and the seed; its `lr` and `steps` must be one of the grid's
+/// points and are replaced by the selection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UqStudySpec {
+    /// Learning rates tried (default 0.1, 0.2, 0.5).
+    #[serde(default = "default_lrs")]
+    pub lrs: Vec<f64>,
+    /// Step counts tried (default 200, 500).
+    #[serde(default = "default_steps")]
+    pub steps: Vec<usize>,
+    /// Seeds of the deep ensemble's members (default 0–4).
+    #[serde(default = "default_seeds")]
+    pub ensemble_seeds: Vec<u64>,
+    /// Quadrature of the EPK's test-side rows (default `auto:1e-12`).
+    #[serde(default = "default_quadrature", with = "text::rule")]
+    pub quadrature: Rule,
+    /// Kernel GPs: any of `epk`, `ntk`, `path`, `window:L` (default epk and ntk).
+    #[serde(default = "default_kernel_gps", with = "text::list")]
+    pub kernel_gps: Vec<GpKernel>,
+    /// Ablations of the kernel GPs on the same Grams (default none): `netmean` adds
+    /// `{kernel}-gp-netmean` (the network's outputs as the mean, the GP's variance; free),
+    /// `sym` adds `epk-gp-sym` (the EPK-GP on the symmetrised training Gram with the training
+    /// points on the test side; one more integrated EPK on the training points).
+    #[serde(default, with = "text::list")]
+    pub ablations: Vec<Ablation>,
+    /// The study author's notes (markdown), reproduced in the summary as they are.
+    #[serde(default)]
+    pub notes: String,
+    /// Test images in the chart of the largest EPK-GP/MAP confidence differences (default 24).
+    #[serde(default = "default_grid")]
+    pub disagreement_images: usize,
+    /// Function-space Laplace on each kernel of `kernel_gps` (default none): the curvatures
+    /// `diag` and/or `full` ([`crate::gp::functional`]). Each adds, on the same Grams (on the
+    /// logits), the variants of [`FslVariant`].
+    #[serde(default)]
+    pub fsl: Vec<Curvature>,
+    /// Settings and Monte-Carlo parameters (defaults: the protocol).
+    #[serde(default)]
+    pub benchmark: BenchmarkConfig,
+}
+
+impl Default for UqStudySpec {
+    fn default() -> Self {
+        UqStudySpec {
+            lrs: default_lrs(),
+            steps: default_steps(),
+            ensemble_seeds: default_seeds(),
+            quadrature: default_quadrature(),
+            kernel_gps: default_kernel_gps(),
+            ablations: Vec::new(),
+            notes: String::new(),
+            disagreement_images: default_grid(),
+            fsl: Vec::new(),
+            benchmark: BenchmarkConfig::default(),
+        }
+    }
+}
+
+fn has_duplicates<T: Ord + Clone>(v: &[T]) -> bool {
+    let mut s = v.to_vec();
+    s.sort();
+    s.windows(2).any(|w| w[0] == w[1])
+}
+
+impl UqStudySpec {
+    /// Checks the section against the study's training configuration.
+    pub fn validate(&self, rc: &RunConfig) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("[uncertainty] {m}")));
+        if self.lrs.is_empty() || self.lrs.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
+            return bad(format!("lrs must be a non-empty list of positive rates, got {:?}", self.lrs));
+        }
+        if self.steps.is_empty() || self.steps.contains(&0) {
+            return bad(format!("steps must be a non-empty list of positive step counts, got {:?}", self.steps));
+        }
+        if self.ensemble_seeds.is_empty() {
+            return bad("ensemble_seeds is empty".into());
+        }
+        if has_duplicates(&self.ensemble_seeds) {
+            return bad(format!("ensemble_seeds has duplicates: {:?}", self.ensemble_seeds));
+        }
+        if has_duplicates(&self.kernel_gps) {
+            return bad(format!("kernel_gps has duplicates: {:?}", self.kernel_gps.iter().map(ToString::to_string).collect::<Vec<_>>()));
+        }
+        if self.benchmark.mc_samples < 2 {
+            return bad("benchmark.mc_samples must be >= 2".into());
+        }
+        if !self.lrs.contains(&rc.train.lr) || !self.steps.contains(&rc.train.steps) {
+            return bad(format!(
+                "[train] lr = {} and steps = {} must be points of the selection grid (lrs {:?}, steps {:?}); the selection replaces them",
+                rc.train.lr, rc.train.steps, self.lrs, self.steps
+            ));
+        }
+        if rc.train.optimizer != train::OptimizerKind::Gd || rc.train.batch_size.is_some() {
+            return bad("the benchmark trains by full-batch gradient descent ([train] optimizer = \"gd\")".into());
+        }
+        Ok(())
+    }
+
+    /// The kernel GPs to run, one family per kernel.
+    pub(super) fn kernel_families(&self) -> Vec<KernelFamily> {
+        let netmean = self.ablations.contains(&Ablation::NetMean);
+        let sym = self.ablations.contains(&Ablation::Sym);
+        let rule = self.quadrature;
+        self.kernel_gps
+            .iter()
+            .map(|&kernel| {
+                let mut gps = vec![(
+                    Method::Gp(kernel),
+                    match kernel {
+                        GpKernel::Epk => KernelGpSpec::epk(rule),
+                        GpKernel::Ntk => KernelGpSpec::ntk(),
+                        GpKernel::Path | GpKernel::Window(_) => KernelGpSpec::path(rule, kernel.window()),
+                    },
+                )];
+                if sym && kernel == GpKernel::Epk {
+                    gps.push((Method::GpSym, KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
+                }
+                let netmean = if netmean { vec![(Method::GpNetMean(kernel), Method::Gp(kernel))] } else { Vec::new() };
+                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone() }
+            })
+            .collect()
+    }
+}
+
+/// The GPs on one kernel: they share its row Grams.
+pub(super) struct KernelFamily {
+    /// The kernel (its label names the methods and the cache folder).
+    pub kernel: GpKernel,
+    /// The quadrature of integrated rows.
+    pub rule: Rule,
+    /// Fitted GPs: method and specification; the first is the protocol's method.
+    pub gps: Vec<(Method, KernelGpSpec)>,
+    /// Methods with the network's outputs as the mean and a fitted GP's variance: (method, GP).
+    pub netmean: Vec<(Method, Method)>,
+    /// Function-space Laplace curvatures on this kernel.
+    pub fsl: Vec<Curvature>,
+}
+
+impl KernelFamily {
+    /// The label in stages and the cache folder (`epk`, `ntk`, `path`, `windowL`).
+    pub fn label(&self) -> String {
+        self.kernel.label()
+    }
+    /// The kernel computed.
+    pub fn kind(&self) -> KernelKind {
+        self.kernel.kind()
+    }
+    /// The function-space Laplace methods of the family, curvature by curvature.
+    pub fn fsl_methods(&self) -> Vec<Method> {
+        self.fsl.iter().flat_map(|&c| FslVariant::ALL.into_iter().filter(move |v| v.applies_to(c)).map(move |v| Method::Fsl(self.kernel, c, v))).collect()
+    }
+    /// Every method of the family: the GPs, the netmean ablations, function-space Laplace.
+    pub fn methods(&self) -> Vec<Method> {
+        self.gps.iter().map(|g| g.0).chain(self.netmean.iter().map(|m| m.0)).chain(self.fsl_methods()).collect()
+    }
+}
