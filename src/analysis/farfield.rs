@@ -259,7 +259,7 @@ pub fn profile(distance: &[f64], value: &[f64], bins: usize) -> Result<Profile> 
 /// Spearman rank correlation: the Pearson correlation of the ranks `1..=n`, tied values sharing
 /// their average rank (statrs's `ranks` with [`RankTieBreaker::Average`]). NaN when either input
 /// is constant, has fewer than 2 entries or holds a non-finite value, or when the lengths differ.
-fn spearman(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn spearman(a: &[f64], b: &[f64]) -> f64 {
     if a.len() < 2 || a.len() != b.len() || a.iter().chain(b).any(|v| !v.is_finite()) {
         return f64::NAN;
     }

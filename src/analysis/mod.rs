@@ -18,6 +18,7 @@ mod stationarity;
 
 pub use attribution::{attribute, contributions, contributions_per_step, Attribution};
 pub use farfield::{nearest_distance, profile, ray_points, Profile, ProfileRow};
+pub(crate) use farfield::spearman;
 pub use stationarity::{stationarity, Stationarity, StationarityOptions};
 
 use statrs::statistics::Statistics;

@@ -305,6 +305,10 @@ impl SvmModel {
     pub fn iterations(&self) -> Vec<usize> {
         self.model.classes.iter().map(|c| c.iterations).collect()
     }
+    /// `y_i α_i` of every training point per class (zero off the support). # Shapes `[K][M]`.
+    pub fn dual_coefficients(&self) -> Vec<Vec<f64>> {
+        self.model.classes.iter().map(|c| c.dual_coef.clone()).collect()
+    }
 
     fn cross(&self, rows: &Gram) -> Result<(Vec<f64>, usize)> {
         if rows.kind() != self.kind || rows.run_id() != self.run_id {

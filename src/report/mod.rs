@@ -22,8 +22,8 @@ mod svm;
 
 pub use attribution::{attribution_report, AttributionSummary};
 pub use gp::{calibration, gp_report, Calibration, GpReport, GpSummary, GpTargets};
-pub use stationarity::{stationarity_report, StationarityReport, StationaritySummary};
-pub use svm::{svm_report, SvmReport, SvmSummary};
+pub use stationarity::{kernel_stationarity, settings_far_field_report, stationarity_report, SettingFarField, SettingsFarField, StationarityReport, StationaritySummary};
+pub use svm::{svm_report, svm_sweep_report, SvmReport, SvmSummary, SvmSweep, SvmSweepRow, SvmVsPath};
 
 use crate::api::{Gram, Rows, Trained};
 use crate::data::Targets;

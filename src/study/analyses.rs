@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::cache::{f64_bytes, reusable, stamp, unstamp, Key};
 use super::{cached_kernel, KernelSpec, StudyConfig, StudyKernel};
 use crate::analysis::Profile;
 use crate::api::{Gram, Trained};
@@ -34,13 +35,16 @@ struct Ctx<'a> {
     out: &'a Path,
     charts: std::path::PathBuf,
     cache: &'a Path,
+    /// Where relative data paths are resolved (the validation split is read again from `[data]`).
+    base_dir: &'a Path,
+    progress: bool,
 }
 
 /// The `[analysis]` section and the charts; returns markdown lines for the summary, analysis
 /// by analysis in a fixed order.
-pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels: &[StudyKernel], cache: &Path, out: &Path, progress: bool) -> Result<Vec<String>> {
+pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels: &[StudyKernel], cache: &Path, out: &Path, base_dir: &Path, progress: bool) -> Result<Vec<String>> {
     let a = &cfg.analysis;
-    let cx = Ctx { cfg, net, kernels, out, charts: out.join("charts"), cache };
+    let cx = Ctx { cfg, net, kernels, out, charts: out.join("charts"), cache, base_dir, progress };
     let mut notes = Vec::new();
     if a.charts {
         io::create_dir_all(&cx.charts)?;
@@ -48,25 +52,36 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         notes.extend(kernel_charts(&cx)?);
     }
     let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
-    let train_kernel = if needs_train {
+    // The study's own train × train EPK when it lists one (the same Gram: both sides at t = 0),
+    // else one computed (and cached) here.
+    let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
+    let computed = if needs_train && listed.is_none() {
         let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None
     };
-    if let Some(tk) = &train_kernel {
+    let train_kernel = if needs_train { listed.or(computed.as_ref()) } else { None };
+    if let Some(tk) = train_kernel {
         // GP and SVM use the exact kernel (EPK) rows; other kinds are compared through their
         // kernel machines above.
         for k in kernels.iter().filter(|k| k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk) {
             if a.gp {
                 notes.extend(gp(&cx, tk, k)?);
             }
-            if a.svm {
+            if a.svm && a.svm_c.is_empty() {
                 notes.extend(svm(&cx, tk, k)?);
             }
         }
+        if a.svm && !a.svm_c.is_empty() {
+            notes.extend(svm_sweep(&cx, tk)?);
+        }
         if a.stationarity {
             notes.extend(stationarity(&cx, tk)?);
+            notes.extend(ntk_stationarity(&cx, tk)?);
+            if a.far_field_points > 0 {
+                notes.extend(settings_far_field(&cx, tk)?);
+            }
         }
         if a.similarity > 0 {
             notes.extend(similarity(&cx, tk)?);
@@ -437,3 +452,153 @@ fn interpolation(run: &Run, states: &[crate::model::Params], n: usize) -> Result
     Ok(out)
 }
 
+/// The SVM's C chosen on the validation split ([`report::svm_sweep_report`]): validation rows
+/// of the EPK (class-diagonal), the study's EPK test rows, and the path's logit-space weights
+/// `Σ_s a_{i,s}` from the kernel engine.
+fn svm_sweep(cx: &Ctx<'_>, tk: &Gram) -> Result<Vec<String>> {
+    let (cfg, net, kernels, out, base_dir, progress) = (cx.cfg, cx.net, cx.kernels, cx.out, cx.base_dir, cx.progress);
+    let grid = &cfg.analysis.svm_c;
+    let run = net.run();
+    // A recorded run keeps its training and test sets; the validation split is read again from
+    // the study's data section (and checked to belong to the same training set).
+    let data = cfg.data.load(base_dir)?;
+    if data.x_train != run.dataset.x_train {
+        return Err(Error::Data("analysis.svm_c: the study's data section no longer gives the run's training set".into()));
+    }
+    let Some(val) = &data.validation else {
+        return Err(Error::Config("analysis.svm_c chooses C on the validation split: the run has none (set data.val_per_class or val_fraction)".into()));
+    };
+    let crate::data::Targets::Labels(val_labels) = &val.y else {
+        return Err(Error::Config("analysis.svm_c needs a classification run".into()));
+    };
+    let Some(test) = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Test && k.spec.side == Side::Test).map(|k| &k.gram) else {
+        return Err(Error::Config("analysis.svm_c needs an epk kernel on the test points".into()));
+    };
+    let t0 = std::time::Instant::now();
+    let bar = crate::progress::Progress::new(progress, 1, "EPK at the validation images {bar:40} {pos}/{len} steps [{elapsed} < {eta}]");
+    let show = |a: usize, b: usize| {
+        bar.set_length(b as u64);
+        bar.set_position(a as u64);
+    };
+    let vrows = net.epk().inputs(&val.x).layout(crate::kernel::Layout::Diag).progress(&show).compute()?;
+    bar.finish_and_clear();
+    // The path's weights on the logits: a_{i,s} of a one-row DPK on the logits ([N, M, K]).
+    let (m, _, k) = tk.shape();
+    let d = run.dataset.dim;
+    let one = net.dpk().inputs(&run.dataset.x_train[..d]).logits().layout(crate::kernel::Layout::Trace).compute()?;
+    let a = &one.output().a;
+    let mut path_a = vec![0.0; m * k];
+    for chunk in a.chunks(m * k) {
+        for (t, v) in path_a.iter_mut().zip(chunk) {
+            *t += v;
+        }
+    }
+    let rows_seconds = t0.elapsed().as_secs_f64();
+    let dir = out.join("analysis").join("svm-sweep");
+    io::create_dir_all(&dir)?;
+    let sw = report::svm_sweep_report(net, tk, &vrows, val_labels, test, &path_a, grid, &dir)?;
+    let chosen = sw.rows.iter().find(|r| r.c == sw.chosen_c).expect("chosen C is in the grid");
+    let mut notes = vec![format!(
+        "- SVM refit of a_i, C chosen on the {} validation images from {:?} (`analysis/svm-sweep/`): C = {} — validation {:.1} %, test {:.1} % (the network {:.1} %), agreement with the network {:.1} %, {} support vectors of {} × {} (fits and predictions {:.1} s; the validation rows and the path's weights {:.0} s).",
+        val_labels.len(),
+        grid,
+        sw.chosen_c,
+        100.0 * chosen.validation_accuracy,
+        100.0 * chosen.test_accuracy,
+        100.0 * sw.network_test_accuracy,
+        100.0 * chosen.agreement_with_network,
+        chosen.support_total,
+        m,
+        k,
+        sw.rows.iter().map(|r| r.seconds).sum::<f64>(),
+        rows_seconds
+    )];
+    notes.push(format!(
+        "  Sweep (C: validation / test accuracy, support vectors): {}.",
+        sw.rows.iter().map(|r| format!("{}: {:.1} / {:.1} %, {}", r.c, 100.0 * r.validation_accuracy, 100.0 * r.test_accuracy, r.support_total)).collect::<Vec<_>>().join("; ")
+    ));
+    let v = &sw.vs_path;
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    notes.push(format!(
+        "  Against the path's weights A_i^c = Σ_s a_i,s^c on the logits (all {} points weighted; the SVM keeps {:?} per class, {:?} at the bound C): Spearman correlation of y_i α_i with A_i^c per class {:?} (mean {:.2}), Pearson mean {:.2}; share of the support vectors among the points the path weighted most (|A| top-|support|) {:?} (mean {:.2}).",
+        v.m,
+        v.support,
+        v.at_bound,
+        v.spearman.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        mean(&v.spearman),
+        mean(&v.pearson),
+        v.top_overlap.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        mean(&v.top_overlap)
+    ));
+    Ok(notes)
+}
+
+/// The stationarity score of the NTK at `w_N` on the same training points, next to the EPK's.
+fn ntk_stationarity(cx: &Ctx<'_>, tk: &Gram) -> Result<Vec<String>> {
+    let (net, dir) = (cx.net, cx.out.join("analysis").join("stationarity"));
+    let epk_score = report::kernel_stationarity(net, tk, 0)?.0;
+    let ntk = net.ntk().train_side().layout(tk.layout()).compute()?;
+    let (score, class_scores) = report::kernel_stationarity(net, &ntk, 0)?;
+    io::write_json(&dir.join("stationarity_ntk.json"), &serde_json::json!({ "score": score, "class_scores": class_scores, "epk_score": epk_score }))?;
+    Ok(vec![format!(
+        "  The NTK at w_N on the same points (`stationarity_ntk.json`): {score:.3} (per class {:?}), against the EPK's {epk_score:.3}.",
+        class_scores.iter().map(|v| (v * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+    )])
+}
+
+/// The far field on the uncertainty benchmark's images ([`report::settings_far_field_report`])
+/// and its chart.
+fn settings_far_field(cx: &Ctx<'_>, tk: &Gram) -> Result<Vec<String>> {
+    let (net, points, charts_on, progress) = (cx.net, cx.cfg.analysis.far_field_points, cx.cfg.analysis.charts, cx.progress);
+    let (dir, charts) = (cx.out.join("analysis").join("stationarity"), &cx.charts);
+    let bar = crate::progress::Progress::new(progress, 1, "EPK at the benchmark's images {bar:40} {pos}/{len} steps [{elapsed} < {eta}]");
+    let show = |a: usize, b: usize| {
+        bar.set_length(b as u64);
+        bar.set_position(a as u64);
+    };
+    let t0 = std::time::Instant::now();
+    // Each setting's rows are cached (the run, the kind, the rule and the images' bytes).
+    let rule = Rule::Auto(1e-8);
+    let rows_of = |name: &str, x: &[f64]| -> Result<Gram> {
+        let kdir = cx.cache.join("analysis").join("far-settings").join(name);
+        let key = Key::of(&[&net.run().manifest.run_id, &tk.kind().to_string(), &rule.to_string(), &crate::kernel::output::VERSION.to_string(), &Key::of_bytes(&f64_bytes(x)).to_string()]);
+        if reusable(&kdir, &key) {
+            return Gram::open(&kdir, net);
+        }
+        io::create_dir_all(&kdir)?;
+        unstamp(&kdir)?;
+        let g = net.kernel(tk.kind()).inputs(x).rule(rule).layout(crate::kernel::Layout::Diag).progress(&show).compute()?;
+        g.save(&kdir)?;
+        stamp(&kdir, &key)?;
+        Ok(g)
+    };
+    let r = report::settings_far_field_report(net, tk, &GpParams::new().fit_hyper(true), points, 0, &dir, &rows_of)?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let mut notes = vec![format!(
+        "- Far field on real images (`analysis/stationarity/far_settings.*`: {points} images of each benchmark setting, EPK rows auto:1e-8, {secs:.0} s). Median distance to the nearest training image / kernel self-value / GP logit std / MC probability std: {}. Spearman correlation with the distance over all {} points: kernel self-value {:+.2}, GP logit std {:+.2}, MC probability std {:+.2}.",
+        r.settings.iter().map(|s| format!("{} {:.2} / {:.3e} / {:.3} / {:.4}", s.setting, s.median_distance, s.median_kernel, s.median_gp_std, s.median_prob_std)).collect::<Vec<_>>().join("; "),
+        r.settings.iter().map(|s| s.points).sum::<usize>(),
+        r.pooled_spearman[0],
+        r.pooled_spearman[1],
+        r.pooled_spearman[2]
+    )];
+    if charts_on {
+        let names = ["kernel self-value K(x, x) (mean over classes)", "GP posterior logit std (mean over classes)", "MC std of the softmax probabilities (mean over classes)"];
+        let files = ["far_settings_kernel.png", "far_settings_gp_std.png", "far_settings_prob_std.png"];
+        for (j, (name, file)) in names.iter().zip(files).enumerate() {
+            let series: Vec<Series> = r
+                .settings
+                .iter()
+                .zip(&r.profiles)
+                .map(|(s, pr)| {
+                    let rows: Vec<_> = pr[j].rows.iter().filter(|row| row.count > 0).collect();
+                    Series::new(s.setting.clone(), rows.iter().map(|row| 0.5 * (row.lo + row.hi)).collect(), rows.iter().map(|row| row.mean).collect())
+                })
+                .collect();
+            plot::line_chart(&charts.join(file), &format!("Far from the data on real images: {name}"), "distance to the nearest training image", name, &series, Scale::Linear, if j == 0 { Scale::Log } else { Scale::Linear })?;
+        }
+        notes.push("- `charts/far_settings_kernel.png`, `charts/far_settings_gp_std.png`, `charts/far_settings_prob_std.png`: per setting, the mean of each quantity in distance bins (the far field on real images).".into());
+    }
+    Ok(notes)
+}

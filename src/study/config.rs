@@ -91,9 +91,18 @@ pub struct AnalysisSpec {
     /// One-vs-rest SVM refit of a_i, evaluated at every non-training kernel's points.
     #[serde(default)]
     pub svm: bool,
-    /// Stationarity score and far field of the train×train EPK.
+    /// The SVM's C, chosen from these values by the accuracy on the validation split (the
+    /// run's `val_per_class` images); empty: C = 1 and no sweep.
+    #[serde(default)]
+    pub svm_c: Vec<f64>,
+    /// Stationarity score of the train×train EPK (and of the NTK at w_N and an RBF on the
+    /// same points), and its far field along rays.
     #[serde(default)]
     pub stationarity: bool,
+    /// The far field on real images: this many images of each setting of the uncertainty
+    /// benchmark (clean, rotated, noise, inverted; 28×28 runs only); 0 = off.
+    #[serde(default)]
+    pub far_field_points: usize,
     /// Test points to attribute (indices into the first `epk` kernel on test points).
     #[serde(default)]
     pub attribution_points: Vec<usize>,
@@ -111,7 +120,7 @@ pub struct AnalysisSpec {
 
 impl Default for AnalysisSpec {
     fn default() -> Self {
-        AnalysisSpec { gp: false, svm: false, stationarity: false, attribution_points: Vec::new(), interpolation: 0, similarity: 0, charts: true }
+        AnalysisSpec { gp: false, svm: false, svm_c: Vec::new(), stationarity: false, far_field_points: 0, attribution_points: Vec::new(), interpolation: 0, similarity: 0, charts: true }
     }
 }
 

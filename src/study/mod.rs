@@ -219,7 +219,7 @@ fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Resu
         io::write_json(&dst.join("exactness.json"), &exv)?;
         kernels.push(StudyKernel { spec: spec.clone(), label, reused, gram, exactness });
     }
-    notes.extend(analyses::analyses(cfg, &net, &log, &kernels, &ctx.cache, staged.path(), ctx.progress)?);
+    notes.extend(analyses::analyses(cfg, &net, &log, &kernels, &ctx.cache, staged.path(), &ctx.base_dir, ctx.progress)?);
     if let Some(sw) = &cfg.sweep {
         notes.extend(sweep::sweep(cfg, sw, &mut clock, &ctx.cache, staged.path(), opts)?);
     }
