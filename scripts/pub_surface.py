@@ -17,7 +17,8 @@ doctests in `src/` (`///`/`//!` lines inside ``` blocks), the rust code blocks o
 
 The rule (name matching by identifier, deliberately conservative):
 1. every `pub` item in `src/api/` stays `pub` (the notebook front door), and so does every item
-   `src/api/mod.rs` re-exports;
+   `src/api/mod.rs` re-exports, with the inherent methods of the types among them; `evcxr_display`
+   methods stay `pub` (evcxr calls them by name);
 2. an item whose NAME occurs as an identifier anywhere in the outside text stays `pub`. A method
    called `new`, `len` or `compute` therefore stays `pub` whenever any outside code writes that
    word, whatever type it was called on: when unsure, keep;
@@ -55,7 +56,18 @@ FROZEN = {
 
 # (file, name): items the compiler or rustdoc needed `pub` although the name rule above made them
 # candidates; each with the reason. Filled in after compiling the applied result.
-KEEP_ANYWAY = {}
+KEEP_ANYWAY = {
+    # Used by the unit tests only, kept `pub` as the documented method or loader of a public type
+    # (the brief allows `pub` or `#[cfg(test)] pub(crate)`; these are public API a notebook may
+    # call, and the module docs link to them).
+    ("gp/regression.rs", "predict_cov"): "tests only; the GP's posterior covariance, linked from the module docs",
+    ("gp/functional.rs", "log_evidence"): "tests only; the evidence at any δ of a public type",
+    ("data/idx.rs", "load_mnist"): "tests only; the public MNIST loader (the `idx` data kind's)",
+    ("data/idx.rs", "load_mnist_per_class"): "tests only; the public per-class MNIST loader",
+}
+
+# Method names called by a tool outside the code: evcxr calls `evcxr_display` on a cell's value.
+CALLED_BY_NAME = {"evcxr_display"}
 
 ITEM = re.compile(
     r"^([ \t]*)pub[ \t]+((?:(?:const|async|unsafe|default|extern(?:[ \t]+\"?[A-Za-z]*\"?)?)[ \t]+)*)"
@@ -235,6 +247,7 @@ def api_reexports():
 
 
 def classify(crate):
+    """The items, each with `keep` set to the reason it stays pub or None."""
     items = collect(crate)
     outside = outside_sources()
     words = set()
@@ -258,10 +271,25 @@ def classify(crate):
             it.keep = "in src/api/"
         elif (it.rel, it.name) in KEEP_ANYWAY:
             it.keep = KEEP_ANYWAY[(it.rel, it.name)]
+        elif it.name in CALLED_BY_NAME:
+            it.keep = "called by name by evcxr"
         elif it.impl_of is None and it.name in api_names:
             it.keep = "re-exported by api/mod.rs"
         elif it.impl_of is None and it.name in words:
             it.keep = "named outside"
+
+    # `pub use` re-exports: a frozen file's re-export keeps its targets pub (E0364 otherwise).
+    for u in reexports(crate, items):
+        if frozen(u.rel) or u.rel == "api/mod.rs":
+            for name, target in u.targets:
+                if target is not None and not target.keep:
+                    target.keep = "re-exported by a frozen file" if frozen(u.rel) else "re-exported by api/mod.rs"
+
+    # Rule 1 for methods: the inherent methods of a type api/mod.rs re-exports are the methods of a
+    # value a notebook holds.
+    for it in items:
+        if not it.keep and it.impl_of in api_names:
+            it.keep = f"method of {it.impl_of}, re-exported by api/mod.rs"
 
     def type_kept(name):
         return any(t.keep for t in types.get(name, []))
@@ -274,7 +302,7 @@ def classify(crate):
             if it.kind == "mod" or it.keep:
                 continue
             if it.impl_of is not None and it.impl_of != "<trait>":
-                if type_kept(it.impl_of) and it.name in words:
+                if type_kept(it.impl_of) and (it.name in words or it.name in CALLED_BY_NAME):
                     it.keep = f"named outside (method of kept {it.impl_of})"
                     changed = True
         kept_sig_names = set()
@@ -310,27 +338,98 @@ def classify(crate):
     return items
 
 
-def apply(items):
+class Reexport:
+    """One `pub use PREFIX::{a, b as c, ..};` (or `pub use PREFIX::a;`) line of src/."""
+
+    def __init__(self, rel, start, end, prefix, entries):
+        self.rel, self.start, self.end = rel, start, end
+        self.prefix = prefix      # the path before the braces, `::` included (or "")
+        self.entries = entries    # [(entry text, name)]
+        self.targets = []         # [(name, Item or None)]
+
+
+def module_files(crate, rel, segs):
+    """The src-relative files that can define items of the module named by `segs` from `rel`."""
+    mp = list(crate.files[rel].module)
+    if segs and segs[0] == "crate":
+        mp, segs = [], segs[1:]
+    elif segs and segs[0] == "super":
+        while segs and segs[0] == "super":
+            mp, segs = mp[:-1], segs[1:]
+    elif segs and segs[0] == "self":
+        segs = segs[1:]
+    full = tuple(mp + list(segs))
+    return [r for r, sf in crate.files.items() if sf.module[:len(full)] == full]
+
+
+def reexports(crate, items):
+    out = []
+    for rel, sf in sorted(crate.files.items()):
+        for m in re.finditer(r"^[ \t]*pub[ \t]+use[ \t]+([^;{]*?)(\{[^;]*\}|" + IDENT + r"(?:[ \t]+as[ \t]+" + IDENT + r")?|\*)[ \t]*;", sf.code, re.M):
+            prefix, tail = m.group(1), m.group(2)
+            if tail == "*":
+                continue
+            entries = [e.strip() for e in tail.strip("{}").split(",") if e.strip()] if tail.startswith("{") else [tail]
+            u = Reexport(rel, m.start() + len(m.group(0)) - len(m.group(0).lstrip()), m.end(), prefix,
+                         [(e, e.split()[0]) for e in entries])
+            segs = [x for x in prefix.split("::") if x.strip()]
+            files = module_files(crate, rel, [x.strip() for x in segs])
+            for _, name in u.entries:
+                if name == "self":
+                    u.targets.append((name, None))
+                    continue
+                cands = [it for it in items if it.name == name and it.impl_of is None and it.rel in files]
+                u.targets.append((name, cands[0] if cands else None))
+            out.append(u)
+    return out
+
+
+def rewrite_reexports(crate, items):
+    """Split each non-frozen `pub use` whose targets are partly internal; returns the edits
+    [(rel, start, end, new text)]."""
+    edits = []
+    for u in reexports(crate, items):
+        if frozen(u.rel) or u.rel == "api/mod.rs":
+            continue
+        internal = [e for (e, _), (_, t) in zip(u.entries, u.targets) if t is not None and not t.keep]
+        public = [e for e, _ in u.entries if e not in internal]
+        if not internal:
+            continue
+        indent = ""
+        def stmt(vis, es):
+            body = es[0] if len(es) == 1 else "{" + ", ".join(es) + "}"
+            return f"{vis} use {u.prefix}{body};"
+        new = [stmt("pub", public)] if public else []
+        new.append(stmt("pub(crate)", internal))
+        edits.append((u.rel, u.start, u.end, "\n".join(new)))
+    return edits
+
+
+def apply(items, edits):
+    """Rewrites `pub ` to `pub(crate) ` on the candidates and applies the `pub use` edits."""
     by_file = {}
     for it in items:
         if not it.keep:
-            by_file.setdefault(it.rel, []).append(it)
-    for rel, its in sorted(by_file.items()):
+            by_file.setdefault(it.rel, []).append((it.start, it.start + 4, "pub(crate) "))
+    for rel, a, b, new in edits:
+        by_file.setdefault(rel, []).append((a, b, new))
+    for rel, es in sorted(by_file.items()):
         p = SRC / rel
         text = p.read_text(encoding="utf-8")
-        for it in sorted(its, key=lambda x: -x.start):
-            assert text[it.start:it.start + 4] == "pub ", (rel, it.line, text[it.start:it.start + 20])
-            text = text[:it.start] + "pub(crate) " + text[it.start + 4:]
+        for a, b, new in sorted(es, key=lambda e: -e[0]):
+            assert text[a:a + 4] == "pub ", (rel, a, text[a:a + 30])
+            text = text[:a] + new + text[b:]
         p.write_text(text, encoding="utf-8")
-    return sum(len(v) for v in by_file.values())
 
 
 def main(argv):
     crate = code_map.Crate(SRC)
     items = classify(crate)
     if "--apply" in argv:
-        n = apply(items)
-        print(f"rewrote {n} items to pub(crate)")
+        edits = rewrite_reexports(crate, items)
+        apply(items, edits)
+        print(f"rewrote {sum(1 for x in items if not x.keep)} items to pub(crate), "
+              f"{len(edits)} `pub use` lines (split or made pub(crate))")
         return 0
     keep = [x for x in items if x.keep]
     cand = [x for x in items if not x.keep]

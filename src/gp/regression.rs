@@ -31,13 +31,13 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Largest accepted relative asymmetry `max|a_ij − a_ji| / max|a_ij|` of a kernel block.
-pub const SYMMETRY_TOL: f64 = 1e-10;
+pub(crate) const SYMMETRY_TOL: f64 = 1e-10;
 /// First non-zero jitter of the escalation, relative to the mean diagonal of `s·K`.
-pub const JITTER_FLOOR_REL: f64 = 1e-12;
+pub(crate) const JITTER_FLOOR_REL: f64 = 1e-12;
 /// Hyper-parameter search range of `log10(σ² / (s·d̄))`, `d̄` the mean diagonal of `K`.
-pub const HYPER_NOISE_RATIO_LOG10: (f64, f64) = (-10.0, 2.0);
+pub(crate) const HYPER_NOISE_RATIO_LOG10: (f64, f64) = (-10.0, 2.0);
 /// Hyper-parameter search range of the prior variance `s·d̄` (`d̄` the mean diagonal of `K`).
-pub const HYPER_PRIOR_VARIANCE: (f64, f64) = (1e-12, 1e12);
+pub(crate) const HYPER_PRIOR_VARIANCE: (f64, f64) = (1e-12, 1e12);
 
 const LN_2PI: f64 = 1.837_877_066_409_345_5;
 
@@ -253,12 +253,12 @@ impl FittedGp {
         self.m
     }
     /// Number of classes `K`.
-    pub fn n_classes(&self) -> usize {
+    pub(crate) fn n_classes(&self) -> usize {
         self.k
     }
     /// Jitter added on top of the noise, per class (0 when the first attempt succeeded with
     /// `jitter = 0`). # Shapes `[K]`.
-    pub fn jitter_used(&self) -> Vec<f64> {
+    pub(crate) fn jitter_used(&self) -> Vec<f64> {
         self.classes.iter().map(|c| c.jitter).collect()
     }
     /// Noise variance `σ²` per class (fitted when `fit_hyper`). # Shapes `[K]`.

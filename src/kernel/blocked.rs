@@ -60,7 +60,7 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &Request, budget: u64)
 /// training side with `m`. Runs that are not plain gradient steps add the recursion's working
 /// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
 /// preconditioners).
-pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
+pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
     let layout = req.layout;
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
@@ -137,7 +137,7 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Re
 }
 
 /// Computes one block of row points with a progress callback (see [`in_blocks`]).
-pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
+pub(crate) type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
 
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
 /// `compute_block(points, progress)` computes one block (the one entry with one request, or
@@ -147,7 +147,7 @@ pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<Kerne
 ///
 /// # Panics
 /// If `block_rows == 0`.
-pub fn in_blocks(
+pub(crate) fn in_blocks(
     rows: &Points,
     block_rows: usize,
     progress: &dyn Fn(usize, usize),

@@ -44,9 +44,11 @@ use plotters::prelude::*;
 use crate::error::{Error, Result};
 
 pub use matrix::matrix;
-pub use panels::{heatmaps, point_value_panels};
+pub use panels::heatmaps;
+pub(crate) use panels::point_value_panels;
 pub use uq::{BarSeries, ImageTile, ReliabilityPanel};
-pub use xy::{line_chart, scatter_chart, LineChart, ScatterChart};
+pub use xy::{LineChart, ScatterChart};
+pub(crate) use xy::{line_chart, scatter_chart};
 
 use axis::Axis1;
 use text::Txt;

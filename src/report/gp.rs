@@ -93,7 +93,7 @@ pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Result<Calibrat
 
 /// ECE bins of the `[analysis] gp` report (the uncertainty benchmark uses
 /// [`crate::uncertainty::metrics::ECE_BINS`]).
-pub const GP_ECE_BINS: usize = 10;
+pub(crate) const GP_ECE_BINS: usize = 10;
 
 /// GP logit regression with `train`'s class blocks as covariance ([`GpModel`]), predicted at the
 /// rows of `rows` (cross blocks and self-kernels), and a Monte-Carlo softmax posterior. Writes

@@ -58,7 +58,7 @@ mod sweep;
 pub mod uncertainty;
 
 pub use config::{AnalysisSpec, KernelSpec, SelectionSpec, StudyConfig, SweepSpec};
-pub use selection::Candidate;
+pub(crate) use selection::Candidate;
 pub use uncertainty::UqStudySpec;
 
 use crate::api::{Gram, Trained};
@@ -116,7 +116,7 @@ fn recorded(e: &Exactness) -> Exactness {
 
 /// What every kind of study reads: the study file and where to read and write.
 #[derive(Clone, Debug)]
-pub struct StudyContext {
+pub(crate) struct StudyContext {
     /// Study name.
     pub name: String,
     /// Its description.

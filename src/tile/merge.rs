@@ -10,14 +10,14 @@ use super::format::{read_header, read_tile, tile_path, Tile, TileProblem};
 use super::plan::{Plan, TileEntry};
 
 /// Where `tile merge` writes: `OUT/merged/`.
-pub fn merged_dir(out: &Path) -> PathBuf {
+pub(crate) fn merged_dir(out: &Path) -> PathBuf {
     out.join("merged")
 }
 
 /// Checks that every tile of the plan is present and that its header belongs to this plan, run,
 /// index and ranges (cheap: headers only); the first problem is the error, missing tiles are
 /// listed together.
-pub fn check_all_present(out: &Path, plan: &Plan) -> Result<()> {
+pub(crate) fn check_all_present(out: &Path, plan: &Plan) -> Result<()> {
     let mut missing = Vec::new();
     for t in &plan.tiles {
         let path = tile_path(out, t.index);

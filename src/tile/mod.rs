@@ -170,9 +170,12 @@ mod plan;
 mod slurm;
 
 pub use compare::{compare_dirs, ArrayDiff};
-pub use exec::{run_tile, tile_states, RunOutcome, TileState};
-pub use crc::{crc32, Crc32};
-pub use format::{read_header, read_tile, tile_path, write_tile, Tile, TileHeader, TileProblem, TILE_FORMAT, TILE_VERSION};
-pub use merge::{check_all_present, merge, merge_output, merged_dir, TiledGram};
-pub use plan::{make_plan, steps_separable, Pilot, Plan, PlanInput, PlanRequest, TileEntry, Tiling, PLAN_FORMAT, PLAN_VERSION};
-pub use slurm::{submit, write_scripts, SlurmOptions, SlurmScripts, Submitted};
+pub use exec::{run_tile, RunOutcome};
+pub(crate) use exec::{tile_states, TileState};
+pub use crc::crc32;
+pub use format::{read_tile, tile_path, Tile, TileProblem};
+pub use merge::{merge, merge_output, TiledGram};
+pub(crate) use merge::merged_dir;
+pub use plan::{make_plan, Pilot, Plan, PlanInput, PlanRequest, TileEntry, Tiling};
+pub use slurm::{submit, SlurmScripts, Submitted};
+pub(crate) use slurm::{write_scripts, SlurmOptions};
