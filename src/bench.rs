@@ -16,7 +16,7 @@ use crate::trajectory::Run;
 ///
 /// Wraps [`System`]; the binary registers it with `#[global_allocator]`. Counting costs two
 /// relaxed atomic operations per allocation. In a program that does not register it,
-/// [`CountingAlloc::current`] and [`CountingAlloc::peak`] stay 0.
+/// `CountingAlloc::current` and [`CountingAlloc::peak`] stay 0.
 pub struct CountingAlloc;
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
@@ -27,7 +27,7 @@ impl CountingAlloc {
     pub(crate) fn current() -> usize {
         CURRENT.load(Ordering::Relaxed)
     }
-    /// Highest live heap bytes since the last [`CountingAlloc::reset_peak`].
+    /// Highest live heap bytes since the last `CountingAlloc::reset_peak`.
     pub fn peak() -> usize {
         PEAK.load(Ordering::Relaxed)
     }

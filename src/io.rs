@@ -1,6 +1,6 @@
 //! Files: atomic writes, safetensors arrays, parquet tables.
 //!
-//! Every output goes through [`write_atomic`]: the bytes are written to a temporary file in the
+//! Every output goes through `write_atomic`: the bytes are written to a temporary file in the
 //! destination directory, synced, then renamed over the target, so a reader never sees a
 //! half-written file and an interrupted write leaves the previous version intact.
 
@@ -300,7 +300,7 @@ impl Table {
         write_atomic(path, &buf)
     }
 
-    /// Reads a parquet file written by [`Table::write_parquet`] (f64, i64 and string columns).
+    /// Reads a parquet file written by `Table::write_parquet` (f64, i64 and string columns).
     pub fn read_parquet(path: &Path) -> Result<Table> {
         use polars::prelude::{DataType, ParquetReader, SerReader};
         let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;

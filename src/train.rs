@@ -172,7 +172,7 @@ impl TrainConfig {
 ///
 /// `[model] init = "weights.safetensors"` (the [`RunConfig::init`] field) starts from a PyTorch
 /// `state_dict` instead of the seeded initialisation: names, shapes and dtypes are checked
-/// against the architecture ([`crate::model::torch::read_state_dict`]), the path is resolved
+/// against the architecture (`crate::model::torch::read_state_dict`), the path is resolved
 /// against [`TrainOptions::base_dir`], and the manifest records the file and its SHA-256
 /// ([`trajectory::InitRecord`]); `zero_last` is then recorded as `false`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

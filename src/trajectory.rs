@@ -231,7 +231,7 @@ pub(crate) fn write_batches(dir: &Path, batches: &[Vec<usize>], run_id: &str) ->
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// Always [`FORMAT`].
+    /// Always `FORMAT`.
     pub format: String,
     /// Format version.
     pub version: u32,

@@ -1,5 +1,5 @@
 //! Datasets: the EPK paper's Gaussian mixture and two small toys from the reference notebooks
-//! ([`mixtures`]), MNIST and other IDX image sets ([`idx`]), CSV/parquet tables ([`table`]) and
+//! (`mixtures`), MNIST and other IDX image sets ([`idx`]), CSV/parquet tables ([`table`]) and
 //! named arrays in safetensors/npz/npy files ([`arrays`]); [`prep`] holds the preprocessing the
 //! file-backed kinds share.
 //!

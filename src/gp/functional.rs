@@ -25,7 +25,7 @@
 //! the targets `r = f − f(w_0)`, the class-diagonal curvature)
 //! `log Z(δ) = log p(y|f) − (δ/2) Σ_c r_cᵀ K_c⁻¹ r_c − ½ Σ_c log det(I + S_c K_c S_c/δ)`,
 //! whose derivative in `log δ` is strictly decreasing (one maximum, found by bisection), or by a
-//! validation grid ([`FunctionalLaplace::grid_search`], laplace-torch's `gridsearch`).
+//! validation grid (`FunctionalLaplace::grid_search`, laplace-torch's `gridsearch`).
 //! `K_c⁻¹ r_c` is the pseudo-inverse on the eigenvalues above `1e-12 ·` the largest (the count
 //! left out is reported).
 //!

@@ -5,7 +5,7 @@
 //! rows. [`plan`] picks the largest block whose working memory, together with the complete
 //! output, fits the budget ([`super::Request::block_rows`] then runs the one entry per block);
 //! it refuses (with an estimate) only when the output alone, plus one row's work, cannot fit.
-//! [`in_blocks`] concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
+//! `in_blocks` concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
 //! numbers) are part of the fixed cost of every block.
 
 use crate::error::{Error, Result};

@@ -26,7 +26,7 @@
 //!
 //! Along t the network is piecewise smooth: `Z(t)` is linear, so the function only kinks where a
 //! pool window's upper envelope of `{Z_j(t)}` (with the line 0 for ReLU: `max_j relu(Z_j) =
-//! relu(max_j Z_j)`) changes its line ([`CnnStep::kinks`]); [`CnnStep::jvp`] gives `f` and
+//! relu(max_j Z_j)`) changes its line (`CnnStep::kinks`); `CnnStep::jvp` gives `f` and
 //! `df/dt` exactly, so the adaptive `auto` rule applies to CNNs too.
 
 use rayon::prelude::*;

@@ -12,7 +12,7 @@
 //!   `J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]` (only `P·K·out·(in+1)` numbers), then
 //!   `T = J̄ · A_trainᵀ` (one GEMM) and `K[p, i, k, k'] += Σ_o T[(p,k,o), i] δ_i[k', o]`.
 //!
-//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in a [`GramSink`] of the
+//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in a `GramSink` of the
 //! requested [`Layout`] (`full`, `diag` or `trace`), only the entries of that layout being
 //! computed, block by block of row points, and permuted once at the end, so the accumulator holds
 //! one Gram-sized array.

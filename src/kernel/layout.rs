@@ -9,9 +9,9 @@
 //! - `trace`: `Σ_c K^{cc}`, `[P, M]` (attribution summaries, stationarity).
 //!
 //! Every step model produces row-side and training-side features in one of three forms and
-//! hands them to [`add_dense`], [`add_dense_scaled`] or [`add_formed`], which compute only the
+//! hands them to `add_dense`, `add_dense_scaled` or `add_formed`, which compute only the
 //! entries of the layout: `diag` costs about `1/K` of `full` for a dense block and `trace` one
-//! GEMM with a K-times longer inner dimension. [`GramSink`] holds the accumulation rows
+//! GEMM with a K-times longer inner dimension. `GramSink` holds the accumulation rows
 //! (`[(p, k), (i, k')]`, `[(p, c), i]` or `[p, i]`) and is the one place they are permuted into
 //! the output layout.
 

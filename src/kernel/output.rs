@@ -281,7 +281,7 @@ pub struct GramFile {
     pub version: u32,
 }
 
-/// Reads a kernel output directory written by [`write`] (this version or an older one down to
+/// Reads a kernel output directory written by `write` (this version or an older one down to
 /// version 2) and checks it belongs to `run`.
 ///
 /// Errors: a directory of another run, a version this build cannot read (one line saying

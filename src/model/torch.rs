@@ -11,7 +11,7 @@
 //! orders the pooled maps `[Co, Hp, Wp]` as our dense layer reads them.
 //!
 //! # Export: logits
-//! [`export_bytes`] writes the network at one state so that the module's output is our
+//! `export_bytes` writes the network at one state so that the module's output is our
 //! *logits* `α (g_w(x) − [zero_output] g_{w_0}(x))` (the input of the log-softmax, or the
 //! regression output):
 //! - α is folded into the last layer (weight and bias multiplied by α), which a plain
@@ -27,7 +27,7 @@
 //! and step.
 //!
 //! # Import: a `state_dict` as our parameters
-//! [`read_state_dict`] reads a PyTorch `state_dict` saved with `safetensors.torch.save_file`
+//! `read_state_dict` reads a PyTorch `state_dict` saved with `safetensors.torch.save_file`
 //! and checks every name, shape and dtype (f64) against an architecture, listing all the
 //! mismatches in one message. It is the `[model] init = "…"` of a run configuration and the
 //! reader of every step of an imported trajectory (`crate::import`).

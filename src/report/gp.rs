@@ -76,13 +76,13 @@ pub struct Calibration {
     pub brier: f64,
     /// Mean negative log-likelihood `−ln p_y` (unclamped: `+∞` for a true class given 0).
     pub nll: f64,
-    /// Expected calibration error of the top-class probability over [`GP_ECE_BINS`] equal-width
+    /// Expected calibration error of the top-class probability over `GP_ECE_BINS` equal-width
     /// bins (conventions of [`crate::uncertainty::metrics`]).
     pub ece: f64,
 }
 
 /// Calibration of probabilities `probs` against `labels`, by the benchmark's metrics
-/// ([`crate::uncertainty::metrics`]) with [`GP_ECE_BINS`] ECE bins.
+/// ([`crate::uncertainty::metrics`]) with `GP_ECE_BINS` ECE bins.
 ///
 /// Errors: those of the metrics (probabilities that are not a distribution, a label out of
 /// range). # Shapes `probs: [P, K]`, `labels: [P]`.

@@ -1,18 +1,18 @@
 //! The study cache: one key per stage, one reuse predicate, one timing ledger.
 //!
 //! Every stage a study computes (a training run, a Gram, a fit, a setting's predictives) is
-//! stored under the study's cache directory (`runs/NAME/` by default) together with the [`Key`]
+//! stored under the study's cache directory (`runs/NAME/` by default) together with the `Key`
 //! of everything that determines it:
 //! - a training run: the whole [`RunConfig`] (through its run id, the hash of its JSON) and the
-//!   trainer revision ([`run_key`]);
+//!   trainer revision (`run_key`);
 //! - a Gram: the run id, every kernel setting and the kernel output version;
 //! - a fit or a predictive: its inputs' keys and its own settings.
 //!
-//! [`reusable`] is the one predicate that decides whether a stored stage may be reused: the
+//! `reusable` is the one predicate that decides whether a stored stage may be reused: the
 //! stamp stored with it equals the key of the inputs now. A stage stored as a directory keeps its
-//! stamp in `inputs.key` ([`stamp`], written after the stage is complete, so a stage interrupted
+//! stamp in `inputs.key` (`stamp`, written after the stage is complete, so a stage interrupted
 //! half way is never reused); a stage stored as one JSON file keeps it in its `key` field
-//! ([`read_keyed`], the same comparison). The [`Clock`] records each stage's seconds under
+//! (`read_keyed`, the same comparison). The `Clock` records each stage's seconds under
 //! `stage#key` in `timings.json`, so that a rerun reports the time each reused stage took when
 //! it was computed.
 

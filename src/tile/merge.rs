@@ -125,7 +125,7 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
 /// computation's (to rounding of the step-range sums; bit-identical on reruns of a plan).
 ///
 /// Column blocks are assembled by [`kernel::columns::assemble`], row blocks by
-/// [`kernel::blocked::in_blocks`] (the same concatenation and record combination as a blocked
+/// `kernel::blocked::in_blocks` (the same concatenation and record combination as a blocked
 /// one-process run), `a` is the union of the tiles' (disjoint steps and columns), and with
 /// several step ranges or column blocks the single machine of Theorem 3.7 is recomputed from the
 /// merged full Gram when `a` is constant over the steps ([`kernel::columns::single_machine`]).

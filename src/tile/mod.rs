@@ -30,7 +30,7 @@
 //!   `a` and the loss gradients of the steps (`[N, M, K]` each, the part of a tile's memory that
 //!   row blocks cannot shrink). The columns' tiles of plain gradient steps also store each
 //!   step's predicted and actual change (`[S_t, P_t, K]` each) for the exactness check.
-//! - Step ranges need a run whose steps are separable ([`steps_separable`]): plain GD/SGD,
+//! - Step ranges need a run whose steps are separable (`steps_separable`): plain GD/SGD,
 //!   with or without weight decay (`KernelForm::Gradient`, `GradientWithDecay`), and a path
 //!   kernel (not the NTK, one kernel at one state). Momentum and Adam carry state from step to
 //!   step (`K_r` sums the future steps' features): `--tiles N` then gives row blocks only, and

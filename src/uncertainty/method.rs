@@ -1,6 +1,6 @@
 //! The benchmark's methods by name: the kernels of the kernel GPs ([`GpKernel`]), their ablations
-//! ([`Ablation`]), the function-space Laplace predictives ([`FslVariant`]) and every method
-//! ([`Method`]), whose `Display` is the name in the tables, the parquet files and the charts
+//! ([`Ablation`]), the function-space Laplace predictives (`FslVariant`) and every method
+//! (`Method`), whose `Display` is the name in the tables, the parquet files and the charts
 //! (`map`, `epk-gp`, `window50-gp-netmean`, `fsl-epk-diag-Ts`, …) and whose `FromStr` reads it
 //! back.
 

@@ -3,7 +3,7 @@
 //!
 //! Every function takes a probability matrix `[N, K]` (row-major), whatever produced it (the
 //! network's softmax, a temperature-scaled softmax, a Monte-Carlo average, an ensemble, a GP).
-//! Inputs are checked first ([`check_probs`]): a NaN, an entry outside `[0, 1]` or a row that does
+//! Inputs are checked first (`check_probs`): a NaN, an entry outside `[0, 1]` or a row that does
 //! not sum to 1 is an [`Error::Data`], never a number. Conventions:
 //! - **arg-max** ties go to the lowest class index;
 //! - **NLL** is `−ln p_y` unclamped: a true class given probability exactly 0 makes it `+∞`;
@@ -234,7 +234,7 @@ pub fn reliability(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Re
 }
 
 /// Expected calibration error with `bins` equal-width bins of the top-label confidence
-/// (conventions in the module docs); `bins = 15` ([`ECE_BINS`]) in the benchmark.
+/// (conventions in the module docs); `bins = 15` (`ECE_BINS`) in the benchmark.
 ///
 /// # Shapes
 /// `probs: [N, K]`, `labels: [N]`.

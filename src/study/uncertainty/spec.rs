@@ -79,7 +79,7 @@ pub struct UqStudySpec {
     pub disagreement_images: usize,
     /// Function-space Laplace on each kernel of `kernel_gps` (default none): the curvatures
     /// `diag` and/or `full` ([`crate::gp::functional`]). Each adds, on the same Grams (on the
-    /// logits), the variants of [`FslVariant`].
+    /// logits), the variants of `FslVariant`.
     #[serde(default)]
     pub fsl: Vec<Curvature>,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
