@@ -446,6 +446,8 @@ def main(argv):
     for x in keep:
         r = re.sub(r" \(.*\)$", "", x.keep) if x.keep.startswith("holds") else x.keep
         r = re.sub(r" \(method of kept .*\)", " (method of a kept type)", r)
+        r = re.sub(r"^method of \w+, re-exported", "method of a type re-exported", r)
+        r = "tests only (KEEP_ANYWAY)" if r.startswith("tests only") else r
         reasons[r] = reasons.get(r, 0) + 1
     for r, n in sorted(reasons.items(), key=lambda t: -t[1]):
         print(f"    {n:5d}  {r}")
