@@ -2,7 +2,7 @@
 //! recorded run, as JSON lines (name, sizes, min/median seconds, evaluations).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -16,34 +16,28 @@ use crate::trajectory::Run;
 ///
 /// Wraps [`System`]; the binary registers it with `#[global_allocator]`. Counting costs two
 /// relaxed atomic operations per allocation. In a program that does not register it,
-/// [`CountingAlloc::current`] and [`CountingAlloc::peak`] stay 0.
+/// `CountingAlloc::current` and [`CountingAlloc::peak`] stay 0.
 pub struct CountingAlloc;
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
-static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 impl CountingAlloc {
     /// Live heap bytes now.
-    pub fn current() -> usize {
+    pub(crate) fn current() -> usize {
         CURRENT.load(Ordering::Relaxed)
     }
-    /// Highest live heap bytes since the last [`CountingAlloc::reset_peak`].
+    /// Highest live heap bytes since the last `CountingAlloc::reset_peak`.
     pub fn peak() -> usize {
         PEAK.load(Ordering::Relaxed)
     }
     /// Sets the peak to the live bytes now.
-    pub fn reset_peak() {
+    pub(crate) fn reset_peak() {
         PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-    /// Whether the running program counts (it registered [`CountingAlloc`]).
-    pub fn is_counting() -> bool {
-        REGISTERED.load(Ordering::Relaxed) > 0
     }
     fn add(n: usize) {
         let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
         PEAK.fetch_max(now, Ordering::Relaxed);
-        REGISTERED.store(1, Ordering::Relaxed);
     }
     fn sub(n: usize) {
         CURRENT.fetch_sub(n, Ordering::Relaxed);
@@ -82,7 +76,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
 /// One benchmark result.
 #[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
+pub(crate) struct BenchResult {
     /// What was timed.
     pub name: String,
     /// Row points P (GP/SVM: M).
@@ -142,7 +136,7 @@ impl BenchResult {
 }
 
 /// Bytes of all arrays of a kernel output.
-pub fn kernel_output_bytes(o: &kernel::KernelOutput) -> u64 {
+pub(crate) fn kernel_output_bytes(o: &kernel::KernelOutput) -> u64 {
     let n = o.gram.len()
         + o.per_step.as_ref().map_or(0, Vec::len)
         + o.diag.as_ref().map_or(0, Vec::len)
@@ -192,7 +186,7 @@ fn timed<T>(repeat: usize, mut f: impl FnMut() -> Result<T>) -> Result<(Timing, 
 
 /// Which benchmark cases to run.
 #[derive(Clone, Debug)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     /// The step timed.
     pub step: usize,
     /// Repetitions of the fast cases.
@@ -213,7 +207,7 @@ pub struct BenchOptions {
 }
 
 /// Everything `bench` measured, with the arrays the Python peers compare against.
-pub struct BenchReport {
+pub(crate) struct BenchReport {
     /// One result per case.
     pub results: Vec<BenchResult>,
     /// The NTK step's Gram `[P, M, K, K]`.
@@ -226,7 +220,7 @@ pub struct BenchReport {
 
 /// The GP/SVM benchmark problem: `K` = the NTK's class-0 block on training points, rounded to
 /// f32 values (libsvm caches `Q` in f32; with f32-valued entries its iterates equal ours).
-pub struct GramProblem {
+pub(crate) struct GramProblem {
     /// M.
     pub m: usize,
     /// `[M, M]`.
@@ -255,14 +249,8 @@ fn step_request(kind: KernelKind, rule: Rule, step: usize, steps: usize) -> Requ
     Request::new(kind).rule(rule).ntk_step((kind == KernelKind::Ntk).then_some(step)).steps(Some((step, step + steps)))
 }
 
-/// Times one NTK step and one EPK step (`auto:tol`) at `step` on the run's test points.
-pub fn kernel_steps(run: &Run, step: usize, repeat: usize, tol: f64) -> Result<Vec<BenchResult>> {
-    let opts = BenchOptions { step, repeat, tol, full: false, full_blocks: 4, gram_m: None, scaling: Vec::new(), scaling_steps: Vec::new() };
-    Ok(run_all(run, &opts, &mut |_| {})?.results)
-}
-
 /// Runs the cases of `opts` on a recorded run; `report` sees each result as it is measured.
-pub fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResult)) -> Result<BenchReport> {
+pub(crate) fn run_all(run: &Run, opts: &BenchOptions, report: &mut dyn FnMut(&BenchResult)) -> Result<BenchReport> {
     let n = run.manifest.steps;
     let step = opts.step;
     if step >= n {
@@ -414,7 +402,7 @@ fn gram_cases(run: &Run, states: &[crate::model::Params], step: usize, mreq: usi
 /// One EPK step (`rule`) on the run's test points through the generic autodiff Gram path and
 /// through the structured CNN path, with the speed-up (for CNN runs).
 #[derive(Clone, Debug, Serialize)]
-pub struct ConvCompare {
+pub(crate) struct ConvCompare {
     /// Always `"conv_paths"`.
     pub name: String,
     /// The quadrature rule of the EPK step.
@@ -442,7 +430,7 @@ pub struct ConvCompare {
 }
 
 /// Times one EPK step with `rule` at `step` through both Gram paths of a CNN run.
-pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<ConvCompare> {
+pub(crate) fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<ConvCompare> {
     let n = run.manifest.steps;
     if step >= n {
         return Err(Error::Config(format!("--step {step}: the run has steps 0..{n}")));
@@ -486,7 +474,7 @@ pub fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> Result<C
 
 /// The Gram contraction's rate against the machine's GEMM rate, measured in the same run.
 #[derive(Clone, Debug, Serialize)]
-pub struct ContractionRate {
+pub(crate) struct ContractionRate {
     /// Always `"contraction"`.
     pub name: String,
     /// Kernel kind, layout and quadrature.
@@ -524,7 +512,7 @@ pub struct ContractionRate {
 }
 
 /// faer's f64 GEMM rate on an `n × n` by `n × n` product, GFLOP/s (fastest of `repeat`).
-pub fn gemm_rate(n: usize, repeat: usize) -> f64 {
+pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
     let a: Vec<f64> = (0..n * n).map(|i| ((i % 97) as f64 - 48.0) / 97.0).collect();
     let b: Vec<f64> = (0..n * n).map(|i| ((i % 89) as f64 - 44.0) / 89.0).collect();
     let mut c = vec![0.0; n * n];
@@ -542,7 +530,7 @@ pub fn gemm_rate(n: usize, repeat: usize) -> f64 {
 /// steps) and reports its contraction's GFLOP/s next to faer's GEMM rate on a square product of
 /// similar size (`n` = the larger of P and M, rounded up to a multiple of 64), measured right
 /// after it in the same process.
-pub fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>) -> Result<ContractionRate> {
+pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>) -> Result<ContractionRate> {
     if !matches!(run.manifest.architecture.body, crate::model::Body::Mlp { .. }) {
         return Err(Error::Config("--contraction times the MLP path's contraction; this run is not an MLP".into()));
     }

@@ -19,7 +19,7 @@ use crate::trajectory::{self, DatasetInfo, InitRecord, Manifest, OptimizerRecord
 
 /// A network exported from a run.
 #[derive(Clone, Debug)]
-pub struct Exported {
+pub(crate) struct Exported {
     /// The safetensors bytes ([`torch::export_bytes`]).
     pub bytes: Vec<u8>,
     /// The state exported.
@@ -51,7 +51,7 @@ impl std::fmt::Display for Exported {
 /// module output is the network's logits.
 ///
 /// Errors: `step` beyond N.
-pub fn export_torch(run: &Run, step: Option<usize>) -> Result<Exported> {
+pub(crate) fn export_torch(run: &Run, step: Option<usize>) -> Result<Exported> {
     let n = run.manifest.steps;
     let s = step.unwrap_or(n);
     if s > n {
@@ -66,7 +66,7 @@ pub fn export_torch(run: &Run, step: Option<usize>) -> Result<Exported> {
 }
 
 /// Writes [`export_torch`]'s file to `out` atomically (temporary name, then rename).
-pub fn export_torch_to(run_dir: &Path, step: Option<usize>, out: &Path) -> Result<Exported> {
+pub(crate) fn export_torch_to(run_dir: &Path, step: Option<usize>, out: &Path) -> Result<Exported> {
     let run = Run::open(run_dir)?;
     let e = export_torch(&run, step)?;
     crate::io::write_atomic(out, &e.bytes)?;
@@ -78,12 +78,12 @@ pub fn export_torch_to(run_dir: &Path, step: Option<usize>, out: &Path) -> Resul
 // ---------------------------------------------------------------------------------------------
 
 /// `format` of a recording's `trajectory.json`.
-pub const RECORDING_FORMAT: &str = "pathkernel-torch-trajectory";
+pub(crate) const RECORDING_FORMAT: &str = "pathkernel-torch-trajectory";
 
 /// The model entry of `trajectory.json`: what the `state_dict` names and shapes do not say.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum RecordedModel {
+pub(crate) enum RecordedModel {
     /// `Sequential(Linear, σ, …, Linear)`; widths and bias from the tensors.
     Mlp {
         /// `relu` or `tanh`.
@@ -108,7 +108,7 @@ pub enum RecordedModel {
 /// `DIR/trajectory.json` of a recording (written by `scripts/record_torch_trajectory.py`).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Recording {
+pub(crate) struct Recording {
     /// Always [`RECORDING_FORMAT`].
     pub format: String,
     /// Format version (1).
@@ -194,7 +194,7 @@ fn step_number(name: &str) -> Option<usize> {
 }
 
 /// Path of step `s` of a recording (`step_00000.safetensors`, at least five digits).
-pub fn recording_step_path(dir: &Path, s: usize) -> PathBuf {
+pub(crate) fn recording_step_path(dir: &Path, s: usize) -> PathBuf {
     dir.join(format!("step_{s:05}.safetensors"))
 }
 

@@ -1,6 +1,6 @@
 //! Files: atomic writes, safetensors arrays, parquet tables.
 //!
-//! Every output goes through [`write_atomic`]: the bytes are written to a temporary file in the
+//! Every output goes through `write_atomic`: the bytes are written to a temporary file in the
 //! destination directory, synced, then renamed over the target, so a reader never sees a
 //! half-written file and an interrupted write leaves the previous version intact.
 
@@ -13,7 +13,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use crate::error::{Error, Result};
 
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -43,7 +43,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Reads a whole file, naming it in the error.
-pub fn read_file(path: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
 
@@ -94,7 +94,7 @@ fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 8]) -> Vec<u8> {
 }
 
 /// Serialises arrays (and string metadata) to safetensors bytes, little-endian.
-pub fn safetensors_bytes(arrays: &[NamedArray], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+pub(crate) fn safetensors_bytes(arrays: &[NamedArray], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     let mut raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(arrays.len());
     for a in arrays {
         let n: usize = a.shape.iter().product();
@@ -290,7 +290,7 @@ impl Table {
     }
 
     /// Writes the table as parquet, atomically.
-    pub fn write_parquet(&self, path: &Path) -> Result<()> {
+    pub(crate) fn write_parquet(&self, path: &Path) -> Result<()> {
         use polars::prelude::ParquetWriter;
         let mut df = self.to_polars()?;
         let mut buf: Vec<u8> = Vec::new();
@@ -300,7 +300,7 @@ impl Table {
         write_atomic(path, &buf)
     }
 
-    /// Reads a parquet file written by [`Table::write_parquet`] (f64, i64 and string columns).
+    /// Reads a parquet file written by `Table::write_parquet` (f64, i64 and string columns).
     pub fn read_parquet(path: &Path) -> Result<Table> {
         use polars::prelude::{DataType, ParquetReader, SerReader};
         let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
@@ -345,7 +345,7 @@ impl Table {
 }
 
 /// Writes pretty JSON atomically.
-pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+pub(crate) fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut s = serde_json::to_string_pretty(value).map_err(|e| Error::Data(format!("json: {e}")))?;
     s.push('\n');
     write_atomic(path, s.as_bytes())
@@ -417,14 +417,14 @@ mod tests {
 
 /// An output directory written in a staging sibling (`OUT.partial`) and moved into place only
 /// when complete, so `OUT` never holds a partial result.
-pub struct StagedDir {
+pub(crate) struct StagedDir {
     out: PathBuf,
     staging: PathBuf,
 }
 
 impl StagedDir {
     /// Prepares staging for `out`. An existing non-empty `out` is an error unless `force`.
-    pub fn new(out: &Path, force: bool) -> Result<Self> {
+    pub(crate) fn new(out: &Path, force: bool) -> Result<Self> {
         if out.exists() && !force {
             let empty = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
             if !empty {
@@ -441,11 +441,11 @@ impl StagedDir {
         Ok(StagedDir { out: out.to_path_buf(), staging })
     }
     /// Where files are written until [`StagedDir::commit`].
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.staging
     }
     /// Moves the staged directory to its final place (replacing an old one).
-    pub fn commit(self) -> Result<PathBuf> {
+    pub(crate) fn commit(self) -> Result<PathBuf> {
         if self.out.exists() {
             std::fs::remove_dir_all(&self.out).map_err(|e| Error::io(&self.out, e))?;
         }
@@ -464,7 +464,7 @@ impl Drop for StagedDir {
 }
 
 /// Parses a byte size such as `8G`, `512M`, `100k` or `123456`.
-pub fn parse_bytes(s: &str) -> Result<u64> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
     let (num, mult) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),

@@ -79,7 +79,7 @@ pub mod gp;
 pub mod interop;
 pub mod io;
 pub mod kernel;
-pub mod linalg;
+pub(crate) mod linalg;
 pub mod model;
 pub mod optim;
 pub mod plot;

@@ -16,7 +16,7 @@ fn par_for(m: usize, n: usize, k: usize) -> Par {
 ///
 /// # Shapes
 /// `a` `[m, k]`, `b` `[n, k]`, `c` `[m, n]`.
-pub fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+pub(crate) fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
     assert_eq!(a.len(), m * k, "A has the wrong size");
     assert_eq!(b.len(), n * k, "B has the wrong size");
     assert_eq!(c.len(), m * n, "C has the wrong size");
@@ -41,7 +41,7 @@ pub fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usiz
 ///
 /// # Shapes
 /// `a` `[m, lda]`, `b` `[n, ldb]` (`k ≤ lda, ldb`), `c` `[m, n]`.
-pub fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize, n: usize, k: usize) {
+pub(crate) fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize, n: usize, k: usize) {
     assert!(k <= lda && k <= ldb, "the prefix is wider than the rows");
     assert_eq!(a.len(), m * lda, "A has the wrong size");
     assert_eq!(b.len(), n * ldb, "B has the wrong size");
@@ -64,7 +64,7 @@ pub fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usi
 ///
 /// # Shapes
 /// `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
-pub fn gemm_ab(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+pub(crate) fn gemm_ab(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
     assert_eq!(a.len(), m * k, "A has the wrong size");
     assert_eq!(b.len(), k * n, "B has the wrong size");
     assert_eq!(c.len(), m * n, "C has the wrong size");

@@ -110,7 +110,7 @@ impl UpdateRule {
     }
 
     /// Plain gradient steps: `Δw_s = −ε_s g_s` (GD or SGD without momentum or weight decay).
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.beta == 0.0 && self.adam.is_none() && self.wd_coupled == 0.0 && self.wd_decoupled == 0.0
     }
 
@@ -123,7 +123,7 @@ impl UpdateRule {
 
 /// The optimizer's state along a training run: the buffer `m` and Adam's `v`.
 #[derive(Clone, Debug)]
-pub struct OptimizerState {
+pub(crate) struct OptimizerState {
     rule: UpdateRule,
     m: Vec<f64>,
     v: Vec<f64>,
@@ -134,14 +134,9 @@ pub struct OptimizerState {
 
 impl OptimizerState {
     /// A fresh state for W parameters.
-    pub fn new(rule: UpdateRule, w: usize) -> Self {
+    pub(crate) fn new(rule: UpdateRule, w: usize) -> Self {
         let v = if rule.adam.is_some() { vec![0.0; w] } else { Vec::new() };
         OptimizerState { rule, m: vec![0.0; w], v, steps: 0, scale: Vec::new() }
-    }
-
-    /// The rule.
-    pub fn rule(&self) -> &UpdateRule {
-        &self.rule
     }
 
     /// Advances by one step and returns `Δw_s`.
@@ -149,13 +144,13 @@ impl OptimizerState {
     /// # Shapes
     /// `w` (the weights `w_s`) and `g` (the data gradient `g_s`) are `[W]`, flat in parameter
     /// order; returns `[W]`.
-    pub fn step(&mut self, lr: f64, w: &[f64], g: &[f64]) -> Vec<f64> {
+    pub(crate) fn step(&mut self, lr: f64, w: &[f64], g: &[f64]) -> Vec<f64> {
         self.step_with(lr, w, g, None)
     }
 
     /// [`Self::step`], with Adam's `κ_s D_s` taken from `recorded` (`[W]`) instead of the
     /// second moments, when given: how a kernel replays exactly the update that was made.
-    pub fn step_with(&mut self, lr: f64, w: &[f64], g: &[f64], recorded: Option<&[f64]>) -> Vec<f64> {
+    pub(crate) fn step_with(&mut self, lr: f64, w: &[f64], g: &[f64], recorded: Option<&[f64]>) -> Vec<f64> {
         let r = self.rule;
         let s = self.steps;
         self.steps += 1;
@@ -185,7 +180,7 @@ impl OptimizerState {
     }
 
     /// `κ_s D_s` (`[W]`) of the last step, or `None` when it is 1 (no preconditioner).
-    pub fn last_scale(&self) -> Option<&[f64]> {
+    pub(crate) fn last_scale(&self) -> Option<&[f64]> {
         if self.rule.adam.is_some() {
             Some(&self.scale)
         } else {

@@ -40,34 +40,34 @@ impl Progress {
 
     /// Sets the total length.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn set_length(&self, len: u64) {
+    pub(crate) fn set_length(&self, len: u64) {
         #[cfg(feature = "cli")]
         self.bar.set_length(len);
     }
 
     /// Sets the position.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn set_position(&self, pos: u64) {
+    pub(crate) fn set_position(&self, pos: u64) {
         #[cfg(feature = "cli")]
         self.bar.set_position(pos);
     }
 
     /// Advances the position by `delta`.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn inc(&self, delta: u64) {
+    pub(crate) fn inc(&self, delta: u64) {
         #[cfg(feature = "cli")]
         self.bar.inc(delta);
     }
 
     /// Sets the `{msg}` part of the template.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn set_message(&self, msg: String) {
+    pub(crate) fn set_message(&self, msg: String) {
         #[cfg(feature = "cli")]
         self.bar.set_message(msg);
     }
 
     /// Removes the bar from the terminal.
-    pub fn finish_and_clear(&self) {
+    pub(crate) fn finish_and_clear(&self) {
         #[cfg(feature = "cli")]
         self.bar.finish_and_clear();
     }

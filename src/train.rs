@@ -136,7 +136,7 @@ fn is_zero(v: &f64) -> bool {
 
 impl TrainConfig {
     /// The optimizer as the manifest records it (call on a validated configuration).
-    pub fn optimizer_record(&self, n_train: usize) -> OptimizerRecord {
+    pub(crate) fn optimizer_record(&self, n_train: usize) -> OptimizerRecord {
         let decoupled = match self.weight_decay_mode {
             Some(m) => m == WeightDecayMode::Decoupled,
             None => self.optimizer == OptimizerKind::Adamw,
@@ -172,7 +172,7 @@ impl TrainConfig {
 ///
 /// `[model] init = "weights.safetensors"` (the [`RunConfig::init`] field) starts from a PyTorch
 /// `state_dict` instead of the seeded initialisation: names, shapes and dtypes are checked
-/// against the architecture ([`crate::model::torch::read_state_dict`]), the path is resolved
+/// against the architecture (`crate::model::torch::read_state_dict`), the path is resolved
 /// against [`TrainOptions::base_dir`], and the manifest records the file and its SHA-256
 /// ([`trajectory::InitRecord`]); `zero_last` is then recorded as `false`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -322,7 +322,7 @@ pub(crate) fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> Str
 }
 
 /// 64-bit FNV-1a hash.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in bytes {
         h ^= *b as u64;
@@ -334,7 +334,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// Revision of the trainer's numerics: bumped whenever the same configuration would record a
 /// different path (2: max-pool sends a tied window's gradient to its first maximum only).
 /// Study caches compare it, so stale trajectories are never reused.
-pub const TRAINER_REVISION: u32 = 2;
+pub(crate) const TRAINER_REVISION: u32 = 2;
 
 /// The manifest's `created_by`: crate version and trainer revision.
 pub fn created_by() -> String {
@@ -343,7 +343,7 @@ pub fn created_by() -> String {
 
 /// Whether `dir` holds a run of exactly `cfg` from this trainer revision: its manifest records
 /// the same run id, the same whole configuration and the same `created_by`.
-pub fn holds_run(dir: &Path, cfg: &RunConfig) -> bool {
+pub(crate) fn holds_run(dir: &Path, cfg: &RunConfig) -> bool {
     match (trajectory::read_manifest(dir), serde_json::to_value(cfg)) {
         (Ok(m), Ok(c)) => m.run_id == cfg.run_id() && m.config == c && m.created_by == created_by(),
         _ => false,
@@ -366,7 +366,7 @@ pub struct TrainOptions {
 /// Estimated peak bytes of training: the dataset, one forward/backward pass over the training
 /// set (activations and their gradients), and the parameters with their gradient and optimizer
 /// buffers.
-pub fn estimate_bytes(data: &Dataset, arch: &Architecture, w: usize) -> u64 {
+pub(crate) fn estimate_bytes(data: &Dataset, arch: &Architecture, w: usize) -> u64 {
     let rows = (data.n_train() + data.n_test()) as u64;
     let data_bytes = 2 * 8 * rows * data.dim as u64;
     let pass = 8 * data.n_train() as u64 * arch.floats_per_row();
@@ -521,7 +521,7 @@ fn finish(result: Result<TrainSummary>, partial: &Path, out: &Path) -> Result<Tr
 /// manifest, checks the data and every recorded state (replaying the path and comparing bit
 /// for bit), and continues from the last complete step. The finished trajectory is identical to
 /// an uninterrupted run.
-pub fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+pub(crate) fn resume_to_dir(out: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
     let partial = partial_dir(out);
     if !partial.join("manifest.json").exists() {
         return Err(Error::Config(format!(
@@ -565,7 +565,7 @@ fn check_memory(data: &Dataset, arch: &Architecture, opts: &TrainOptions) -> Res
 }
 
 /// The staging directory of a run being recorded.
-pub fn partial_dir(out: &Path) -> PathBuf {
+pub(crate) fn partial_dir(out: &Path) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
     s.push(".partial");
     PathBuf::from(s)
@@ -821,7 +821,7 @@ pub(crate) fn batch_objective<D: dfdx::tensor_ops::Device<f64>>(
 
 /// The per-step training log, `DIR/train_log.parquet` of a run. # Shapes `[N + 1]` per field.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct TrainLog {
+pub(crate) struct TrainLog {
     /// Step `s` (the state `w_s` the row describes).
     pub step: Vec<i64>,
     /// Mean training loss at `w_s`.
@@ -840,7 +840,7 @@ impl TrainLog {
     /// Reads the log of the run in `dir`.
     ///
     /// Errors: a missing or unreadable file, a missing column.
-    pub fn read(dir: &Path) -> Result<TrainLog> {
+    pub(crate) fn read(dir: &Path) -> Result<TrainLog> {
         let path = dir.join("train_log.parquet");
         let t = Table::read_parquet(&path)?;
         let f = |name: &str| t.f64(name).map(<[f64]>::to_vec).ok_or_else(|| Error::format(&path, format!("no f64 column `{name}`")));

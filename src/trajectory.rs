@@ -29,9 +29,9 @@ use crate::model::net::LossKind;
 use crate::model::{Architecture, ParamSpec, Params};
 
 /// Format name written into every manifest.
-pub const FORMAT: &str = "pathkernel-trajectory";
+pub(crate) const FORMAT: &str = "pathkernel-trajectory";
 /// Current format version.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// Description of the dataset stored beside the trajectory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -206,7 +206,7 @@ impl Manifest {
 
 /// Writes `trajectory/batches.safetensors`: `batch_indices` `[N, B]` i64 (−1 pads a smaller last
 /// batch) and `batch_sizes` `[N]` i64, for readers that do not recompute the schedule.
-pub fn write_batches(dir: &Path, batches: &[Vec<usize>], run_id: &str) -> Result<()> {
+pub(crate) fn write_batches(dir: &Path, batches: &[Vec<usize>], run_id: &str) -> Result<()> {
     let n = batches.len();
     let b = batches.iter().map(Vec::len).max().unwrap_or(0);
     let mut idx = vec![-1i64; n * b];
@@ -231,7 +231,7 @@ pub fn write_batches(dir: &Path, batches: &[Vec<usize>], run_id: &str) -> Result
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// Always [`FORMAT`].
+    /// Always `FORMAT`.
     pub format: String,
     /// Format version.
     pub version: u32,
@@ -282,12 +282,12 @@ pub fn step_path(dir: &Path, s: usize) -> PathBuf {
 }
 
 /// Path of the Adam preconditioner file of step `s` (`κ_s D_s`, see [`crate::optim`]).
-pub fn preconditioner_path(dir: &Path, s: usize) -> PathBuf {
+pub(crate) fn preconditioner_path(dir: &Path, s: usize) -> PathBuf {
     dir.join("trajectory").join(format!("precond-{s:06}.safetensors"))
 }
 
 /// Loads and validates Adam's `κ_s D_s` (`[W]`, finite and > 0) of step `s < N`.
-pub fn load_preconditioner(dir: &Path, manifest: &Manifest, s: usize) -> Result<Vec<f64>> {
+pub(crate) fn load_preconditioner(dir: &Path, manifest: &Manifest, s: usize) -> Result<Vec<f64>> {
     let path = preconditioner_path(dir, s);
     if !path.exists() {
         return Err(Error::trajectory(&path, format!("missing Adam preconditioner of step {s} (the kernel of an Adam run needs every step's)")));
@@ -308,7 +308,7 @@ pub fn load_preconditioner(dir: &Path, manifest: &Manifest, s: usize) -> Result<
 }
 
 /// Writes a run directory incrementally: manifest and dataset first, then one file per state.
-pub struct Writer {
+pub(crate) struct Writer {
     dir: PathBuf,
     manifest: Manifest,
 }
@@ -316,7 +316,7 @@ pub struct Writer {
 impl Writer {
     /// Re-opens a partially written run directory for resuming (its manifest must equal
     /// `manifest`).
-    pub fn reopen(dir: &Path, manifest: Manifest) -> Result<Self> {
+    pub(crate) fn reopen(dir: &Path, manifest: Manifest) -> Result<Self> {
         let on_disk = read_manifest(dir)?;
         if on_disk != manifest {
             return Err(Error::trajectory(dir, "the recorded manifest differs from the configuration being resumed"));
@@ -325,7 +325,7 @@ impl Writer {
     }
 
     /// Creates `dir` (and `dir/trajectory`), writing the manifest and the dataset.
-    pub fn create(dir: &Path, manifest: Manifest, data: &Dataset) -> Result<Self> {
+    pub(crate) fn create(dir: &Path, manifest: Manifest, data: &Dataset) -> Result<Self> {
         io::create_dir_all(&dir.join("trajectory"))?;
         io::write_json(&dir.join("manifest.json"), &manifest)?;
         write_dataset(&dir.join("dataset.safetensors"), data, &manifest.run_id)?;
@@ -333,7 +333,7 @@ impl Writer {
     }
 
     /// Writes state `w_s`.
-    pub fn write_step(&self, s: usize, params: &Params) -> Result<()> {
+    pub(crate) fn write_step(&self, s: usize, params: &Params) -> Result<()> {
         if params.specs != self.manifest.params {
             return Err(Error::Data("parameters do not match the manifest".into()));
         }
@@ -352,16 +352,11 @@ impl Writer {
     /// Writes Adam's `κ_s D_s` of step s (`[W]`): the preconditioner the update used, recorded
     /// so that the kernel decomposes exactly the update that was made (it is a sensitive
     /// function of gradients near zero; recomputing it would not reproduce it to the last bit).
-    pub fn write_preconditioner(&self, s: usize, scale: &[f64]) -> Result<()> {
+    pub(crate) fn write_preconditioner(&self, s: usize, scale: &[f64]) -> Result<()> {
         let mut meta = HashMap::new();
         meta.insert("run_id".to_string(), self.manifest.run_id.clone());
         meta.insert("step".to_string(), s.to_string());
         io::write_safetensors(&preconditioner_path(&self.dir, s), &[NamedArray::f64("scale", vec![scale.len()], scale.to_vec())], Some(meta))
-    }
-
-    /// The run directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 
@@ -373,7 +368,7 @@ fn targets_array(name: &str, t: &Targets, n: usize, k: usize) -> NamedArray {
 }
 
 /// Writes `dataset.safetensors` (see the module docs for names and shapes).
-pub fn write_dataset(path: &Path, data: &Dataset, run_id: &str) -> Result<()> {
+pub(crate) fn write_dataset(path: &Path, data: &Dataset, run_id: &str) -> Result<()> {
     let (m, p, d, k) = (data.n_train(), data.n_test(), data.dim, data.num_outputs);
     let arrays = vec![
         NamedArray::f64("x_train", vec![m, d], data.x_train.clone()),

@@ -181,7 +181,7 @@ impl FslPrediction {
     }
 
     /// Fits (T, s) on these rows, taken as validation rows with `labels`, by the probit NLL
-    /// (every s of [`calibration_scales`], T refitted at each; s = 0 is temperature scaling).
+    /// (every s of `calibration_scales`, T refitted at each; s = 0 is temperature scaling).
     ///
     /// Errors: labels not matching the rows.
     pub fn calibrate(&self, labels: &[usize]) -> Result<Calibration> {

@@ -25,7 +25,7 @@ and computes from that path the empirical NTK, Domingos' discrete path kernel an
 (Bell et al.) together with the kernel machine that reproduces the network's log-softmax outputs.\n\n\
 Exit status: 0 on success, 2 on any error (one line on stderr)."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }

@@ -55,7 +55,7 @@ pub struct ArraysConfig {
 
 /// An array read from a file, converted to `f64`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct NdArray {
+pub(crate) struct NdArray {
     /// Dimensions, outermost first.
     pub shape: Vec<usize>,
     /// The stored dtype, in numpy's notation (`"<f8"`, `"|u1"`, ...).
@@ -76,7 +76,7 @@ impl ArraysConfig {
     }
 
     /// Checks the keys without reading the files.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.path.is_empty() {
             return Err(Error::Config("data.path must not be empty".into()));
         }
@@ -320,7 +320,7 @@ fn item_size(dtype: &str) -> Option<usize> {
 ///
 /// # Shapes
 /// Returns `data` of length `product(shape)`.
-pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<NdArray> {
+pub(crate) fn parse_npy(bytes: &[u8], path: &Path) -> Result<NdArray> {
     let fail = |m: String| Err(Error::format(path, m));
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return fail("not an .npy file (no \\x93NUMPY magic)".into());
@@ -432,7 +432,7 @@ fn le64(b: &[u8], o: usize) -> Option<u64> {
 /// multi-disk archives and a bad CRC-32 are errors naming the archive. Never panics.
 ///
 /// Returns `(name, bytes)` per entry, in central-directory order.
-pub fn read_stored_zip(b: &[u8], path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+pub(crate) fn read_stored_zip(b: &[u8], path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
     let bad = |m: &str| Error::format(path, format!("not a readable .npz (zip) archive: {m}"));
     // End of central directory: 22 bytes plus a comment of up to 65 535 bytes.
     let lo = b.len().saturating_sub(22 + 65_535);

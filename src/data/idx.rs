@@ -8,9 +8,9 @@ use super::{prep, Dataset, Split, Targets};
 use crate::error::{Error, Result};
 
 /// Per-channel mean of the MNIST training pixels (after scaling to `[0, 1]`).
-pub const MNIST_MEAN: f64 = 0.1307;
+pub(crate) const MNIST_MEAN: f64 = 0.1307;
 /// Per-channel standard deviation of the MNIST training pixels (after scaling to `[0, 1]`).
-pub const MNIST_STD: f64 = 0.3081;
+pub(crate) const MNIST_STD: f64 = 0.3081;
 
 
 /// A parsed IDX array (the MNIST file format, <http://yann.lecun.com/exdb/mnist/>) of unsigned bytes.
@@ -130,7 +130,7 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<IdxArray> {
 ///
 /// # Shapes
 /// Returns `data` of length `product(dims)`.
-pub fn read_idx(path: &Path) -> Result<IdxArray> {
+pub(crate) fn read_idx(path: &Path) -> Result<IdxArray> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     parse_idx(&bytes, path)
 }
@@ -218,7 +218,7 @@ pub fn load_mnist(
 
 /// How IDX bytes become features: `b/255` (or `b · scale`), then optionally `(v − mean)/std`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pixels {
+pub(crate) struct Pixels {
     /// `None`: `b/255`; `Some(s)`: `b · s`.
     pub scale: Option<f64>,
     /// A fixed `[mean, std]` applied after scaling (MNIST's `[0.1307, 0.3081]`).
@@ -227,12 +227,12 @@ pub struct Pixels {
 
 impl Pixels {
     /// MNIST's mapping: `(b/255 − 0.1307)/0.3081` when `normalize`, else `b/255`.
-    pub fn mnist(normalize: bool) -> Self {
+    pub(crate) fn mnist(normalize: bool) -> Self {
         Pixels { scale: None, normalize: normalize.then_some([MNIST_MEAN, MNIST_STD]) }
     }
 
     /// Pixel byte → `f64`.
-    pub fn map(&self, b: u8) -> f64 {
+    pub(crate) fn map(&self, b: u8) -> f64 {
         let v = match self.scale {
             None => f64::from(b) / 255.0,
             Some(s) => f64::from(b) * s,
@@ -256,7 +256,7 @@ impl Pixels {
 }
 
 /// A checked image/label pair: images `[n, H, W]`, labels `[n]`, and the image file's path.
-pub struct IdxPair {
+pub(crate) struct IdxPair {
     /// The images, `dims = [n, H, W]`.
     pub images: IdxArray,
     /// The labels, `dims = [n]`.
@@ -389,7 +389,7 @@ fn read_mnist_pair(dir: &Path, split: MnistSplit) -> Result<IdxPair> {
 
 /// Reads and checks an image/label file pair: images 3-D `[n, H, W]` (`[n, 28, 28]` when
 /// `size = Some([28, 28])`), labels 1-D `[n]` with the same `n`, every label `< k` when given.
-pub fn read_pair(img_path: &Path, lbl_path: &Path, size: Option<[usize; 2]>, k: Option<usize>) -> Result<IdxPair> {
+pub(crate) fn read_pair(img_path: &Path, lbl_path: &Path, size: Option<[usize; 2]>, k: Option<usize>) -> Result<IdxPair> {
     let images = read_idx(img_path)?;
     let labels = read_idx(lbl_path)?;
     let shape_ok = images.dims.len() == 3 && size.is_none_or(|[h, w]| images.dims[1] == h && images.dims[2] == w);
@@ -503,7 +503,7 @@ pub struct IdxConfig {
 
 impl IdxConfig {
     /// Checks the keys without reading the files.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let cfg = |m: String| Err(Error::Config(m));
         for (key, v) in [("train_images", &self.train_images), ("train_labels", &self.train_labels), ("test_images", &self.test_images), ("test_labels", &self.test_labels)] {
             if v.is_empty() {

@@ -12,12 +12,12 @@ use super::{Dataset, Targets};
 
 /// The class means of the EPK paper's §4.1 mixture in their first two coordinates (the remaining
 /// coordinates are 0).
-pub const MIXTURE_MEANS: [[f64; 2]; 3] = [[1.0, 4.0], [4.0, 1.0], [5.0, 5.0]];
+pub(crate) const MIXTURE_MEANS: [[f64; 2]; 3] = [[1.0, 4.0], [4.0, 1.0], [5.0, 5.0]];
 
 /// The two training inputs of the 1-D regression toy.
-pub const REGRESSION1D_X: [f64; 2] = [-3.0, 0.5];
+pub(crate) const REGRESSION1D_X: [f64; 2] = [-3.0, 0.5];
 /// The two training targets of the 1-D regression toy.
-pub const REGRESSION1D_Y: [f64; 2] = [2.0, -1.0];
+pub(crate) const REGRESSION1D_Y: [f64; 2] = [2.0, -1.0];
 
 /// Mixture rows: row `i` of `labels` gets mean `MIXTURE_MEANS[label]` plus `std * N(0, I)` noise.
 fn mixture_rows(rng: &mut ChaCha8Rng, labels: &[usize], dim: usize, std: f64) -> Vec<f64> {

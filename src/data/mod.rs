@@ -1,5 +1,5 @@
 //! Datasets: the EPK paper's Gaussian mixture and two small toys from the reference notebooks
-//! ([`mixtures`]), MNIST and other IDX image sets ([`idx`]), CSV/parquet tables ([`table`]) and
+//! (`mixtures`), MNIST and other IDX image sets ([`idx`]), CSV/parquet tables ([`table`]) and
 //! named arrays in safetensors/npz/npy files ([`arrays`]); [`prep`] holds the preprocessing the
 //! file-backed kinds share.
 //!
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 
 pub mod arrays;
 pub mod idx;
-pub mod mixtures;
+pub(crate) mod mixtures;
 pub mod prep;
 pub mod table;
 
@@ -30,8 +30,7 @@ pub use idx::IdxConfig;
 pub use prep::Task;
 pub use table::TableConfig;
 
-pub use idx::{load_mnist, load_mnist_per_class, parse_idx, read_idx, IdxArray, MnistSplit, MNIST_MEAN, MNIST_STD};
-pub use mixtures::{MIXTURE_MEANS, REGRESSION1D_X, REGRESSION1D_Y};
+pub use idx::{load_mnist, load_mnist_per_class, parse_idx, IdxArray, MnistSplit};
 use mixtures::{gaussian_mixture, linear_2d, regression_1d};
 
 // ---------------------------------------------------------------------------------------------
@@ -51,17 +50,6 @@ pub enum Targets {
     /// # Shapes
     /// `[n, num_outputs]`, row-major.
     Values(Vec<f64>),
-}
-
-impl Targets {
-    /// Number of rows these targets describe, given the number of outputs per row.
-    /// (For [`Targets::Values`] this is `len / num_outputs`, rounded down; `0` if `num_outputs == 0`.)
-    pub fn n_rows(&self, num_outputs: usize) -> usize {
-        match self {
-            Targets::Labels(l) => l.len(),
-            Targets::Values(v) => v.len().checked_div(num_outputs).unwrap_or(0),
-        }
-    }
 }
 
 /// A held-out split besides the training and test sets (e.g. a validation set for fitting a
@@ -155,7 +143,7 @@ impl Dataset {
     /// # Shapes
     /// `x_train: [M, dim]`, `x_test: [P, dim]`, labels `[M]`/`[P]`, values `[M, K]`/`[P, K]`;
     /// validation `x: [V, dim]`, `y: [V]`/`[V, K]`.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let what = |m: String| Error::Data(format!("dataset '{}': {m}", self.name));
         if self.dim == 0 {
             return Err(what("dim must be >= 1, got 0".into()));
@@ -275,7 +263,7 @@ impl Dataset {
     /// `x_train: [M, dim]`, `y_train: [M]` labels or `[M, num_outputs]` values,
     /// `x_test: [P, dim]`, `y_test: [P]` or `[P, num_outputs]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn from_arrays(
+    pub(crate) fn from_arrays(
         name: impl Into<String>,
         description: impl Into<String>,
         dim: usize,
@@ -483,7 +471,7 @@ impl DataConfig {
 
     /// Checks the values (zero sizes, `std <= 0` or non-finite, `dim < 2`, sizes whose product
     /// overflows, ...), returning a precise [`Error::Config`] naming the offending key.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         match *self {
             DataConfig::GaussianMixture {
                 dim,
@@ -660,7 +648,7 @@ impl DataConfig {
 ///
 /// # Shapes
 /// `x: [n_points, 2]`; returns `[n * n, 2]`.
-pub fn grid_2d(x: &[f64], n: usize, margin: f64) -> Result<Vec<f64>> {
+pub(crate) fn grid_2d(x: &[f64], n: usize, margin: f64) -> Result<Vec<f64>> {
     if x.is_empty() {
         return Err(Error::Data("grid_2d: no points given".into()));
     }
@@ -738,7 +726,7 @@ pub fn grid_2d(x: &[f64], n: usize, margin: f64) -> Result<Vec<f64>> {
 ///
 /// # Panics
 /// If `row` is empty.
-pub fn argmax(row: &[f64]) -> usize {
+pub(crate) fn argmax(row: &[f64]) -> usize {
     assert!(!row.is_empty(), "argmax of an empty row");
     let mut best = 0;
     for (j, v) in row.iter().enumerate().skip(1) {

@@ -30,7 +30,7 @@ pub enum Task {
 /// The preprocessing keys every file-backed kind takes (each kind spells them out in its own
 /// config, so that unknown keys stay errors).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Prep {
+pub(crate) struct Prep {
     /// Multiply every feature by this (e.g. `1/255`) before standardising.
     pub scale: Option<f64>,
     /// Z-score every feature with the training split's mean and standard deviation (population,
@@ -47,7 +47,7 @@ pub struct Prep {
 
 impl Prep {
     /// Checks the values, naming the key (`data.scale`, ...).
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if let Some(s) = self.scale {
             if !(s.is_finite() && s != 0.0) {
                 return Err(Error::Config(format!("data.scale = {s}; it must be a finite, non-zero number")));
@@ -72,7 +72,7 @@ impl Prep {
     ///
     /// # Shapes
     /// `ds.x_train: [M, dim]` becomes `[M', dim]` with `M' <= M`; other splits keep their rows.
-    pub fn apply(&self, ds: &mut Dataset, file: &Path) -> Result<()> {
+    pub(crate) fn apply(&self, ds: &mut Dataset, file: &Path) -> Result<()> {
         self.validate()?;
         if self.per_class.is_some() || self.n_train.is_some() {
             let keep = subset(&ds.y_train, ds.n_train(), ds.num_outputs, self.per_class, self.n_train, self.subset_seed, file)?;
@@ -121,7 +121,7 @@ pub(super) fn fmt_list(v: &[f64]) -> String {
 
 /// Per-feature z-scoring statistics of a training split.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Standardization {
+pub(crate) struct Standardization {
     /// Per-feature means. # Shapes `[dim]`.
     pub mean: Vec<f64>,
     /// Per-feature population standard deviations (`ddof = 0`); a constant feature gets 1, so it is
@@ -134,7 +134,7 @@ impl Standardization {
     ///
     /// # Shapes
     /// `x: [n, dim]` with `n >= 1`.
-    pub fn fit(x: &[f64], dim: usize) -> Self {
+    pub(crate) fn fit(x: &[f64], dim: usize) -> Self {
         let n = (x.len() / dim.max(1)).max(1) as f64;
         let mut mean = vec![0.0; dim];
         for row in x.chunks_exact(dim) {
@@ -150,7 +150,7 @@ impl Standardization {
     }
 
     /// `x ← (x − mean) / std`, column by column. # Shapes `x: [n, dim]`.
-    pub fn apply(&self, x: &mut [f64]) {
+    pub(crate) fn apply(&self, x: &mut [f64]) {
         let dim = self.mean.len();
         for row in x.chunks_exact_mut(dim) {
             for ((v, m), s) in row.iter_mut().zip(&self.mean).zip(&self.std) {
@@ -224,7 +224,7 @@ fn subset(
 ///
 /// # Shapes
 /// `v: [n]` → `[n]`.
-pub fn labels_from_f64(v: &[f64], file: &Path, what: &str) -> Result<Vec<usize>> {
+pub(crate) fn labels_from_f64(v: &[f64], file: &Path, what: &str) -> Result<Vec<usize>> {
     v.iter()
         .enumerate()
         .map(|(i, &x)| {
@@ -256,7 +256,7 @@ pub fn num_classes(train: &[usize], others: &[&[usize]], file: &Path) -> Result<
 ///
 /// # Shapes
 /// `x: [n, dim]`.
-pub fn check_finite(x: &[f64], dim: usize, feature: impl Fn(usize) -> String, file: &Path, split: &str) -> Result<()> {
+pub(crate) fn check_finite(x: &[f64], dim: usize, feature: impl Fn(usize) -> String, file: &Path, split: &str) -> Result<()> {
     let dim = dim.max(1);
     match x.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
@@ -268,7 +268,7 @@ pub fn check_finite(x: &[f64], dim: usize, feature: impl Fn(usize) -> String, fi
 }
 
 /// Errors naming the file when a split is empty.
-pub fn check_not_empty(n: usize, file: &Path, split: &str) -> Result<()> {
+pub(crate) fn check_not_empty(n: usize, file: &Path, split: &str) -> Result<()> {
     if n == 0 {
         return Err(Error::format(file, format!("the {split} split is empty")));
     }
@@ -278,7 +278,7 @@ pub fn check_not_empty(n: usize, file: &Path, split: &str) -> Result<()> {
 /// Row indices of a seeded split into `(train, val, test)`, each in file order. With labels the
 /// split is stratified: each class contributes `round(fraction · n_c)` rows to test and to val,
 /// chosen by a shuffle of that class's rows; regression targets are split as one group.
-pub fn fraction_split(labels: Option<&[usize]>, n: usize, test_fraction: f64, val_fraction: f64, seed: u64) -> [Vec<usize>; 3] {
+pub(crate) fn fraction_split(labels: Option<&[usize]>, n: usize, test_fraction: f64, val_fraction: f64, seed: u64) -> [Vec<usize>; 3] {
     let groups: Vec<Vec<usize>> = match labels {
         Some(l) => {
             let k = l.iter().max().map_or(0, |m| m + 1);

@@ -82,7 +82,7 @@ impl TableConfig {
     }
 
     /// Checks the keys without reading the file.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.path.is_empty() {
             return Err(Error::Config("data.path must not be empty".into()));
         }

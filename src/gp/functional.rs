@@ -25,7 +25,7 @@
 //! the targets `r = f − f(w_0)`, the class-diagonal curvature)
 //! `log Z(δ) = log p(y|f) − (δ/2) Σ_c r_cᵀ K_c⁻¹ r_c − ½ Σ_c log det(I + S_c K_c S_c/δ)`,
 //! whose derivative in `log δ` is strictly decreasing (one maximum, found by bisection), or by a
-//! validation grid ([`FunctionalLaplace::grid_search`], laplace-torch's `gridsearch`).
+//! validation grid (`FunctionalLaplace::grid_search`, laplace-torch's `gridsearch`).
 //! `K_c⁻¹ r_c` is the pseudo-inverse on the eigenvalues above `1e-12 ·` the largest (the count
 //! left out is reported).
 //!
@@ -49,7 +49,7 @@ use super::lastlayer::LogitPosterior;
 use crate::error::{Error, Result};
 
 /// Eigenvalues of `K_c` below this fraction of the largest are left out of `K_c⁻¹ r` (evidence).
-pub const PINV_REL: f64 = 1e-12;
+pub(crate) const PINV_REL: f64 = 1e-12;
 /// Probit's constant `π/8`.
 const PI_8: f64 = std::f64::consts::PI / 8.0;
 
@@ -502,7 +502,7 @@ impl FunctionalLaplace {
     /// with `labels`; the best becomes the fit's δ (`prior = "grid"`). Returns the whole sweep
     /// `[(δ, NLL)]`. The class-diagonal curvature scores every δ in `O(M P)` after one
     /// projection; the full one refactors per δ.
-    pub fn grid_search(&mut self, rows: &FslRows<'_>, labels: &[usize], min_log10: f64, max_log10: f64, points: usize) -> Result<Vec<(f64, f64)>> {
+    pub(crate) fn grid_search(&mut self, rows: &FslRows<'_>, labels: &[usize], min_log10: f64, max_log10: f64, points: usize) -> Result<Vec<(f64, f64)>> {
         self.check_rows(rows)?;
         if labels.len() != rows.p || points < 2 || !(max_log10 > min_log10) {
             return Err(Error::Config(format!("grid search: {} labels for {} rows, {points} points in [{min_log10}, {max_log10}]", labels.len(), rows.p)));
@@ -629,7 +629,7 @@ pub struct Calibration {
 }
 
 /// The scales the calibration tries: 0 and `10^{−3} … 10^{3}` in 61 steps.
-pub fn calibration_scales() -> Vec<f64> {
+pub(crate) fn calibration_scales() -> Vec<f64> {
     std::iter::once(0.0).chain((0..=60).map(|i| 10f64.powf(-3.0 + 0.1 * i as f64))).collect()
 }
 

@@ -114,7 +114,7 @@ fn penultimate(arch: &Architecture, params: &Params, x: &[f64], n: usize) -> Vec
 ///
 /// # Shapes
 /// `x: [N, d]`; returns `psi: [N, q]`, `logits: [N, K]`.
-pub fn last_layer_features(arch: &Architecture, params: &Params, init: Option<&Params>, x: &[f64]) -> Result<LastLayerFeatures> {
+pub(crate) fn last_layer_features(arch: &Architecture, params: &Params, init: Option<&Params>, x: &[f64]) -> Result<LastLayerFeatures> {
     if arch.output != OutputKind::LogSoftmax {
         return Err(Error::Config("last-layer Laplace needs a classification network (log-softmax output)".into()));
     }
@@ -157,7 +157,7 @@ pub fn last_layer_features(arch: &Architecture, params: &Params, init: Option<&P
 ///
 /// # Shapes
 /// Returns `[K q]`.
-pub fn last_layer_theta(arch: &Architecture, params: &Params) -> Result<Vec<f64>> {
+pub(crate) fn last_layer_theta(arch: &Architecture, params: &Params) -> Result<Vec<f64>> {
     arch.check_params(params)?;
     let (wn, bn) = last_layer_names(arch);
     let w = params.get(&wn).expect("checked params");
@@ -184,7 +184,7 @@ pub fn last_layer_theta(arch: &Architecture, params: &Params) -> Result<Vec<f64>
 ///
 /// # Shapes
 /// `psi: [N, q]`, `probs: [N, K]`; returns `[K q, K q]`.
-pub fn ggn(psi: &[f64], probs: &[f64], n: usize, q: usize, k: usize) -> Mat<f64> {
+pub(crate) fn ggn(psi: &[f64], probs: &[f64], n: usize, q: usize, k: usize) -> Mat<f64> {
     assert_eq!(psi.len(), n * q, "ggn: psi is not [N, q]");
     assert_eq!(probs.len(), n * k, "ggn: probs is not [N, K]");
     let d = k * q;
@@ -483,7 +483,7 @@ impl LaplacePosterior {
         self.prior_precision
     }
     /// `log p(D | θ*) = −Σ_i CE_i` at the trained parameters.
-    pub fn log_likelihood(&self) -> f64 {
+    pub(crate) fn log_likelihood(&self) -> f64 {
         self.log_likelihood
     }
     /// The marginal likelihood at the chosen λ.
@@ -502,12 +502,8 @@ impl LaplacePosterior {
     pub fn covariance(&self) -> faer::MatRef<'_, f64> {
         self.covariance.as_ref()
     }
-    /// The eigenvalues of `H`, ascending, negatives from rounding set to 0.
-    pub fn eigenvalues(&self) -> &[f64] {
-        &self.eigvals
-    }
     /// How many eigenvalues were negative (rounding) and set to 0, and the most negative one.
-    pub fn clamped_eigenvalues(&self) -> (usize, f64) {
+    pub(crate) fn clamped_eigenvalues(&self) -> (usize, f64) {
         (self.clamped, self.most_negative)
     }
     /// `θ*` (class-blocked, `[K q]`).
@@ -605,7 +601,7 @@ impl LogitPosterior {
 
     /// The OOD score `Σ_k Var(z_k)` (trace of the logit covariance; larger = more OOD).
     /// # Shapes `[P]`.
-    pub fn total_variance(&self) -> Vec<f64> {
+    pub(crate) fn total_variance(&self) -> Vec<f64> {
         (0..self.p).map(|i| (0..self.k).map(|c| self.cov[(i * self.k + c) * self.k + c]).sum()).collect()
     }
 

@@ -31,13 +31,13 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Largest accepted relative asymmetry `max|a_ij − a_ji| / max|a_ij|` of a kernel block.
-pub const SYMMETRY_TOL: f64 = 1e-10;
+pub(crate) const SYMMETRY_TOL: f64 = 1e-10;
 /// First non-zero jitter of the escalation, relative to the mean diagonal of `s·K`.
-pub const JITTER_FLOOR_REL: f64 = 1e-12;
+pub(crate) const JITTER_FLOOR_REL: f64 = 1e-12;
 /// Hyper-parameter search range of `log10(σ² / (s·d̄))`, `d̄` the mean diagonal of `K`.
-pub const HYPER_NOISE_RATIO_LOG10: (f64, f64) = (-10.0, 2.0);
+pub(crate) const HYPER_NOISE_RATIO_LOG10: (f64, f64) = (-10.0, 2.0);
 /// Hyper-parameter search range of the prior variance `s·d̄` (`d̄` the mean diagonal of `K`).
-pub const HYPER_PRIOR_VARIANCE: (f64, f64) = (1e-12, 1e12);
+pub(crate) const HYPER_PRIOR_VARIANCE: (f64, f64) = (1e-12, 1e12);
 
 const LN_2PI: f64 = 1.837_877_066_409_345_5;
 
@@ -139,14 +139,14 @@ impl GpParams {
     /// `max_jitter·d̄ₛ`, where `d̄ₛ` is the mean diagonal of `s·K^{cc}` (1 if that is not
     /// positive). A factorisation *fails* when faer meets a non-positive pivot, or when a pivot
     /// `Lᵢᵢ²` is below the rounding floor `M·ε·Aᵢᵢ` (numerically singular: such a factor would be
-    /// garbage). The jitter used is reported per class ([`FittedGp::jitter_used`]); if the last
+    /// garbage). The jitter used is reported per class (`FittedGp::jitter_used`); if the last
     /// attempt fails, `Err(NotPositiveDefinite { pivot, jitter_tried })` gives its failing pivot
     /// and jitter.
     ///
     /// **Hyper-parameters** (`fit_hyper`): per class, `log p(y)` is maximised over
     /// `r = σ²/s` with `s` profiled out exactly (`s*(r) = yᵀ(K + r I)⁻¹y / M`, clamped so that the
-    /// prior variance `s·d̄` lies in [`HYPER_PRIOR_VARIANCE`]); `log10(r/d̄)` is searched in
-    /// [`HYPER_NOISE_RATIO_LOG10`] = `[−10, 2]` (i.e. `σ² ∈ [1e-10, 1e2]·s·d̄`, `d̄` the mean
+    /// prior variance `s·d̄` lies in `HYPER_PRIOR_VARIANCE`); `log10(r/d̄)` is searched in
+    /// `HYPER_NOISE_RATIO_LOG10` = `[−10, 2]` (i.e. `σ² ∈ [1e-10, 1e2]·s·d̄`, `d̄` the mean
     /// diagonal of `K^{cc}`) by a 13-point grid (one per decade) followed by golden-section
     /// refinement to 1e-3 decades around the best grid point. Candidates whose factorisation
     /// fails count as `−∞`. The starting point (`noise`, `output_scale`) is kept if its
@@ -160,7 +160,7 @@ impl GpParams {
     ///
     /// # Shapes
     /// * `k_train`: `[K, M, M]` — `K = k` class blocks, each symmetric (relative asymmetry
-    ///   ≤ [`SYMMETRY_TOL`]);
+    ///   ≤ `SYMMETRY_TOL`);
     /// * `targets`: `[M, K]` — regression targets (logits) per training point and class.
     pub fn fit(&self, k_train: &[f64], targets: &[f64], m: usize, k: usize) -> Result<FittedGp> {
         self.check()?;
@@ -253,12 +253,12 @@ impl FittedGp {
         self.m
     }
     /// Number of classes `K`.
-    pub fn n_classes(&self) -> usize {
+    pub(crate) fn n_classes(&self) -> usize {
         self.k
     }
     /// Jitter added on top of the noise, per class (0 when the first attempt succeeded with
     /// `jitter = 0`). # Shapes `[K]`.
-    pub fn jitter_used(&self) -> Vec<f64> {
+    pub(crate) fn jitter_used(&self) -> Vec<f64> {
         self.classes.iter().map(|c| c.jitter).collect()
     }
     /// Noise variance `σ²` per class (fitted when `fit_hyper`). # Shapes `[K]`.
@@ -323,7 +323,7 @@ impl FittedGp {
     ///
     /// # Shapes
     /// * `k_cross`: `[K, P, M]`;
-    /// * `k_test`: `[K, P, P]`, each block symmetric (relative asymmetry ≤ [`SYMMETRY_TOL`]);
+    /// * `k_test`: `[K, P, P]`, each block symmetric (relative asymmetry ≤ `SYMMETRY_TOL`);
     /// * returns `[K, P, P]`.
     pub fn predict_cov(&self, k_cross: &[f64], k_test: &[f64], p: usize) -> Result<Vec<f64>> {
         let (m, k) = (self.m, self.k);

@@ -5,7 +5,7 @@
 //! rows. [`plan`] picks the largest block whose working memory, together with the complete
 //! output, fits the budget ([`super::Request::block_rows`] then runs the one entry per block);
 //! it refuses (with an estimate) only when the output alone, plus one row's work, cannot fit.
-//! [`in_blocks`] concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
+//! `in_blocks` concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
 //! numbers) are part of the fixed cost of every block.
 
 use crate::error::{Error, Result};
@@ -60,7 +60,7 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &Request, budget: u64)
 /// training side with `m`. Runs that are not plain gradient steps add the recursion's working
 /// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
 /// preconditioners).
-pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
+pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Request, budget: u64) -> Result<BlockPlan> {
     let layout = req.layout;
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
@@ -137,7 +137,7 @@ pub fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, req: &Re
 }
 
 /// Computes one block of row points with a progress callback (see [`in_blocks`]).
-pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
+pub(crate) type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<KernelOutput> + 'a;
 
 /// Any kernel computation over blocks of `block_rows` row points, concatenated:
 /// `compute_block(points, progress)` computes one block (the one entry with one request, or
@@ -147,7 +147,7 @@ pub type BlockFn<'a> = dyn FnMut(&Points, &dyn Fn(usize, usize)) -> Result<Kerne
 ///
 /// # Panics
 /// If `block_rows == 0`.
-pub fn in_blocks(
+pub(crate) fn in_blocks(
     rows: &Points,
     block_rows: usize,
     progress: &dyn Fn(usize, usize),

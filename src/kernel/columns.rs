@@ -4,7 +4,7 @@
 //! `G[p, i]` involves training point i alone, and the kernel machine
 //! `f(x) = b + Σ_s Σ_i a_{i,s} K_s(x, x_i)` is a sum over the training points, so the columns
 //! `[0, M)` split into blocks `[0, M_1), [M_1, M_2), …` computed apart
-//! ([`super::Options::columns`]: every path forms the training-side factors of its block only)
+//! (`super::Options::columns`: every path forms the training-side factors of its block only)
 //! and assembled here: the Gram blocks side by side, `a` likewise, and the kernel machine either
 //! re-summed as the one-process driver sums it, `b` plus each step's predicted change in step
 //! order, that change being the blocks' per-step shares summed in block order, with the

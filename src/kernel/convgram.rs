@@ -26,13 +26,13 @@
 //!
 //! Along t the network is piecewise smooth: `Z(t)` is linear, so the function only kinks where a
 //! pool window's upper envelope of `{Z_j(t)}` (with the line 0 for ReLU: `max_j relu(Z_j) =
-//! relu(max_j Z_j)`) changes its line ([`CnnStep::kinks`]); [`CnnStep::jvp`] gives `f` and
+//! relu(max_j Z_j)`) changes its line (`CnnStep::kinks`); `CnnStep::jvp` gives `f` and
 //! `df/dt` exactly, so the adaptive `auto` rule applies to CNNs too.
 
 use rayon::prelude::*;
 
 use super::convpieces::{self, Measure};
-pub use super::convstep::CnnStep;
+pub(crate) use super::convstep::CnnStep;
 use super::convstep::SideFactors;
 use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
 use crate::linalg::{gemm_ab, gemm_abt};
@@ -258,7 +258,7 @@ fn step_into_at(
 
 /// Gradient evaluations spent on one step, per row point.
 #[derive(Clone, Debug, Default)]
-pub struct NodeStats {
+pub(crate) struct NodeStats {
     /// Gradient evaluations (quadrature nodes) per point `[P]`; for ReLU CNN rows integrated
     /// between kinks (the auto rule), the two backward passes forming `∇z(t)`.
     pub evaluations: Vec<usize>,
@@ -281,7 +281,7 @@ pub struct NodeStats {
 /// `rows` `[P, d]`, `off_rows` `[P, K]`, `x_train` `[M, d]`, `off_train` `[M, K]`,
 /// `diag` `[P, K, K]`, `a` and `colw` `[M, K]`; returns `[P, K]`.
 #[allow(clippy::too_many_arguments)]
-pub fn step_into(
+pub(crate) fn step_into(
     arch: &Architecture,
     ws: &Params,
     next: Option<&Params>,

@@ -14,7 +14,7 @@ use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 
 /// A CNN on one step `w_s(t) = w_s + tΔw`, in the factors the Gram needs.
 #[derive(Clone, Debug)]
-pub struct CnnStep {
+pub(crate) struct CnnStep {
     /// Input image `[C, H, W]`.
     pub(super) image: [usize; 3],
     /// Kernel size, stride, padding, pool window.
@@ -62,7 +62,7 @@ pub(super) struct NodeEvals {
 
 impl CnnStep {
     /// Builds the step from `w_s` and `w_{s+1}` (`None`: a zero step, for NTK/train-side use).
-    pub fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
+    pub(crate) fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
         let Body::Cnn { image, channels, kernel, stride, padding, pool, outputs } = &arch.body else {
             return Err(Error::Config("the structured CNN kernel path needs a CNN".into()));
         };
@@ -122,7 +122,7 @@ impl CnnStep {
     }
 
     /// Input dimension `C·H·W`.
-    pub fn input_dim(&self) -> usize {
+    pub(crate) fn input_dim(&self) -> usize {
         self.image.iter().product()
     }
 
@@ -305,7 +305,7 @@ impl CnnStep {
     ///
     /// # Shapes
     /// `x` `[R, C·H·W]`, `t` `[R]`, `offset` `[R, K]`; returns `(f [R, K], df/dt [R, K])`.
-    pub fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    pub(crate) fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         let (k, co, pos, nf) = (self.k, self.co, self.positions(), self.nf);
         let d = self.input_dim();
         let rows: Vec<(Vec<f64>, Vec<f64>)> = t
@@ -368,7 +368,7 @@ impl CnnStep {
     /// σ(max_j Z_j(t))` (σ monotone), each `Z_j` linear in t; the function and its gradient are
     /// smooth except where the upper envelope of the lines `{Z_j}` (and, for ReLU, the line 0)
     /// switches. Sorted, without duplicates.
-    pub fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+    pub(crate) fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
         let (z0, z1) = self.pre(&self.patches(x));
         self.kinks_of(&z0, &z1, a, b)
     }

@@ -249,7 +249,7 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
 ///
 /// # Shapes
 /// `g` `[P, M, K, K]`, `a` `[M, K]`; returns `[P, K]`.
-pub fn contract(g: &[f64], a: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
+pub(crate) fn contract(g: &[f64], a: &[f64], p: usize, m: usize, k: usize) -> Vec<f64> {
     let mut out = vec![0.0; p * k];
     for pi in 0..p {
         for i in 0..m {

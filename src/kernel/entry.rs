@@ -20,7 +20,7 @@ use crate::trajectory::Run;
 /// `full` only. MLPs take the structured fast path, CNNs theirs ([`super::GramPath::Fast`]) or
 /// the generic autodiff reference ([`super::GramPath::Generic`], fixed rules only). Runs whose
 /// optimizer keeps state (momentum, Adam, weight decay) take the optimizer replay
-/// ([`super::stateful`]); what the run recorded besides its states (Adam's preconditioners) is
+/// (`super::stateful`); what the run recorded besides its states (Adam's preconditioners) is
 /// loaded from its directory. With `req.block_rows` the rows are computed in blocks and the
 /// outputs concatenated (equal to one block up to rounding of the combined record means).
 ///

@@ -26,7 +26,7 @@ pub(crate) fn relu_cuts(z: &[f64], u: &[f64], a: f64, b: f64) -> Vec<f64> {
 
 /// One dense layer at `w_s` with its step direction.
 #[derive(Clone, Debug)]
-pub struct Layer {
+pub(crate) struct Layer {
     /// Input width.
     pub n_in: usize,
     /// Output width.
@@ -43,7 +43,7 @@ pub struct Layer {
 
 /// An MLP on one step `w_s(t) = w_s + tΔw`.
 #[derive(Clone, Debug)]
-pub struct MlpStep {
+pub(crate) struct MlpStep {
     /// Layers in order.
     pub layers: Vec<Layer>,
     /// Hidden activation.
@@ -61,7 +61,7 @@ pub struct MlpStep {
 /// Layer 0 of a step at a set of points ([`MlpStep::first_layer`]): `z = W_s x + b_s` and
 /// `u = ΔW x + Δb`, `[P, out_0]` each.
 #[derive(Clone, Debug)]
-pub struct FirstLayer {
+pub(crate) struct FirstLayer {
     /// `W_s x + b_s` `[P, out_0]`.
     pub z: Vec<f64>,
     /// `ΔW x + Δb` `[P, out_0]`.
@@ -86,7 +86,7 @@ impl FirstLayer {
 
 /// Per-row results of [`MlpStep::eval`].
 #[derive(Clone, Debug, Default)]
-pub struct Evals {
+pub(crate) struct Evals {
     /// Rows R.
     pub rows: usize,
     /// Per layer l: input activations `[R, in_l]` (layer 0: the inputs).
@@ -101,7 +101,7 @@ pub struct Evals {
 
 impl MlpStep {
     /// Builds the step from `w_s` and `w_{s+1}` (`None`: a zero step, for NTK/train-side use).
-    pub fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
+    pub(crate) fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
         let Body::Mlp { widths } = &arch.body else {
             return Err(Error::Config("the structured kernel path needs an MLP".into()));
         };
@@ -143,21 +143,21 @@ impl MlpStep {
     }
 
     /// Input dimension d.
-    pub fn input_dim(&self) -> usize {
+    pub(crate) fn input_dim(&self) -> usize {
         self.layers[0].n_in
     }
 
     /// Evaluates rows `x` (`[R, d]`) at times `t` (`[R]`), subtracting `offset` (`[R, K]`,
     /// the frozen initial network for `zero_output`) before scaling. With `grads`, also the
     /// sensitivities δ and the t-derivative of f.
-    pub fn eval(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+    pub(crate) fn eval(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
         debug_assert_eq!(x.len(), t.len() * self.input_dim());
         self.eval_impl(Some(x), None, t, offset, grads)
     }
 
     /// Layer 0 of this step at the points `x` (`[P, d]`): along the step its pre-activation is
     /// `z + t·u` for every t, so evaluations at any node skip the input-sized GEMM.
-    pub fn first_layer(&self, x: &[f64]) -> FirstLayer {
+    pub(crate) fn first_layer(&self, x: &[f64]) -> FirstLayer {
         let l0 = &self.layers[0];
         let (ni, no) = (l0.n_in, l0.n_out);
         let p = x.len() / ni;
@@ -175,12 +175,12 @@ impl MlpStep {
     /// [`MlpStep::eval`] at the points `idx` of a [`FirstLayer`] (row j: point `idx[j]` at
     /// time `t[j]`, `offset` `[R, K]` per row). The input activations of layer 0 are the points
     /// themselves and are not copied per row: `acts[0]` is empty.
-    pub fn eval_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+    pub(crate) fn eval_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
         self.eval_impl(None, Some(first.rows(idx)), t, offset, grads)
     }
 
     /// [`MlpStep::jvp`] at the points `idx` of a [`FirstLayer`].
-    pub fn jvp_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    pub(crate) fn jvp_at(&self, first: &FirstLayer, idx: &[usize], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         self.jvp_impl(None, Some(first.rows(idx)), t, offset)
     }
 
@@ -319,7 +319,7 @@ impl MlpStep {
     ///
     /// # Shapes
     /// returns `(f [R, K], df/dt [R, K])`.
-    pub fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    pub(crate) fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         self.jvp_impl(Some(x), None, t, offset)
     }
 
@@ -408,13 +408,13 @@ impl MlpStep {
     /// pre-activation of layer l is a polynomial of degree l+1 in t (computed exactly, layer by
     /// layer, with the activation pattern of the piece), so its zeros are polynomial roots.
     /// Tanh networks have no kinks.
-    pub fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+    pub(crate) fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
         self.kinks_impl(x, None, a, b)
     }
 
     /// [`MlpStep::kinks`] for point `p` of a [`FirstLayer`] (whose input row is `x`, `[d]`),
     /// with layer 0's polynomials `z + t·u` taken from the cache.
-    pub fn kinks_at(&self, first: &FirstLayer, p: usize, x: &[f64], a: f64, b: f64) -> Vec<f64> {
+    pub(crate) fn kinks_at(&self, first: &FirstLayer, p: usize, x: &[f64], a: f64, b: f64) -> Vec<f64> {
         let h = first.h;
         self.kinks_impl(x, Some((&first.z[p * h..(p + 1) * h], &first.u[p * h..(p + 1) * h])), a, b)
     }

@@ -78,7 +78,7 @@ pub fn step_gram(
 /// # Shapes
 /// `rows` `[P, d]`, `x_train` `[M, d]`, `diag` `[P, K, K]`, `a` `[M, K]`.
 #[allow(clippy::too_many_arguments)]
-pub fn step_into(
+pub(crate) fn step_into(
     arch: &Architecture,
     ws: &Params,
     next: Option<&Params>,

@@ -12,7 +12,7 @@
 //!   `J̄[p, k, o, :] = Σ_{r∈p} w_r δ_r[k, o] [a_r, 1]` (only `P·K·out·(in+1)` numbers), then
 //!   `T = J̄ · A_trainᵀ` (one GEMM) and `K[p, i, k, k'] += Σ_o T[(p,k,o), i] δ_i[k', o]`.
 //!
-//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in a [`GramSink`] of the
+//! Nothing of size `M·K·W` is ever formed. The Gram is accumulated in a `GramSink` of the
 //! requested [`Layout`] (`full`, `diag` or `trace`), only the entries of that layout being
 //! computed, block by block of row points, and permuted once at the end, so the accumulator holds
 //! one Gram-sized array.
@@ -23,7 +23,7 @@ use super::layout::{add_formed, add_output_layer, zeroed, GramSink, Layout, Trai
 use crate::linalg::{gemm_ab, gemm_abt, gemm_abt_prefix};
 
 /// One layer's factors for a set of rows.
-pub struct LayerFactors<'a> {
+pub(crate) struct LayerFactors<'a> {
     /// Input activations `[R, n_in]`.
     pub acts: &'a [f64],
     /// Sensitivities `[R, K, n_out]`.
@@ -55,7 +55,7 @@ pub fn scratch_bytes_per_point(widths: &[usize], m: usize, k: usize) -> usize {
 ///
 /// Memory: the Gram itself, the layer-0 scale `x_p·x_i + 1` (`[P, M]`) and a scratch block of
 /// at most `BLOCK_BYTES` (16 MiB), plus the training factors of the current step.
-pub struct GramAccumulator {
+pub(crate) struct GramAccumulator {
     p: usize,
     m: usize,
     k: usize,
@@ -112,26 +112,21 @@ struct Pending {
 }
 
 impl GramAccumulator {
-    /// A zero accumulator of the full Gram for P row points, M training points and K outputs.
-    pub fn new(p: usize, m: usize, k: usize, bias: bool) -> Self {
-        Self::with_layout(Layout::Full, p, m, k, bias)
-    }
-
     /// A zero accumulator in `layout`.
-    pub fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
+    pub(crate) fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
         GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new() }
     }
 
     /// The accumulation rows, for step models that contract their own features into them
     /// ([`super::layout::add_dense`], [`super::layout::add_formed`]).
-    pub fn sink_mut(&mut self) -> &mut GramSink {
+    pub(crate) fn sink_mut(&mut self) -> &mut GramSink {
         &mut self.sink
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
     /// [`super::eval::MlpStep`]: log-softmax or identity output scaled by α), so that it is
     /// contracted with K + 1 instead of K² rows per point.
-    pub fn with_output_alpha(mut self, alpha: f64) -> Self {
+    pub(crate) fn with_output_alpha(mut self, alpha: f64) -> Self {
         self.output_alpha = (alpha != 0.0 && self.k >= 2).then_some(alpha);
         self
     }
@@ -147,7 +142,7 @@ impl GramAccumulator {
     ///
     /// # Panics
     /// If `layers` is empty.
-    pub fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], x_rows: &[f64], point: &[usize], weight: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
+    pub(crate) fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], x_rows: &[f64], point: &[usize], weight: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
         let layout = self.sink.layout();
         let (first, last) = (points.start, points.end.min(p));
@@ -229,7 +224,7 @@ impl GramAccumulator {
     /// # Panics
     /// If the network does not have exactly two layers, the output layer is not structured
     /// ([`GramAccumulator::with_output_alpha`]), or the shapes disagree.
-    pub fn add_integrated(&mut self, dbar: &[f64], ab: &[f64], train: &[LayerFactors<'_>], x_rows: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
+    pub(crate) fn add_integrated(&mut self, dbar: &[f64], ab: &[f64], train: &[LayerFactors<'_>], x_rows: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
         assert!(train.len() == 2 && self.output_alpha.is_some(), "integrated rows need a one-hidden-layer network with a structured output layer");
         let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
         let (first, last) = (points.start, points.end.min(p));
@@ -345,7 +340,7 @@ impl GramAccumulator {
     /// Ends a step whose row points were all added: hands layer 0's training factors to the
     /// step buffer (`train0.deltas` `[M, K, out_0]`, weighted by `colw` `[M, K]` as in
     /// [`GramAccumulator::add_step`]).
-    pub fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
+    pub(crate) fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
         self.contract_pending();
         self.step_train = None;
         // T is not kept across steps: layer 0's fold below needs a block of the same size, and
@@ -362,19 +357,19 @@ impl GramAccumulator {
     /// flops are counted from the shapes of the products, `2·m·n·k` each — per step and row
     /// point, `2·M·K·out_0` for layer 0 (`diag`; `full` K times more), `2·M·(K + 1)·(h + 1)`
     /// for the structured output layer and `2·M·K·out·(in + 1)` for other hidden layers.
-    pub fn contraction(&self) -> Contraction {
+    pub(crate) fn contraction(&self) -> Contraction {
         self.stats
     }
 
     /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`).
-    pub fn finish(mut self) -> Vec<f64> {
+    pub(crate) fn finish(mut self) -> Vec<f64> {
         self.flush();
         self.sink.finish()
     }
 
     /// Contracts layer 0's buffered steps now (the Gram is complete only after this or
     /// [`GramAccumulator::finish`]).
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         self.contract_pending();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
             let started = std::time::Instant::now();
@@ -395,7 +390,7 @@ pub struct Contraction {
 
 impl Contraction {
     /// GFLOP/s (0 when nothing was timed).
-    pub fn gflops(&self) -> f64 {
+    pub(crate) fn gflops(&self) -> f64 {
         if self.seconds > 0.0 {
             self.flops / self.seconds * 1e-9
         } else {
@@ -550,7 +545,7 @@ pub(super) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
 ///
 /// # Shapes
 /// `a` `[M, K]`; returns one `[out_l, in_l(+1)]` matrix per layer.
-pub fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize, k: usize, bias: bool) -> Vec<Vec<f64>> {
+pub(crate) fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize, k: usize, bias: bool) -> Vec<Vec<f64>> {
     train
         .iter()
         .map(|t| {
@@ -588,7 +583,7 @@ pub fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize, k: us
 /// A layer whose `acts` are empty (layer 0 evaluated from a cached first layer) takes its input
 /// rows from the points themselves, `x_points` `[P, d]`, once per point instead of per node.
 #[allow(clippy::too_many_arguments)]
-pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
+pub(crate) fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
     for (layer, vl) in rows.iter().zip(v) {
         let (ni, no) = (layer.n_in, layer.n_out);
         let ne = ni + usize::from(bias);
@@ -631,7 +626,7 @@ pub fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>
 /// A layer whose `acts` are empty takes its inputs from `x_points` (`[P, d]`), as in
 /// [`add_prediction`].
 #[allow(clippy::too_many_arguments)]
-pub fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
+pub(crate) fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
     let b = if bias { 1.0 } else { 0.0 };
     for layer in rows {
         let (ni, no) = (layer.n_in, layer.n_out);

@@ -9,9 +9,9 @@
 //! - `trace`: `Σ_c K^{cc}`, `[P, M]` (attribution summaries, stationarity).
 //!
 //! Every step model produces row-side and training-side features in one of three forms and
-//! hands them to [`add_dense`], [`add_dense_scaled`] or [`add_formed`], which compute only the
+//! hands them to `add_dense`, `add_dense_scaled` or `add_formed`, which compute only the
 //! entries of the layout: `diag` costs about `1/K` of `full` for a dense block and `trace` one
-//! GEMM with a K-times longer inner dimension. [`GramSink`] holds the accumulation rows
+//! GEMM with a K-times longer inner dimension. `GramSink` holds the accumulation rows
 //! (`[(p, k), (i, k')]`, `[(p, c), i]` or `[p, i]`) and is the one place they are permuted into
 //! the output layout.
 
@@ -133,7 +133,7 @@ pub(crate) fn zeroed(n: usize) -> Vec<f64> {
 ///
 /// Rows are `(p, k)` for `full` and `diag` and `p` for `trace`; a row holds `(i, k')` (`full`)
 /// or `i` (`diag`, `trace`). [`GramSink::finish`] permutes to the output layout.
-pub struct GramSink {
+pub(crate) struct GramSink {
     layout: Layout,
     p: usize,
     m: usize,
@@ -143,32 +143,32 @@ pub struct GramSink {
 
 impl GramSink {
     /// A zero Gram for P row points, M training points and K outputs.
-    pub fn new(layout: Layout, p: usize, m: usize, k: usize) -> Self {
+    pub(crate) fn new(layout: Layout, p: usize, m: usize, k: usize) -> Self {
         GramSink { layout, p, m, k, g: zeroed(p * m * layout.per_pair(k)) }
     }
 
     /// `(P, M, K)`.
-    pub fn dims(&self) -> (usize, usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize, usize) {
         (self.p, self.m, self.k)
     }
 
     /// The layout.
-    pub fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         self.layout
     }
 
     /// Numbers in one accumulation row.
-    pub fn row_len(&self) -> usize {
+    pub(crate) fn row_len(&self) -> usize {
         self.m * self.layout.cols_per_train(self.k)
     }
 
     /// Numbers per row point (its accumulation rows).
-    pub fn point_len(&self) -> usize {
+    pub(crate) fn point_len(&self) -> usize {
         self.row_len() * self.layout.rows_per_point(self.k)
     }
 
     /// The accumulation rows of the row points `points`.
-    pub fn rows_mut(&mut self, points: Range<usize>) -> &mut [f64] {
+    pub(crate) fn rows_mut(&mut self, points: Range<usize>) -> &mut [f64] {
         let n = self.point_len();
         &mut self.g[points.start * n..points.end * n]
     }
@@ -177,18 +177,18 @@ impl GramSink {
     ///
     /// # Panics
     /// If the two differ in layout or shape.
-    pub fn add(&mut self, other: &GramSink) {
+    pub(crate) fn add(&mut self, other: &GramSink) {
         assert_eq!((self.layout, self.p, self.m, self.k), (other.layout, other.p, other.m, other.k), "sinks differ");
         self.g.par_iter_mut().zip(&other.g).for_each(|(a, b)| *a += b);
     }
 
     /// `self *= c`.
-    pub fn scale(&mut self, c: f64) {
+    pub(crate) fn scale(&mut self, c: f64) {
         self.g.par_iter_mut().for_each(|v| *v *= c);
     }
 
     /// The Gram in its output layout ([`Layout::shape`]), permuted point by point in place.
-    pub fn finish(mut self) -> Vec<f64> {
+    pub(crate) fn finish(mut self) -> Vec<f64> {
         let (m, k) = (self.m, self.k);
         match self.layout {
             Layout::Full => {
@@ -233,7 +233,7 @@ impl GramSink {
 /// `out` the accumulation rows of `nb` points (`[nb·K, M·K]`, `[nb·K, M]` or `[nb, M]`),
 /// `rows` `[nb·K, dim]`, `train` `[M·K, dim]`.
 #[allow(clippy::too_many_arguments)]
-pub fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], nb: usize, m: usize, k: usize, dim: usize, alpha: f64) {
+pub(crate) fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], nb: usize, m: usize, k: usize, dim: usize, alpha: f64) {
     assert_eq!(rows.len(), nb * k * dim, "row features have the wrong size");
     assert_eq!(train.len(), m * k * dim, "training features have the wrong size");
     assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
@@ -273,7 +273,7 @@ pub fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], n
 /// # Shapes
 /// As [`add_dense`], and `s` `[nb, M]`.
 #[allow(clippy::too_many_arguments)]
-pub fn add_dense_scaled(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], s: &[f64], nb: usize, m: usize, k: usize, dim: usize, tmp: &mut Vec<f64>) {
+pub(crate) fn add_dense_scaled(layout: Layout, out: &mut [f64], rows: &[f64], train: &[f64], s: &[f64], nb: usize, m: usize, k: usize, dim: usize, tmp: &mut Vec<f64>) {
     assert_eq!(s.len(), nb * m, "scale has the wrong size");
     tmp.clear();
     tmp.resize(out.len(), 0.0);
@@ -290,7 +290,7 @@ pub fn add_dense_scaled(layout: Layout, out: &mut [f64], rows: &[f64], train: &[
 }
 
 /// The training points' sensitivities of one layer, arranged for [`add_formed`] in one layout.
-pub struct TrainDeltas {
+pub(crate) struct TrainDeltas {
     layout: Layout,
     /// `full`: `[o, (i, k')]`; `diag`/`trace`: `[(c, o), i]`.
     data: Vec<f64>,
@@ -315,7 +315,7 @@ impl TrainDeltas {
     ///
     /// # Shapes
     /// `deltas` `[M·K, no]`, `colw` `[M·K]`.
-    pub fn new(layout: Layout, deltas: &[f64], m: usize, k: usize, no: usize, colw: Option<&[f64]>) -> Self {
+    pub(crate) fn new(layout: Layout, deltas: &[f64], m: usize, k: usize, no: usize, colw: Option<&[f64]>) -> Self {
         assert_eq!(deltas.len(), m * k * no, "training sensitivities have the wrong size");
         let w = |c: usize| colw.map_or(1.0, |cw| cw[c]);
         let mut data = vec![0.0; no * m * k];
@@ -354,7 +354,7 @@ impl TrainDeltas {
     ///
     /// # Panics
     /// If `alpha` is 0 or K < 2 (q cannot be read off the sensitivities).
-    pub fn output(layout: Layout, deltas: &[f64], m: usize, k: usize, colw: Option<&[f64]>, alpha: f64) -> Self {
+    pub(crate) fn output(layout: Layout, deltas: &[f64], m: usize, k: usize, colw: Option<&[f64]>, alpha: f64) -> Self {
         assert!(alpha != 0.0 && k >= 2, "the structured output layer needs α ≠ 0 and K ≥ 2");
         if layout == Layout::Full {
             return Self::new(layout, deltas, m, k, k, colw);
@@ -390,7 +390,7 @@ impl TrainDeltas {
 /// # Panics
 /// If `dt` was arranged for another layout or shape.
 #[allow(clippy::too_many_arguments)]
-pub fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, t: &mut Vec<f64>) {
+pub(crate) fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, t: &mut Vec<f64>) {
     let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
     assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
     let mk = m * k;
@@ -454,7 +454,7 @@ pub fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, n
 ///
 /// # Panics
 /// If `dt` does not have `no = K` (an output layer).
-pub fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, alpha: f64, t: &mut Vec<f64>) {
+pub(crate) fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, alpha: f64, t: &mut Vec<f64>) {
     let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
     assert_eq!(no, k, "an output layer has K outputs");
     assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");

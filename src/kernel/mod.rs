@@ -25,7 +25,7 @@ mod convpieces;
 mod convstep;
 mod driver;
 mod entry;
-pub mod eval;
+pub(crate) mod eval;
 pub mod generic;
 pub mod gram;
 pub mod layout;

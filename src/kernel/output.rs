@@ -30,7 +30,7 @@ use crate::trajectory::Run;
 /// The version of the Gram file this module writes (`format_version` in the metadata of
 /// `gram.safetensors`). Version 3 records the rows; a file without the key is version 2 (rows
 /// then taken from the points: train or test when they equal that set, else inputs).
-pub const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 3;
 
 /// The oldest version [`read`] opens.
 const OLDEST: u32 = 2;
@@ -110,7 +110,7 @@ fn quadrature_name(q: Option<Rule>) -> String {
 mod quadrature_text {
     use super::{Deserialize, Deserializer, Rule, Serializer};
 
-    pub fn serialize<S: Serializer>(q: &Option<Rule>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(q: &Option<Rule>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&super::quadrature_name(*q))
     }
 
@@ -140,7 +140,7 @@ pub struct EvalStats {
 
 impl Exactness {
     /// The quadrature as the files write it: the rule, or `none (t = 0)`.
-    pub fn quadrature_name(&self) -> String {
+    pub(crate) fn quadrature_name(&self) -> String {
         quadrature_name(self.quadrature)
     }
 
@@ -281,7 +281,7 @@ pub struct GramFile {
     pub version: u32,
 }
 
-/// Reads a kernel output directory written by [`write`] (this version or an older one down to
+/// Reads a kernel output directory written by `write` (this version or an older one down to
 /// version 2) and checks it belongs to `run`.
 ///
 /// Errors: a directory of another run, a version this build cannot read (one line saying

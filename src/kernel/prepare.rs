@@ -67,7 +67,7 @@ impl<'a> Prepared<'a> {
     ///
     /// # Shapes
     /// `states` `N + 1`, `rows.x` `[P, d]` with d the network's input dimension.
-    pub fn new(manifest: &'a Manifest, train: &'a Dataset, states: &'a [Params], precond: Option<&'a [Vec<f64>]>, rows: &'a Points, req: &'a Request) -> Result<Self> {
+    pub(crate) fn new(manifest: &'a Manifest, train: &'a Dataset, states: &'a [Params], precond: Option<&'a [Vec<f64>]>, rows: &'a Points, req: &'a Request) -> Result<Self> {
         let start = Instant::now();
         // The kernel on the logits of a classifier: the same path seen through the identity
         // output map, a_{i,s} from ∂L/∂z = softmax(z) − y (module docs of `Outputs`).
@@ -198,13 +198,13 @@ impl<'a> Prepared<'a> {
     }
 
     /// The network (with the output map the kernel is on).
-    pub fn arch(&self) -> &Architecture {
+    pub(crate) fn arch(&self) -> &Architecture {
         &self.manifest.architecture
     }
 
     /// The network's outputs at `state` on the points `x` (`[n, d]`), with their offsets `off`
     /// (`zero_output`); returns `[n, K]`.
-    pub fn values(&self, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Vec<f64>> {
+    pub(crate) fn values(&self, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Vec<f64>> {
         let arch = self.arch();
         if self.structured {
             let z = vec![0.0; x.len() / arch.input_dim()];
@@ -217,7 +217,7 @@ impl<'a> Prepared<'a> {
     /// `∂L/∂f(x_i)` of step `s` for all M training points, `[M, K]`, for the loss as minimised
     /// at that step (its mini-batch with SGD). `f_train` (`[M, K]`, at `w_s`) is computed when
     /// the loss needs it and it is not given (cross-entropy on log-softmax needs the labels only).
-    pub fn loss_gradient(&self, s: usize, f_train: Option<&[f64]>) -> Result<Vec<f64>> {
+    pub(crate) fn loss_gradient(&self, s: usize, f_train: Option<&[f64]>) -> Result<Vec<f64>> {
         let (m, k) = (self.train.n_train(), self.arch().outputs());
         let batch = self.batches.as_ref().map(|b| b[s].as_slice());
         let owned;
@@ -272,7 +272,7 @@ pub fn loss_gradient(loss: LossKind, f_train: &[f64], targets: &Targets, m: usiz
 
 /// ∂L/∂z(x_i) at one state for the mean cross-entropy on the logits `z` (`[M, K]`):
 /// `(softmax(z_i) − e_{y_i}) / n` over the step's points (all M, or the mini-batch).
-pub fn logit_loss_gradient(z: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
+pub(crate) fn logit_loss_gradient(z: &[f64], targets: &Targets, m: usize, k: usize, batch: Option<&[usize]>) -> Result<Vec<f64>> {
     let Targets::Labels(y) = targets else {
         return Err(Error::Data("the cross-entropy on the logits needs class labels".into()));
     };

@@ -78,7 +78,7 @@ impl Rule {
 
 /// Gauss–Legendre nodes and weights on `[-1, 1]` (Newton on P_n from Chebyshev-like guesses;
 /// accurate to a few ulps for n ≤ a few hundred).
-pub fn gauss_legendre(n: usize) -> Vec<(f64, f64)> {
+pub(crate) fn gauss_legendre(n: usize) -> Vec<(f64, f64)> {
     assert!(n >= 1, "Gauss–Legendre needs n >= 1");
     let mut out = vec![(0.0, 0.0); n];
     let m = n.div_ceil(2);
@@ -125,7 +125,7 @@ fn legendre(n: usize, x: f64) -> (f64, f64) {
 
 /// Gauss–Legendre nodes mapped to `[a, b]`, weights scaled by `b − a` (rules up to order 64
 /// are computed once and cached).
-pub fn gauss_legendre_01(n: usize, a: f64, b: f64) -> Vec<(f64, f64)> {
+pub(crate) fn gauss_legendre_01(n: usize, a: f64, b: f64) -> Vec<(f64, f64)> {
     static CACHE: std::sync::OnceLock<Vec<Vec<(f64, f64)>>> = std::sync::OnceLock::new();
     let h = b - a;
     let map = |&(x, w): &(f64, f64)| (a + 0.5 * h * (x + 1.0), 0.5 * h * w);
@@ -141,7 +141,7 @@ pub fn gauss_legendre_01(n: usize, a: f64, b: f64) -> Vec<(f64, f64)> {
 ///
 /// Degree ≤ 2 in closed form (numerically stable quadratic formula); higher degrees by
 /// isolating monotone intervals between the roots of the derivative, then bisection.
-pub fn poly_roots_in(c: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+pub(crate) fn poly_roots_in(c: &[f64], lo: f64, hi: f64) -> Vec<f64> {
     let mut deg = c.len();
     let scale = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     if scale == 0.0 {
@@ -208,7 +208,7 @@ pub fn poly_roots_in(c: &[f64], lo: f64, hi: f64) -> Vec<f64> {
 }
 
 /// Evaluates `Σ_j c_j u^j`.
-pub fn horner(c: &[f64], u: f64) -> f64 {
+pub(crate) fn horner(c: &[f64], u: f64) -> f64 {
     c.iter().rev().fold(0.0, |acc, v| acc * u + v)
 }
 

@@ -55,7 +55,7 @@ pub struct Request {
     /// logits ([`Outputs`]).
     pub outputs: Outputs,
     /// Row points per block (`None`: all rows at once). Rows are independent, so the blocks'
-    /// outputs are concatenated ([`super::blocked::in_blocks`]); [`super::blocked::plan`] picks a
+    /// outputs are concatenated (`super::blocked::in_blocks`); [`super::blocked::plan`] picks a
     /// size that fits a memory budget.
     pub block_rows: Option<usize>,
 }

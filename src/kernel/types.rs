@@ -424,14 +424,14 @@ pub fn output_bytes(p: usize, m: usize, k: usize, steps: usize, per_step: bool) 
 }
 
 /// [`output_bytes`] for a Gram stored in `layout`.
-pub fn output_bytes_in(layout: Layout, p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
+pub(crate) fn output_bytes_in(layout: Layout, p: usize, m: usize, k: usize, steps: usize, per_step: bool) -> u64 {
     let g = (p * m * layout.per_pair(k)) as u64 * 8;
     let (p, m, k, n) = (p as u64, m as u64, k as u64, steps as u64);
     g + if per_step { g * n } else { 0 } + p * k * k * 8 + n * m * k * 8 + 4 * p * k * 8
 }
 
 /// Parses a step range `A:B` (steps A ≤ s < B).
-pub fn parse_step_range(s: &str) -> Result<(usize, usize)> {
+pub(crate) fn parse_step_range(s: &str) -> Result<(usize, usize)> {
     let bad = || Error::Config(format!("--steps `{s}`: expected A:B with integers 0 <= A < B"));
     let (a, b) = s.split_once(':').ok_or_else(bad)?;
     let a: usize = a.trim().parse().map_err(|_| bad())?;

@@ -99,7 +99,7 @@ fn im2col_index(
 /// # Panics
 /// If the channel counts of `x` and `weight` differ, `bias` is not `[Co]`, `stride == 0`, or the
 /// kernel does not fit in the padded input.
-pub fn conv2d<D, T>(
+pub(crate) fn conv2d<D, T>(
     x: Tensor<Shape4, f64, D, T>,
     weight: &Tensor<Shape4, f64, D>,
     bias: &Tensor<(usize,), f64, D>,
@@ -165,7 +165,7 @@ where
 ///
 /// # Panics
 /// If `k == 0` or `k > H` or `k > W`.
-pub fn max_pool2d<D, T>(x: Tensor<Shape4, f64, D, T>, k: usize) -> Tensor<Shape4, f64, D, T>
+pub(crate) fn max_pool2d<D, T>(x: Tensor<Shape4, f64, D, T>, k: usize) -> Tensor<Shape4, f64, D, T>
 where
     D: Device<f64>,
     T: Tape<f64, D>,
@@ -212,7 +212,7 @@ where
 /// # Panics
 /// If a slice length does not match its shape, the channel counts differ, `stride == 0`, or the
 /// kernel does not fit in the padded input.
-pub fn conv2d_direct(
+pub(crate) fn conv2d_direct(
     x: &[f64],
     xs: [usize; 4],
     weight: &[f64],
@@ -284,7 +284,7 @@ pub fn conv2d_direct(
 ///
 /// # Panics
 /// If `x.len()` does not match `xs`, `k == 0`, or `k > H` or `k > W`.
-pub fn max_pool2d_direct(x: &[f64], xs: [usize; 4], k: usize) -> (Vec<f64>, [usize; 4]) {
+pub(crate) fn max_pool2d_direct(x: &[f64], xs: [usize; 4], k: usize) -> (Vec<f64>, [usize; 4]) {
     let [b, c, h, w] = xs;
     assert_eq!(
         x.len(),

@@ -18,7 +18,7 @@
 //! PyTorch names of the parameters (export, `init` from a `state_dict`) are in [`torch`];
 //! [`Architecture::forward`] here is an independent plain-Rust forward pass.
 
-pub mod conv;
+pub(crate) mod conv;
 pub mod net;
 pub mod torch;
 
@@ -49,7 +49,7 @@ impl Activation {
     }
     /// σ'(z) (ReLU: 1 for z > 0, else 0).
     #[inline]
-    pub fn derivative(self, z: f64) -> f64 {
+    pub(crate) fn derivative(self, z: f64) -> f64 {
         match self {
             Activation::Relu => {
                 if z > 0.0 {
@@ -294,7 +294,7 @@ impl Params {
         self.specs.iter().position(|s| s.name == name).map(|j| self.data[j].as_slice())
     }
     /// Euclidean norm of the flat vector.
-    pub fn norm(&self) -> f64 {
+    pub(crate) fn norm(&self) -> f64 {
         self.data.iter().flatten().map(|v| v * v).sum::<f64>().sqrt()
     }
     /// `self − other`, element-wise (same specs required).
@@ -311,7 +311,7 @@ impl Params {
         Ok(Params { specs: self.specs.clone(), data })
     }
     /// Whether every value is finite; returns the first non-finite parameter name.
-    pub fn first_non_finite(&self) -> Option<&str> {
+    pub(crate) fn first_non_finite(&self) -> Option<&str> {
         self.specs
             .iter()
             .zip(&self.data)
@@ -322,7 +322,7 @@ impl Params {
 
 impl ModelConfig {
     /// Checks the configuration values.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let (alpha, activation_ok) = match self {
             ModelConfig::Mlp { hidden, alpha, .. } => {
                 if let Some(i) = hidden.iter().position(|&h| h == 0) {
@@ -418,7 +418,7 @@ const MAX_PARAMS: u64 = 1 << 34;
 
 /// Spatial sizes of the CNN: `(Ho, Wo, Hp, Wp)` after convolution and pooling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CnnGeometry {
+pub(crate) struct CnnGeometry {
     /// Convolution output height.
     pub ho: usize,
     /// Convolution output width.
@@ -432,7 +432,7 @@ pub struct CnnGeometry {
 impl Architecture {
     /// Floats one input row occupies in a forward and backward pass (activations, the
     /// convolution's im2col patches, their gradients), for memory estimates.
-    pub fn floats_per_row(&self) -> u64 {
+    pub(crate) fn floats_per_row(&self) -> u64 {
         match &self.body {
             Body::Mlp { widths } => 3 * widths.iter().map(|&w| w as u64).sum::<u64>(),
             Body::Cnn { image, channels, kernel, outputs, .. } => {
@@ -464,7 +464,7 @@ impl Architecture {
     /// Checks an architecture read from outside (a manifest): at least an input and an output
     /// layer, every width, channel count, kernel, stride and pool ≥ 1, a CNN geometry that fits,
     /// a finite non-zero α. Everything else in this type assumes it holds.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         match &self.body {
             Body::Mlp { widths } => {
                 if widths.len() < 2 {
@@ -512,7 +512,7 @@ impl Architecture {
     }
 
     /// CNN spatial geometry; errors when the kernel does not fit or the pool does not divide.
-    pub fn cnn_geometry(&self) -> Result<CnnGeometry> {
+    pub(crate) fn cnn_geometry(&self) -> Result<CnnGeometry> {
         let Body::Cnn { image, kernel, stride, padding, pool, .. } = &self.body else {
             return Err(Error::Config("not a CNN".into()));
         };
@@ -584,7 +584,7 @@ impl Architecture {
     }
 
     /// Checks that `params` has exactly this architecture's names and shapes.
-    pub fn check_params(&self, params: &Params) -> Result<()> {
+    pub(crate) fn check_params(&self, params: &Params) -> Result<()> {
         let specs = self.param_specs();
         if specs.len() != params.specs.len() {
             return Err(Error::Data(format!(

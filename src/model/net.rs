@@ -50,7 +50,7 @@ impl<D: Device<f64>> ParamTensor<D> {
 }
 
 /// Uploads parameters to `dev` in their natural shapes.
-pub fn upload<D: Device<f64>>(dev: &D, params: &Params) -> Vec<ParamTensor<D>> {
+pub(crate) fn upload<D: Device<f64>>(dev: &D, params: &Params) -> Vec<ParamTensor<D>> {
     params
         .specs
         .iter()
@@ -242,7 +242,7 @@ impl<D: Device<f64>> Objective<D> {
     }
 
     /// The device the objective lives on.
-    pub fn device(&self) -> &D {
+    pub(crate) fn device(&self) -> &D {
         &self.dev
     }
 
@@ -269,7 +269,7 @@ impl<D: Device<f64>> Objective<D> {
 ///
 /// # Shapes
 /// `x` is `[d]`; returns `[K, W]`.
-pub fn jacobian<D: Device<f64>>(
+pub(crate) fn jacobian<D: Device<f64>>(
     dev: &D,
     arch: &Architecture,
     params: &Params,

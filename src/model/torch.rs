@@ -11,7 +11,7 @@
 //! orders the pooled maps `[Co, Hp, Wp]` as our dense layer reads them.
 //!
 //! # Export: logits
-//! [`export_bytes`] writes the network at one state so that the module's output is our
+//! `export_bytes` writes the network at one state so that the module's output is our
 //! *logits* `α (g_w(x) − [zero_output] g_{w_0}(x))` (the input of the log-softmax, or the
 //! regression output):
 //! - α is folded into the last layer (weight and bias multiplied by α), which a plain
@@ -27,7 +27,7 @@
 //! and step.
 //!
 //! # Import: a `state_dict` as our parameters
-//! [`read_state_dict`] reads a PyTorch `state_dict` saved with `safetensors.torch.save_file`
+//! `read_state_dict` reads a PyTorch `state_dict` saved with `safetensors.torch.save_file`
 //! and checks every name, shape and dtype (f64) against an architecture, listing all the
 //! mismatches in one message. It is the `[model] init = "…"` of a run configuration and the
 //! reader of every step of an imported trajectory (`crate::import`).
@@ -43,10 +43,10 @@ use crate::error::{Error, Result};
 use crate::io::{self, NamedArray};
 
 /// `format` entry of an exported file's metadata.
-pub const FORMAT: &str = "pytorch-state-dict";
+pub(crate) const FORMAT: &str = "pytorch-state-dict";
 
 /// Prefix of the frozen initial network's tensors in an export of a `zero_output` architecture.
-pub const INIT_PREFIX: &str = "init.";
+pub(crate) const INIT_PREFIX: &str = "init.";
 
 /// Our parameter specs under their PyTorch names, in our order.
 ///
@@ -82,7 +82,7 @@ pub fn torch_name(arch: &Architecture, name: &str) -> String {
 }
 
 /// The module as PyTorch prints its layers, e.g. `Sequential(Linear(2, 6), ReLU(), Linear(6, 3))`.
-pub fn module_description(arch: &Architecture) -> String {
+pub(crate) fn module_description(arch: &Architecture) -> String {
     let act = match arch.activation {
         Activation::Relu => "ReLU()",
         Activation::Tanh => "Tanh()",
@@ -117,13 +117,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// A PyTorch `state_dict` read as our parameters.
 #[derive(Clone, Debug)]
-pub struct StateDict {
+pub(crate) struct StateDict {
     /// The parameters, named and ordered as ours.
     pub params: Params,
     /// SHA-256 of the file (lowercase hex).
     pub sha256: String,
-    /// The file's `__metadata__` (empty when it has none).
-    pub metadata: HashMap<String, String>,
 }
 
 /// Reads a `state_dict` saved by `safetensors.torch.save_file` and checks it against `arch`:
@@ -135,7 +133,7 @@ pub struct StateDict {
 ///
 /// # Shapes
 /// The file's tensors are [`torch_specs`]`(arch)`.
-pub fn read_state_dict(path: &Path, arch: &Architecture) -> Result<StateDict> {
+pub(crate) fn read_state_dict(path: &Path, arch: &Architecture) -> Result<StateDict> {
     let bytes = io::read_file(path)?;
     let sha256 = sha256_hex(&bytes);
     let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
@@ -188,12 +186,12 @@ pub fn read_state_dict(path: &Path, arch: &Architecture) -> Result<StateDict> {
         }
         data.push(v);
     }
-    Ok(StateDict { params: Params { specs: arch.param_specs(), data }, sha256, metadata })
+    Ok(StateDict { params: Params { specs: arch.param_specs(), data }, sha256 })
 }
 
 /// Where an exported network came from (written into the metadata).
 #[derive(Clone, Debug, Default)]
-pub struct ExportSource {
+pub(crate) struct ExportSource {
     /// The run directory, as given.
     pub run: String,
     /// The run's id.
@@ -208,7 +206,7 @@ pub struct ExportSource {
 ///
 /// # Shapes
 /// `params` and `init` have `arch`'s specs.
-pub fn export_bytes(arch: &Architecture, params: &Params, init: Option<&Params>, source: &ExportSource) -> Result<Vec<u8>> {
+pub(crate) fn export_bytes(arch: &Architecture, params: &Params, init: Option<&Params>, source: &ExportSource) -> Result<Vec<u8>> {
     arch.check_params(params)?;
     let mut arrays = folded_arrays(arch, params, "");
     if arch.zero_output {

@@ -2,8 +2,8 @@
 //!
 //! Plotting never computes: every chart takes ready-made data and renders one PNG image, a
 //! [`Chart`] value that can be saved ([`Chart::save`], atomic) or shown inline in an evcxr
-//! notebook ([`Chart::evcxr_display`]). The functions that take a path first ([`line_chart`],
-//! [`scatter_chart`], [`heatmaps`], [`point_value_panels`], [`matrix`]) render and save in one
+//! notebook ([`Chart::evcxr_display`]). The functions that take a path first (`line_chart`,
+//! `scatter_chart`, [`heatmaps`], `point_value_panels`, [`matrix`]) render and save in one
 //! call.
 //!
 //! Shapes are drawn with `plotters` (bitmap backend). Text is rasterised with `ab_glyph` from
@@ -44,9 +44,11 @@ use plotters::prelude::*;
 use crate::error::{Error, Result};
 
 pub use matrix::matrix;
-pub use panels::{heatmaps, point_value_panels};
+pub use panels::heatmaps;
+pub(crate) use panels::point_value_panels;
 pub use uq::{BarSeries, ImageTile, ReliabilityPanel};
-pub use xy::{line_chart, scatter_chart, LineChart, ScatterChart};
+pub use xy::{LineChart, ScatterChart};
+pub(crate) use xy::{line_chart, scatter_chart};
 
 use axis::Axis1;
 use text::Txt;

@@ -81,7 +81,7 @@ pub fn heatmaps(
 }
 
 /// [`Chart::point_value_panels`] written to `path` ([`Chart::save`]); errors name `path`.
-pub fn point_value_panels(
+pub(crate) fn point_value_panels(
     path: &Path,
     title: &str,
     panels: &[(String, Overlay, Option<Grid2d>)],

@@ -121,7 +121,7 @@ impl ScatterChart {
 }
 
 /// [`Chart::line`] written to `path` ([`Chart::save`]); errors name `path`.
-pub fn line_chart(
+pub(crate) fn line_chart(
     path: &Path,
     title: &str,
     x_label: &str,
@@ -143,7 +143,7 @@ pub fn line_chart(
 }
 
 /// [`Chart::scatter`] written to `path` ([`Chart::save`]); errors name `path`.
-pub fn scatter_chart(
+pub(crate) fn scatter_chart(
     path: &Path,
     title: &str,
     x_label: &str,

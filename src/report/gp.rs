@@ -76,13 +76,13 @@ pub struct Calibration {
     pub brier: f64,
     /// Mean negative log-likelihood `−ln p_y` (unclamped: `+∞` for a true class given 0).
     pub nll: f64,
-    /// Expected calibration error of the top-class probability over [`GP_ECE_BINS`] equal-width
+    /// Expected calibration error of the top-class probability over `GP_ECE_BINS` equal-width
     /// bins (conventions of [`crate::uncertainty::metrics`]).
     pub ece: f64,
 }
 
 /// Calibration of probabilities `probs` against `labels`, by the benchmark's metrics
-/// ([`crate::uncertainty::metrics`]) with [`GP_ECE_BINS`] ECE bins.
+/// ([`crate::uncertainty::metrics`]) with `GP_ECE_BINS` ECE bins.
 ///
 /// Errors: those of the metrics (probabilities that are not a distribution, a label out of
 /// range). # Shapes `probs: [P, K]`, `labels: [P]`.
@@ -93,7 +93,7 @@ pub fn calibration(probs: &[f64], labels: &[usize], k: usize) -> Result<Calibrat
 
 /// ECE bins of the `[analysis] gp` report (the uncertainty benchmark uses
 /// [`crate::uncertainty::metrics::ECE_BINS`]).
-pub const GP_ECE_BINS: usize = 10;
+pub(crate) const GP_ECE_BINS: usize = 10;
 
 /// GP logit regression with `train`'s class blocks as covariance ([`GpModel`]), predicted at the
 /// rows of `rows` (cross blocks and self-kernels), and a Monte-Carlo softmax posterior. Writes

@@ -1,18 +1,18 @@
 //! The study cache: one key per stage, one reuse predicate, one timing ledger.
 //!
 //! Every stage a study computes (a training run, a Gram, a fit, a setting's predictives) is
-//! stored under the study's cache directory (`runs/NAME/` by default) together with the [`Key`]
+//! stored under the study's cache directory (`runs/NAME/` by default) together with the `Key`
 //! of everything that determines it:
 //! - a training run: the whole [`RunConfig`] (through its run id, the hash of its JSON) and the
-//!   trainer revision ([`run_key`]);
+//!   trainer revision (`run_key`);
 //! - a Gram: the run id, every kernel setting and the kernel output version;
 //! - a fit or a predictive: its inputs' keys and its own settings.
 //!
-//! [`reusable`] is the one predicate that decides whether a stored stage may be reused: the
+//! `reusable` is the one predicate that decides whether a stored stage may be reused: the
 //! stamp stored with it equals the key of the inputs now. A stage stored as a directory keeps its
-//! stamp in `inputs.key` ([`stamp`], written after the stage is complete, so a stage interrupted
+//! stamp in `inputs.key` (`stamp`, written after the stage is complete, so a stage interrupted
 //! half way is never reused); a stage stored as one JSON file keeps it in its `key` field
-//! ([`read_keyed`], the same comparison). The [`Clock`] records each stage's seconds under
+//! (`read_keyed`, the same comparison). The `Clock` records each stage's seconds under
 //! `stage#key` in `timings.json`, so that a rerun reports the time each reused stage took when
 //! it was computed.
 
@@ -31,19 +31,19 @@ use crate::uncertainty::record::StageTiming;
 /// The hash of everything that determines a stage (16 hex digits of FNV-1a).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Key(String);
+pub(crate) struct Key(String);
 
 impl Key {
     /// The key of `parts`, joined by the unit separator `U+001F`.
-    pub fn of(parts: &[&str]) -> Key {
+    pub(crate) fn of(parts: &[&str]) -> Key {
         Key::of_bytes(parts.join("\u{1f}").as_bytes())
     }
     /// The key of a byte string.
-    pub fn of_bytes(bytes: &[u8]) -> Key {
+    pub(crate) fn of_bytes(bytes: &[u8]) -> Key {
         Key(format!("{:016x}", fnv1a(bytes)))
     }
     /// The hex digits.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -56,12 +56,12 @@ impl std::fmt::Display for Key {
 
 /// The key of a training run: its whole configuration (the run id is the hash of the config's
 /// JSON) and the trainer revision.
-pub fn run_key(rc: &RunConfig) -> Key {
+pub(crate) fn run_key(rc: &RunConfig) -> Key {
     Key::of(&[&rc.run_id(), &train::created_by()])
 }
 
 /// The bytes of `x` (little endian), for keys over arrays of inputs.
-pub fn f64_bytes(x: &[f64]) -> Vec<u8> {
+pub(crate) fn f64_bytes(x: &[f64]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -69,18 +69,18 @@ const STAMP: &str = "inputs.key";
 
 /// The one reuse predicate: whether `dir` holds a complete stage computed from inputs with the
 /// key `key` (its stamp, `inputs.key`, equals `key`).
-pub fn reusable(dir: &Path, key: &Key) -> bool {
+pub(crate) fn reusable(dir: &Path, key: &Key) -> bool {
     std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s.trim() == key.as_str())
 }
 
 /// Marks `dir` as the complete stage of inputs `key` (call when everything is written).
-pub fn stamp(dir: &Path, key: &Key) -> Result<()> {
+pub(crate) fn stamp(dir: &Path, key: &Key) -> Result<()> {
     io::write_atomic(&dir.join(STAMP), key.as_str().as_bytes())
 }
 
 /// Removes `dir`'s stamp before its stage is recomputed, so that a computation that fails half
 /// way never leaves a directory that an older key would accept.
-pub fn unstamp(dir: &Path) -> Result<()> {
+pub(crate) fn unstamp(dir: &Path) -> Result<()> {
     match std::fs::remove_file(dir.join(STAMP)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir, e)),
         _ => Ok(()),
@@ -89,12 +89,12 @@ pub fn unstamp(dir: &Path) -> Result<()> {
 
 /// A cached JSON stage `{ "key": …, … }` at `path`, when its key is `key` (the predicate of
 /// [`reusable`] for a stage stored as one file).
-pub fn read_keyed<T: serde::de::DeserializeOwned + Keyed>(path: &Path, key: &Key) -> Option<T> {
+pub(crate) fn read_keyed<T: serde::de::DeserializeOwned + Keyed>(path: &Path, key: &Key) -> Option<T> {
     read_json::<T>(path).filter(|c| c.key() == key)
 }
 
 /// A cached value that carries its inputs' key.
-pub trait Keyed {
+pub(crate) trait Keyed {
     /// The key it was computed for.
     fn key(&self) -> &Key;
 }
@@ -113,7 +113,7 @@ fn adopt_run(dir: &Path, rc: &RunConfig, key: &Key) -> Result<()> {
 }
 
 /// Whether the run directory `dir` holds the run of `rc` (stamped, or adopted: [`adopt_run`]).
-pub fn run_reusable(dir: &Path, rc: &RunConfig) -> Result<bool> {
+pub(crate) fn run_reusable(dir: &Path, rc: &RunConfig) -> Result<bool> {
     let key = run_key(rc);
     adopt_run(dir, rc, &key)?;
     Ok(reusable(dir, &key))
@@ -130,7 +130,7 @@ pub fn train(rc: &RunConfig, dir: &Path, base_dir: &Path, progress: bool) -> Res
 /// Trains the runs `jobs` (config, directory) that are not reusable, as many at once as the
 /// machine has cores: each records on its own one-thread pool ([`train::train_to_dir`]), so every
 /// run is bit for bit the run trained alone.
-pub fn train_group(jobs: &[(RunConfig, PathBuf)], base_dir: &Path) -> Result<Vec<Run>> {
+pub(crate) fn train_group(jobs: &[(RunConfig, PathBuf)], base_dir: &Path) -> Result<Vec<Run>> {
     let mut todo = Vec::new();
     for job in jobs {
         if !run_reusable(&job.1, &job.0)? {
@@ -171,7 +171,7 @@ struct Ledger {
 
 /// The stages of one study run, in order, with the seconds each took (measured now, or recorded
 /// in the ledger `timings.json` when it was computed).
-pub struct Clock {
+pub(crate) struct Clock {
     path: PathBuf,
     ledger: Ledger,
     /// Each stage of this run and whether it was reused.
@@ -180,27 +180,27 @@ pub struct Clock {
 }
 
 /// The 1-minute load average (NaN where `/proc/loadavg` is not available).
-pub fn load_average() -> f64 {
+pub(crate) fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok())).unwrap_or(f64::NAN)
 }
 
 impl Clock {
     /// The ledger of the cache directory `cache`.
-    pub fn open(cache: &Path, progress: bool) -> Self {
+    pub(crate) fn open(cache: &Path, progress: bool) -> Self {
         let path = cache.join("timings.json");
         let ledger = read_json(&path).unwrap_or_default();
         Clock { path, ledger, order: Vec::new(), progress }
     }
 
     /// A stage line on stderr (with progress on).
-    pub fn say(&self, line: &str) {
+    pub(crate) fn say(&self, line: &str) {
         if self.progress {
             eprintln!("[study] {line}");
         }
     }
 
     /// Whether the ledger holds the stage's time for these inputs.
-    pub fn has(&self, stage: &str, key: &Key) -> bool {
+    pub(crate) fn has(&self, stage: &str, key: &Key) -> bool {
         self.ledger.stages.contains_key(&format!("{stage}#{key}"))
     }
 
@@ -208,14 +208,14 @@ impl Clock {
     ///
     /// # Panics
     /// If the ledger does not hold it (check with [`Clock::has`]).
-    pub fn reuse(&mut self, stage: &str, key: &Key) {
+    pub(crate) fn reuse(&mut self, stage: &str, key: &Key) {
         let t = self.ledger.stages[&format!("{stage}#{key}")].clone();
         self.say(&format!("{stage}: reused ({:.1} s when computed)", t.seconds));
         self.order.push((t, true));
     }
 
     /// Runs `f` as the stage `stage` for the inputs `key`, recording its time.
-    pub fn run<T>(&mut self, stage: &str, method: &str, key: &Key, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn run<T>(&mut self, stage: &str, method: &str, key: &Key, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.say(&format!("{stage} ..."));
         let l0 = load_average();
         let t0 = Instant::now();
@@ -227,7 +227,7 @@ impl Clock {
     }
 
     /// Records a stage timed by the caller.
-    pub fn record(&mut self, stage: &str, key: &Key, t: StageTiming) -> Result<()> {
+    pub(crate) fn record(&mut self, stage: &str, key: &Key, t: StageTiming) -> Result<()> {
         self.ledger.stages.insert(format!("{stage}#{key}"), t.clone());
         self.order.push((t, false));
         write_json(&self.path, &self.ledger)
@@ -236,7 +236,7 @@ impl Clock {
     /// The runs `jobs` (config, directory) as one stage: reused when every run is
     /// ([`run_reusable`]) and the ledger holds the stage, else the missing ones trained side by
     /// side ([`train_group`]; the stage's seconds are the group's wall time).
-    pub fn train_group(&mut self, stage: &str, method: &str, jobs: &[(RunConfig, PathBuf)], base_dir: &Path) -> Result<Vec<Run>> {
+    pub(crate) fn train_group(&mut self, stage: &str, method: &str, jobs: &[(RunConfig, PathBuf)], base_dir: &Path) -> Result<Vec<Run>> {
         let keys: Vec<Key> = jobs.iter().map(|(rc, _)| run_key(rc)).collect();
         let key = Key::of(&keys.iter().map(Key::as_str).collect::<Vec<_>>());
         let mut all = true;
@@ -251,7 +251,7 @@ impl Clock {
     }
 
     /// One run as a stage: reused when [`run_reusable`] and the ledger holds the stage.
-    pub fn train(&mut self, stage: &str, method: &str, rc: &RunConfig, dir: &Path, base_dir: &Path, progress: bool) -> Result<Run> {
+    pub(crate) fn train(&mut self, stage: &str, method: &str, rc: &RunConfig, dir: &Path, base_dir: &Path, progress: bool) -> Result<Run> {
         let key = run_key(rc);
         if run_reusable(dir, rc)? && self.has(stage, &key) {
             self.reuse(stage, &key);
@@ -291,13 +291,13 @@ fn inexact(v: serde_json::Value) -> serde_json::Value {
 }
 
 /// Writes `value` as cache JSON (floats bit-exact).
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let v = serde_json::to_value(value).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
     io::write_json(path, &exact(v))
 }
 
 /// Reads cache JSON written by [`write_json`] (None when absent or unreadable).
-pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     serde_json::from_value(inexact(v)).ok()
 }

@@ -24,21 +24,21 @@
 //!   (the methods and the score are [`crate::datamodels`]).
 //!
 //! Every kind shares:
-//! - [`StudyContext`]: the study file (name, text, `[data]`/`[model]`/`[train]`) and where it
+//! - `StudyContext`: the study file (name, text, `[data]`/`[model]`/`[train]`) and where it
 //!   reads and writes;
 //! - [`cache`]: the cache directory (`runs/NAME/` by default), where every stage is stored with
-//!   the [`cache::Key`] of everything that determines it and reused only when
-//!   [`cache::reusable`] says so (one predicate), with a ledger of the seconds each stage took
-//!   ([`cache::Clock`]);
+//!   the `cache::Key` of everything that determines it and reused only when
+//!   `cache::reusable` says so (one predicate), with a ledger of the seconds each stage took
+//!   (`cache::Clock`);
 //! - [`selection`]: the one model selection (`lr × steps` on the validation split, one tie
 //!   order);
-//! - the report directory (`reports/NAME/`), staged ([`crate::io::StagedDir`]) and replaced
+//! - the report directory (`reports/NAME/`), staged (`crate::io::StagedDir`) and replaced
 //!   only when complete, with `timings.json` (run-dependent, not tracked by git) apart from the
 //!   deterministic files.
 //!
 //! A new kind (the attribution benchmark: retrain on subsets, attribute, write tables) is one
 //! optional section in [`StudyConfig`] with its typed spec, one file `study/<kind>.rs` with a
-//! `run(&StudyContext, &Spec) -> Result<StudySummary>` that trains through [`cache::Clock`]
+//! `run(&StudyContext, &Spec) -> Result<StudySummary>` that trains through `cache::Clock`
 //! (stages keyed by their full inputs) and writes a staged report, and one line in [`run`].
 //!
 //! The kernels are computed once ([`crate::api`]) and passed along as [`Gram`] values; the
@@ -62,7 +62,7 @@ mod text;
 pub mod uncertainty;
 
 pub use config::{AnalysisSpec, KernelSpec, SelectionSpec, StudyConfig, SweepSpec};
-pub use selection::Candidate;
+pub(crate) use selection::Candidate;
 pub use uncertainty::UqStudySpec;
 
 use crate::api::{Gram, Trained};
@@ -120,7 +120,7 @@ fn recorded(e: &Exactness) -> Exactness {
 
 /// What every kind of study reads: the study file and where to read and write.
 #[derive(Clone, Debug)]
-pub struct StudyContext {
+pub(crate) struct StudyContext {
     /// Study name.
     pub name: String,
     /// Its description.

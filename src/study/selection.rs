@@ -23,7 +23,7 @@ use crate::uncertainty::{self, metrics};
 
 /// One candidate of a `[selection]`, as a plain study's `selection.json` lists it.
 #[derive(Clone, Debug, Serialize)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// Learning rate.
     pub lr: f64,
     /// Steps.
@@ -52,7 +52,7 @@ pub struct Scored {
 }
 
 /// What [`select`] chose.
-pub struct Selected {
+pub(crate) struct Selected {
     /// Every point of the grid, learning rates outer, steps inner (in the order given).
     pub grid: Vec<Scored>,
     /// Index of the chosen point in `grid`.
@@ -65,7 +65,7 @@ pub struct Selected {
 }
 
 /// `rc` with the learning rate, step count and seed replaced.
-pub fn configured(rc: &RunConfig, lr: f64, steps: usize, seed: u64) -> RunConfig {
+pub(crate) fn configured(rc: &RunConfig, lr: f64, steps: usize, seed: u64) -> RunConfig {
     let mut c = rc.clone();
     c.train.lr = lr;
     c.train.steps = steps;
@@ -98,7 +98,7 @@ fn labels(t: &Targets) -> Result<&[usize]> {
 /// Errors: an empty or non-positive grid, no validation split, a regression dataset, and every
 /// error of training.
 #[allow(clippy::too_many_arguments)]
-pub fn select(clock: &mut Clock, rc: &RunConfig, lrs: &[f64], steps: &[usize], data: &Dataset, cache: &Path, base_dir: &Path, progress: bool) -> Result<Selected> {
+pub(crate) fn select(clock: &mut Clock, rc: &RunConfig, lrs: &[f64], steps: &[usize], data: &Dataset, cache: &Path, base_dir: &Path, progress: bool) -> Result<Selected> {
     if lrs.is_empty() || steps.is_empty() || lrs.iter().any(|v| !(v.is_finite() && *v > 0.0)) || steps.contains(&0) {
         return Err(Error::Config("model selection needs non-empty lists of positive learning rates and steps".into()));
     }

@@ -31,7 +31,7 @@ static CRC_TABLES: [[u32; 256]; 8] = crc_tables();
 
 /// A running CRC-32 (slice-by-8): `Crc32::new().update(b).finish() == zlib.crc32(b)`.
 #[derive(Clone, Copy, Debug)]
-pub struct Crc32(u32);
+pub(crate) struct Crc32(u32);
 
 impl Default for Crc32 {
     fn default() -> Self {
@@ -41,11 +41,11 @@ impl Default for Crc32 {
 
 impl Crc32 {
     /// A fresh checksum.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Crc32(!0)
     }
     /// Feeds bytes.
-    pub fn update(&mut self, bytes: &[u8]) -> &mut Self {
+    pub(crate) fn update(&mut self, bytes: &[u8]) -> &mut Self {
         let t = &CRC_TABLES;
         let mut c = self.0;
         let mut chunks = bytes.chunks_exact(8);
@@ -67,7 +67,7 @@ impl Crc32 {
         self
     }
     /// The checksum of everything fed so far.
-    pub fn finish(&self) -> u32 {
+    pub(crate) fn finish(&self) -> u32 {
         !self.0
     }
 }
@@ -78,7 +78,7 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 }
 
 /// CRC-32 of f64 values as little-endian bytes (the checksum of a safetensors f64 array).
-pub fn crc32_f64(values: &[f64]) -> u32 {
+pub(crate) fn crc32_f64(values: &[f64]) -> u32 {
     let mut c = Crc32::new();
     for_le_chunks(values, |b| {
         c.update(b);

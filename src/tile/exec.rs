@@ -28,7 +28,7 @@ pub enum RunOutcome {
 
 /// The state of one tile of a plan.
 #[derive(Clone, Debug, PartialEq)]
-pub enum TileState {
+pub(crate) enum TileState {
     /// Present, header consistent with the plan (and checksum verified when asked).
     Complete,
     /// Not there, or unusable (see the problem).
@@ -37,7 +37,7 @@ pub enum TileState {
 
 /// The state of every tile of the plan in `out`: header checks only (cheap), or also the
 /// checksum of every tile's data with `verify`.
-pub fn tile_states(out: &Path, plan: &Plan, verify: bool) -> Vec<TileState> {
+pub(crate) fn tile_states(out: &Path, plan: &Plan, verify: bool) -> Vec<TileState> {
     plan.tiles
         .iter()
         .map(|t| {

@@ -16,9 +16,9 @@ use super::crc::{crc32, for_le_chunks, Crc32};
 use super::plan::{Plan, TileEntry};
 
 /// Format name in every tile's metadata.
-pub const TILE_FORMAT: &str = "pathkernel-tile";
+pub(crate) const TILE_FORMAT: &str = "pathkernel-tile";
 /// Current tile format version (2: column blocks).
-pub const TILE_VERSION: u32 = 2;
+pub(crate) const TILE_VERSION: u32 = 2;
 
 // ---------------------------------------------------------------------------------------------
 // Writing.
@@ -104,7 +104,7 @@ pub(crate) fn a_support(a: &[f64], mk: usize, steps: [usize; 2]) -> [usize; 2] {
 
 /// Writes the tile `entry` of `plan` from the kernel output of its rows, columns and steps, atomically
 /// (a temporary file in `tiles/`, synced, renamed). `with_a`: store `a` (row block 0 only).
-pub fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutput, with_a: bool) -> Result<PathBuf> {
+pub(crate) fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &KernelOutput, with_a: bool) -> Result<PathBuf> {
     let (p, m, k) = (o.p, o.m, o.k);
     let mut arrays: Vec<Array<'_>> = vec![
         f64a("gram", o.layout.shape(p, m, k), &o.gram),
@@ -276,13 +276,11 @@ impl TileProblem {
 
 /// A tile's header, read without its data.
 #[derive(Clone, Debug)]
-pub struct TileHeader {
+pub(crate) struct TileHeader {
     /// The `__metadata__` strings.
     pub meta: BTreeMap<String, String>,
     /// Bytes of the header (after the 8-byte length).
     pub header_len: usize,
-    /// Bytes of the data section the header describes.
-    pub data_len: usize,
 }
 
 fn parse_header(bytes: &[u8], file_len: u64) -> std::result::Result<TileHeader, TileProblem> {
@@ -316,12 +314,12 @@ fn parse_header(bytes: &[u8], file_len: u64) -> std::result::Result<TileHeader, 
     if file_len != expected {
         return Err(damaged(format!("truncated or extended: {file_len} bytes, its header describes {expected}")));
     }
-    Ok(TileHeader { meta, header_len: n, data_len })
+    Ok(TileHeader { meta, header_len: n })
 }
 
 /// Reads and checks a tile's header only (length, format, plan, run, index, ranges): cheap, for
 /// a first pass over many tiles. The checksum is verified by [`read_tile`].
-pub fn read_header(path: &Path, plan: &Plan, entry: &TileEntry) -> std::result::Result<TileHeader, TileProblem> {
+pub(crate) fn read_header(path: &Path, plan: &Plan, entry: &TileEntry) -> std::result::Result<TileHeader, TileProblem> {
     use std::io::Read;
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,

@@ -10,14 +10,14 @@ use super::format::{read_header, read_tile, tile_path, Tile, TileProblem};
 use super::plan::{Plan, TileEntry};
 
 /// Where `tile merge` writes: `OUT/merged/`.
-pub fn merged_dir(out: &Path) -> PathBuf {
+pub(crate) fn merged_dir(out: &Path) -> PathBuf {
     out.join("merged")
 }
 
 /// Checks that every tile of the plan is present and that its header belongs to this plan, run,
 /// index and ranges (cheap: headers only); the first problem is the error, missing tiles are
 /// listed together.
-pub fn check_all_present(out: &Path, plan: &Plan) -> Result<()> {
+pub(crate) fn check_all_present(out: &Path, plan: &Plan) -> Result<()> {
     let mut missing = Vec::new();
     for t in &plan.tiles {
         let path = tile_path(out, t.index);
@@ -125,7 +125,7 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
 /// computation's (to rounding of the step-range sums; bit-identical on reruns of a plan).
 ///
 /// Column blocks are assembled by [`kernel::columns::assemble`], row blocks by
-/// [`kernel::blocked::in_blocks`] (the same concatenation and record combination as a blocked
+/// `kernel::blocked::in_blocks` (the same concatenation and record combination as a blocked
 /// one-process run), `a` is the union of the tiles' (disjoint steps and columns), and with
 /// several step ranges or column blocks the single machine of Theorem 3.7 is recomputed from the
 /// merged full Gram when `a` is constant over the steps ([`kernel::columns::single_machine`]).

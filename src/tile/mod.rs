@@ -30,7 +30,7 @@
 //!   `a` and the loss gradients of the steps (`[N, M, K]` each, the part of a tile's memory that
 //!   row blocks cannot shrink). The columns' tiles of plain gradient steps also store each
 //!   step's predicted and actual change (`[S_t, P_t, K]` each) for the exactness check.
-//! - Step ranges need a run whose steps are separable ([`steps_separable`]): plain GD/SGD,
+//! - Step ranges need a run whose steps are separable (`steps_separable`): plain GD/SGD,
 //!   with or without weight decay (`KernelForm::Gradient`, `GradientWithDecay`), and a path
 //!   kernel (not the NTK, one kernel at one state). Momentum and Adam carry state from step to
 //!   step (`K_r` sums the future steps' features): `--tiles N` then gives row blocks only, and
@@ -170,9 +170,12 @@ mod plan;
 mod slurm;
 
 pub use compare::{compare_dirs, ArrayDiff};
-pub use exec::{run_tile, tile_states, RunOutcome, TileState};
-pub use crc::{crc32, Crc32};
-pub use format::{read_header, read_tile, tile_path, write_tile, Tile, TileHeader, TileProblem, TILE_FORMAT, TILE_VERSION};
-pub use merge::{check_all_present, merge, merge_output, merged_dir, TiledGram};
-pub use plan::{make_plan, steps_separable, Pilot, Plan, PlanInput, PlanRequest, TileEntry, Tiling, PLAN_FORMAT, PLAN_VERSION};
-pub use slurm::{submit, write_scripts, SlurmOptions, SlurmScripts, Submitted};
+pub use exec::{run_tile, RunOutcome};
+pub(crate) use exec::{tile_states, TileState};
+pub use crc::crc32;
+pub use format::{read_tile, tile_path, Tile, TileProblem};
+pub use merge::{merge, merge_output, TiledGram};
+pub(crate) use merge::merged_dir;
+pub use plan::{make_plan, Pilot, Plan, PlanInput, PlanRequest, TileEntry, Tiling};
+pub use slurm::{submit, SlurmScripts, Submitted};
+pub(crate) use slurm::{write_scripts, SlurmOptions};

@@ -14,9 +14,9 @@ use crate::trajectory::Run;
 use super::crc::crc32_f64;
 
 /// Format name of `plan.json`.
-pub const PLAN_FORMAT: &str = "pathkernel-tile-plan";
+pub(crate) const PLAN_FORMAT: &str = "pathkernel-tile-plan";
 /// Current plan format version (2: column blocks).
-pub const PLAN_VERSION: u32 = 2;
+pub(crate) const PLAN_VERSION: u32 = 2;
 
 /// How many tiles were asked for (`--tiles`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl PlanRequest {
 
     /// The engine's request for steps `[a, b)` (`None`: the plan's own range), in the plan's
     /// layout.
-    pub fn kernel_request(&self, steps: Option<[usize; 2]>) -> Result<Request> {
+    pub(crate) fn kernel_request(&self, steps: Option<[usize; 2]>) -> Result<Request> {
         Ok(Request::new(self.kind)
             .rule(self.rule()?)
             .side(self.side)
@@ -220,7 +220,7 @@ pub struct PlanInput<'a> {
 /// gradient steps (GD/SGD, with or without weight decay) and a path kernel. Momentum and Adam
 /// carry state from step to step (their `K_r` sums the future steps' features), and the NTK is
 /// one kernel at one state, so they are split by rows only.
-pub fn steps_separable(form: KernelForm, kind: KernelKind) -> bool {
+pub(crate) fn steps_separable(form: KernelForm, kind: KernelKind) -> bool {
     matches!(form, KernelForm::Gradient | KernelForm::GradientWithDecay) && kind != KernelKind::Ntk
 }
 
@@ -468,7 +468,7 @@ fn run_pilot(input: &PlanInput<'_>, points: &Points, separable: bool, (lo, hi): 
 impl Plan {
     /// The plan id: FNV-1a of the canonical JSON of the request, run id, shape, form, crate
     /// version and the tiles' ranges (not of the run's location, the budget or the estimates).
-    pub fn compute_id(&self) -> String {
+    pub(crate) fn compute_id(&self) -> String {
         #[derive(Serialize)]
         struct IdInput<'a> {
             format: &'a str,
@@ -550,13 +550,13 @@ impl Plan {
     }
 
     /// The tiles of row block `b`: column block by column block, each in step-range order.
-    pub fn row_block_tiles(&self, b: usize) -> &[TileEntry] {
+    pub(crate) fn row_block_tiles(&self, b: usize) -> &[TileEntry] {
         let n = self.col_blocks * self.step_ranges.len();
         &self.tiles[b * n..(b + 1) * n]
     }
 
     /// The tiles of row block `b` and column block `c`, in summation order (step ranges).
-    pub fn block_tiles(&self, b: usize, c: usize) -> &[TileEntry] {
+    pub(crate) fn block_tiles(&self, b: usize, c: usize) -> &[TileEntry] {
         let s = self.step_ranges.len();
         let i = (b * self.col_blocks + c) * s;
         &self.tiles[i..i + s]

@@ -13,7 +13,7 @@ use super::plan::Plan;
 
 /// What goes into the batch scripts.
 #[derive(Clone, Debug, Default)]
-pub struct SlurmOptions {
+pub(crate) struct SlurmOptions {
     /// The pathkernel binary the tasks run (absolute; `tile slurm` uses its own).
     pub binary: PathBuf,
     /// At most this many array tasks at once (`--array=…%K`).
@@ -79,7 +79,7 @@ fn quote(p: &Path) -> String {
 /// Writes `OUT/slurm/array.sbatch` (one task per tile not yet complete; each runs
 /// `pathkernel tile run OUT --index $SLURM_ARRAY_TASK_ID`) and `OUT/slurm/merge.sbatch`
 /// (`pathkernel tile merge OUT`), and creates `OUT/slurm/logs/` for their output.
-pub fn write_scripts(out: &Path, opts: &SlurmOptions) -> Result<SlurmScripts> {
+pub(crate) fn write_scripts(out: &Path, opts: &SlurmOptions) -> Result<SlurmScripts> {
     let plan = Plan::read(out)?;
     let out = std::fs::canonicalize(out).map_err(|e| Error::io(out, e))?;
     let shown = out.display().to_string();

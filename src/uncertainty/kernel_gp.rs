@@ -206,7 +206,7 @@ impl KernelGp {
     }
 
     /// [`KernelGp::fit`] on a training Gram already computed (of `spec`'s kernel).
-    pub fn fit_blocks(blocks: &TrainBlocks, spec: &KernelGpSpec) -> Result<KernelGp> {
+    pub(crate) fn fit_blocks(blocks: &TrainBlocks, spec: &KernelGpSpec) -> Result<KernelGp> {
         let (m, k) = (blocks.m, blocks.k);
         let targets: Vec<f64> = blocks.network.iter().zip(&blocks.bias).map(|(f, b)| f - b).collect();
         let t1 = Instant::now();
@@ -251,7 +251,7 @@ impl KernelGp {
 
 /// The class blocks of a training Gram on the run's training points, with the outputs there.
 #[derive(Clone, Debug)]
-pub struct TrainBlocks {
+pub(crate) struct TrainBlocks {
     /// Class blocks, each symmetrised `(K + Kᵀ)/2`. # Shapes `[K, M, M]`.
     pub k_train: Vec<f64>,
     /// `f_{w_N}(x_i)` on the kernel's outputs. # Shapes `[M, K]`.
@@ -276,7 +276,7 @@ impl TrainBlocks {
     /// The training Gram of `spec` (kind, side by `spec.train_gram`, outputs) in the
     /// class-diagonal layout. Errors: a kind other than epk/ntk, a regression run, and every
     /// error of the kernel engine.
-    pub fn compute(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<TrainBlocks> {
+    pub(crate) fn compute(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<TrainBlocks> {
         spec.check()?;
         if !run.dataset.is_classification() {
             return Err(Error::Config("a kernel GP of the benchmark needs a classification run".into()));

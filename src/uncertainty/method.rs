@@ -1,6 +1,6 @@
 //! The benchmark's methods by name: the kernels of the kernel GPs ([`GpKernel`]), their ablations
-//! ([`Ablation`]), the function-space Laplace predictives ([`FslVariant`]) and every method
-//! ([`Method`]), whose `Display` is the name in the tables, the parquet files and the charts
+//! ([`Ablation`]), the function-space Laplace predictives (`FslVariant`) and every method
+//! (`Method`), whose `Display` is the name in the tables, the parquet files and the charts
 //! (`map`, `epk-gp`, `window50-gp-netmean`, `fsl-epk-diag-Ts`, …) and whose `FromStr` reads it
 //! back.
 
@@ -108,7 +108,7 @@ impl FromStr for Ablation {
 
 /// How a function-space Laplace method turns its posterior into probabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FslVariant {
+pub(crate) enum FslVariant {
     /// δ by the evidence, probit link (no suffix).
     Probit,
     /// δ by the evidence, Monte Carlo from the `K × K` covariance (`-mc`).
@@ -123,9 +123,9 @@ pub enum FslVariant {
 
 impl FslVariant {
     /// Every variant, in report order.
-    pub const ALL: [FslVariant; 5] = [FslVariant::Probit, FslVariant::Mc, FslVariant::Temperature, FslVariant::TemperatureScale, FslVariant::Grid];
+    pub(crate) const ALL: [FslVariant; 5] = [FslVariant::Probit, FslVariant::Mc, FslVariant::Temperature, FslVariant::TemperatureScale, FslVariant::Grid];
     /// The suffix of the method name.
-    pub fn suffix(&self) -> &'static str {
+    pub(crate) fn suffix(&self) -> &'static str {
         match self {
             FslVariant::Probit => "",
             FslVariant::Mc => "-mc",
@@ -135,18 +135,18 @@ impl FslVariant {
         }
     }
     /// Whether the variant exists for `curvature` (the δ grid only for the class-diagonal one).
-    pub fn applies_to(&self, curvature: Curvature) -> bool {
+    pub(crate) fn applies_to(&self, curvature: Curvature) -> bool {
         *self != FslVariant::Grid || curvature == Curvature::ClassDiagonal
     }
     /// Whether something was fitted on the validation split.
-    pub fn calibrated(&self) -> bool {
+    pub(crate) fn calibrated(&self) -> bool {
         matches!(self, FslVariant::Temperature | FslVariant::TemperatureScale | FslVariant::Grid)
     }
 }
 
 /// A method of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
+pub(crate) enum Method {
     /// `map`: the network's softmax.
     Map,
     /// `temperature`: `softmax(z / T)`, T fitted on the validation split.
@@ -167,14 +167,14 @@ pub enum Method {
 
 impl Method {
     /// The built-in methods of [`super::builtin_methods`], in order.
-    pub const BUILTIN: [Method; 4] = [Method::Map, Method::Temperature, Method::Laplace, Method::Ensemble];
+    pub(crate) const BUILTIN: [Method; 4] = [Method::Map, Method::Temperature, Method::Laplace, Method::Ensemble];
     /// The protocol's methods in table order.
-    pub const PROTOCOL: [Method; 6] = [Method::Map, Method::Temperature, Method::Gp(GpKernel::Epk), Method::Gp(GpKernel::Ntk), Method::Laplace, Method::Ensemble];
+    pub(crate) const PROTOCOL: [Method; 6] = [Method::Map, Method::Temperature, Method::Gp(GpKernel::Epk), Method::Gp(GpKernel::Ntk), Method::Laplace, Method::Ensemble];
     /// The ablations of the kernel GPs with a display name, in table order.
-    pub const ABLATIONS: [Method; 3] = [Method::GpSym, Method::GpNetMean(GpKernel::Epk), Method::GpNetMean(GpKernel::Ntk)];
+    pub(crate) const ABLATIONS: [Method; 3] = [Method::GpSym, Method::GpNetMean(GpKernel::Epk), Method::GpNetMean(GpKernel::Ntk)];
 
     /// The display name of the protocol's methods and of the named ablations.
-    pub fn title(&self) -> Option<&'static str> {
+    pub(crate) fn title(&self) -> Option<&'static str> {
         Some(match self {
             Method::Map => "MAP softmax",
             Method::Temperature => "temperature scaling",

@@ -3,7 +3,7 @@
 //!
 //! Every function takes a probability matrix `[N, K]` (row-major), whatever produced it (the
 //! network's softmax, a temperature-scaled softmax, a Monte-Carlo average, an ensemble, a GP).
-//! Inputs are checked first ([`check_probs`]): a NaN, an entry outside `[0, 1]` or a row that does
+//! Inputs are checked first (`check_probs`): a NaN, an entry outside `[0, 1]` or a row that does
 //! not sum to 1 is an [`Error::Data`], never a number. Conventions:
 //! - **arg-max** ties go to the lowest class index;
 //! - **NLL** is `−ln p_y` unclamped: a true class given probability exactly 0 makes it `+∞`;
@@ -15,10 +15,10 @@
 use crate::error::{Error, Result};
 
 /// How far a probability row's sum may be from 1.
-pub const ROW_SUM_TOL: f64 = 1e-8;
+pub(crate) const ROW_SUM_TOL: f64 = 1e-8;
 
 /// Number of ECE bins of the benchmark protocol.
-pub const ECE_BINS: usize = 15;
+pub(crate) const ECE_BINS: usize = 15;
 
 /// Checks a probability matrix and returns its number of rows `N`: `K ≥ 1`, a length that is a
 /// multiple of `K`, every entry finite and in `[0, 1]`, every row summing to 1 within
@@ -26,7 +26,7 @@ pub const ECE_BINS: usize = 15;
 ///
 /// # Shapes
 /// `probs: [N, K]`.
-pub fn check_probs(probs: &[f64], k: usize) -> Result<usize> {
+pub(crate) fn check_probs(probs: &[f64], k: usize) -> Result<usize> {
     if k == 0 {
         return Err(Error::Data("probabilities with K = 0 classes".into()));
     }
@@ -74,7 +74,7 @@ fn check_labels(n: usize, labels: &[usize], k: usize) -> Result<()> {
     Ok(())
 }
 
-pub use crate::data::argmax;
+pub(crate) use crate::data::argmax;
 
 /// Row-wise softmax of logits (max-shifted), `[N, K] → [N, K]`. Non-finite logits are an error.
 ///
@@ -170,7 +170,7 @@ pub fn brier(probs: &[f64], labels: &[usize], k: usize) -> Result<f64> {
 ///
 /// # Panics
 /// If `bins == 0`.
-pub fn ece_bin(c: f64, bins: usize) -> usize {
+pub(crate) fn ece_bin(c: f64, bins: usize) -> usize {
     assert!(bins > 0, "ece_bin: bins must be >= 1");
     let b = bins as f64;
     let edge = |j: usize| j as f64 / b;
@@ -234,7 +234,7 @@ pub fn reliability(probs: &[f64], labels: &[usize], k: usize, bins: usize) -> Re
 }
 
 /// Expected calibration error with `bins` equal-width bins of the top-label confidence
-/// (conventions in the module docs); `bins = 15` ([`ECE_BINS`]) in the benchmark.
+/// (conventions in the module docs); `bins = 15` (`ECE_BINS`) in the benchmark.
 ///
 /// # Shapes
 /// `probs: [N, K]`, `labels: [N]`.
@@ -265,7 +265,7 @@ pub fn max_prob(probs: &[f64], k: usize) -> Result<Vec<f64>> {
 ///
 /// # Shapes
 /// `v: [n]`; returns `[n]`.
-pub fn average_ranks(v: &[f64]) -> Vec<f64> {
+pub(crate) fn average_ranks(v: &[f64]) -> Vec<f64> {
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
     let mut ranks = vec![0.0; v.len()];
@@ -338,7 +338,7 @@ pub fn ood_auroc(in_scores: &[f64], ood_scores: &[f64], direction: ScoreDirectio
 
 /// The four labelled-set metrics of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ClassificationMetrics {
+pub(crate) struct ClassificationMetrics {
     /// Number of points N.
     pub n: usize,
     /// [`accuracy`].
@@ -355,7 +355,7 @@ pub struct ClassificationMetrics {
 ///
 /// # Shapes
 /// `probs: [N, K]`, `labels: [N]`.
-pub fn classification_metrics(probs: &[f64], labels: &[usize], k: usize) -> Result<ClassificationMetrics> {
+pub(crate) fn classification_metrics(probs: &[f64], labels: &[usize], k: usize) -> Result<ClassificationMetrics> {
     Ok(ClassificationMetrics {
         n: labels.len(),
         accuracy: accuracy(probs, labels, k)?,

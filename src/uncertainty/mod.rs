@@ -57,12 +57,13 @@ use crate::gp::{self, Posterior};
 use crate::model::{Architecture, Params};
 
 pub use ensemble::{network_logits, train_ensemble, Ensemble};
-pub use method::Method;
+pub(crate) use method::Method;
 pub use kernel_gp::{GramCheck, KernelGp, KernelGpFit, KernelGpSpec};
 pub use crate::gp::lastlayer::{self as laplace, LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use metrics::{accuracy, auroc, brier, ece, nll, ood_auroc, reliability, ReliabilityBin, ScoreDirection};
 pub use report::{LaplaceSummary, MethodPrediction, Metric, MetricValue, SettingInfo, SettingKind, UqResults};
-pub use temperature::{fit_temperature, TemperatureFit};
+pub use temperature::TemperatureFit;
+pub(crate) use temperature::fit_temperature;
 
 /// Settings and Monte-Carlo parameters of the benchmark. The defaults are the protocol of the
 /// MNIST benchmark (`data/studies/mnist-uncertainty.toml`): rotations by 15, 30, 45, 60, 90
@@ -116,7 +117,7 @@ pub struct Setting {
 }
 
 /// The name of the rotation setting for `degrees` (`rot-45`, `rot-22.5`).
-pub fn rotation_name(degrees: f64) -> String {
+pub(crate) fn rotation_name(degrees: f64) -> String {
     format!("rot-{degrees}")
 }
 
@@ -177,7 +178,7 @@ pub struct Predictive {
 
 impl Predictive {
     /// Probabilities without a variance score.
-    pub fn from_probs(probs: Vec<f64>) -> Self {
+    pub(crate) fn from_probs(probs: Vec<f64>) -> Self {
         Predictive { probs, ood_score: None }
     }
 
@@ -322,7 +323,7 @@ pub fn builtin_methods(net: Network<'_>, data: &Dataset, ensemble: Option<&Ensem
 /// Appends the external methods' predictives in every setting (method by method) to
 /// `predictions`. Errors: a name taken by a built-in method or by an earlier external one, or a
 /// missing setting.
-pub fn push_external(predictions: &mut Vec<MethodPrediction>, settings: &[SettingInfo], external: &[ExternalMethod]) -> Result<()> {
+pub(crate) fn push_external(predictions: &mut Vec<MethodPrediction>, settings: &[SettingInfo], external: &[ExternalMethod]) -> Result<()> {
     for (i, e) in external.iter().enumerate() {
         if Method::BUILTIN.iter().any(|m| m.to_string() == e.name) || external[..i].iter().any(|o| o.name == e.name) {
             return Err(Error::Config(format!("external method name {:?} is taken", e.name)));

@@ -245,7 +245,7 @@ impl UqResults {
     }
 
     /// The per-point predictions as a long table (columns in the module docs).
-    pub fn predictions_table(&self) -> Table {
+    pub(crate) fn predictions_table(&self) -> Table {
         let k = self.k;
         let rows: usize = self.predictions.iter().map(|p| p.probs.len() / k.max(1)).sum();
         let (mut method, mut setting, mut point, mut label, mut score) =
@@ -277,7 +277,7 @@ impl UqResults {
     }
 
     /// The metrics as a long table (columns in the module docs).
-    pub fn metrics_table(&self) -> Table {
+    pub(crate) fn metrics_table(&self) -> Table {
         Table::new()
             .with("method", Column::Str(self.metrics.iter().map(|v| v.method.clone()).collect()))
             .with("setting", Column::Str(self.metrics.iter().map(|v| v.setting.clone()).collect()))

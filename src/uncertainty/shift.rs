@@ -23,11 +23,11 @@ use rand_chacha::ChaCha8Rng;
 use crate::error::{Error, Result};
 
 /// Image side.
-pub const SIDE: usize = 28;
+pub(crate) const SIDE: usize = 28;
 /// Pixels per image.
-pub const PIXELS: usize = SIDE * SIDE;
+pub(crate) const PIXELS: usize = SIDE * SIDE;
 /// The rotation centre (row and column).
-pub const CENTRE: f64 = 13.5;
+pub(crate) const CENTRE: f64 = 13.5;
 
 /// `(sin θ, cos θ)` of `degrees`, exact for whole multiples of 90°.
 fn sin_cos_degrees(degrees: f64) -> (f64, f64) {
@@ -106,7 +106,7 @@ pub fn rotate_image(img: &[f64], degrees: f64) -> Vec<f64> {
 ///
 /// # Shapes
 /// `x: [N, 784]`; returns `[N, 784]`.
-pub fn rotate_images(x: &[f64], degrees: f64) -> Result<Vec<f64>> {
+pub(crate) fn rotate_images(x: &[f64], degrees: f64) -> Result<Vec<f64>> {
     check_images(x, "rotate_images")?;
     if !degrees.is_finite() {
         return Err(Error::Config(format!("rotation angle must be finite, got {degrees}")));
@@ -119,7 +119,7 @@ pub fn rotate_images(x: &[f64], degrees: f64) -> Result<Vec<f64>> {
 ///
 /// # Shapes
 /// Returns `[n, 784]`.
-pub fn uniform_noise_images(n: usize, seed: u64) -> Vec<f64> {
+pub(crate) fn uniform_noise_images(n: usize, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n * PIXELS).map(|_| rng.gen::<f64>()).collect()
 }
@@ -129,7 +129,7 @@ pub fn uniform_noise_images(n: usize, seed: u64) -> Vec<f64> {
 ///
 /// # Shapes
 /// `x: [N, 784]`; returns `[N, 784]`.
-pub fn invert_images(x: &[f64]) -> Result<Vec<f64>> {
+pub(crate) fn invert_images(x: &[f64]) -> Result<Vec<f64>> {
     check_images(x, "invert_images")?;
     if let Some(i) = x.iter().position(|v| !(0.0..=1.0).contains(v)) {
         return Err(Error::Data(format!(

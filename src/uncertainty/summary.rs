@@ -82,7 +82,7 @@ fn setting_title(r: &UqStudyReport, name: &str) -> String {
 }
 
 /// `summary.md`, section by section.
-pub fn summary_markdown(r: &UqStudyReport) -> String {
+pub(crate) fn summary_markdown(r: &UqStudyReport) -> String {
     let mut s = String::new();
     summary_data(&mut s, r);
     summary_selection(&mut s, r);
@@ -454,7 +454,7 @@ fn comparison(r: &UqStudyReport) -> String {
 }
 
 /// `timings.md`.
-pub fn timings_markdown(r: &UqStudyReport) -> String {
+pub(crate) fn timings_markdown(r: &UqStudyReport) -> String {
     let mut s = String::new();
     let total: f64 = r.stages.iter().map(|t| t.seconds).sum();
     let _ = writeln!(s, "# Timings of `{}`\n", r.name);

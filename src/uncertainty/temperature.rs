@@ -14,9 +14,9 @@ use crate::error::{Error, Result};
 use super::metrics::softmax_in_place;
 
 /// Smallest temperature searched.
-pub const T_MIN: f64 = 1e-2;
+pub(crate) const T_MIN: f64 = 1e-2;
 /// Largest temperature searched.
-pub const T_MAX: f64 = 1e2;
+pub(crate) const T_MAX: f64 = 1e2;
 
 /// A fitted temperature.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -65,7 +65,7 @@ fn nll_derivatives(logits: &[f64], labels: &[usize], k: usize, beta: f64) -> (f6
 ///
 /// # Shapes
 /// `logits: [N, K]`, `labels: [N]`.
-pub fn fit_temperature(logits: &[f64], labels: &[usize], k: usize) -> Result<TemperatureFit> {
+pub(crate) fn fit_temperature(logits: &[f64], labels: &[usize], k: usize) -> Result<TemperatureFit> {
     if k == 0 || logits.len() != labels.len() * k {
         return Err(Error::ShapeMismatch {
             what: "temperature scaling: logits [N, K] vs labels [N]".into(),
@@ -139,7 +139,7 @@ pub fn fit_temperature(logits: &[f64], labels: &[usize], k: usize) -> Result<Tem
 ///
 /// # Shapes
 /// `logits: [N, K]`; returns `[N, K]`.
-pub fn tempered_softmax(logits: &[f64], k: usize, temperature: f64) -> Result<Vec<f64>> {
+pub(crate) fn tempered_softmax(logits: &[f64], k: usize, temperature: f64) -> Result<Vec<f64>> {
     if !(temperature.is_finite() && temperature > 0.0) {
         return Err(Error::Config(format!("temperature must be finite and > 0, got {temperature}")));
     }

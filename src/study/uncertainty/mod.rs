@@ -9,7 +9,7 @@
 //!    softmax, temperature scaling, last-layer Laplace, a deep ensemble of the same configuration
 //!    with the seeds `ensemble_seeds` (the network itself is the member with its seed), and the
 //!    per-class GPs of [`crate::uncertainty::kernel_gp`] on each kernel of `kernel_gps`
-//!    ([`family`]), with their ablations and function-space Laplace.
+//!    (`family`), with their ablations and function-space Laplace.
 //! 3. **Report** into `reports/NAME/`: `summary.md` (deterministic given the cache),
 //!    `timings.md`/`timings.json`, `predictions.parquet`, `metrics.parquet`, `uq.json`,
 //!    `selection.json`, `gp_fits.json`, charts.

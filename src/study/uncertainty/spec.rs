@@ -79,7 +79,7 @@ pub struct UqStudySpec {
     pub disagreement_images: usize,
     /// Function-space Laplace on each kernel of `kernel_gps` (default none): the curvatures
     /// `diag` and/or `full` ([`crate::gp::functional`]). Each adds, on the same Grams (on the
-    /// logits), the variants of [`FslVariant`].
+    /// logits), the variants of `FslVariant`.
     #[serde(default)]
     pub fsl: Vec<Curvature>,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
@@ -112,7 +112,7 @@ fn has_duplicates<T: Ord + Clone>(v: &[T]) -> bool {
 
 impl UqStudySpec {
     /// Checks the section against the study's training configuration.
-    pub fn validate(&self, rc: &RunConfig) -> Result<()> {
+    pub(crate) fn validate(&self, rc: &RunConfig) -> Result<()> {
         let bad = |m: String| Err(Error::Config(format!("[uncertainty] {m}")));
         if self.lrs.is_empty() || self.lrs.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
             return bad(format!("lrs must be a non-empty list of positive rates, got {:?}", self.lrs));
@@ -186,19 +186,19 @@ pub(super) struct KernelFamily {
 
 impl KernelFamily {
     /// The label in stages and the cache folder (`epk`, `ntk`, `path`, `windowL`).
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         self.kernel.label()
     }
     /// The kernel computed.
-    pub fn kind(&self) -> KernelKind {
+    pub(crate) fn kind(&self) -> KernelKind {
         self.kernel.kind()
     }
     /// The function-space Laplace methods of the family, curvature by curvature.
-    pub fn fsl_methods(&self) -> Vec<Method> {
+    pub(crate) fn fsl_methods(&self) -> Vec<Method> {
         self.fsl.iter().flat_map(|&c| FslVariant::ALL.into_iter().filter(move |v| v.applies_to(c)).map(move |v| Method::Fsl(self.kernel, c, v))).collect()
     }
     /// Every method of the family: the GPs, the netmean ablations, function-space Laplace.
-    pub fn methods(&self) -> Vec<Method> {
+    pub(crate) fn methods(&self) -> Vec<Method> {
         self.gps.iter().map(|g| g.0).chain(self.netmean.iter().map(|m| m.0)).chain(self.fsl_methods()).collect()
     }
 }
