@@ -5,29 +5,111 @@
 
 use super::gram::{self, GramAccumulator};
 use super::layout::Layout;
-use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel};
+use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
 use super::prepare::Prepared;
 use super::types::{max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
 use crate::error::Result;
 
+/// The sizes of one plain computation.
+#[derive(Clone, Copy)]
+struct Dims {
+    /// Row points.
+    p: usize,
+    /// Columns: the training points `[c0, c1)` of the share.
+    m: usize,
+    c0: usize,
+    c1: usize,
+    k: usize,
+    /// Recorded steps.
+    n: usize,
+    /// Whether the columns are a share of the training points.
+    share: bool,
+}
+
 /// The kernel of a plain-gradient run (see the module docs).
 pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let req = prep.req;
-    let (layout, start) = (req.layout, prep.start);
-    let manifest = &*prep.manifest;
-    let (train, states, rows) = (prep.train, prep.states, prep.rows);
-    let arch = prep.arch();
-    let n = manifest.steps;
-    let (p, m_all, k, d) = (rows.len(), train.n_train(), arch.outputs(), rows.dim);
-    let (c0, c1) = prep.cols;
-    let share = (c0, c1) != (0, m_all);
-    let m = c1 - c0;
-    let (structured, conv_fast) = (prep.structured, prep.conv_fast);
-    let init = &states[0];
-    let values = |state, x, off| prep.values(state, x, off);
-    let (off_rows, off_train) = (&prep.off_rows, &prep.off_train);
-    let x_cols = &train.x_train[c0 * d..c1 * d];
-    let off_cols = off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
+    let layout = req.layout;
+    let (m_all, (c0, c1)) = (prep.train.n_train(), prep.cols);
+    let d = Dims { p: prep.rows.len(), m: c1 - c0, c0, c1, k: prep.arch().outputs(), n: prep.manifest.steps, share: (c0, c1) != (0, m_all) };
+    let (p, m, k, n, share) = (d.p, d.m, d.k, d.n, d.share);
+    let (lo, hi) = (prep.lo, prep.hi);
+    let path = path_values(prep, &d)?;
+    let bias = path.f_rows[lo].clone();
+    let network = path.f_rows[hi].clone();
+    let steps: Vec<usize> = match prep.ntk_step {
+        Some(s) => vec![s],
+        None => (lo..hi).collect(),
+    };
+    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk | KernelKind::Path);
+    let mut acc = accumulate_steps(prep, &d, &steps, &path, &bias, &network, want_diag, progress)?;
+    let a = path.a;
+    let gram = acc.gram;
+    let track = acc.track;
+    if req.kind == KernelKind::Ntk {
+        acc.records[0].max_abs_error = if share { f64::NAN } else { max_abs_diff(&track.machine, &network) };
+    }
+    // Theorem 3.7: one machine when a_{i,s} does not depend on s (it contracts the off-diagonal
+    // blocks too, so it needs the full layout; a column share leaves it to the assembly).
+    let constant_a = n > 0 && (1..n).all(|s| a[s * m * k..(s + 1) * m * k] == a[..m * k]);
+    let single_machine = if constant_a && req.kind != KernelKind::Ntk && layout == Layout::Full && !share {
+        let pred = contract(&gram, &a[..m * k], p, m, k);
+        Some(bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
+    } else {
+        None
+    };
+    progress(steps.len(), steps.len());
+    let keep_steps = track.keep_steps;
+    Ok(KernelOutput {
+        kind: req.kind,
+        rule: req.rule,
+        side: req.side,
+        integrated: prep.integrate,
+        p,
+        m,
+        k,
+        steps,
+        layout,
+        contraction: acc.contraction,
+        gram,
+        per_step: acc.per_step,
+        diag: if want_diag { Some(acc.diag) } else { None },
+        a,
+        bias,
+        network,
+        machine: track.machine,
+        single_machine,
+        records: acc.records,
+        seconds: prep.start.elapsed().as_secs_f64(),
+        form: KernelForm::Gradient,
+        reg: None,
+        decomposition_residual: None,
+        rounding: None,
+        columns: share.then(|| ColumnShare {
+            range: (c0, c1),
+            of: m_all,
+            machine_whole: false,
+            step_pred: keep_steps.then_some(track.step_pred),
+            step_actual: keep_steps.then_some(track.step_actual),
+        }),
+    })
+}
+
+/// What the path gives before any contraction.
+struct PathValues {
+    /// The row points' network values at the states used (`[P·K]` each, empty elsewhere).
+    f_rows: Vec<Vec<f64>>,
+    /// `a_{i,s}` of the columns (`[N, M, K]`, zero outside the steps summed).
+    a: Vec<f64>,
+    /// Chen's kernel only: the columns' `∂L/∂f` per step (`[M·K]` each).
+    lossgrads: Vec<Vec<f64>>,
+}
+
+/// The network values of the row points along `[lo, hi]` and the training weights `a_{i,s}`.
+fn path_values(prep: &Prepared<'_>, d: &Dims) -> Result<PathValues> {
+    let req = prep.req;
+    let (m, k, n, c0, c1) = (d.m, d.k, d.n, d.c0, d.c1);
+    let (states, rows) = (prep.states, prep.rows);
     let (lo, hi) = (prep.lo, prep.hi);
     // Network values at the states used, and a_{i,s} (zero outside the steps summed).
     let mut f_rows: Vec<Vec<f64>> = vec![Vec::new(); n + 1];
@@ -36,14 +118,14 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
     for s in lo..=hi {
         // The NTK's machine is checked once, against f at the ends; path kernels per step.
         if req.kind != KernelKind::Ntk || s == lo || s == hi {
-            f_rows[s] = values(&states[s], &rows.x, off_rows.as_deref())?;
+            f_rows[s] = prep.values(&states[s], &rows.x, prep.off_rows.as_deref())?;
         }
         if s < hi {
             // Cross-entropy's ∂L/∂f depends on the labels only; MSE's on the outputs.
             let g = prep.loss_gradient(s, None)?;
             // Only the columns' rows of a and ∂L/∂f are kept.
             let g = g[c0 * k..c1 * k].to_vec();
-            let eps = manifest.learning_rates[s];
+            let eps = prep.manifest.learning_rates[s];
             for idx in 0..m * k {
                 a[s * m * k + idx] = match req.kind {
                     KernelKind::Chen => -eps * g[idx].signum() * if g[idx] == 0.0 { 0.0 } else { 1.0 },
@@ -56,70 +138,88 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
             }
         }
     }
-    let bias = f_rows[lo].clone();
-    let network = f_rows[hi].clone();
-    let steps: Vec<usize> = match prep.ntk_step {
-        Some(s) => vec![s],
-        None => (lo..hi).collect(),
-    };
+    Ok(PathValues { f_rows, a, lossgrads })
+}
+
+/// The machine as the steps add to it and, with a column share, each step's predicted and
+/// actual change kept for the assembly (the NTK: its one change over the range).
+struct MachineTrack {
+    machine: Vec<f64>,
+    keep_steps: bool,
+    step_pred: Vec<f64>,
+    step_actual: Vec<f64>,
+}
+
+/// What the steps' contractions add up to.
+struct Accumulated {
+    gram: Vec<f64>,
+    per_step: Option<Vec<f64>>,
+    contraction: gram::Contraction,
+    /// The rows' self-kernel `[P, K, K]` (zero unless wanted).
+    diag: Vec<f64>,
+    records: Vec<StepRecord>,
+    track: MachineTrack,
+}
+
+/// Every step of `steps`: its nodes, its contraction into the Gram (one accumulator, or one
+/// per step with `per_step`), and its validation against the network's change.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_steps(
+    prep: &Prepared<'_>,
+    d: &Dims,
+    steps: &[usize],
+    path: &PathValues,
+    bias: &[f64],
+    network: &[f64],
+    want_diag: bool,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Accumulated> {
+    let req = prep.req;
+    let layout = req.layout;
+    let (states, rows, arch) = (prep.states, prep.rows, prep.arch());
+    let (p, m, k, n, c0, c1) = (d.p, d.m, d.k, d.n, d.c0, d.c1);
+    let dim = rows.dim;
+    let x_cols = &prep.train.x_train[c0 * dim..c1 * dim];
+    let off_cols = prep.off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
     let integrate = prep.integrate;
     let gsize = p * m * layout.per_pair(k);
     // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
     let mut extra: Option<Vec<f64>> = None;
     // One step model for the architecture; one accumulator (or one per step with per_step).
-    let model: Box<dyn StepModel + '_> = if structured {
+    let model: Box<dyn StepModel + '_> = if prep.structured {
         Box::new(MlpModel { arch })
-    } else if conv_fast {
+    } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else {
-        Box::new(GenericModel { arch, init })
+        Box::new(GenericModel { arch, init: &states[0] })
     };
     let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha);
     let mut acc = if req.per_step { None } else { Some(new_acc()) };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
-    let mut machine = bias.clone();
     let mut contraction = gram::Contraction::default();
     let mut records = Vec::with_capacity(steps.len());
-    // A column share keeps each step's predicted and actual change for the assembly (the NTK:
-    // its one change over the range).
-    let keep_steps = share;
-    let mut step_pred = Vec::with_capacity(if keep_steps { steps.len() * p * k } else { 0 });
-    let mut step_actual = Vec::with_capacity(step_pred.capacity());
-    let want_diag = matches!(req.kind, KernelKind::Ntk | KernelKind::Dpk | KernelKind::Epk | KernelKind::Path);
+    let keep_steps = d.share;
+    let step_pred = Vec::with_capacity(if keep_steps { steps.len() * p * k } else { 0 });
+    let step_actual = Vec::with_capacity(step_pred.capacity());
+    let mut track = MachineTrack { machine: bias.to_vec(), keep_steps, step_pred, step_actual };
     let mut diag = vec![0.0; p * k * k];
-    let tol_step = prep.tol_step;
     for (count, &s) in steps.iter().enumerate() {
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
         let fixed = if integrate { req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
-        // The effective training weights of this step: a_{i,s} (Chen: a·|∂L/∂f| = −ε ∂L/∂f);
-        // for the NTK the path's Σ_s a_{i,s}, so that the step's prediction is the linearised
-        // machine's whole change.
-        let a_eff: Vec<f64> = if req.kind == KernelKind::Ntk {
-            let mut asum = vec![0.0; m * k];
-            for s in lo..hi {
-                asum.iter_mut().zip(&a[s * m * k..(s + 1) * m * k]).for_each(|(x, y)| *x += y);
-            }
-            asum
-        } else {
-            match req.kind {
-                KernelKind::Chen => lossgrads[s].iter().map(|g| -manifest.learning_rates[s] * g).collect(),
-                _ => a[s * m * k..(s + 1) * m * k].to_vec(),
-            }
-        };
-        let colw: Option<Vec<f64>> = if req.kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
+        let (a_eff, colw) = step_weights(prep, d, path, s);
         let input = StepInput {
             state: &states[s],
             next,
             rows,
-            off_rows: off_rows.as_deref(),
+            off_rows: prep.off_rows.as_deref(),
             x_train: x_cols,
             off_train: off_cols,
             fixed: fixed.as_deref(),
-            tol_step,
+            tol_step: prep.tol_step,
             a: &a_eff,
             colw: colw.as_deref(),
-            cosine: integrate && structured && req.kind != KernelKind::Path,
+            cosine: integrate && prep.structured && req.kind != KernelKind::Path,
             self_kernel: want_diag,
             train_integrated: req.kind == KernelKind::Path,
         };
@@ -139,48 +239,7 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
                 ps.extend_from_slice(&gs);
             }
         }
-        let cosine = out.cosine;
-        let (pred, evaluations, jvp_evaluations, pieces, unconverged) = (out.pred, out.stats.evaluations, out.stats.jvp_evaluations, out.stats.pieces, out.stats.unconverged);
-        // Predicted change over this step vs the network's actual change.
-        let mut rec = StepRecord { step: s, ..Default::default() };
-        if req.kind == KernelKind::Ntk {
-            // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
-            machine.iter_mut().zip(&pred).for_each(|(mv, pv)| *mv += pv);
-            if keep_steps {
-                step_pred.extend_from_slice(&pred);
-                step_actual.extend(network.iter().zip(&bias).map(|(f1, f0)| f1 - f0));
-            }
-        } else {
-            let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
-            for pi in 0..p {
-                for kt in 0..k {
-                    let actual = f_rows[s + 1][pi * k + kt] - f_rows[s][pi * k + kt];
-                    let e = (pred[pi * k + kt] - actual).abs();
-                    mx = nan_max(mx, e);
-                    sum += e;
-                    ch = nan_max(ch, actual.abs());
-                    machine[pi * k + kt] += pred[pi * k + kt];
-                    if keep_steps {
-                        step_actual.push(actual);
-                    }
-                }
-            }
-            if keep_steps {
-                // One block's share of the prediction: its error is not the machine's.
-                step_pred.extend_from_slice(&pred);
-                (mx, sum) = (f64::NAN, f64::NAN);
-            }
-            rec.max_abs_error = mx;
-            rec.mean_abs_error = sum / (p * k) as f64;
-            rec.max_abs_change = ch;
-        }
-        rec.mean_evaluations = evaluations.iter().sum::<usize>() as f64 / p as f64;
-        rec.max_evaluations = evaluations.iter().copied().max().unwrap_or(0);
-        rec.mean_jvp_evaluations = jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
-        rec.mean_pieces = pieces.iter().sum::<usize>() as f64 / p as f64;
-        rec.unconverged_pieces = unconverged;
-        rec.dpk_cosine_error = cosine;
-        records.push(rec);
+        records.push(validate_step(req.kind, d, s, out, &path.f_rows, bias, network, &mut track));
     }
     if let Some(a) = acc.as_mut() {
         a.flush();
@@ -197,52 +256,81 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
         (None, Some(e)) => e,
         (None, None) => vec![0.0; gsize],
     };
-    if req.kind == KernelKind::Ntk {
-        records[0].max_abs_error = if share { f64::NAN } else { max_abs_diff(&machine, &network) };
-    }
-    // Theorem 3.7: one machine when a_{i,s} does not depend on s (it contracts the off-diagonal
-    // blocks too, so it needs the full layout; a column share leaves it to the assembly).
-    let constant_a = n > 0 && (1..n).all(|s| a[s * m * k..(s + 1) * m * k] == a[..m * k]);
-    let single_machine = if constant_a && req.kind != KernelKind::Ntk && layout == Layout::Full && !share {
-        let pred = contract(&gram, &a[..m * k], p, m, k);
-        Some(bias.iter().zip(&pred).map(|(b, v)| b + v).collect())
+    Ok(Accumulated { gram, per_step, contraction, diag, records, track })
+}
+
+/// Step `s`'s effective training weights and, for Chen's kernel, its column weights `|∂L/∂f|`.
+///
+/// The weights are `a_{i,s}` (Chen: `a·|∂L/∂f| = −ε ∂L/∂f`); for the NTK the path's
+/// `Σ_s a_{i,s}`, so that the step's prediction is the linearised machine's whole change.
+fn step_weights(prep: &Prepared<'_>, d: &Dims, path: &PathValues, s: usize) -> (Vec<f64>, Option<Vec<f64>>) {
+    let kind = prep.req.kind;
+    let (mk, a, lossgrads) = (d.m * d.k, &path.a, &path.lossgrads);
+    let a_eff: Vec<f64> = if kind == KernelKind::Ntk {
+        let mut asum = vec![0.0; mk];
+        for s in prep.lo..prep.hi {
+            asum.iter_mut().zip(&a[s * mk..(s + 1) * mk]).for_each(|(x, y)| *x += y);
+        }
+        asum
     } else {
-        None
+        match kind {
+            KernelKind::Chen => lossgrads[s].iter().map(|g| -prep.manifest.learning_rates[s] * g).collect(),
+            _ => a[s * mk..(s + 1) * mk].to_vec(),
+        }
     };
-    progress(steps.len(), steps.len());
-    Ok(KernelOutput {
-        kind: req.kind,
-        rule: req.rule,
-        side: req.side,
-        integrated: integrate,
-        p,
-        m,
-        k,
-        steps,
-        layout,
-        contraction,
-        gram,
-        per_step,
-        diag: if want_diag { Some(diag) } else { None },
-        a,
-        bias,
-        network,
-        machine,
-        single_machine,
-        records,
-        seconds: start.elapsed().as_secs_f64(),
-        form: KernelForm::Gradient,
-        reg: None,
-        decomposition_residual: None,
-        rounding: None,
-        columns: share.then(|| ColumnShare {
-            range: (c0, c1),
-            of: m_all,
-            machine_whole: false,
-            step_pred: keep_steps.then_some(step_pred),
-            step_actual: keep_steps.then_some(step_actual),
-        }),
-    })
+    let colw: Option<Vec<f64>> = if kind == KernelKind::Chen { Some(lossgrads[s].iter().map(|v| v.abs()).collect()) } else { None };
+    (a_eff, colw)
+}
+
+/// Adds step `s`'s prediction to the machine and records it against the network's actual
+/// change over the step (the NTK: against nothing yet; its one record is checked at the end).
+#[allow(clippy::too_many_arguments)]
+fn validate_step(kind: KernelKind, d: &Dims, s: usize, out: StepOutput, f_rows: &[Vec<f64>], bias: &[f64], network: &[f64], track: &mut MachineTrack) -> StepRecord {
+    let (p, k) = (d.p, d.k);
+    let keep_steps = track.keep_steps;
+    let machine = &mut track.machine;
+    let cosine = out.cosine;
+    let (pred, evaluations, jvp_evaluations, pieces, unconverged) = (out.pred, out.stats.evaluations, out.stats.jvp_evaluations, out.stats.pieces, out.stats.unconverged);
+    // Predicted change over this step vs the network's actual change.
+    let mut rec = StepRecord { step: s, ..Default::default() };
+    if kind == KernelKind::Ntk {
+        // Linearised model around w_S: f ≈ b + Σ_s Σ_i a_{i,s} K_NTK(x, x_i).
+        machine.iter_mut().zip(&pred).for_each(|(mv, pv)| *mv += pv);
+        if keep_steps {
+            track.step_pred.extend_from_slice(&pred);
+            track.step_actual.extend(network.iter().zip(bias).map(|(f1, f0)| f1 - f0));
+        }
+    } else {
+        let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
+        for pi in 0..p {
+            for kt in 0..k {
+                let actual = f_rows[s + 1][pi * k + kt] - f_rows[s][pi * k + kt];
+                let e = (pred[pi * k + kt] - actual).abs();
+                mx = nan_max(mx, e);
+                sum += e;
+                ch = nan_max(ch, actual.abs());
+                machine[pi * k + kt] += pred[pi * k + kt];
+                if keep_steps {
+                    track.step_actual.push(actual);
+                }
+            }
+        }
+        if keep_steps {
+            // One block's share of the prediction: its error is not the machine's.
+            track.step_pred.extend_from_slice(&pred);
+            (mx, sum) = (f64::NAN, f64::NAN);
+        }
+        rec.max_abs_error = mx;
+        rec.mean_abs_error = sum / (p * k) as f64;
+        rec.max_abs_change = ch;
+    }
+    rec.mean_evaluations = evaluations.iter().sum::<usize>() as f64 / p as f64;
+    rec.max_evaluations = evaluations.iter().copied().max().unwrap_or(0);
+    rec.mean_jvp_evaluations = jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
+    rec.mean_pieces = pieces.iter().sum::<usize>() as f64 / p as f64;
+    rec.unconverged_pieces = unconverged;
+    rec.dpk_cosine_error = cosine;
+    rec
 }
 
 /// `out[p, kt] = Σ_{i,ks} a[i, ks] G[p, i, kt, ks]`.

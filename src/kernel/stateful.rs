@@ -371,32 +371,114 @@ pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, m
     Work { fixed, per_row }
 }
 
+/// The sizes of one stateful computation, fixed before either phase.
+#[derive(Clone, Copy)]
+struct Dims {
+    /// Row points.
+    p: usize,
+    /// Columns: the training points of the share.
+    m: usize,
+    /// All training points (the replay's data gradient).
+    m_all: usize,
+    k: usize,
+    /// Parameters.
+    w: usize,
+    /// Recorded steps.
+    n: usize,
+    /// Whether the columns are a share of the training points.
+    share: bool,
+    /// The first step whose gradients reach the range (`lo` without momentum, else 0).
+    first: usize,
+    /// Progress units: the replay to `hi`, then the recursion back to `first`.
+    total_work: usize,
+}
+
 /// Computes the kernel of a run whose optimizer is not plain gradient steps.
 pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
-    let arch = s.arch();
     let req = s.req;
-    let (p, m_all, k) = (s.rows.len(), s.train.n_train(), arch.outputs());
-    let cols = s.cols;
-    let m = cols.1 - cols.0;
-    let share = cols != (0, m_all);
+    let (m_all, cols) = (s.train.n_train(), s.cols);
     let (lo, hi) = (s.lo, s.hi);
-    let n = s.manifest.steps;
-    let w = s.states[0].numel();
+    let first = if s.rule.beta == 0.0 { lo } else { 0 };
+    let d = Dims {
+        p: s.rows.len(),
+        m: cols.1 - cols.0,
+        m_all,
+        k: s.arch().outputs(),
+        w: s.states[0].numel(),
+        n: s.manifest.steps,
+        share: cols != (0, m_all),
+        first,
+        total_work: 2 * hi - first,
+    };
+    check_request(s, &d)?;
+    let bias = s.values(&s.states[lo], &s.rows.x, s.off_rows.as_deref())?;
+    let network = s.values(&s.states[hi], &s.rows.x, s.off_rows.as_deref())?;
+    let mut replay = replay(s, &d, progress)?;
+    let back = backward(s, &d, &mut replay, &bias, progress)?;
+    let (gram, mut per_step, machine, reg, rounding, mut records) = (back.gram, back.per_step, back.machine, back.reg, back.rounding, back.records);
+    let steps: Vec<usize> = match s.ntk_step {
+        Some(st) => vec![st],
+        None => (first..hi).collect(),
+    };
+    if let Some(st) = s.ntk_step {
+        // One record, as for plain runs: the linearised machine's error.
+        let max_abs_error = max_abs_diff(&machine, &network);
+        records = vec![StepRecord { step: st, max_abs_error, mean_evaluations: 1.0, max_evaluations: 1, mean_pieces: 1.0, dpk_cosine_error: f64::NAN, ..Default::default() }];
+        if req.per_step {
+            per_step = vec![gram.clone()];
+        }
+    }
+    progress(d.total_work, d.total_work);
+    let per_step = if req.per_step { Some(per_step.concat()) } else { None };
+    let form = KernelForm::of(&s.rule);
+    Ok(KernelOutput {
+        kind: req.kind,
+        rule: req.rule,
+        side: req.side,
+        integrated: s.integrate,
+        p: d.p,
+        m: d.m,
+        k: d.k,
+        steps,
+        layout: s.req.layout,
+        contraction: Default::default(),
+        gram,
+        per_step,
+        diag: None,
+        a: replay.a,
+        bias,
+        network,
+        machine,
+        single_machine: None,
+        records,
+        seconds: s.start.elapsed().as_secs_f64(),
+        form,
+        reg: if s.rule.wd_coupled != 0.0 || s.rule.wd_decoupled != 0.0 { Some(reg) } else { None },
+        decomposition_residual: Some(replay.residual),
+        rounding: Some(rounding),
+        // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
+        columns: d.share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
+    })
+}
+
+/// Refuses what the stateful recursion cannot do before any work: Chen's kernel, Adam without
+/// its recorded preconditioners, and a request over the memory budget.
+fn check_request(s: &Prepared<'_>, d: &Dims) -> Result<()> {
+    let req = s.req;
     if req.kind == KernelKind::Chen {
         return Err(Error::Config(format!(
             "chen's kernel (eq. 18) is defined for plain gradient steps; this run uses {}: use epk, dpk, kprime or ntk",
             s.manifest.optimizer
         )));
     }
-    let ntk_step = s.ntk_step;
-    if s.rule.adam.is_some() && s.precond.map(<[Vec<f64>]>::len) != Some(n) {
+    if s.rule.adam.is_some() && s.precond.map(<[Vec<f64>]>::len) != Some(d.n) {
         return Err(Error::Config(
             "this run was trained with Adam: its kernel needs the recorded preconditioners (compute it from the run directory: kernel::compute loads them)".into(),
         ));
     }
-    let first = if s.rule.beta == 0.0 { lo } else { 0 };
-    let kept = hi - first;
-    let work = work_bytes(&s.manifest, &s.rule, hi - lo, m, m_all, s.req.layout, ntk_step.is_some());
+    let (p, m, k) = (d.p, d.m, d.k);
+    let kept = s.hi - d.first;
+    let work = work_bytes(&s.manifest, &s.rule, s.hi - s.lo, m, d.m_all, s.req.layout, s.ntk_step.is_some());
     let need = output_bytes_in(s.req.layout, p, m, k, kept, req.per_step) + work.fixed + p as u64 * work.per_row;
     if need > s.req.memory_budget {
         let shape = s.req.layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
@@ -407,12 +489,31 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
             hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
         });
     }
-    let values = |state, x, off| s.values(state, x, off);
-    let bias = values(&s.states[lo], &s.rows.x, s.off_rows.as_deref())?;
-    let network = values(&s.states[hi], &s.rows.x, s.off_rows.as_deref())?;
-    let lrs = &s.manifest.learning_rates;
+    Ok(())
+}
 
-    // Phase 1: forward replay of the optimizer.
+/// What phase 1, the forward replay of the optimizer, leaves for phase 2.
+struct Replay {
+    /// `a_{r,i,k} = −ε_r ∂L/∂f` of the columns over the steps from `first` (`[N, M, K]`).
+    a: Vec<f64>,
+    /// Per step of the range, `Δw_r − (Σ_i u_{i,r} + r_r)`: what the per-point split does not
+    /// carry (rounding).
+    unsplit: Vec<Vec<f64>>,
+    /// Per step of the range, Adam's scales of the step (`None` without Adam).
+    scale: Vec<Option<Vec<f64>>>,
+    /// The largest relative deviation of the replayed update from the recorded one.
+    residual: f64,
+    /// The NTK's kept loss gradients `∂L/∂f` of all M points, per step from `first`.
+    path_lg: Vec<Vec<f64>>,
+    /// With a column share (not the NTK), the replay's whole data gradients `g_r`.
+    path_g: Vec<Vec<f64>>,
+}
+
+/// Phase 1: replays the optimizer forward over steps `[0, hi)` from the whole data gradient.
+fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result<Replay> {
+    let (m, k, w, n, first) = (d.m, d.k, d.w, d.n, d.first);
+    let (cols, lo, hi) = (s.cols, s.lo, s.hi);
+    let lrs = &s.manifest.learning_rates;
     let mut opt = OptimizerState::new(s.rule, w);
     let mut a = vec![0.0; n * m * k];
     // Δw_r − (Σ_i u_{i,r} + r_r): what the per-point split does not carry (rounding).
@@ -424,14 +525,13 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
     // of phase 2 then covers the columns only).
     let mut path_lg: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut path_g: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let total_work = 2 * hi - first;
     for r in 0..hi {
-        progress(r, total_work);
+        progress(r, d.total_work);
         // The replay needs the whole data gradient: all M training points.
-        let ts = TrainSide::at(s, &s.states[r], (0, m_all))?;
+        let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
         let lg = s.loss_gradient(r, Some(ts.f()))?;
         let g = ts.gradient(&lg, w);
-        if r >= first && share && ntk_step.is_none() {
+        if r >= first && d.share && s.ntk_step.is_none() {
             path_g[r] = g.clone();
         }
         let wr = s.states[r].flat();
@@ -447,7 +547,7 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
             }
             // Only the NTK keeps the loss gradients (its training side is frozen at w_S); the
             // other kernels recompute them in the backward pass from the outputs it forms anyway.
-            if ntk_step.is_some() {
+            if s.ntk_step.is_some() {
                 path_lg[r] = lg;
             }
         }
@@ -456,8 +556,33 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
             scale[r] = opt.last_scale().map(<[f64]>::to_vec);
         }
     }
+    Ok(Replay { a, unsplit, scale, residual, path_lg, path_g })
+}
 
-    // Phase 2: backward recursion for H_r = ε_r F_r.
+/// What phase 2, the backward recursion, produces.
+struct Backward {
+    /// The summed Gram (the NTK's: the frozen one).
+    gram: Vec<f64>,
+    /// Each step's Gram `K_r`, in step order (kept with `per_step` only).
+    per_step: Vec<Vec<f64>>,
+    /// The row points' machine: bias `− Σ_r H_r·g_r + reg + rounding` (`[P·K]`).
+    machine: Vec<f64>,
+    /// The weight-decay term `R` (`[P·K]`).
+    reg: Vec<f64>,
+    /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` (`[P·K]`).
+    rounding: Vec<f64>,
+    /// One record per step of the range, in step order.
+    records: Vec<StepRecord>,
+}
+
+/// Phase 2: walks steps `hi − 1` down to `first` carrying `H_r = ε_r F_r`, contracting each
+/// step's kernel and the machine's terms.
+fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progress: &dyn Fn(usize, usize)) -> Result<Backward> {
+    let arch = s.arch();
+    let (p, m, k, w) = (d.p, d.m, d.k, d.w);
+    let (lo, hi, first) = (s.lo, s.hi, d.first);
+    let (cols, ntk_step) = (s.cols, s.ntk_step);
+    let lrs = &s.manifest.learning_rates;
     let pk = p * k;
     // Layer 0 in factor form when no preconditioner mixes its entries.
     let l0_ctx = match (&arch.body, s.structured && s.rule.adam.is_none()) {
@@ -471,21 +596,21 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
     };
     // The NTK's machine with a column share: the frozen Jacobians of all M training points.
     let frozen_all = match ntk_step {
-        Some(st) if share => Some(TrainSide::at(s, &s.states[st], (0, m_all))?),
+        Some(st) if d.share => Some(TrainSide::at(s, &s.states[st], (0, d.m_all))?),
         _ => None,
     };
     let layout = s.req.layout;
     let mut h = Feature::zeros(pk, w, l0);
     let mut gram = GramSink::new(layout, p, m, k);
     let mut per_step: Vec<Vec<f64>> = Vec::new();
-    let mut machine = bias.clone();
+    let mut machine = bias.to_vec();
     let mut reg = vec![0.0; pk];
     let mut rounding = vec![0.0; pk];
     let mut records: Vec<StepRecord> = Vec::new();
     let mut scratch = Vec::new();
     let (beta, gamma) = (s.rule.beta, s.rule.gamma);
     for (count, r) in (first..hi).rev().enumerate() {
-        progress(hi + count, total_work);
+        progress(hi + count, d.total_work);
         h.scale(beta);
         let wr = s.states[r].flat();
         if r >= lo {
@@ -499,37 +624,16 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
                     &rg_owned
                 }
             };
-            h.add(lrs[r] * gamma, &rg.jbar, scale[r].as_deref());
+            h.add(lrs[r] * gamma, &rg.jbar, replay.scale[r].as_deref());
             if s.rule.wd_decoupled != 0.0 {
                 let jw = rg.jbar.dot(&wr, l0);
                 reg.iter_mut().zip(&jw).for_each(|(a, b)| *a -= s.rule.wd_decoupled * lrs[r] * b);
             }
             // The ExPLAIND-style check of this step: J̄_r·Δw_r (the split plus what it does not
             // carry) vs the actual change of the outputs.
-            let ju = rg.jbar.dot(&unsplit[r], l0);
+            let ju = rg.jbar.dot(&replay.unsplit[r], l0);
             rounding.iter_mut().zip(&ju).for_each(|(a, b)| *a += b);
-            let actual_dw: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
-            let pred = rg.jbar.dot(&actual_dw, l0);
-            let f0 = values(&s.states[r], &s.rows.x, s.off_rows.as_deref())?;
-            let f1 = values(&s.states[r + 1], &s.rows.x, s.off_rows.as_deref())?;
-            let mut rec = StepRecord { step: r, dpk_cosine_error: f64::NAN, ..Default::default() };
-            let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
-            for idx in 0..pk {
-                let actual = f1[idx] - f0[idx];
-                let e = (pred[idx] - actual).abs();
-                mx = nan_max(mx, e);
-                sum += e;
-                ch = nan_max(ch, actual.abs());
-            }
-            rec.max_abs_error = mx;
-            rec.mean_abs_error = sum / pk as f64;
-            rec.max_abs_change = ch;
-            rec.mean_evaluations = rg.evaluations.iter().sum::<usize>() as f64 / p as f64;
-            rec.max_evaluations = rg.evaluations.iter().copied().max().unwrap_or(0);
-            rec.mean_jvp_evaluations = rg.jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
-            rec.mean_pieces = rg.pieces.iter().sum::<usize>() as f64 / p as f64;
-            rec.unconverged_pieces = rg.unconverged;
-            records.push(rec);
+            records.push(step_record(s, r, rg, &wr, l0)?);
         }
         // Step r's kernel K_r = H_r·∇f(x_i; w_r)ᵀ / ε_r (NTK: training gradients frozen at w_S).
         let ts_owned;
@@ -543,11 +647,11 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
         // The whole data gradient g_r (a column share too: split by training points, Adam's
         // machine would sum per-point terms amplified by 1/eps that cancel to O(1)).
         let g = if let Some(ta) = &frozen_all {
-            ta.gradient(&std::mem::take(&mut path_lg[r]), w)
-        } else if share {
-            std::mem::take(&mut path_g[r])
+            ta.gradient(&std::mem::take(&mut replay.path_lg[r]), w)
+        } else if d.share {
+            std::mem::take(&mut replay.path_g[r])
         } else if frozen.is_some() {
-            ts.gradient(&std::mem::take(&mut path_lg[r]), w)
+            ts.gradient(&std::mem::take(&mut replay.path_lg[r]), w)
         } else {
             let lg = s.loss_gradient(r, Some(ts.f()))?;
             ts.gradient(&lg, w)
@@ -563,7 +667,7 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
             ts.contract(&h, w, &mut kr, &mut scratch, l0);
             kr.scale(1.0 / lrs[r]);
             gram.add(&kr);
-            if req.per_step {
+            if s.req.per_step {
                 per_step.push(kr.finish());
             }
         }
@@ -571,10 +675,6 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
     machine.iter_mut().zip(&reg).zip(&rounding).for_each(|((x, y), z)| *x += y + z);
     records.reverse();
     per_step.reverse();
-    let steps: Vec<usize> = match ntk_step {
-        Some(st) => vec![st],
-        None => (first..hi).collect(),
-    };
     let gram = match &frozen {
         Some((ts0, rg0)) => {
             let mut g0 = GramSink::new(layout, p, m, k);
@@ -583,43 +683,34 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
         }
         None => gram.finish(),
     };
-    if let Some(st) = ntk_step {
-        // One record, as for plain runs: the linearised machine's error.
-        let max_abs_error = max_abs_diff(&machine, &network);
-        records = vec![StepRecord { step: st, max_abs_error, mean_evaluations: 1.0, max_evaluations: 1, mean_pieces: 1.0, dpk_cosine_error: f64::NAN, ..Default::default() }];
-        if req.per_step {
-            per_step = vec![gram.clone()];
-        }
+    Ok(Backward { gram, per_step, machine, reg, rounding, records })
+}
+
+/// Step r's record: the linearisation `J̄_r·Δw_r` against the actual change of the row points'
+/// outputs, and the quadrature's work on the row gradients `rg`.
+fn step_record(s: &Prepared<'_>, r: usize, rg: &RowGradients, wr: &[f64], l0: Option<&Layer0<'_>>) -> Result<StepRecord> {
+    let (p, k) = (s.rows.len(), s.arch().outputs());
+    let pk = p * k;
+    let actual_dw: Vec<f64> = s.states[r + 1].flat().iter().zip(wr).map(|(a, b)| a - b).collect();
+    let pred = rg.jbar.dot(&actual_dw, l0);
+    let f0 = s.values(&s.states[r], &s.rows.x, s.off_rows.as_deref())?;
+    let f1 = s.values(&s.states[r + 1], &s.rows.x, s.off_rows.as_deref())?;
+    let mut rec = StepRecord { step: r, dpk_cosine_error: f64::NAN, ..Default::default() };
+    let (mut mx, mut sum, mut ch) = (0.0f64, 0.0, 0.0f64);
+    for idx in 0..pk {
+        let actual = f1[idx] - f0[idx];
+        let e = (pred[idx] - actual).abs();
+        mx = nan_max(mx, e);
+        sum += e;
+        ch = nan_max(ch, actual.abs());
     }
-    progress(total_work, total_work);
-    let per_step = if req.per_step { Some(per_step.concat()) } else { None };
-    let form = KernelForm::of(&s.rule);
-    Ok(KernelOutput {
-        kind: req.kind,
-        rule: req.rule,
-        side: req.side,
-        integrated: s.integrate,
-        p,
-        m,
-        k,
-        steps,
-        layout,
-        contraction: Default::default(),
-        gram,
-        per_step,
-        diag: None,
-        a,
-        bias,
-        network,
-        machine,
-        single_machine: None,
-        records,
-        seconds: s.start.elapsed().as_secs_f64(),
-        form,
-        reg: if s.rule.wd_coupled != 0.0 || s.rule.wd_decoupled != 0.0 { Some(reg) } else { None },
-        decomposition_residual: Some(residual),
-        rounding: Some(rounding),
-        // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
-        columns: share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
-    })
+    rec.max_abs_error = mx;
+    rec.mean_abs_error = sum / pk as f64;
+    rec.max_abs_change = ch;
+    rec.mean_evaluations = rg.evaluations.iter().sum::<usize>() as f64 / p as f64;
+    rec.max_evaluations = rg.evaluations.iter().copied().max().unwrap_or(0);
+    rec.mean_jvp_evaluations = rg.jvp_evaluations.iter().sum::<usize>() as f64 / p as f64;
+    rec.mean_pieces = rg.pieces.iter().sum::<usize>() as f64 / p as f64;
+    rec.unconverged_pieces = rg.unconverged;
+    Ok(rec)
 }

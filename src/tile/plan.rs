@@ -240,150 +240,21 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     if p == 0 {
         return Err(Error::Data("no row points".into()));
     }
-    let (lo, hi) = req.steps.unwrap_or((0, n));
-    if lo >= hi || hi > n {
-        return Err(Error::Config(format!("--steps {lo}:{hi}: need 0 <= A < B <= {n}")));
-    }
-    if req.kind == KernelKind::Ntk && req.ntk_step.is_some_and(|s| s > n) {
-        return Err(Error::Config(format!("--step {} is beyond the last state {n}", req.ntk_step.unwrap_or(0))));
-    }
+    let (lo, hi) = checked_steps(req, n)?;
     let form = KernelForm::of(&crate::optim::UpdateRule::of(&manifest.optimizer));
     let separable = steps_separable(form, req.kind);
     let len = hi - lo;
-    let why_not = || {
-        if req.kind == KernelKind::Ntk {
-            "the NTK is one kernel at one state".to_string()
-        } else {
-            format!("this run's optimizer ({}) couples its steps (kernel form {form})", manifest.optimizer)
-        }
-    };
-    let (mut rows, mut cols, steps, mut split) = match input.tiling {
-        Tiling::Count(t) => {
-            let r = t.min(p);
-            let s = if separable { t.div_ceil(r).min(len) } else { 1 };
-            let how = if s > 1 {
-                format!("--tiles {t}: {r} row blocks (one per row point) x {s} step ranges")
-            } else if t > p {
-                format!("--tiles {t}: {r} row blocks (one per row point; steps not split: {})", why_not())
-            } else {
-                format!("--tiles {t}: {r} row blocks")
-            };
-            (r, 1, s, how)
-        }
-        Tiling::Grid { rows, cols, steps } => {
-            let t = input.tiling;
-            if steps > 1 && !separable {
-                let rest = if cols > 1 { format!("{rows}x{cols}x1") } else { format!("{rows}x1") };
-                return Err(Error::Config(format!(
-                    "--tiles {t}: step ranges need plain gradient steps (GD/SGD, with or without weight decay) and a path kernel; {}: use row and column tiles only (--tiles N or {rest})",
-                    why_not()
-                )));
-            }
-            if steps > len {
-                return Err(Error::Config(format!("--tiles {t}: {steps} step ranges for {len} steps")));
-            }
-            if rows > p {
-                return Err(Error::Config(format!("--tiles {t}: {rows} row blocks for {p} row points")));
-            }
-            if cols > m {
-                return Err(Error::Config(format!("--tiles {t}: {cols} column blocks for {m} training points")));
-            }
-            let how = if cols > 1 {
-                format!("--tiles {t}: {rows} row blocks x {cols} column blocks x {steps} step ranges")
-            } else {
-                format!("--tiles {t}: {rows} row blocks x {steps} step ranges")
-            };
-            (rows, cols, steps, how)
-        }
-    };
-    // Grow the blocks until one tile fits the budget: the column blocks while a tile of one row
-    // point does not fit (the training side, a and the loss gradients scale with the columns),
-    // the row blocks otherwise.
+    let (rows, cols, steps, mut split) = wanted_tiling(input, form, separable, p, m, len)?;
     let req_tile = req.clone().steps(Some((lo, hi)));
-    let peak = |br: usize, bc: usize| -> Result<u64> { Ok(kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, u64::MAX)?.estimated_peak() + states_bytes(run)) };
-    let fits = |br: usize, bc: usize| -> bool {
-        kernel::blocked::plan_columns(manifest, br, bc, m, &req_tile, input.memory_budget)
-            .is_ok_and(|bp| bp.blocks == 1 && bp.estimated_peak() + states_bytes(run) <= input.memory_budget)
-    };
-    let (wanted_rows, wanted_cols) = (rows, cols);
-    loop {
-        let (br, bc) = (p.div_ceil(rows), m.div_ceil(cols));
-        if fits(br, bc) {
-            break;
-        }
-        if bc > 1 && !fits(1, bc) {
-            cols = m.div_ceil(bc - 1);
-        } else if br > 1 {
-            rows = p.div_ceil(br - 1);
-        } else {
-            return Err(Error::OutOfMemoryBudget {
-                what: format!("one tile of one row point and {bc} training points (plus the {} states it loads)", n + 1),
-                needed_bytes: peak(1, bc)?,
-                budget_bytes: input.memory_budget,
-                hint: "raise --memory".into(),
-            });
-        }
-    }
-    let block_rows = p.div_ceil(rows);
-    let rows = p.div_ceil(block_rows);
-    let block_cols = m.div_ceil(cols);
-    let cols = m.div_ceil(block_cols);
-    if cols > wanted_cols {
-        split.push_str(&format!("; grown to {cols} column blocks of {block_cols} training points so that a tile of one row point fits --memory"));
-    } else if cols < wanted_cols {
-        split.push_str(&format!("; {cols} even column blocks of {block_cols} training points"));
-    }
-    if rows > wanted_rows {
-        split.push_str(&format!("; grown to {rows} row blocks of {block_rows} points so that each tile fits --memory"));
-    } else if rows < wanted_rows {
-        split.push_str(&format!("; {rows} even row blocks of {block_rows} points"));
-    }
+    let (rows, block_rows, cols, block_cols) = fit_budget(input, &req_tile, p, m, (rows, cols), &mut split)?;
     let bounds: Vec<usize> = (0..=steps).map(|j| lo + j * len / steps).collect();
     let step_ranges: Vec<[usize; 2]> = bounds.windows(2).map(|w| [w[0], w[1]]).collect();
 
     let pilot = if input.pilot { Some(run_pilot(input, &points, separable, (lo, hi))?) } else { None };
-    let per_pair = input.req.layout.per_pair(k) as u64;
     // Column blocks of plain gradient steps carry their per-step predicted and actual changes.
     let shares = cols > 1 && form == KernelForm::Gradient;
-    let mut tiles = Vec::with_capacity(rows * cols * steps);
-    for b in 0..rows {
-        let r0 = b * block_rows;
-        let r1 = ((b + 1) * block_rows).min(p);
-        let pt = (r1 - r0) as u64;
-        for c in 0..cols {
-            let c0 = c * block_cols;
-            let c1 = ((c + 1) * block_cols).min(m);
-            let mc = (c1 - c0) as u64;
-            let peak = peak(r1 - r0, c1 - c0)?;
-            for (r, st) in step_ranges.iter().enumerate() {
-                let s_len = (st[1] - st[0]) as u64;
-                let gram = pt * mc * per_pair * 8;
-                let a = if b == 0 { s_len * mc * k as u64 * 8 } else { 0 };
-                let records = if req.kind == KernelKind::Ntk { 1 } else { s_len };
-                let steps_arrays = if shares { 2 * records * pt * k as u64 * 8 } else { 0 };
-                let output_bytes = gram * (1 + if req.per_step { s_len } else { 0 }) + pt * (k * k) as u64 * 8 + 7 * pt * k as u64 * 8 + a + 10 * s_len * 8 + steps_arrays;
-                // The training side scales with the columns; the rows' quadrature does not.
-                let seconds = pilot.as_ref().map(|pl| {
-                    let steps_cost = if req.kind == KernelKind::Ntk { 1.0 } else { s_len as f64 };
-                    steps_cost * (pl.fixed_seconds_per_step * mc as f64 / m as f64 + pt as f64 * pl.row_seconds_per_step)
-                });
-                let index = (b * cols + c) * steps + r;
-                tiles.push(TileEntry {
-                    index,
-                    row_block: b,
-                    col_block: c,
-                    step_range: r,
-                    rows: [r0, r1],
-                    cols: [c0, c1],
-                    steps: *st,
-                    file: format!("tiles/tile-{index:06}.safetensors"),
-                    output_bytes,
-                    estimated_peak_bytes: peak,
-                    estimated_seconds: seconds,
-                });
-            }
-        }
-    }
+    let blocks = Blocks { p, m, k, rows, block_rows, cols, block_cols };
+    let tiles = tile_entries(input, &req_tile, &blocks, &step_ranges, shares, pilot.as_ref())?;
     let run_dir = std::fs::canonicalize(&run.dir).map_err(|e| Error::io(&run.dir, e))?;
     let mut plan = Plan {
         format: PLAN_FORMAT.into(),
@@ -421,6 +292,191 @@ pub fn make_plan(input: &PlanInput<'_>) -> Result<Plan> {
     };
     plan.plan_id = plan.compute_id();
     Ok(plan)
+}
+
+/// The request's step range `[lo, hi)` of a run of `n` steps, checked (with the NTK's state).
+fn checked_steps(req: &Request, n: usize) -> Result<(usize, usize)> {
+    let (lo, hi) = req.steps.unwrap_or((0, n));
+    if lo >= hi || hi > n {
+        return Err(Error::Config(format!("--steps {lo}:{hi}: need 0 <= A < B <= {n}")));
+    }
+    if req.kind == KernelKind::Ntk && req.ntk_step.is_some_and(|s| s > n) {
+        return Err(Error::Config(format!("--step {} is beyond the last state {n}", req.ntk_step.unwrap_or(0))));
+    }
+    Ok((lo, hi))
+}
+
+/// Why the steps of this request cannot be split into ranges.
+fn why_not_separable(input: &PlanInput<'_>, form: KernelForm) -> String {
+    if input.req.kind == KernelKind::Ntk {
+        "the NTK is one kernel at one state".to_string()
+    } else {
+        format!("this run's optimizer ({}) couples its steps (kernel form {form})", input.run.manifest.optimizer)
+    }
+}
+
+/// The tiling asked for, before the budget: row blocks, column blocks, step ranges and how the
+/// count was chosen. `--tiles N` takes row blocks (one per row point at most), then step ranges
+/// where the steps separate; a grid is checked against the points and steps.
+fn wanted_tiling(input: &PlanInput<'_>, form: KernelForm, separable: bool, p: usize, m: usize, len: usize) -> Result<(usize, usize, usize, String)> {
+    Ok(match input.tiling {
+        Tiling::Count(t) => {
+            let r = t.min(p);
+            let s = if separable { t.div_ceil(r).min(len) } else { 1 };
+            let how = if s > 1 {
+                format!("--tiles {t}: {r} row blocks (one per row point) x {s} step ranges")
+            } else if t > p {
+                format!("--tiles {t}: {r} row blocks (one per row point; steps not split: {})", why_not_separable(input, form))
+            } else {
+                format!("--tiles {t}: {r} row blocks")
+            };
+            (r, 1, s, how)
+        }
+        Tiling::Grid { rows, cols, steps } => {
+            let t = input.tiling;
+            if steps > 1 && !separable {
+                let rest = if cols > 1 { format!("{rows}x{cols}x1") } else { format!("{rows}x1") };
+                return Err(Error::Config(format!(
+                    "--tiles {t}: step ranges need plain gradient steps (GD/SGD, with or without weight decay) and a path kernel; {}: use row and column tiles only (--tiles N or {rest})",
+                    why_not_separable(input, form)
+                )));
+            }
+            if steps > len {
+                return Err(Error::Config(format!("--tiles {t}: {steps} step ranges for {len} steps")));
+            }
+            if rows > p {
+                return Err(Error::Config(format!("--tiles {t}: {rows} row blocks for {p} row points")));
+            }
+            if cols > m {
+                return Err(Error::Config(format!("--tiles {t}: {cols} column blocks for {m} training points")));
+            }
+            let how = if cols > 1 {
+                format!("--tiles {t}: {rows} row blocks x {cols} column blocks x {steps} step ranges")
+            } else {
+                format!("--tiles {t}: {rows} row blocks x {steps} step ranges")
+            };
+            (rows, cols, steps, how)
+        }
+    })
+}
+
+/// Estimated peak bytes of a tile of `br` row points and `bc` training points, with the
+/// states it loads.
+fn tile_peak(input: &PlanInput<'_>, req_tile: &Request, br: usize, bc: usize) -> Result<u64> {
+    let (manifest, m) = (&input.run.manifest, input.run.dataset.n_train());
+    Ok(kernel::blocked::plan_columns(manifest, br, bc, m, req_tile, u64::MAX)?.estimated_peak() + states_bytes(input.run))
+}
+
+/// Whether a tile of `br` row points and `bc` training points fits `--memory` in one block.
+fn tile_fits(input: &PlanInput<'_>, req_tile: &Request, br: usize, bc: usize) -> bool {
+    let (manifest, m) = (&input.run.manifest, input.run.dataset.n_train());
+    kernel::blocked::plan_columns(manifest, br, bc, m, req_tile, input.memory_budget)
+        .is_ok_and(|bp| bp.blocks == 1 && bp.estimated_peak() + states_bytes(input.run) <= input.memory_budget)
+}
+
+/// Grows the wanted `(rows, cols)` blocks until one tile fits the budget and evens them out;
+/// returns `(rows, block_rows, cols, block_cols)` and says what changed in `split`.
+///
+/// The column blocks grow while a tile of one row point does not fit (the training side, a
+/// and the loss gradients scale with the columns), the row blocks otherwise.
+fn fit_budget(input: &PlanInput<'_>, req_tile: &Request, p: usize, m: usize, (wanted_rows, wanted_cols): (usize, usize), split: &mut String) -> Result<(usize, usize, usize, usize)> {
+    let (mut rows, mut cols) = (wanted_rows, wanted_cols);
+    let fits = |br: usize, bc: usize| tile_fits(input, req_tile, br, bc);
+    loop {
+        let (br, bc) = (p.div_ceil(rows), m.div_ceil(cols));
+        if fits(br, bc) {
+            break;
+        }
+        if bc > 1 && !fits(1, bc) {
+            cols = m.div_ceil(bc - 1);
+        } else if br > 1 {
+            rows = p.div_ceil(br - 1);
+        } else {
+            return Err(Error::OutOfMemoryBudget {
+                what: format!("one tile of one row point and {bc} training points (plus the {} states it loads)", input.run.manifest.steps + 1),
+                needed_bytes: tile_peak(input, req_tile, 1, bc)?,
+                budget_bytes: input.memory_budget,
+                hint: "raise --memory".into(),
+            });
+        }
+    }
+    let block_rows = p.div_ceil(rows);
+    let rows = p.div_ceil(block_rows);
+    let block_cols = m.div_ceil(cols);
+    let cols = m.div_ceil(block_cols);
+    if cols > wanted_cols {
+        split.push_str(&format!("; grown to {cols} column blocks of {block_cols} training points so that a tile of one row point fits --memory"));
+    } else if cols < wanted_cols {
+        split.push_str(&format!("; {cols} even column blocks of {block_cols} training points"));
+    }
+    if rows > wanted_rows {
+        split.push_str(&format!("; grown to {rows} row blocks of {block_rows} points so that each tile fits --memory"));
+    } else if rows < wanted_rows {
+        split.push_str(&format!("; {rows} even row blocks of {block_rows} points"));
+    }
+    Ok((rows, block_rows, cols, block_cols))
+}
+
+/// The job's shape as the budget left it: `rows` blocks of `block_rows` of the P row points,
+/// `cols` blocks of `block_cols` of the M training points.
+struct Blocks {
+    p: usize,
+    m: usize,
+    k: usize,
+    rows: usize,
+    block_rows: usize,
+    cols: usize,
+    block_cols: usize,
+}
+
+/// The tiles, by index (row block, then column block, then step range), each with its output
+/// bytes, estimated peak and, with a pilot, estimated seconds.
+fn tile_entries(input: &PlanInput<'_>, req_tile: &Request, bl: &Blocks, step_ranges: &[[usize; 2]], shares: bool, pilot: Option<&Pilot>) -> Result<Vec<TileEntry>> {
+    let req = input.req;
+    let (p, m, k) = (bl.p, bl.m, bl.k);
+    let (rows, block_rows, cols, block_cols) = (bl.rows, bl.block_rows, bl.cols, bl.block_cols);
+    let steps = step_ranges.len();
+    let per_pair = input.req.layout.per_pair(k) as u64;
+    let mut tiles = Vec::with_capacity(rows * cols * steps);
+    for b in 0..rows {
+        let r0 = b * block_rows;
+        let r1 = ((b + 1) * block_rows).min(p);
+        let pt = (r1 - r0) as u64;
+        for c in 0..cols {
+            let c0 = c * block_cols;
+            let c1 = ((c + 1) * block_cols).min(m);
+            let mc = (c1 - c0) as u64;
+            let peak = tile_peak(input, req_tile, r1 - r0, c1 - c0)?;
+            for (r, st) in step_ranges.iter().enumerate() {
+                let s_len = (st[1] - st[0]) as u64;
+                let gram = pt * mc * per_pair * 8;
+                let a = if b == 0 { s_len * mc * k as u64 * 8 } else { 0 };
+                let records = if req.kind == KernelKind::Ntk { 1 } else { s_len };
+                let steps_arrays = if shares { 2 * records * pt * k as u64 * 8 } else { 0 };
+                let output_bytes = gram * (1 + if req.per_step { s_len } else { 0 }) + pt * (k * k) as u64 * 8 + 7 * pt * k as u64 * 8 + a + 10 * s_len * 8 + steps_arrays;
+                // The training side scales with the columns; the rows' quadrature does not.
+                let seconds = pilot.map(|pl| {
+                    let steps_cost = if req.kind == KernelKind::Ntk { 1.0 } else { s_len as f64 };
+                    steps_cost * (pl.fixed_seconds_per_step * mc as f64 / m as f64 + pt as f64 * pl.row_seconds_per_step)
+                });
+                let index = (b * cols + c) * steps + r;
+                tiles.push(TileEntry {
+                    index,
+                    row_block: b,
+                    col_block: c,
+                    step_range: r,
+                    rows: [r0, r1],
+                    cols: [c0, c1],
+                    steps: *st,
+                    file: format!("tiles/tile-{index:06}.safetensors"),
+                    output_bytes,
+                    estimated_peak_bytes: peak,
+                    estimated_seconds: seconds,
+                });
+            }
+        }
+    }
+    Ok(tiles)
 }
 
 /// Bytes of the states `w_0 … w_N` a tile loads.
