@@ -17,7 +17,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::mlp::{gemm, Forward, Mlp1};
+use super::mlp::{Forward, Mlp1};
+use crate::linalg::gemm;
 
 /// Which direction in logit space defines the scalar output whose gradient is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

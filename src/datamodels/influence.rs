@@ -15,7 +15,8 @@ use faer::linalg::triangular_solve::{solve_lower_triangular_in_place, solve_uppe
 use faer::{Mat, Par};
 
 use super::grads::ScalarGrads;
-use super::mlp::{gemm, Forward, Mlp1};
+use super::mlp::{Forward, Mlp1};
+use crate::linalg::gemm;
 use crate::error::{Error, Result};
 
 /// The GGN of the mean cross-entropy at one network over the training rows, as a matrix-free

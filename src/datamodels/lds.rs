@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use statrs::statistics::{Data, OrderStatistics, RankTieBreaker};
 
-use super::mlp::gemm;
+use crate::linalg::gemm;
 use crate::error::{Error, Result};
 
 /// Spearman rank correlation: Pearson on average ranks (ties share their mean rank). `None` when
@@ -22,7 +22,8 @@ pub fn spearman(a: &[f64], b: &[f64]) -> Option<f64> {
     pearson(&ranks(a), &ranks(b))
 }
 
-fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
+/// Pearson correlation (`None` when either side is constant).
+pub(crate) fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
     let n = a.len() as f64;
     let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
     let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);

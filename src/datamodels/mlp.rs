@@ -3,39 +3,10 @@
 //! use. Everything fast in `datamodels` (the retrainer, the per-example gradients, the GGN) is
 //! written against this view; each is tested against the crate's dfdx network.
 
-use faer::linalg::matmul::matmul;
-use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::error::{Error, Result};
+use crate::linalg::gemm;
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
-
-/// `C = β·C + α·op(A)·op(B)` on row-major slices, `op` = transpose when the flag is set.
-///
-/// # Shapes
-/// `op(A)` `[m, k]`, `op(B)` `[k, n]`, `c` `[m, n]`; `a` is stored `[m, k]` (or `[k, m]` when
-/// transposed), `b` `[k, n]` (or `[n, k]`).
-///
-/// # Panics
-/// When a slice length does not match its shape (a programmer error).
-pub fn gemm(c: &mut [f64], a: &[f64], ta: bool, b: &[f64], tb: bool, (m, n, k): (usize, usize, usize), alpha: f64, accumulate: bool) {
-    assert_eq!(a.len(), m * k, "A has the wrong size");
-    assert_eq!(b.len(), k * n, "B has the wrong size");
-    assert_eq!(c.len(), m * n, "C has the wrong size");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.iter_mut().for_each(|v| *v = 0.0);
-        }
-        return;
-    }
-    let lhs = if ta { MatRef::from_row_major_slice(a, k, m).transpose() } else { MatRef::from_row_major_slice(a, m, k) };
-    let rhs = if tb { MatRef::from_row_major_slice(b, n, k).transpose() } else { MatRef::from_row_major_slice(b, k, n) };
-    let dst = MatMut::from_row_major_slice_mut(c, m, n);
-    let par = if (m * n) as f64 * k as f64 > 1.0e6 { Par::rayon(0) } else { Par::Seq };
-    matmul(dst, if accumulate { Accum::Add } else { Accum::Replace }, lhs, rhs, alpha, par);
-}
 
 /// A `d-h-K` ReLU MLP with biases and log-softmax outputs: `z = W2 relu(W1 x + b1) + b2`,
 /// `f = log_softmax(z)`.

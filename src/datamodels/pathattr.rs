@@ -97,7 +97,7 @@ pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathR
     let (p, m) = (labels.len(), yt.len());
     let d = ds.dim;
     let mut xx = vec![0.0; p * m];
-    super::mlp::gemm(&mut xx, x, false, xt, true, (p, m, d), 1.0, false);
+    crate::linalg::gemm(&mut xx, x, false, xt, true, (p, m, d), 1.0, false);
     let mut kernel = vec![0.0; p * m];
     let states = net.states();
     for w in &states[..states.len().saturating_sub(1)] {
@@ -158,7 +158,7 @@ pub fn path_gram(arch: &crate::model::Architecture, states: &[crate::model::Para
     let d = x.len() / m.max(1);
     let mut xx = vec![0.0; if full { m * m } else { 0 }];
     if full {
-        super::mlp::gemm(&mut xx, x, false, x, true, (m, m, d), 1.0, false);
+        crate::linalg::gemm(&mut xx, x, false, x, true, (m, m, d), 1.0, false);
     }
     for w in &states[..states.len().saturating_sub(1)] {
         let net = Mlp1::from_params(arch, w)?;

@@ -3,7 +3,8 @@
 //! It replaces the crate's dfdx training (the slow, obvious path it is tested against) for the 50
 //! subset retrainings and the ensemble, where only final weights are needed.
 
-use super::mlp::{gemm, Mlp1};
+use super::mlp::Mlp1;
+use crate::linalg::gemm;
 use crate::error::{Error, Result};
 
 /// Plain gradient descent `w ← w − ε ∇L_S(w)`, `L_S = −(1/|S|) Σ_{i∈S} log p_{y_i}(x_i)`, for

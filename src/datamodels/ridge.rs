@@ -7,7 +7,7 @@
 
 use faer::{Mat, MatRef, Side};
 
-use super::mlp::gemm;
+use crate::linalg::gemm;
 use crate::error::{Error, Result};
 
 /// One factored ridge regression, `τ(λ) = A diag(1/(s + λ)) Bᵀ`.
