@@ -11,14 +11,20 @@ fn par_for(m: usize, n: usize, k: usize) -> Par {
     }
 }
 
-/// `C = β·C + α·A·Bᵀ` with row-major `A [m, k]`, `B [n, k]`, `C [m, n]`; `β` is 0 or 1
-/// (`accumulate`).
+/// `C = β·C + α·op(A)·op(B)` on row-major slices, `op` = transpose when the flag is set; `β`
+/// is 0 or 1 (`accumulate`). The one GEMM on slices: [`gemm_abt`] and [`gemm_ab`] are its two
+/// common cases.
 ///
 /// # Shapes
-/// `a` `[m, k]`, `b` `[n, k]`, `c` `[m, n]`.
-pub(crate) fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+/// `op(A)` `[m, k]`, `op(B)` `[k, n]`, `c` `[m, n]`; `a` is stored `[m, k]` (or `[k, m]` when
+/// transposed), `b` `[k, n]` (or `[n, k]`).
+///
+/// # Panics
+/// When a slice length does not match its shape (a programmer error).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(c: &mut [f64], a: &[f64], ta: bool, b: &[f64], tb: bool, (m, n, k): (usize, usize, usize), alpha: f64, accumulate: bool) {
     assert_eq!(a.len(), m * k, "A has the wrong size");
-    assert_eq!(b.len(), n * k, "B has the wrong size");
+    assert_eq!(b.len(), k * n, "B has the wrong size");
     assert_eq!(c.len(), m * n, "C has the wrong size");
     if m == 0 || n == 0 {
         return;
@@ -29,11 +35,20 @@ pub(crate) fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, 
         }
         return;
     }
-    let lhs = MatRef::from_row_major_slice(a, m, k);
-    let rhs = MatRef::from_row_major_slice(b, n, k).transpose();
+    let lhs = if ta { MatRef::from_row_major_slice(a, k, m).transpose() } else { MatRef::from_row_major_slice(a, m, k) };
+    let rhs = if tb { MatRef::from_row_major_slice(b, n, k).transpose() } else { MatRef::from_row_major_slice(b, k, n) };
     let dst = MatMut::from_row_major_slice_mut(c, m, n);
     let beta = if accumulate { Accum::Add } else { Accum::Replace };
     matmul(dst, beta, lhs, rhs, alpha, par_for(m, n, k));
+}
+
+/// `C = β·C + α·A·Bᵀ` with row-major `A [m, k]`, `B [n, k]`, `C [m, n]`; `β` is 0 or 1
+/// (`accumulate`).
+///
+/// # Shapes
+/// `a` `[m, k]`, `b` `[n, k]`, `c` `[m, n]`.
+pub(crate) fn gemm_abt(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
+    gemm(c, a, false, b, true, (m, n, k), alpha, accumulate);
 }
 
 /// `C = A·Bᵀ` with the rows of `A` and `B` read from every `lda`-th and `ldb`-th number: the
@@ -65,23 +80,7 @@ pub(crate) fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], l
 /// # Shapes
 /// `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
 pub(crate) fn gemm_ab(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k: usize, alpha: f64, accumulate: bool) {
-    assert_eq!(a.len(), m * k, "A has the wrong size");
-    assert_eq!(b.len(), k * n, "B has the wrong size");
-    assert_eq!(c.len(), m * n, "C has the wrong size");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.iter_mut().for_each(|v| *v = 0.0);
-        }
-        return;
-    }
-    let lhs = MatRef::from_row_major_slice(a, m, k);
-    let rhs = MatRef::from_row_major_slice(b, k, n);
-    let dst = MatMut::from_row_major_slice_mut(c, m, n);
-    let beta = if accumulate { Accum::Add } else { Accum::Replace };
-    matmul(dst, beta, lhs, rhs, alpha, par_for(m, n, k));
+    gemm(c, a, false, b, false, (m, n, k), alpha, accumulate);
 }
 
 #[cfg(test)]

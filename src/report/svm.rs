@@ -136,18 +136,6 @@ pub struct SvmSweep {
     pub vs_path: SvmVsPath,
 }
 
-fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
-    let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);
-    for (x, y) in a.iter().zip(b) {
-        sab += (x - ma) * (y - mb);
-        saa += (x - ma) * (x - ma);
-        sbb += (y - mb) * (y - mb);
-    }
-    sab / (saa * sbb).sqrt()
-}
-
 /// The one-vs-rest SVM refit ([`SvmModel`]) on `train`'s class blocks for every C of `grid`,
 /// C chosen by the accuracy on `val` (rows of the validation images, labels `val_labels`),
 /// evaluated on `test` (the run's test rows); the chosen machine's weights against the path's
@@ -193,7 +181,7 @@ pub fn svm_sweep_report(net: &Trained, train: &Gram, val: &Gram, val_labels: &[u
     for (c, yc) in coef.iter().enumerate() {
         let a: Vec<f64> = (0..m).map(|i| path_a[i * k + c]).collect();
         vs.spearman.push(crate::analysis::spearman(yc, &a));
-        vs.pearson.push(pearson(yc, &a));
+        vs.pearson.push(crate::datamodels::lds::pearson(yc, &a).unwrap_or(f64::NAN));
         let ns = vs.support[c];
         let mut order: Vec<usize> = (0..m).collect();
         order.sort_by(|&i, &j| a[j].abs().total_cmp(&a[i].abs()).then(i.cmp(&j)));
