@@ -98,6 +98,38 @@ seed = 0
         Chart::image_grid("Each test image, then its 4 strongest supporters and 4 strongest opponents", &tiles, 9)?
     };
     show(&support);
+    // %% md
+    // ## The EPK and TRAK side by side
+    //
+    // TRAK (Park et al. 2023), the data-attribution field's standard, scores the same output,
+    // `log p_c` of the predicted class, by a kernel regression on the final network's gradients
+    // (of the log-odds `log(p/(1 − p))`, reweighted by `1 − p_i`): here with one model,
+    // unprojected, at the relative ridge `λ = 1` that the attribution benchmark chose for it
+    // on its tuning subsets (`reports/mnist-attribution`, which measures which of the two predicts
+    // retraining better). Test image 0, its 4 strongest supporters and 4 strongest opponents by
+    // the EPK's exact contributions (top row) and by TRAK (bottom row), and how the two rankings
+    // agree over all 500 training images.
+    // %%
+    let (c0, m) = (three.predicted()[0], net.y_train()?.len());
+    let epk0: Vec<f64> = {
+        let (c, k) = (three.contributions()?, three.shape().2);
+        (0..m).map(|i| c[i * k + c0]).collect()
+    };
+    let trak0 = trak(&net, &net.run().dataset.x_test[..784], &[c0], None, 1.0, 0)?;
+    println!("Spearman correlation of the EPK's and TRAK's scores over the training images: {:.2}", spearman(&epk0, &trak0).unwrap_or(f64::NAN));
+    let side = {
+        let (x, x_train, y) = (net.x_test(), net.x_train(), net.y_train()?);
+        let mut tiles = Vec::new();
+        for (name, s) in [("EPK", &epk0), ("TRAK", &trak0)] {
+            let (sup, opp) = extremes(s, 4);
+            tiles.push(ImageTile::square(x.row(0).iter(), vec![format!("test 0: class {c0}"), format!("by {name}")]));
+            for (i, v) in sup.iter().chain(&opp) {
+                tiles.push(ImageTile::square(x_train.row(*i).iter(), vec![format!("train {i} ({})", y[*i]), format!("{v:+.2e}")]));
+            }
+        }
+        Chart::image_grid("Test image 0, then its 4 strongest supporters and 4 strongest opponents: EPK (top), TRAK (bottom)", &tiles, 9)?
+    };
+    show(&side);
     Ok(())
 }
 

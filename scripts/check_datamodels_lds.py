@@ -2,14 +2,16 @@
 """Recompute the attribution benchmark's LDS from its attributions and retrained outputs, independently.
 
 Reads OUT_DIR/result.json (the subsets, the tuning/evaluation split and every method's reported LDS),
-OUT_DIR/tau.safetensors (each method's chosen tau [P, M]) and OUT_DIR/retrained.safetensors (logp,
-margin [S, P]), all written by `pathkernel::datamodels::benchmark::write_tables`. For every method it
+OUT_DIR/retrained.safetensors (logp, margin [S, P]) and the attributions file (each method's chosen
+tau [P, M]; --tau, default OUT_DIR/tau.safetensors; a study keeps it in its cache, e.g.
+runs/mnist-attribution/tau.safetensors), all written by
+`pathkernel::datamodels::benchmark::write_tables`. For every method it
 recomputes, with scipy.stats.spearmanr, the LDS of each test point over the evaluation subsets
 (Spearman between sum_{i in S} tau(x, i) and the retrained output; 0 where either side is constant)
 and the mean over test points, for log p_y and for the margin, and the mean over the tuning subsets,
 and compares them with the reported values. Exit status 0 when all agree to --tol (default 1e-9).
 
-Usage:  python3 scripts/check_datamodels_lds.py OUT_DIR [--tol 1e-9]
+Usage:  python3 scripts/check_datamodels_lds.py OUT_DIR [--tau TAU_FILE] [--tol 1e-9]
 Needs:  numpy, scipy (the safetensors files are parsed here: an 8-byte header length, a JSON
         header, little-endian f64 data).
 """
@@ -56,10 +58,11 @@ def lds(tau, members, outputs, which):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
+    ap.add_argument("--tau", help="the attributions file (default OUT_DIR/tau.safetensors)")
     ap.add_argument("--tol", type=float, default=1e-9)
     args = ap.parse_args()
     res = json.load(open(f"{args.out_dir}/result.json"))
-    taus = read_safetensors(f"{args.out_dir}/tau.safetensors")
+    taus = read_safetensors(args.tau or f"{args.out_dir}/tau.safetensors")
     ret = read_safetensors(f"{args.out_dir}/retrained.safetensors")
     members = [np.array(v) for v in res["subsets"]["members"]]
     tuning = res["subsets"]["tuning"]

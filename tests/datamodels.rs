@@ -123,6 +123,37 @@ fn trak_projected_form_is_the_unprojected_form_with_the_identity_and_approaches_
 }
 
 #[test]
+fn trak_for_some_inputs_is_the_explicit_kernel_regression() {
+    use pathkernel::api::nalgebra::DMatrix;
+    let dir = tempfile::tempdir().unwrap();
+    let net = tiny_run(dir.path(), 20);
+    let arch = &net.run().manifest.architecture;
+    let ds = &net.run().dataset;
+    let (x, y) = (&ds.x_test[..2 * ds.dim], &ds.test_labels().unwrap()[..2]);
+    let yt = ds.train_labels().unwrap();
+    let w = Mlp1::from_params(arch, net.states().last().unwrap()).unwrap();
+    let (fx, ft) = (w.forward(x), w.forward(&ds.x_train));
+    let gx = ScalarGrads::new(&w, x, &fx, directions(&fx.logp, y, 3, Direction::LogOdds));
+    let gt = ScalarGrads::new(&w, &ds.x_train, &ft, directions(&ft.logp, yt, 3, Direction::LogOdds));
+    // Every gradient written out: τ = g(x)ᵀGᵀ(GGᵀ + λI)⁻¹ diag(1 − p_i), λ = 0.1 · tr(GGᵀ)/M.
+    let (m, n) = (yt.len(), w.numel());
+    let rows = |g: &ScalarGrads, count: usize| DMatrix::from_fn(count, n, |i, j| g.explicit(i)[j]);
+    let (g, gq) = (rows(&gt, m), rows(&gx, 2));
+    let kk = &g * g.transpose();
+    let lambda = 0.1 * kk.trace() / m as f64;
+    let inv = (kk + DMatrix::<f64>::identity(m, m) * lambda).try_inverse().unwrap();
+    let reg = gq * g.transpose() * inv;
+    let want: Vec<f64> = (0..2 * m).map(|q| reg[(q / m, q % m)] * (1.0 - ft.logp[(q % m) * 3 + yt[q % m]].exp())).collect();
+    let got = pathkernel::datamodels::trak(&net, x, y, None, 0.1, 0).unwrap();
+    assert!(max_rel(&got, &want) < 1e-9, "{:e}", max_rel(&got, &want));
+    // Projected to a dimension far above the parameter count (75): close to the unprojected form.
+    let proj = pathkernel::datamodels::trak(&net, x, y, Some(4096), 0.1, 0).unwrap();
+    assert!(max_rel(&proj, &want) < 0.1, "{:e}", max_rel(&proj, &want));
+    assert!(pathkernel::datamodels::trak(&net, &x[..3], y, None, 0.1, 0).is_err());
+    assert!(pathkernel::datamodels::trak(&net, x, y, Some(8192), 0.1, 0).is_err());
+}
+
+#[test]
 fn benchmark_runs_end_to_end_and_its_cache_returns_the_same_result() {
     let dir = tempfile::tempdir().unwrap();
     let net = tiny_run(dir.path(), 20);
@@ -146,7 +177,7 @@ fn benchmark_runs_end_to_end_and_its_cache_returns_the_same_result() {
     let r = run(&net, &spec, &cache, &dir.path().join("work"), &|_| {}).unwrap();
     println!("{r}");
     let names: Vec<&str> = r.methods.iter().map(|m| m.method.as_str()).collect();
-    assert_eq!(names, ["epk", "tracin", "grad-dot", "epk-rep", "dpk-rep", "trak-1", "trak-1-full", "trak-2", "trak-2-full", "if-ggn"]);
+    assert_eq!(names, ["epk", "tracin", "grad-dot", "epk-rep", "dpk-rep", "ntk-rep", "window-rep", "trak-1", "trak-1-full", "trak-2", "trak-2-full", "if-ggn"]);
     assert!(r.checks.dpk_max_residual > 1e3 * r.checks.epk_max_residual);
     assert!(r.checks.epk_max_residual < 1e-12 * (1.0 + r.checks.epk_max_output));
     assert!(r.checks.retrain_vs_run.unwrap() < 1e-10);
@@ -163,8 +194,9 @@ fn benchmark_runs_end_to_end_and_its_cache_returns_the_same_result() {
     let again = run(&net, &spec, &cache, &dir.path().join("work"), &|_| {}).unwrap();
     assert_eq!(serde_json::to_string(&again.methods.iter().map(|m| (m.lds, m.tune)).collect::<Vec<_>>()).unwrap(), serde_json::to_string(&r.methods.iter().map(|m| (m.lds, m.tune)).collect::<Vec<_>>()).unwrap());
     let out = dir.path().join("report");
-    write_tables(&r, &out).unwrap();
-    for f in ["lds.parquet", "sweep.parquet", "noisy.parquet", "result.json", "summary.md"] {
+    write_tables(&r, &out, &dir.path().join("cache/tau.safetensors")).unwrap();
+    assert!(dir.path().join("cache/tau.safetensors").exists() && !out.join("tau.safetensors").exists());
+    for f in ["lds.parquet", "sweep.parquet", "noisy.parquet", "result.json", "summary.md", "retrained.safetensors"] {
         assert!(out.join(f).exists(), "{f}");
     }
     let back = pathkernel::io::Table::read_parquet(&out.join("lds.parquet")).unwrap();

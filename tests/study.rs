@@ -117,6 +117,8 @@ cg_check_points = 1
     for f in ["summary.md", "lds.parquet", "sweep.parquet", "noisy.parquet", "result.json", "study.toml", "timings.json"] {
         assert!(report.join(f).exists(), "{f}");
     }
+    // The attributions (`P·M` numbers per method) stay in the cache; the report has the rest.
+    assert!(dir.path().join("cache/tau.safetensors").exists() && !report.join("tau.safetensors").exists());
     let stored = std::fs::read_dir(dir.path().join("cache").join("stages")).unwrap().count();
     assert!(stored > 0, "the benchmark's stages are stored in the engine's cache");
     let lds_of = |p: &Path| {

@@ -98,6 +98,22 @@ pub struct Attribution {
     pub opponents: Vec<(usize, f64)>,
 }
 
+/// The `top` largest positive scores (supporters, largest first) and the `top` most negative
+/// (opponents, most negative first), as `(index, score)`; ties by index. Any per-training-point
+/// attribution (the EPK's contributions, TRAK's scores) ranks this way.
+///
+/// # Shapes
+/// `scores [M]`.
+pub fn extremes(scores: &[f64], top: usize) -> (Vec<(usize, f64)>, Vec<(usize, f64)>) {
+    let mut pos: Vec<(usize, f64)> = scores.iter().copied().enumerate().filter(|&(_, v)| v > 0.0).collect();
+    pos.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+    pos.truncate(top);
+    let mut neg: Vec<(usize, f64)> = scores.iter().copied().enumerate().filter(|&(_, v)| v < 0.0).collect();
+    neg.sort_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)));
+    neg.truncate(top);
+    (pos, neg)
+}
+
 /// For the chosen row points and every class: total contribution of the training points, the
 /// residual against the network output, and the `top` strongest supporters and opponents.
 ///
@@ -134,14 +150,9 @@ pub fn attribute(
         check_finite(&format!("attribute: bias of point {pt}"), &bias[pt * k..(pt + 1) * k])?;
         check_finite(&format!("attribute: network output of point {pt}"), &network[pt * k..(pt + 1) * k])?;
         for class in 0..k {
-            let c = |i: usize| rows[i * k + class];
-            let total: f64 = (0..m).map(c).sum();
-            let mut pos: Vec<(usize, f64)> = (0..m).map(|i| (i, c(i))).filter(|&(_, v)| v > 0.0).collect();
-            pos.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
-            pos.truncate(top);
-            let mut neg: Vec<(usize, f64)> = (0..m).map(|i| (i, c(i))).filter(|&(_, v)| v < 0.0).collect();
-            neg.sort_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)));
-            neg.truncate(top);
+            let scores: Vec<f64> = (0..m).map(|i| rows[i * k + class]).collect();
+            let total: f64 = scores.iter().sum();
+            let (pos, neg) = extremes(&scores, top);
             let output = network[pt * k + class];
             let b = bias[pt * k + class];
             out.push(Attribution {

@@ -16,7 +16,7 @@ mod attribution;
 mod farfield;
 mod stationarity;
 
-pub use attribution::{attribute, contributions, contributions_per_step, Attribution};
+pub use attribution::{attribute, contributions, contributions_per_step, extremes, Attribution};
 pub use farfield::{nearest_distance, profile, ray_points, Profile, ProfileRow};
 pub(crate) use farfield::spearman;
 pub use stationarity::{stationarity, Stationarity, StationarityOptions};

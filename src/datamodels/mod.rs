@@ -25,5 +25,5 @@ pub mod retrain;
 pub mod ridge;
 pub mod subsets;
 
-pub use benchmark::{run, AttributionSpec, BenchmarkResult};
+pub use benchmark::{run, trak, AttributionSpec, BenchmarkResult};
 pub use cache::{JsonDir, NoCache, Stages};

@@ -94,20 +94,9 @@ pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathR
     let arch = &net.run().manifest.architecture;
     let ds = &net.run().dataset;
     let (xt, yt) = (&ds.x_train, ds.train_labels()?);
-    let (p, m) = (labels.len(), yt.len());
-    let d = ds.dim;
-    let mut xx = vec![0.0; p * m];
-    crate::linalg::gemm(&mut xx, x, false, xt, true, (p, m, d), 1.0, false);
-    let mut kernel = vec![0.0; p * m];
+    let m = yt.len();
     let states = net.states();
-    for w in &states[..states.len().saturating_sub(1)] {
-        let net = Mlp1::from_params(arch, w)?;
-        let (fr, fc) = (net.forward(x), net.forward(xt));
-        let gr = ScalarGrads::new(&net, x, &fr, directions(&fr.logp, labels, net.k, Direction::LogProb));
-        let gc = ScalarGrads::new(&net, xt, &fc, directions(&fc.logp, yt, net.k, Direction::LogProb));
-        let f = |i: usize, j: usize| xx[i * m + j];
-        gr.gram_rows(&gc, Some(&f), &mut |i, row| kernel[i * m..(i + 1) * m].iter_mut().zip(row).for_each(|(a, v)| *a += v));
-    }
+    let kernel = dpk_kernel(arch, states, (x, labels), (xt, yt))?;
     let lr = net.run().manifest.learning_rates.first().copied().unwrap_or(0.0);
     let tau: Vec<f64> = kernel.iter().map(|g| lr / m as f64 * g).collect();
     let k = ds.num_outputs;
@@ -120,6 +109,32 @@ pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathR
     }
     out.seconds = t.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The DPK of the log-probabilities between row points and column points over the steps of
+/// `states` (`w_a … w_b`: the steps `a … b − 1`), on factored gradients:
+/// `Σ_s ⟨∇ log p_{y_p}(x_p; w_s), ∇ log p_{y_i}(x_i; w_s)⟩`. A suffix of a run's states gives
+/// the path kernel of the last steps only.
+///
+/// # Shapes
+/// `x [P, d]`, `labels [P]`, `xc [M, d]`, `yc [M]` → `[P, M]`.
+///
+/// Errors: an architecture the fast path does not cover ([`Mlp1::check_architecture`]).
+pub fn dpk_kernel(arch: &crate::model::Architecture, states: &[crate::model::Params], (x, labels): (&[f64], &[usize]), (xc, yc): (&[f64], &[usize])) -> Result<Vec<f64>> {
+    let (p, m) = (labels.len(), yc.len());
+    let d = x.len() / p.max(1);
+    let mut xx = vec![0.0; p * m];
+    crate::linalg::gemm(&mut xx, x, false, xc, true, (p, m, d), 1.0, false);
+    let mut kernel = vec![0.0; p * m];
+    for w in &states[..states.len().saturating_sub(1)] {
+        let net = Mlp1::from_params(arch, w)?;
+        let (fr, fc) = (net.forward(x), net.forward(xc));
+        let gr = ScalarGrads::new(&net, x, &fr, directions(&fr.logp, labels, net.k, Direction::LogProb));
+        let gc = ScalarGrads::new(&net, xc, &fc, directions(&fc.logp, yc, net.k, Direction::LogProb));
+        let f = |i: usize, j: usize| xx[i * m + j];
+        gr.gram_rows(&gc, Some(&f), &mut |i, row| kernel[i * m..(i + 1) * m].iter_mut().zip(row).for_each(|(a, v)| *a += v));
+    }
+    Ok(kernel)
 }
 
 /// The EPK's self-kernel `G(x_i, x_i)[y_i, y_i]` of training points `idx` (test side: the row

@@ -77,16 +77,28 @@ pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySum
         let stages = EngineStages { dir: ctx.cache.join("stages"), run: run_key(&ctx.run_config), clock: RefCell::new(&mut clock) };
         datamodels::run(&net, spec, &stages, &ctx.cache.join("work"), &log)?
     };
-    datamodels::benchmark::write_tables(&result, staged.path())?;
+    // The attributions (`P·M` numbers per method) stay in the cache; the report names the file.
+    datamodels::benchmark::write_tables(&result, staged.path(), &ctx.cache.join("tau.safetensors"))?;
     // The report's front page: what ran, the benchmark's tables, the study file.
     let tables = std::fs::read_to_string(staged.path().join("summary.md")).map_err(|e| crate::error::Error::io(staged.path().join("summary.md"), e))?;
+    // Cost: this run's wall time, and from an empty cache (each reused stage at its seconds when
+    // computed: the work between stages is redone by every run).
+    let wall = start.elapsed().as_secs_f64();
+    let reused: f64 = clock.order.iter().filter(|(_, r)| *r).map(|(t, _)| t.seconds).sum();
+    let mut cost = format!("## Cost\n\n{:.0} s from an empty cache on this machine ({wall:.0} s for this run; {reused:.0} s of stages reused from the cache, counted at their seconds when computed).\n\n| stage | seconds | load (start → end) | reused |\n|---|---:|---|---|\n", wall + reused);
+    for (t, r) in &clock.order {
+        cost.push_str(&format!("| {} | {:.1} | {:.1} → {:.1} | {} |\n", t.stage, t.seconds, t.load[0], t.load[1], if *r { "yes" } else { "no" }));
+    }
     let front = format!(
-        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}).\n\n{}\n\n## Configuration\n\n```toml\n{}\n```\n",
+        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}). Every LDS is recomputed independently (scipy) by `python3 scripts/check_datamodels_lds.py {} --tau {}`.\n\n{}\n\n{}\n## Configuration\n\n```toml\n{}\n```\n",
         ctx.name,
         ctx.description,
         ctx.study_file,
         env!("CARGO_PKG_VERSION"),
+        ctx.out.display(),
+        ctx.cache.join("tau.safetensors").display(),
         tables.trim_end(),
+        cost,
         ctx.text.trim_end()
     );
     io::write_atomic(&staged.path().join("summary.md"), front.as_bytes())?;
