@@ -189,6 +189,8 @@ fn benchmark_runs_end_to_end_and_its_cache_returns_the_same_result() {
         assert!(m.sweep.iter().any(|p| p.setting == m.chosen && p.tune == m.tune));
         assert!(m.sweep.iter().all(|p| p.tune <= m.tune));
     }
+    assert_eq!(r.epk_agreement.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(), names[1..]);
+    assert!(r.epk_agreement.iter().all(|(_, v)| (-1.0..=1.0).contains(v)));
     assert!(r.noisy.iter().any(|n| n.method == "epk") && r.noisy.iter().all(|n| (0.0..=1.0).contains(&n.auc)));
     // From the cache: the same numbers (retraining, rows and Grams are not recomputed).
     let again = run(&net, &spec, &cache, &dir.path().join("work"), &|_| {}).unwrap();

@@ -235,6 +235,11 @@ pub struct BenchmarkResult {
     pub checks: Checks,
     /// `(stage, seconds)` of the shared stages.
     pub timings: Vec<(String, f64)>,
+    /// Per method (at its chosen setting), the mean over the test points of the Spearman
+    /// correlation of its `τ(x, ·)` with the EPK's over the training points: how alike the two
+    /// rank the training points.
+    #[serde(default)]
+    pub epk_agreement: Vec<(String, f64)>,
     /// Wall-clock seconds of the whole run.
     pub total_seconds: f64,
 }
@@ -470,6 +475,19 @@ impl<'a, C: Stages> Bench<'a, C> {
     }
 }
 
+/// For each of `others`, the mean over test points of the Spearman correlation between its
+/// `τ(x, ·)` and `reference`'s (points where either is constant are skipped).
+fn agreement_with(reference: &MethodResult, others: &[MethodResult], m: usize) -> Vec<(String, f64)> {
+    others
+        .iter()
+        .map(|o| {
+            let rows = reference.tau.chunks_exact(m).zip(o.tau.chunks_exact(m));
+            let r: Vec<f64> = rows.filter_map(|(a, b)| super::lds::spearman(a, b)).collect();
+            (o.method.clone(), r.iter().sum::<f64>() / r.len().max(1) as f64)
+        })
+        .collect()
+}
+
 /// Runs the benchmark on `net` (a one-hidden-layer ReLU MLP trained by full-batch GD on mean
 /// cross-entropy): retrains on every subset, computes every method's attributions over its
 /// sweep, scores them, and (when `noise_fraction > 0`) trains the noisy-label run in
@@ -509,7 +527,9 @@ pub fn run<C: Stages>(net: &Trained, spec: &AttributionSpec, cache: &C, work_dir
     let noisy = if spec.noise_fraction > 0.0 { b.noisy(&methods, damping, &work_dir.join("noisy"), &mut timings)? } else { Vec::new() };
 
     let (m, p, k) = (b.m, b.yt.len(), b.k);
+    let epk_agreement = agreement_with(&methods[0], &methods[1..], m);
     Ok(BenchmarkResult {
+        epk_agreement,
         spec: spec.clone(),
         run_id: net.run().manifest.run_id.clone(),
         shape: (m, p, k),

@@ -26,6 +26,11 @@ impl std::fmt::Display for BenchmarkResult {
             }
         }
         writeln!(f)?;
+        if !self.epk_agreement.is_empty() {
+            writeln!(f)?;
+            let cells: Vec<String> = self.epk_agreement.iter().map(|(m, r)| format!("{m} {r:.3}")).collect();
+            writeln!(f, "Rank agreement with the EPK (mean over test points of the Spearman correlation of τ(x, ·) over the training points): {}", cells.join(", "))?;
+        }
         let c = &self.checks;
         writeln!(f, "EPK exactness: max |b + Σ τ − log p_y| = {:.2e} (outputs up to {:.2}); DPK's residual {:.2e}", c.epk_max_residual, c.epk_max_output, c.dpk_max_residual)?;
         if let Some(r) = c.retrain_vs_run {
