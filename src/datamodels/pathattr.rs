@@ -137,22 +137,30 @@ pub fn dpk_kernel(arch: &crate::model::Architecture, states: &[crate::model::Par
     Ok(kernel)
 }
 
-/// The EPK's self-kernel `G(x_i, x_i)[y_i, y_i]` of training points `idx` (test side: the row
-/// integrated along each step, the column at the step's start), through the front door's
-/// class-diagonal layout, `chunk` rows at a time: the noisy-label detector's self-attribution
-/// (times `ε/M`). # Shapes `[|idx|]`.
+/// The EPK's self-kernel `G(x_i, x_i)[y_i, y_i]` of the training points (test side: the row
+/// integrated along each step, the column at the step's start), `chunk` rows at a time: the
+/// noisy-label detector's self-attribution (times `ε/M`). Each chunk of training points is
+/// computed against those points alone as columns (a column share of the class-diagonal layout),
+/// since only the diagonal is read: `chunk²` instead of `chunk·M` pairs per step. # Shapes `[M]`.
 ///
 /// Errors: every error of the kernel engine.
 pub fn epk_self(net: &Trained, labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<Vec<f64>> {
     let ds = &net.run().dataset;
     let (d, m) = (ds.dim, ds.n_train());
+    if labels.len() != m {
+        return Err(Error::ShapeMismatch { what: "epk_self: labels".into(), expected: vec![m], got: vec![labels.len()] });
+    }
     let mut out = Vec::with_capacity(m);
     let mut start = 0;
     while start < m {
         let end = (start + chunk.max(1)).min(m);
-        let g: Gram = net.epk().inputs(&ds.x_train[start * d..end * d]).layout(Layout::Diag).compute()?;
-        for i in start..end {
-            out.push(g.class_block(labels[i])?[(i - start, i)]);
+        let rows = crate::kernel::Points { x: ds.x_train[start * d..end * d].to_vec(), dim: d };
+        let req = crate::kernel::Request::new(KernelKind::Epk).layout(Layout::Diag).columns(Some((start, end)));
+        let g = crate::kernel::compute(net.run(), net.states(), &rows, &req, &|_, _| {})?;
+        // Class-diagonal layout `[P, M', K]` over the share's M' = end − start columns.
+        let (w, k) = (end - start, g.k);
+        for r in 0..w {
+            out.push(g.gram[(r * w + r) * k + labels[start + r]]);
         }
         progress(end, m);
         start = end;

@@ -26,9 +26,9 @@
 //! chosen by mean LDS on the tuning subsets only; every reported LDS is on the evaluation subsets.
 //!
 //! [`run`] is a list of stages, one function each, data flowing down: the retrained outputs, the
-//! path kernels' attributions, Grad-Dot, the representers, TRAK ([`trak`]), influence functions,
-//! noisy-label detection ([`noisy`]); [`score`] turns attributions into sweeps and
-//! [`tables`] writes the report.
+//! path kernels' attributions, Grad-Dot, the representers, TRAK (`trak.rs`; [`trak()`] for one
+//! model at one setting), influence functions, noisy-label detection (`noisy.rs`); `score.rs`
+//! turns attributions into sweeps and `tables.rs` writes the report ([`write_tables`]).
 
 mod noisy;
 mod score;
