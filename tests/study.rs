@@ -128,11 +128,14 @@ cg_check_points = 1
     let lds = lds_of(&report);
     let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
     assert!(summary.starts_with("# Study `attribution-check`") && summary.contains("| epk |") && summary.contains("[attribution]"));
+    assert!(summary.contains("## Cost") && summary.contains("(this run computed every stage)"), "{summary}");
     // Rerun: the run and every stage reused, no new stage files, the same tables.
     let second = run(dir.path(), text);
     assert!(second.reused_run);
     assert_eq!(std::fs::read_dir(dir.path().join("cache").join("stages")).unwrap().count(), stored);
     assert_eq!(lds_of(&report), lds);
+    let again = std::fs::read_to_string(report.join("summary.md")).unwrap();
+    assert!(again.contains("of stages reused from the cache, counted at their seconds when computed"), "{again}");
     // A changed benchmark setting recomputes the stages it determines (new stage files).
     let third = run(dir.path(), &text.replace("subset_seed = 0\n", "").replace("subsets = 8", "subsets = 8\nsubset_seed = 1"));
     assert!(third.reused_run, "the network does not depend on the subsets");

@@ -84,8 +84,13 @@ pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySum
     // Cost: this run's wall time, and from an empty cache (each reused stage at its seconds when
     // computed: the work between stages is redone by every run).
     let wall = start.elapsed().as_secs_f64();
-    let reused: f64 = clock.order.iter().filter(|(_, r)| *r).map(|(t, _)| t.seconds).sum();
-    let mut cost = format!("## Cost\n\n{:.0} s from an empty cache on this machine ({wall:.0} s for this run; {reused:.0} s of stages reused from the cache, counted at their seconds when computed).\n\n| stage | seconds | load (start → end) | reused |\n|---|---:|---|---|\n", wall + reused);
+    let reused: f64 = clock.order.iter().filter(|(_, r)| *r).fold(0.0, |a, (t, _)| a + t.seconds);
+    let how = if reused > 0.0 {
+        format!("{:.0} s from an empty cache on this machine ({wall:.0} s for this run; {reused:.0} s of stages reused from the cache, counted at their seconds when computed)", wall + reused)
+    } else {
+        format!("{wall:.0} s from an empty cache on this machine (this run computed every stage)")
+    };
+    let mut cost = format!("## Cost\n\n{how}.\n\n| stage | seconds | load (start → end) | reused |\n|---|---:|---|---|\n");
     for (t, r) in &clock.order {
         cost.push_str(&format!("| {} | {:.1} | {:.1} → {:.1} | {} |\n", t.stage, t.seconds, t.load[0], t.load[1], if *r { "yes" } else { "no" }));
     }
