@@ -129,6 +129,10 @@ cg_check_points = 1
     let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
     assert!(summary.starts_with("# Study `attribution-check`") && summary.contains("| epk |") && summary.contains("[attribution]"));
     assert!(summary.contains("## Cost") && summary.contains("(this run computed every stage)"), "{summary}");
+    // Every chart is written and named on the front page (window-rep ran: L = 1 and 10 < 12 steps).
+    for f in ["lds.png", "lds_ridge.png", "lds_window.png", "noisy_auc.png"] {
+        assert!(report.join("charts").join(f).exists() && summary.contains(&format!("`charts/{f}`")), "{f}");
+    }
     // Rerun: the run and every stage reused, no new stage files, the same tables.
     let second = run(dir.path(), text);
     assert!(second.reused_run);

@@ -79,6 +79,7 @@ pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySum
     };
     // The attributions (`P·M` numbers per method) stay in the cache; the report names the file.
     datamodels::benchmark::write_tables(&result, staged.path(), &ctx.cache.join("tau.safetensors"))?;
+    let charts = datamodels::benchmark::write_charts(&result, &staged.path().join("charts"))?;
     // The report's front page: what ran, the benchmark's tables, the study file.
     let tables = std::fs::read_to_string(staged.path().join("summary.md")).map_err(|e| crate::error::Error::io(staged.path().join("summary.md"), e))?;
     // Cost: this run's wall time, and from an empty cache (each reused stage at its seconds when
@@ -90,12 +91,13 @@ pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySum
     } else {
         format!("{wall:.0} s from an empty cache on this machine (this run computed every stage)")
     };
+    let charts: String = std::iter::once("## Charts\n\n".to_string()).chain(charts.iter().map(|(file, what)| format!("- `charts/{file}`: {what}.\n"))).chain(std::iter::once("\n".to_string())).collect();
     let mut cost = format!("## Cost\n\n{how}.\n\n| stage | seconds | load (start → end) | reused |\n|---|---:|---|---|\n");
     for (t, r) in &clock.order {
         cost.push_str(&format!("| {} | {:.1} | {:.1} → {:.1} | {} |\n", t.stage, t.seconds, t.load[0], t.load[1], if *r { "yes" } else { "no" }));
     }
     let front = format!(
-        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}). Every LDS is recomputed independently (scipy) by `python3 scripts/check_datamodels_lds.py {} --tau {}`.\n\n{}\n\n{}\n## Configuration\n\n```toml\n{}\n```\n",
+        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}). Every LDS is recomputed independently (scipy) by `python3 scripts/check_datamodels_lds.py {} --tau {}`.\n\n{}\n\n{charts}{}\n## Configuration\n\n```toml\n{}\n```\n",
         ctx.name,
         ctx.description,
         ctx.study_file,

@@ -30,6 +30,7 @@
 //! model at one setting), influence functions, noisy-label detection (`noisy.rs`); `score.rs`
 //! turns attributions into sweeps and `tables.rs` writes the report ([`write_tables`]).
 
+mod charts;
 mod noisy;
 mod score;
 mod tables;
@@ -55,6 +56,7 @@ use crate::kernel::KernelKind;
 use crate::model::Architecture;
 use score::{fmt_g, line, one_minus_p, scale_columns, Retrained, Scorer, Sweep};
 
+pub use charts::write_charts;
 pub use tables::write_tables;
 pub use trak::trak;
 
