@@ -81,7 +81,8 @@ pub fn write_charts(r: &BenchmarkResult, dir: &Path) -> Result<Vec<(&'static str
     if !r.noisy.is_empty() {
         let names: Vec<String> = r.noisy.iter().map(|n| n.method.clone()).collect();
         let bars = [BarSeries { label: "AUC".into(), values: r.noisy.iter().map(|n| n.auc).collect() }];
-        Chart::grouped_bars("Noisy-label detection by self-attribution (10 % flipped)", "AUC", &names, &bars, (0.5, 1.0))?.save(&dir.join("noisy_auc.png"))?;
+        let title = format!("Noisy-label detection by self-attribution ({} % flipped)", fmt_pct(r.spec.noise_fraction));
+        Chart::grouped_bars(&title, "AUC", &names, &bars, (0.5, 1.0))?.save(&dir.join("noisy_auc.png"))?;
         written.push(("noisy_auc.png", "each method's noisy-label detection AUC".to_string()));
     }
     Ok(written)
@@ -116,6 +117,12 @@ fn ridge_curves(methods: &[MethodResult]) -> Vec<Series> {
     ridge
 }
 
+/// A fraction as a percentage without trailing zeros: 0.1 → `10`, 0.125 → `12.5`.
+fn fmt_pct(fraction: f64) -> String {
+    let s = format!("{:.2}", fraction * 100.0);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// The method named `name`, if it ran.
 fn method<'a>(r: &'a BenchmarkResult, name: &str) -> Option<&'a MethodResult> {
     r.methods.iter().find(|m| m.method == name)
@@ -144,6 +151,7 @@ mod tests {
         assert_eq!(fixed_settings("-"), "");
         assert_eq!(token("L=50 λ=1e-1", "L="), Some(50.0));
         assert_eq!(token("λ=1e-1", "L="), None);
+        assert_eq!((fmt_pct(0.1).as_str(), fmt_pct(0.125).as_str(), fmt_pct(0.25).as_str()), ("10", "12.5", "25"));
     }
 
     fn point(method: &str, setting: &str, dim: Option<usize>, ridge: Option<f64>, eval: f64) -> SweepPoint {
