@@ -91,13 +91,17 @@ pub(super) fn run(ctx: &StudyContext, spec: &AttributionSpec) -> Result<StudySum
     } else {
         format!("{wall:.0} s from an empty cache on this machine (this run computed every stage)")
     };
-    let charts: String = std::iter::once("## Charts\n\n".to_string()).chain(charts.iter().map(|(file, what)| format!("- `charts/{file}`: {what}.\n"))).chain(std::iter::once("\n".to_string())).collect();
+    let mut charts_md = String::from("## Charts\n\n");
+    for (file, what) in &charts {
+        charts_md.push_str(&format!("- `charts/{file}`: {what}.\n"));
+    }
+    charts_md.push('\n');
     let mut cost = format!("## Cost\n\n{how}.\n\n| stage | seconds | load (start → end) | reused |\n|---|---:|---|---|\n");
     for (t, r) in &clock.order {
         cost.push_str(&format!("| {} | {:.1} | {:.1} → {:.1} | {} |\n", t.stage, t.seconds, t.load[0], t.load[1], if *r { "yes" } else { "no" }));
     }
     let front = format!(
-        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}). Every LDS is recomputed independently (scipy) by `python3 scripts/check_datamodels_lds.py {} --tau {}`.\n\n{}\n\n{charts}{}\n## Configuration\n\n```toml\n{}\n```\n",
+        "# Study `{}`\n\n{}\n\nProduced by `pathkernel study run {}` (pathkernel {}). Every LDS is recomputed independently (scipy) by `python3 scripts/check_datamodels_lds.py {} --tau {}`.\n\n{}\n\n{charts_md}{}\n## Configuration\n\n```toml\n{}\n```\n",
         ctx.name,
         ctx.description,
         ctx.study_file,

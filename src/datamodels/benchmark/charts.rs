@@ -47,13 +47,13 @@ pub fn write_charts(r: &BenchmarkResult, dir: &Path) -> Result<Vec<(&'static str
         let mut windows: Vec<f64> = w.sweep.iter().filter_map(|s| token(&s.setting, "L=")).collect();
         windows.sort_by(f64::total_cmp);
         windows.dedup();
-        let best = |pts: &mut dyn Iterator<Item = &SweepPoint>| pts.max_by(|a, b| a.tune.total_cmp(&b.tune)).map(|s| s.eval);
+        // Per L, the evaluation LDS at the ridge with the best tuning LDS.
         let mut x = Vec::new();
         let mut y = Vec::new();
         for &l in &windows {
-            if let Some(v) = best(&mut w.sweep.iter().filter(|s| token(&s.setting, "L=") == Some(l))) {
+            if let Some(s) = w.sweep.iter().filter(|s| token(&s.setting, "L=") == Some(l)).max_by(|a, b| a.tune.total_cmp(&b.tune)) {
                 x.push(l);
-                y.push(v);
+                y.push(s.eval);
             }
         }
         if let Some(d) = method(r, "dpk-rep") {
