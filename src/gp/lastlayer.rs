@@ -56,6 +56,16 @@ pub struct LastLayerFeatures {
     pub k: usize,
 }
 
+/// A layer stack must end in a dense layer with a bias (the last layer of last-layer Laplace).
+fn check_last_dense(arch: &Architecture) -> Result<()> {
+    match &arch.body {
+        Body::Layers { .. } if !arch.stack()?.ends_in_dense_with_bias() => {
+            Err(Error::Config("last-layer Laplace needs a layer stack that ends in a dense layer with a bias".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Names of the final layer's weight and bias tensors.
 fn last_layer_names(arch: &Architecture) -> (String, String) {
     match &arch.body {
@@ -64,6 +74,10 @@ fn last_layer_names(arch: &Architecture) -> (String, String) {
             (format!("layers.{l}.weight"), format!("layers.{l}.bias"))
         }
         Body::Cnn { .. } => ("dense.weight".into(), "dense.bias".into()),
+        Body::Layers { .. } => {
+            let p = arch.stack().expect("validated").last_prefix();
+            (format!("{p}weight"), format!("{p}bias"))
+        }
     }
 }
 
@@ -86,6 +100,7 @@ fn dense(x: &[f64], n: usize, ni: usize, w: &[f64], b: Option<&[f64]>, no: usize
 /// The final layer's inputs `φ` at `x` (`[N, h]`).
 fn penultimate(arch: &Architecture, params: &Params, x: &[f64], n: usize) -> Vec<f64> {
     match &arch.body {
+        Body::Layers { .. } => arch.stack().expect("validated").forward_penultimate(&params.data, x),
         Body::Mlp { widths } => {
             let mut a = x.to_vec();
             for l in 0..widths.len() - 2 {
@@ -118,6 +133,7 @@ pub(crate) fn last_layer_features(arch: &Architecture, params: &Params, init: Op
     if arch.output != OutputKind::LogSoftmax {
         return Err(Error::Config("last-layer Laplace needs a classification network (log-softmax output)".into()));
     }
+    check_last_dense(arch)?;
     arch.check_params(params)?;
     let d = arch.input_dim();
     if x.len() % d != 0 {
@@ -158,6 +174,7 @@ pub(crate) fn last_layer_features(arch: &Architecture, params: &Params, init: Op
 /// # Shapes
 /// Returns `[K q]`.
 pub(crate) fn last_layer_theta(arch: &Architecture, params: &Params) -> Result<Vec<f64>> {
+    check_last_dense(arch)?;
     arch.check_params(params)?;
     let (wn, bn) = last_layer_names(arch);
     let w = params.get(&wn).expect("checked params");

@@ -71,7 +71,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     let factors: u64 = match &arch.body {
         Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
         // The generic path forms per-point Jacobians [K, W].
-        Body::Cnn { .. } => k * manifest.num_params as u64,
+        Body::Cnn { .. } | Body::Layers { .. } => k * manifest.num_params as u64,
     };
     // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
     // ([`super::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
@@ -80,7 +80,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
             let pp = super::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
             (pp, (super::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
         }
-        Body::Cnn { .. } => (0, 1),
+        Body::Cnn { .. } | Body::Layers { .. } => (0, 1),
     };
     let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
     let (per_point, cap) = if rule.is_plain() { (per_point, cap) } else { (0, 1) };

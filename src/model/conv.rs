@@ -31,7 +31,7 @@ use dfdx::tensor_ops::{
 };
 
 /// 4-D runtime shape `(B, C, H, W)`.
-type Shape4 = (usize, usize, usize, usize);
+pub(crate) type Shape4 = (usize, usize, usize, usize);
 
 /// Output spatial size of a convolution along one axis: `(n + 2·padding − k) / stride + 1`.
 ///

@@ -1,6 +1,9 @@
 //! Networks: architectures, flat named parameters, and forward passes.
 //!
-//! Two families are supported, both in `f64`:
+//! Three kinds, all in `f64`:
+//! - **layers**: any stack of dense, conv2d, max/avg pooling, flatten, activations (ReLU,
+//!   leaky ReLU, tanh, sigmoid, softplus, GELU, SiLU), layer norm and residual blocks
+//!   ([`layers`]; parameters named as an `nn.Sequential` of the same layers: `3.weight`);
 //! - **MLP** of any depth and width with ReLU or tanh hidden activations;
 //! - a **small CNN** for images: conv → activation → k×k max-pool → dense.
 //!
@@ -19,6 +22,7 @@
 //! [`Architecture::forward`] here is an independent plain-Rust forward pass.
 
 pub(crate) mod conv;
+pub mod layers;
 pub mod net;
 pub mod torch;
 
@@ -126,6 +130,21 @@ pub enum ModelConfig {
         #[serde(default)]
         zero_output: bool,
     },
+    /// A stack of layers, as listed (see [`layers::spec`] for the syntax).
+    Layers {
+        /// The layers, in order; the last one gives the K outputs.
+        #[serde(deserialize_with = "deserialize_layers")]
+        layers: Vec<layers::LayerSpec>,
+        /// Initialise the last layer to zero (a constant initial output, as the MLP's default).
+        #[serde(default = "default_true")]
+        zero_last: bool,
+        /// Output scale α.
+        #[serde(default = "default_alpha")]
+        alpha: f64,
+        /// Subtract the frozen initial network from the output.
+        #[serde(default)]
+        zero_output: bool,
+    },
     /// conv(k×k, `channels`, stride, padding) → activation → max-pool(`pool`) → dense(K).
     Cnn {
         /// Output channels of the convolution.
@@ -161,6 +180,11 @@ pub enum ModelConfig {
     },
 }
 
+fn deserialize_layers<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<layers::LayerSpec>, D::Error> {
+    let v = Vec::<serde_json::Value>::deserialize(d)?;
+    layers::spec::parse_list(&v).map_err(serde::de::Error::custom)
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig::Mlp {
@@ -182,6 +206,15 @@ pub enum Body {
     Mlp {
         /// Widths including input and output.
         widths: Vec<usize>,
+    },
+    /// A stack of layers on inputs of shape `input`.
+    Layers {
+        /// One input's shape (`[d]`, or `[C, H, W]` for images).
+        input: layers::Shape,
+        /// The layers, as configured.
+        layers: Vec<layers::LayerSpec>,
+        /// Number of outputs K.
+        outputs: usize,
     },
     /// Image CNN on `[C, H, W]` inputs.
     Cnn {
@@ -336,6 +369,12 @@ impl ModelConfig {
                 }
                 (*alpha, true)
             }
+            ModelConfig::Layers { layers, alpha, .. } => {
+                if layers.is_empty() {
+                    return Err(Error::Config("model.layers is empty: list at least the output layer, e.g. [{ dense = 10 }]".into()));
+                }
+                (*alpha, true)
+            }
             ModelConfig::Cnn { channels, kernel, stride, pool, alpha, .. } => {
                 for (name, v) in [("channels", channels), ("kernel", kernel), ("stride", stride), ("pool", pool)] {
                     if *v == 0 {
@@ -373,6 +412,23 @@ impl ModelConfig {
                     body: Body::Mlp { widths },
                     activation: *activation,
                     bias: *bias,
+                    zero_last: *zero_last,
+                    alpha: *alpha,
+                    zero_output: *zero_output,
+                    output,
+                };
+                arch.validate()?;
+                Ok(arch)
+            }
+            ModelConfig::Layers { layers, zero_last, alpha, zero_output } => {
+                let input = match image {
+                    Some([c, h, w]) => layers::Shape::Map(c, h, w),
+                    None => layers::Shape::Flat(dim),
+                };
+                let arch = Architecture {
+                    body: Body::Layers { input, layers: layers.clone(), outputs },
+                    activation: Activation::Relu,
+                    bias: true,
                     zero_last: *zero_last,
                     alpha: *alpha,
                     zero_output: *zero_output,
@@ -435,6 +491,7 @@ impl Architecture {
     pub(crate) fn floats_per_row(&self) -> u64 {
         match &self.body {
             Body::Mlp { widths } => 3 * widths.iter().map(|&w| w as u64).sum::<u64>(),
+            Body::Layers { .. } => self.stack().map_or(0, |s| 3 * s.floats_per_sample()),
             Body::Cnn { image, channels, kernel, outputs, .. } => {
                 let (ho, wo, hp, wp) = self.cnn_geometry().map_or((0, 0, 0, 0), |g| (g.ho as u64, g.wo as u64, g.hp as u64, g.wp as u64));
                 let patches = ho * wo * (image[0] * kernel * kernel) as u64;
@@ -449,6 +506,7 @@ impl Architecture {
     pub fn outputs(&self) -> usize {
         match &self.body {
             Body::Mlp { widths } => *widths.last().expect("widths has >= 2 entries"),
+            Body::Layers { outputs, .. } => *outputs,
             Body::Cnn { outputs, .. } => *outputs,
         }
     }
@@ -457,6 +515,7 @@ impl Architecture {
     pub fn input_dim(&self) -> usize {
         match &self.body {
             Body::Mlp { widths } => widths[0],
+            Body::Layers { input, .. } => input.size(),
             Body::Cnn { image, .. } => image.iter().product(),
         }
     }
@@ -486,6 +545,13 @@ impl Architecture {
                 }
                 self.cnn_geometry()?;
             }
+            Body::Layers { input, outputs, .. } => {
+                let (s, o) = (input.size(), *outputs);
+                if s == 0 || s > MAX_SIZE * 64 || o == 0 || o > MAX_SIZE {
+                    return Err(Error::Config(format!("layer stack with input {input} and {o} outputs: sizes must be between 1 and {MAX_SIZE}")));
+                }
+                self.stack()?;
+            }
         }
         if !self.alpha.is_finite() || self.alpha == 0.0 {
             return Err(Error::Config(format!("alpha = {}; it must be finite and non-zero", self.alpha)));
@@ -493,6 +559,7 @@ impl Architecture {
         // Parameter counts, without overflow: at most MAX_PARAMS in all.
         let mut total: u128 = 0;
         let dims: Vec<Vec<u128>> = match &self.body {
+            Body::Layers { .. } => self.stack()?.param_specs().iter().map(|s| s.shape.iter().map(|&v| v as u128).collect()).collect(),
             Body::Mlp { widths } => widths.windows(2).flat_map(|w| [vec![w[1] as u128, w[0] as u128], vec![w[1] as u128]]).collect(),
             Body::Cnn { image, channels, kernel, outputs, .. } => {
                 let g = self.cnn_geometry()?;
@@ -509,6 +576,14 @@ impl Architecture {
             return Err(Error::Config(format!("the network would have {total} parameters; at most {MAX_PARAMS}")));
         }
         Ok(())
+    }
+
+    /// The resolved layer stack of a `layers` body (shapes chained and checked).
+    pub fn stack(&self) -> Result<layers::Stack> {
+        let Body::Layers { input, layers, outputs } = &self.body else {
+            return Err(Error::Config("not a layer stack".into()));
+        };
+        layers::Stack::resolve(*input, layers, *outputs).map_err(Error::Config)
     }
 
     /// CNN spatial geometry; errors when the kernel does not fit or the pool does not divide.
@@ -536,6 +611,7 @@ impl Architecture {
     pub fn param_specs(&self) -> Vec<ParamSpec> {
         let mut specs = Vec::new();
         match &self.body {
+            Body::Layers { .. } => return self.stack().expect("validated at resolve").param_specs(),
             Body::Mlp { widths } => {
                 for l in 0..widths.len() - 1 {
                     specs.push(ParamSpec { name: format!("layers.{l}.weight"), shape: vec![widths[l + 1], widths[l]] });
@@ -564,6 +640,10 @@ impl Architecture {
     pub fn init(&self, seed: u64) -> Params {
         let specs = self.param_specs();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        if let Body::Layers { .. } = &self.body {
+            let data = self.stack().expect("validated at resolve").init(&mut rng, self.zero_last);
+            return Params { specs, data };
+        }
         let n = specs.len();
         let last_layer_start = if self.bias { n - 2 } else { n - 1 };
         let mut data = Vec::with_capacity(n);
@@ -617,6 +697,7 @@ impl Architecture {
         let d = self.input_dim();
         let n = x.len() / d;
         match &self.body {
+            Body::Layers { .. } => self.stack().expect("validated").forward(&params.data, x),
             Body::Mlp { widths } => {
                 let mut a = x.to_vec();
                 let layers = widths.len() - 1;

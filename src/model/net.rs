@@ -21,19 +21,19 @@ pub enum ParamTensor<D: Device<f64>> {
 }
 
 impl<D: Device<f64>> ParamTensor<D> {
-    fn r1(&self) -> &Tensor<(usize,), f64, D> {
+    pub(crate) fn r1(&self) -> &Tensor<(usize,), f64, D> {
         match self {
             ParamTensor::R1(t) => t,
             _ => panic!("expected a rank-1 parameter"),
         }
     }
-    fn r2(&self) -> &Tensor<(usize, usize), f64, D> {
+    pub(crate) fn r2(&self) -> &Tensor<(usize, usize), f64, D> {
         match self {
             ParamTensor::R2(t) => t,
             _ => panic!("expected a rank-2 parameter"),
         }
     }
-    fn r4(&self) -> &Tensor<(usize, usize, usize, usize), f64, D> {
+    pub(crate) fn r4(&self) -> &Tensor<(usize, usize, usize, usize), f64, D> {
         match self {
             ParamTensor::R4(t) => t,
             _ => panic!("expected a rank-4 parameter"),
@@ -78,13 +78,25 @@ fn activate<D: Device<f64>, S: Shape, T: Tape<f64, D>>(
 ///
 /// # Shapes
 /// `x` is `[n, d]`; returns `[n, K]`.
-pub fn raw_forward<D: Device<f64>, T: Tape<f64, D> + Merge<NoneTape>>(
+pub fn raw_forward<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(
     arch: &Architecture,
     p: &[ParamTensor<D>],
     x: Tensor<(usize, usize), f64, D, T>,
 ) -> Tensor<(usize, usize), f64, D, T> {
     let n = x.shape().0;
     match &arch.body {
+        Body::Layers { input, .. } => {
+            use super::layers::{autodiff, Shape};
+            let stack = arch.stack().expect("validated architecture");
+            let a = match *input {
+                Shape::Flat(_) => autodiff::Activations::Flat(x),
+                Shape::Map(c, h, w) => autodiff::Activations::Map(x.reshape_like(&(n, c, h, w))),
+            };
+            match autodiff::forward_nodes(&stack.nodes, p, a) {
+                autodiff::Activations::Flat(y) => y,
+                autodiff::Activations::Map(_) => unreachable!("a resolved stack ends flat"),
+            }
+        }
         Body::Mlp { widths } => {
             let layers = widths.len() - 1;
             let mut a = x;
@@ -130,7 +142,7 @@ pub fn raw_forward<D: Device<f64>, T: Tape<f64, D> + Merge<NoneTape>>(
 ///
 /// # Shapes
 /// `x` is `[n, d]`, `offset` `[n, K]`; returns `[n, K]`.
-pub fn forward<D: Device<f64>, T: Tape<f64, D> + Merge<NoneTape>>(
+pub fn forward<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(
     arch: &Architecture,
     p: &[ParamTensor<D>],
     x: Tensor<(usize, usize), f64, D, T>,

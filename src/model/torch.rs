@@ -65,6 +65,7 @@ pub fn torch_specs(arch: &Architecture) -> Vec<ParamSpec> {
 /// If `name` is not one of `arch`'s parameter names.
 pub fn torch_name(arch: &Architecture, name: &str) -> String {
     match &arch.body {
+        Body::Layers { .. } => name.to_string(),
         Body::Mlp { .. } => {
             let rest = name.strip_prefix("layers.").expect("an MLP parameter name");
             let (l, kind) = rest.split_once('.').expect("layers.{l}.{kind}");
@@ -90,6 +91,7 @@ pub(crate) fn module_description(arch: &Architecture) -> String {
     let bias = if arch.bias { "" } else { ", bias=False" };
     let mut layers = Vec::new();
     match &arch.body {
+        Body::Layers { .. } => return arch.stack().expect("validated architecture").torch_description(),
         Body::Mlp { widths } => {
             for l in 0..widths.len() - 1 {
                 if l > 0 {
@@ -239,6 +241,7 @@ fn folded_arrays(arch: &Architecture, params: &Params, prefix: &str) -> Vec<Name
     let last_layer = |name: &str| match &arch.body {
         Body::Mlp { widths } => name.starts_with(&format!("layers.{}.", widths.len() - 2)),
         Body::Cnn { .. } => name.starts_with("dense."),
+        Body::Layers { .. } => name.starts_with(&arch.stack().expect("validated").last_prefix()),
     };
     params
         .specs

@@ -1,0 +1,156 @@
+//! `conv2d`: PyTorch's `Conv2d(C, Co, k, stride, padding, bias)` on `[C, H, W]` maps
+//! (cross-correlation, zero padding).
+//!
+//! Parameters `weight [Co, C, k, k]` and `bias [Co]`. Computed through im2col: each sample's
+//! patches `U [P, C·k·k]` (P = Ho·Wo output positions), so `Y = U Wᵀ + b` is one GEMM for a batch
+//! and the per-sample weight gradient for class k is `δ[k] U` (`[Co, P] × [P, C·k·k]`, one GEMM
+//! for all K classes of a sample). Linear in input and parameters, like `dense`; its per-sample
+//! gradient is formed (`Co·(C·k·k + 1)` numbers per class: small, where the `P`-fold
+//! position sum would make factors expensive).
+
+use crate::linalg::gemm;
+
+/// A resolved convolution.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Conv {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub co: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub ho: usize,
+    pub wo: usize,
+    pub bias: bool,
+}
+
+impl Conv {
+    /// Output positions P.
+    pub(crate) fn positions(&self) -> usize {
+        self.ho * self.wo
+    }
+    /// Patch length `C·k·k`.
+    pub(crate) fn taps(&self) -> usize {
+        self.c * self.k * self.k
+    }
+    /// Per-class parameter-gradient length `Co·C·k·k (+ Co)`.
+    pub(crate) fn width(&self) -> usize {
+        self.co * self.taps() + if self.bias { self.co } else { 0 }
+    }
+
+    /// im2col gather: for position `pos` and tap `(c, i, j)`, the input offset `(c·H + ih)·W + iw`,
+    /// or `usize::MAX` in the padding.
+    fn index(&self) -> Vec<usize> {
+        let (p, t) = (self.positions(), self.taps());
+        let mut idx = vec![usize::MAX; p * t];
+        for oy in 0..self.ho {
+            for ox in 0..self.wo {
+                let pos = oy * self.wo + ox;
+                for c in 0..self.c {
+                    for i in 0..self.k {
+                        for j in 0..self.k {
+                            let iy = (oy * self.stride + i) as isize - self.padding as isize;
+                            let ix = (ox * self.stride + j) as isize - self.padding as isize;
+                            if iy >= 0 && ix >= 0 && (iy as usize) < self.h && (ix as usize) < self.w {
+                                idx[pos * t + (c * self.k + i) * self.k + j] = (c * self.h + iy as usize) * self.w + ix as usize;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        idx
+    }
+
+    /// Patches of a batch.
+    ///
+    /// # Shapes
+    /// `x` `[n, C, H, W]`; returns `[n, P, C·k·k]`.
+    pub(crate) fn patches(&self, x: &[f64]) -> Vec<f64> {
+        let size = self.c * self.h * self.w;
+        let n = x.len() / size;
+        let idx = self.index();
+        let mut u = vec![0.0; n * idx.len()];
+        for s in 0..n {
+            let xs = &x[s * size..(s + 1) * size];
+            for (dst, &q) in u[s * idx.len()..(s + 1) * idx.len()].iter_mut().zip(&idx) {
+                if q != usize::MAX {
+                    *dst = xs[q];
+                }
+            }
+        }
+        u
+    }
+
+    /// `Y = U Wᵀ (+ b)` from patches, as `[n, Co, P]`.
+    ///
+    /// # Shapes
+    /// `u` `[n, P, C·k·k]`, `w` `[Co, C·k·k]`, `b` `[Co]`; returns `[n, Co, Ho, Wo]`.
+    pub(crate) fn apply(&self, u: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
+        let (p, t, co) = (self.positions(), self.taps(), self.co);
+        let n = u.len() / (p * t);
+        // [Co, C·k·k] × [n·P, C·k·k]ᵀ would interleave samples; per sample Wᵀ-products instead:
+        // Y_s = W U_sᵀ  ([Co, P]).
+        let mut y = vec![0.0; n * co * p];
+        for s in 0..n {
+            let ys = &mut y[s * co * p..(s + 1) * co * p];
+            gemm(ys, w, false, &u[s * p * t..(s + 1) * p * t], true, (co, p, t), 1.0, false);
+            if let Some(b) = b {
+                for (o, row) in ys.chunks_exact_mut(p).enumerate() {
+                    row.iter_mut().for_each(|v| *v += b[o]);
+                }
+            }
+        }
+        y
+    }
+
+    /// Per-sample parameter gradients: for each sample and class, `δ[k] U` (`[Co, C·k·k]`) then
+    /// the bias gradient `Σ_pos δ[k]` (`[Co]`).
+    ///
+    /// # Shapes
+    /// `u` `[n, P, C·k·k]`, `dy` `[n, K, Co, P]`; returns `[n, K, width]`.
+    pub(crate) fn param_grads(&self, u: &[f64], dy: &[f64], k: usize) -> Vec<f64> {
+        let (p, t, co, wd) = (self.positions(), self.taps(), self.co, self.width());
+        let n = u.len() / (p * t);
+        let mut out = vec![0.0; n * k * wd];
+        let mut tmp = vec![0.0; k * co * t];
+        for s in 0..n {
+            let d = &dy[s * k * co * p..(s + 1) * k * co * p];
+            gemm(&mut tmp, d, false, &u[s * p * t..(s + 1) * p * t], false, (k * co, t, p), 1.0, false);
+            for c in 0..k {
+                let dst = &mut out[(s * k + c) * wd..(s * k + c + 1) * wd];
+                dst[..co * t].copy_from_slice(&tmp[c * co * t..(c + 1) * co * t]);
+                if self.bias {
+                    for o in 0..co {
+                        dst[co * t + o] = d[(c * co + o) * p..(c * co + o + 1) * p].iter().sum();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Input sensitivities: `dU[k] = δ[k]ᵀ W` (`[P, C·k·k]`) scattered back through im2col.
+    ///
+    /// # Shapes
+    /// `w` `[Co, C·k·k]`, `dy` `[n, K, Co, P]`; returns `[n, K, C, H, W]`.
+    pub(crate) fn input_grad(&self, w: &[f64], dy: &[f64]) -> Vec<f64> {
+        let (p, t, co) = (self.positions(), self.taps(), self.co);
+        let size = self.c * self.h * self.w;
+        let rows = dy.len() / (co * p);
+        let idx = self.index();
+        let mut dx = vec![0.0; rows * size];
+        let mut du = vec![0.0; p * t];
+        for r in 0..rows {
+            gemm(&mut du, &dy[r * co * p..(r + 1) * co * p], true, w, false, (p, t, co), 1.0, false);
+            let dxs = &mut dx[r * size..(r + 1) * size];
+            for (&q, &v) in idx.iter().zip(&du) {
+                if q != usize::MAX {
+                    dxs[q] += v;
+                }
+            }
+        }
+        dx
+    }
+}

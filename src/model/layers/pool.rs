@@ -1,0 +1,136 @@
+//! `max_pool2d` and `avg_pool2d`: PyTorch's `MaxPool2d(kernel, stride)` and
+//! `AvgPool2d(kernel, stride)` (no padding, floor mode: `Ho = (H − k) / s + 1`; trailing rows and
+//! columns that fill no window are dropped).
+//!
+//! No parameters. Average pooling is linear. Max pooling is piecewise linear: along a step its
+//! output follows one entry of each window, and changes entry where two entries' polynomials in
+//! t cross (a kink of the path). Its derivative sends each window's sensitivity to its first
+//! maximal entry in row-major order, as PyTorch does.
+
+/// A resolved pooling layer over `[C, H, W]` maps.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Pool {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub ho: usize,
+    pub wo: usize,
+}
+
+impl Pool {
+    fn in_size(&self) -> usize {
+        self.c * self.h * self.w
+    }
+    fn out_size(&self) -> usize {
+        self.c * self.ho * self.wo
+    }
+
+    /// Offsets (within one sample) of the entries of output `(c, oy, ox)`'s window.
+    pub(crate) fn window(&self, c: usize, oy: usize, ox: usize) -> impl Iterator<Item = usize> + '_ {
+        let (y0, x0) = (oy * self.stride, ox * self.stride);
+        (0..self.k).flat_map(move |i| (0..self.k).map(move |j| (c * self.h + y0 + i) * self.w + x0 + j))
+    }
+
+    /// Max pooling: values and the winning input offset of every output.
+    ///
+    /// # Shapes
+    /// `x` `[n, C, H, W]`; returns `[n, C, Ho, Wo]` twice (values, offsets within the sample).
+    pub(crate) fn max_forward(&self, x: &[f64]) -> (Vec<f64>, Vec<u32>) {
+        let n = x.len() / self.in_size();
+        let mut y = Vec::with_capacity(n * self.out_size());
+        let mut arg = Vec::with_capacity(n * self.out_size());
+        for s in 0..n {
+            let xs = &x[s * self.in_size()..(s + 1) * self.in_size()];
+            for c in 0..self.c {
+                for oy in 0..self.ho {
+                    for ox in 0..self.wo {
+                        let mut best = usize::MAX;
+                        for q in self.window(c, oy, ox) {
+                            if best == usize::MAX || xs[q] > xs[best] {
+                                best = q;
+                            }
+                        }
+                        y.push(xs[best]);
+                        arg.push(best as u32);
+                    }
+                }
+            }
+        }
+        (y, arg)
+    }
+
+    /// Average pooling (also the tangent of average pooling).
+    ///
+    /// # Shapes
+    /// `x` `[n, C, H, W]`; returns `[n, C, Ho, Wo]`.
+    pub(crate) fn avg_forward(&self, x: &[f64]) -> Vec<f64> {
+        let n = x.len() / self.in_size();
+        let scale = 1.0 / (self.k * self.k) as f64;
+        let mut y = Vec::with_capacity(n * self.out_size());
+        for s in 0..n {
+            let xs = &x[s * self.in_size()..(s + 1) * self.in_size()];
+            for c in 0..self.c {
+                for oy in 0..self.ho {
+                    for ox in 0..self.wo {
+                        y.push(scale * self.window(c, oy, ox).map(|q| xs[q]).sum::<f64>());
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Tangent (or any linear map) of max pooling with fixed winners: `ẏ = ẋ[arg]`.
+    ///
+    /// # Shapes
+    /// `xdot` `[n, C, H, W]`, `arg` `[n, C, Ho, Wo]`; returns `[n, C, Ho, Wo]`.
+    pub(crate) fn max_gather(&self, xdot: &[f64], arg: &[u32]) -> Vec<f64> {
+        let (is, os) = (self.in_size(), self.out_size());
+        arg.iter().enumerate().map(|(j, &q)| xdot[(j / os) * is + q as usize]).collect()
+    }
+
+    /// Input sensitivities of max pooling: each output's sensitivity to its winner.
+    ///
+    /// # Shapes
+    /// `dy` `[n, K, C, Ho, Wo]`, `arg` `[n, C, Ho, Wo]`; returns `[n, K, C, H, W]`.
+    pub(crate) fn max_backward(&self, dy: &[f64], arg: &[u32], k: usize) -> Vec<f64> {
+        let (is, os) = (self.in_size(), self.out_size());
+        let rows = dy.len() / os;
+        let mut dx = vec![0.0; rows * is];
+        for r in 0..rows {
+            let s = r / k;
+            for j in 0..os {
+                dx[r * is + arg[s * os + j] as usize] += dy[r * os + j];
+            }
+        }
+        dx
+    }
+
+    /// Input sensitivities of average pooling.
+    ///
+    /// # Shapes
+    /// `dy` `[n, K, C, Ho, Wo]`; returns `[n, K, C, H, W]`.
+    pub(crate) fn avg_backward(&self, dy: &[f64]) -> Vec<f64> {
+        let (is, os) = (self.in_size(), self.out_size());
+        let rows = dy.len() / os;
+        let scale = 1.0 / (self.k * self.k) as f64;
+        let mut dx = vec![0.0; rows * is];
+        for r in 0..rows {
+            let mut j = 0;
+            for c in 0..self.c {
+                for oy in 0..self.ho {
+                    for ox in 0..self.wo {
+                        let v = scale * dy[r * os + j];
+                        for q in self.window(c, oy, ox) {
+                            dx[r * is + q] += v;
+                        }
+                        j += 1;
+                    }
+                }
+            }
+        }
+        dx
+    }
+}

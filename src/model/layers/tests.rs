@@ -1,0 +1,160 @@
+//! Every layer kind alone and composed (LeNet-5-like, residual CNNs, GELU + layer norm MLPs),
+//! each checked against the dfdx autodiff reference: forward values, per-sample Jacobians from
+//! the structured backward pass, and tangents along a random parameter direction.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use super::*;
+use crate::model::{net, Architecture, ModelConfig, OutputKind, Params};
+
+/// A JSON value as TOML inline syntax (how a study file writes a layer list).
+pub(crate) fn inline(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(a) => format!("[{}]", a.iter().map(inline).collect::<Vec<_>>().join(", ")),
+        Value::Object(m) => format!("{{ {} }}", m.iter().map(|(k, v)| format!("{k} = {}", inline(v))).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}
+
+fn arch(layers: serde_json::Value, dim: usize, image: Option<[usize; 3]>, k: usize) -> Architecture {
+    let text = format!("kind = \"layers\"\nzero_last = false\nlayers = {}\n", inline(&layers));
+    let cfg: ModelConfig = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    cfg.resolve(dim, image, k, OutputKind::Identity).unwrap()
+}
+
+fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+}
+
+/// Checks one architecture on `n` random inputs; returns the largest relative difference.
+fn check(a: &Architecture, n: usize, seed: u64) -> f64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let p = a.init(seed);
+    // Perturb every tensor so that zero-initialised or constant ones (layer norm) are generic.
+    let p = Params { specs: p.specs.clone(), data: p.data.iter().map(|d| d.iter().map(|v| v + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+    let d = a.input_dim();
+    let k = a.outputs();
+    let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let st = a.stack().unwrap();
+    // Forward: plain vs autodiff (through the Jacobian's reference forward).
+    let y = st.forward(&p.data, &x);
+    let (y2, caches) = st.forward_cached(&p.data, &x);
+    assert_eq!(y, y2);
+    let dev = dfdx::tensor::Cpu::default();
+    let mut worst: f64 = 0.0;
+    let mut jref = Vec::new();
+    for s in 0..n {
+        jref.extend(net::jacobian(&dev, a, &p, None, &x[s * d..(s + 1) * d]).unwrap());
+    }
+    // Backward with identity seeds: dy[s, c, :] = e_c.
+    let mut dy = vec![0.0; n * k * k];
+    for s in 0..n {
+        for c in 0..k {
+            dy[(s * k + c) * k + c] = 1.0;
+        }
+    }
+    let grads = st.backward(&p.data, &caches, dy, k);
+    let j = dense_jacobian(&p.specs, &grads, n, k);
+    worst = worst.max(rel_diff(&j, &jref));
+    // Tangent along a random direction equals J · dir.
+    let dir: Vec<Vec<f64>> = p.data.iter().map(|t| t.iter().map(|_| rng.gen_range(-1.0..1.0)).collect()).collect();
+    let (y3, yd) = st.tangent(&p.data, &dir, &x);
+    worst = worst.max(rel_diff(&y3, &y));
+    let flat: Vec<f64> = dir.iter().flatten().copied().collect();
+    let w = flat.len();
+    let jd: Vec<f64> = (0..n * k).map(|r| jref[r * w..(r + 1) * w].iter().zip(&flat).map(|(u, v)| u * v).sum()).collect();
+    worst = worst.max(rel_diff(&yd, &jd));
+    worst
+}
+
+#[test]
+fn every_layer_kind_alone_matches_autodiff() {
+    let img = Some([2, 7, 6]);
+    let cases: Vec<(&str, serde_json::Value, usize, Option<[usize; 3]>)> = vec![
+        ("dense", json!([{ "dense": 3 }]), 5, None),
+        ("dense no bias", json!([{ "dense": { "features": 3, "bias": false } }]), 5, None),
+        ("relu", json!([{ "dense": 6 }, "relu", { "dense": 3 }]), 5, None),
+        ("leaky_relu", json!([{ "dense": 6 }, { "leaky_relu": 0.2 }, { "dense": 3 }]), 5, None),
+        ("tanh", json!([{ "dense": 6 }, "tanh", { "dense": 3 }]), 5, None),
+        ("sigmoid", json!([{ "dense": 6 }, "sigmoid", { "dense": 3 }]), 5, None),
+        ("softplus", json!([{ "dense": 6 }, "softplus", { "dense": 3 }]), 5, None),
+        ("gelu", json!([{ "dense": 6 }, "gelu", { "dense": 3 }]), 5, None),
+        ("silu", json!([{ "dense": 6 }, "silu", { "dense": 3 }]), 5, None),
+        ("layer_norm flat", json!([{ "dense": 6 }, "layer_norm", { "dense": 3 }]), 5, None),
+        ("residual identity", json!([{ "dense": 6 }, { "residual": [{ "dense": 6 }, "relu", { "dense": 6 }] }, { "dense": 3 }]), 5, None),
+        ("residual projection", json!([{ "residual": [{ "dense": 7 }, "tanh"] }, { "dense": 3 }]), 5, None),
+        ("conv2d", json!([{ "conv2d": { "channels": 3, "kernel": 3, "stride": 2, "padding": 1 } }, "flatten", { "dense": 3 }]), 84, img),
+        ("conv2d no bias", json!([{ "conv2d": { "channels": 3, "kernel": 2, "bias": false } }, "flatten", { "dense": 3 }]), 84, img),
+        ("max_pool2d", json!([{ "conv2d": { "channels": 3, "kernel": 2 } }, { "max_pool2d": 2 }, "flatten", { "dense": 3 }]), 84, img),
+        ("max_pool2d overlapping", json!([{ "conv2d": { "channels": 3, "kernel": 2 } }, { "max_pool2d": { "kernel": 3, "stride": 2 } }, "flatten", { "dense": 3 }]), 84, img),
+        ("avg_pool2d", json!([{ "conv2d": { "channels": 3, "kernel": 2 } }, { "avg_pool2d": 2 }, "flatten", { "dense": 3 }]), 84, img),
+        ("layer_norm channels", json!([{ "conv2d": { "channels": 3, "kernel": 2 } }, "layer_norm", "flatten", { "dense": 3 }]), 84, img),
+        ("residual conv projection", json!([{ "residual": [{ "conv2d": { "channels": 4, "kernel": 3, "stride": 2, "padding": 1 } }, "relu"] }, "flatten", { "dense": 3 }]), 84, img),
+    ];
+    for (name, layers, d, image) in cases {
+        let a = arch(layers, d, image, 3);
+        let e = check(&a, 3, 7);
+        eprintln!("{name}: {e:e}");
+        assert!(e < 1e-12, "{name}: largest relative difference {e:e}");
+    }
+}
+
+#[test]
+fn lenet_and_residual_cnn_match_autodiff() {
+    let lenet = json!([
+        { "conv2d": { "channels": 6, "kernel": 5, "padding": 2 } }, "relu", { "max_pool2d": 2 },
+        { "conv2d": { "channels": 16, "kernel": 5 } }, "relu", { "max_pool2d": 2 },
+        "flatten", { "dense": 120 }, "relu", { "dense": 84 }, "relu", { "dense": 10 }
+    ]);
+    let a = arch(lenet, 784, Some([1, 28, 28]), 10);
+    assert_eq!(a.param_specs().iter().map(ParamSpec::numel).sum::<usize>(), 61_706);
+    let e = check(&a, 2, 3);
+    assert!(e < 1e-12, "LeNet-5: {e:e}");
+    let resnet = json!([
+        { "conv2d": { "channels": 4, "kernel": 3, "padding": 1 } }, "gelu",
+        { "residual": [{ "conv2d": { "channels": 4, "kernel": 3, "padding": 1 } }, "layer_norm", "gelu", { "conv2d": { "channels": 4, "kernel": 3, "padding": 1 } }] },
+        { "residual": [{ "conv2d": { "channels": 8, "kernel": 3, "stride": 2, "padding": 1 } }, "silu"] },
+        { "avg_pool2d": 2 }, "flatten", { "dense": 16 }, "layer_norm", "softplus", { "dense": 5 }
+    ]);
+    let a = arch(resnet, 200, Some([2, 10, 10]), 5);
+    let e = check(&a, 2, 5);
+    assert!(e < 1e-12, "residual CNN: {e:e}");
+}
+
+#[test]
+fn bad_stacks_are_refused_with_the_layer_named() {
+    let parse = |layers: serde_json::Value| -> String {
+        let text = format!("kind = \"layers\"\nlayers = {}\n", inline(&layers));
+        match toml::from_str::<ModelConfig>(&text) {
+            Err(e) => e.to_string(),
+            Ok(cfg) => cfg.resolve(784, Some([1, 28, 28]), 10, OutputKind::LogSoftmax).err().map(|e| e.to_string()).unwrap_or_default(),
+        }
+    };
+    let e = parse(json!(["flatten", { "dense": 10 }, "batch_norm"]));
+    assert!(e.contains("model.layers[2]") && e.contains("batch norm") && e.contains("batch"), "{e}");
+    let e = parse(json!([{ "conv2d": { "channels": 4, "kernel": 3 } }, "dropout", "flatten", { "dense": 10 }]));
+    assert!(e.contains("model.layers[1]") && e.contains("dropout"), "{e}");
+    let e = parse(json!([{ "conv2d": { "channels": 4, "kernel": 3 } }, { "dense": 10 }]));
+    assert!(e.contains("model.layers[1] dense(10)") && e.contains("[4, 26, 26]") && e.contains("flatten"), "{e}");
+    let e = parse(json!(["flatten", { "conv2d": { "channels": 4, "kernel": 3 } }]));
+    assert!(e.contains("model.layers[1] conv2d") && e.contains("[784]"), "{e}");
+    let e = parse(json!(["flatten", { "dense": 12 }]));
+    assert!(e.contains("[12]") && e.contains("[10]"), "{e}");
+    let e = parse(json!([{ "conv2d": { "channels": 4, "kernel": 30 } }, "flatten", { "dense": 10 }]));
+    assert!(e.contains("does not fit"), "{e}");
+    let e = parse(json!(["flatten", { "dense": 10 }, "swish"]));
+    assert!(e.contains("unknown layer `swish`"), "{e}");
+    let e = parse(json!(["flatten", { "dense": { "features": 10, "bais": false } }]));
+    assert!(e.contains("no option `bais`"), "{e}");
+    let e = parse(json!(["flatten", { "residual": [{ "dense": 5 }] }, { "dense": 10 }]));
+    assert!(e.is_empty(), "a projecting flat residual is fine: {e}");
+    // PyTorch's floor on pool sizes: 13×13 pooled by 2 gives 6×6.
+    let e = parse(json!([{ "conv2d": { "channels": 2, "kernel": 3, "stride": 2 } }, { "max_pool2d": 2 }, "flatten", { "dense": 10 }]));
+    assert!(e.is_empty(), "{e}");
+}
