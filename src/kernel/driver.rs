@@ -190,6 +190,8 @@ fn accumulate_steps(
         Box::new(MlpModel { arch })
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
+    } else if prep.stack_fast {
+        Box::new(super::stack::StackModel { arch })
     } else {
         Box::new(GenericModel { arch, init: &states[0] })
     };

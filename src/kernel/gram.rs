@@ -353,6 +353,12 @@ impl GramAccumulator {
         }
     }
 
+    /// Adds a step model's own contraction time and flops (models that fill the sink directly).
+    pub(crate) fn add_contraction(&mut self, seconds: f64, flops: f64) {
+        self.stats.seconds += seconds;
+        self.stats.flops += flops;
+    }
+
     /// Wall time and GEMM flops of the contraction so far (not the node evaluations): the
     /// flops are counted from the shapes of the products, `2·m·n·k` each — per step and row
     /// point, `2·M·K·out_0` for layer 0 (`diag`; `full` K times more), `2·M·(K + 1)·(h + 1)`

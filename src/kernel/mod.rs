@@ -38,6 +38,7 @@ mod prepare;
 pub mod quadrature;
 mod request;
 mod rows;
+pub(crate) mod stack;
 pub(crate) mod stateful;
 mod types;
 

@@ -38,6 +38,8 @@ pub(super) struct Prepared<'a> {
     pub structured: bool,
     /// Whether a CNN takes its structured path.
     pub conv_fast: bool,
+    /// Layer stacks take the structured stack path ([`super::stack`]).
+    pub stack_fast: bool,
     /// Cross-entropy on identity outputs (a classifier's logits): `∂L/∂z = softmax(z) − y`.
     pub ce_on_logits: bool,
     /// Whether rows are integrated over t (EPK test side, k′, the path kernel).
@@ -126,12 +128,13 @@ impl<'a> Prepared<'a> {
         }
         let structured = matches!(arch.body, Body::Mlp { .. });
         let conv_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
+        let stack_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Layers { .. });
         if req.kind == KernelKind::Path && (!structured || !matches!(req.rule, Rule::Auto(_)) || arch.output != OutputKind::Identity) {
             return Err(Error::Config(
                 "the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits of a classifier: outputs = logits; or regression) with the auto quadrature".into(),
             ));
         }
-        if !structured && !conv_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+        if !structured && !conv_fast && !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
             return Err(Error::Config(
                 "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
             ));
@@ -184,6 +187,7 @@ impl<'a> Prepared<'a> {
             rule,
             structured,
             conv_fast,
+            stack_fast,
             ce_on_logits,
             integrate,
             tol_step,

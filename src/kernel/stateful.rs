@@ -273,6 +273,11 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
                 let weights: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.1)).collect();
                 (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
             }
+            None if matches!(arch.body, crate::model::Body::Layers { .. }) => {
+                let st = super::stack::step::StackStep::new(arch, state, next)?;
+                let c = choose_auto_nodes(&super::stack::step::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
+            }
             None => {
                 let st = convstep::CnnStep::new(arch, state, next)?;
                 let c = choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);

@@ -278,29 +278,6 @@ impl Stack {
         self.input.size() as u64 + walk(&self.nodes)
     }
 
-    /// The parameter layers in storage order: first tensor, tensor count, whether factored.
-    pub(crate) fn param_layers(&self) -> Vec<(usize, usize, bool)> {
-        let mut out = Vec::new();
-        collect_param_layers(&self.nodes, &mut out);
-        out.sort_by_key(|l| l.0);
-        out
-    }
-}
-
-fn collect_param_layers(nodes: &[Node], out: &mut Vec<(usize, usize, bool)>) {
-    for n in nodes {
-        match &n.op {
-            Op::Residual(r) => {
-                collect_param_layers(&r.body, out);
-                if let Some(sc) = &r.shortcut {
-                    collect_param_layers(std::slice::from_ref(sc.as_ref()), out);
-                }
-            }
-            Op::Dense(_) => out.push((n.first, n.count, true)),
-            _ if n.count > 0 => out.push((n.first, n.count, false)),
-            _ => {}
-        }
-    }
 }
 
 fn nodes_piecewise_linear(nodes: &[Node]) -> bool {

@@ -1,0 +1,212 @@
+//! The structured Gram path for layer stacks ([`crate::model::layers`]): any stack, any
+//! quadrature rule, without per-sample Jacobians of the whole network.
+//!
+//! Every parameter layer contributes to `⟨∇f^k(x_p; w_s(t)), ∇f^{k'}(x_i; w_s)⟩` through the
+//! form of its per-sample gradient ([`crate::model::layers::Grad`]):
+//!
+//! - **dense** layers, `δ[k] ⊗ [a, 1]`: per quadrature node r of a row point p,
+//!   `w_r (a_r·a_i + 1)(δ_r[k]·δ_i[k'])` — two GEMMs (`A_rows A_trainᵀ` and the layout's
+//!   `δ` products) and a Hadamard fold, never the `out × in` gradient;
+//! - **other** layers (conv, layer norm, projections), formed: the rows' node-weighted sum
+//!   `J̄_p = Σ_r w_r G_r` (`[K, width]` per point) against the training points' `G_i`, one GEMM.
+//!
+//! The prediction `Σ_i Σ_k' a_{ik'} K_s[p, i, k, k']` is contracted from the same factors through
+//! `v = Σ_i Σ_k' a_{ik'} ∇f^{k'}(x_i)` (per layer), and the rows' self-kernel node by node. The
+//! nodes come from the fixed rule or from the adaptive rule with this stack's kinks
+//! ([`kinks`]) and its forward-mode derivative ([`step::StackStep::jvp`]). The result equals
+//! [`super::generic::step_into`]'s (tests).
+
+pub(crate) mod kinks;
+pub(crate) mod step;
+
+use super::convgram::NodeStats;
+use super::gram::GramAccumulator;
+use super::layout::{add_dense, Layout};
+use super::models::{StepInput, StepModel, StepOutput};
+use super::nodes::choose_auto_nodes;
+use crate::error::Result;
+use crate::linalg::{gemm, gemm_abt};
+use crate::model::Architecture;
+use step::{RowGrad, StackAlong, StackStep};
+
+/// Row points whose nodes are evaluated and contracted together.
+const CHUNK_POINTS: usize = 32;
+
+/// Scratch bytes for one batch of node rows' dense-layer products.
+const FOLD_BYTES: usize = 64 << 20;
+
+/// One parameter layer's training side for a step, and its prediction weights.
+enum TrainSide {
+    /// `acts` `[M, ne]`, `deltas` `[M, K, out]` (scaled by `colw`), `v` `[out, ne]`.
+    Factor { acts: Vec<f64>, deltas: Vec<f64>, v: Vec<f64> },
+    /// `g` `[M, K, width]` (scaled by `colw`), `v` `[width]`.
+    Formed { g: Vec<f64>, v: Vec<f64> },
+}
+
+/// Layer stacks on the structured path.
+pub(crate) struct StackModel<'a> {
+    pub arch: &'a Architecture,
+}
+
+fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, m: usize, k: usize) -> Vec<TrainSide> {
+    grads
+        .into_iter()
+        .map(|g| match g {
+            RowGrad::Factor { acts, mut deltas, ne, out } => {
+                // v = Σ_i (Σ_k' a[i,k'] δ_i[k']) ⊗ [a_i, 1]
+                let mut dt = vec![0.0; m * out];
+                for i in 0..m {
+                    for c in 0..k {
+                        let ac = a[i * k + c];
+                        if ac != 0.0 {
+                            dt[i * out..(i + 1) * out].iter_mut().zip(&deltas[(i * k + c) * out..(i * k + c + 1) * out]).for_each(|(x, y)| *x += ac * y);
+                        }
+                    }
+                }
+                let mut v = vec![0.0; out * ne];
+                gemm(&mut v, &dt, true, &acts, false, (out, ne, m), 1.0, false);
+                if let Some(cw) = colw {
+                    deltas.chunks_exact_mut(out).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
+                }
+                TrainSide::Factor { acts, deltas, v }
+            }
+            RowGrad::Formed { mut g, width } => {
+                let mut v = vec![0.0; width];
+                gemm(&mut v, a, false, &g, false, (1, width, m * k), 1.0, false);
+                if let Some(cw) = colw {
+                    g.chunks_exact_mut(width).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
+                }
+                TrainSide::Formed { g, v }
+            }
+        })
+        .collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Adds one dense layer's node rows into the chunk's Gram rows `out` (points `first..`):
+/// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`.
+#[allow(clippy::too_many_arguments)]
+fn fold_dense(layout: Layout, out: &mut [f64], first: usize, point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], tacts: &[f64], tdeltas: &[f64], ne: usize, no: usize, m: usize, k: usize) -> f64 {
+    let (rpp, cols) = (layout.rows_per_point(k), layout.cols_per_train(k));
+    let row_len = m * cols;
+    let per_row = rpp * row_len;
+    let batch = (FOLD_BYTES / (8 * (per_row + m)).max(1)).max(1);
+    let mut flops = 0.0;
+    for r0 in (0..point.len()).step_by(batch) {
+        let rb = batch.min(point.len() - r0);
+        let mut sa = vec![0.0; rb * m];
+        gemm_abt(&mut sa, &acts[r0 * ne..(r0 + rb) * ne], tacts, rb, m, ne, 1.0, false);
+        let mut sd = vec![0.0; rb * per_row];
+        add_dense(layout, &mut sd, &deltas[r0 * k * no..(r0 + rb) * k * no], tdeltas, rb, m, k, no, 1.0);
+        flops += 2.0 * (rb * m * ne) as f64 + 2.0 * (rb * per_row * no) as f64;
+        for r in 0..rb {
+            let (p, w) = (point[r0 + r] - first, weight[r0 + r]);
+            let s = &sa[r * m..(r + 1) * m];
+            for j in 0..rpp {
+                let dst = &mut out[(p * rpp + j) * row_len..(p * rpp + j + 1) * row_len];
+                let src = &sd[(r * rpp + j) * row_len..(r * rpp + j + 1) * row_len];
+                for (i, (dc, sc)) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(cols)).enumerate() {
+                    let c = w * s[i];
+                    dc.iter_mut().zip(sc).for_each(|(o, v)| *o += c * v);
+                }
+            }
+        }
+    }
+    flops
+}
+
+impl StepModel for StackModel<'_> {
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
+        let arch = self.arch;
+        let rows = input.rows;
+        let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
+        let m = input.x_train.len() / d;
+        let at_ws = StackStep::new(arch, input.state, None)?;
+        let all: Vec<usize> = (0..m).collect();
+        let tgrads = at_ws.grads(input.x_train, input.off_train, &all, &vec![0.0; m]);
+        let train = train_side(tgrads, input.a, input.colw, m, k);
+        let step = StackStep::new(arch, input.state, input.next)?;
+        let layout = acc.sink_mut().layout();
+        let mut pred = vec![0.0; p * k];
+        let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
+        let (mut seconds, mut flops) = (0.0, 0.0);
+        for c0 in (0..p).step_by(CHUNK_POINTS) {
+            let pc = CHUNK_POINTS.min(p - c0);
+            let xc = &rows.x[c0 * d..(c0 + pc) * d];
+            let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
+            let (point, weight, times) = match input.fixed {
+                Some(nodes) => {
+                    let point: Vec<usize> = (0..pc).flat_map(|q| std::iter::repeat_n(q, nodes.len())).collect();
+                    stats.evaluations.extend(std::iter::repeat_n(nodes.len(), pc));
+                    stats.jvp_evaluations.extend(std::iter::repeat_n(0, pc));
+                    stats.pieces.extend(std::iter::repeat_n(1, pc));
+                    (point, nodes.iter().cycle().take(pc * nodes.len()).map(|n| n.1).collect::<Vec<_>>(), nodes.iter().cycle().take(pc * nodes.len()).map(|n| n.0).collect::<Vec<_>>())
+                }
+                None => {
+                    let an = choose_auto_nodes(&StackAlong { step: &step }, xc, pc, offc, input.tol_step);
+                    stats.evaluations.extend_from_slice(&an.evaluations);
+                    stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
+                    stats.pieces.extend_from_slice(&an.pieces);
+                    stats.unconverged += an.unconverged;
+                    (an.point, an.weight, an.times)
+                }
+            };
+            let rgrads = step.grads(xc, offc, &point, &times);
+            let started = std::time::Instant::now();
+            let out = acc.sink_mut().rows_mut(c0..c0 + pc);
+            for (rg, tr) in rgrads.iter().zip(&train) {
+                match (rg, tr) {
+                    (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
+                        flops += fold_dense(layout, out, 0, &point, &weight, acts, deltas, ta, td, *ne, *no, m, k);
+                        for (r, (&q, &w)) in point.iter().zip(&weight).enumerate() {
+                            let ar = &acts[r * ne..(r + 1) * ne];
+                            let mut va = vec![0.0; *no];
+                            gemm(&mut va, v, false, ar, false, (*no, 1, *ne), 1.0, false);
+                            let dr = &deltas[r * k * no..(r + 1) * k * no];
+                            for c in 0..k {
+                                pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], &va);
+                            }
+                            if input.self_kernel {
+                                let aa = dot(ar, ar);
+                                for c in 0..k {
+                                    for c2 in 0..k {
+                                        diag[((c0 + q) * k + c) * k + c2] += w * aa * dot(&dr[c * no..(c + 1) * no], &dr[c2 * no..(c2 + 1) * no]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    (RowGrad::Formed { g, width }, TrainSide::Formed { g: tg, v, .. }) => {
+                        let wd = *width;
+                        let mut jbar = vec![0.0; pc * k * wd];
+                        for (r, (&q, &w)) in point.iter().zip(&weight).enumerate() {
+                            let gr = &g[r * k * wd..(r + 1) * k * wd];
+                            jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
+                            if input.self_kernel {
+                                for c in 0..k {
+                                    for c2 in 0..k {
+                                        diag[((c0 + q) * k + c) * k + c2] += w * dot(&gr[c * wd..(c + 1) * wd], &gr[c2 * wd..(c2 + 1) * wd]);
+                                    }
+                                }
+                            }
+                        }
+                        for q in 0..pc {
+                            for c in 0..k {
+                                pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
+                            }
+                        }
+                        add_dense(layout, out, &jbar, tg, pc, m, k, wd, 1.0);
+                        flops += 2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64;
+                    }
+                    _ => unreachable!("rows and training points of one stack"),
+                }
+            }
+            seconds += started.elapsed().as_secs_f64();
+        }
+        acc.add_contraction(seconds, flops);
+        Ok(StepOutput { pred, stats, cosine: f64::NAN })
+    }
+}

@@ -1,0 +1,197 @@
+//! A layer stack on one training step `w_s(t) = w_s + t·Δw`: the network's values, their
+//! t-derivative (forward mode) and per-sample gradients at any points and times, batched by
+//! time, and the kinks along t (see [`super::kinks`]).
+
+use crate::error::{Error, Result};
+use crate::model::layers::{Grad, Stack};
+use crate::model::{Architecture, OutputKind, Params};
+use crate::kernel::nodes::AlongPath;
+
+/// Rows evaluated at once (bounds a batch's caches: a LeNet-5 row holds ~60 000 numbers).
+pub(crate) const EVAL_CHUNK: usize = 128;
+
+/// One step of a layer stack.
+pub(crate) struct StackStep<'a> {
+    pub(crate) arch: &'a Architecture,
+    pub(crate) stack: Stack,
+    pub(crate) state: &'a Params,
+    /// `Δw = w_{s+1} − w_s` (absent at t = 0 only).
+    pub(crate) dir: Option<Vec<Vec<f64>>>,
+    pub(crate) k: usize,
+    pub(crate) d: usize,
+}
+
+/// One parameter layer's gradients for a set of rows, in row order.
+pub(crate) enum RowGrad {
+    /// `acts` with the bias column `[R, ne]`, `deltas` `[R, K, out]`.
+    Factor { acts: Vec<f64>, deltas: Vec<f64>, ne: usize, out: usize },
+    /// `[R, K, width]`.
+    Formed { g: Vec<f64>, width: usize },
+}
+
+impl<'a> StackStep<'a> {
+    pub(crate) fn new(arch: &'a Architecture, state: &'a Params, next: Option<&Params>) -> Result<Self> {
+        let stack = arch.stack()?;
+        let dir = match next {
+            Some(n) => {
+                if n.specs != state.specs {
+                    return Err(Error::Data("consecutive states with different parameters".into()));
+                }
+                Some(state.data.iter().zip(&n.data).map(|(a, b)| a.iter().zip(b).map(|(x, y)| y - x).collect()).collect())
+            }
+            None => None,
+        };
+        Ok(StackStep { arch, k: arch.outputs(), d: arch.input_dim(), stack, state, dir })
+    }
+
+    /// `w_s + t·Δw`.
+    pub(crate) fn params_at(&self, t: f64) -> Vec<Vec<f64>> {
+        match (&self.dir, t) {
+            (Some(dir), t) if t != 0.0 => self.state.data.iter().zip(dir).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + t * y).collect()).collect(),
+            _ => self.state.data.clone(),
+        }
+    }
+
+    /// `f = out(α(g − off))` in place on raw outputs `g` `[R, K]`, and the sensitivities
+    /// `∂f^k/∂g` `[R, K, K]` (log-softmax: `α(e_k − p)`, identity: `α e_k`).
+    fn output_map(&self, g: &mut [f64], off: Option<&[f64]>) -> Vec<f64> {
+        let (k, alpha) = (self.k, self.arch.alpha);
+        if let Some(off) = off {
+            g.iter_mut().zip(off).for_each(|(a, b)| *a -= b);
+        }
+        g.iter_mut().for_each(|v| *v *= alpha);
+        let rows = g.len() / k;
+        let mut seeds = vec![0.0; rows * k * k];
+        for r in 0..rows {
+            let z = &mut g[r * k..(r + 1) * k];
+            let s = &mut seeds[r * k * k..(r + 1) * k * k];
+            if self.arch.output == OutputKind::LogSoftmax {
+                crate::model::log_softmax_rows(z, k);
+                for c in 0..k {
+                    for o in 0..k {
+                        s[c * k + o] = alpha * (f64::from(c == o) - z[o].exp());
+                    }
+                }
+            } else {
+                (0..k).for_each(|c| s[c * k + c] = alpha);
+            }
+        }
+        seeds
+    }
+
+    /// Groups of row positions with the same time, in chunks of [`EVAL_CHUNK`].
+    fn groups(t: &[f64]) -> Vec<(f64, Vec<usize>)> {
+        let mut order: Vec<usize> = (0..t.len()).collect();
+        order.sort_by(|&a, &b| t[a].total_cmp(&t[b]));
+        let mut out: Vec<(f64, Vec<usize>)> = Vec::new();
+        for j in order {
+            match out.last_mut() {
+                Some((tv, v)) if tv.to_bits() == t[j].to_bits() && v.len() < EVAL_CHUNK => v.push(j),
+                _ => out.push((t[j], vec![j])),
+            }
+        }
+        out
+    }
+
+    fn gather(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], pos: &[usize]) -> (Vec<f64>, Option<Vec<f64>>) {
+        let (d, k) = (self.d, self.k);
+        let xs: Vec<f64> = pos.iter().flat_map(|&j| x[idx[j] * d..(idx[j] + 1) * d].iter().copied()).collect();
+        let os = off.map(|o| pos.iter().flat_map(|&j| o[idx[j] * k..(idx[j] + 1) * k].iter().copied()).collect());
+        (xs, os)
+    }
+
+    /// `f` and `df/dt` at rows `idx` of `x` (`[·, d]`) and times `t`.
+    ///
+    /// # Shapes
+    /// `off` `[·, K]`; returns `[R, K]` twice.
+    pub(crate) fn jvp(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let k = self.k;
+        let mut f = vec![0.0; idx.len() * k];
+        let mut fd = vec![0.0; idx.len() * k];
+        let zero: Vec<Vec<f64>>;
+        let dir = match &self.dir {
+            Some(d) => d,
+            None => {
+                zero = self.state.data.iter().map(|v| vec![0.0; v.len()]).collect();
+                &zero
+            }
+        };
+        for (tv, pos) in Self::groups(t) {
+            let (xs, os) = self.gather(x, off, idx, &pos);
+            let (mut g, gd) = self.stack.tangent(&self.params_at(tv), dir, &xs);
+            let seeds = self.output_map(&mut g, os.as_deref());
+            for (r, &j) in pos.iter().enumerate() {
+                f[j * k..(j + 1) * k].copy_from_slice(&g[r * k..(r + 1) * k]);
+                for c in 0..k {
+                    fd[j * k + c] = (0..k).map(|o| seeds[(r * k + c) * k + o] * gd[r * k + o]).sum();
+                }
+            }
+        }
+        (f, fd)
+    }
+
+    /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
+    /// layer (storage order), rows in `idx` order.
+    pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        let (k, n) = (self.k, idx.len());
+        let mut out: Vec<RowGrad> = Vec::new();
+        for (tv, pos) in Self::groups(t) {
+            let (xs, os) = self.gather(x, off, idx, &pos);
+            let params = self.params_at(tv);
+            let (mut g, caches) = self.stack.forward_cached(&params, &xs);
+            let seeds = self.output_map(&mut g, os.as_deref());
+            let grads = self.stack.backward(&params, &caches, seeds, k);
+            if out.is_empty() {
+                out = grads
+                    .iter()
+                    .map(|(_, gr)| match gr {
+                        Grad::Factor { n_in, n_out, bias, .. } => {
+                            let ne = n_in + usize::from(*bias);
+                            RowGrad::Factor { acts: vec![0.0; n * ne], deltas: vec![0.0; n * k * n_out], ne, out: *n_out }
+                        }
+                        Grad::Formed { width, .. } => RowGrad::Formed { g: vec![0.0; n * k * width], width: *width },
+                    })
+                    .collect();
+            }
+            for ((_, gr), dst) in grads.iter().zip(out.iter_mut()) {
+                match (gr, dst) {
+                    (Grad::Factor { acts, deltas, n_in, n_out, bias }, RowGrad::Factor { acts: da, deltas: dd, ne, .. }) => {
+                        for (r, &j) in pos.iter().enumerate() {
+                            let row = &mut da[j * *ne..(j + 1) * *ne];
+                            row[..*n_in].copy_from_slice(&acts[r * n_in..(r + 1) * n_in]);
+                            if *bias {
+                                row[*n_in] = 1.0;
+                            }
+                            dd[j * k * n_out..(j + 1) * k * n_out].copy_from_slice(&deltas[r * k * n_out..(r + 1) * k * n_out]);
+                        }
+                    }
+                    (Grad::Formed { g, width }, RowGrad::Formed { g: dg, .. }) => {
+                        for (r, &j) in pos.iter().enumerate() {
+                            dg[j * k * width..(j + 1) * k * width].copy_from_slice(&g[r * k * width..(r + 1) * k * width]);
+                        }
+                    }
+                    _ => unreachable!("the same stack gives the same layer kinds"),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A stack's step with the rows it walks along, for the quadrature's node search.
+pub(crate) struct StackAlong<'s, 'a> {
+    pub(crate) step: &'s StackStep<'a>,
+}
+
+impl AlongPath for StackAlong<'_, '_> {
+    fn outputs(&self) -> usize {
+        self.step.k
+    }
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
+        let d = self.step.d;
+        super::kinks::kinks(self.step, &x[p * d..(p + 1) * d], a, b)
+    }
+    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.step.jvp(x, off, idx, t)
+    }
+}
