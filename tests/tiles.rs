@@ -588,7 +588,7 @@ fn cli_tiles_merge_to_the_one_process_output_and_rerun_bit_identically() {
     for blocks in ["full", "diag"] {
         let one = format!("one-{blocks}");
         let tiles = format!("tiles-{blocks}");
-        ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--blocks", blocks, "--out", &one], d);
+        ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--layout", blocks, "--out", &one], d);
         let plan_out = ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--blocks", blocks, "--tiles", "2x2", "--out", &tiles], d);
         assert!(plan_out.contains("4 tiles = 2 row blocks") && plan_out.contains("2 step ranges"), "{plan_out}");
         assert!(!d.join(&tiles).join("gram.safetensors").exists(), "planning computes nothing");

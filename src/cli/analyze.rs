@@ -18,7 +18,7 @@ fn require_blocks(g: &Gram, dir: &Path, need: Layout, what: &str) -> Result<()> 
         return Ok(());
     }
     Err(Error::Config(format!(
-        "{}: holds the {} blocks of the Gram (--blocks {}); {what} needs the {need} blocks: recompute it with `pathkernel kernel … --blocks {need}`",
+        "{}: holds the {} blocks of the Gram (--layout {}); {what} needs the {need} blocks: recompute it with `pathkernel kernel … --layout {need}`",
         dir.display(),
         g.layout(),
         g.layout()

@@ -11,7 +11,7 @@ use crate::trajectory::Run;
 /// Compute a kernel of a recorded run and the kernel machine that reproduces the network.
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Compute a kernel over a recorded training path between row points and the training set, \
-and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gram.safetensors (gram [P,M,K,K], or [P,M,K] / [P,M] with --blocks diag / trace, \
+and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gram.safetensors (gram [P,M,K,K], or [P,M,K] / [P,M] with --layout diag / trace, \
 a [N,M,K], bias [P,K], points [P,d]), OUT/predictions.parquet, OUT/exactness.json and OUT/steps.parquet.\n\n\
 Kinds: ntk (at --step S, default the last state), dpk (Domingos' discrete path kernel, t = 0), \
 epk (Exact Path Kernel, Definition 3.4: test-side rows integrated over each step), chen (eq. 18), \
@@ -47,10 +47,11 @@ pub struct Args {
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
-    /// Which blocks of the Gram to compute and store: full ([P,M,K,K]), diag (the class-diagonal
-    /// blocks K^cc, [P,M,K]: per-class GPs, the SVM) or trace (sum_c K^cc, [P,M]: stationarity).
-    /// Work and memory scale with the layout; the kernel machine is checked for every layout.
-    #[arg(long, default_value = "full", value_name = "LAYOUT")]
+    /// The Gram's layout, i.e. which blocks to compute and store: full ([P,M,K,K]), diag (the
+    /// class-diagonal blocks K^cc, [P,M,K]: per-class GPs, the SVM) or trace (sum_c K^cc, [P,M]:
+    /// stationarity). Work and memory scale with the layout; the kernel machine is checked for
+    /// every layout. `--blocks` is an alias.
+    #[arg(long = "layout", visible_alias = "blocks", default_value = "full", value_name = "LAYOUT")]
     blocks: String,
     /// Memory budget for the computation, e.g. 8G, 512M: row points are computed in blocks so
     /// that the output plus one block's work fits; refused with an estimate when the output

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::linalg::gemm_abt;
 use crate::error::{Error, Result};
 
-/// Which blocks of a Gram are computed and stored (`--blocks`).
+/// Which blocks of a Gram are computed and stored (`--layout`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Layout {
@@ -105,7 +105,7 @@ impl std::str::FromStr for Layout {
             "full" => Ok(Layout::Full),
             "diag" => Ok(Layout::Diag),
             "trace" => Ok(Layout::Trace),
-            _ => Err(Error::Config(format!("--blocks `{s}`: expected full, diag or trace"))),
+            _ => Err(Error::Config(format!("--layout `{s}`: expected full, diag or trace"))),
         }
     }
 }
