@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{DataConfig, Dataset, Targets};
 use crate::error::{Error, Result};
 use crate::io::{Column, Table};
-use crate::model::net::{LossKind, Objective};
+use crate::model::net::{LossGrad, LossKind, Objective};
 use crate::model::{Architecture, ModelConfig, OutputKind, Params};
 use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::{self, DatasetInfo, Manifest, OptimizerRecord, Writer};
@@ -646,7 +646,15 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
             }
             params = stored;
         }
-        let lg = objective.evaluate(&params);
+        // Mini-batch steps before the last use their batch's gradient: the full batch only gives
+        // the logged loss and outputs (a forward pass, no tape).
+        let full_grad = batches.is_none() || s == n;
+        let lg = if full_grad {
+            objective.evaluate(&params)
+        } else {
+            let (loss, outputs) = objective.values(&params);
+            LossGrad { loss, grad: Params::zeros(Vec::new()), outputs }
+        };
         if !lg.loss.is_finite() {
             return Err(Error::Diverged { step: s, loss: lg.loss, what: "non-finite loss".into() });
         }

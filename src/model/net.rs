@@ -258,6 +258,20 @@ impl<D: Device<f64>> Objective<D> {
         &self.dev
     }
 
+    /// Loss and outputs at `params` without the gradient (one forward pass, no tape): the same
+    /// values [`Objective::evaluate`] gives, for steps whose update uses another gradient.
+    pub fn values(&self, params: &Params) -> (f64, Vec<f64>) {
+        let p = upload(&self.dev, params);
+        let f = forward(&self.arch, &p, self.x.clone(), self.offset.as_ref());
+        let outputs = f.as_vec();
+        let k = self.arch.outputs() as f64;
+        let loss = match self.loss {
+            LossKind::CrossEntropy => (f * self.target.clone()).sum::<(), _>() * (-1.0 / self.n as f64),
+            LossKind::Mse => (f - self.target.clone()).square().sum::<(), _>() * (1.0 / (self.n as f64 * k)),
+        };
+        (loss.as_vec()[0], outputs)
+    }
+
     /// Loss, gradient and outputs at `params` (one forward and one backward pass).
     pub fn evaluate(&self, params: &Params) -> LossGrad {
         let p = upload(&self.dev, params);
