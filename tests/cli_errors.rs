@@ -306,3 +306,50 @@ fn train_rejects_bad_tables_arrays_and_idx_files_without_writing() {
         "f/train-images",
     );
 }
+
+/// Bad layer stacks: refused when the configuration is read, one line naming the layer (and why
+/// for batch norm and dropout), exit 2, nothing written.
+#[test]
+fn train_rejects_bad_layer_stacks_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = "[data]\nkind = \"gaussian-mixture\"\ndim = 2\nper_class = 6\nn_test = 4\nseed = 3\n";
+    let before = listing(d);
+    for (i, (layers, needle)) in [
+        (r#"[{ dense = 8 }, "batch_norm", "relu", { dense = 3 }]"#, "model.layers[1]: batch norm is not supported: in training mode a point's output depends on the other points of its batch"),
+        (r#"[{ dense = 8 }, "relu", "dropout", { dense = 3 }]"#, "model.layers[2]: dropout is not supported"),
+        (r#"[{ conv2d = { channels = 4, kernel = 3 } }, "flatten", { dense = 3 }]"#, "model.layers[0] conv2d(4, k3, s1, p0): needs a [C, H, W] map, got [2]"),
+        (r#"[{ dense = 8 }, "relu", { dense = 5 }]"#, "the last layer gives [5] per sample; the data needs [3]"),
+        (r#"[{ dense = 8 }, "swish", { dense = 3 }]"#, "model.layers[1]: unknown layer `swish`"),
+        (r#"[{ dense = { features = 8, bais = true } }, { dense = 3 }]"#, "model.layers[0]: dense has no option `bais`"),
+        (r#"[{ residual = [{ dense = 4 }, "relu"] }, { max_pool2d = 2 }, { dense = 3 }]"#, "model.layers[1] max_pool2d(2, s2): needs a [C, H, W] map, got [4]"),
+        (r#"[]"#, "model.layers is empty"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = format!("bad{i}.toml");
+        std::fs::write(d.join(&cfg), format!("{data}\n[model]\nkind = \"layers\"\nlayers = {layers}\n\n[train]\nlr = 0.1\nsteps = 2\n")).unwrap();
+        let mut now = before.clone();
+        now.push(cfg.clone());
+        now.sort();
+        run_fail(&["train", "-q", "--config", &cfg, "--out", "run"], d, needle);
+        assert_eq!(listing(d), now, "{layers} wrote something");
+        std::fs::remove_file(d.join(&cfg)).unwrap();
+    }
+    // An image stack: the flatten a dense layer needs after a map.
+    let mnist = d.join("mnist");
+    std::fs::create_dir_all(&mnist).unwrap();
+    fake_mnist(&mnist, 4, 2);
+    let before = listing(d);
+    std::fs::write(
+        d.join("img.toml"),
+        format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 4\nn_test = 2\n\n[model]\nkind = \"layers\"\nlayers = [{{ conv2d = {{ channels = 2, kernel = 5 }} }}, {{ dense = 10 }}]\n\n[train]\nlr = 0.1\nsteps = 1\n", mnist.to_str().unwrap()),
+    )
+    .unwrap();
+    run_fail(&["train", "-q", "--config", "img.toml", "--out", "run"], d, "model.layers[1] dense(10): needs a flat input, got the map [2, 24, 24]: add \"flatten\" before it");
+    let mut now = before;
+    now.push("img.toml".into());
+    now.sort();
+    assert_eq!(listing(d), now);
+}
