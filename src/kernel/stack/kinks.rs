@@ -59,7 +59,8 @@ impl Sweep {
     }
 }
 
-/// `W(t)·p(t) + b(t)` for a layer whose map `lin(params, X)` is linear in both (without bias).
+/// `W(t)·p(t) + b(t)` for a layer whose map `lin(params, X)` is linear in both (without bias);
+/// `b0`, `db` are the bias and its step per output (`[out]`).
 fn linear(p: &Poly, out: usize, lin: &dyn Fn(&[f64], &[f64]) -> Vec<f64>, w0: &[f64], dw: &[f64], b0: Option<&[f64]>, db: Option<&[f64]>) -> Poly {
     let deg = p.deg();
     let a0 = lin(w0, &p.c);
@@ -83,9 +84,11 @@ fn walk(nodes: &[Node], w: &[Vec<f64>], dw: &[Vec<f64>], mut p: Poly, sw: &mut S
                 linear(&p, d.n_out, &|wt, x| d.forward(wt, None, x), &w[n.first], &dw[n.first], b.map(|b| b.0), b.map(|b| b.1))
             }
             Op::Conv(c) => {
-                let b = c.bias.then(|| (w[n.first + 1].as_slice(), dw[n.first + 1].as_slice()));
+                // The bias of channel o at every one of its positions.
+                let per_position = |b: &[f64]| -> Vec<f64> { b.iter().flat_map(|&v| std::iter::repeat_n(v, c.positions())).collect() };
+                let b = c.bias.then(|| (per_position(&w[n.first + 1]), per_position(&dw[n.first + 1])));
                 let out = c.co * c.positions();
-                linear(&p, out, &|wt, x| c.apply(&c.patches(x), wt, None), &w[n.first], &dw[n.first], b.map(|b| b.0), b.map(|b| b.1))
+                linear(&p, out, &|wt, x| c.apply(&c.patches(x), wt, None), &w[n.first], &dw[n.first], b.as_ref().map(|b| b.0.as_slice()), b.as_ref().map(|b| b.1.as_slice()))
             }
             Op::Act(a @ (Act::Relu | Act::LeakyRelu(_))) => {
                 let slope = if let Act::LeakyRelu(s) = a { *s } else { 0.0 };
@@ -167,4 +170,92 @@ pub(crate) fn kinks(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> Vec<f64>
         start = sw.next;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::model::{ModelConfig, OutputKind, Params};
+
+    /// The sweep's kinks against a brute-force scan of the activation pattern on a fine grid,
+    /// bisected to 1e-13: the same set.
+    #[test]
+    fn polynomial_walk_equals_the_forward_pass() {
+        let text = r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 3 }]"#;
+        let cfg: ModelConfig = toml::from_str(text).unwrap();
+        let arch = cfg.resolve(64, Some([1, 8, 8]), 3, OutputKind::LogSoftmax).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        let w0 = arch.init(1);
+        let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.3 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+        let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+        let x: Vec<f64> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for &t in &[0.0, 0.3, 0.7] {
+            let mut sw = Sweep { tm: t, next: 1.0 };
+            let p = walk(&step.stack.nodes, &step.state.data, step.dir.as_ref().unwrap(), Poly { c: x.clone(), size: 64 }, &mut sw).unwrap();
+            let g: Vec<f64> = (0..3).map(|u| p.at(u, t)).collect();
+            let want = step.stack.forward(&step.params_at(t), &x);
+            assert!(g.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "t = {t}: {g:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn sweep_finds_every_pattern_change() {
+        let text = r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 4, kernel = 3 } }, { leaky_relu = 0.1 }, { max_pool2d = { kernel = 2, stride = 1 } }, "flatten", { residual = [{ dense = 6 }, "relu"] }, "relu", { dense = 3 }]"#;
+        let cfg: ModelConfig = toml::from_str(text).unwrap();
+        let arch = cfg.resolve(64, Some([1, 8, 8]), 3, OutputKind::LogSoftmax).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        let w0 = arch.init(1);
+        let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.3 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+        let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+        for _ in 0..4 {
+            let x: Vec<f64> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let found = kinks(&step, &x, 0.0, 1.0);
+            // Brute force: the pattern (every ReLU input's sign, every pool's winner).
+            let pattern = |t: f64| -> Vec<i64> {
+                let p = step.params_at(t);
+                let (_, caches) = step.stack.forward_cached(&p, &x);
+                let mut v = Vec::new();
+                fn walk(c: &[crate::model::layers::Cache], nodes: &[crate::model::layers::Node], v: &mut Vec<i64>) {
+                    for (n, c) in nodes.iter().zip(c) {
+                        match (&n.op, c) {
+                            (Op::Act(_), crate::model::layers::Cache::Input(z)) => v.extend(z.iter().map(|z| i64::from(*z > 0.0))),
+                            (Op::MaxPool(_), crate::model::layers::Cache::Arg(a)) => v.extend(a.iter().map(|&a| a as i64)),
+                            (Op::Residual(r), crate::model::layers::Cache::Residual(inner, _)) => walk(inner, &r.body, v),
+                            _ => {}
+                        }
+                    }
+                }
+                walk(&caches, &step.stack.nodes, &mut v);
+                v
+            };
+            let mut brute = Vec::new();
+            let grid = 4000;
+            let mut prev = pattern(0.0);
+            for j in 1..=grid {
+                let (mut a, mut b) = ((j - 1) as f64 / grid as f64, j as f64 / grid as f64);
+                let pb = pattern(b);
+                if pb != prev {
+                    let pa = prev.clone();
+                    while b - a > 1e-13 {
+                        let m = 0.5 * (a + b);
+                        if pattern(m) == pa {
+                            a = m;
+                        } else {
+                            b = m;
+                        }
+                    }
+                    brute.push(0.5 * (a + b));
+                }
+                prev = pb;
+            }
+            let missed: Vec<f64> = brute.iter().copied().filter(|b| !found.iter().any(|f| (f - b).abs() < 1e-9)).collect();
+            assert!(missed.is_empty(), "found {} kinks, brute force {}; missed {missed:?}", found.len(), brute.len());
+        }
+    }
 }
