@@ -25,9 +25,10 @@ pub struct Args {
     /// Run directory to create.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
-    /// Largest accepted relative difference (max-norm) between a recorded update and -lr * gradient.
-    #[arg(long, default_value_t = 1e-9, value_name = "TOL")]
-    tolerance: f64,
+    /// Largest accepted relative difference (max-norm) between a recorded update and the optimizer's
+    /// update replayed here [default: 1e-9 for float64 recordings, 1e-2 for float32].
+    #[arg(long, value_name = "TOL")]
+    tolerance: Option<f64>,
     /// Replace OUT if it already holds something (only after the import succeeded).
     #[arg(long)]
     force: bool,
