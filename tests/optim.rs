@@ -145,7 +145,7 @@ fn check_run(name: &str, run: &Run, form: KernelForm) {
     // 2. The kernel machine reproduces the network (auto quadrature).
     let pts = Rows::Test.resolve(&run.dataset).unwrap();
     let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
-    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+    let out = kernel::compute(run, &states, &pts, &req, &|_, _| {}).unwrap();
     assert_eq!(out.form, form);
     assert!(out.max_abs_error() <= 1e-11, "{name}: machine error {:e}", out.max_abs_error());
     let resid = out.decomposition_residual.unwrap();
@@ -165,7 +165,7 @@ fn check_run(name: &str, run: &Run, form: KernelForm) {
 
     // 3. Per-point contributions against the obvious Σ_s J̄_s(x)·u_{i,s} (gauss:4 on both sides).
     let req = Request::new(KernelKind::Epk).rule(Rule::Gauss(4)).per_step(true);
-    let out = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+    let out = kernel::compute(run, &states, &pts, &req, &|_, _| {}).unwrap();
     let p = pts.len();
     let gs = out.per_step.as_ref().unwrap();
     assert_eq!(out.steps, (0..n).collect::<Vec<_>>());
