@@ -152,7 +152,8 @@ pub const TOLERANCE_F32: f64 = 1e-2;
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
     /// Largest accepted relative difference between a recorded update and the optimizer's update
-    /// replayed here (max-norm of the difference over the max-norm of the update); `None`:
+    /// replayed here (max-norm of the difference over the max-norm of the update, or of the
+    /// stored weights' rounding when that is larger: `update_diff`); `None`:
     /// [`TOLERANCE_F64`] or [`TOLERANCE_F32`] by the recording's precision.
     pub tolerance: Option<f64>,
     /// Replace an existing output directory.
@@ -574,7 +575,7 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
         if let Some(scale) = opt.last_scale() {
             precond.push(scale.to_vec());
         }
-        let (rel, abs) = update_diff(&w, &states[s + 1].flat(), &replayed);
+        let (rel, abs) = update_diff(&w, &states[s + 1].flat(), &replayed, rec.precision.unit_roundoff());
         if !(rel <= tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),
@@ -594,17 +595,19 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
     Ok(Replay { log, precond, worst, worst_step, worst_abs })
 }
 
-/// `(‖(w1 − w0) − Δ‖_∞ / max(‖w1 − w0‖_∞, ‖Δ‖_∞), ‖(w1 − w0) − Δ‖_∞)` for a replayed update `Δ`
-/// (relative 0 when both are 0).
+/// `(‖(w1 − w0) − Δ‖_∞ / max(‖w1 − w0‖_∞, ‖Δ‖_∞, u·‖w1‖_∞), ‖(w1 − w0) − Δ‖_∞)` for a replayed
+/// update `Δ` (relative 0 when all are 0): relative to the update, or to the rounding of the
+/// stored weights (unit roundoff `u` of their precision) when the update is smaller than that —
+/// a float32 state cannot hold a step of 1e-8 of a weight of 1, the end of a cosine schedule.
 ///
 /// # Shapes
 /// All `[W]`.
-fn update_diff(w0: &[f64], w1: &[f64], replayed: &[f64]) -> (f64, f64) {
+fn update_diff(w0: &[f64], w1: &[f64], replayed: &[f64], u: f64) -> (f64, f64) {
     let (mut diff, mut scale) = (0.0f64, 0.0f64);
     for ((a, b), want) in w0.iter().zip(w1).zip(replayed) {
         let dw = b - a;
         diff = diff.max((dw - want).abs());
-        scale = scale.max(dw.abs()).max(want.abs());
+        scale = scale.max(dw.abs()).max(want.abs()).max(u * b.abs());
     }
     (if scale == 0.0 { 0.0 } else { diff / scale }, diff)
 }

@@ -22,6 +22,16 @@ pub(crate) enum Precision {
     Float32,
 }
 
+impl Precision {
+    /// Unit roundoff: 2⁻⁵³ (float64), 2⁻²⁴ (float32).
+    pub(crate) fn unit_roundoff(self) -> f64 {
+        match self {
+            Precision::Float64 => f64::EPSILON / 2.0,
+            Precision::Float32 => f64::from(f32::EPSILON) / 2.0,
+        }
+    }
+}
+
 impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
