@@ -1,34 +1,44 @@
 """Record a PyTorch training loop so that `pathkernel import --from torch DIR --out RUN` can turn
 it into a run directory (and `pathkernel kernel --run RUN` into its exact path kernel).
 
-Add three calls to a float64 training loop with plain gradient steps:
+Add three calls to a training loop:
 
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)   # or SGD, Adam
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)          # any scheduler
     rec = TrajectoryRecorder("DIR", model, x_train, y_train, x_test, y_test,
-                             loss="cross_entropy", optimizer="sgd")
+                             loss="cross_entropy", optimizer=opt)
     rec.start()                                   # writes w_0
     for step in range(n):
-        batch = ...                               # indices into x_train (sgd), or None (gd)
+        batch = ...                               # indices into x_train, or None (full batch)
         opt.zero_grad()
         F.cross_entropy(model(x_train[batch]), y_train[batch]).backward()
-        lr = opt.param_groups[0]["lr"]            # the lr this step uses
-        opt.step()
-        rec.step(lr, batch)                       # writes w_{s+1}, notes lr_s and the batch
+        opt.step()                                # the recorder notes the lr this step used
+        rec.step(batch=batch)                     # writes w_{s+1} and the batch
+        sched.step()
     rec.finish()                                  # writes trajectory.json
 
-What is written: `step_00000.safetensors` ... one `state_dict` (f64) per state,
-`data.safetensors` (x_train, y_train, x_test, y_test) and `trajectory.json` (model structure,
-optimizer, loss, learning rates, batches).
+What is written: `step_00000.safetensors` ... one `state_dict` per state (float64 or float32,
+as trained; metadata `step`), `data.safetensors` (x_train, y_train, x_test, y_test in float64)
+and `trajectory.json` (version 2: model structure, the optimizer's class and every
+hyper-parameter, the precision, loss, the learning rate every step used, batches).
+
+The learning rate of each step is read by an optimizer step pre-hook, so any scheduler (or
+hand-set `param_groups[0]["lr"]`) is recorded as used. The optimizer must have one parameter
+group holding every parameter of the model, and no state yet (a fresh optimizer).
 
 Requirements (checked here, and again by `pathkernel import` on the numbers):
 - the model is `nn.Sequential(Linear, ReLU|Tanh, ..., Linear)` or
-  `nn.Sequential(Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear)`, in float64;
+  `nn.Sequential(Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear)`, in float64 or float32 (half
+  precision is refused: its rounding is as large as the updates);
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
-- the update is a plain gradient step `w <- w - lr * grad` (torch.optim.SGD without momentum,
-  weight decay or nesterov): full batch (`optimizer="gd"`) or the recorded batch (`"sgd"`).
-  Momentum, Adam and the like are refused: their updates depend on optimizer state (buffers,
-  moments) that such a recording does not hold, so the states alone do not give the kernel.
+- the optimizer is `torch.optim.SGD` (momentum, dampening, nesterov, weight_decay), `Adam` or
+  `AdamW` (betas, eps, weight_decay). `amsgrad` is recorded as set and refused by the import
+  (its preconditioner is a running maximum the import does not replay), as is `maximize`.
 
-`python scripts/record_torch_trajectory.py OUT [--steps N] [--sgd BATCH] [--mnist DIR --n-train M ...]`
+The legacy form `optimizer="gd"` / `"sgd"` with `rec.step(lr, batch)` still writes a version-1
+recording of plain gradient steps.
+
+`python scripts/record_torch_trajectory.py OUT [--steps N] [--sgd BATCH] [--optim adamw|sgd-nesterov|...]`
 runs a demo: a 2-layer MLP on a small two-moons-like dataset (or on MNIST IDX files).
 """
 
@@ -80,35 +90,71 @@ def _describe(model):
     raise ValueError(f"unsupported model structure: {model}")
 
 
+def _scalar(v):
+    return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
+
+
+def describe_optimizer(opt, model):
+    """The `optimizer` entry of a version-2 trajectory.json: the class and every hyper-parameter
+    the import replays (amsgrad and maximize recorded as set; the import refuses them)."""
+    if len(opt.param_groups) != 1:
+        raise ValueError(f"{len(opt.param_groups)} parameter groups: record one group holding every parameter (one set of hyper-parameters)")
+    g = opt.param_groups[0]
+    if {id(p) for p in g["params"]} != {id(p) for p in model.parameters()}:
+        raise ValueError("the optimizer's parameters are not exactly the model's")
+    if any(len(s) for s in opt.state.values()):
+        raise ValueError("the optimizer already has state (momentum buffers, moments): record from a fresh optimizer")
+    name = type(opt).__name__
+    if isinstance(opt, torch.optim.SGD):
+        return {"class": "SGD", "lr": _scalar(g["lr"]), "momentum": _scalar(g["momentum"]), "dampening": _scalar(g["dampening"]),
+                "nesterov": bool(g["nesterov"]), "weight_decay": _scalar(g["weight_decay"]), "maximize": bool(g["maximize"])}
+    if isinstance(opt, torch.optim.Adam):  # AdamW is an Adam with decoupled weight decay
+        decoupled = bool(g.get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW)))
+        return {"class": "AdamW" if decoupled else "Adam", "lr": _scalar(g["lr"]), "betas": [_scalar(b) for b in g["betas"]],
+                "eps": _scalar(g["eps"]), "weight_decay": _scalar(g["weight_decay"]), "amsgrad": bool(g["amsgrad"]), "maximize": bool(g["maximize"])}
+    if isinstance(opt, torch.optim.AdamW):
+        return {"class": "AdamW", "lr": _scalar(g["lr"]), "betas": [_scalar(b) for b in g["betas"]], "eps": _scalar(g["eps"]),
+                "weight_decay": _scalar(g["weight_decay"]), "amsgrad": bool(g["amsgrad"]), "maximize": bool(g["maximize"])}
+    raise ValueError(f"{name}: the import replays torch.optim.SGD, Adam and AdamW")
+
+
 class TrajectoryRecorder:
     """Writes a recording directory for `pathkernel import --from torch` (see the module docs)."""
 
     def __init__(self, out_dir, model, x_train, y_train, x_test, y_test, loss="cross_entropy", optimizer="gd", torch_optimizer=None, description=""):
-        if optimizer not in ("gd", "sgd"):
-            raise ValueError(
-                f"optimizer {optimizer!r}: only plain gd or sgd steps can be imported; momentum, Adam and the like "
-                "need optimizer state (buffers, moments) that the recording does not have"
-            )
-        if torch_optimizer is not None:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            torch_optimizer, optimizer = optimizer, None
+        if optimizer is not None and optimizer not in ("gd", "sgd"):
+            raise ValueError(f"optimizer {optimizer!r}: pass the torch.optim optimizer itself (SGD, Adam, AdamW), or 'gd'/'sgd' for plain steps")
+        self.opt = torch_optimizer
+        self.optimizer = optimizer
+        if optimizer is not None and torch_optimizer is not None:
             if not isinstance(torch_optimizer, torch.optim.SGD):
-                raise ValueError(f"{type(torch_optimizer).__name__}: only torch.optim.SGD (plain steps) can be imported; its kernel would need the optimizer state")
+                raise ValueError(f"{type(torch_optimizer).__name__} with optimizer={optimizer!r}: pass the optimizer itself as optimizer=")
             for g in torch_optimizer.param_groups:
                 if g.get("momentum", 0) or g.get("weight_decay", 0) or g.get("nesterov", False):
-                    raise ValueError("torch.optim.SGD with momentum, weight decay or nesterov: not a plain gradient step")
+                    raise ValueError("torch.optim.SGD with momentum, weight decay or nesterov: pass it as optimizer= (a version-2 recording)")
+        self.opt_spec = describe_optimizer(torch_optimizer, model) if optimizer is None else None
         if loss not in ("cross_entropy", "mse"):
             raise ValueError(f"loss {loss!r}: expected cross_entropy (mean, on logits) or mse (mean)")
-        for name, p in model.state_dict().items():
-            if p.dtype != torch.float64:
-                raise ValueError(f"{name} is {p.dtype}; record a float64 model (model.double())")
+        dtypes = {p.dtype for p in model.state_dict().values()}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in (torch.float64, torch.float32):
+            raise ValueError(f"the model's tensors are {sorted(map(str, dtypes))}: record a float64 (model.double()) or float32 model; "
+                             "half precision rounds the updates as much as they move")
+        self.dtype = "float64" if torch.float64 in dtypes else "float32"
+        if optimizer is not None and self.dtype != "float64":
+            raise ValueError("a version-1 (gd/sgd) recording is float64: record a float32 model with optimizer=<torch optimizer>")
         self.out = out_dir
         self.model = model
         self.spec = _describe(model)
         self.loss = loss
-        self.optimizer = optimizer
         self.description = description
         self.lrs = []
         self.batches = []
         self.steps = 0
+        self._pending_lr = None
+        if self.opt is not None:
+            self._hook = self.opt.register_step_pre_hook(self._note_lr)
         xs = x_train.shape[1:]
         if self.spec["kind"] == "cnn":
             if len(xs) != 3:
@@ -122,6 +168,9 @@ class TrajectoryRecorder:
             os.path.join(out_dir, "data.safetensors"),
         )
 
+    def _note_lr(self, opt, args, kwargs):
+        self._pending_lr = _scalar(opt.param_groups[0]["lr"])
+
     def _save(self, s):
         sd = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
         save_file(sd, os.path.join(self.out, f"step_{s:05d}.safetensors"), metadata={"step": str(s)})
@@ -130,30 +179,43 @@ class TrajectoryRecorder:
         """Writes w_0 (call before the first update)."""
         self._save(0)
 
-    def step(self, lr, batch=None):
-        """Call after each optimizer step: writes w_{s+1}; `lr` is the step's learning rate,
-        `batch` its training-row indices (sgd) or None (gd: every row)."""
-        if (batch is None) != (self.optimizer == "gd"):
+    def step(self, lr=None, batch=None):
+        """Call after each optimizer step: writes w_{s+1}; `batch` is the step's training-row
+        indices, or None for every row. The learning rate is the one the optimizer used (noted by
+        the step pre-hook); `lr` is only for the legacy gd/sgd form without an optimizer."""
+        if self.optimizer is not None and (batch is None) != (self.optimizer == "gd"):
             raise ValueError("gd steps take batch=None; sgd steps need the batch indices")
+        if self._pending_lr is not None:
+            if lr is not None and float(lr) != self._pending_lr:
+                raise ValueError(f"lr {lr} given, but the optimizer stepped with {self._pending_lr}")
+            lr, self._pending_lr = self._pending_lr, None
+        elif self.opt is not None:
+            raise ValueError("rec.step() without an optimizer step since the last one")
+        if lr is None:
+            raise ValueError("the step's learning rate is unknown: pass the optimizer to the recorder, or lr=")
+        if self.steps > 0 and (batch is None) != (not self.batches):
+            raise ValueError("every step needs a batch, or none does (full batch)")
         self.lrs.append(float(lr))
         if batch is not None:
-            self.batches.append([int(i) for i in batch])
+            self.batches.append([int(i) for i in (batch.tolist() if isinstance(batch, torch.Tensor) else batch)])
         self.steps += 1
         self._save(self.steps)
 
     def finish(self):
         """Writes trajectory.json."""
-        rec = {
-            "format": "pathkernel-torch-trajectory",
-            "version": 1,
-            "model": self.spec,
-            "optimizer": self.optimizer,
-            "loss": self.loss,
-            "learning_rates": self.lrs,
-            "description": self.description,
-        }
-        if self.optimizer == "sgd":
-            rec["batches"] = self.batches
+        if self.opt_spec is None:
+            rec = {"format": "pathkernel-torch-trajectory", "version": 1, "model": self.spec, "optimizer": self.optimizer,
+                   "loss": self.loss, "learning_rates": self.lrs, "description": self.description}
+            if self.optimizer == "sgd":
+                rec["batches"] = self.batches
+            if self.opt is not None:
+                self._hook.remove()
+        else:
+            rec = {"format": "pathkernel-torch-trajectory", "version": 2, "model": self.spec, "optimizer": self.opt_spec,
+                   "dtype": self.dtype, "loss": self.loss, "learning_rates": self.lrs, "description": self.description}
+            if self.batches:
+                rec["batches"] = self.batches
+            self._hook.remove()
         with open(os.path.join(self.out, "trajectory.json"), "w") as f:
             json.dump(rec, f)
             f.write("\n")
@@ -182,13 +244,58 @@ def _mnist(path, n_train, n_test):
     return xtr, ytr, xte, yte
 
 
+def train_and_record(out, model, xtr, ytr, xte, yte, opt, steps, batch_size=0, sched=None, seed=0, description="", loss="cross_entropy"):
+    """Trains `model` for `steps` optimizer steps (mini-batches of `batch_size` drawn by epoch-wise
+    permutations of a seeded generator, 0: full batch), stepping `sched` after each, and records
+    the run into `out` (version 2). Returns the recorder."""
+    rec = TrajectoryRecorder(out, model, xtr, ytr, xte, yte, loss=loss, optimizer=opt, description=description)
+    lossf = F.cross_entropy if loss == "cross_entropy" else F.mse_loss
+    dt = next(model.parameters()).dtype
+    g = torch.Generator().manual_seed(seed)
+    rec.start()
+    perm, pos = None, 0
+    for s in range(steps):
+        if batch_size:
+            if perm is None or pos + batch_size > len(perm):
+                perm, pos = torch.randperm(xtr.shape[0], generator=g), 0
+            batch = perm[pos : pos + batch_size]
+            pos += batch_size
+        else:
+            batch = None
+        xb, yb = (xtr, ytr) if batch is None else (xtr[batch], ytr[batch])
+        opt.zero_grad()
+        value = lossf(model(xb.to(dt)), yb)
+        value.backward()
+        opt.step()
+        rec.step(batch=batch)
+        if sched is not None:
+            sched.step()
+        if s == 0 or s + 1 == steps:
+            print(f"step {s}: batch loss {value.item():.6f}")
+    rec.finish()
+    return rec
+
+
+OPTIMIZERS = {
+    "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr),
+    "momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, dampening=0.1, weight_decay=1e-3),
+    "nesterov": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "adam": lambda p, lr: torch.optim.Adam(p, lr=lr, weight_decay=1e-3),
+    "adamw": lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.05),
+}
+
+
 def main():
-    ap = argparse.ArgumentParser(description="demo: record a 2-layer MLP trained with plain GD/SGD in float64")
+    ap = argparse.ArgumentParser(description="demo: record a 2-layer MLP trained by a torch optimizer")
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--hidden", type=int, default=8)
-    ap.add_argument("--sgd", type=int, default=0, help="mini-batch size (0: full-batch gd)")
+    ap.add_argument("--sgd", type=int, default=0, help="mini-batch size (0: full batch)")
+    ap.add_argument("--optim", choices=["gd"] + list(OPTIMIZERS), default="gd",
+                    help="gd: the legacy version-1 recording of plain steps (with --sgd: sgd); otherwise a version-2 recording")
+    ap.add_argument("--cosine", action="store_true", help="a CosineAnnealingLR scheduler over the steps")
+    ap.add_argument("--float32", action="store_true", help="train in float32 (version 2 only)")
     ap.add_argument("--n-train", type=int, default=24)
     ap.add_argument("--n-test", type=int, default=6)
     ap.add_argument("--mnist", help="directory of the MNIST IDX files (default: the two-moons toy)")
@@ -205,10 +312,20 @@ def main():
     xtr, ytr, xte, yte = (torch.from_numpy(np.ascontiguousarray(v)) for v in (xtr, ytr, xte, yte))
     xtr, xte = xtr.double(), xte.double()
     model = nn.Sequential(nn.Linear(xtr.shape[1], a.hidden), nn.ReLU(), nn.Linear(a.hidden, classes)).double()
+    data = f"{'mnist' if a.mnist else 'moons'}, seed {a.seed}"
+    if a.optim != "gd":
+        if a.float32:
+            model = model.float()
+        opt = OPTIMIZERS[a.optim](model.parameters(), a.lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.steps) if a.cosine else None
+        train_and_record(a.out, model, xtr, ytr, xte, yte, opt, a.steps, a.sgd, sched, a.seed,
+                         description=f"record_torch_trajectory.py demo: {data}, {a.optim}, batch {a.sgd or 'full'}")
+        print(f"recorded {a.steps} {a.optim} steps into {a.out}")
+        return
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     mode = "sgd" if a.sgd else "gd"
     rec = TrajectoryRecorder(a.out, model, xtr, ytr, xte, yte, loss="cross_entropy", optimizer=mode, torch_optimizer=opt,
-                             description=f"record_torch_trajectory.py demo: {'mnist' if a.mnist else 'moons'}, {mode}, seed {a.seed}")
+                             description=f"record_torch_trajectory.py demo: {data.split(',')[0]}, {mode}, seed {a.seed}")
     g = torch.Generator().manual_seed(a.seed)
     rec.start()
     perm, pos = None, 0

@@ -15,7 +15,14 @@ use crate::io::{self, SafeFile, StagedDir};
 use crate::model::net::{LossKind, Objective};
 use crate::model::torch::{self, ExportSource};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
+use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::{self, DatasetInfo, InitRecord, Manifest, OptimizerRecord, Run, Writer};
+
+mod optimizer;
+mod states;
+
+use optimizer::RecordedOptimizer;
+use states::Precision;
 
 /// A network exported from a run.
 #[derive(Clone, Debug)]
@@ -111,17 +118,23 @@ pub(crate) enum RecordedModel {
 pub(crate) struct Recording {
     /// Always [`RECORDING_FORMAT`].
     pub format: String,
-    /// Format version (1).
+    /// Format version: 1 (plain `gd`/`sgd` steps) or 2 (the optimizer's class and
+    /// hyper-parameters, [`optimizer`]).
     pub version: u32,
     /// The module's structure.
     pub model: RecordedModel,
-    /// `gd` (full batch) or `sgd` (recorded batches); anything else is refused.
-    pub optimizer: String,
+    /// Version 1: `gd` (full batch) or `sgd` (recorded batches). Version 2: an object with the
+    /// class (`SGD`, `Adam`, `AdamW`) and its hyper-parameters.
+    pub optimizer: serde_json::Value,
+    /// Version 2: the precision the model trained in (`float64`, `float32`; the tensors say it
+    /// too, and must agree).
+    #[serde(default)]
+    pub dtype: Option<String>,
     /// `cross_entropy` (on logits, mean) or `mse` (mean over rows and outputs).
     pub loss: String,
-    /// ε_s of every update s = 0 … N−1.
+    /// ε_s of every update s = 0 … N−1 (as the optimizer used it: any scheduler).
     pub learning_rates: Vec<f64>,
-    /// The training rows of each update (SGD only).
+    /// The training rows of each update (version 1: sgd only; version 2: absent for full batch).
     #[serde(default)]
     pub batches: Option<Vec<Vec<usize>>>,
     /// Free text (what trained it).
@@ -129,20 +142,22 @@ pub(crate) struct Recording {
     pub description: String,
 }
 
+/// Default [`ImportOptions::tolerance`] of a float64 recording.
+pub const TOLERANCE_F64: f64 = 1e-9;
+/// Default [`ImportOptions::tolerance`] of a float32 recording: its updates differ from the f64
+/// replay by float32 rounding, which Adam's `1/(√v̂ + eps)` amplifies where gradients cancel.
+pub const TOLERANCE_F32: f64 = 1e-2;
+
 /// Options of [`import_torch`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
-    /// Largest accepted relative difference between a recorded update and `−ε_s ∇L_{B_s}(w_s)`
-    /// recomputed here (max-norm of the difference over the max-norm of the update).
-    pub tolerance: f64,
+    /// Largest accepted relative difference between a recorded update and the optimizer's update
+    /// replayed here (max-norm of the difference over the max-norm of the update, or of the
+    /// stored weights' rounding when that is larger: `update_diff`); `None`:
+    /// [`TOLERANCE_F64`] or [`TOLERANCE_F32`] by the recording's precision.
+    pub tolerance: Option<f64>,
     /// Replace an existing output directory.
     pub force: bool,
-}
-
-impl Default for ImportOptions {
-    fn default() -> Self {
-        ImportOptions { tolerance: 1e-9, force: false }
-    }
 }
 
 /// What an import found and wrote.
@@ -156,12 +171,20 @@ pub struct ImportSummary {
     pub num_params: usize,
     /// The module, as PyTorch prints it.
     pub module: String,
-    /// `gd` or `sgd`.
+    /// `gd` or `sgd` (torch.optim.SGD, full batch or recorded batches, any momentum), `adam`
+    /// or `adamw`.
     pub optimizer: String,
-    /// Largest relative difference between a recorded update and `−ε_s ∇L_{B_s}(w_s)`.
+    /// The optimizer as the manifest records it (e.g. `adamw (lr 0.01, betas 0.9/0.999, …)`).
+    pub optimizer_record: String,
+    /// `float64` or `float32`.
+    pub precision: String,
+    /// Largest relative difference between a recorded update and the replayed one.
     pub max_update_rel_diff: f64,
     /// The step where it occurs.
     pub worst_step: usize,
+    /// Largest absolute difference `max_s ‖Δw_s(recorded) − Δw_s(replayed)‖_∞`: the residual's
+    /// size in weight space (float32 rounding; rounding of f64 otherwise).
+    pub max_update_abs_diff: f64,
     /// Loss at w_0 and at w_N.
     pub loss: (f64, f64),
 }
@@ -170,15 +193,19 @@ impl std::fmt::Display for ImportSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "imported {} {} steps of {} ({} parameters): loss {:.6} -> {:.6}; recorded updates vs -lr * gradient recomputed here: max relative difference {:.3e} (step {}) -> {}",
+            "imported {} {} steps of {} ({} parameters, {}; {}): loss {:.6} -> {:.6}; recorded updates vs the optimizer replayed here from gradients recomputed in f64: \
+             max relative difference {:.3e} (step {}), max absolute {:.3e} -> {}",
             self.steps,
             self.optimizer,
             self.module,
             self.num_params,
+            self.precision,
+            self.optimizer_record,
             self.loss.0,
             self.loss.1,
             self.max_update_rel_diff,
             self.worst_step,
+            self.max_update_abs_diff,
             self.dir.display()
         )
     }
@@ -197,7 +224,6 @@ fn step_number(name: &str) -> Option<usize> {
 pub(crate) fn recording_step_path(dir: &Path, s: usize) -> PathBuf {
     dir.join(format!("step_{s:05}.safetensors"))
 }
-
 /// The architecture a recording describes: its model entry plus the shapes of step 0.
 fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) -> Result<Architecture> {
     let path = recording_step_path(dir, 0);
@@ -288,27 +314,54 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 /// `DIR/step_00000.safetensors` … one `state_dict` per state, `DIR/data.safetensors`) as a run
 /// directory `out` that `kernel`, `gp`, `svm` and `attribute` read like one written by `train`.
 ///
-/// Everything is checked before anything is written: the optimizer is `gd` or `sgd` (momentum,
-/// Adam and the like are refused: their kernel needs optimizer state the recording does not
-/// have), the step files are contiguous 0 … N with N the number of learning rates, every state
-/// has the names, shapes and dtype (f64) of step 0, and every recorded update
-/// `w_{s+1} − w_s` equals `−ε_s ∇L_{B_s}(w_s)` recomputed here to `opts.tolerance` (relative,
-/// max-norm); the first step beyond it is named.
+/// Everything is checked before anything is written: the optimizer (plain `gd`/`sgd` in a
+/// version-1 recording; `SGD` with momentum, dampening, Nesterov and weight decay, `Adam` or
+/// `AdamW` with every hyper-parameter in version 2; amsgrad, maximize and half precision
+/// refused with the reason), the step files contiguous 0 … N with N the number of learning
+/// rates and each holding its own step, every state with the names and shapes of the module in
+/// one precision (float64, or float32 read as f64), and every recorded update `w_{s+1} − w_s`
+/// equal to the optimizer's update replayed here ([`OptimizerState`], PyTorch's formulas) from
+/// the gradients recomputed in f64 at each recorded state on its batch, to the tolerance
+/// (relative, max-norm); the first step beyond it is named.
+///
+/// The run's manifest records the optimizer as a native run of it would
+/// ([`RecordedOptimizer::record`]), Adam's preconditioners `κ_s D_s` of the replay beside the
+/// states, so its kernels are the native ones (exact machines; for a float32 recording the
+/// difference between each recorded and replayed update is the kernel's residual term, which
+/// belongs to no training point).
+///
+/// # Shapes
+/// Step files: the module's tensors (PyTorch names and shapes); `data.safetensors`: see
+/// [`read_recorded_data`].
 pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSummary> {
     check_import_options(dir, out, opts)?;
     let rec = load_recording(dir)?;
-    let replay = replay_updates(dir, &rec, opts.tolerance)?;
+    let tolerance = opts.tolerance.unwrap_or(match rec.precision {
+        Precision::Float64 => TOLERANCE_F64,
+        Precision::Float32 => TOLERANCE_F32,
+    });
+    let replay = replay_updates(dir, &rec, tolerance)?;
     let n = rec.states.len() - 1;
     let loss = (replay.log.loss[0], replay.log.loss[n]);
-    let dir_out = write_imported_run(dir, out, opts.force, &rec, replay.log)?;
+    let (worst, worst_step, abs) = (replay.worst, replay.worst_step, replay.worst_abs);
+    let dir_out = write_imported_run(dir, out, opts.force, &rec, replay)?;
     Ok(ImportSummary {
         dir: dir_out,
         steps: n,
         num_params: rec.states[0].numel(),
         module: torch::module_description(&rec.arch),
-        optimizer: rec.json.optimizer.clone(),
-        max_update_rel_diff: replay.worst,
-        worst_step: replay.worst_step,
+        optimizer: match rec.optimizer {
+            OptimizerRecord::Gd { .. } => "gd",
+            OptimizerRecord::Sgd { .. } => "sgd",
+            OptimizerRecord::Adam { decoupled_weight_decay: true, .. } => "adamw",
+            OptimizerRecord::Adam { .. } => "adam",
+        }
+        .into(),
+        optimizer_record: rec.optimizer.to_string(),
+        precision: rec.precision.to_string(),
+        max_update_rel_diff: worst,
+        worst_step,
+        max_update_abs_diff: abs,
         loss,
     })
 }
@@ -325,8 +378,8 @@ fn check_import_options(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<
             return Err(Error::Config(format!("{} already exists; choose another --out or pass --force", out.display())));
         }
     }
-    if !(opts.tolerance.is_finite() && opts.tolerance > 0.0) {
-        return Err(Error::Config(format!("--tolerance {}: it must be a finite number > 0", opts.tolerance)));
+    if let Some(t) = opts.tolerance.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        return Err(Error::Config(format!("--tolerance {t}: it must be a finite number > 0")));
     }
     Ok(())
 }
@@ -341,8 +394,12 @@ struct LoadedRecording {
     arch: Architecture,
     /// `data.safetensors`.
     data: Dataset,
-    /// The training rows of every update, sorted (sgd); `None` for gd. # Shapes `N × [B_s]`.
+    /// The training rows of every update, sorted; `None` for full batch. # Shapes `N × [B_s]`.
     batches: Option<Vec<Vec<usize>>>,
+    /// The optimizer as the manifest records it.
+    optimizer: OptimizerRecord,
+    /// The precision the states were saved in.
+    precision: Precision,
     /// The states w_0 … w_N. # Shapes `[N + 1]`.
     states: Vec<Params>,
     /// SHA-256 of `trajectory.json`, of every step file (0 … N), of `data.safetensors`.
@@ -354,45 +411,54 @@ struct LoadedRecording {
 fn load_recording(dir: &Path) -> Result<LoadedRecording> {
     let jpath = dir.join("trajectory.json");
     let jbytes = io::read_file(&jpath)?;
-    let (json, loss) = parse_recording(&jpath, &jbytes)?;
+    let (json, loss, recorded) = parse_recording(&jpath, &jbytes)?;
     let n = json.learning_rates.len();
     check_step_files(dir, n)?;
     let output = if loss == LossKind::CrossEntropy { OutputKind::LogSoftmax } else { OutputKind::Identity };
     let arch = recorded_architecture(dir, &json.model, output)?;
     let data = read_recorded_data(&dir.join("data.safetensors"), &arch, loss)?;
     let batches = recorded_batches(&jpath, &json, data.n_train())?;
-    // Every state, checked against the architecture (names, shapes, dtypes, finite).
+    // Every state, checked against the architecture (names, shapes, dtypes, finite, order).
     let mut states = Vec::with_capacity(n + 1);
     let mut hashes = vec![torch::sha256_hex(&jbytes)];
+    let mut precision = None;
     for s in 0..=n {
         let path = recording_step_path(dir, s);
-        let sd = torch::read_state_dict(&path, &arch).map_err(|e| match e {
+        let st = states::read_state(&path, &arch, s).map_err(|e| match e {
             Error::Format { path, msg } => Error::trajectory(path, format!("step {s}: {msg}")),
             other => other,
         })?;
-        hashes.push(sd.sha256);
-        states.push(sd.params);
+        if *precision.get_or_insert(st.precision) != st.precision {
+            return Err(Error::trajectory(&path, format!("step {s} is {} while step 0 is {}: one precision per recording", st.precision, precision.unwrap_or(st.precision))));
+        }
+        hashes.push(st.sha256);
+        states.push(st.params);
+    }
+    let precision = precision.unwrap_or(Precision::Float64);
+    if let Some(d) = json.dtype.as_deref().filter(|d| *d != precision.to_string()) {
+        let msg = if d.contains("16") { states::HALF_REFUSED.to_string() } else { format!("dtype `{d}` but the step files are {precision}") };
+        return Err(Error::format(&jpath, msg));
     }
     hashes.push(torch::sha256_hex(&io::read_file(&dir.join("data.safetensors"))?));
-    Ok(LoadedRecording { json, loss, arch, data, batches, states, hashes })
+    let optimizer = recorded.record(json.learning_rates[0], batches.as_deref(), precision == Precision::Float32);
+    Ok(LoadedRecording { json, loss, arch, data, batches, optimizer, precision, states, hashes })
 }
 
-/// Parses `trajectory.json` (`bytes`, read from `jpath`) and checks its format, optimizer (`gd`
-/// or `sgd`), loss and learning rates (at least one, each finite and > 0).
-fn parse_recording(jpath: &Path, bytes: &[u8]) -> Result<(Recording, LossKind)> {
+/// Parses `trajectory.json` (`bytes`, read from `jpath`) and checks its format, optimizer
+/// ([`RecordedOptimizer::parse`]), loss and learning rates (at least one, each finite and > 0).
+fn parse_recording(jpath: &Path, bytes: &[u8]) -> Result<(Recording, LossKind, RecordedOptimizer)> {
     let rec: Recording = serde_json::from_slice(bytes).map_err(|e| Error::format(jpath, format!("invalid recording: {e}")))?;
-    if rec.format != RECORDING_FORMAT || rec.version != 1 {
-        return Err(Error::format(jpath, format!("format {} version {}; expected {RECORDING_FORMAT} version 1", rec.format, rec.version)));
+    if rec.format != RECORDING_FORMAT || !matches!(rec.version, 1 | 2) {
+        return Err(Error::format(jpath, format!("format {} version {}; expected {RECORDING_FORMAT} version 1 or 2", rec.format, rec.version)));
     }
-    if !matches!(rec.optimizer.as_str(), "gd" | "sgd") {
-        return Err(Error::format(
-            jpath,
-            format!(
-                "optimizer `{}` is not supported: only plain gd or sgd updates w_(s+1) = w_s - lr_s * grad are a path kernel of the recorded states; \
-                 momentum, Adam and the like need optimizer state (buffers, moments) the recording does not have",
-                rec.optimizer
-            ),
-        ));
+    let optimizer = RecordedOptimizer::parse(jpath, rec.version, &rec.optimizer)?;
+    if let Some(d) = rec.dtype.as_deref() {
+        if d.contains("16") {
+            return Err(Error::format(jpath, states::HALF_REFUSED));
+        }
+        if !matches!(d, "float64" | "float32") {
+            return Err(Error::format(jpath, format!("dtype `{d}`: expected float64 or float32")));
+        }
     }
     let loss = match rec.loss.as_str() {
         "cross_entropy" => LossKind::CrossEntropy,
@@ -405,7 +471,7 @@ fn parse_recording(jpath: &Path, bytes: &[u8]) -> Result<(Recording, LossKind)> 
     if let Some(s) = rec.learning_rates.iter().position(|e| !(e.is_finite() && *e > 0.0)) {
         return Err(Error::format(jpath, format!("learning_rates[{s}] = {}; it must be a finite number > 0", rec.learning_rates[s])));
     }
-    Ok((rec, loss))
+    Ok((rec, loss, optimizer))
 }
 
 /// Checks that the step files in `dir` are exactly `step_00000` … step N.
@@ -430,46 +496,54 @@ fn check_step_files(dir: &Path, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The batches of a recording, each sorted: `None` for gd (which must have none), one batch of
-/// distinct rows in `0..m` per update for sgd.
+/// The batches of a recording, each sorted: `None` for full batch, one batch of distinct rows
+/// in `0..m` per update otherwise. Version 1 ties them to the optimizer's name (`gd` none,
+/// `sgd` required); version 2 reads their absence as full batch.
 fn recorded_batches(jpath: &Path, rec: &Recording, m: usize) -> Result<Option<Vec<Vec<usize>>>> {
     let n = rec.learning_rates.len();
-    match (rec.optimizer == "sgd", &rec.batches) {
-        (false, None) => Ok(None),
-        (false, Some(_)) => Err(Error::format(jpath, "optimizer gd uses the full batch; `batches` is only for sgd")),
-        (true, None) => Err(Error::format(jpath, "optimizer sgd needs `batches`: the training rows of every update")),
-        (true, Some(b)) => {
-            if b.len() != n {
-                return Err(Error::format(jpath, format!("{} batches for {n} updates", b.len())));
-            }
-            let mut sorted = Vec::with_capacity(n);
-            for (s, batch) in b.iter().enumerate() {
-                let mut v = batch.clone();
-                v.sort_unstable();
-                if v.is_empty() || v.windows(2).any(|w| w[0] == w[1]) || v.last().is_some_and(|&i| i >= m) {
-                    return Err(Error::format(jpath, format!("batch of step {s} must be distinct training rows in 0..{m}, non-empty")));
-                }
-                sorted.push(v);
-            }
-            Ok(Some(sorted))
+    if rec.version == 1 {
+        match (rec.optimizer.as_str() == Some("sgd"), &rec.batches) {
+            (false, Some(_)) => return Err(Error::format(jpath, "optimizer gd uses the full batch; `batches` is only for sgd")),
+            (true, None) => return Err(Error::format(jpath, "optimizer sgd needs `batches`: the training rows of every update")),
+            _ => {}
         }
     }
+    let Some(b) = &rec.batches else { return Ok(None) };
+    if b.len() != n {
+        return Err(Error::format(jpath, format!("{} batches for {n} updates", b.len())));
+    }
+    let mut sorted = Vec::with_capacity(n);
+    for (s, batch) in b.iter().enumerate() {
+        let mut v = batch.clone();
+        v.sort_unstable();
+        if v.is_empty() || v.windows(2).any(|w| w[0] == w[1]) || v.last().is_some_and(|&i| i >= m) {
+            return Err(Error::format(jpath, format!("batch of step {s} must be distinct training rows in 0..{m}, non-empty")));
+        }
+        sorted.push(v);
+    }
+    Ok(Some(sorted))
 }
 
 /// What [`replay_updates`] found.
 struct Replay {
     /// The training log of w_0 … w_N, as `train` writes it.
     log: crate::train::TrainLog,
-    /// Largest relative difference between a recorded update and `−ε_s ∇L_{B_s}(w_s)`.
+    /// Adam's `κ_s D_s` of every step (`[W]` each), as the replay computed them; empty otherwise.
+    precond: Vec<Vec<f64>>,
+    /// Largest relative difference between a recorded update and the replayed one.
     worst: f64,
     /// The step where it occurs.
     worst_step: usize,
+    /// Largest absolute difference between a recorded update and the replayed one.
+    worst_abs: f64,
 }
 
-/// Recomputes `−ε_s ∇L_{B_s}(w_s)` at every state and compares it with the recorded update
-/// `w_{s+1} − w_s` (relative, max-norm); logs loss, accuracies and norms of every state.
+/// Replays the recording's optimizer from the gradients recomputed (f64, the model's own
+/// gradient code: any architecture) at every recorded state on its batch and compares each
+/// replayed update with the recorded `w_{s+1} − w_s` (relative, max-norm); logs loss,
+/// accuracies and norms of every state.
 ///
-/// Errors: the first update beyond `tolerance`, named by its step file.
+/// Errors: the first update beyond `tolerance`, named by its step.
 fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<Replay> {
     let LoadedRecording { json, loss, arch, data, batches, states, .. } = rec;
     let n = states.len() - 1;
@@ -477,8 +551,11 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
     let dev = dfdx::tensor::Cpu::default();
     let full = Objective::new(dev.clone(), arch, &data.x_train, labels, values, *loss, None)?;
     let k = arch.outputs();
+    let rule = UpdateRule::of(&rec.optimizer);
+    let mut opt = OptimizerState::new(rule, states[0].numel());
     let mut log = crate::train::TrainLog::default();
-    let (mut worst, mut worst_step) = (0.0f64, 0);
+    let mut precond = Vec::new();
+    let (mut worst, mut worst_step, mut worst_abs) = (0.0f64, 0, 0.0f64);
     for s in 0..=n {
         let lg = full.evaluate(&states[s]);
         let test_acc = match &data.y_test {
@@ -493,83 +570,87 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
             None => lg.grad,
             Some(b) => crate::train::batch_objective(dev.clone(), arch, data, &b[s], *loss, None)?.evaluate(&states[s]).grad,
         };
-        let rel = update_rel_diff(&states[s], &states[s + 1], &grad, json.learning_rates[s]);
+        let w = states[s].flat();
+        let replayed = opt.step(json.learning_rates[s], &w, &grad.flat());
+        if let Some(scale) = opt.last_scale() {
+            precond.push(scale.to_vec());
+        }
+        let (rel, abs) = update_diff(&w, &states[s + 1].flat(), &replayed, rec.precision.unit_roundoff());
         if !(rel <= tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),
                 format!(
-                    "the update of step {s} (w_{} - w_{s}) differs from -lr_{s} * gradient recomputed at w_{s} on its batch by {rel:.3e} relative (tolerance {:e}); \
-                     not a plain {} step of this model, loss and data",
+                    "the update of step {s} (w_{} - w_{s}) differs from the {} update replayed from the gradient recomputed at w_{s} on its batch by {rel:.3e} relative \
+                     (tolerance {tolerance:e}); not a step of this optimizer, model, loss and data",
                     s + 1,
-                    tolerance,
-                    json.optimizer
+                    rec.optimizer
                 ),
             ));
         }
         if rel > worst {
             (worst, worst_step) = (rel, s);
         }
+        worst_abs = worst_abs.max(abs);
     }
-    Ok(Replay { log, worst, worst_step })
+    Ok(Replay { log, precond, worst, worst_step, worst_abs })
 }
 
-/// `‖(w1 − w0) − (−ε g)‖_∞ / max(‖w1 − w0‖_∞, ‖ε g‖_∞)` (0 when both are 0).
-fn update_rel_diff(w0: &Params, w1: &Params, grad: &Params, eps: f64) -> f64 {
-    let (w0, w1) = (w0.flat(), w1.flat());
+/// `(‖(w1 − w0) − Δ‖_∞ / max(‖w1 − w0‖_∞, ‖Δ‖_∞, u·‖w1‖_∞), ‖(w1 − w0) − Δ‖_∞)` for a replayed
+/// update `Δ` (relative 0 when all are 0): relative to the update, or to the rounding of the
+/// stored weights (unit roundoff `u` of their precision) when the update is smaller than that —
+/// a float32 state cannot hold a step of 1e-8 of a weight of 1, the end of a cosine schedule.
+///
+/// # Shapes
+/// All `[W]`.
+fn update_diff(w0: &[f64], w1: &[f64], replayed: &[f64], u: f64) -> (f64, f64) {
     let (mut diff, mut scale) = (0.0f64, 0.0f64);
-    for ((a, b), g) in w0.iter().zip(&w1).zip(grad.flat()) {
-        let (dw, want) = (b - a, -eps * g);
+    for ((a, b), want) in w0.iter().zip(w1).zip(replayed) {
+        let dw = b - a;
         diff = diff.max((dw - want).abs());
-        scale = scale.max(dw.abs()).max(want.abs());
+        scale = scale.max(dw.abs()).max(want.abs()).max(u * b.abs());
     }
-    if scale == 0.0 {
-        0.0
-    } else {
-        diff / scale
-    }
+    (if scale == 0.0 { 0.0 } else { diff / scale }, diff)
 }
 
-/// Writes the run exactly as `train` does, staged in a sibling of `out` and renamed; returns
-/// the directory written.
-fn write_imported_run(dir: &Path, out: &Path, force: bool, rec: &LoadedRecording, log: crate::train::TrainLog) -> Result<PathBuf> {
+/// Writes the run exactly as `train` does (Adam's preconditioners included), staged in a
+/// sibling of `out` and renamed; returns the directory written.
+fn write_imported_run(dir: &Path, out: &Path, force: bool, rec: &LoadedRecording, replay: Replay) -> Result<PathBuf> {
     let run_id = format!("{:016x}", crate::train::fnv1a(rec.hashes.join(" ").as_bytes()));
     let staged = StagedDir::new(out, force)?;
     let writer = Writer::create(staged.path(), imported_manifest(dir, rec, run_id.clone()), &rec.data)?;
     for (s, p) in rec.states.iter().enumerate() {
         writer.write_step(s, p)?;
     }
+    for (s, scale) in replay.precond.iter().enumerate() {
+        writer.write_preconditioner(s, scale)?;
+    }
     if let Some(b) = &rec.batches {
         trajectory::write_batches(staged.path(), b, &run_id)?;
     }
-    log.table().write_parquet(&staged.path().join("train_log.parquet"))?;
-    Run::open(staged.path())?;
+    replay.log.table().write_parquet(&staged.path().join("train_log.parquet"))?;
+    Run::open(staged.path())?.load_preconditioners()?;
     staged.commit()
 }
 
 /// The manifest of an imported run: the recording's optimizer, learning rates and data, its
-/// files' hashes under `config.import`, step 0 as the init.
+/// files' hashes, precision and optimizer entry under `config.import`, step 0 as the init.
 fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manifest {
-    let LoadedRecording { json, loss, arch, data, batches, states, hashes } = rec;
-    let lr = json.learning_rates[0];
-    let optimizer = match batches {
-        None => OptimizerRecord::Gd { lr, momentum: 0.0, weight_decay: 0.0, decoupled_weight_decay: false },
-        Some(b) => OptimizerRecord::Sgd {
-            lr,
-            batch_size: b.iter().map(Vec::len).max().unwrap_or(0),
-            shuffle_seed: 0,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            decoupled_weight_decay: false,
-            recorded_batches: Some(b.clone()),
-        },
-    };
+    let LoadedRecording { json, loss, arch, data, states, hashes, .. } = rec;
+    let import = serde_json::json!({
+        "from": "torch",
+        "dir": dir.display().to_string(),
+        "description": json.description,
+        "optimizer": json.optimizer,
+        "precision": rec.precision,
+        "sha256": hashes,
+    });
     Manifest {
         format: trajectory::FORMAT.into(),
         version: trajectory::VERSION,
         run_id,
         architecture: arch.clone(),
         loss: *loss,
-        optimizer,
+        optimizer: rec.optimizer.clone(),
         learning_rates: json.learning_rates.clone(),
         seed: 0,
         steps: states.len() - 1,
@@ -585,7 +666,7 @@ fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manif
             n_test: data.n_test(),
             task: if data.is_classification() { "classification".into() } else { "regression".into() },
         },
-        config: serde_json::json!({ "import": { "from": "torch", "dir": dir.display().to_string(), "description": json.description, "sha256": hashes } }),
+        config: serde_json::json!({ "import": import }),
         created_by: crate::train::created_by(),
         init: Some(InitRecord { path: recording_step_path(dir, 0).display().to_string(), sha256: hashes[1].clone(), format: torch::FORMAT.into() }),
     }

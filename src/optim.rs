@@ -9,21 +9,24 @@
 //! `g_s = Σ_{i∈B_s} ∇ℓ_i(w_s) / |B_s|`, with `∇ℓ_i = Σ_k ∂ℓ/∂f^k(x_i) ∇f^k(x_i)`, and
 //!
 //! ```text
-//! m_s  = β m_{s−1} + γ (g_s + λ_c w_s)                         (m_{−1} = 0)
-//! Δw_s = w_{s+1} − w_s = −ε_s ( κ_s D_s ⊙ m_s + λ_d w_s )
+//! ĝ_s  = g_s + λ_c w_s
+//! m_s  = β m_{s−1} + γ_s ĝ_s                                    (m_{−1} = 0)
+//! Δw_s = w_{s+1} − w_s = −ε_s ( κ_s D_s ⊙ m_s + λ_d w_s )          (Nesterov: −ε_s ( ĝ_s + β m_s + λ_d w_s ))
 //! ```
 //!
-//! | optimizer              | β      | γ       | κ_s                  | D_s (diagonal)                          |
-//! |------------------------|--------|---------|----------------------|-----------------------------------------|
-//! | GD / SGD               | 0      | 1       | 1                    | 1                                       |
-//! | heavy-ball momentum μ  | μ      | 1       | 1                    | 1                                       |
-//! | Adam / AdamW (β1, β2)  | β1     | 1 − β1  | 1 / (1 − β1^{s+1})   | 1 / (√(v_s / (1 − β2^{s+1})) + eps)     |
+//! | optimizer                      | β      | γ_0     | γ_s (s ≥ 1) | κ_s                  | D_s (diagonal)                          |
+//! |--------------------------------|--------|---------|-------------|----------------------|-----------------------------------------|
+//! | GD / SGD                       | 0      | 1       | 1           | 1                    | 1                                       |
+//! | momentum μ, dampening τ        | μ      | 1       | 1 − τ       | 1                    | 1                                       |
+//! | Nesterov momentum μ            | μ      | 1       | 1           | (the Nesterov form)  | 1                                       |
+//! | Adam / AdamW (β1, β2)          | β1     | 1 − β1  | 1 − β1      | 1 / (1 − β1^{s+1})   | 1 / (√(v_s / (1 − β2^{s+1})) + eps)     |
 //!
-//! with `v_s = β2 v_{s−1} + (1 − β2)(g_s + λ_c w_s)²` for Adam. Weight decay is *coupled*
+//! with `v_s = β2 v_{s−1} + (1 − β2) ĝ_s²` for Adam. Weight decay is *coupled*
 //! (`λ_c`, an L2 term added to the gradient: PyTorch's `weight_decay` of SGD and Adam) or
 //! *decoupled* (`λ_d`, applied to the weights directly: SGDW and AdamW, PyTorch's AdamW
-//! convention `w ← w − ε_s λ_d w`). Momentum follows PyTorch's SGD (no dampening, the first
-//! buffer is the first gradient).
+//! convention `w ← w − ε_s λ_d w`). Momentum follows PyTorch's SGD exactly: the first buffer is
+//! the first gradient (`γ_0 = 1` whatever the dampening), later gradients enter it scaled by
+//! `1 − τ`, and Nesterov steps by `ĝ_s + μ m_s` (PyTorch requires τ = 0 with Nesterov).
 //!
 //! # The exact per-point decomposition
 //!
@@ -32,9 +35,12 @@
 //!
 //! ```text
 //! Δw_s = Σ_i u_{i,s} + r_s
-//! u_{i,s} = −ε_s κ_s D_s ⊙ Σ_{r≤s} γ β^{s−r} [i∈B_r] ∇ℓ_i(w_r) / |B_r|
-//! r_s     = −ε_s ( κ_s D_s ⊙ Σ_{r≤s} γ β^{s−r} λ_c w_r + λ_d w_s )
+//! u_{i,s} = −ε_s κ_s D_s ⊙ Σ_{r≤s} γ_r β^{s−r} [i∈B_r] ∇ℓ_i(w_r) / |B_r|
+//! r_s     = −ε_s ( κ_s D_s ⊙ Σ_{r≤s} γ_r β^{s−r} λ_c w_r + λ_d w_s )
 //! ```
+//!
+//! (Nesterov adds the step's own term once more: `u_{i,s}` gains `−ε_s [i∈B_s] ∇ℓ_i(w_s) / |B_s|`
+//! on top of `β` times the buffer's, and `r_s` gains `−ε_s λ_c w_s`.)
 //!
 //! For plain SGD only the batch contributes; momentum carries earlier steps' per-point gradients
 //! forward (point i keeps contributing after it left the batch); Adam's preconditioner `D_s` is
@@ -54,8 +60,9 @@
 //! R(x)       = −Σ_r λ_c ε_r ⟨F_r(x), w_r⟩ − Σ_s λ_d ε_s ⟨J̄_s(x), w_s⟩
 //! ```
 //!
-//! `F_r` obeys the backward recursion `ε_r F_r = ε_r γ κ_r D_r ⊙ J̄_r + β ε_{r+1} F_{r+1}`, so
-//! the kernel engine walks the path once backwards, carrying `ε_r F_r` for every row point.
+//! `F_r` is `γ_r H_r / ε_r` with `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}` (Nesterov:
+//! `ε_r F_r = ε_r J̄_r + β γ_r H_r`, [`UpdateRule::row_coefficients`]), so the kernel engine walks
+//! the path once backwards, carrying `H_r` for every row point.
 //! For GD/SGD `F_r = J̄_r` and `K_r` is the EPK of Definition 3.4. With momentum the row side
 //! carries future steps, and with Adam it is preconditioned by a `D_s` that changes from step to
 //! step: `K_r` is then a valid kernel *machine* (it reproduces the network exactly) but not a
@@ -82,14 +89,22 @@ pub struct AdamMoments {
 pub struct UpdateRule {
     /// Buffer decay β.
     pub beta: f64,
-    /// Buffer input scale γ.
+    /// Buffer input scale γ_s of the steps s ≥ 1.
     pub gamma: f64,
+    /// Buffer input scale γ_0 of the first step (1 for PyTorch's SGD momentum, whose first
+    /// buffer is the first gradient whatever the dampening).
+    pub gamma_first: f64,
+    /// Nesterov momentum: `Δw_s = −ε_s (ĝ_s + β m_s + λ_d w_s)`.
+    pub nesterov: bool,
     /// Adam's preconditioner and bias corrections, if any.
     pub adam: Option<AdamMoments>,
     /// Coupled (L2) weight decay λ_c.
     pub wd_coupled: f64,
     /// Decoupled weight decay λ_d.
     pub wd_decoupled: f64,
+    /// The recorded updates are rounded (an imported float32 run): never plain, so kernels
+    /// replay the optimizer and carry the difference as a residual term.
+    pub rounded: bool,
 }
 
 impl UpdateRule {
@@ -97,21 +112,45 @@ impl UpdateRule {
     pub fn of(rec: &OptimizerRecord) -> Self {
         let split = |wd: f64, decoupled: bool| if decoupled { (0.0, wd) } else { (wd, 0.0) };
         match *rec {
-            OptimizerRecord::Gd { momentum, weight_decay, decoupled_weight_decay, .. }
-            | OptimizerRecord::Sgd { momentum, weight_decay, decoupled_weight_decay, .. } => {
+            OptimizerRecord::Gd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. }
+            | OptimizerRecord::Sgd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. } => {
                 let (wd_coupled, wd_decoupled) = split(weight_decay, decoupled_weight_decay);
-                UpdateRule { beta: momentum, gamma: 1.0, adam: None, wd_coupled, wd_decoupled }
+                // PyTorch ignores dampening and Nesterov without momentum.
+                let (gamma, nesterov) = if momentum == 0.0 { (1.0, false) } else { (1.0 - dampening, nesterov) };
+                UpdateRule { beta: momentum, gamma, gamma_first: 1.0, nesterov, adam: None, wd_coupled, wd_decoupled, rounded: rounded_updates }
             }
             OptimizerRecord::Adam { beta1, beta2, eps, weight_decay, decoupled_weight_decay, .. } => {
                 let (wd_coupled, wd_decoupled) = split(weight_decay, decoupled_weight_decay);
-                UpdateRule { beta: beta1, gamma: 1.0 - beta1, adam: Some(AdamMoments { beta1, beta2, eps }), wd_coupled, wd_decoupled }
+                let adam = Some(AdamMoments { beta1, beta2, eps });
+                UpdateRule { beta: beta1, gamma: 1.0 - beta1, gamma_first: 1.0 - beta1, nesterov: false, adam, wd_coupled, wd_decoupled, rounded: false }
             }
         }
     }
 
-    /// Plain gradient steps: `Δw_s = −ε_s g_s` (GD or SGD without momentum or weight decay).
+    /// Plain gradient steps: `Δw_s = −ε_s g_s` (GD or SGD without momentum or weight decay),
+    /// recorded exactly (not [`Self::rounded`]).
     pub(crate) fn is_plain(&self) -> bool {
-        self.beta == 0.0 && self.adam.is_none() && self.wd_coupled == 0.0 && self.wd_decoupled == 0.0
+        !self.rounded && self.beta == 0.0 && !self.nesterov && self.adam.is_none() && self.wd_coupled == 0.0 && self.wd_decoupled == 0.0
+    }
+
+    /// γ_s: how step s's gradient enters the buffer.
+    pub fn gamma_at(&self, s: usize) -> f64 {
+        if s == 0 {
+            self.gamma_first
+        } else {
+            self.gamma
+        }
+    }
+
+    /// `(a, b)` with `ε_r F_r = a·ε_r κ_r D_r ⊙ J̄_r + b·H_r` and `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}`
+    /// (module docs): `(0, γ_r)` for gradient steps, heavy-ball momentum and Adam, `(1, β γ_r)`
+    /// for Nesterov.
+    pub fn row_coefficients(&self, r: usize) -> (f64, f64) {
+        if self.nesterov {
+            (1.0, self.beta * self.gamma_at(r))
+        } else {
+            (0.0, self.gamma_at(r))
+        }
     }
 
     /// Whether the per-step kernel is still the symmetric path kernel `⟨J̄_s(x), ∇f(x'; w_s)⟩`
@@ -154,13 +193,17 @@ impl OptimizerState {
         let r = self.rule;
         let s = self.steps;
         self.steps += 1;
-        if r.is_plain() {
+        if r.beta == 0.0 && r.adam.is_none() && r.wd_coupled == 0.0 && r.wd_decoupled == 0.0 {
             return g.iter().map(|gi| -(lr * gi)).collect();
         }
+        let gamma = r.gamma_at(s);
         for ((m, &gi), &wi) in self.m.iter_mut().zip(g).zip(w) {
-            *m = r.beta * *m + r.gamma * (gi + r.wd_coupled * wi);
+            *m = r.beta * *m + gamma * (gi + r.wd_coupled * wi);
         }
         match r.adam {
+            None if r.nesterov => {
+                self.m.iter().zip(g).zip(w).map(|((m, gi), wi)| -lr * ((gi + r.wd_coupled * wi) + r.beta * m + r.wd_decoupled * wi)).collect()
+            }
             None => self.m.iter().zip(w).map(|(m, wi)| -lr * (m + r.wd_decoupled * wi)).collect(),
             Some(a) => {
                 let bc1 = 1.0 - a.beta1.powi(s as i32 + 1);
@@ -199,7 +242,7 @@ mod tests {
 
     #[test]
     fn plain_steps_are_bitwise_gradient_descent() {
-        let r = rule(OptimizerRecord::Gd { lr: 0.3, momentum: 0.0, weight_decay: 0.0, decoupled_weight_decay: false });
+        let r = rule(OptimizerRecord::Gd { lr: 0.3, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false });
         assert!(r.is_plain() && r.symmetric_kernel());
         let mut st = OptimizerState::new(r, 3);
         let w = [1.0, -2.0, 0.5];
@@ -213,7 +256,7 @@ mod tests {
     #[test]
     fn momentum_matches_pytorch_heavy_ball() {
         // PyTorch SGD(momentum=μ, weight_decay=λ): b = μ b + (g + λ w); w -= lr b.
-        let r = rule(OptimizerRecord::Gd { lr: 0.1, momentum: 0.9, weight_decay: 0.01, decoupled_weight_decay: false });
+        let r = rule(OptimizerRecord::Gd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: false, weight_decay: 0.01, decoupled_weight_decay: false, rounded_updates: false });
         assert!(!r.symmetric_kernel());
         let mut st = OptimizerState::new(r, 1);
         let (mut w, mut b) = (1.0f64, 0.0f64);
@@ -237,6 +280,7 @@ mod tests {
             decoupled_weight_decay: true,
             batch_size: None,
             shuffle_seed: 0,
+            recorded_batches: None,
         });
         let mut st = OptimizerState::new(r, 1);
         let (mut w, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
@@ -252,5 +296,71 @@ mod tests {
             assert!((w - w_ref).abs() < 1e-15, "{w} vs {w_ref}");
         }
         assert!(st.last_scale().is_some());
+    }
+
+    /// PyTorch's `_single_tensor_sgd`, written out: `d = g + λ w`; the first buffer is `d`,
+    /// later ones `μ b + (1 − τ) d`; the step is `b`, or `d + μ b` with Nesterov.
+    fn torch_sgd(w: &mut f64, b: &mut Option<f64>, g: f64, lr: f64, (mu, tau, nesterov, wd): (f64, f64, bool, f64)) {
+        let d = g + wd * *w;
+        let buf = match *b {
+            None => d,
+            Some(b0) => mu * b0 + (1.0 - tau) * d,
+        };
+        *b = Some(buf);
+        let step = if nesterov { d + mu * buf } else { buf };
+        *w -= lr * step;
+    }
+
+    #[test]
+    fn dampened_and_nesterov_momentum_match_pytorch_sgd() {
+        for (mu, tau, nesterov, wd) in [(0.9, 0.3, false, 0.01), (0.8, 0.0, true, 0.0), (0.9, 0.0, true, 0.05), (0.5, 1.0, false, 0.0)] {
+            let rec = OptimizerRecord::Sgd {
+                lr: 0.1,
+                batch_size: 1,
+                shuffle_seed: 0,
+                momentum: mu,
+                dampening: tau,
+                nesterov,
+                weight_decay: wd,
+                decoupled_weight_decay: false,
+                rounded_updates: false,
+                recorded_batches: None,
+            };
+            let r = rule(rec);
+            assert!(!r.is_plain() && !r.symmetric_kernel());
+            let mut st = OptimizerState::new(r, 1);
+            let (mut w, mut b, mut w_ref) = (1.0f64, None, 1.0f64);
+            for (t, g) in [0.5, -0.2, 0.3, 0.7].into_iter().enumerate() {
+                let lr = 0.1 / (1.0 + t as f64);
+                let d = st.step(lr, &[w], &[g]);
+                torch_sgd(&mut w_ref, &mut b, g, lr, (mu, tau, nesterov, wd));
+                w += d[0];
+                assert!((w - w_ref).abs() < 1e-15, "{mu} {tau} {nesterov}: {w} vs {w_ref}");
+            }
+        }
+    }
+
+    /// The per-point split of `row_coefficients` unrolled by hand: the coefficient of step r's
+    /// gradient in `Σ_s Δw_s` equals `a ε_r + b Σ_{s≥r} ε_s β^{s−r}` (one parameter, D = 1).
+    #[test]
+    fn row_coefficients_unroll_the_recursion() {
+        for (mu, tau, nesterov) in [(0.9, 0.3, false), (0.7, 0.0, true), (0.0, 0.0, false)] {
+            let rec = OptimizerRecord::Gd { lr: 0.1, momentum: mu, dampening: tau, nesterov, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false };
+            let r = rule(rec);
+            let lrs = [0.3, 0.2, 0.25, 0.1];
+            let n = lrs.len();
+            for src in 0..n {
+                // Total weight change from a unit gradient at step `src` only (linearity).
+                let mut st = OptimizerState::new(r, 1);
+                let mut total = 0.0;
+                for (s, &lr) in lrs.iter().enumerate() {
+                    total += st.step(lr, &[0.0], &[if s == src { 1.0 } else { 0.0 }])[0];
+                }
+                let (a, b) = r.row_coefficients(src);
+                let h: f64 = (src..n).map(|s| lrs[s] * mu.powi((s - src) as i32)).sum();
+                let want = -(a * lrs[src] + b * h);
+                assert!((total - want).abs() < 1e-15, "{mu} {tau} {nesterov} step {src}: {total} vs {want}");
+            }
+        }
     }
 }

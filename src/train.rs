@@ -144,14 +144,25 @@ impl TrainConfig {
         let [beta1, beta2] = self.betas.unwrap_or([0.9, 0.999]);
         let lr = self.lr;
         match self.optimizer {
-            OptimizerKind::Gd => OptimizerRecord::Gd { lr, momentum: self.momentum, weight_decay: self.weight_decay, decoupled_weight_decay: decoupled },
+            OptimizerKind::Gd => OptimizerRecord::Gd {
+                lr,
+                momentum: self.momentum,
+                dampening: 0.0,
+                nesterov: false,
+                weight_decay: self.weight_decay,
+                decoupled_weight_decay: decoupled,
+                rounded_updates: false,
+            },
             OptimizerKind::Sgd => OptimizerRecord::Sgd {
                 lr,
                 batch_size: self.batch_size.expect("validated").min(n_train),
                 shuffle_seed: self.seed,
                 momentum: self.momentum,
+                dampening: 0.0,
+                nesterov: false,
                 weight_decay: self.weight_decay,
                 decoupled_weight_decay: decoupled,
+                rounded_updates: false,
                 recorded_batches: None,
             },
             OptimizerKind::Adam | OptimizerKind::Adamw => OptimizerRecord::Adam {
@@ -163,6 +174,7 @@ impl TrainConfig {
                 decoupled_weight_decay: decoupled,
                 batch_size: self.batch_size.map(|b| b.min(n_train)),
                 shuffle_seed: self.seed,
+                recorded_batches: None,
             },
         }
     }

@@ -66,15 +66,27 @@ pub enum OptimizerRecord {
     Gd {
         /// Base learning rate ε.
         lr: f64,
-        /// Heavy-ball momentum μ (PyTorch convention, no dampening).
+        /// Heavy-ball momentum μ (PyTorch convention: the first buffer is the first gradient).
         #[serde(default, skip_serializing_if = "is_zero")]
         momentum: f64,
+        /// Momentum dampening τ (PyTorch's `dampening`: later gradients enter the buffer
+        /// scaled by 1 − τ).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dampening: f64,
+        /// Nesterov momentum (PyTorch's `nesterov`): the step is `g + μ·buffer`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        nesterov: bool,
         /// Weight decay λ.
         #[serde(default, skip_serializing_if = "is_zero")]
         weight_decay: f64,
         /// Decoupled (`w ← w − ε λ w`) rather than coupled (L2 added to the gradient).
         #[serde(default, skip_serializing_if = "is_false")]
         decoupled_weight_decay: bool,
+        /// The recorded updates are rounded versions of this rule's (an imported float32 run):
+        /// kernels replay the optimizer and carry each step's difference as a residual term of
+        /// no training point, even for plain steps.
+        #[serde(default, skip_serializing_if = "is_false")]
+        rounded_updates: bool,
     },
     /// Mini-batch SGD: `w_{s+1} = w_s − ε_s ∇L_{B_s}(w_s)` with `L_B` the mean loss over the batch
     /// `B_s` ([`batch_schedule`]; also stored in `trajectory/batches.safetensors`), optionally with
@@ -89,12 +101,21 @@ pub enum OptimizerRecord {
         /// Heavy-ball momentum μ.
         #[serde(default, skip_serializing_if = "is_zero")]
         momentum: f64,
+        /// Momentum dampening τ.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dampening: f64,
+        /// Nesterov momentum.
+        #[serde(default, skip_serializing_if = "is_false")]
+        nesterov: bool,
         /// Weight decay λ.
         #[serde(default, skip_serializing_if = "is_zero")]
         weight_decay: f64,
         /// Decoupled rather than coupled weight decay.
         #[serde(default, skip_serializing_if = "is_false")]
         decoupled_weight_decay: bool,
+        /// The recorded updates are rounded versions of this rule's (see `Gd`).
+        #[serde(default, skip_serializing_if = "is_false")]
+        rounded_updates: bool,
         /// The batch of every step as recorded by another trainer (`pathkernel import`); when
         /// present it replaces the shuffle schedule of `batch_size` and `shuffle_seed`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,6 +139,10 @@ pub enum OptimizerRecord {
         batch_size: Option<usize>,
         /// Seed of the per-epoch shuffles.
         shuffle_seed: u64,
+        /// The batch of every step as recorded by another trainer (`pathkernel import`); when
+        /// present it replaces the shuffle schedule.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recorded_batches: Option<Vec<Vec<usize>>>,
     },
 }
 
@@ -131,9 +156,12 @@ fn is_false(v: &bool) -> bool {
 
 impl std::fmt::Display for OptimizerRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let extras = |f: &mut std::fmt::Formatter<'_>, momentum: f64, wd: f64, decoupled: bool| -> std::fmt::Result {
+        let extras = |f: &mut std::fmt::Formatter<'_>, (momentum, dampening, nesterov): (f64, f64, bool), wd: f64, decoupled: bool| -> std::fmt::Result {
             if momentum != 0.0 {
-                write!(f, ", momentum {momentum}")?;
+                write!(f, ", {}momentum {momentum}", if nesterov { "nesterov " } else { "" })?;
+            }
+            if dampening != 0.0 {
+                write!(f, ", dampening {dampening}")?;
             }
             if wd != 0.0 {
                 write!(f, ", weight decay {wd} ({})", if decoupled { "decoupled" } else { "coupled" })?;
@@ -141,13 +169,19 @@ impl std::fmt::Display for OptimizerRecord {
             Ok(())
         };
         match *self {
-            OptimizerRecord::Gd { lr, momentum, weight_decay, decoupled_weight_decay } => {
+            OptimizerRecord::Gd { lr, momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates } => {
                 write!(f, "gd (lr {lr}, full batch")?;
-                extras(f, momentum, weight_decay, decoupled_weight_decay)?;
+                extras(f, (momentum, dampening, nesterov), weight_decay, decoupled_weight_decay)?;
+                if rounded_updates {
+                    f.write_str(", rounded updates")?;
+                }
             }
-            OptimizerRecord::Sgd { lr, batch_size, momentum, weight_decay, decoupled_weight_decay, .. } => {
+            OptimizerRecord::Sgd { lr, batch_size, momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. } => {
                 write!(f, "sgd (lr {lr}, batch {batch_size}")?;
-                extras(f, momentum, weight_decay, decoupled_weight_decay)?;
+                extras(f, (momentum, dampening, nesterov), weight_decay, decoupled_weight_decay)?;
+                if rounded_updates {
+                    f.write_str(", rounded updates")?;
+                }
             }
             OptimizerRecord::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, batch_size, .. } => {
                 let name = if decoupled_weight_decay { "adamw" } else { "adam" };
@@ -195,7 +229,7 @@ impl Manifest {
     /// The training points of each step's update (`None` for full-batch gradient descent).
     pub fn batches(&self) -> Option<Vec<Vec<usize>>> {
         match self.optimizer {
-            OptimizerRecord::Sgd { recorded_batches: Some(ref b), .. } => Some(b.clone()),
+            OptimizerRecord::Sgd { recorded_batches: Some(ref b), .. } | OptimizerRecord::Adam { recorded_batches: Some(ref b), .. } => Some(b.clone()),
             OptimizerRecord::Gd { .. } | OptimizerRecord::Adam { batch_size: None, .. } => None,
             OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } | OptimizerRecord::Adam { batch_size: Some(batch_size), shuffle_seed, .. } => {
                 Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed))

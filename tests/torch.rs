@@ -442,17 +442,18 @@ fn import_refuses_broken_recordings_naming_the_step_and_writes_nothing() {
     fail("tampered", "the update of step 8 (w_9 - w_8)");
     // ... which a looser tolerance accepts, reporting the difference.
     let printed = run_ok(&["import", "--from", "torch", "tampered", "--out", "loose", "--tolerance", "0.1"], d);
+    assert!(printed.contains("float64") && printed.contains("sgd (lr 0.5, batch 8)"), "{printed}");
     let rel = printed_rel_diff(&printed);
     assert!(rel > 1e-8 && rel < 0.1, "{printed}");
     assert!(printed.contains("(step 8)") || printed.contains("(step 9)"), "{printed}");
-    // Stateful optimizers are refused with the reason.
+    // A version-1 recording names only plain steps; Adam needs the version-2 hyper-parameters.
     copy_recording(&d.join("adam"));
     let j = std::fs::read_to_string(d.join("adam/trajectory.json")).unwrap().replace("\"optimizer\": \"sgd\"", "\"optimizer\": \"adam\"");
     assert!(j.contains("\"adam\""));
     std::fs::write(d.join("adam/trajectory.json"), j).unwrap();
     fail("adam", "optimizer `adam` is not supported");
     let (_, _, err) = run(&["import", "--from", "torch", "adam", "--out", "run"], d);
-    assert!(err.contains("optimizer state"), "{err}");
+    assert!(err.contains("version 2"), "{err}");
     // Other bad arguments.
     fail("nowhere", "nowhere");
     run_fail(&["import", "--from", "jax", "gap", "--out", "run"], d, "--from jax");
@@ -566,6 +567,238 @@ fn a_native_cnn_gd_run_written_as_a_torch_recording_imports_as_the_same_run() {
     std::fs::write(rec.join("trajectory.json"), bad.to_string()).unwrap();
     run_fail(&["import", "--from", "torch", "rec", "--out", "x"], d, "`0.weight` [2, 1, 5, 5]");
     assert!(!d.join("x").exists());
+}
+
+/// Copies the committed recording `tests/data/NAME` (scripts/make_torch_fixture.py) into `dst`.
+fn copy_fixture(name: &str, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// `b + Σ_s Σ_i a_{i,s}·K_s(x, x_i) + R + rounding` from the per-step Grams (full layout): the
+/// kernel machine assembled from the kernel itself, not from the engine's own sum.
+fn machine_from_grams(out: &pathkernel::kernel::KernelOutput) -> Vec<f64> {
+    let (p, m, k) = (out.p, out.m, out.k);
+    let per = out.per_step.as_ref().expect("per_step");
+    let mut f = out.bias.clone();
+    for (si, &s) in out.steps.iter().enumerate() {
+        let g = &per[si * p * m * k * k..(si + 1) * p * m * k * k];
+        for pi in 0..p {
+            for i in 0..m {
+                for kk in 0..k {
+                    for kp in 0..k {
+                        f[pi * k + kk] += g[((pi * m + i) * k + kk) * k + kp] * out.a[(s * m + i) * k + kp];
+                    }
+                }
+            }
+        }
+    }
+    for extra in [&out.reg, &out.rounding].into_iter().flatten() {
+        f.iter_mut().zip(extra).for_each(|(a, b)| *a += b);
+    }
+    f
+}
+
+/// Imports the fixture `name` into `d/run`, checks the printed replay difference is at most
+/// `max_rel`, and computes the EPK on the test points with per-step Grams (`rule`): the machine
+/// (engine's and assembled from the Grams) must equal the network to 1e-11 of the output scale.
+fn import_and_check_epk(d: &Path, name: &str, max_rel: f64, rule: pathkernel::kernel::Rule) -> (Run, pathkernel::kernel::KernelOutput, String) {
+    use pathkernel::kernel::{self, KernelKind, Rows, Request};
+    copy_fixture(name, &d.join("rec"));
+    let printed = run_ok(&["import", "--from", "torch", "rec", "--out", "run"], d);
+    eprintln!("{name}: {printed}");
+    let rel = printed_rel_diff(&printed);
+    assert!(rel <= max_rel, "{name}: replay difference {rel:e}");
+    let run = Run::open(&d.join("run")).unwrap();
+    let states = run.load_all().unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let out = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Epk).rule(rule).per_step(true), &|_, _| {}).unwrap();
+    let scale = max_abs(&out.network).max(1.0);
+    let rounding = out.rounding.as_deref().map_or(0.0, max_abs);
+    eprintln!("{name}: EPK machine vs network {:.3e} (output scale {scale:.3}), residual term max {rounding:.3e}", out.max_abs_error());
+    assert!(out.max_abs_error() <= 1e-11 * scale, "{name}: {:e}", out.max_abs_error());
+    let assembled = machine_from_grams(&out);
+    assert!(max_abs_diff(&assembled, &out.network) <= 1e-11 * scale, "{name}: Σ a K {:e}", max_abs_diff(&assembled, &out.network));
+    assert!(max_abs_diff(&out.network, &out.bias) > 1e-2, "{name}: the outputs must move");
+    // The network is the recorded PyTorch model's: log-softmax of the last state's logits.
+    run_ok(&["export", "--run", "run", "--format", "torch", "--out", "last.safetensors"], d);
+    let (mut z, _) = exported_logits(&d.join("last.safetensors"), &pts.x);
+    log_softmax(&mut z, out.k);
+    assert!(max_abs_diff(&z, &out.network) <= 1e-12);
+    (run, out, printed)
+}
+
+#[test]
+fn imported_pytorch_adamw_run_is_recorded_as_a_native_adamw_run_and_its_epk_machine_is_exact() {
+    use pathkernel::kernel::{KernelForm, Rule};
+    use pathkernel::trajectory::OptimizerRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (run, out, printed) = import_and_check_epk(d, "torch-adamw", 1e-10, Rule::Auto(1e-12));
+    assert!(printed.contains("float64") && printed.contains("adamw (lr 0.02, betas 0.9/0.999, eps 1e-8, batch 8, weight decay 0.05)"), "{printed}");
+    let m = &run.manifest;
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("rec/trajectory.json")).unwrap()).unwrap();
+    let lrs: Vec<f64> = rec["learning_rates"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(m.learning_rates, lrs);
+    assert!(lrs[0] > 10.0 * lrs[39], "the cosine schedule is recorded: {lrs:?}");
+    let OptimizerRecord::Adam { beta1, beta2, eps, weight_decay, decoupled_weight_decay, batch_size, recorded_batches: Some(ref b), .. } = m.optimizer else {
+        panic!("{:?}", m.optimizer)
+    };
+    assert_eq!((beta1, beta2, eps, weight_decay, decoupled_weight_decay, batch_size), (0.9, 0.999, 1e-8, 0.05, true, Some(8)));
+    assert_eq!(b.len(), 40);
+    assert_eq!(m.batches().unwrap(), *b);
+    // As a native AdamW run: the preconditioners beside the states, the preconditioned form.
+    assert_eq!(run.load_preconditioners().unwrap().unwrap().len(), 40);
+    assert_eq!(out.form, KernelForm::Preconditioned);
+    assert!(out.reg.is_some() && out.rounding.as_deref().map_or(1.0, max_abs) < 1e-12);
+    // The CLI's kernel and a tampered update.
+    run_ok(&["kernel", "--run", "run", "--out", "k", "-q"], d);
+    let rewrite_bias = |path: &Path| {
+        let (mut t, meta) = read_tensors(path);
+        t.get_mut("4.bias").unwrap().1[1] += 1e-6;
+        let arrays: Vec<_> = t.into_iter().map(|(k, (shape, v))| pathkernel::io::NamedArray::f64(k, shape, v)).collect();
+        pathkernel::io::write_safetensors(path, &arrays, Some(meta)).unwrap();
+    };
+    rewrite_bias(&d.join("rec/step_00012.safetensors"));
+    run_fail(&["import", "--from", "torch", "rec", "--out", "bad"], d, "the update of step 11 (w_12 - w_11) differs from the adamw");
+    assert!(!d.join("bad").exists());
+}
+
+#[test]
+fn imported_nesterov_and_dampened_momentum_runs_have_exact_epk_machines() {
+    use pathkernel::kernel::{KernelForm, Rule};
+    use pathkernel::trajectory::OptimizerRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let (run, out, _) = import_and_check_epk(dir.path(), "torch-nesterov", 1e-12, Rule::Auto(1e-12));
+    assert!(matches!(run.manifest.optimizer, OptimizerRecord::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.001, dampening: 0.0, batch_size: 8, .. }), "{:?}", run.manifest.optimizer);
+    assert_eq!(run.manifest.learning_rates[9..12], [0.2, 0.1, 0.1], "StepLR");
+    assert_eq!(out.form, KernelForm::Momentum);
+    // The CNN, full batch, momentum with dampening and coupled weight decay.
+    let dir = tempfile::tempdir().unwrap();
+    let (run, out, _) = import_and_check_epk(dir.path(), "torch-cnn-momentum", 1e-12, Rule::Auto(1e-12));
+    assert!(matches!(run.manifest.optimizer, OptimizerRecord::Gd { momentum: 0.8, dampening: 0.3, nesterov: false, weight_decay: 0.001, .. }), "{:?}", run.manifest.optimizer);
+    assert_eq!(run.dataset.image_shape, Some([1, 8, 8]));
+    assert!(out.reg.is_some());
+}
+
+#[test]
+fn imported_float32_run_carries_its_rounding_as_a_residual_and_machine_plus_residual_is_the_network() {
+    use pathkernel::kernel::Rule;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (run, out, printed) = import_and_check_epk(d, "torch-adamw-f32", 1e-2, Rule::Auto(1e-12));
+    assert!(printed.contains("float32"), "{printed}");
+    assert!(printed_rel_diff(&printed) > 1e-9, "float32 updates differ from the f64 replay: {printed}");
+    assert_eq!(run.manifest.config["import"]["precision"], "float32");
+    // The residual is float32 rounding: present, and far below the outputs' motion.
+    let residual = max_abs(out.rounding.as_deref().unwrap());
+    assert!(residual > 1e-12 && residual < 1e-5, "{residual:e}");
+    // A float64 tolerance refuses it, naming the step.
+    run_fail(&["import", "--from", "torch", "rec", "--out", "strict", "--tolerance", "1e-9"], d, "the update of step");
+    // Plain float32 SGD steps take the replay too (their residual is carried): a float32 copy
+    // of the plain fixture's states is the run they were rounded from.
+    let rec = d.join("sgd32");
+    copy_recording(&rec);
+    for s in 0..=20 {
+        let path = rec.join(format!("step_{s:05}.safetensors"));
+        let (t, meta) = read_tensors(&path);
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (k, (shape, v)) in t {
+            tensors.push((k, shape, v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect()));
+        }
+        write_raw_safetensors(&path, &tensors, safetensors::Dtype::F32, meta);
+    }
+    let j = std::fs::read_to_string(rec.join("trajectory.json")).unwrap();
+    let mut j: serde_json::Value = serde_json::from_str(&j).unwrap();
+    j["version"] = 2.into();
+    j["dtype"] = "float32".into();
+    j["optimizer"] = serde_json::json!({"class": "SGD", "momentum": 0.0, "dampening": 0.0, "nesterov": false, "weight_decay": 0.0, "maximize": false});
+    std::fs::write(rec.join("trajectory.json"), j.to_string()).unwrap();
+    let printed = run_ok(&["import", "--from", "torch", "sgd32", "--out", "run32"], d);
+    assert!(printed.contains("rounded updates"), "{printed}");
+    let run = Run::open(&d.join("run32")).unwrap();
+    let states = run.load_all().unwrap();
+    let pts = pathkernel::kernel::Rows::Test.resolve(&run.dataset).unwrap();
+    let req = pathkernel::kernel::Request::new(pathkernel::kernel::KernelKind::Epk).rule(Rule::Auto(1e-12));
+    let out = pathkernel::kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+    eprintln!("plain sgd in float32: machine vs network {:.3e}, residual {:.3e}", out.max_abs_error(), max_abs(out.rounding.as_deref().unwrap()));
+    assert!(out.max_abs_error() <= 1e-11, "{:e}", out.max_abs_error());
+}
+
+/// Writes tensors of raw little-endian bytes of one dtype (the test's own safetensors writer,
+/// for dtypes `pathkernel::io` does not write).
+fn write_raw_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: safetensors::Dtype, meta: HashMap<String, String>) {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        tensors.iter().map(|(k, shape, bytes)| (k.clone(), safetensors::tensor::TensorView::new(dtype, shape.clone(), bytes).unwrap())).collect();
+    let bytes = safetensors::serialize(views, &Some(meta)).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn import_refuses_bad_optimizer_recordings_in_one_line_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fail = |name: &str, needle: &str| {
+        run_fail(&["import", "--from", "torch", name, "--out", "run"], d, needle);
+        assert!(!d.join("run").exists() && !d.join("run.partial").exists(), "{name}");
+    };
+    let edit_json = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        copy_fixture("torch-adamw", &d.join(name));
+        let path = d.join(name).join("trajectory.json");
+        let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut j);
+        std::fs::write(&path, j.to_string()).unwrap();
+    };
+    // Half precision: a step file in float16, or the recording saying so.
+    copy_fixture("torch-adamw", &d.join("half"));
+    let path = d.join("half/step_00003.safetensors");
+    let (t, meta) = read_tensors(&path);
+    let f16 = |x: f64| -> [u8; 2] {
+        // float16 by truncating an f32's bits (normal numbers of moderate size, enough here).
+        let b = (x as f32).to_bits();
+        let (sign, exp, man) = ((b >> 16) & 0x8000, ((b >> 23) & 0xff) as i32 - 127 + 15, (b >> 13) & 0x3ff);
+        (if exp <= 0 { sign } else { sign | ((exp as u32) << 10) | man } as u16).to_le_bytes()
+    };
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = t.into_iter().map(|(k, (shape, v))| (k, shape, v.iter().flat_map(|x| f16(*x)).collect())).collect();
+    write_raw_safetensors(&path, &tensors, safetensors::Dtype::F16, meta);
+    fail("half", "half precision (float16/bfloat16) is not supported");
+    let (_, _, err) = run(&["import", "--from", "torch", "half", "--out", "run"], d);
+    assert!(err.contains("step 3") && err.contains("float32 or float64"), "{err}");
+    edit_json("half-json", &|j| j["dtype"] = "float16".into());
+    fail("half-json", "half precision");
+    // Missing hyper-parameters, all named.
+    edit_json("missing", &|j| {
+        let o = j["optimizer"].as_object_mut().unwrap();
+        o.remove("betas");
+        o.remove("eps");
+    });
+    fail("missing", "optimizer AdamW: missing hyper-parameters betas, eps");
+    // amsgrad, with the reason.
+    edit_json("amsgrad", &|j| j["optimizer"]["amsgrad"] = true.into());
+    fail("amsgrad", "amsgrad = true is not supported: its preconditioner divides by the running maximum");
+    // Another hyper-parameter than the one trained: the replay differs at the first step.
+    edit_json("beta", &|j| j["optimizer"]["betas"][0] = 0.8.into());
+    fail("beta", "the update of step 1 (w_2 - w_1) differs from the adamw");
+    edit_json("sgd-as-adam", &|j| j["optimizer"] = serde_json::json!({"class": "SGD", "momentum": 0.9, "dampening": 0.0, "nesterov": false, "weight_decay": 0.0, "maximize": false}));
+    fail("sgd-as-adam", "the update of step 0");
+    // A learning rate that is not the one used (the schedule matters).
+    edit_json("lr", &|j| j["learning_rates"][5] = 0.02.into());
+    fail("lr", "the update of step 5 (w_6 - w_5)");
+    // Steps missing, or out of order (two step files swapped: their metadata says so).
+    copy_fixture("torch-adamw", &d.join("gap"));
+    std::fs::remove_file(d.join("gap/step_00017.safetensors")).unwrap();
+    fail("gap", "step 17 is missing");
+    copy_fixture("torch-adamw", &d.join("order"));
+    std::fs::rename(d.join("order/step_00004.safetensors"), d.join("order/tmp")).unwrap();
+    std::fs::rename(d.join("order/step_00005.safetensors"), d.join("order/step_00004.safetensors")).unwrap();
+    std::fs::rename(d.join("order/tmp"), d.join("order/step_00005.safetensors")).unwrap();
+    fail("order", "holds step 5 (its metadata), not step 4: the steps are out of order");
+    // Batches that do not fit the updates.
+    edit_json("batches", &|j| j["batches"].as_array_mut().unwrap().truncate(39));
+    fail("batches", "39 batches for 40 updates");
 }
 
 /// `[K, D]` Jacobian of the logits of an exported MLP's last `Linear` (alpha folded in) with

@@ -85,8 +85,11 @@ impl Trained {
     /// Imports a trajectory recorded by a PyTorch training loop (`scripts/record_torch_trajectory.py`:
     /// `recording/trajectory.json`, one `state_dict` per step, `data.safetensors`) as a run in
     /// `dir` (replacing a run there) and opens it: `pathkernel import --from torch recording --out
-    /// dir` ([`import_torch`]). Every recorded update is checked against `−ε_s ∇L_{B_s}(w_s)`
-    /// recomputed here (relative tolerance 1e-9); the largest difference shows in `Display`.
+    /// dir` ([`import_torch`]). Every recorded update is checked against the recorded
+    /// optimizer's (SGD with momentum, dampening, Nesterov and weight decay, Adam, AdamW)
+    /// replayed here from the gradients recomputed in f64 (relative tolerance 1e-9, or 1e-2 for a
+    /// float32 recording, whose differences the kernels carry as a residual term); the largest
+    /// difference shows in `Display`.
     ///
     /// # Example
     ///
@@ -104,8 +107,9 @@ impl Trained {
     /// # Ok(()) }
     /// ```
     ///
-    /// Errors: every refusal of [`import_torch`] (an optimizer other than GD/SGD, missing or
-    /// non-contiguous steps, changed shapes, an update beyond the tolerance, naming the step).
+    /// Errors: every refusal of [`import_torch`] (another optimizer, missing hyper-parameters,
+    /// amsgrad, half precision, missing or out-of-order steps, changed shapes, an update beyond
+    /// the tolerance, naming the step).
     pub fn import_torch(recording: impl AsRef<Path>, dir: impl AsRef<Path>) -> Result<Trained> {
         let summary = import_torch(recording.as_ref(), dir.as_ref(), &ImportOptions { force: true, ..ImportOptions::default() })?;
         let mut t = Trained::open(dir)?;

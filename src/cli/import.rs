@@ -8,12 +8,16 @@ use crate::interop::{import_torch, ImportOptions};
 /// Import a trajectory recorded by another framework as a run directory.
 #[derive(clap::Args, Debug)]
 #[command(long_about = "Import a trajectory recorded by a PyTorch training loop (scripts/record_torch_trajectory.py) as a run \
-directory that kernel, gp, svm and attribute accept. DIR holds trajectory.json (model, optimizer gd or sgd, loss cross_entropy \
-or mse, the learning rate of each step, the batch of each step for sgd), step_00000.safetensors ... (one f64 state_dict per \
-state w_0..w_N) and data.safetensors (x_train, y_train, x_test, y_test). Before anything is written the recording is checked: \
-contiguous step files, constant names and shapes, and every recorded update equal to -lr_s * the gradient recomputed here at w_s \
-on its batch (the largest relative difference is printed; above --tolerance the step is named and nothing is written). \
-Momentum, Adam and other stateful optimizers are refused: their kernel needs optimizer state the recording does not have.\n\
+directory that kernel, gp, svm and attribute accept. DIR holds trajectory.json (model; optimizer: version 2 gives the torch.optim \
+class, SGD, Adam or AdamW, and every hyper-parameter, version 1 names plain gd or sgd; precision; loss cross_entropy or mse; the \
+learning rate of each step; the batch of each step, absent for full batch), step_00000.safetensors ... (one state_dict per state \
+w_0..w_N, float64 or float32) and data.safetensors (x_train, y_train, x_test, y_test). Before anything is written the recording \
+is checked: contiguous step files each holding its own step, constant names and shapes, and every recorded update equal to the \
+optimizer's update replayed here with PyTorch's formulas (momentum, dampening, Nesterov, weight decay; Adam's moments and bias \
+corrections; AdamW's decoupled decay) from the gradients recomputed in f64 at w_s on its batch (the largest relative difference is \
+printed; above --tolerance the step is named and nothing is written). The run records the optimizer as a native run of it would, \
+so its kernels are exact machines; a float32 recording's rounding (recorded minus replayed update) is carried as the kernel's \
+residual term. Refused: half precision, amsgrad, maximize, other optimizers, missing hyper-parameters.\n\
 Example: pathkernel import --from torch tests/data/torch-trajectory --out runs/torch")]
 pub struct Args {
     /// The recording's framework: torch.
@@ -25,9 +29,10 @@ pub struct Args {
     /// Run directory to create.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
-    /// Largest accepted relative difference (max-norm) between a recorded update and -lr * gradient.
-    #[arg(long, default_value_t = 1e-9, value_name = "TOL")]
-    tolerance: f64,
+    /// Largest accepted relative difference (max-norm) between a recorded update and the optimizer's
+    /// update replayed here [default: 1e-9 for float64 recordings, 1e-2 for float32].
+    #[arg(long, value_name = "TOL")]
+    tolerance: Option<f64>,
     /// Replace OUT if it already holds something (only after the import succeeded).
     #[arg(long)]
     force: bool,

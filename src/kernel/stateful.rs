@@ -5,10 +5,12 @@
 //!   from the training points' structured factors, replays the optimizer
 //!   ([`OptimizerState`]) to get `κ_r D_r` and the decomposed update `Σ_i u_{i,r} + r_r`, and
 //!   measures how far that is from the recorded `w_{r+1} − w_r` (`decomposition_residual`).
-//! - **Phase 2** walks backwards carrying `H_r = ε_r F_r` (`[P·K, W]`) for the row points:
-//!   `H_r = ε_r γ κ_r D_r ⊙ J̄_r + β H_{r+1}`. Each step's kernel is `K_r = H_r·∇f(x_i; w_r)ᵀ / ε_r`,
+//! - **Phase 2** walks backwards carrying `H_r` (`[P·K, W]`) for the row points:
+//!   `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}`, `ε_r F_r = γ_r H_r`. Each step's kernel is `K_r = ε_r F_r·∇f(x_i; w_r)ᵀ / ε_r`,
 //!   contracted per layer against the training points' factors (MLPs: `H_l·A_trainᵀ` then δ, as
-//!   in [`super::gram`]; other architectures: dense Jacobians). The machine's step-r term is
+//!   in [`super::gram`]; other architectures: dense Jacobians). (Dampening scales the step's
+//!   row feature by `γ_r`; Nesterov forms `ε_r J̄_r + β γ_r H_r`: `UpdateRule::row_coefficients`.)
+//!   The machine's step-r term is
 //!   `Σ_i a_{i,r}·K_r = −H_r·g_r`, the weight-decay term `R = −λ_c Σ_r H_r·w_r − λ_d Σ_s ε_s J̄_s·w_s`,
 //!   and the rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)`: the part of the recorded update
 //!   the per-point split does not carry. It is at rounding level for momentum, but Adam
@@ -372,7 +374,8 @@ pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, m
     // `[N, W]`; the NTK's loss gradients of all M points `[N, M, K]` (with a share, both).
     let kept = if mc < m { n * w } else { 0 } + if ntk { n * m as u64 * k } else { 0 };
     let fixed = 8 * (range as u64 * w * (1 + adam) + adam * n * w + 3 * w + kept + (m + mc) as u64 * per_train);
-    let per_row = 8 * (2 * k * w + mc as u64 * layout.per_pair(k as usize) as u64);
+    // H and J̄ per row (Nesterov forms one more: its step feature).
+    let per_row = 8 * ((2 + u64::from(rule.nesterov)) * k * w + mc as u64 * layout.per_pair(k as usize) as u64);
     Work { fixed, per_row }
 }
 
@@ -613,11 +616,14 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     let mut rounding = vec![0.0; pk];
     let mut records: Vec<StepRecord> = Vec::new();
     let mut scratch = Vec::new();
-    let (beta, gamma) = (s.rule.beta, s.rule.gamma);
+    let beta = s.rule.beta;
     for (count, r) in (first..hi).rev().enumerate() {
         progress(hi + count, d.total_work);
         h.scale(beta);
         let wr = s.states[r].flat();
+        // H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}; step r's row feature is ε_r F_r = a ε_r J̄_r + b H_r.
+        let (a_coef, b_coef) = s.rule.row_coefficients(r);
+        let mut nesterov_feature = None;
         if r >= lo {
             let next = if s.integrate { Some(&s.states[r + 1]) } else { None };
             // NTK: the row gradients at w_S, computed once.
@@ -629,7 +635,13 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
                     &rg_owned
                 }
             };
-            h.add(lrs[r] * gamma, &rg.jbar, replay.scale[r].as_deref());
+            h.add(lrs[r], &rg.jbar, replay.scale[r].as_deref());
+            if a_coef != 0.0 {
+                let mut e = h.clone();
+                e.scale(b_coef);
+                e.add(a_coef * lrs[r], &rg.jbar, None);
+                nesterov_feature = Some(e);
+            }
             if s.rule.wd_decoupled != 0.0 {
                 let jw = rg.jbar.dot(&wr, l0);
                 reg.iter_mut().zip(&jw).for_each(|(a, b)| *a -= s.rule.wd_decoupled * lrs[r] * b);
@@ -661,16 +673,22 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             let lg = s.loss_gradient(r, Some(ts.f()))?;
             ts.gradient(&lg, w)
         };
-        let hg = h.dot(&g, l0);
-        machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= y);
+        // ε_r F_r = c·e: H_r scaled by b (or Nesterov's formed feature; before the range
+        // only the carried part).
+        let (e, c) = match &nesterov_feature {
+            Some(f) => (f, 1.0),
+            None => (&h, b_coef),
+        };
+        let hg = e.dot(&g, l0);
+        machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= c * y);
         if s.rule.wd_coupled != 0.0 {
-            let hw = h.dot(&wr, l0);
-            reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * y);
+            let hw = e.dot(&wr, l0);
+            reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * c * y);
         }
         if frozen.is_none() {
             let mut kr = GramSink::new(layout, p, m, k);
-            ts.contract(&h, w, &mut kr, &mut scratch, l0);
-            kr.scale(1.0 / lrs[r]);
+            ts.contract(e, w, &mut kr, &mut scratch, l0);
+            kr.scale(c / lrs[r]);
             gram.add(&kr);
             if s.req.per_step {
                 per_step.push(kr.finish());

@@ -1,0 +1,107 @@
+//! The recorded states of a PyTorch recording: one `state_dict` per step, read as f64 whatever
+//! the precision it was trained in (float64, or float32 widened exactly), half precision refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+use crate::io;
+use crate::model::torch::{self, torch_specs};
+use crate::model::{Architecture, Params};
+
+/// The floating-point precision a recording's states were trained and saved in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Precision {
+    /// float64: the updates replay to rounding.
+    Float64,
+    /// float32: each update differs from the f64 replay by float32 rounding, carried as a
+    /// residual term of no training point.
+    Float32,
+}
+
+impl Precision {
+    /// Unit roundoff: 2⁻⁵³ (float64), 2⁻²⁴ (float32).
+    pub(crate) fn unit_roundoff(self) -> f64 {
+        match self {
+            Precision::Float64 => f64::EPSILON / 2.0,
+            Precision::Float32 => f64::from(f32::EPSILON) / 2.0,
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Float64 => "float64",
+            Precision::Float32 => "float32",
+        })
+    }
+}
+
+/// Why half precision is refused (one line).
+pub(crate) const HALF_REFUSED: &str = "half precision (float16/bfloat16) is not supported: its updates are rounded to 3 significant digits, \
+     so the difference between a recorded update and the one replayed in f64 is as large as the update itself and the kernel would explain rounding, not training; \
+     record the run in float32 or float64";
+
+/// A recorded state read as f64.
+pub(crate) struct RecordedState {
+    /// The parameters, named and ordered as ours.
+    pub params: Params,
+    /// SHA-256 of the file.
+    pub sha256: String,
+    /// The precision its tensors were saved in.
+    pub precision: Precision,
+}
+
+/// Reads step `s` of a recording from `path` and checks it against `arch`: the file's `step`
+/// metadata (when present) is `s`, every tensor is float64 or float32 (half precision refused),
+/// and the names and shapes are the module's ([`torch::read_state_dict`] for float64).
+pub(crate) fn read_state(path: &Path, arch: &Architecture, s: usize) -> Result<RecordedState> {
+    let bytes = io::read_file(path)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
+    let meta = SafeTensors::read_metadata(&bytes).ok().and_then(|(_, m)| m.metadata().clone()).unwrap_or_default();
+    if let Some(recorded) = meta.get("step") {
+        if recorded.parse::<usize>().ok() != Some(s) {
+            return Err(Error::format(path, format!("holds step {recorded} (its metadata), not step {s}: the steps are out of order")));
+        }
+    }
+    let dtypes: Vec<Dtype> = st.tensors().iter().map(|(_, v)| v.dtype()).collect();
+    if dtypes.iter().any(|d| matches!(d, Dtype::F16 | Dtype::BF16)) {
+        return Err(Error::format(path, HALF_REFUSED));
+    }
+    if !dtypes.contains(&Dtype::F32) {
+        let sd = torch::read_state_dict(path, arch)?;
+        return Ok(RecordedState { params: sd.params, sha256: sd.sha256, precision: Precision::Float64 });
+    }
+    let specs = torch_specs(arch);
+    let found: BTreeMap<String, _> = st.tensors().into_iter().collect();
+    let mut problems: Vec<String> = Vec::new();
+    for sp in &specs {
+        match found.get(&sp.name) {
+            None => problems.push(format!("missing `{}` {:?}", sp.name, sp.shape)),
+            Some(v) if v.shape() != sp.shape.as_slice() => problems.push(format!("`{}` has shape {:?}, expected {:?}", sp.name, v.shape(), sp.shape)),
+            Some(v) if v.dtype() != Dtype::F32 => problems.push(format!("`{}` is {:?} while others are F32 (one precision per state)", sp.name, v.dtype())),
+            Some(_) => {}
+        }
+    }
+    for (name, v) in &found {
+        if !specs.iter().any(|sp| &sp.name == name) {
+            problems.push(format!("unexpected `{name}` {:?}", v.shape()));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::format(path, format!("does not match {} ({}): {}", torch::module_description(arch), problems.len(), problems.join("; "))));
+    }
+    let mut data = Vec::with_capacity(specs.len());
+    for sp in &specs {
+        let v: Vec<f64> = found[&sp.name].data().chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")))).collect();
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::format(path, format!("`{}` has a non-finite value at index {i}", sp.name)));
+        }
+        data.push(v);
+    }
+    Ok(RecordedState { params: Params { specs: arch.param_specs(), data }, sha256: torch::sha256_hex(&bytes), precision: Precision::Float32 })
+}
