@@ -71,7 +71,9 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     let factors: u64 = match &arch.body {
         Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
         // The generic path forms per-point Jacobians [K, W].
-        Body::Cnn { .. } | Body::Layers { .. } => k * manifest.num_params as u64,
+        Body::Cnn { .. } => k * manifest.num_params as u64,
+        // The stack path: dense layers as factors, the others formed (`kernel::stack`).
+        Body::Layers { .. } => arch.stack()?.gradient_floats(k as usize),
     };
     // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
     // ([`super::gram::BLOCK_BYTES`], at least 16 points) and at most ours.

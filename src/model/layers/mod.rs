@@ -259,6 +259,24 @@ impl Stack {
         format!("Sequential({})", list(&self.nodes))
     }
 
+    /// Floats of one sample's per-sample gradient in the kernel engine's form for `k` outputs:
+    /// dense layers as factors (`in + 1 + k·out`), the others formed (`k·width`).
+    pub(crate) fn gradient_floats(&self, k: usize) -> u64 {
+        fn walk(nodes: &[Node], k: u64) -> u64 {
+            nodes
+                .iter()
+                .map(|n| match &n.op {
+                    Op::Dense(d) => (d.n_in + 1) as u64 + k * d.n_out as u64,
+                    Op::Conv(c) => k * c.width() as u64,
+                    Op::Norm(nm) => k * 2 * nm.g as u64,
+                    Op::Residual(r) => walk(&r.body, k) + r.shortcut.as_deref().map_or(0, |s| walk(std::slice::from_ref(s), k)),
+                    _ => 0,
+                })
+                .sum()
+        }
+        walk(&self.nodes, k as u64)
+    }
+
     /// Floats one sample occupies in a forward pass (every layer's output, and convolution
     /// patches), for memory estimates.
     pub(crate) fn floats_per_sample(&self) -> u64 {
