@@ -17,8 +17,8 @@ to ours), loads the recorded weights and, with `torch.func.jacrev` and `vmap` in
    `int_0^1 <grad f^k(x_p; w_s + t dw), grad f^k'(x_i; w_s)> dt`, integrated by the script's own
    rule: each test point's kinks located by bisection (to 1e-15) on its activation pattern (the
    signs of every ReLU input and the winners of every max-pool window, read with forward hooks on
-   a 257-point grid), then 60-point Gauss-Legendre on every piece, halved until it agrees with
-   40 points to 1e-14 (the largest remaining difference is reported: the reference's own
+   a 257-point grid), then 32-point Gauss-Legendre on every piece, halved until it agrees with
+   24 points to 1e-14 (the largest remaining difference is reported: the reference's own
    convergence), against
    `pathkernel kernel --kind epk --steps s:s+1 --layout full --quadrature auto:1e-13`.
 
@@ -140,9 +140,9 @@ def kinks_of(pattern, at, grid=257):
     return out
 
 
-def epk_reference(f, pattern, ws, wn, names, xr, jt, orders=(40, 60)):
+def epk_reference(f, pattern, ws, wn, names, xr, jt, orders=(24, 32)):
     """The step's EPK rows by Gauss-Legendre between each point's kinks (found by bisection on
-    the activation pattern); a piece whose 40- and 60-point sums differ by more than 1e-14
+    the activation pattern); a piece whose 24- and 32-point sums differ by more than 1e-14
     (relative) is halved until they agree. Returns the rows and the largest remaining
     difference (the reference's own convergence)."""
     at = lambda t: {n: ws[n] + t * (wn[n] - ws[n]) for n in names}
@@ -243,7 +243,7 @@ def suite(directory, binary, mnist):
             train = "lr = 0.5\nsteps = 3"
         else:
             data_toml = f'[data]\nkind = "mnist"\npath = {json.dumps(os.path.abspath(mnist))}\nn_train = 12\nn_test = 3\n'
-            train = "lr = 0.1\nsteps = 2"
+            train = "lr = 0.02\nsteps = 2"
         cfg = os.path.join(directory, f"{slug}.toml")
         with open(cfg, "w") as f:
             f.write(f'{data_toml}\n[model]\nkind = "layers"\nzero_last = false\nlayers = {layers}\n\n[train]\n{train}\nseed = 1\n')

@@ -277,7 +277,7 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
             }
             None if matches!(arch.body, crate::model::Body::Layers { .. }) => {
                 let st = super::stack::step::StackStep::new(arch, state, next)?;
-                let c = choose_auto_nodes(&super::stack::step::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                let c = choose_auto_nodes(&super::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }
             None => {

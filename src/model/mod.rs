@@ -24,6 +24,7 @@
 pub(crate) mod conv;
 pub mod layers;
 pub mod net;
+mod tensors;
 pub mod torch;
 
 use rand::{Rng, SeedableRng};

@@ -23,11 +23,11 @@ use super::convgram::NodeStats;
 use super::gram::GramAccumulator;
 use super::layout::{add_dense, Layout};
 use super::models::{StepInput, StepModel, StepOutput};
-use super::nodes::choose_auto_nodes;
+use super::nodes::{choose_auto_nodes, AlongPath};
 use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::Architecture;
-use step::{RowGrad, StackAlong, StackStep};
+use step::{RowGrad, StackStep};
 
 /// Row points whose nodes are evaluated and contracted together.
 const CHUNK_POINTS: usize = 32;
@@ -41,6 +41,24 @@ enum TrainSide {
     Factor { acts: Vec<f64>, deltas: Vec<f64>, v: Vec<f64> },
     /// `g` `[M, K, width]` (scaled by `colw`), `v` `[width]`.
     Formed { g: Vec<f64>, v: Vec<f64> },
+}
+
+/// A stack's step with the rows it walks along, for the quadrature's node search.
+pub(crate) struct StackAlong<'s, 'a> {
+    pub(crate) step: &'s StackStep<'a>,
+}
+
+impl AlongPath for StackAlong<'_, '_> {
+    fn outputs(&self) -> usize {
+        self.step.k
+    }
+    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
+        let d = self.step.d;
+        kinks::kinks(self.step, &x[p * d..(p + 1) * d], a, b)
+    }
+    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.step.jvp(x, off, idx, t)
+    }
 }
 
 /// Layer stacks on the structured path.

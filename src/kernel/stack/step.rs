@@ -5,7 +5,6 @@
 use crate::error::{Error, Result};
 use crate::model::layers::{Grad, Stack};
 use crate::model::{Architecture, OutputKind, Params};
-use crate::kernel::nodes::AlongPath;
 
 /// Rows evaluated at once (bounds a batch's caches: a LeNet-5 row holds ~60 000 numbers).
 pub(crate) const EVAL_CHUNK: usize = 128;
@@ -175,23 +174,5 @@ impl<'a> StackStep<'a> {
             }
         }
         out
-    }
-}
-
-/// A stack's step with the rows it walks along, for the quadrature's node search.
-pub(crate) struct StackAlong<'s, 'a> {
-    pub(crate) step: &'s StackStep<'a>,
-}
-
-impl AlongPath for StackAlong<'_, '_> {
-    fn outputs(&self) -> usize {
-        self.step.k
-    }
-    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
-        let d = self.step.d;
-        super::kinks::kinks(self.step, &x[p * d..(p + 1) * d], a, b)
-    }
-    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        self.step.jvp(x, off, idx, t)
     }
 }

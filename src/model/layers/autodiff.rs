@@ -10,7 +10,7 @@ use dfdx::prelude::*;
 
 use super::{Act, Node, Op};
 use crate::model::conv::{self, Shape4};
-use crate::model::net::ParamTensor;
+use crate::model::tensors::ParamTensor;
 
 /// Activations between layers: a flat `[n, F]` or a map `[n, C, H, W]`.
 pub(crate) enum Activations<D: Device<f64>, T> {
