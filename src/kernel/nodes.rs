@@ -114,6 +114,8 @@ pub(crate) struct Piece {
     fb: Vec<f64>,
     order: usize,
     depth: u32,
+    /// The previous order's quadrature of `df/dt` per class (the relative check).
+    prev: Option<Vec<f64>>,
 }
 
 /// The adaptive, kink-aware rule. Each step is split at the kinks of every row point; each
@@ -139,7 +141,19 @@ pub(crate) trait AlongPath {
     fn outputs(&self) -> usize;
     fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64>;
     fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+    /// Whether a piece must also converge relative to its own integrand: two consecutive
+    /// orders' quadratures of `df/dt` agree to [`RELATIVE_TOL`] of `∫|df/dt|`. The check against
+    /// `f(b) − f(a)` alone is absolute (its floor is the rounding of f), which on a short step
+    /// leaves the Gram's entries, other directions of the same integrand, accurate to fewer
+    /// digits than the machine; the layer-stack path asks for both.
+    fn relative_check(&self) -> bool {
+        false
+    }
 }
+
+/// The relative agreement of two consecutive Gauss orders that [`AlongPath::relative_check`]
+/// asks for.
+pub(crate) const RELATIVE_TOL: f64 = 1e-14;
 
 impl AlongPath for MlpStep {
     fn outputs(&self) -> usize {
@@ -216,6 +230,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
                 order: 0,
                 depth: 0,
+                prev: None,
             });
         }
         pos += v.len();
@@ -249,10 +264,17 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let rows = start[j]..start[j] + n;
             let mut err: f64 = 0.0;
             let mut scale: f64 = 1.0;
+            let mut qs = Vec::with_capacity(k);
+            let mut rel_ok = !step.relative_check() || pc.prev.is_some();
             for c in 0..k {
                 let q: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c]).sum();
                 err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
                 scale = scale.max(pc.fa[c].abs()).max(pc.fb[c].abs());
+                if let Some(prev) = &pc.prev {
+                    let mass: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c].abs()).sum();
+                    rel_ok &= (q - prev[c]).abs() <= RELATIVE_TOL * mass + 4.0 * f64::EPSILON * mass;
+                }
+                qs.push(q);
             }
             let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale);
             let accept = |point: &mut Vec<usize>, weight: &mut Vec<f64>, times: &mut Vec<f64>| {
@@ -262,11 +284,11 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                     times.push(rt[r]);
                 }
             };
-            if err <= thr {
+            if err <= thr && rel_ok {
                 accept(&mut point, &mut weight, &mut times);
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
-                next.push(Piece { order: pc.order + 1, ..pc });
+                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), ..pc });
             } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
                 to_split.push(pc);
             } else {
@@ -281,8 +303,8 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let fm = jvp_rows(step, x, off, &pidx, &mids).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
-                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1 });
-                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1 });
+                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1, prev: None });
+                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1, prev: None });
             }
         }
         pending = next;

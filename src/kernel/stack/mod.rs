@@ -59,6 +59,9 @@ impl AlongPath for StackAlong<'_, '_> {
     fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         self.step.jvp(x, off, idx, t)
     }
+    fn relative_check(&self) -> bool {
+        true
+    }
 }
 
 /// Layer stacks on the structured path.
