@@ -59,8 +59,11 @@ impl AlongPath for StackAlong<'_, '_> {
     fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         self.step.jvp(x, off, idx, t)
     }
+    /// Where the sweep finds every kink, pieces are smooth and converge relative to their own
+    /// integrand; a ReLU behind a smooth layer leaves kinks to bisection, where only the
+    /// machine's absolute check is asked (it would otherwise bisect to the depth limit).
     fn relative_check(&self) -> bool {
-        true
+        self.step.stack.kinks_reachable()
     }
 }
 

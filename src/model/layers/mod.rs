@@ -158,6 +158,32 @@ impl Stack {
         nodes_piecewise_linear(&self.nodes)
     }
 
+    /// Whether every kink along a step can be found by the polynomial sweep: no ReLU, leaky ReLU
+    /// or max-pool behind a smooth non-polynomial layer (tanh, sigmoid, softplus, GELU, SiLU,
+    /// layer norm), where the sweep stops.
+    pub fn kinks_reachable(&self) -> bool {
+        fn walk(nodes: &[Node], smooth_seen: &mut bool) -> bool {
+            for n in nodes {
+                match &n.op {
+                    Op::Act(a) if a.piecewise_linear() && *smooth_seen => return false,
+                    Op::MaxPool(_) if *smooth_seen => return false,
+                    Op::Act(a) if !a.piecewise_linear() => *smooth_seen = true,
+                    Op::Norm(_) => *smooth_seen = true,
+                    Op::Residual(r) => {
+                        let mut inner = *smooth_seen;
+                        if !walk(&r.body, &mut inner) {
+                            return false;
+                        }
+                        *smooth_seen |= inner;
+                    }
+                    _ => {}
+                }
+            }
+            true
+        }
+        walk(&self.nodes, &mut false)
+    }
+
     /// Seeded initialisation in storage order, PyTorch's defaults: weights and biases uniform in
     /// `[−1/√fan_in, 1/√fan_in]` (fan_in = `in` or `C·k·k`), layer norm γ = 1, β = 0; with
     /// `zero_last` the last layer's parameters are 0 (a constant initial output).
