@@ -58,7 +58,7 @@ fn par() -> Par {
 }
 
 /// The likelihood's curvature at the training points.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Curvature {
     /// `λ_ic = p_ic(1 − p_ic)`: one GP per class (laplace-torch's `independent_outputs=True`).
@@ -142,8 +142,25 @@ pub struct FslFit {
     pub log_evidence: f64,
     /// `log p(y | f)` at the network's logits.
     pub log_likelihood: f64,
-    /// Per class.
+    /// Per class (class-diagonal kernel; empty for the cross-class one).
     pub classes: Vec<FslClassFit>,
+    /// The kernel's blocks: one GP per class, or the cross-class kernel.
+    #[serde(default)]
+    pub blocks: KernelBlocks,
+    /// The cross-class fit's numbers ([`super::crossclass`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kxk: Option<super::crossclass::KxkNumbers>,
+}
+
+/// Which blocks of the kernel the GP prior on the logits keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelBlocks {
+    /// `K^{cc}` only: one GP per class (laplace-torch's `independent_outputs=True`).
+    #[default]
+    ClassDiagonal,
+    /// Every `K^{cc'}`: the `[M K, M K]` kernel (laplace-torch's `independent_outputs=False`).
+    CrossClass,
 }
 
 /// Per class: the eigendecomposition of `S K_c S` with `S = diag(√(p(1−p)))`.
@@ -185,7 +202,7 @@ pub struct FunctionalLaplace {
     pub fit: FslFit,
 }
 
-fn log_likelihood(z: &[f64], labels: &[usize], k: usize) -> f64 {
+pub(crate) fn log_likelihood(z: &[f64], labels: &[usize], k: usize) -> f64 {
     z.chunks_exact(k)
         .zip(labels)
         .map(|(row, &y)| {
@@ -289,7 +306,7 @@ impl FunctionalLaplace {
                 }
                 (d, "fixed")
             }
-            Prior::Evidence => (evidence_argmax(rkr, &diag), "evidence"),
+            Prior::Evidence => (evidence_argmax(rkr, &class_eigs(&diag)), "evidence"),
         };
         let mut fsl = FunctionalLaplace {
             m,
@@ -301,7 +318,7 @@ impl FunctionalLaplace {
             full: None,
             k_train: if curvature == Curvature::Full { train.k_train.to_vec() } else { Vec::new() },
             rkr,
-            fit: FslFit { curvature, delta, prior: prior_name.into(), log_evidence: 0.0, log_likelihood: loglik, classes },
+            fit: FslFit { curvature, delta, prior: prior_name.into(), log_evidence: 0.0, log_likelihood: loglik, classes, blocks: KernelBlocks::ClassDiagonal, kxk: None },
         };
         fsl.set_delta(delta, prior_name)?;
         Ok(fsl)
@@ -539,12 +556,18 @@ fn log_evidence_terms(rkr: f64, diag: &[DiagClass], delta: f64) -> f64 {
     -0.5 * delta * rkr - 0.5 * logdet
 }
 
-/// The δ maximising the evidence: the root in `u = ln δ` of
+/// The eigenvalues of every class's `S K_c S`.
+fn class_eigs(diag: &[DiagClass]) -> Vec<&[f64]> {
+    diag.iter().map(|d| d.e.as_slice()).collect()
+}
+
+/// The δ maximising the evidence `−(δ/2) A − ½ Σ log(1 + e/δ)` over the eigenvalues `eigs` (of
+/// `S K S` per class, or of the cross-class `Fᵀ K F`): the root in `u = ln δ` of
 /// `g(u) = −(δ/2) A + ½ Σ e/(δ + e)`, strictly decreasing, by bisection on `[1e-30, 1e30]`.
-fn evidence_argmax(rkr: f64, diag: &[DiagClass]) -> f64 {
+pub(crate) fn evidence_argmax(rkr: f64, eigs: &[&[f64]]) -> f64 {
     let g = |u: f64| {
         let d = u.exp();
-        -0.5 * d * rkr + 0.5 * diag.iter().flat_map(|c| c.e.iter()).map(|e| e / (d + e)).sum::<f64>()
+        -0.5 * d * rkr + 0.5 * eigs.iter().flat_map(|c| c.iter()).map(|e| e / (d + e)).sum::<f64>()
     };
     let (mut lo, mut hi) = ((1e-30f64).ln(), (1e30f64).ln());
     if g(lo) <= 0.0 {
@@ -564,7 +587,7 @@ fn evidence_argmax(rkr: f64, diag: &[DiagClass]) -> f64 {
     (0.5 * (lo + hi)).exp()
 }
 
-fn nll(probs: &[f64], labels: &[usize], k: usize) -> f64 {
+pub(crate) fn nll(probs: &[f64], labels: &[usize], k: usize) -> f64 {
     let n = labels.len().max(1) as f64;
     probs.chunks_exact(k).zip(labels).map(|(row, &y)| -row[y].max(f64::MIN_POSITIVE).ln()).sum::<f64>() / n
 }
