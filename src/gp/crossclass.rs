@@ -420,7 +420,7 @@ impl CrossClassLaplace {
         self.covariances(rows, &z, self.delta)
     }
 
-    /// δ by a validation grid (laplace-torch's `gridsearch`): `points` values of
+    /// δ by a validation grid (laplace-torch's `optimize_prior_precision(method='gridsearch')`): `points` values of
     /// `logspace(min_log10, max_log10)`, each scored by the probit predictive's NLL at `rows`
     /// with `labels`, one projection for all; the best becomes the fit's δ (`prior = "grid"`).
     /// Returns the sweep `[(δ, NLL)]`.
@@ -443,6 +443,47 @@ impl CrossClassLaplace {
         }
         Ok(sweep)
     }
+}
+
+/// Wall seconds of the cross-class factorisations at one size ([`factor_timings`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FactorTimings {
+    /// Size of the system, M·K.
+    pub n: usize,
+    /// Cholesky of `I + G/δ`: one δ (laplace-torch's `K/δ + diag(1/λ)` is a Cholesky of the
+    /// same size).
+    pub cholesky: f64,
+    /// Eigendecomposition of `G` (every δ), when asked for.
+    pub eig: Option<f64>,
+}
+
+/// Times the two factorisations a cross-class fit can use at size `n` (the bench subcommand's
+/// `--fsl-kxk`) on a random symmetric positive definite `G` (seeded; dense factorisations'
+/// cost depends on the size, not the values): the Cholesky of `I + G` and, with `eig`, the
+/// symmetric eigendecomposition of `G` (faer, all threads).
+///
+/// Errors: a factorisation that fails.
+pub fn factor_timings(n: usize, seed: u64, eig: bool) -> Result<FactorTimings> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let upper: Vec<f64> = (0..n * (n + 1) / 2).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let at = |i: usize, j: usize| {
+        let (a, b) = if i <= j { (i, j) } else { (j, i) };
+        upper[b * (b + 1) / 2 + a]
+    };
+    let g = Mat::from_fn(n, n, |i, j| at(i, j) + if i == j { n as f64 } else { 0.0 });
+    drop(upper);
+    let t = Instant::now();
+    Mat::from_fn(n, n, |i, j| g[(i, j)] + if i == j { 1.0 } else { 0.0 }).llt(Side::Lower).map_err(|e| Error::Numerical(format!("factor_timings: I + G is not positive definite: {e:?}")))?;
+    let cholesky = t.elapsed().as_secs_f64();
+    let eig = if eig {
+        let t = Instant::now();
+        eig_sym(&g, "G")?;
+        Some(t.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    Ok(FactorTimings { n, cholesky, eig })
 }
 
 /// `G = Fᵀ K F` with `F` block-diagonal (`F_i` per point), symmetrised. # Shapes `[M K, M K]`.

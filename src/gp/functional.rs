@@ -1,7 +1,10 @@
-//! Function-space Laplace on a kernel of the network (laplace-torch's `FunctionalLaplace`;
-//! Immer et al. 2021; Rasmussen & Williams §3.4–3.5): a GP prior on the **logits** with
-//! covariance `k/δ`, the likelihood's curvature from the softmax Hessian at the network's own
-//! outputs, and the network itself as the predictive mean.
+//! Function-space Laplace on the class-diagonal blocks of a kernel of the network
+//! (laplace-torch's `FunctionalLaplace` with `independent_outputs=True`; Immer et al. 2021;
+//! Rasmussen & Williams §3.4–3.5): a GP prior on the **logits** with covariance `k/δ`, one GP
+//! per class, the likelihood's curvature from the softmax Hessian at the network's own outputs,
+//! and the network itself as the predictive mean. The cross-class kernel (every `K^{cc'}`
+//! block, laplace-torch's `independent_outputs=False` and the GGN-exact posterior) is
+//! [`super::crossclass`].
 //!
 //! With `σ0² = 1/δ`, `Λ_i = diag(p_i) − p_i p_iᵀ = F_i F_iᵀ` the softmax Hessian at training point
 //! `i` and `K` the (class-diagonal) kernel, the logits at `x*` are `N(f(x*), Σ*)`,
@@ -10,12 +13,16 @@
 //!
 //! never forming `Λ⁻¹` (it is singular). Two curvatures ([`Curvature`]):
 //!
-//! - **Class-diagonal** (laplace-torch's `independent_outputs=True`): `λ_ic = p_ic(1 − p_ic)`,
+//! - **Class-diagonal** (laplace-torch's `independent_outputs=True`: `_build_L` keeps the
+//!   diagonal of the softmax Hessian, `_build_Sigma_inv` one Cholesky per class): `λ_ic = p_ic(1 − p_ic)`,
 //!   one GP per class, `Σ*` diagonal. Per class `S = diag(√λ_c)` and the eigendecomposition
 //!   `S K_c S = U diag(e) Uᵀ`, computed once: then for every `δ`
 //!   `Σ*_cc = k**/δ − Σ_j z_j² / (δ² (1 + e_j/δ))` with `z = Uᵀ S k*`, so a prior-precision grid
 //!   costs `O(M P)` per value.
-//! - **Full** per-point `Λ_i` with class-diagonal kernels (R&W Algorithm 3.4): with
+//! - **Full** per-point `Λ_i` with class-diagonal kernels: R&W's multi-class Laplace (§3.5,
+//!   Algorithms 3.3–3.4: uncorrelated class processes, full `W`) — not laplace-torch's
+//!   construction (it never keeps the off-diagonal `Λ`), and the GGN-exact posterior only for a
+//!   prior without cross-class blocks, which the network's kernels have. With
 //!   `D_c = diag(p_c)`, `E_c = (K_c/δ + D_c⁻¹)⁻¹ = D_c^{1/2}(I + D_c^{1/2} K_c D_c^{1/2}/δ)⁻¹D_c^{1/2}`
 //!   and `L_M = chol(Σ_c E_c)`, `Σ*_{cc'} = δ_{cc'}(k**_c/δ − b_cᵀ k*_c/δ) + (L_M⁻¹ b_c)ᵀ(L_M⁻¹ b_c')`,
 //!   `b_c = E_c k*_c/δ`: a full `K × K` covariance per point (tested against the dense formula
@@ -25,7 +32,7 @@
 //! the targets `r = f − f(w_0)`, the class-diagonal curvature)
 //! `log Z(δ) = log p(y|f) − (δ/2) Σ_c r_cᵀ K_c⁻¹ r_c − ½ Σ_c log det(I + S_c K_c S_c/δ)`,
 //! whose derivative in `log δ` is strictly decreasing (one maximum, found by bisection), or by a
-//! validation grid (`FunctionalLaplace::grid_search`, laplace-torch's `gridsearch`).
+//! validation grid (`FunctionalLaplace::grid_search`; laplace-torch's `optimize_prior_precision(method='gridsearch')`, its `_gridsearch` over `logspace(−4, 4, 100)` by default).
 //! `K_c⁻¹ r_c` is the pseudo-inverse on the eigenvalues above `1e-12 ·` the largest (the count
 //! left out is reported).
 //!
@@ -61,9 +68,12 @@ fn par() -> Par {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Curvature {
-    /// `λ_ic = p_ic(1 − p_ic)`: one GP per class (laplace-torch's `independent_outputs=True`).
+    /// `λ_ic = p_ic(1 − p_ic)`, the diagonal of the softmax Hessian (laplace-torch's `_build_L`;
+    /// with class-diagonal kernels `independent_outputs=True`, with the cross-class kernel
+    /// `independent_outputs=False`).
     ClassDiagonal,
-    /// The full `Λ_i = diag(p_i) − p_i p_iᵀ` with class-diagonal kernels (R&W Algorithm 3.4).
+    /// The full `Λ_i = diag(p_i) − p_i p_iᵀ` (with class-diagonal kernels: R&W §3.5's
+    /// multi-class Laplace; with the cross-class kernel: the GGN-exact posterior).
     Full,
 }
 
@@ -514,7 +524,7 @@ impl FunctionalLaplace {
         Ok(FslPredictive { post: LogitPosterior { mean: rows.mean.to_vec(), cov, p, k }, clamped, min_variance: min_var })
     }
 
-    /// δ by a validation grid (laplace-torch's `gridsearch`): `points` values of
+    /// δ by a validation grid (laplace-torch's `optimize_prior_precision(method='gridsearch')`): `points` values of
     /// `logspace(min_log10, max_log10)`, each scored by the probit predictive's NLL at `rows`
     /// with `labels`; the best becomes the fit's δ (`prior = "grid"`). Returns the whole sweep
     /// `[(δ, NLL)]`. The class-diagonal curvature scores every δ in `O(M P)` after one
