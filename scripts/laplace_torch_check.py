@@ -35,12 +35,14 @@ The cross-class check (`--check fsl-kxk`, part of `all` when the study has the f
    chose by the evidence, and compares with ours (`src/gp/crossclass.rs`): the K × K predictive
    covariance per clean test point (laplace-torch's `functional_variance`; ours from the study's
    cache, `runs/…/ntk-gp/clean.safetensors`, array `fsl-ntk-kxk-diag/cov`), the probit
-   probabilities (`predictions.parquet`), and the evidence at δ (ours in `gp_fits.json`):
-   laplace-torch's `log_likelihood − ½ (log_det_ratio + scatter)` with its scatter term taken
-   our way, `δ rᵀ K⁺ r` on its own `K_MM` (numpy's `eigh`, eigenvalues above 1e-12 of the
-   largest) with our targets r = f(w_N) − f(w_0): its `scatter` uses `mu = J θ_MAP` (prior mean
-   at θ = 0) and solves `K/δ + 1e-5 I` by Cholesky, which fails without the jitter on this
-   numerically singular kernel (the value with the jitter is printed for reference).
+   probabilities (`predictions.parquet`), and the evidence's terms at δ (ours in
+   `gp_fits.json`): laplace-torch's `log_likelihood` and `log_det_ratio` against ours, and
+   `rᵀK⁺r` from numpy's `eigh` of laplace-torch's own `K_MM` with our rule (eigenvalues above
+   1e-12 of the largest) and our targets r = f(w_N) − f(w_0), permuted into the order of its
+   subset-of-data sampler (`SoDSampler`, a seeded permutation even when M = N), and
+   `log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r)`. laplace-torch's own `scatter` uses
+   `mu = J θ_MAP` (prior mean at θ = 0) and solves `K/δ + 1e-5 I` by Cholesky (printed for
+   reference on our r, with that jitter and without).
 
 The last-layer check (`--check lastlayer`, part of `all`):
 
@@ -146,19 +148,38 @@ def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
     # our rule (eigenvalues above 1e-12 of the largest). laplace-torch's `scatter` would solve
     # (K/δ + eps I) by Cholesky; with eps = 0 it fails on this kernel (numerically singular), with
     # its default eps = 1e-5 it is a different quantity (printed for reference).
+    # laplace-torch's K_MM is in the order of its subset-of-data sampler (`SoDSampler`: a seeded
+    # `rng.choice(N, M, replace=False)`, a permutation when M = N): r is permuted to match.
+    order = la.train_loader.sampler.indices.numpy()
+    r = r.reshape(xtr.shape[0], -1)[order].reshape(-1)
     kmm = la.K_MM.detach().numpy()
     e, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
-    keep = e > 1e-12 * np.abs(e).max()
-    rkr = float(((u.T @ r)[keep] ** 2 / e[keep]).sum())
+    proj = u.T @ r
+    rkr_at = {c: float((proj[e > c * np.abs(e).max()] ** 2 / e[e > c * np.abs(e).max()]).sum()) for c in (1e-12, 1e-10, 1e-8, 1e-6)}
+    rkr = rkr_at[1e-12]
     loglik, logdet = la.log_likelihood.item(), la.log_det_ratio.item()
+    kx = fit["kxk"]
+    # Ours: log Z = log p(y|f) − (δ/2) rᵀK⁺r − ½ log det(I + G/δ); its log-determinant from the fit's numbers.
+    our_logdet = 2.0 * (fit["log_likelihood"] - 0.5 * delta * kx["rkr"] - our_ev)
+    rel_ll = abs(loglik - fit["log_likelihood"]) / abs(fit["log_likelihood"])
+    rel_ld = abs(logdet - our_logdet) / abs(our_logdet)
+    rel_rkr = abs(rkr - kx["rkr"]) / abs(kx["rkr"])
     ev = loglik - 0.5 * (logdet + delta * rkr)
     rel_ev = abs(ev - our_ev) / abs(our_ev)
     la.mu = torch.from_numpy(r.reshape(-1, la.n_outputs))
     lt_scatter = FunctionalLaplace.scatter.fget(la).item()
-    print(f"kernel K_MM: laplace-torch's vs ours, smallest / largest eigenvalue {e[0]:.3e} / {e[-1]:.6e} (ours {fit['kxk']['k_eig'][0]:.3e} / {fit['kxk']['k_eig'][1]:.6e}); "
-          f"left out of rᵀK⁺r: {int((~keep).sum())} (ours {fit['kxk']['pinv_dropped']}); rᵀK⁺r {rkr!r} (ours {fit['kxk']['rkr']!r}, relative difference {abs(rkr - fit['kxk']['rkr']) / fit['kxk']['rkr']:.3e})")
-    print(f"evidence at δ: ours {our_ev!r}, laplace-torch's log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r) = {ev!r} (relative difference {rel_ev:.3e}); "
-          f"its log_likelihood {loglik:.12e}, log_det_ratio {logdet:.12e}; its own scatter (eps = 1e-5) on our r would be {lt_scatter:.6e} against δ rᵀK⁺r = {delta * rkr:.6e}")
+    try:
+        lt_scatter0 = f"{FunctionalLaplace.scatter.fget(la, 0.0).item() / delta:.10g}"
+    except Exception as err:  # not positive definite without the jitter
+        lt_scatter0 = f"fails ({type(err).__name__})"
+    print(f"kernel K_MM: smallest / largest eigenvalue {e[0]:.3e} / {e[-1]:.6e} (ours {kx['k_eig'][0]:.3e} / {kx['k_eig'][1]:.6e}); "
+          f"eigenvalues below 1e-12 / 1e-10 / 1e-8 / 1e-6 of the largest: {', '.join(str(int((e <= c * np.abs(e).max()).sum())) for c in rkr_at)} (ours below 1e-12: {kx['pinv_dropped']})")
+    print(f"log likelihood: ours {fit['log_likelihood']!r}, laplace-torch's log_likelihood {loglik!r} (relative difference {rel_ll:.3e})")
+    print(f"log det(I + λ^½ K λ^½/δ): ours {our_logdet!r}, laplace-torch's log_det_ratio {logdet!r} (relative difference {rel_ld:.3e})")
+    print(f"scatter rᵀK⁺r, r = f(w_N) − f(w_0): ours {kx['rkr']!r}; numpy eigh of laplace-torch's K_MM, eigenvalues above 1e-12 of the largest: {rkr!r} "
+          f"(relative difference {rel_rkr:.3e}; above 1e-10 / 1e-8 / 1e-6: {' / '.join(f'{v:.10g}' for v in list(rkr_at.values())[1:])}); "
+          f"laplace-torch's own scatter / δ on our r: with eps = 0 {lt_scatter0}, with its default eps = 1e-5 {lt_scatter / delta:.10g}")
+    print(f"evidence at δ: ours {our_ev!r}, laplace-torch's log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r) = {ev!r} (relative difference {rel_ev:.3e})")
     covs, probs = [], []
     for s in range(0, n, a.batch):
         x = xte[s:s + a.batch]
@@ -176,7 +197,7 @@ def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
           f"variances max relative difference {var_rel.max():.3e} (median {np.median(var_rel):.3e}); largest off-diagonal |Σ*_cc'| {off:.3e}")
     print(f"probit probabilities: max relative difference {rel_p:.3e} (max absolute {d_p:.3e})")
 
-    return cov_rel <= TOL and var_rel.max() <= TOL and d_p <= TOL and rel_ev <= TOL
+    return cov_rel <= TOL and var_rel.max() <= TOL and d_p <= TOL and rel_ll <= TOL and rel_ld <= TOL and rel_rkr <= TOL and rel_ev <= TOL
 
 
 def pathkernel_binary(a):
