@@ -2,7 +2,7 @@
 """Cross-check of pathkernel's function-space and last-layer Laplace against laplace-torch on the same network.
 
     python3 scripts/laplace_torch_check.py reports/mnist-uncertainty [--cache runs/mnist-uncertainty]
-        [--model model.safetensors] [--points N] [--batch 100] [--check all|fsl|lastlayer]
+        [--model model.safetensors] [--points N] [--batch 100] [--check all|fsl|fsl-kxk|lastlayer]
         [--lastlayer DIR | --pathkernel BIN]
 
 Needs torch and laplace-torch, which CI does not install (they are large). Install them in a
@@ -26,6 +26,23 @@ What it does, on the uncertainty study's network under test (read from the study
 
 laplace-torch replaces 1/λ = ∞ (a training point with p_ic exactly 0 or 1 in float64) by 10; the
 script reports how many such λ there are, since there the two constructions differ by design.
+
+The cross-class check (`--check fsl-kxk`, part of `all` when the study has the fit):
+
+4. fits `Laplace(model, 'classification', subset_of_weights='all', hessian_structure='gp',
+   independent_outputs=False)` (the whole [M·K, M·K] kernel; `_build_L` keeps the diagonal
+   λ = p − p², `_build_Sigma_inv` factors K/δ + diag(1/λ)) with the δ our `fsl-ntk-kxk-diag`
+   chose by the evidence, and compares with ours (`src/gp/crossclass.rs`): the K × K predictive
+   covariance per clean test point (laplace-torch's `functional_variance`; ours from the study's
+   cache, `runs/…/ntk-gp/clean.safetensors`, array `fsl-ntk-kxk-diag/cov`), the probit
+   probabilities (`predictions.parquet`), and the evidence's terms at δ (ours in
+   `gp_fits.json`): laplace-torch's `log_likelihood` and `log_det_ratio` against ours, and
+   `rᵀK⁺r` from numpy's `eigh` of laplace-torch's own `K_MM` with our rule (eigenvalues above
+   1e-12 of the largest) and our targets r = f(w_N) − f(w_0), permuted into the order of its
+   subset-of-data sampler (`SoDSampler`, a seeded permutation even when M = N), and
+   `log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r)`. laplace-torch's own `scatter` uses
+   `mu = J θ_MAP` (prior mean at θ = 0) and solves `K/δ + 1e-5 I` by Cholesky (printed for
+   reference on our r, with that jitter and without).
 
 The last-layer check (`--check lastlayer`, part of `all`):
 
@@ -74,7 +91,7 @@ def fsl_check(a, model, xtr, ytr, xte, n, ours, fits):
     import torch
     from laplace import Laplace
 
-    fsl = [f for f in fits.get("functional_laplace", []) if f["kernel"] == "ntk" and f["fit"]["curvature"] == "class-diagonal"]
+    fsl = [f for f in fits.get("functional_laplace", []) if f["kernel"] == "ntk" and f["fit"].get("blocks", "class-diagonal") == "class-diagonal" and f["fit"]["curvature"] == "class-diagonal"]
     if not fsl:
         fail(f"{a.report}/gp_fits.json has no class-diagonal NTK function-space Laplace fit")
     delta = fsl[0]["fit"]["delta"]
@@ -99,6 +116,88 @@ def fsl_check(a, model, xtr, ytr, xte, n, ours, fits):
     print(f"probit probabilities: max relative difference {rel_p.max():.3e} (max absolute {np.abs(probs - p_ours).max():.3e})")
     print(f"variance scale: ours mean trace {our_trace.mean():.6e}, laplace-torch {tr.mean():.6e}")
     return rel_var.max() <= TOL and np.abs(probs - p_ours).max() <= TOL
+
+
+def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
+    """Cross-class function-space Laplace (`fsl-ntk-kxk-diag`) against laplace-torch's
+    FunctionalLaplace with independent_outputs=False."""
+    import torch
+    from laplace import Laplace
+    from laplace.baselaplace import FunctionalLaplace
+    from safetensors.numpy import load_file
+
+    fsl = [f for f in fits.get("functional_laplace", []) if f["kernel"] == "ntk" and f["fit"].get("blocks") == "cross-class" and f["fit"]["curvature"] == "class-diagonal"]
+    if not fsl:
+        fail(f"{a.report}/gp_fits.json has no cross-class NTK function-space Laplace fit with the diagonal curvature (fsl_kxk)")
+    fit = fsl[0]["fit"]
+    delta, our_ev = fit["delta"], fit["log_evidence"]
+    path = os.path.join(cache, "ntk-gp", "clean.safetensors")
+    our_cov = load_file(path)["fsl-ntk-kxk-diag/cov"][:n]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xtr, ytr), batch_size=a.batch)
+    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="gp",
+                 independent_outputs=False, n_subset=xtr.shape[0], prior_precision=delta)
+    la.fit(loader)
+    with torch.no_grad():
+        ps = torch.softmax(model(xtr), -1)
+    lam = ps - ps * ps
+    print(f"laplace-torch FunctionalLaplace (independent_outputs=False) fitted: M·K = {la.K_MM.shape[0]}, δ = {delta:.6e}; "
+          f"λ_ic exactly 0: {int((lam == 0).sum())} (ours: {fit['kxk']['lambda_zero']})")
+    with torch.no_grad():
+        r = (model(xtr) - model0(xtr)).numpy().reshape(-1)
+    # rᵀ K⁺ r on laplace-torch's own kernel K_MM (index i·C + c, as ours), by numpy's eigh with
+    # our rule (eigenvalues above 1e-12 of the largest). laplace-torch's `scatter` would solve
+    # (K/δ + eps I) by Cholesky; with eps = 0 it fails on this kernel (numerically singular), with
+    # its default eps = 1e-5 it is a different quantity (printed for reference).
+    # laplace-torch's K_MM is in the order of its subset-of-data sampler (`SoDSampler`: a seeded
+    # `rng.choice(N, M, replace=False)`, a permutation when M = N): r is permuted to match.
+    order = la.train_loader.sampler.indices.numpy()
+    r = r.reshape(xtr.shape[0], -1)[order].reshape(-1)
+    kmm = la.K_MM.detach().numpy()
+    e, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
+    proj = u.T @ r
+    rkr_at = {c: float((proj[e > c * np.abs(e).max()] ** 2 / e[e > c * np.abs(e).max()]).sum()) for c in (1e-12, 1e-10, 1e-8, 1e-6)}
+    rkr = rkr_at[1e-12]
+    loglik, logdet = la.log_likelihood.item(), la.log_det_ratio.item()
+    kx = fit["kxk"]
+    # Ours: log Z = log p(y|f) − (δ/2) rᵀK⁺r − ½ log det(I + G/δ); its log-determinant from the fit's numbers.
+    our_logdet = 2.0 * (fit["log_likelihood"] - 0.5 * delta * kx["rkr"] - our_ev)
+    rel_ll = abs(loglik - fit["log_likelihood"]) / abs(fit["log_likelihood"])
+    rel_ld = abs(logdet - our_logdet) / abs(our_logdet)
+    rel_rkr = abs(rkr - kx["rkr"]) / abs(kx["rkr"])
+    ev = loglik - 0.5 * (logdet + delta * rkr)
+    rel_ev = abs(ev - our_ev) / abs(our_ev)
+    la.mu = torch.from_numpy(r.reshape(-1, la.n_outputs))
+    lt_scatter = FunctionalLaplace.scatter.fget(la).item()
+    try:
+        lt_scatter0 = f"{FunctionalLaplace.scatter.fget(la, 0.0).item() / delta:.10g}"
+    except Exception as err:  # not positive definite without the jitter
+        lt_scatter0 = f"fails ({type(err).__name__})"
+    print(f"kernel K_MM: smallest / largest eigenvalue {e[0]:.3e} / {e[-1]:.6e} (ours {kx['k_eig'][0]:.3e} / {kx['k_eig'][1]:.6e}); "
+          f"eigenvalues below 1e-12 / 1e-10 / 1e-8 / 1e-6 of the largest: {', '.join(str(int((e <= c * np.abs(e).max()).sum())) for c in rkr_at)} (ours below 1e-12: {kx['pinv_dropped']})")
+    print(f"log likelihood: ours {fit['log_likelihood']!r}, laplace-torch's log_likelihood {loglik!r} (relative difference {rel_ll:.3e})")
+    print(f"log det(I + λ^½ K λ^½/δ): ours {our_logdet!r}, laplace-torch's log_det_ratio {logdet!r} (relative difference {rel_ld:.3e})")
+    print(f"scatter rᵀK⁺r, r = f(w_N) − f(w_0): ours {kx['rkr']!r}; numpy eigh of laplace-torch's K_MM, eigenvalues above 1e-12 of the largest: {rkr!r} "
+          f"(relative difference {rel_rkr:.3e}; above 1e-10 / 1e-8 / 1e-6: {' / '.join(f'{v:.10g}' for v in list(rkr_at.values())[1:])}); "
+          f"laplace-torch's own scatter / δ on our r: with eps = 0 {lt_scatter0}, with its default eps = 1e-5 {lt_scatter / delta:.10g}")
+    print(f"evidence at δ: ours {our_ev!r}, laplace-torch's log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r) = {ev!r} (relative difference {rel_ev:.3e})")
+    covs, probs = [], []
+    for s in range(0, n, a.batch):
+        x = xte[s:s + a.batch]
+        _, f_var = la._glm_predictive_distribution(x)
+        covs.append(f_var.detach().numpy())
+        probs.append(la(x, pred_type="gp", link_approx="probit").detach().numpy())
+    cov, probs = np.concatenate(covs), np.concatenate(probs)
+    cov_rel = max(np.abs(cov[i] - our_cov[i]).max() / np.abs(np.diag(our_cov[i])).max() for i in range(n))
+    var_rel = np.abs(np.diagonal(cov, axis1=1, axis2=2) - np.diagonal(our_cov, axis1=1, axis2=2)) / np.abs(np.diagonal(our_cov, axis1=1, axis2=2))
+    off = np.abs(our_cov - np.einsum("ncc->nc", our_cov)[:, :, None] * np.eye(our_cov.shape[1])).max()
+    p_ours = ours("fsl-ntk-kxk-diag")
+    d_p = np.abs(probs - p_ours).max()
+    rel_p = (np.abs(probs - p_ours) / np.maximum(np.abs(p_ours), 1e-300)).max()
+    print(f"K × K predictive covariance ({n} clean test points): max |diff| / max diagonal per point = {cov_rel:.3e}; "
+          f"variances max relative difference {var_rel.max():.3e} (median {np.median(var_rel):.3e}); largest off-diagonal |Σ*_cc'| {off:.3e}")
+    print(f"probit probabilities: max relative difference {rel_p:.3e} (max absolute {d_p:.3e})")
+
+    return cov_rel <= TOL and var_rel.max() <= TOL and d_p <= TOL and rel_ll <= TOL and rel_ld <= TOL and rel_rkr <= TOL and rel_ev <= TOL
 
 
 def pathkernel_binary(a):
@@ -229,7 +328,7 @@ def main():
     ap.add_argument("--model", default=None, help="a `pathkernel export --format torch` file (default: the run's last state)")
     ap.add_argument("--points", type=int, default=None, help="clean test points compared (default all)")
     ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--check", choices=["all", "fsl", "lastlayer"], default="all", help="which comparisons (default all)")
+    ap.add_argument("--check", choices=["all", "fsl", "fsl-kxk", "lastlayer"], default="all", help="which comparisons (default all; fsl-kxk in all when the study has it)")
     ap.add_argument("--lastlayer", default=None, help="a `pathkernel laplace --points test` output for the network under test (default: run it)")
     ap.add_argument("--pathkernel", default=None, help="the pathkernel binary for `pathkernel laplace` (default: on PATH, or target/release/pathkernel)")
     a = ap.parse_args()
@@ -248,7 +347,12 @@ def main():
     uq = json.load(open(os.path.join(a.report, "uq.json")))
     # The network under test: the selection run with the chosen lr and steps (the study's rule).
     last = max(r["steps"] for r in sel["rows"])
-    run = os.path.join(cache, "select", f"lr-{sel['lr']}-steps-{last}") if sel["steps"] == last else os.path.join(cache, "run")
+    if sel["steps"] == last:
+        # The selection run's folder: `lr0.5-steps200/run` (older caches: `lr-0.5-steps-200`).
+        names = [os.path.join(f"lr{sel['lr']}-steps{last}", "run"), f"lr-{sel['lr']}-steps-{last}"]
+        run = next((os.path.join(cache, "select", d) for d in names if os.path.isfile(os.path.join(cache, "select", d, "manifest.json"))), os.path.join(cache, "select", names[0]))
+    else:
+        run = os.path.join(cache, "run")
     man = json.load(open(os.path.join(run, "manifest.json")))
     arch = man["architecture"]
     if arch["body"]["widths"] != [784, 128, 10]:
@@ -264,11 +368,17 @@ def main():
         w = load_file(os.path.join(run, "trajectory", f"step-{sel['steps']:06d}.safetensors"))
         names = [("layers.0.weight", "layers.0.bias"), ("layers.1.weight", "layers.1.bias")]
         alpha = arch["alpha"]  # folded into the last layer below, as `pathkernel export` does
-    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    with torch.no_grad():
-        for lin, (wn, bn), scale in zip([model[0], model[2]], names, [1.0, alpha]):
-            lin.weight.copy_(torch.from_numpy(w[wn]) * scale)
-            lin.bias.copy_(torch.from_numpy(w[bn]) * scale)
+    def mlp(w, names):
+        net = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        with torch.no_grad():
+            for lin, (wn, bn), scale in zip([net[0], net[2]], names, [1.0, alpha]):
+                lin.weight.copy_(torch.from_numpy(w[wn]) * scale)
+                lin.bias.copy_(torch.from_numpy(w[bn]) * scale)
+        return net
+
+    model = mlp(w, names)
+    # The initial state w_0 (the prior mean f(w_0) of the function-space fits).
+    model0 = mlp(load_file(os.path.join(run, "trajectory", "step-000000.safetensors")), [("layers.0.weight", "layers.0.bias"), ("layers.1.weight", "layers.1.bias")])
     xtr = torch.from_numpy(data["x_train"]).double()
     ytr = torch.from_numpy(data["y_train"].astype(np.int64))
     n = a.points or data["x_test"].shape[0]
@@ -293,6 +403,10 @@ def main():
     if a.check in ("all", "fsl"):
         v = fsl_check(a, model, xtr, ytr, xte, n, ours, fits)
         verdicts.append(("function-space Laplace", v))
+    has_kxk = any(f["fit"].get("blocks") == "cross-class" for f in fits.get("functional_laplace", []))
+    if a.check == "fsl-kxk" or (a.check == "all" and has_kxk):
+        v = fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache)
+        verdicts.append(("cross-class function-space Laplace", v))
     if a.check in ("all", "lastlayer"):
         with tempfile.TemporaryDirectory() as tmp:
             v = lastlayer_check(a, run, man, sel["steps"], model, xtr, ytr, xte, n, ours, uq, tmp)

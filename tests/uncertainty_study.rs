@@ -50,6 +50,8 @@ disagreement_images = 6
 ablations = ["netmean", "sym"]
 kernel_gps = ["epk", "ntk", "window:2"]
 fsl = ["class-diagonal"]
+fsl_kxk = ["class-diagonal", "full"]
+fsl_kxk_kernels = ["ntk", "window:2"]
 notes = "Author's notes."
 
 [uncertainty.benchmark]
@@ -120,7 +122,7 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     let (pm, ps) = (strings(&p, "method"), strings(&p, "setting"));
     let mut methods: Vec<&str> = pm.iter().map(String::as_str).collect();
     methods.dedup();
-    for want in ["map", "temperature", "laplace", "ensemble", "epk-gp", "ntk-gp", "epk-gp-netmean", "ntk-gp-netmean", "window2-gp", "window2-gp-netmean", "fsl-epk-diag", "fsl-window2-diag-Ts"] {
+    for want in ["map", "temperature", "laplace", "ensemble", "epk-gp", "ntk-gp", "epk-gp-netmean", "ntk-gp-netmean", "window2-gp", "window2-gp-netmean", "fsl-epk-diag", "fsl-window2-diag-Ts", "fsl-ntk-kxk-diag", "fsl-ntk-kxk-full-mc", "fsl-window2-kxk-full-grid", "fsl-window2-kxk-diag-Ts"] {
         assert!(methods.contains(&want), "{want} missing from {methods:?}");
     }
     let k = 10;
@@ -162,6 +164,21 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     }
     for chart in ["reliability_clean.png", "reliability_rot-90.png", "nll_vs_angle.png", "ece_vs_angle.png", "accuracy_vs_angle.png", "ood_auroc.png", "disagreement.png"] {
         assert!(out.join("charts").join(chart).is_file(), "{chart}");
+    }
+    // Cross-class fits only where asked, with their K × K covariances in the cache, which
+    // carry cross-class terms; the fits report both factorisations' agreement.
+    assert!(!methods.iter().any(|m| m.starts_with("fsl-epk-kxk")), "{methods:?}");
+    let cached = pathkernel::io::SafeFile::open(&cache.join("ntk-gp").join("clean.safetensors")).unwrap();
+    let cov = cached.f64("fsl-ntk-kxk-diag/cov", Some(&[40, k, k])).unwrap().1;
+    let off = (0..40).flat_map(|q| (0..k).flat_map(move |a| (0..k).filter(move |&b| b != a).map(move |b| (q * k + a) * k + b))).map(|i| cov[i].abs()).fold(0.0, f64::max);
+    assert!(off > 0.0, "no cross-class covariance");
+    assert_eq!(rows_of("fsl-ntk-kxk-diag", "clean").len(), 40);
+    let fits_json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("gp_fits.json")).unwrap()).unwrap();
+    let kxk_fits: Vec<&serde_json::Value> = fits_json["functional_laplace"].as_array().unwrap().iter().filter(|f| f["fit"]["blocks"] == "cross-class").collect();
+    assert_eq!(kxk_fits.len(), 4, "ntk and window2, two curvatures");
+    for f in &kxk_fits {
+        assert!(f["fit"]["kxk"]["logdet_rel_diff"].as_f64().unwrap() < 1e-10, "{f}");
+        assert!(f["grid"].is_array(), "every cross-class fit has its δ grid");
     }
     // The EPK's test-side rows are exact.
     let fits: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("gp_fits.json")).unwrap()).unwrap();
@@ -209,6 +226,8 @@ fn uncertainty_section_is_validated() {
     check(&base.replace("disagreement_images = 6", "colour = 1"), "unknown field");
     check(&(base.clone() + "\n[[kernel]]\nkind = \"epk\"\n"), "benchmark only");
     check(&base.replace("lrs = [0.5, 1.0]", "lrs = []"), "lrs");
+    check(&base.replace("fsl_kxk_kernels = [\"ntk\", \"window:2\"]", "fsl_kxk_kernels = [\"path\"]"), "`path` is not one of kernel_gps");
+    check(&base.replace("fsl_kxk = [\"class-diagonal\", \"full\"]", "fsl_kxk = [\"full\", \"full\"]"), "must not repeat");
     check(&base.replace("ablations = [\"netmean\", \"sym\"]", "ablations = [\"fancy\"]"), "not sym or netmean");
     let _ = tmp;
     assert!(study::StudyConfig::from_toml(&base, Path::new("s.toml")).unwrap().uncertainty.is_some());

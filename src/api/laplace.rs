@@ -121,7 +121,7 @@ impl FslModel {
     }
 
     /// δ by the validation NLL of the probit predictive over `logspace(−4, 4, 100)` (laplace-torch's
-    /// `gridsearch`), on validation rows with their labels; returns the sweep `(δ, NLL)`.
+    /// `optimize_prior_precision(method='gridsearch')`), on validation rows with their labels; returns the sweep `(δ, NLL)`.
     ///
     /// Errors: as [`FslModel::predict`], and labels not matching the rows.
     pub fn grid_search(&mut self, net: &Trained, val: &Gram, labels: &[usize]) -> Result<Vec<(f64, f64)>> {

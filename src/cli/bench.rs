@@ -67,10 +67,28 @@ pub struct Args {
     /// Steps A:B of the --contraction computation (default: all).
     #[arg(long, value_name = "A:B")]
     steps: Option<String>,
+    /// Time the cross-class function-space Laplace factorisations at these system sizes M·K
+    /// (e.g. 5000,20000): the Cholesky of I + G/δ (one δ) and the eigendecomposition of G (every
+    /// δ) on a random SPD matrix of that size (`gp::crossclass::factor_timings`), one JSON line
+    /// each; the run is not used.
+    #[arg(long, value_name = "N,..", value_delimiter = ',')]
+    fsl_kxk: Vec<usize>,
+    /// With --fsl-kxk: the eigendecomposition only up to this size (it costs about ten
+    /// Choleskys).
+    #[arg(long, value_name = "N")]
+    fsl_kxk_eig_max: Option<usize>,
 }
 
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
+    if !a.fsl_kxk.is_empty() {
+        for &n in &a.fsl_kxk {
+            let eig = a.fsl_kxk_eig_max.is_none_or(|max| n <= max);
+            let r = crate::gp::crossclass::factor_timings(n, 0, eig)?;
+            println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        }
+        return Ok(());
+    }
     let run = Run::open(&a.run)?;
     let step = a.step.unwrap_or(run.manifest.steps / 2);
     if !(a.tol.is_finite() && a.tol > 0.0) {

@@ -1,7 +1,10 @@
-//! Function-space Laplace on a kernel of the network (laplace-torch's `FunctionalLaplace`;
-//! Immer et al. 2021; Rasmussen & Williams §3.4–3.5): a GP prior on the **logits** with
-//! covariance `k/δ`, the likelihood's curvature from the softmax Hessian at the network's own
-//! outputs, and the network itself as the predictive mean.
+//! Function-space Laplace on the class-diagonal blocks of a kernel of the network
+//! (laplace-torch's `FunctionalLaplace` with `independent_outputs=True`; Immer et al. 2021;
+//! Rasmussen & Williams §3.4–3.5): a GP prior on the **logits** with covariance `k/δ`, one GP
+//! per class, the likelihood's curvature from the softmax Hessian at the network's own outputs,
+//! and the network itself as the predictive mean. The cross-class kernel (every `K^{cc'}`
+//! block, laplace-torch's `independent_outputs=False` and the GGN-exact posterior) is
+//! [`super::crossclass`].
 //!
 //! With `σ0² = 1/δ`, `Λ_i = diag(p_i) − p_i p_iᵀ = F_i F_iᵀ` the softmax Hessian at training point
 //! `i` and `K` the (class-diagonal) kernel, the logits at `x*` are `N(f(x*), Σ*)`,
@@ -10,12 +13,16 @@
 //!
 //! never forming `Λ⁻¹` (it is singular). Two curvatures ([`Curvature`]):
 //!
-//! - **Class-diagonal** (laplace-torch's `independent_outputs=True`): `λ_ic = p_ic(1 − p_ic)`,
+//! - **Class-diagonal** (laplace-torch's `independent_outputs=True`: `_build_L` keeps the
+//!   diagonal of the softmax Hessian, `_build_Sigma_inv` one Cholesky per class): `λ_ic = p_ic(1 − p_ic)`,
 //!   one GP per class, `Σ*` diagonal. Per class `S = diag(√λ_c)` and the eigendecomposition
 //!   `S K_c S = U diag(e) Uᵀ`, computed once: then for every `δ`
 //!   `Σ*_cc = k**/δ − Σ_j z_j² / (δ² (1 + e_j/δ))` with `z = Uᵀ S k*`, so a prior-precision grid
 //!   costs `O(M P)` per value.
-//! - **Full** per-point `Λ_i` with class-diagonal kernels (R&W Algorithm 3.4): with
+//! - **Full** per-point `Λ_i` with class-diagonal kernels: R&W's multi-class Laplace (§3.5,
+//!   Algorithms 3.3–3.4: uncorrelated class processes, full `W`) — not laplace-torch's
+//!   construction (it never keeps the off-diagonal `Λ`), and the GGN-exact posterior only for a
+//!   prior without cross-class blocks, which the network's kernels have. With
 //!   `D_c = diag(p_c)`, `E_c = (K_c/δ + D_c⁻¹)⁻¹ = D_c^{1/2}(I + D_c^{1/2} K_c D_c^{1/2}/δ)⁻¹D_c^{1/2}`
 //!   and `L_M = chol(Σ_c E_c)`, `Σ*_{cc'} = δ_{cc'}(k**_c/δ − b_cᵀ k*_c/δ) + (L_M⁻¹ b_c)ᵀ(L_M⁻¹ b_c')`,
 //!   `b_c = E_c k*_c/δ`: a full `K × K` covariance per point (tested against the dense formula
@@ -25,7 +32,7 @@
 //! the targets `r = f − f(w_0)`, the class-diagonal curvature)
 //! `log Z(δ) = log p(y|f) − (δ/2) Σ_c r_cᵀ K_c⁻¹ r_c − ½ Σ_c log det(I + S_c K_c S_c/δ)`,
 //! whose derivative in `log δ` is strictly decreasing (one maximum, found by bisection), or by a
-//! validation grid (`FunctionalLaplace::grid_search`, laplace-torch's `gridsearch`).
+//! validation grid (`FunctionalLaplace::grid_search`; laplace-torch's `optimize_prior_precision(method='gridsearch')`, its `_gridsearch` over `logspace(−4, 4, 100)` by default).
 //! `K_c⁻¹ r_c` is the pseudo-inverse on the eigenvalues above `1e-12 ·` the largest (the count
 //! left out is reported).
 //!
@@ -58,12 +65,15 @@ fn par() -> Par {
 }
 
 /// The likelihood's curvature at the training points.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Curvature {
-    /// `λ_ic = p_ic(1 − p_ic)`: one GP per class (laplace-torch's `independent_outputs=True`).
+    /// `λ_ic = p_ic(1 − p_ic)`, the diagonal of the softmax Hessian (laplace-torch's `_build_L`;
+    /// with class-diagonal kernels `independent_outputs=True`, with the cross-class kernel
+    /// `independent_outputs=False`).
     ClassDiagonal,
-    /// The full `Λ_i = diag(p_i) − p_i p_iᵀ` with class-diagonal kernels (R&W Algorithm 3.4).
+    /// The full `Λ_i = diag(p_i) − p_i p_iᵀ` (with class-diagonal kernels: R&W §3.5's
+    /// multi-class Laplace; with the cross-class kernel: the GGN-exact posterior).
     Full,
 }
 
@@ -142,8 +152,25 @@ pub struct FslFit {
     pub log_evidence: f64,
     /// `log p(y | f)` at the network's logits.
     pub log_likelihood: f64,
-    /// Per class.
+    /// Per class (class-diagonal kernel; empty for the cross-class one).
     pub classes: Vec<FslClassFit>,
+    /// The kernel's blocks: one GP per class, or the cross-class kernel.
+    #[serde(default)]
+    pub blocks: KernelBlocks,
+    /// The cross-class fit's numbers ([`super::crossclass`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kxk: Option<super::crossclass::KxkNumbers>,
+}
+
+/// Which blocks of the kernel the GP prior on the logits keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelBlocks {
+    /// `K^{cc}` only: one GP per class (laplace-torch's `independent_outputs=True`).
+    #[default]
+    ClassDiagonal,
+    /// Every `K^{cc'}`: the `[M K, M K]` kernel (laplace-torch's `independent_outputs=False`).
+    CrossClass,
 }
 
 /// Per class: the eigendecomposition of `S K_c S` with `S = diag(√(p(1−p)))`.
@@ -185,7 +212,7 @@ pub struct FunctionalLaplace {
     pub fit: FslFit,
 }
 
-fn log_likelihood(z: &[f64], labels: &[usize], k: usize) -> f64 {
+pub(crate) fn log_likelihood(z: &[f64], labels: &[usize], k: usize) -> f64 {
     z.chunks_exact(k)
         .zip(labels)
         .map(|(row, &y)| {
@@ -289,7 +316,7 @@ impl FunctionalLaplace {
                 }
                 (d, "fixed")
             }
-            Prior::Evidence => (evidence_argmax(rkr, &diag), "evidence"),
+            Prior::Evidence => (evidence_argmax(rkr, &class_eigs(&diag)), "evidence"),
         };
         let mut fsl = FunctionalLaplace {
             m,
@@ -301,7 +328,7 @@ impl FunctionalLaplace {
             full: None,
             k_train: if curvature == Curvature::Full { train.k_train.to_vec() } else { Vec::new() },
             rkr,
-            fit: FslFit { curvature, delta, prior: prior_name.into(), log_evidence: 0.0, log_likelihood: loglik, classes },
+            fit: FslFit { curvature, delta, prior: prior_name.into(), log_evidence: 0.0, log_likelihood: loglik, classes, blocks: KernelBlocks::ClassDiagonal, kxk: None },
         };
         fsl.set_delta(delta, prior_name)?;
         Ok(fsl)
@@ -497,7 +524,7 @@ impl FunctionalLaplace {
         Ok(FslPredictive { post: LogitPosterior { mean: rows.mean.to_vec(), cov, p, k }, clamped, min_variance: min_var })
     }
 
-    /// δ by a validation grid (laplace-torch's `gridsearch`): `points` values of
+    /// δ by a validation grid (laplace-torch's `optimize_prior_precision(method='gridsearch')`): `points` values of
     /// `logspace(min_log10, max_log10)`, each scored by the probit predictive's NLL at `rows`
     /// with `labels`; the best becomes the fit's δ (`prior = "grid"`). Returns the whole sweep
     /// `[(δ, NLL)]`. The class-diagonal curvature scores every δ in `O(M P)` after one
@@ -539,12 +566,18 @@ fn log_evidence_terms(rkr: f64, diag: &[DiagClass], delta: f64) -> f64 {
     -0.5 * delta * rkr - 0.5 * logdet
 }
 
-/// The δ maximising the evidence: the root in `u = ln δ` of
+/// The eigenvalues of every class's `S K_c S`.
+fn class_eigs(diag: &[DiagClass]) -> Vec<&[f64]> {
+    diag.iter().map(|d| d.e.as_slice()).collect()
+}
+
+/// The δ maximising the evidence `−(δ/2) A − ½ Σ log(1 + e/δ)` over the eigenvalues `eigs` (of
+/// `S K S` per class, or of the cross-class `Fᵀ K F`): the root in `u = ln δ` of
 /// `g(u) = −(δ/2) A + ½ Σ e/(δ + e)`, strictly decreasing, by bisection on `[1e-30, 1e30]`.
-fn evidence_argmax(rkr: f64, diag: &[DiagClass]) -> f64 {
+pub(crate) fn evidence_argmax(rkr: f64, eigs: &[&[f64]]) -> f64 {
     let g = |u: f64| {
         let d = u.exp();
-        -0.5 * d * rkr + 0.5 * diag.iter().flat_map(|c| c.e.iter()).map(|e| e / (d + e)).sum::<f64>()
+        -0.5 * d * rkr + 0.5 * eigs.iter().flat_map(|c| c.iter()).map(|e| e / (d + e)).sum::<f64>()
     };
     let (mut lo, mut hi) = ((1e-30f64).ln(), (1e30f64).ln());
     if g(lo) <= 0.0 {
@@ -564,7 +597,7 @@ fn evidence_argmax(rkr: f64, diag: &[DiagClass]) -> f64 {
     (0.5 * (lo + hi)).exp()
 }
 
-fn nll(probs: &[f64], labels: &[usize], k: usize) -> f64 {
+pub(crate) fn nll(probs: &[f64], labels: &[usize], k: usize) -> f64 {
     let n = labels.len().max(1) as f64;
     probs.chunks_exact(k).zip(labels).map(|(row, &y)| -row[y].max(f64::MIN_POSITIVE).ln()).sum::<f64>() / n
 }

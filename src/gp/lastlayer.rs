@@ -1,13 +1,16 @@
-//! Last-layer Laplace approximation (as laplace-torch's `LLLaplace` with
-//! `hessian_structure = "full"`, `pred_type = "glm"`, `link_approx = "mc"`).
+//! Last-layer Laplace approximation (as laplace-torch's `FullLLLaplace`, what
+//! `Laplace(model, 'classification', subset_of_weights='last_layer', hessian_structure='full')`
+//! builds (`laplace/lllaplace.py`), with `pred_type = "glm"`, `link_approx = "mc"`; checked
+//! against it by `scripts/laplace_torch_check.py --check lastlayer`).
 //!
 //! The network's logits are `z(x) = α (W φ(x) + b) − [zero_output] α g_{w_0}(x)` with `φ` the
 //! last hidden activations (MLP) or pooled feature maps (CNN). Only the final layer
 //! `θ = (W [K, h], b [K])` is treated as random. Writing `ψ(x) = α [φ(x), 1]` (`q = h + 1`
 //! features; `q = h` and no 1 without biases), the logits are linear in `θ` with Jacobian
 //! `J(x) = I_K ⊗ ψ(x)ᵀ`. Parameter index `k·q + j` holds `W[k, j]` for `j < h` and `b[k]` for
-//! `j = h` (class-blocked; laplace-torch stores `vec(W)` then `b`, a permutation of the same
-//! vector, which changes no result).
+//! `j = h` (class-blocked; laplace-torch's `parameters_to_vector` of the last `nn.Linear` is the
+//! weight `[K, h]` row-major then `b`, a permutation of the same vector, which changes no
+//! result).
 //!
 //! - **Hessian.** The exact generalised Gauss–Newton matrix of the summed cross-entropy at the
 //!   trained `θ*`, `H = Σ_i J_iᵀ (diag(p_i) − p_i p_iᵀ) J_i`, i.e. block `(k, k′)` is

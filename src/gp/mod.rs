@@ -8,16 +8,21 @@
 //!   GP prior `k/δ` on the logits, softmax-Hessian curvature (class-diagonal or full), the
 //!   network as the mean, δ by evidence or a validation grid, probit and Monte-Carlo links,
 //!   validation calibration of a temperature and a variance scale.
+//! - [`crossclass`]: the same on the cross-class kernel (every `K^{cc'}` block, the
+//!   `[M K, M K]` system): laplace-torch's `independent_outputs=False` (diagonal λ) and the
+//!   GGN-exact posterior (full per-point `Λ_i`), a `K × K` covariance per point.
 //! - [`lastlayer`]: last-layer Laplace with the exact GGN (laplace-torch's `LLLaplace`, full
 //!   Hessian).
 //!
 //! The regression GP's items are re-exported here (`crate::gp::GpParams`, …), its long-standing
 //! paths.
 
+pub mod crossclass;
 pub mod functional;
 pub mod lastlayer;
 pub mod regression;
 
-pub use functional::{Calibration, Curvature, FslFit, FslPredictive, FslRows, FslTrain, FunctionalLaplace, Prior};
+pub use crossclass::{CrossClassLaplace, KxkNumbers, KxkRows, KxkTrain};
+pub use functional::{Calibration, Curvature, FslFit, FslPredictive, FslRows, FslTrain, FunctionalLaplace, KernelBlocks, Prior};
 pub use lastlayer::{LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use regression::*;

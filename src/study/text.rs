@@ -27,3 +27,18 @@ pub mod list {
         s.collect_seq(v.iter().map(|x| x.to_string()))
     }
 }
+
+/// An optional list of values in their text form (absent: `None`).
+pub mod opt_list {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: std::str::FromStr<Err = crate::Error>>(d: D) -> Result<Option<Vec<T>>, D::Error> {
+        Option::<Vec<String>>::deserialize(d)?.map(|v| v.iter().map(|s| s.parse().map_err(|e: crate::Error| D::Error::custom(e.to_string()))).collect()).transpose()
+    }
+    pub fn serialize<S: Serializer, T: std::fmt::Display>(v: &Option<Vec<T>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_seq(v.iter().map(|x| x.to_string())),
+            None => s.serialize_none(),
+        }
+    }
+}

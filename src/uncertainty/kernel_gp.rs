@@ -201,7 +201,7 @@ impl KernelGp {
     /// # Shapes
     /// `states`: the run's `w_0 … w_N`.
     pub fn fit(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<KernelGp> {
-        let blocks = TrainBlocks::compute(run, states, spec, progress)?;
+        let blocks = TrainBlocks::compute(run, states, spec, Layout::Diag, progress)?;
         Self::fit_blocks(&blocks, spec)
     }
 
@@ -264,6 +264,8 @@ pub(crate) struct TrainBlocks {
     pub mean_diag: Vec<f64>,
     /// The Gram's kernel machine against the network.
     pub check: GramCheck,
+    /// Every class block, as computed (full layout only). # Shapes `[M, M, K, K]`.
+    pub full: Option<Vec<f64>>,
     /// Training points M and classes K.
     pub m: usize,
     /// Classes K.
@@ -273,10 +275,11 @@ pub(crate) struct TrainBlocks {
 }
 
 impl TrainBlocks {
-    /// The training Gram of `spec` (kind, side by `spec.train_gram`, outputs) in the
-    /// class-diagonal layout. Errors: a kind other than epk/ntk, a regression run, and every
-    /// error of the kernel engine.
-    pub(crate) fn compute(run: &Run, states: &[Params], spec: &KernelGpSpec, progress: &dyn Fn(usize, usize)) -> Result<TrainBlocks> {
+    /// The training Gram of `spec` (kind, side by `spec.train_gram`, outputs) in `layout`
+    /// (`diag`, or `full` for the cross-class fits: the class blocks are then taken from it and
+    /// the whole Gram kept in `full`). Errors: a kind other than epk/ntk, a regression run, the
+    /// `trace` layout, and every error of the kernel engine.
+    pub(crate) fn compute(run: &Run, states: &[Params], spec: &KernelGpSpec, layout: Layout, progress: &dyn Fn(usize, usize)) -> Result<TrainBlocks> {
         spec.check()?;
         if !run.dataset.is_classification() {
             return Err(Error::Config("a kernel GP of the benchmark needs a classification run".into()));
@@ -286,7 +289,10 @@ impl TrainBlocks {
             TrainGram::TrainSide => Side::Train,
             TrainGram::SymmetrisedTestSide => Side::Test,
         };
-        let req = Request::new(spec.kind).rule(spec.rule).side(side).steps(window_steps(run, spec.window)?).layout(Layout::Diag).outputs(spec.outputs);
+        if layout == Layout::Trace {
+            return Err(Error::Config("a kernel GP needs the class blocks (diag or full layout)".into()));
+        }
+        let req = Request::new(spec.kind).rule(spec.rule).side(side).steps(window_steps(run, spec.window)?).layout(layout).outputs(spec.outputs);
         let pts = points(&run.dataset.x_train, run.dataset.dim);
         let o = kernel::compute(run, states, &pts, &req, progress)?;
         let (m, k) = (o.m, o.k);
@@ -296,8 +302,9 @@ impl TrainBlocks {
         let check = GramCheck::of("train", &o);
         let mut k_train = Vec::with_capacity(k * m * m);
         let (mut asymmetry, mut mean_diag) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        let at = |idx: usize, c: usize| if layout == Layout::Full { o.gram[(idx * k + c) * k + c] } else { o.gram[idx * k + c] };
         for c in 0..k {
-            let mut b: Vec<f64> = (0..m * m).map(|idx| o.gram[idx * k + c]).collect();
+            let mut b: Vec<f64> = (0..m * m).map(|idx| at(idx, c)).collect();
             asymmetry.push(rel_asymmetry(&b, m));
             mean_diag.push((0..m).map(|i| b[i * m + i]).sum::<f64>() / m as f64);
             for i in 0..m {
@@ -309,7 +316,8 @@ impl TrainBlocks {
             }
             k_train.extend(b);
         }
-        Ok(TrainBlocks { k_train, network: o.network.clone(), bias: o.bias.clone(), asymmetry, mean_diag, check, m, k, seconds: t0.elapsed().as_secs_f64() })
+        let full = (layout == Layout::Full).then(|| o.gram.clone());
+        Ok(TrainBlocks { k_train, network: o.network.clone(), bias: o.bias.clone(), asymmetry, mean_diag, check, full, m, k, seconds: t0.elapsed().as_secs_f64() })
     }
 }
 
@@ -341,17 +349,25 @@ pub struct RowGram {
     pub p: usize,
     /// The kernel machine against the network at these rows.
     pub check: GramCheck,
+    /// Every class block `K^{cc'}(x_p, x_i)` (full layout only). # Shapes `[P, M, K, K]`.
+    pub k_cross_full: Option<Vec<f64>>,
+    /// `K^{cc'}(x_p, x_p)` (full layout only). # Shapes `[P, K, K]`.
+    pub k_self: Option<Vec<f64>>,
 }
 
 /// [`row_gram`] of several row sets `sets` (`(x [P_j, d], name)`) from one kernel computation
 /// over all their rows: the training side of every step is evaluated once instead of once per
 /// set. Each set's check is its rows' machine against the network; its evaluation counts are
-/// those of the whole computation.
+/// those of the whole computation. `layout`: `diag`, or `full` (the class blocks taken from
+/// it, every block kept in [`RowGram::k_cross_full`]).
 #[allow(clippy::too_many_arguments)]
-pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, layout: Layout, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+    if layout == Layout::Trace {
+        return Err(Error::Config("a kernel GP needs the class blocks (diag or full layout)".into()));
+    }
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-    let req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(Layout::Diag).outputs(outputs);
+    let req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(layout).outputs(outputs);
     let o = kernel::compute(run, states, &points(&x, d), &req, progress)?;
     let (m, k) = (o.m, o.k);
     let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
@@ -374,11 +390,17 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
         };
         let mut k_cross = Vec::with_capacity(k * p * m);
         let mut k_test_diag = Vec::with_capacity(k * p);
+        let full = layout == Layout::Full;
         for c in 0..k {
-            k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[idx * k + c]));
+            if full {
+                k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[(idx * k + c) * k + c]));
+            } else {
+                k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[idx * k + c]));
+            }
             k_test_diag.extend(rows.clone().map(|pi| diag[(pi * k + c) * k + c]));
         }
-        out.push(RowGram { kind, k_cross, k_test_diag, bias: o.bias[rows.start * k..rows.end * k].to_vec(), network: network.to_vec(), p, check });
+        let (k_cross_full, k_self) = if full { (Some(o.gram[rows.start * m * k * k..rows.end * m * k * k].to_vec()), Some(diag[rows.start * k * k..rows.end * k * k].to_vec())) } else { (None, None) };
+        out.push(RowGram { kind, k_cross, k_test_diag, bias: o.bias[rows.start * k..rows.end * k].to_vec(), network: network.to_vec(), p, check, k_cross_full, k_self });
         first += p;
     }
     Ok(out)
@@ -390,5 +412,5 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
 /// # Shapes
 /// `x: [P, d]`.
 pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    Ok(row_grams(run, states, kind, rule, outputs, None, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
+    Ok(row_grams(run, states, kind, rule, outputs, None, Layout::Diag, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
 }

@@ -134,7 +134,8 @@ impl FslVariant {
             FslVariant::Grid => "-grid",
         }
     }
-    /// Whether the variant exists for `curvature` (the δ grid only for the class-diagonal one).
+    /// Whether the variant exists for `curvature` on the class-diagonal kernel (the δ grid only
+    /// for the class-diagonal curvature there; on the cross-class kernel every variant exists).
     pub(crate) fn applies_to(&self, curvature: Curvature) -> bool {
         *self != FslVariant::Grid || curvature == Curvature::ClassDiagonal
     }
@@ -161,8 +162,13 @@ pub(crate) enum Method {
     GpSym,
     /// `{kernel}-gp-netmean`: the network's outputs as the mean, the GP's variance.
     GpNetMean(GpKernel),
-    /// `fsl-{kernel}-{curvature}{suffix}`: function-space Laplace on a kernel.
+    /// `fsl-{kernel}-{curvature}{suffix}`: function-space Laplace on the class-diagonal blocks
+    /// of a kernel (`diag`: laplace-torch's `independent_outputs=True`; `full`: the full
+    /// per-point Λ with class-diagonal kernels, a hybrid).
     Fsl(GpKernel, Curvature, FslVariant),
+    /// `fsl-{kernel}-kxk-{curvature}{suffix}`: function-space Laplace on the cross-class kernel
+    /// (`diag`: laplace-torch's `independent_outputs=False`; `full`: the GGN-exact posterior).
+    FslKxk(GpKernel, Curvature, FslVariant),
 }
 
 impl Method {
@@ -207,6 +213,7 @@ impl Method {
             Method::GpSym => (5, None, 0, None),
             Method::GpNetMean(k) => (6, Some(k), 0, None),
             Method::Fsl(k, c, v) => (7, Some(k), if c == Curvature::ClassDiagonal { 0 } else { 1 }, Some(v)),
+            Method::FslKxk(k, c, v) => (7, Some(k), if c == Curvature::ClassDiagonal { 2 } else { 3 }, Some(v)),
         }
     }
 }
@@ -240,6 +247,7 @@ impl fmt::Display for Method {
             Method::GpSym => f.write_str("epk-gp-sym"),
             Method::GpNetMean(k) => write!(f, "{}-gp-netmean", k.label()),
             Method::Fsl(k, c, v) => write!(f, "fsl-{}-{c}{}", k.label(), v.suffix()),
+            Method::FslKxk(k, c, v) => write!(f, "fsl-{}-kxk-{c}{}", k.label(), v.suffix()),
         }
     }
 }
@@ -266,14 +274,22 @@ impl FromStr for Method {
                 if let Some(rest) = s.strip_prefix("fsl-") {
                     let (k, rest) = rest.split_once('-').ok_or_else(bad)?;
                     let k = kernel(k).ok_or_else(bad)?;
+                    let (kxk, rest) = match rest.strip_prefix("kxk-") {
+                        Some(r) => (true, r),
+                        None => (false, rest),
+                    };
                     let (c, v) = rest.split_once('-').map_or((rest, ""), |(c, v)| (c, v));
                     let c = match c {
                         "diag" => Curvature::ClassDiagonal,
                         "full" => Curvature::Full,
                         _ => return Err(bad()),
                     };
-                    let v = FslVariant::ALL.into_iter().find(|x| x.suffix().trim_start_matches('-') == v && x.applies_to(c)).ok_or_else(bad)?;
-                    Method::Fsl(k, c, v)
+                    let v = FslVariant::ALL.into_iter().find(|x| x.suffix().trim_start_matches('-') == v && (kxk || x.applies_to(c))).ok_or_else(bad)?;
+                    if kxk {
+                        Method::FslKxk(k, c, v)
+                    } else {
+                        Method::Fsl(k, c, v)
+                    }
                 } else if let Some(k) = s.strip_suffix("-gp-netmean") {
                     Method::GpNetMean(kernel(k).ok_or_else(bad)?)
                 } else if let Some(k) = s.strip_suffix("-gp") {
@@ -307,12 +323,15 @@ mod tests {
             (Method::Fsl(GpKernel::Ntk, Curvature::ClassDiagonal, FslVariant::Grid), "fsl-ntk-diag-grid"),
             (Method::Fsl(GpKernel::Ntk, Curvature::Full, FslVariant::Mc), "fsl-ntk-full-mc"),
             (Method::Fsl(GpKernel::Epk, Curvature::Full, FslVariant::Temperature), "fsl-epk-full-T"),
+            (Method::FslKxk(GpKernel::Ntk, Curvature::ClassDiagonal, FslVariant::Probit), "fsl-ntk-kxk-diag"),
+            (Method::FslKxk(GpKernel::Epk, Curvature::Full, FslVariant::Grid), "fsl-epk-kxk-full-grid"),
+            (Method::FslKxk(GpKernel::Window(50), Curvature::Full, FslVariant::TemperatureScale), "fsl-window50-kxk-full-Ts"),
         ];
         for (m, name) in cases {
             assert_eq!(m.to_string(), name);
             assert_eq!(name.parse::<Method>().unwrap(), m, "{name}");
         }
-        for bad in ["fsl-epk-full-grid", "window0-gp", "window05-gp", "dpk-gp", "fsl-epk", "gp"] {
+        for bad in ["fsl-epk-full-grid", "fsl-epk-kxk", "fsl-epk-kxk-", "fsl-epk-kxk-full-x", "window0-gp", "window05-gp", "dpk-gp", "fsl-epk", "gp"] {
             assert!(bad.parse::<Method>().is_err(), "{bad}");
         }
     }

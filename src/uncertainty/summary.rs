@@ -28,6 +28,7 @@ const ANGLE_FSL: [(Method, &str); 2] = [
 fn frontier_family(m: &str) -> String {
     match m.parse::<Method>() {
         Ok(Method::Fsl(kernel, _, v)) => format!("FSL on {}: {}", kernel.label(), if v.calibrated() { "validation-fitted (T, Ts, grid)" } else { "δ by evidence (probit, MC)" }),
+        Ok(Method::FslKxk(kernel, _, v)) => format!("FSL on {}, cross-class K × K: {}", kernel.label(), if v.calibrated() { "validation-fitted" } else { "δ by evidence" }),
         Ok(x) if Method::PROTOCOL.contains(&x) && !matches!(x, Method::Gp(_)) => display_name(m),
         _ => "kernel GPs (regression; netmean, sym)".to_string(),
     }
@@ -208,17 +209,28 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
             s,
             "GP prior `k/δ` on the logits (the kernels on the logits), softmax-Hessian curvature at the network's outputs, the network as the mean \
              (`src/gp/functional.rs`). δ by the function-space evidence; `-grid`: δ by the validation NLL over logspace(−4, 4, 100); `-T`: a temperature \
-             fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling).\n"
+             fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling). \
+             Blocks `class-diagonal`: one GP per class on `K^{{cc}}` (`diag` curvature λ = p(1 − p): laplace-torch's `independent_outputs=True`; \
+             `full`: the full per-point Λ_i = diag(p_i) − p_i p_iᵀ with the class-diagonal kernel, a hybrid that is neither laplace-torch's nor the GGN's). \
+             Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass.rs`): the whole [M·K, M·K] kernel with its cross-class blocks \
+             (`diag` λ: laplace-torch's `independent_outputs=False`; `full` Λ_i: the GGN-exact posterior); for these the kernel eigenvalues are of the \
+             whole kernel and the `S K S` column holds those of `G = Fᵀ K F`.\n"
         );
-        let _ = writeln!(*s, "| kernel | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
-        let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(*s, "| kernel | blocks | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
+        let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &r.fsl {
-            let kmin = f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min);
-            let smin = f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min);
+            let (kmin, smin) = match &f.fit.kxk {
+                Some(x) => (x.k_eig[0] / x.k_eig[1], x.g_min_eig),
+                None => (
+                    f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min),
+                    f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min),
+                ),
+            };
+            let blocks = if f.fit.kxk.is_some() { "kxk" } else { "class-diagonal" };
             let (vmin, clamped) = f.min_variance.iter().fold((f64::INFINITY, 0usize), |a, v| (a.0.min(v.1), a.1 + v.2));
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) |",
+                "| {} | {blocks} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) |",
                 f.kernel,
                 f.fit.curvature,
                 f.fit.delta,
@@ -235,8 +247,33 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
             );
         }
         let _ = writeln!(*s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
+        summary_kxk(s, r);
     }
 
+}
+
+/// The cross-class fits' factorisations: sizes, wall times and the two routes' agreement.
+fn summary_kxk(s: &mut String, r: &UqStudyReport) {
+    let kxk: Vec<_> = r.fsl.iter().filter_map(|f| f.fit.kxk.as_ref().map(|x| (f, x))).collect();
+    if kxk.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "Cross-class fits: the [M·K, M·K] system. `G = Fᵀ K F` is eigendecomposed once (every δ: the evidence, the grid); the Cholesky of `I + G/δ` at the \
+         evidence's δ is the one-δ alternative (laplace-torch factors `K/δ + diag(1/λ)`, the same size), timed on the same matrix, its log-determinant \
+         against the eigenvalues'. Wall seconds on the study's machine (its load in `timings.md`).\n"
+    );
+    let _ = writeln!(*s, "| kernel | curvature | M·K | eig K (s) | form G (s) | eig G (s) | Cholesky I + G/δ (s) | log det: Cholesky vs eig (rel.) | λ exactly 0 | K eigenvalues left out of rᵀK⁺r |");
+    let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|");
+    for (f, x) in kxk {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1e} | {} | {} |",
+            f.kernel, f.fit.curvature, x.n, x.seconds.eig_k, x.seconds.form_g, x.seconds.eig_g, x.seconds.cholesky, x.logdet_rel_diff, x.lambda_zero, x.pinv_dropped
+        );
+    }
+    let _ = writeln!(*s);
 }
 
 /// The exactness of every Gram used.
@@ -621,5 +658,7 @@ mod frontier_tests {
         assert_eq!(frontier_family("fsl-epk-diag-mc"), "FSL on epk: δ by evidence (probit, MC)");
         assert_eq!(frontier_family("fsl-window50-diag-grid"), "FSL on window50: validation-fitted (T, Ts, grid)");
         assert_eq!(frontier_family("fsl-ntk-full-Ts"), "FSL on ntk: validation-fitted (T, Ts, grid)");
+        assert_eq!(frontier_family("fsl-ntk-kxk-diag"), "FSL on ntk, cross-class K × K: δ by evidence");
+        assert_eq!(frontier_family("fsl-ntk-kxk-full-grid"), "FSL on ntk, cross-class K × K: validation-fitted");
     }
 }

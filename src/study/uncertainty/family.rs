@@ -20,7 +20,7 @@ use crate::study::cache::{self, f64_bytes, Clock, Key, Keyed};
 use crate::train::fnv1a;
 use crate::trajectory::Run;
 use crate::uncertainty::kernel_gp::{self, GramCheck, KernelGp, KernelGpFit};
-use crate::uncertainty::method::{FslVariant, Method};
+use crate::uncertainty::method::{FslVariant, GpKernel, Method};
 use crate::uncertainty::record::FslStudyFit;
 use crate::uncertainty::{BenchmarkConfig, ExternalMethod, Predictive, Setting};
 
@@ -87,12 +87,59 @@ fn data_validation(data: &Dataset) -> Result<(&[f64], &[usize])> {
     Ok((&v.x, labels(&v.y)?))
 }
 
+/// A function-space Laplace approximation: on the class-diagonal blocks or the cross-class
+/// kernel.
+#[derive(Clone)]
+enum FslModel {
+    Diag(crate::gp::FunctionalLaplace),
+    Kxk(crate::gp::CrossClassLaplace),
+}
+
+impl FslModel {
+    fn predict(&self, rows: &kernel_gp::RowGram) -> Result<crate::gp::FslPredictive> {
+        match self {
+            FslModel::Diag(f) => f.predict(&crate::gp::FslRows { k_cross: &rows.k_cross, k_diag: &rows.k_test_diag, mean: &rows.network, p: rows.p }),
+            FslModel::Kxk(f) => f.predict(&kxk_rows(rows)?),
+        }
+    }
+    fn fit(&self) -> &crate::gp::FslFit {
+        match self {
+            FslModel::Diag(f) => &f.fit,
+            FslModel::Kxk(f) => &f.fit,
+        }
+    }
+    fn delta(&self) -> f64 {
+        self.fit().delta
+    }
+    /// δ by the validation grid, where the model has one (every cross-class fit; the
+    /// class-diagonal curvature on the class-diagonal kernel).
+    fn grid_search(&mut self, rows: &kernel_gp::RowGram, labels: &[usize]) -> Option<Result<Vec<(f64, f64)>>> {
+        match self {
+            FslModel::Diag(f) if f.curvature() == Curvature::ClassDiagonal => {
+                Some(f.grid_search(&crate::gp::FslRows { k_cross: &rows.k_cross, k_diag: &rows.k_test_diag, mean: &rows.network, p: rows.p }, labels, -4.0, 4.0, 100))
+            }
+            FslModel::Diag(_) => None,
+            FslModel::Kxk(f) => Some(kxk_rows(rows).and_then(|r| f.grid_search(&r, labels, -4.0, 4.0, 100))),
+        }
+    }
+}
+
+/// A row Gram's every-block view (computed in the full layout).
+fn kxk_rows(rows: &kernel_gp::RowGram) -> Result<crate::gp::KxkRows<'_>> {
+    match (&rows.k_cross_full, &rows.k_self) {
+        (Some(k_cross), Some(k_self)) => Ok(crate::gp::KxkRows { k_cross, k_self, mean: &rows.network, p: rows.p }),
+        _ => Err(Error::Data("a cross-class function-space Laplace fit needs its rows in the full layout".into())),
+    }
+}
+
 /// A function-space Laplace fit of a family with its validation calibrations.
 struct FslFitted {
     curvature: Curvature,
-    fsl: crate::gp::FunctionalLaplace,
-    /// δ by the validation grid (class-diagonal): the refitted approximation and the sweep.
-    grid: Option<(crate::gp::FunctionalLaplace, Vec<(f64, f64)>)>,
+    /// On the cross-class kernel.
+    kxk: bool,
+    fsl: FslModel,
+    /// δ by the validation grid: the refitted approximation and the sweep.
+    grid: Option<(FslModel, Vec<(f64, f64)>)>,
     cal: Option<FslCalibrated>,
     min_variance: Vec<(String, f64, usize)>,
 }
@@ -103,11 +150,29 @@ struct FslCalibrated {
 }
 
 impl FslFitted {
+    /// The name of this fit's `variant` method on `kernel`.
+    fn method(&self, kernel: GpKernel, variant: FslVariant) -> Method {
+        if self.kxk {
+            Method::FslKxk(kernel, self.curvature, variant)
+        } else {
+            Method::Fsl(kernel, self.curvature, variant)
+        }
+    }
+    /// The label of its smallest-variance records: the curvature, `kxk-` before it on the
+    /// cross-class kernel.
+    fn label(&self) -> String {
+        if self.kxk {
+            format!("kxk-{}", self.curvature)
+        } else {
+            self.curvature.to_string()
+        }
+    }
+
     fn report(&self, kernel: &str) -> FslStudyFit {
         let cal = self.cal.as_ref().expect("calibrated before the report");
         FslStudyFit {
             kernel: kernel.into(),
-            fit: self.fsl.fit.clone(),
+            fit: self.fsl.fit().clone(),
             temperature: cal.temperature.clone(),
             calibration: cal.calibration.clone(),
             grid: self.grid.as_ref().map(|(g, sweep)| (g.delta(), sweep.clone())),
@@ -115,16 +180,17 @@ impl FslFitted {
         }
     }
 
-    /// This curvature's methods at one setting's rows, and (smallest variance, clamped count).
-    fn predict_setting(&self, fam: &KernelFamily, rows: &kernel_gp::RowGram, bench: &BenchmarkConfig) -> Result<(BTreeMap<Method, Predictive>, (f64, usize))> {
-        let r = crate::gp::FslRows { k_cross: &rows.k_cross, k_diag: &rows.k_test_diag, mean: &rows.network, p: rows.p };
-        let pred = self.fsl.predict(&r)?;
+    /// This fit's methods at one setting's rows, (smallest variance, clamped count), and the
+    /// cross-class probit method's `K × K` covariances `[P, K, K]` (for the laplace-torch check).
+    #[allow(clippy::type_complexity)]
+    fn predict_setting(&self, fam: &KernelFamily, rows: &kernel_gp::RowGram, bench: &BenchmarkConfig) -> Result<(BTreeMap<Method, Predictive>, (f64, usize), Option<(Method, Vec<f64>)>)> {
+        let pred = self.fsl.predict(rows)?;
         let cal = self.cal.as_ref().expect("calibrated before predicting");
         let trace = |post: &crate::gp::LogitPosterior, scale: f64| -> Vec<f64> { (0..post.p).map(|q| scale * (0..post.k).map(|c| post.cov[(q * post.k + c) * post.k + c]).sum::<f64>()).collect() };
         let mut out = BTreeMap::new();
         for m in fam.fsl_methods() {
-            let Method::Fsl(_, c, v) = m else { unreachable!("fsl_methods gives function-space Laplace methods") };
-            if c != self.curvature {
+            let (Method::Fsl(_, _, v) | Method::FslKxk(_, _, v)) = m else { unreachable!("fsl_methods gives function-space Laplace methods") };
+            if m != self.method(fam.kernel, v) {
                 continue;
             }
             let p = match v {
@@ -136,43 +202,54 @@ impl FslFitted {
                     ood_score: Some(trace(&pred.post, cal.calibration.scale.max(f64::MIN_POSITIVE))),
                 },
                 FslVariant::Grid => {
-                    let (g, _) = self.grid.as_ref().expect("the class-diagonal fit has its grid");
-                    let gp = g.predict(&r)?;
+                    let (g, _) = self.grid.as_ref().expect("a fit with a grid variant has its grid");
+                    let gp = g.predict(rows)?;
                     Predictive { probs: gp.post.probit(1.0, 1.0), ood_score: Some(trace(&gp.post, 1.0)) }
                 }
             };
             out.insert(m, p);
         }
-        Ok((out, (pred.min_variance, pred.clamped)))
+        let cov = self.kxk.then(|| (self.method(fam.kernel, FslVariant::Probit), pred.post.cov.clone()));
+        Ok((out, (pred.min_variance, pred.clamped), cov))
     }
 }
 
-/// The timing stage of a function-space Laplace fit.
-fn fsl_fit_stage(kernel: &str, c: Curvature) -> String {
-    format!("fsl-{kernel}-{c}: fit (eigendecompositions, δ by the evidence)")
+/// The timing stage of a function-space Laplace fit (`kxk`: on the cross-class kernel).
+fn fsl_fit_stage(kernel: &str, c: Curvature, kxk: bool) -> String {
+    if kxk {
+        format!("fsl-{kernel}-kxk-{c}: fit (eigendecompositions of K and G = FᵀKF, δ by the evidence, Cholesky of I + G/δ)")
+    } else {
+        format!("fsl-{kernel}-{c}: fit (eigendecompositions, δ by the evidence)")
+    }
 }
 
 /// The timing stage of a function-space Laplace validation calibration.
-fn fsl_calibration_stage(kernel: &str, c: Curvature) -> String {
-    format!("fsl-{kernel}-{c}: validation calibration (T; T and s; δ grid)")
+fn fsl_calibration_stage(kernel: &str, c: Curvature, kxk: bool) -> String {
+    if kxk {
+        format!("fsl-{kernel}-kxk-{c}: validation calibration (T; T and s; δ grid)")
+    } else {
+        format!("fsl-{kernel}-{c}: validation calibration (T; T and s; δ grid)")
+    }
+}
+
+/// Every function-space Laplace fit of a family: (curvature, on the cross-class kernel).
+fn fsl_fits_of(fam: &KernelFamily) -> Vec<(Curvature, bool)> {
+    fam.fsl.iter().map(|&c| (c, false)).chain(fam.fsl_kxk.iter().map(|&c| (c, true))).collect()
 }
 
 /// The validation calibrations of every function-space Laplace fit of a family: T alone, (T, s),
 /// and for the class-diagonal curvature δ by the validation grid.
 fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize], key: &Key) -> Result<()> {
-    let r = crate::gp::FslRows { k_cross: &vrows.k_cross, k_diag: &vrows.k_test_diag, mean: &vrows.network, p: vrows.p };
     for f in fitted.iter_mut() {
-        let name = Method::Fsl(fam.kernel, f.curvature, FslVariant::Probit).to_string();
-        let (cal, grid, mins) = clock.run(&fsl_calibration_stage(&fam.label(), f.curvature), &name, key, || {
-            let pred = f.fsl.predict(&r)?;
+        let name = f.method(fam.kernel, FslVariant::Probit).to_string();
+        let (cal, grid, mins) = clock.run(&fsl_calibration_stage(&fam.label(), f.curvature, f.kxk), &name, key, || {
+            let pred = f.fsl.predict(vrows)?;
             let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
             let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
-            let grid = if f.curvature == Curvature::ClassDiagonal {
-                let mut g = f.fsl.clone();
-                let sweep = g.grid_search(&r, vlabels, -4.0, 4.0, 100)?;
-                Some((g, sweep))
-            } else {
-                None
+            let mut g = f.fsl.clone();
+            let grid = match g.grid_search(vrows, vlabels) {
+                Some(sweep) => Some((g, sweep?)),
+                None => None,
             };
             Ok((FslCalibrated { temperature, calibration }, grid, (pred.min_variance, pred.clamped)))
         })?;
@@ -198,14 +275,16 @@ struct Stages {
 
 impl Stages {
     fn new(fam: &KernelFamily, run: &Run, settings: &[Setting], bench: &BenchmarkConfig, val_x: &[f64], cache_dir: &Path) -> Stages {
-        let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &g.key()])).collect();
+        // A family with cross-class fits computes its Grams in the full layout.
+        let layout = if fam.fsl_kxk.is_empty() { String::new() } else { "|layout:full".into() };
+        let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &format!("{}{layout}", g.key())])).collect();
         let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
-        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}"))).collect::<Vec<_>>().join(",");
         let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
         let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
         let mut s = Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, grams_key: Key::of(&[]), grams_stage: String::new(), n: run.dataset.n_train() };
         let mut parts: Vec<String> = settings.iter().map(|x| s.setting_key(x).to_string()).collect();
-        if !fam.fsl.is_empty() {
+        if !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty() {
             parts.push(format!("val:{:016x}", fnv1a(&f64_bytes(val_x))));
         }
         s.grams_key = Key::of(&parts.iter().map(String::as_str).collect::<Vec<_>>());
@@ -263,8 +342,8 @@ fn reuse_fits(clock: &mut Clock, fam: &KernelFamily, st: &Stages) -> Option<Fits
         }
     }
     // The function-space Laplace stages, in the order they ran (their timings stay in the report).
-    for c in &fam.fsl {
-        let stage = fsl_fit_stage(&fam.label(), *c);
+    for (c, kxk) in fsl_fits_of(fam) {
+        let stage = fsl_fit_stage(&fam.label(), c, kxk);
         if clock.has(&stage, &st.fam_key) {
             clock.reuse(&stage, &st.fam_key);
         }
@@ -287,7 +366,7 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
         };
         let g = clock.run(&st.fit_stage(m), &name, key, || {
             let g = if i == 0 {
-                kernel_gp::TrainBlocks::compute(run, states, spec, &show).and_then(|b| {
+                kernel_gp::TrainBlocks::compute(run, states, spec, fam.layout(), &show).and_then(|b| {
                     let g = KernelGp::fit_blocks(&b, spec);
                     shared_blocks = Some(b);
                     g
@@ -316,16 +395,22 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
             }
         }
     }
-    if !fam.fsl.is_empty() {
+    if !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty() {
         let blocks = shared_blocks.ok_or_else(|| Error::Data(format!("{}: the training Gram for the function-space Laplace fits was not computed", fam.label())))?;
         let labels = labels(&run.dataset.y_train)?.to_vec();
-        for &c in &fam.fsl {
-            let name = Method::Fsl(fam.kernel, c, FslVariant::Probit).to_string();
-            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c), &name, &st.fam_key, || {
-                let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
-                crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence)
+        for (c, kxk) in fsl_fits_of(fam) {
+            let name = if kxk { Method::FslKxk(fam.kernel, c, FslVariant::Probit) } else { Method::Fsl(fam.kernel, c, FslVariant::Probit) }.to_string();
+            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c, kxk), &name, &st.fam_key, || {
+                if kxk {
+                    let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
+                    let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
+                    crate::gp::CrossClassLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Kxk)
+                } else {
+                    let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
+                    crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Diag)
+                }
             })?;
-            out.fsl.push(FslFitted { curvature: c, fsl, grid: None, cal: None, min_variance: Vec::new() });
+            out.fsl.push(FslFitted { curvature: c, kxk, fsl, grid: None, cal: None, min_variance: Vec::new() });
         }
     }
     Ok(out)
@@ -341,8 +426,8 @@ fn row_grams(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits
         if clock.has(&st.grams_stage, &st.grams_key) {
             clock.reuse(&st.grams_stage, &st.grams_key);
         }
-        for c in &fam.fsl {
-            let stage = fsl_calibration_stage(&fam.label(), *c);
+        for (c, kxk) in fsl_fits_of(fam) {
+            let stage = fsl_calibration_stage(&fam.label(), c, kxk);
             if clock.has(&stage, &st.fam_key) {
                 clock.reuse(&stage, &st.fam_key);
             }
@@ -352,19 +437,20 @@ fn row_grams(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits
     let total: usize = settings.iter().map(|s| s.info.n).sum();
     let bar = crate::progress::Progress::new(progress, 1, &format!("{} {total} rows {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.label()));
     let mut sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
-    if !fam.fsl.is_empty() {
+    let has_fsl = !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty();
+    if has_fsl {
         // The validation split's rows, for the function-space Laplace calibration.
         sets.push((val.0, "val"));
     }
     let method = fam.gps[0].0.to_string();
     let mut gs = clock.run(&st.grams_stage, &method, &st.grams_key, || {
-        kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), &sets, &|d, t| {
+        kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &sets, &|d, t| {
             bar.set_length(t as u64);
             bar.set_position(d as u64);
         })
     })?;
     bar.finish_and_clear();
-    if !fam.fsl.is_empty() {
+    if has_fsl {
         let vrows = gs.pop().expect("the validation rows were computed last");
         calibrate_fsl(clock, fam, &mut fits.fsl, &vrows, val.1, &st.fam_key)?;
     }
@@ -413,9 +499,12 @@ fn predict_setting(fam: &KernelFamily, st: &Stages, fits: &mut Fits, s: &Setting
         }
     }
     for f in &mut fits.fsl {
-        let (fam_fsl, mins) = f.predict_setting(fam, &rows, bench)?;
+        let (fam_fsl, mins, cov) = f.predict_setting(fam, &rows, bench)?;
         f.min_variance.push((s.info.name.clone(), mins.0, mins.1));
         preds.extend(fam_fsl);
+        if let Some((m, cov)) = cov {
+            arrays.push(NamedArray::f64(format!("{m}/cov"), vec![rows.p, k, k], cov));
+        }
     }
     let mut named: Vec<(String, &Predictive)> = preds.iter().map(|(m, p)| (m.to_string(), p)).collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -425,7 +514,7 @@ fn predict_setting(fam: &KernelFamily, st: &Stages, fits: &mut Fits, s: &Setting
     }
     let meta = std::collections::HashMap::from([("key".to_string(), key.to_string())]);
     io::write_safetensors(&st.dir.join(format!("{}.safetensors", s.info.name)), &arrays, Some(meta))?;
-    let fsl_min_variance = fits.fsl.iter().filter_map(|f| f.min_variance.last().map(|m| (f.curvature.to_string(), m.1, m.2))).collect();
+    let fsl_min_variance = fits.fsl.iter().filter_map(|f| f.min_variance.last().map(|m| (f.label(), m.1, m.2))).collect();
     cache::write_json(&st.dir.join(format!("{}.json", s.info.name)), &GpSettingCache { key, classes: k, check: rows.check.clone(), failed: errs.clone(), fsl_min_variance })?;
     Ok((preds, rows.check, errs))
 }
@@ -437,19 +526,20 @@ fn predict_setting(fam: &KernelFamily, st: &Stages, fits: &mut Fits, s: &Setting
 /// posterior variance) is left out and reported.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool, data: &Dataset, fam: &KernelFamily, run: &Run, states: &[Params], settings: &[Setting], bench: &BenchmarkConfig) -> Result<FamilyOutput> {
-    let val = if fam.fsl.is_empty() { (&[][..], &[][..]) } else { data_validation(data)? };
+    let has_fsl = !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty();
+    let val = if !has_fsl { (&[][..], &[][..]) } else { data_validation(data)? };
     let st = Stages::new(fam, run, settings, bench, val.0, cache_dir);
     io::create_dir_all(&st.dir)?;
     let fsl_path = st.dir.join("fsl.fit.json");
     let mut hits: Vec<Option<SettingResult>> = settings.iter().map(|s| st.cached_setting(clock, fam, s)).collect();
-    let cached_fsl: Option<Vec<FslStudyFit>> = if fam.fsl.is_empty() { Some(Vec::new()) } else { cache::read_keyed::<FslCache>(&fsl_path, &st.fam_key).map(|c| c.fits) };
+    let cached_fsl: Option<Vec<FslStudyFit>> = if !has_fsl { Some(Vec::new()) } else { cache::read_keyed::<FslCache>(&fsl_path, &st.fam_key).map(|c| c.fits) };
     let fits_cached = fam.gps.iter().zip(&st.fit_keys).all(|((m, _), key)| cache::read_keyed::<GpFitCache>(&st.dir.join(format!("{m}.fit.json")), key).is_some() && clock.has(&st.fit_stage(m), key));
     let all_cached = hits.iter().all(Option::is_some) && fits_cached && cached_fsl.is_some();
     let (mut fits, reused) = match all_cached.then(|| reuse_fits(clock, fam, &st)).flatten() {
         Some(f) => (f, true),
         None => (fit_family(clock, fam, &st, run, states, progress)?, false),
     };
-    if !reused && !fam.fsl.is_empty() && hits.iter().all(Option::is_some) {
+    if !reused && has_fsl && hits.iter().all(Option::is_some) {
         // Refitted function-space Laplace fits need their validation calibration, which comes
         // with the row Grams: recompute every setting (deterministic, so the same results).
         hits.iter_mut().for_each(|h| *h = None);
@@ -468,7 +558,7 @@ pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool,
             Some((preds, check, errs, mins)) => {
                 clock.reuse(&stage, &key);
                 for f in &mut fits.fsl {
-                    if let Some((_, v, n)) = mins.iter().find(|m| m.0 == f.curvature.to_string()) {
+                    if let Some((_, v, n)) = mins.iter().find(|m| m.0 == f.label()) {
                         f.min_variance.push((s.info.name.clone(), *v, *n));
                     }
                 }

@@ -82,6 +82,16 @@ pub struct UqStudySpec {
     /// logits), the variants of `FslVariant`.
     #[serde(default)]
     pub fsl: Vec<Curvature>,
+    /// Function-space Laplace on the cross-class kernel (default none): the curvatures
+    /// `class-diagonal` (laplace-torch's `independent_outputs=False`) and/or `full` (the
+    /// GGN-exact posterior) ([`crate::gp::crossclass`]), methods `fsl-{kernel}-kxk-{diag|full}…`
+    /// with every variant of `FslVariant`. Their kernels' Grams are computed in the full layout
+    /// (about K times the class-diagonal cost of a dense block).
+    #[serde(default)]
+    pub fsl_kxk: Vec<Curvature>,
+    /// The kernels of `kernel_gps` that get the `fsl_kxk` methods (default: every one).
+    #[serde(default, with = "text::opt_list")]
+    pub fsl_kxk_kernels: Option<Vec<GpKernel>>,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
     #[serde(default)]
     pub benchmark: BenchmarkConfig,
@@ -99,6 +109,8 @@ impl Default for UqStudySpec {
             notes: String::new(),
             disagreement_images: default_grid(),
             fsl: Vec::new(),
+            fsl_kxk: Vec::new(),
+            fsl_kxk_kernels: None,
             benchmark: BenchmarkConfig::default(),
         }
     }
@@ -128,6 +140,14 @@ impl UqStudySpec {
         }
         if has_duplicates(&self.kernel_gps) {
             return bad(format!("kernel_gps has duplicates: {:?}", self.kernel_gps.iter().map(ToString::to_string).collect::<Vec<_>>()));
+        }
+        if has_duplicates(&self.fsl) || has_duplicates(&self.fsl_kxk) {
+            return bad("fsl and fsl_kxk must not repeat a curvature".into());
+        }
+        if let Some(ks) = &self.fsl_kxk_kernels {
+            if let Some(k) = ks.iter().find(|k| !self.kernel_gps.contains(k)) {
+                return bad(format!("fsl_kxk_kernels: `{k}` is not one of kernel_gps"));
+            }
         }
         if self.benchmark.mc_samples < 2 {
             return bad("benchmark.mc_samples must be >= 2".into());
@@ -164,7 +184,8 @@ impl UqStudySpec {
                     gps.push((Method::GpSym, KernelGpSpec::epk(rule).train_gram(TrainGram::SymmetrisedTestSide)));
                 }
                 let netmean = if netmean { vec![(Method::GpNetMean(kernel), Method::Gp(kernel))] } else { Vec::new() };
-                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone() }
+                let kxk = self.fsl_kxk_kernels.as_ref().is_none_or(|ks| ks.contains(&kernel));
+                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone(), fsl_kxk: if kxk { self.fsl_kxk.clone() } else { Vec::new() } }
             })
             .collect()
     }
@@ -182,6 +203,9 @@ pub(super) struct KernelFamily {
     pub netmean: Vec<(Method, Method)>,
     /// Function-space Laplace curvatures on this kernel.
     pub fsl: Vec<Curvature>,
+    /// Cross-class function-space Laplace curvatures on this kernel (its Grams in the full
+    /// layout when not empty).
+    pub fsl_kxk: Vec<Curvature>,
 }
 
 impl KernelFamily {
@@ -193,9 +217,20 @@ impl KernelFamily {
     pub(crate) fn kind(&self) -> KernelKind {
         self.kernel.kind()
     }
-    /// The function-space Laplace methods of the family, curvature by curvature.
+    /// The function-space Laplace methods of the family, curvature by curvature, the
+    /// class-diagonal kernel's then the cross-class kernel's.
     pub(crate) fn fsl_methods(&self) -> Vec<Method> {
-        self.fsl.iter().flat_map(|&c| FslVariant::ALL.into_iter().filter(move |v| v.applies_to(c)).map(move |v| Method::Fsl(self.kernel, c, v))).collect()
+        let diag = self.fsl.iter().flat_map(|&c| FslVariant::ALL.into_iter().filter(move |v| v.applies_to(c)).map(move |v| Method::Fsl(self.kernel, c, v)));
+        let kxk = self.fsl_kxk.iter().flat_map(|&c| FslVariant::ALL.into_iter().map(move |v| Method::FslKxk(self.kernel, c, v)));
+        diag.chain(kxk).collect()
+    }
+    /// The layout of the family's Grams: `full` when a cross-class fit needs every block.
+    pub(crate) fn layout(&self) -> crate::kernel::Layout {
+        if self.fsl_kxk.is_empty() {
+            crate::kernel::Layout::Diag
+        } else {
+            crate::kernel::Layout::Full
+        }
     }
     /// Every method of the family: the GPs, the netmean ablations, function-space Laplace.
     pub(crate) fn methods(&self) -> Vec<Method> {

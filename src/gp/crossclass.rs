@@ -1,0 +1,751 @@
+//! Function-space Laplace with the **cross-class** kernel: the whole `[M·K, M·K]` kernel on the
+//! logits, `K_{(i,c),(j,c')} = k^{cc'}(x_i, x_j)` (a full-layout Gram, K × K blocks per pair),
+//! instead of one GP per class ([`super::functional`]).
+//!
+//! With `σ0² = 1/δ`, the curvature `Λ = F Fᵀ` block-diagonal over the training points and
+//! `G = Fᵀ K F`, the logits at `x*` are `N(f(x*), Σ*)`, a `K × K` covariance per point,
+//!
+//! `Σ* = k**/δ − k*ᵀ F (δ I + G)⁻¹ Fᵀ k* / δ`,
+//!
+//! (`k*` `[M·K, K]`, `k**` `[K, K]`), never forming `Λ⁻¹`. Two curvatures ([`Curvature`]):
+//!
+//! - [`Curvature::ClassDiagonal`] — **laplace-torch's `independent_outputs=False`** (its default):
+//!   laplace-torch's `FunctionalLaplace._build_L` keeps only the diagonal of the per-point
+//!   softmax Hessian, `λ_ic = p_ic − p_ic²`, and `_build_Sigma_inv` factors `K/δ + diag(1/λ)`
+//!   with `1/λ = ∞` (`λ` exactly 0 in float64) replaced by 10 (`torch.nan_to_num(…, posinf=10)`),
+//!   so here `F = diag(√λ)` with such a `λ` taken as 0.1 (counted in [`KxkNumbers::lambda_zero`];
+//!   its `log_det_ratio` takes them as 0, so the evidences differ by design where any exist).
+//! - [`Curvature::Full`] — the **GGN-exact** posterior: `Λ_i = diag(p_i) − p_i p_iᵀ` per point
+//!   (rank K − 1), `F_i = diag(√p_i) − p_i √p_iᵀ` (`F_i F_iᵀ = Λ_i`).
+//!
+//! **Factorisation.** `G` is eigendecomposed once, `G = U diag(e) Uᵀ` (`O((MK)³)`, about ten
+//! times a Cholesky): then for every δ, `Σ* = k**/δ − Σ_j z_j z_jᵀ / (δ (δ + e_j))` with
+//! `z = Uᵀ Fᵀ k*` and the evidence's log-determinant `Σ_j log(1 + e_j/δ)`, so δ by the evidence
+//! and a validation grid cost no refactorisation. The fit also factors `I + G/δ` by Cholesky at
+//! the chosen δ (the one-δ alternative; laplace-torch's `K/δ + diag(1/λ)` is the same size and
+//! exists only for the diagonal curvature) and reports both wall times and their
+//! log-determinants' difference ([`KxkNumbers`]).
+//!
+//! **Evidence** (R&W eq. 3.32 with the targets `r = f − f(w_0)`):
+//! `log Z(δ) = log p(y|f) − (δ/2) rᵀ K⁺ r − ½ log det(I + G/δ)`, `K⁺` the pseudo-inverse on the
+//! eigenvalues above `1e-12 ·` the largest (the count left out is reported); its derivative in
+//! `log δ` is strictly decreasing (one maximum, found by bisection).
+//!
+//! # Shapes
+//! Train Gram `[M, M, K, K]` (`G[i, j, c, c']`, the kernel's full layout), logits and `f_{w_0}`
+//! `[M, K]`, labels `[M]`; rows: `k*` `[P, M, K, K]` (`k^{cc'}(x*_p, x_j)`), `k**` `[P, K, K]`,
+//! mean `[P, K]`. The system's index is point-major, `i K + c` (laplace-torch's order).
+
+use std::time::Instant;
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, Par, Side};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::functional::{evidence_argmax, Curvature, FslFit, FslPredictive, KernelBlocks, Prior, PINV_REL};
+use super::lastlayer::LogitPosterior;
+use crate::error::{Error, Result};
+
+/// laplace-torch's `1/λ` where `λ` is exactly 0 (`_build_Sigma_inv`: `nan_to_num(posinf=10)`).
+const LT_INV_LAMBDA_AT_ZERO: f64 = 10.0;
+/// Test points per block of the predictive (bounds the `[M K, block K]` work arrays).
+const BLOCK: usize = 128;
+
+fn par() -> Par {
+    Par::rayon(0)
+}
+
+/// The training side of a cross-class fit.
+#[derive(Clone, Copy, Debug)]
+pub struct KxkTrain<'a> {
+    /// The train × train Gram, every class block. # Shapes `[M, M, K, K]`.
+    pub k_train: &'a [f64],
+    /// Logits `f_{w_N}(x_i)`. # Shapes `[M, K]`.
+    pub logits: &'a [f64],
+    /// Logits at the initial state (the prior mean). # Shapes `[M, K]`.
+    pub bias: &'a [f64],
+    /// Class labels. # Shapes `[M]`.
+    pub labels: &'a [usize],
+    /// Training points M.
+    pub m: usize,
+    /// Classes K.
+    pub k: usize,
+}
+
+/// The rows a cross-class predictive is computed at.
+#[derive(Clone, Copy, Debug)]
+pub struct KxkRows<'a> {
+    /// `k^{cc'}(x*_p, x_j)`. # Shapes `[P, M, K, K]`.
+    pub k_cross: &'a [f64],
+    /// `k^{cc'}(x*_p, x*_p)`. # Shapes `[P, K, K]`.
+    pub k_self: &'a [f64],
+    /// The predictive mean: the network's logits. # Shapes `[P, K]`.
+    pub mean: &'a [f64],
+    /// Rows P.
+    pub p: usize,
+}
+
+/// The numbers of a cross-class fit (in [`FslFit::kxk`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KxkNumbers {
+    /// Size of the system, M·K.
+    pub n: usize,
+    /// Smallest and largest eigenvalue of the `[M K, M K]` kernel.
+    pub k_eig: [f64; 2],
+    /// Its eigenvalues left out of `rᵀ K⁺ r` (below `1e-12 ·` the largest).
+    pub pinv_dropped: usize,
+    /// `rᵀ K⁺ r`.
+    pub rkr: f64,
+    /// Smallest eigenvalue of `G = Fᵀ K F` before clamping at 0.
+    pub g_min_eig: f64,
+    /// Diagonal curvature: `λ_ic` exactly 0, taken as 1/10 (laplace-torch's convention).
+    pub lambda_zero: usize,
+    /// Wall seconds: the kernel's eigendecomposition (evidence), forming `G`, its
+    /// eigendecomposition (every δ), the Cholesky of `I + G/δ` at the fitted δ (one δ).
+    pub seconds: KxkSeconds,
+    /// `|log det(I + G/δ)|` by the Cholesky minus by the eigenvalues, relative.
+    pub logdet_rel_diff: f64,
+}
+
+/// Wall seconds of a cross-class fit's factorisations.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KxkSeconds {
+    /// Eigendecomposition of K (for `rᵀ K⁺ r`).
+    pub eig_k: f64,
+    /// Forming `G = Fᵀ K F`.
+    pub form_g: f64,
+    /// Eigendecomposition of G (serves every δ).
+    pub eig_g: f64,
+    /// Cholesky of `I + G/δ` at one δ.
+    pub cholesky: f64,
+}
+
+/// A fitted cross-class function-space Laplace approximation (module docs).
+#[derive(Clone, Debug)]
+pub struct CrossClassLaplace {
+    m: usize,
+    k: usize,
+    delta: f64,
+    curvature: Curvature,
+    /// Per-point factors `F_i`, row-major. # Shapes `[M, K, K]`.
+    f: Vec<f64>,
+    /// Eigenvalues of G, clamped at 0. # Shapes `[M K]`.
+    e: Vec<f64>,
+    /// Eigenvectors of G. # Shapes `[M K, M K]`.
+    u: Mat<f64>,
+    rkr: f64,
+    /// The fit's numbers.
+    pub fit: FslFit,
+}
+
+/// The per-point factors `F_i` (module docs) and the count of `λ` exactly 0.
+fn factors(probs: &[f64], m: usize, k: usize, curvature: Curvature) -> (Vec<f64>, usize) {
+    let mut f = vec![0.0; m * k * k];
+    let mut zero = 0usize;
+    for i in 0..m {
+        let p = &probs[i * k..(i + 1) * k];
+        let fi = &mut f[i * k * k..(i + 1) * k * k];
+        match curvature {
+            Curvature::ClassDiagonal => {
+                for c in 0..k {
+                    // laplace-torch: the diagonal of diag(p) − p pᵀ, p − p·p.
+                    let lam = p[c] - p[c] * p[c];
+                    let lam = if lam == 0.0 {
+                        zero += 1;
+                        1.0 / LT_INV_LAMBDA_AT_ZERO
+                    } else {
+                        lam.max(0.0)
+                    };
+                    fi[c * k + c] = lam.sqrt();
+                }
+            }
+            Curvature::Full => {
+                for a in 0..k {
+                    for b in 0..k {
+                        fi[a * k + b] = if a == b { p[b].sqrt() } else { 0.0 } - p[a] * p[b].sqrt();
+                    }
+                }
+            }
+        }
+    }
+    (f, zero)
+}
+
+fn eig_sym(a: &Mat<f64>, what: &str) -> Result<(Vec<f64>, Mat<f64>)> {
+    let evd = a.self_adjoint_eigen(Side::Lower).map_err(|e| Error::Numerical(format!("{what}: eigendecomposition failed: {e:?}")))?;
+    let e: Vec<f64> = evd.S().column_vector().iter().copied().collect();
+    if let Some(i) = e.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Numerical(format!("{what}: eigenvalue {i} is {}", e[i])));
+    }
+    Ok((e, evd.U().to_owned()))
+}
+
+/// `A = Fᵀ k*` for rows `q0..q1`: column `(q − q0) K + c` holds `Σ_b F_j[b][a] k^{cb}(x*_q, x_j)`
+/// at row `j K + a`. # Shapes `[M K, (q1 − q0) K]`.
+fn project_rows(f: &[f64], rows: &KxkRows<'_>, m: usize, k: usize, q0: usize, q1: usize) -> Mat<f64> {
+    let mut a = Mat::<f64>::zeros(m * k, (q1 - q0) * k);
+    let kk = k * k;
+    for q in q0..q1 {
+        for c in 0..k {
+            let col = (q - q0) * k + c;
+            for j in 0..m {
+                let blk = &rows.k_cross[(q * m + j) * kk + c * k..(q * m + j) * kk + c * k + k];
+                let fj = &f[j * kk..(j + 1) * kk];
+                for aa in 0..k {
+                    let mut s = 0.0;
+                    for b in 0..k {
+                        s += fj[b * k + aa] * blk[b];
+                    }
+                    a[(j * k + aa, col)] = s;
+                }
+            }
+        }
+    }
+    a
+}
+
+impl CrossClassLaplace {
+    /// Fits on the training side (module docs): the curvature's factors, the eigendecompositions
+    /// of K and of `G = Fᵀ K F`, δ by `prior`, and the Cholesky of `I + G/δ` (timing and check).
+    ///
+    /// Errors: shapes, non-finite values, a non-symmetric Gram (relative `1e-9`), a kernel with
+    /// an eigenvalue below `−1e-9 ·` its largest (not PSD), δ ≤ 0, a failed factorisation.
+    pub fn fit(train: &KxkTrain<'_>, curvature: Curvature, prior: Prior) -> Result<Self> {
+        let (m, k) = (train.m, train.k);
+        let n = m * k;
+        if train.k_train.len() != n * n || train.logits.len() != n || train.bias.len() != n || train.labels.len() != m {
+            return Err(Error::ShapeMismatch {
+                what: "cross-class function-space Laplace train side: k_train [M, M, K, K], logits and bias [M, K], labels [M]".into(),
+                expected: vec![n * n, n, n, m],
+                got: vec![train.k_train.len(), train.logits.len(), train.bias.len(), train.labels.len()],
+            });
+        }
+        if m == 0 || k < 2 {
+            return Err(Error::Config("function-space Laplace needs training points and at least two classes".into()));
+        }
+        if let Some(i) = train.k_train.iter().chain(train.logits).chain(train.bias).position(|v| !v.is_finite()) {
+            return Err(Error::Data(format!("cross-class function-space Laplace: non-finite input at flat index {i} (k_train, logits, bias)")));
+        }
+        if let Some(&y) = train.labels.iter().find(|&&y| y >= k) {
+            return Err(Error::Data(format!("cross-class function-space Laplace: label {y} is not one of {k} classes")));
+        }
+        // The system's matrix, index i K + c: K[(i,c),(j,c')] = G[i, j, c, c'].
+        let idx = |r: usize, s: usize| ((r / k * m + s / k) * k + r % k) * k + s % k;
+        let scale = train.k_train.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+        for r in 0..n {
+            for s in r + 1..n {
+                let d = (train.k_train[idx(r, s)] - train.k_train[idx(s, r)]).abs();
+                if d > 1e-9 * scale.max(f64::MIN_POSITIVE) {
+                    return Err(Error::Numerical(format!("cross-class function-space Laplace: the train Gram is not symmetric ((point, class) {:?} against {:?}: {d:e} of {scale:e})", (r / k, r % k), (s / k, s % k))));
+                }
+            }
+        }
+        let kmat = Mat::from_fn(n, n, |r, s| 0.5 * (train.k_train[idx(r, s)] + train.k_train[idx(s, r)]));
+        let probs = crate::uncertainty::metrics::softmax_rows(train.logits, k)?;
+        let loglik = super::functional::log_likelihood(train.logits, train.labels, k);
+
+        let t = Instant::now();
+        let (ke, ku) = eig_sym(&kmat, "the cross-class train kernel")?;
+        let eig_k = t.elapsed().as_secs_f64();
+        let top = ke.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        if ke[0] < -1e-9 * top {
+            return Err(Error::Numerical(format!("cross-class function-space Laplace: the train kernel has eigenvalue {:e} against a largest of {top:e}: not positive semi-definite", ke[0])));
+        }
+        let r: Vec<f64> = train.logits.iter().zip(train.bias).map(|(a, b)| a - b).collect();
+        let (mut rkr, mut dropped) = (0.0, 0usize);
+        let proj: Vec<f64> = (0..n).into_par_iter().map(|j| (0..n).map(|i| ku[(i, j)] * r[i]).sum::<f64>()).collect();
+        for j in 0..n {
+            if ke[j] <= PINV_REL * top {
+                dropped += 1;
+            } else {
+                rkr += proj[j] * proj[j] / ke[j];
+            }
+        }
+        drop(ku);
+
+        let (f, lambda_zero) = factors(&probs, m, k, curvature);
+        let t = Instant::now();
+        let g = form_g(&kmat, &f, m, k);
+        drop(kmat);
+        let form_g_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let (mut e, u) = eig_sym(&g, "G = Fᵀ K F")?;
+        let eig_g = t.elapsed().as_secs_f64();
+        let g_min = e[0];
+        e.iter_mut().for_each(|v| *v = v.max(0.0));
+
+        let (delta, how) = match prior {
+            Prior::Fixed(d) => {
+                if !(d > 0.0 && d.is_finite()) {
+                    return Err(Error::Config(format!("prior precision δ = {d}: must be positive and finite")));
+                }
+                (d, "fixed")
+            }
+            Prior::Evidence => (evidence_argmax(rkr, &[&e]), "evidence"),
+        };
+        // The one-δ alternative: Cholesky of I + G/δ, timed, its log-determinant against the
+        // eigenvalues'.
+        let t = Instant::now();
+        let b = Mat::from_fn(n, n, |i, j| g[(i, j)] / delta + if i == j { 1.0 } else { 0.0 });
+        drop(g);
+        let llt = b.llt(Side::Lower).map_err(|e| Error::Numerical(format!("cross-class function-space Laplace: I + G/δ is not positive definite: {e:?}")))?;
+        let cholesky = t.elapsed().as_secs_f64();
+        let logdet_chol: f64 = 2.0 * (0..n).map(|i| llt.L()[(i, i)].ln()).sum::<f64>();
+        let logdet_eig: f64 = e.iter().map(|v| (v / delta).ln_1p()).sum();
+        let logdet_rel_diff = (logdet_chol - logdet_eig).abs() / logdet_eig.abs().max(f64::MIN_POSITIVE);
+        let numbers = KxkNumbers {
+            n,
+            k_eig: [ke[0], ke[n - 1]],
+            pinv_dropped: dropped,
+            rkr,
+            g_min_eig: g_min,
+            lambda_zero,
+            seconds: KxkSeconds { eig_k, form_g: form_g_s, eig_g, cholesky },
+            logdet_rel_diff,
+        };
+        let mut out = CrossClassLaplace {
+            m,
+            k,
+            delta,
+            curvature,
+            f,
+            e,
+            u,
+            rkr,
+            fit: FslFit { curvature, delta, prior: how.into(), log_evidence: 0.0, log_likelihood: loglik, classes: Vec::new(), blocks: KernelBlocks::CrossClass, kxk: Some(numbers) },
+        };
+        out.set_delta(delta, how);
+        Ok(out)
+    }
+
+    fn set_delta(&mut self, delta: f64, how: &str) {
+        self.delta = delta;
+        self.fit.delta = delta;
+        self.fit.prior = how.into();
+        self.fit.log_evidence = self.log_evidence(delta);
+    }
+
+    /// The prior precision δ.
+    pub fn delta(&self) -> f64 {
+        self.delta
+    }
+
+    /// The curvature.
+    pub fn curvature(&self) -> Curvature {
+        self.curvature
+    }
+
+    /// The log evidence at `delta` (module docs).
+    pub fn log_evidence(&self, delta: f64) -> f64 {
+        let logdet: f64 = self.e.iter().map(|v| (v / delta).ln_1p()).sum();
+        self.fit.log_likelihood - 0.5 * delta * self.rkr - 0.5 * logdet
+    }
+
+    fn check_rows(&self, rows: &KxkRows<'_>) -> Result<()> {
+        let (m, k, p) = (self.m, self.k, rows.p);
+        if rows.k_cross.len() != p * m * k * k || rows.k_self.len() != p * k * k || rows.mean.len() != p * k {
+            return Err(Error::ShapeMismatch {
+                what: "cross-class function-space Laplace rows: k_cross [P, M, K, K], k_self [P, K, K], mean [P, K]".into(),
+                expected: vec![p * m * k * k, p * k * k, p * k],
+                got: vec![rows.k_cross.len(), rows.k_self.len(), rows.mean.len()],
+            });
+        }
+        if let Some(i) = rows.k_cross.iter().chain(rows.k_self).chain(rows.mean).position(|v| !v.is_finite()) {
+            return Err(Error::Data(format!("cross-class function-space Laplace rows: non-finite value at flat index {i} (k_cross, k_self, mean)")));
+        }
+        Ok(())
+    }
+
+    /// `Z = Uᵀ Fᵀ k*` for every row. # Shapes `[M K, P K]`.
+    fn project(&self, rows: &KxkRows<'_>) -> Mat<f64> {
+        let (n, k, p) = (self.m * self.k, self.k, rows.p);
+        let mut z = Mat::<f64>::zeros(n, p * k);
+        let mut q0 = 0;
+        while q0 < p {
+            let q1 = (q0 + BLOCK).min(p);
+            let a = project_rows(&self.f, rows, self.m, k, q0, q1);
+            matmul(z.as_mut().subcols_mut(q0 * k, (q1 - q0) * k), Accum::Replace, self.u.as_ref().transpose(), a.as_ref(), 1.0, par());
+            q0 = q1;
+        }
+        z
+    }
+
+    /// `Σ*` at δ from the projections `z` (module docs), clamping variances within rounding of 0.
+    fn covariances(&self, rows: &KxkRows<'_>, z: &Mat<f64>, delta: f64) -> Result<FslPredictive> {
+        let (n, k, p) = (self.m * self.k, self.k, rows.p);
+        let w: Vec<f64> = self.e.iter().map(|e| 1.0 / (delta * (delta + e))).collect();
+        let mut cov = vec![0.0; p * k * k];
+        cov.par_chunks_mut(k * k).enumerate().for_each(|(q, out)| {
+            for a in 0..k {
+                let za = z.col(q * k + a);
+                for b in 0..=a {
+                    let zb = z.col(q * k + b);
+                    let red: f64 = (0..n).map(|j| za[j] * zb[j] * w[j]).sum();
+                    let prior = 0.5 * (rows.k_self[(q * k + a) * k + b] + rows.k_self[(q * k + b) * k + a]) / delta;
+                    out[a * k + b] = prior - red;
+                    out[b * k + a] = prior - red;
+                }
+            }
+        });
+        let (mut clamped, mut min_var) = (0usize, f64::INFINITY);
+        for q in 0..p {
+            for c in 0..k {
+                let v = cov[(q * k + c) * k + c];
+                min_var = min_var.min(v);
+                if v < 0.0 {
+                    let prior = rows.k_self[(q * k + c) * k + c] / delta;
+                    if v < -1e-8 * prior.abs().max(f64::MIN_POSITIVE) {
+                        return Err(Error::Numerical(format!("cross-class function-space Laplace: row {q}, class {c}: posterior variance {v:e} is negative beyond rounding (prior {prior:e})")));
+                    }
+                    clamped += 1;
+                    for c2 in 0..k {
+                        cov[(q * k + c) * k + c2] = 0.0;
+                        cov[(q * k + c2) * k + c] = 0.0;
+                    }
+                }
+            }
+        }
+        Ok(FslPredictive { post: LogitPosterior { mean: rows.mean.to_vec(), cov, p, k }, clamped, min_variance: min_var })
+    }
+
+    /// The logit predictive at `rows` (module docs): mean = the rows' network logits, `Σ*` the
+    /// `K × K` covariance per point at the fitted δ.
+    ///
+    /// Errors: shapes, non-finite rows; a variance below `−1e-8 ·` its prior (smaller negatives
+    /// are clamped to 0 with their row and column, counted in [`FslPredictive::clamped`]).
+    pub fn predict(&self, rows: &KxkRows<'_>) -> Result<FslPredictive> {
+        self.check_rows(rows)?;
+        let z = self.project(rows);
+        self.covariances(rows, &z, self.delta)
+    }
+
+    /// δ by a validation grid (laplace-torch's `optimize_prior_precision(method='gridsearch')`): `points` values of
+    /// `logspace(min_log10, max_log10)`, each scored by the probit predictive's NLL at `rows`
+    /// with `labels`, one projection for all; the best becomes the fit's δ (`prior = "grid"`).
+    /// Returns the sweep `[(δ, NLL)]`.
+    pub(crate) fn grid_search(&mut self, rows: &KxkRows<'_>, labels: &[usize], min_log10: f64, max_log10: f64, points: usize) -> Result<Vec<(f64, f64)>> {
+        self.check_rows(rows)?;
+        if labels.len() != rows.p || points < 2 || !(max_log10 > min_log10) {
+            return Err(Error::Config(format!("grid search: {} labels for {} rows, {points} points in [{min_log10}, {max_log10}]", labels.len(), rows.p)));
+        }
+        let z = self.project(rows);
+        let mut sweep = Vec::with_capacity(points);
+        for i in 0..points {
+            let delta = 10f64.powf(min_log10 + (max_log10 - min_log10) * i as f64 / (points - 1) as f64);
+            let pred = self.covariances(rows, &z, delta)?;
+            sweep.push((delta, super::functional::nll(&pred.post.probit(1.0, 1.0), labels, self.k)));
+        }
+        let best = sweep.iter().copied().filter(|v| v.1.is_finite()).min_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
+            Some((d, _)) => self.set_delta(d, "grid"),
+            None => return Err(Error::Numerical("grid search: no prior precision gave a finite validation NLL".into())),
+        }
+        Ok(sweep)
+    }
+}
+
+/// Wall seconds of the cross-class factorisations at one size ([`factor_timings`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FactorTimings {
+    /// Size of the system, M·K.
+    pub n: usize,
+    /// Cholesky of `I + G/δ`: one δ (laplace-torch's `K/δ + diag(1/λ)` is a Cholesky of the
+    /// same size).
+    pub cholesky: f64,
+    /// Eigendecomposition of `G` (every δ), when asked for.
+    pub eig: Option<f64>,
+}
+
+/// Times the two factorisations a cross-class fit can use at size `n` (the bench subcommand's
+/// `--fsl-kxk`) on a random symmetric positive definite `G` (seeded; dense factorisations'
+/// cost depends on the size, not the values): the Cholesky of `I + G` and, with `eig`, the
+/// symmetric eigendecomposition of `G` (faer, all threads).
+///
+/// Errors: a factorisation that fails.
+pub fn factor_timings(n: usize, seed: u64, eig: bool) -> Result<FactorTimings> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let upper: Vec<f64> = (0..n * (n + 1) / 2).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let at = |i: usize, j: usize| {
+        let (a, b) = if i <= j { (i, j) } else { (j, i) };
+        upper[b * (b + 1) / 2 + a]
+    };
+    let g = Mat::from_fn(n, n, |i, j| at(i, j) + if i == j { n as f64 } else { 0.0 });
+    drop(upper);
+    let t = Instant::now();
+    Mat::from_fn(n, n, |i, j| g[(i, j)] + if i == j { 1.0 } else { 0.0 }).llt(Side::Lower).map_err(|e| Error::Numerical(format!("factor_timings: I + G is not positive definite: {e:?}")))?;
+    let cholesky = t.elapsed().as_secs_f64();
+    let eig = if eig {
+        let t = Instant::now();
+        eig_sym(&g, "G")?;
+        Some(t.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    Ok(FactorTimings { n, cholesky, eig })
+}
+
+/// `G = Fᵀ K F` with `F` block-diagonal (`F_i` per point), symmetrised. # Shapes `[M K, M K]`.
+fn form_g(kmat: &Mat<f64>, f: &[f64], m: usize, k: usize) -> Mat<f64> {
+    let n = m * k;
+    let kk = k * k;
+    // KF[r, (j, b)] = Σ_c' K[r, (j, c')] F_j[c'][b].
+    let mut kf = Mat::<f64>::zeros(n, n);
+    kf.par_col_chunks_mut(k).enumerate().for_each(|(j, mut cols)| {
+        let fj = &f[j * kk..(j + 1) * kk];
+        for r in 0..n {
+            for b in 0..k {
+                let mut s = 0.0;
+                for c in 0..k {
+                    s += kmat[(r, j * k + c)] * fj[c * k + b];
+                }
+                cols[(r, b)] = s;
+            }
+        }
+    });
+    // G[(i, a), s] = Σ_c F_i[c][a] KF[(i, c), s].
+    let mut g = Mat::<f64>::zeros(n, n);
+    g.par_col_chunks_mut(1).enumerate().for_each(|(s, mut col)| {
+        for i in 0..m {
+            let fi = &f[i * kk..(i + 1) * kk];
+            for a in 0..k {
+                let mut v = 0.0;
+                for c in 0..k {
+                    v += fi[c * k + a] * kf[(i * k + c, s)];
+                }
+                col[(i * k + a, 0)] = v;
+            }
+        }
+    });
+    Mat::from_fn(n, n, |i, j| 0.5 * (g[(i, j)] + g[(j, i)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nalgebra::DMatrix;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// A random cross-class kernel from features: `k^{cc'}(x, x') = ⟨φ_c(x), φ_c'(x')⟩`, over
+    /// train then test points. Returns (k_train [M,M,K,K], k_cross [P,M,K,K], k_self [P,K,K],
+    /// logits, bias, labels, mean).
+    #[allow(clippy::type_complexity)]
+    fn problem(m: usize, p: usize, k: usize, feat: usize, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<usize>, Vec<f64>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n = m + p;
+        let phi: Vec<f64> = (0..n * k * feat).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let dot = |a: usize, c: usize, b: usize, c2: usize| (0..feat).map(|t| phi[(a * k + c) * feat + t] * phi[(b * k + c2) * feat + t]).sum::<f64>();
+        let mut kt = vec![0.0; m * m * k * k];
+        let mut kx = vec![0.0; p * m * k * k];
+        let mut ks = vec![0.0; p * k * k];
+        for c in 0..k {
+            for c2 in 0..k {
+                for i in 0..m {
+                    for j in 0..m {
+                        kt[((i * m + j) * k + c) * k + c2] = dot(i, c, j, c2);
+                    }
+                }
+                for q in 0..p {
+                    for j in 0..m {
+                        kx[((q * m + j) * k + c) * k + c2] = dot(m + q, c, j, c2);
+                    }
+                    ks[(q * k + c) * k + c2] = dot(m + q, c, m + q, c2);
+                }
+            }
+        }
+        let logits: Vec<f64> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let bias: Vec<f64> = (0..m * k).map(|_| rng.gen_range(-0.1..0.1)).collect();
+        let labels: Vec<usize> = (0..m).map(|_| rng.gen_range(0..k)).collect();
+        let mean: Vec<f64> = (0..p * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        (kt, kx, ks, logits, bias, labels, mean)
+    }
+
+    /// The dense curvature Λ (block-diagonal, index i K + c): `diag(p − p²)` (with laplace-torch's
+    /// 1/λ = ∞ → 10) or `diag(p_i) − p_i p_iᵀ`.
+    fn dense_lambda(probs: &[f64], m: usize, k: usize, full: bool) -> DMatrix<f64> {
+        let mut l = DMatrix::<f64>::zeros(m * k, m * k);
+        for i in 0..m {
+            let pr = &probs[i * k..(i + 1) * k];
+            for a in 0..k {
+                for b in 0..k {
+                    l[(i * k + a, i * k + b)] = if full {
+                        (if a == b { pr[a] } else { 0.0 }) - pr[a] * pr[b]
+                    } else if a == b {
+                        let lam = pr[a] - pr[a] * pr[a];
+                        if lam == 0.0 { 0.1 } else { lam }
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        l
+    }
+
+    fn dense_k(kt: &[f64], m: usize, k: usize) -> DMatrix<f64> {
+        DMatrix::from_fn(m * k, m * k, |r, s| kt[((r / k * m + s / k) * k + r % k) * k + s % k])
+    }
+
+    /// The obvious formulas, with no F, no eigendecomposition: R&W eq. 3.24 with the prior K/δ,
+    /// `Σ* = k**/δ − (k*/δ)ᵀ Λ (I + K Λ/δ)⁻¹ (k*/δ)` by an LU solve, and for the diagonal curvature
+    /// also laplace-torch's `k**/δ − (k*/δ)ᵀ (K/δ + Λ⁻¹)⁻¹ (k*/δ)` (`functional_variance`).
+    #[allow(clippy::too_many_arguments)]
+    fn dense_cov(kt: &[f64], kx: &[f64], ks: &[f64], probs: &[f64], m: usize, p: usize, k: usize, delta: f64, full: bool) -> (Vec<f64>, Option<Vec<f64>>) {
+        let n = m * k;
+        let kk = dense_k(kt, m, k);
+        let lam = dense_lambda(probs, m, k, full);
+        let a = DMatrix::<f64>::identity(n, n) + &kk * &lam / delta;
+        let lu = a.lu();
+        let lt = if full { None } else { Some((&kk / delta + DMatrix::from_diagonal(&lam.diagonal().map(|v| 1.0 / v))).lu()) };
+        let mut out = vec![0.0; p * k * k];
+        let mut out_lt = vec![0.0; p * k * k];
+        for q in 0..p {
+            let kstar = DMatrix::from_fn(n, k, |r, c| kx[((q * m + r / k) * k + c) * k + r % k] / delta);
+            let red = kstar.transpose() * &lam * lu.solve(&kstar).unwrap();
+            for a in 0..k {
+                for b in 0..k {
+                    out[(q * k + a) * k + b] = ks[(q * k + a) * k + b] / delta - red[(a, b)];
+                }
+            }
+            if let Some(lt) = &lt {
+                let red = kstar.transpose() * lt.solve(&kstar).unwrap();
+                for a in 0..k {
+                    for b in 0..k {
+                        out_lt[(q * k + a) * k + b] = ks[(q * k + a) * k + b] / delta - red[(a, b)];
+                    }
+                }
+            }
+        }
+        (out, lt.map(|_| out_lt))
+    }
+
+    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(0.0f64, |s, v| s.max(v.abs()));
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+    }
+
+    #[test]
+    fn both_curvatures_match_the_dense_formulas() {
+        let (m, p, k) = (9, 4, 3);
+        let (kt, kx, ks, logits, bias, labels, mean) = problem(m, p, k, 40, 11);
+        let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
+        let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };
+        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
+            for delta in [0.2, 3.0, 80.0] {
+                let fsl = CrossClassLaplace::fit(&train, curv, Prior::Fixed(delta)).unwrap();
+                let got = fsl.predict(&rows).unwrap();
+                let (want, want_lt) = dense_cov(&kt, &kx, &ks, &probs, m, p, k, delta, full);
+                let e = max_rel(&got.post.cov, &want);
+                assert!(e < 1e-10, "{curv} δ = {delta}: {e:e}");
+                if let Some(w) = want_lt {
+                    let e = max_rel(&got.post.cov, &w);
+                    assert!(e < 1e-10, "{curv} δ = {delta} against laplace-torch's form: {e:e}");
+                }
+                // Off-diagonal blocks are really there: the cross-class kernel couples the classes.
+                let off = (0..p).map(|q| got.post.cov[q * k * k + 1].abs()).fold(0.0, f64::max);
+                assert!(off > 1e-6, "{curv}: no cross-class covariance");
+                assert_eq!(got.post.mean, mean);
+                assert_eq!(got.clamped, 0);
+                let nk = fsl.fit.kxk.as_ref().unwrap();
+                assert!(nk.logdet_rel_diff < 1e-10, "{curv}: Cholesky and eigenvalue log-determinants differ by {:e}", nk.logdet_rel_diff);
+            }
+        }
+    }
+
+    #[test]
+    fn class_diagonal_kernel_reduces_to_the_per_class_fit() {
+        // A cross-class Gram with zero off-diagonal blocks is the per-class problem: the
+        // diagonal curvature must then equal `FunctionalLaplace`'s class-diagonal fit.
+        let (m, p, k) = (10, 5, 3);
+        let (mut kt, mut kx, mut ks, logits, bias, labels, mean) = problem(m, p, k, 30, 12);
+        for (idx, v) in kt.iter_mut().enumerate() {
+            if (idx / k) % k != idx % k {
+                *v = 0.0;
+            }
+        }
+        for (idx, v) in kx.iter_mut().enumerate() {
+            if (idx / k) % k != idx % k {
+                *v = 0.0;
+            }
+        }
+        for (idx, v) in ks.iter_mut().enumerate() {
+            if (idx / k) % k != idx % k {
+                *v = 0.0;
+            }
+        }
+        let kc: Vec<f64> = (0..k).flat_map(|c| (0..m * m).map(move |ij| (ij, c))).map(|(ij, c)| kt[(ij * k + c) * k + c]).collect();
+        let kxc: Vec<f64> = (0..k).flat_map(|c| (0..p * m).map(move |qj| (qj, c))).map(|(qj, c)| kx[(qj * k + c) * k + c]).collect();
+        let kdc: Vec<f64> = (0..k).flat_map(|c| (0..p).map(move |q| (q, c))).map(|(q, c)| ks[(q * k + c) * k + c]).collect();
+        let per = super::super::functional::FunctionalLaplace::fit(&super::super::FslTrain { k_train: &kc, logits: &logits, bias: &bias, labels: &labels, m, k }, Curvature::ClassDiagonal, Prior::Evidence).unwrap();
+        let x = CrossClassLaplace::fit(&KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k }, Curvature::ClassDiagonal, Prior::Evidence).unwrap();
+        assert!((per.delta() - x.delta()).abs() < 1e-9 * per.delta(), "δ {} vs {}", per.delta(), x.delta());
+        assert!((per.fit.log_evidence - x.fit.log_evidence).abs() < 1e-9 * per.fit.log_evidence.abs());
+        let a = per.predict(&super::super::FslRows { k_cross: &kxc, k_diag: &kdc, mean: &mean, p }).unwrap();
+        let b = x.predict(&KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p }).unwrap();
+        assert!(max_rel(&b.post.cov, &a.post.cov) < 1e-10);
+    }
+
+    #[test]
+    fn evidence_is_the_dense_evidence_and_its_maximum() {
+        let (m, k) = (8, 3);
+        let (kt, _, _, logits, bias, labels, _) = problem(m, 1, k, 40, 13);
+        let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
+        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
+            let fsl = CrossClassLaplace::fit(&train, curv, Prior::Evidence).unwrap();
+            let best = fsl.fit.log_evidence;
+            for i in 0..300 {
+                let d = 10f64.powf(-6.0 + 12.0 * i as f64 / 299.0);
+                assert!(fsl.log_evidence(d) <= best + 1e-9 * best.abs(), "{curv} δ = {d}");
+            }
+            // Dense: log p(y|f) − (δ/2) rᵀ K⁻¹ r − ½ log det(I + Λ K/δ) (Sylvester), LU determinant.
+            let delta = fsl.delta();
+            let kk = dense_k(&kt, m, k);
+            let r = DMatrix::from_fn(m * k, 1, |i, _| logits[i] - bias[i]);
+            let lam = dense_lambda(&probs, m, k, full);
+            let mut slow = super::super::functional::log_likelihood(&logits, &labels, k);
+            slow -= 0.5 * delta * (r.transpose() * kk.clone().try_inverse().unwrap() * &r)[(0, 0)];
+            slow -= 0.5 * (DMatrix::identity(m * k, m * k) + &lam * &kk / delta).determinant().ln();
+            assert!((slow - best).abs() < 1e-8 * slow.abs(), "{curv}: {slow} vs {best}");
+        }
+    }
+
+    #[test]
+    fn grid_search_picks_the_lowest_validation_nll() {
+        let (m, p, k) = (10, 25, 3);
+        let (kt, kx, ks, logits, bias, _, mean) = problem(m, p, k, 30, 14);
+        let labels: Vec<usize> = (0..m).map(|i| crate::uncertainty::metrics::argmax(&logits[i * k..(i + 1) * k])).collect();
+        let vlabels: Vec<usize> = (0..p).map(|q| (q * 5) % k).collect();
+        let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
+        let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };
+        for curv in [Curvature::ClassDiagonal, Curvature::Full] {
+            let mut fsl = CrossClassLaplace::fit(&train, curv, Prior::Fixed(1.0)).unwrap();
+            let sweep = fsl.grid_search(&rows, &vlabels, -2.0, 2.0, 9).unwrap();
+            let best = sweep.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+            assert_eq!(fsl.delta(), best.0);
+            assert_eq!(fsl.fit.prior, "grid");
+            // Refitting at that δ gives the same predictive the sweep scored.
+            let refit = CrossClassLaplace::fit(&train, curv, Prior::Fixed(best.0)).unwrap();
+            let nll = super::super::functional::nll(&refit.predict(&rows).unwrap().post.probit(1.0, 1.0), &vlabels, k);
+            assert!((nll - best.1).abs() < 1e-12, "{curv}: {nll} vs {}", best.1);
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_refused() {
+        let (m, p, k) = (5, 2, 3);
+        let (kt, kx, ks, logits, bias, labels, mean) = problem(m, p, k, 10, 15);
+        assert!(CrossClassLaplace::fit(&KxkTrain { k_train: &kt[1..], logits: &logits, bias: &bias, labels: &labels, m, k }, Curvature::Full, Prior::Evidence).is_err());
+        let mut nonsym = kt.clone();
+        nonsym[1] += 1.0; // G[0, 0, 0, 1] without G[0, 0, 1, 0]
+        let e = CrossClassLaplace::fit(&KxkTrain { k_train: &nonsym, logits: &logits, bias: &bias, labels: &labels, m, k }, Curvature::Full, Prior::Evidence).unwrap_err();
+        assert!(e.to_string().contains("not symmetric"), "{e}");
+        let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
+        assert!(CrossClassLaplace::fit(&train, Curvature::Full, Prior::Fixed(-1.0)).is_err());
+        let fsl = CrossClassLaplace::fit(&train, Curvature::Full, Prior::Fixed(1.0)).unwrap();
+        assert!(fsl.predict(&KxkRows { k_cross: &kx[1..], k_self: &ks, mean: &mean, p }).is_err());
+    }
+}
