@@ -1,10 +1,12 @@
 //! The `[model] layers = [...]` list as written: one entry per layer, in PyTorch's words.
 //!
-//!     layers = [
-//!       { conv2d = { channels = 6, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 },
-//!       "flatten", { dense = 120 }, "gelu", "layer_norm", { dense = 10 },
-//!       { residual = [ { dense = 10 }, "relu", { dense = 10 } ] },
-//!     ]
+//! ```toml
+//! layers = [
+//!   { conv2d = { channels = 6, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 },
+//!   "flatten", { dense = 120 }, "gelu", "layer_norm", { dense = 10 },
+//!   { residual = [ { dense = 10 }, "relu", { dense = 10 } ] },
+//! ]
+//! ```
 //!
 //! A layer without options is a string (`"relu"`, `"flatten"`, `"layer_norm"`); one with options
 //! is a one-key table whose value is the main option (`{ dense = 120 }`, `{ max_pool2d = 2 }`,
