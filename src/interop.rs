@@ -320,19 +320,19 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 /// refused with the reason), the step files contiguous 0 … N with N the number of learning
 /// rates and each holding its own step, every state with the names and shapes of the module in
 /// one precision (float64, or float32 read as f64), and every recorded update `w_{s+1} − w_s`
-/// equal to the optimizer's update replayed here ([`OptimizerState`], PyTorch's formulas) from
+/// equal to the optimizer's update replayed here (`OptimizerState`, PyTorch's formulas) from
 /// the gradients recomputed in f64 at each recorded state on its batch, to the tolerance
 /// (relative, max-norm); the first step beyond it is named.
 ///
 /// The run's manifest records the optimizer as a native run of it would
-/// ([`RecordedOptimizer::record`]), Adam's preconditioners `κ_s D_s` of the replay beside the
+/// (`RecordedOptimizer::record`), Adam's preconditioners `κ_s D_s` of the replay beside the
 /// states, so its kernels are the native ones (exact machines; for a float32 recording the
 /// difference between each recorded and replayed update is the kernel's residual term, which
 /// belongs to no training point).
 ///
 /// # Shapes
 /// Step files: the module's tensors (PyTorch names and shapes); `data.safetensors`: see
-/// [`read_recorded_data`].
+/// `read_recorded_data`.
 pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSummary> {
     check_import_options(dir, out, opts)?;
     let rec = load_recording(dir)?;

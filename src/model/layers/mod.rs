@@ -1,13 +1,13 @@
 //! Networks as a stack of layers: the layer kinds, how their shapes chain, and the plain-Rust
 //! forward pass, its tangent along a parameter direction and its per-sample backward pass.
 //!
-//! One file per layer kind ([`dense`], [`conv2d`], [`pool`], [`activation`], [`norm`], and the
-//! residual block in [`residual`]) holds its forward pass, its tangent (forward mode, for the
+//! One file per layer kind (`dense`, `conv2d`, `pool`, `activation`, `norm`, and the
+//! residual block in `residual`) holds its forward pass, its tangent (forward mode, for the
 //! quadrature's search along a step), its backward pass with the form of its per-sample
-//! parameter gradient ([`Grad`]: factored `δ ⊗ a` for dense layers, formed for the others) and
+//! parameter gradient (`Grad`: factored `δ ⊗ a` for dense layers, formed for the others) and
 //! whether it is piecewise linear along a step ([`Stack::piecewise_linear`]). The walk over the
 //! list is here; the autodiff forward of the same stack (training and the reference Jacobians)
-//! is [`autodiff`]; the kernel engine consumes [`Grad`]s.
+//! is `autodiff`; the kernel engine consumes `Grad`s.
 //!
 //! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`.
 //! Parameter names are those of an `nn.Sequential` of the same layers (`3.weight`); a residual
