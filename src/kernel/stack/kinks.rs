@@ -88,7 +88,8 @@ fn walk(nodes: &[Node], w: &[Vec<f64>], dw: &[Vec<f64>], mut p: Poly, sw: &mut S
                 let per_position = |b: &[f64]| -> Vec<f64> { b.iter().flat_map(|&v| std::iter::repeat_n(v, c.positions())).collect() };
                 let b = c.bias.then(|| (per_position(&w[n.first + 1]), per_position(&dw[n.first + 1])));
                 let out = c.co * c.positions();
-                linear(&p, out, &|wt, x| c.apply(&c.patches(x), wt, None), &w[n.first], &dw[n.first], b.as_ref().map(|b| b.0.as_slice()), b.as_ref().map(|b| b.1.as_slice()))
+                let u = c.patches(&p.c); // once for both W_s and ΔW
+                linear(&p, out, &|wt, _| c.apply(&u, wt, None), &w[n.first], &dw[n.first], b.as_ref().map(|b| b.0.as_slice()), b.as_ref().map(|b| b.1.as_slice()))
             }
             Op::Act(a @ (Act::Relu | Act::LeakyRelu(_))) => {
                 let slope = if let Act::LeakyRelu(s) = a { *s } else { 0.0 };

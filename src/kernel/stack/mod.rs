@@ -110,10 +110,10 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Adds one dense layer's node rows into the chunk's Gram rows `out` (points `first..`):
+/// Adds one dense layer's node rows into the chunk's Gram rows `out` (`point` indexes them):
 /// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`.
 #[allow(clippy::too_many_arguments)]
-fn fold_dense(layout: Layout, out: &mut [f64], first: usize, point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], tacts: &[f64], tdeltas: &[f64], ne: usize, no: usize, m: usize, k: usize) -> f64 {
+fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], tacts: &[f64], tdeltas: &[f64], ne: usize, no: usize, m: usize, k: usize) -> f64 {
     let (rpp, cols) = (layout.rows_per_point(k), layout.cols_per_train(k));
     let row_len = m * cols;
     let per_row = rpp * row_len;
@@ -127,7 +127,7 @@ fn fold_dense(layout: Layout, out: &mut [f64], first: usize, point: &[usize], we
         add_dense(layout, &mut sd, &deltas[r0 * k * no..(r0 + rb) * k * no], tdeltas, rb, m, k, no, 1.0);
         flops += 2.0 * (rb * m * ne) as f64 + 2.0 * (rb * per_row * no) as f64;
         for r in 0..rb {
-            let (p, w) = (point[r0 + r] - first, weight[r0 + r]);
+            let (p, w) = (point[r0 + r], weight[r0 + r]);
             let s = &sa[r * m..(r + 1) * m];
             for j in 0..rpp {
                 let dst = &mut out[(p * rpp + j) * row_len..(p * rpp + j + 1) * row_len];
@@ -184,7 +184,7 @@ impl StepModel for StackModel<'_> {
             for (rg, tr) in rgrads.iter().zip(&train) {
                 match (rg, tr) {
                     (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
-                        flops += fold_dense(layout, out, 0, &point, &weight, acts, deltas, ta, td, *ne, *no, m, k);
+                        flops += fold_dense(layout, out, &point, &weight, acts, deltas, ta, td, *ne, *no, m, k);
                         for (r, (&q, &w)) in point.iter().zip(&weight).enumerate() {
                             let ar = &acts[r * ne..(r + 1) * ne];
                             let mut va = vec![0.0; *no];

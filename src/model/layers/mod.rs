@@ -5,7 +5,7 @@
 //! residual block in `residual`) holds its forward pass, its tangent (forward mode, for the
 //! quadrature's search along a step), its backward pass with the form of its per-sample
 //! parameter gradient (`Grad`: factored `δ ⊗ a` for dense layers, formed for the others) and
-//! whether it is piecewise linear along a step ([`Stack::piecewise_linear`]). The walk over the
+//! whether it is piecewise linear along a step (`Stack::kinks_reachable`). The walk over the
 //! list is here; the autodiff forward of the same stack (training and the reference Jacobians)
 //! is `autodiff`; the kernel engine consumes `Grad`s.
 //!
@@ -149,13 +149,6 @@ impl Stack {
         let mut out = Vec::with_capacity(self.tensors);
         specs_of(&self.nodes, &mut out);
         out
-    }
-
-    /// Whether every layer is piecewise linear or linear in its input (ReLU, leaky ReLU,
-    /// max/avg pooling, dense, conv, flatten, residual sums of them): along a step each output
-    /// is then piecewise polynomial in t.
-    pub fn piecewise_linear(&self) -> bool {
-        nodes_piecewise_linear(&self.nodes)
     }
 
     /// Whether every kink along a step can be found by the polynomial sweep: no ReLU, leaky ReLU
@@ -322,15 +315,6 @@ impl Stack {
         self.input.size() as u64 + walk(&self.nodes)
     }
 
-}
-
-fn nodes_piecewise_linear(nodes: &[Node]) -> bool {
-    nodes.iter().all(|n| match &n.op {
-        Op::Act(a) => a.piecewise_linear(),
-        Op::Norm(_) => false,
-        Op::Residual(r) => nodes_piecewise_linear(&r.body),
-        _ => true,
-    })
 }
 
 /// Resolves `specs` from `input`; `at` names the list in errors, `prefix` the parameters.
