@@ -342,6 +342,16 @@ impl Table {
             _ => None,
         })
     }
+    /// The string column `name`.
+    pub fn str(&self, name: &str) -> Option<&[String]> {
+        self.columns
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, c)| match c {
+                Column::Str(v) => Some(v.as_slice()),
+                _ => None,
+            })
+    }
 }
 
 /// Writes pretty JSON atomically.

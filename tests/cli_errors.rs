@@ -63,9 +63,30 @@ fn kernel_rejects_bad_arguments_without_writing() {
     k(&["--memory", "lots"], "is not a size");
     k(&["--outputs", "probs"], "outputs `probs`");
     k(&["--kind", "path"], "identity outputs");
-    k(&["--kind", "path", "--outputs", "logits", "--quadrature", "gauss:4"], "auto quadrature");
-    k(&["--outputs", "logits", "--tiles", "2"], "not available with --tiles");
-    run_fail(&["kernel", "--run", "nowhere", "--out", "kout"], d, "nowhere");
+    k(
+        &[
+            "--kind",
+            "path",
+            "--outputs",
+            "logits",
+            "--quadrature",
+            "gauss:4",
+        ],
+        "auto quadrature",
+    );
+    k(
+        &["--outputs", "logits", "--tiles", "2"],
+        "not available with --tiles",
+    );
+    k(
+        &["--per-layer", "--tiles", "2"],
+        "--per-layer is not available with --tiles",
+    );
+    run_fail(
+        &["kernel", "--run", "nowhere", "--out", "kout"],
+        d,
+        "nowhere",
+    );
     // The path kernel on the logits runs.
     let o = Command::new(bin()).args(["kernel", "-q", "--run", "run", "--kind", "path", "--outputs", "logits", "--out", "pout"]).current_dir(d).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

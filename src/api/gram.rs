@@ -161,6 +161,10 @@ impl Gram {
     pub fn exactness(&self) -> &Exactness {
         &self.exactness
     }
+    /// The per-layer decomposition, when computed ([`super::KernelBuilder::per_layer`]).
+    pub fn layers(&self) -> Option<&crate::kernel::LayerShares> {
+        self.out.layers.as_ref()
+    }
     /// `max |kernel machine − network|` over rows and classes (NaN if either has a NaN).
     pub fn max_abs_error(&self) -> f64 {
         self.exactness.max_abs_error

@@ -353,6 +353,13 @@ impl<'a> KernelBuilder<'a> {
         self.req.per_step = true;
         self
     }
+    /// Also split the kernel by parameter layer ([`crate::kernel::LayerShares`], read with
+    /// [`Gram::layers`]): each layer's Gram and its share of the machine's change per step,
+    /// summing to the whole. Plain gradient steps (GD/SGD).
+    pub fn per_layer(mut self) -> Self {
+        self.req.per_layer = true;
+        self
+    }
     /// For the NTK: the step `s` it is taken at (default: the last state).
     pub fn at_step(mut self, s: usize) -> Self {
         self.req.ntk_step = Some(s);

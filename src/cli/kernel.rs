@@ -47,6 +47,11 @@ pub struct Args {
     /// Also keep every per-step Gram (refused with an estimate when over --memory).
     #[arg(long)]
     per_step: bool,
+    /// Also split the kernel by parameter layer: each layer's Gram (gram.safetensors
+    /// layer_gram) and its share of the machine's change per step (OUT/layers.parquet, with a
+    /// `layer` column); the shares sum to the whole. Plain gradient steps (GD/SGD), no tiles.
+    #[arg(long)]
+    per_layer: bool,
     /// The Gram's layout, i.e. which blocks to compute and store: full ([P,M,K,K]), diag (the
     /// class-diagonal blocks K^cc, [P,M,K]: per-class GPs, the SVM) or trace (sum_c K^cc, [P,M]:
     /// stationarity). Work and memory scale with the layout; the kernel machine is checked for
@@ -94,8 +99,21 @@ pub fn exec(a: Args) -> Result<()> {
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs);
+    let req = Request::new(kind)
+        .rule(rule)
+        .side(side)
+        .ntk_step(a.step)
+        .per_step(a.per_step)
+        .steps(steps)
+        .layout(layout)
+        .outputs(outputs)
+        .per_layer(a.per_layer);
     if let Some(tiles) = &a.tiles {
+        if a.per_layer {
+            return Err(crate::Error::Config(
+                "--per-layer is not available with --tiles".into(),
+            ));
+        }
         if outputs != kernel::Outputs::Network {
             return Err(crate::Error::Config("--outputs logits is not available with --tiles".into()));
         }

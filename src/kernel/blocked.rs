@@ -14,7 +14,10 @@ use crate::trajectory::Manifest;
 
 use super::layout::Layout;
 use super::request::Request;
-use super::types::{nan_max, output_bytes_in, ColumnShare, KernelKind, KernelOutput, Points, StepRecord};
+use super::types::{
+    nan_max, output_bytes_in, ColumnShare, KernelKind, KernelOutput, LayerShares, Points,
+    StepRecord,
+};
 
 /// Auto-rule nodes per row point assumed by the working-memory estimate (the paper toy uses
 /// about 5 on average; a point with many kinks may use more, the estimate is not a bound).
@@ -65,8 +68,15 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     let arch = &manifest.architecture;
     let (k, n) = (arch.outputs() as u64, manifest.steps as u64);
     let (m64, p64) = (mc as u64, p as u64);
-    let out = output_bytes_in(layout, p, mc, k as usize, manifest.steps, req.per_step);
     let gram_row = m64 * layout.per_pair(k as usize) as u64 * 8;
+    // The per-layer decomposition: a Gram and a change per step for each parameter layer.
+    let n_layers = if req.per_layer {
+        crate::model::param_layers(&arch.param_specs()).len() as u64
+    } else {
+        0
+    };
+    let out = output_bytes_in(layout, p, mc, k as usize, manifest.steps, req.per_step)
+        + n_layers * (p64 * gram_row + n * p64 * k * 8);
     // Per-layer factor numbers kept per evaluated point: input activations and δ's.
     let factors: u64 = match &arch.body {
         Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
@@ -96,8 +106,20 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     let steps_kept = if req.per_step { n } else { 0 };
     let shares = if mc < m { 2 * n * k * 8 } else { 0 };
     // MLPs: layer 0's step buffers take at most another Gram (`gram::Layer0Sum`).
-    let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) { gram_row } else { 0 };
-    let mut row = gram_row * (1 + steps_kept) + l0_buffer + per_point + m64 * 8 + NODES_PER_ROW * factors * 8 + (n + 1) * k * 8 + 4 * k * 8 + k * k * 8 + shares;
+    let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) {
+        gram_row
+    } else {
+        0
+    };
+    let mut row = gram_row * (1 + steps_kept + n_layers)
+        + l0_buffer
+        + per_point
+        + m64 * 8
+        + NODES_PER_ROW * factors * 8
+        + (n + 1) * k * 8
+        + 4 * k * 8
+        + k * k * 8
+        + shares;
     if !rule.is_plain() {
         let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
         let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == KernelKind::Ntk);
@@ -211,8 +233,14 @@ impl Assembly {
             step_actual: c.step_actual.as_deref().map(|v| grow_steps(v, nb, p, k)),
             ..c.clone()
         });
+        let layers = first.layers.as_ref().map(|l| LayerShares {
+            names: l.names.clone(),
+            gram: l.gram.iter().map(|g| grow(g, row)).collect(),
+            change: grow_steps(&l.change, nb, p, k),
+        });
         let out = KernelOutput {
             columns,
+            layers,
             gram,
             per_step,
             diag: first.diag.as_deref().map(|v| grow(v, k * k)),
@@ -243,6 +271,13 @@ impl Assembly {
         }
         let row = m * a.layout.per_pair(k);
         a.gram[lo * row..(lo + nb) * row].copy_from_slice(&o.gram);
+        if let (Some(dst), Some(src)) = (a.layers.as_mut(), o.layers.as_ref()) {
+            for (d, s) in dst.gram.iter_mut().zip(&src.gram) {
+                d[lo * row..(lo + nb) * row].copy_from_slice(s);
+            }
+            // `[S, L, nb, K]` as `[S·L, nb, K]`.
+            put_steps(&mut dst.change, &src.change, lo, nb, p, k);
+        }
         if let (Some(dst), Some(src)) = (a.per_step.as_mut(), o.per_step.as_ref()) {
             let s = src.len() / (nb * row);
             for si in 0..s {

@@ -7,8 +7,12 @@ use super::gram::{self, GramAccumulator};
 use super::layout::Layout;
 use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
 use super::prepare::Prepared;
-use super::types::{max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
-use crate::error::Result;
+use super::types::{
+    max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares,
+    StepRecord,
+};
+use crate::error::{Error, Result};
+use crate::model::param_layers;
 
 /// The sizes of one plain computation.
 #[derive(Clone, Copy)]
@@ -45,6 +49,7 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
     let mut acc = accumulate_steps(prep, &d, &steps, &path, &bias, &network, want_diag, progress)?;
     let a = path.a;
     let gram = acc.gram;
+    let layers = acc.layers;
     let track = acc.track;
     if req.kind == KernelKind::Ntk {
         acc.records[0].max_abs_error = if share { f64::NAN } else { max_abs_diff(&track.machine, &network) };
@@ -92,6 +97,7 @@ pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> R
             step_pred: keep_steps.then_some(track.step_pred),
             step_actual: keep_steps.then_some(track.step_actual),
         }),
+        layers,
     })
 }
 
@@ -159,6 +165,8 @@ struct Accumulated {
     diag: Vec<f64>,
     records: Vec<StepRecord>,
     track: MachineTrack,
+    /// The per-layer decomposition, when asked for.
+    layers: Option<LayerShares>,
 }
 
 /// Every step of `steps`: its nodes, its contraction into the Gram (one accumulator, or one
@@ -186,16 +194,35 @@ fn accumulate_steps(
     // Structured steps accumulate in factor form; the generic path and per-step Grams add here.
     let mut extra: Option<Vec<f64>> = None;
     // One step model for the architecture; one accumulator (or one per step with per_step).
+    // The per-layer decomposition's parameter layers (the stack path and the generic one; the
+    // entry hands MLPs and CNNs to the stack path for it).
+    let split = req.per_layer.then(|| param_layers(&states[0].specs));
+    let n_layers = split.as_ref().map(Vec::len);
     let model: Box<dyn StepModel + '_> = if prep.structured {
         Box::new(MlpModel { arch })
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else if prep.stack_fast {
-        Box::new(super::stack::StackModel { arch })
+        Box::new(super::stack::StackModel {
+            arch,
+            per_layer: req.per_layer,
+        })
     } else {
-        Box::new(GenericModel { arch, init: &states[0] })
+        Box::new(GenericModel {
+            arch,
+            init: &states[0],
+            layers: split
+                .as_ref()
+                .map(|ls| ls.iter().map(|l| l.flat.clone()).collect()),
+        })
     };
-    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha);
+    let new_acc = || {
+        GramAccumulator::with_layout(layout, p, m, k, arch.bias)
+            .with_output_alpha(arch.alpha)
+            .with_layers(n_layers)
+    };
+    let mut layer_grams: Option<Vec<Vec<f64>>> = None;
+    let mut change: Vec<f64> = Vec::new();
     let mut acc = if req.per_step { None } else { Some(new_acc()) };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut contraction = gram::Contraction::default();
@@ -230,12 +257,24 @@ fn accumulate_steps(
             Some(a) => a,
             None => one.as_mut().expect("created above"),
         };
-        let out = model.add_step(&input, target, &mut diag)?;
+        let mut out = model.add_step(&input, target, &mut diag)?;
+        if let Some(n) = n_layers {
+            if out.layer_pred.len() != n {
+                return Err(Error::Config(format!(
+                    "the per-layer decomposition is not implemented for this network's {} path",
+                    if prep.structured { "MLP" } else { "CNN" }
+                )));
+            }
+            std::mem::take(&mut out.layer_pred)
+                .iter()
+                .for_each(|l| change.extend_from_slice(l));
+        }
         if let Some(mut one) = one {
             one.flush();
             contraction.seconds += one.contraction().seconds;
             contraction.flops += one.contraction().flops;
-            let gs = one.finish();
+            let (gs, ls) = one.finish_layers();
+            add_layers(&mut layer_grams, ls);
             add_into(&mut extra, &gs);
             if let Some(ps) = per_step.as_mut() {
                 ps.extend_from_slice(&gs);
@@ -249,16 +288,46 @@ fn accumulate_steps(
         contraction.flops += a.contraction().flops;
     }
     let gram = match (acc, extra) {
-        (Some(acc), None) => acc.finish(),
+        (Some(acc), None) => {
+            let (g, ls) = acc.finish_layers();
+            add_layers(&mut layer_grams, ls);
+            g
+        }
         (Some(acc), Some(e)) => {
-            let mut g = acc.finish();
+            let (mut g, ls) = acc.finish_layers();
+            add_layers(&mut layer_grams, ls);
             g.iter_mut().zip(&e).for_each(|(a, b)| *a += b);
             g
         }
         (None, Some(e)) => e,
         (None, None) => vec![0.0; gsize],
     };
-    Ok(Accumulated { gram, per_step, contraction, diag, records, track })
+    let layers = split.map(|ls| LayerShares {
+        names: ls.into_iter().map(|l| l.name).collect(),
+        gram: layer_grams.unwrap_or_default(),
+        change,
+    });
+    Ok(Accumulated {
+        gram,
+        per_step,
+        contraction,
+        diag,
+        records,
+        track,
+        layers,
+    })
+}
+
+/// Adds one accumulator's per-layer Grams into the running sums.
+fn add_layers(sum: &mut Option<Vec<Vec<f64>>>, layers: Option<Vec<Vec<f64>>>) {
+    match (sum.as_mut(), layers) {
+        (Some(s), Some(ls)) => s
+            .iter_mut()
+            .zip(&ls)
+            .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(x, y)| *x += y)),
+        (None, Some(ls)) => *sum = Some(ls),
+        (_, None) => {}
+    }
 }
 
 /// Step `s`'s effective training weights and, for Chen's kernel, its column weights `|∂L/∂f|`.

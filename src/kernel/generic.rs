@@ -5,6 +5,8 @@
 
 use dfdx::tensor::Cpu;
 
+use std::ops::Range;
+
 use super::layout::{add_dense, GramSink, Layout};
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
@@ -92,8 +94,53 @@ pub(crate) fn step_into(
     colw: Option<&[f64]>,
 ) -> Result<Vec<f64>> {
     let d = arch.input_dim();
-    let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
-    let mut jt = jacobians(arch, ws, init, x_train)?;
+    let (p, m, k, w) = (
+        rows.len() / d,
+        x_train.len() / d,
+        arch.outputs(),
+        ws.numel(),
+    );
+    let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag)?;
+    // The prediction: J̄·v with v = Σ_i Σ_k' a[i,k'] ∇f^{k'}(x_i) = Jᵀa.
+    let mut v = vec![0.0; w];
+    gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
+    let mut pred = vec![0.0; p * k];
+    gemm_abt(&mut pred, &jbar, &v, p * k, 1, w, 1.0, false);
+    if let Some(cw) = colw {
+        jt.chunks_mut(w)
+            .zip(cw)
+            .for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
+    }
+    add_dense(
+        sink.layout(),
+        sink.rows_mut(0..p),
+        &jbar,
+        &jt,
+        p,
+        m,
+        k,
+        w,
+        1.0,
+    );
+    Ok(pred)
+}
+
+/// The rows' node-weighted Jacobians `J̄` (`[P, K, W]`) and the training points' Jacobians at
+/// `w_s` (`[M, K, W]`); adds the rows' self-kernel to `diag` (`[P, K, K]`).
+#[allow(clippy::too_many_arguments)]
+fn features(
+    arch: &Architecture,
+    ws: &Params,
+    next: Option<&Params>,
+    init: &Params,
+    rows: &[f64],
+    nodes: &[(f64, f64)],
+    x_train: &[f64],
+    diag: &mut [f64],
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let d = arch.input_dim();
+    let (p, k, w) = (rows.len() / d, arch.outputs(), ws.numel());
+    let jt = jacobians(arch, ws, init, x_train)?;
     let mut jbar = vec![0.0; p * k * w];
     for &(t, wq) in nodes {
         let at = interpolate(ws, next, t);
@@ -112,14 +159,66 @@ pub(crate) fn step_into(
             }
         }
     }
-    // The prediction: J̄·v with v = Σ_i Σ_k' a[i,k'] ∇f^{k'}(x_i) = Jᵀa.
+    Ok((jbar, jt))
+}
+
+/// [`step_into`] with the Gram split by parameter layer: layer l (its entries `ranges[l]` of
+/// the flat `[W]`) contracts into `sinks[l]`; returns the step's prediction and each layer's
+/// share of it (`[P, K]` each, summing to the prediction).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step_into_layers(
+    arch: &Architecture,
+    ws: &Params,
+    next: Option<&Params>,
+    init: &Params,
+    rows: &[f64],
+    nodes: &[(f64, f64)],
+    x_train: &[f64],
+    ranges: &[Range<usize>],
+    sinks: &mut [GramSink],
+    diag: &mut [f64],
+    a: &[f64],
+    colw: Option<&[f64]>,
+) -> Result<(Vec<f64>, Vec<Vec<f64>>)> {
+    let d = arch.input_dim();
+    let (p, m, k, w) = (
+        rows.len() / d,
+        x_train.len() / d,
+        arch.outputs(),
+        ws.numel(),
+    );
+    let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag)?;
     let mut v = vec![0.0; w];
     gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
-    let mut pred = vec![0.0; p * k];
-    gemm_abt(&mut pred, &jbar, &v, p * k, 1, w, 1.0, false);
     if let Some(cw) = colw {
         jt.chunks_mut(w).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
     }
-    add_dense(sink.layout(), sink.rows_mut(0..p), &jbar, &jt, p, m, k, w, 1.0);
-    Ok(pred)
+    let mut pred = vec![0.0; p * k];
+    let mut layer_pred = Vec::with_capacity(ranges.len());
+    for (r, sink) in ranges.iter().zip(sinks) {
+        let (jb, jl, dim) = (columns(&jbar, w, r), columns(&jt, w, r), r.len());
+        let mut pl = vec![0.0; p * k];
+        gemm_abt(&mut pl, &jb, &v[r.clone()], p * k, 1, dim, 1.0, false);
+        pred.iter_mut().zip(&pl).for_each(|(x, y)| *x += y);
+        layer_pred.push(pl);
+        add_dense(
+            sink.layout(),
+            sink.rows_mut(0..p),
+            &jb,
+            &jl,
+            p,
+            m,
+            k,
+            dim,
+            1.0,
+        );
+    }
+    Ok((pred, layer_pred))
+}
+
+/// The columns `r` of a row-major `[rows, w]` array, `[rows, r.len()]`.
+fn columns(a: &[f64], w: usize, r: &Range<usize>) -> Vec<f64> {
+    a.chunks_exact(w)
+        .flat_map(|row| row[r.clone()].iter().copied())
+        .collect()
 }

@@ -64,7 +64,7 @@ pub(crate) struct GramAccumulator {
     sink: GramSink,
     /// `x_p·x_i + [bias]` `[P, M]`, formed from the first step's layer-0 factors.
     s0: Option<Vec<f64>>,
-    /// Layer 0's unscaled products, buffered over steps (applied with `s0` in `finish`).
+    /// Layer 0's unscaled products, buffered over steps (applied with `s0` in `finish_layers`).
     l0: Option<Layer0Sum>,
     /// `Some(α)` when the last layer's sensitivities are `α(δ_ko − q_o)` (log-softmax or
     /// identity output): it is then contracted in its structured form ([`add_output_layer`]).
@@ -77,6 +77,9 @@ pub(crate) struct GramAccumulator {
     pending: Pending,
     /// Scratch of the deeper layers' products T within a step.
     scratch_t: Vec<f64>,
+    /// With the per-layer decomposition: one sink per parameter layer, filled instead of
+    /// `sink` (which receives their sum in [`GramAccumulator::finish_layers`]).
+    layers: Option<Vec<GramSink>>,
 }
 
 /// One deeper layer's training side for a step.
@@ -114,13 +117,49 @@ struct Pending {
 impl GramAccumulator {
     /// A zero accumulator in `layout`.
     pub(crate) fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new() }
+        GramAccumulator {
+            p,
+            m,
+            k,
+            bias,
+            sink: GramSink::new(layout, p, m, k),
+            s0: None,
+            l0: None,
+            output_alpha: None,
+            stats: Contraction::default(),
+            step_train: None,
+            pending: Pending::default(),
+            scratch_t: Vec::new(),
+            layers: None,
+        }
     }
 
     /// The accumulation rows, for step models that contract their own features into them
     /// ([`super::layout::add_dense`], [`super::layout::add_formed`]).
     pub(crate) fn sink_mut(&mut self) -> &mut GramSink {
         &mut self.sink
+    }
+
+    /// Keeps one Gram per parameter layer (`n` of them): step models that support the
+    /// per-layer decomposition contract each layer into [`GramAccumulator::target`].
+    pub(crate) fn with_layers(mut self, n: Option<usize>) -> Self {
+        let (layout, p, m, k) = (self.sink.layout(), self.p, self.m, self.k);
+        self.layers = n.map(|n| (0..n).map(|_| GramSink::new(layout, p, m, k)).collect());
+        self
+    }
+
+    /// Where parameter layer `l`'s contraction goes: its own sink with the per-layer
+    /// decomposition, else the whole Gram's.
+    pub(crate) fn target(&mut self, l: usize) -> &mut GramSink {
+        match self.layers.as_mut() {
+            Some(ls) => &mut ls[l],
+            None => &mut self.sink,
+        }
+    }
+
+    /// The per-layer sinks (`None` without the decomposition).
+    pub(crate) fn layer_sinks(&mut self) -> Option<&mut [GramSink]> {
+        self.layers.as_deref_mut()
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
@@ -367,14 +406,24 @@ impl GramAccumulator {
         self.stats
     }
 
-    /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`).
-    pub(crate) fn finish(mut self) -> Vec<f64> {
+    /// The Gram `Σ_s K_s` in its output layout (`full`: `[P, M, K, K]`) and, with the
+    /// per-layer decomposition, each layer's (the Gram is their sum).
+    pub(crate) fn finish_layers(mut self) -> (Vec<f64>, Option<Vec<Vec<f64>>>) {
         self.flush();
-        self.sink.finish()
+        match self.layers.take() {
+            Some(ls) => {
+                ls.iter().for_each(|l| self.sink.add(l));
+                (
+                    self.sink.finish(),
+                    Some(ls.into_iter().map(GramSink::finish).collect()),
+                )
+            }
+            None => (self.sink.finish(), None),
+        }
     }
 
     /// Contracts layer 0's buffered steps now (the Gram is complete only after this or
-    /// [`GramAccumulator::finish`]).
+    /// [`GramAccumulator::finish_layers`]).
     pub(crate) fn flush(&mut self) {
         self.contract_pending();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {

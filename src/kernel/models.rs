@@ -61,6 +61,9 @@ pub(crate) struct StepOutput {
     pub stats: NodeStats,
     /// The Fig. 2 cosine measure (NaN when not computed).
     pub cosine: f64,
+    /// With the per-layer decomposition, each parameter layer's share of `pred` (`L` arrays
+    /// `[P, K]`); empty otherwise.
+    pub layer_pred: Vec<Vec<f64>>,
 }
 
 /// A network on one training step, as the driver needs it.
@@ -172,7 +175,7 @@ impl StepModel for MlpModel<'_> {
             }
             acc.end_step(&train_layers[0], input.colw);
             let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
-            return Ok(StepOutput { pred, stats, cosine });
+            return Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() });
         }
         // Row points in chunks: the node data of one chunk is all that is held at once.
         for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
@@ -215,7 +218,7 @@ impl StepModel for MlpModel<'_> {
         }
         acc.end_step(&train_layers[0], input.colw);
         let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
-        Ok(StepOutput { pred, stats, cosine })
+        Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() })
     }
 }
 
@@ -272,7 +275,7 @@ impl StepModel for CnnModel<'_> {
             input.a,
             input.colw,
         )?;
-        Ok(StepOutput { pred, stats, cosine: f64::NAN })
+        Ok(StepOutput { pred, stats, cosine: f64::NAN, layer_pred: Vec::new() })
     }
 }
 
@@ -281,13 +284,22 @@ pub(crate) struct GenericModel<'a> {
     pub arch: &'a Architecture,
     /// `w_0` (the frozen network of `zero_output`).
     pub init: &'a Params,
+    /// With the per-layer decomposition: each parameter layer's entries of the flat `[W]`.
+    pub layers: Option<Vec<std::ops::Range<usize>>>,
 }
 
 impl StepModel for GenericModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
         let nodes = input.fixed.expect("the driver rejects the auto rule on the generic path");
         let p = input.rows.len();
-        let pred = generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw)?;
-        Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN })
+        let split = match (self.layers.as_deref(), acc.layer_sinks()) {
+            (Some(ranges), Some(sinks)) => Some((ranges, sinks)),
+            _ => None,
+        };
+        let (pred, layer_pred) = match split {
+            Some((ranges, sinks)) => generic::step_into_layers(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, ranges, sinks, diag, input.a, input.colw)?,
+            None => (generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw)?, Vec::new()),
+        };
+        Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN, layer_pred })
     }
 }

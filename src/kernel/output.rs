@@ -12,6 +12,10 @@
 //! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine, reg_term)
 //! OUT/exactness.json     max_abs_error, mean_abs_error, quadrature, evaluations per step, steps, seconds, …
 //! OUT/steps.parquet      per step: predicted vs actual change of the output (ExPLAIND-style)
+//! OUT/layers.parquet     with --per-layer: step, layer, point, class, change (each parameter
+//!                        layer's share of the machine's change; step −1: over all steps), and
+//!                        in gram.safetensors layer_gram [L, …gram], layer_change [S, L, P, K],
+//!                        metadata `layers` (the names, JSON)
 //! ```
 
 use std::collections::HashMap;
@@ -22,7 +26,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::layout::Layout;
 use super::quadrature::Rule;
 use super::rows::Rows;
-use super::types::{max_abs, max_abs_diff, KernelForm, KernelKind, KernelOutput, Points, Side, StepRecord};
+use super::types::{
+    max_abs, max_abs_diff, KernelForm, KernelKind, KernelOutput, LayerShares, Points, Side,
+    StepRecord,
+};
 use crate::error::{Error, Result};
 use crate::io::{self, Column, NamedArray, SafeFile, Table};
 use crate::trajectory::Run;
@@ -214,6 +221,21 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, rows: Rows, run_id: 
         arrays.push(NamedArray::f64("rounding", vec![p, k], r.clone()));
     }
     let mut meta = HashMap::new();
+    if let Some(l) = &o.layers {
+        let nl = l.names.len();
+        let mut shape = vec![nl];
+        shape.extend(o.layout.shape(p, m, k));
+        arrays.push(NamedArray::f64("layer_gram", shape, l.gram.concat()));
+        arrays.push(NamedArray::f64(
+            "layer_change",
+            vec![o.steps.len(), nl, p, k],
+            l.change.clone(),
+        ));
+        meta.insert(
+            "layers".to_string(),
+            serde_json::to_string(&l.names).map_err(|e| Error::Numerical(e.to_string()))?,
+        );
+    }
     meta.insert("kind".to_string(), o.kind.to_string());
     meta.insert("quadrature".to_string(), quadrature_name(o.integrated.then_some(o.rule)));
     meta.insert("side".to_string(), o.side.to_string());
@@ -261,9 +283,56 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, rows: Rows, run_id: 
         .with("unconverged_pieces", Column::I64(r.iter().map(|x| x.unconverged_pieces as i64).collect()))
         .with("dpk_cosine_error", Column::F64(r.iter().map(|x| x.dpk_cosine_error).collect()))
         .write_parquet(&dir.join("steps.parquet"))?;
+    if let Some(l) = &o.layers {
+        layer_table(o, l).write_parquet(&dir.join("layers.parquet"))?;
+    }
     let ex = Exactness::of(o, run_id);
     io::write_json(&dir.join("exactness.json"), &ex)?;
     Ok(ex)
+}
+
+/// `layers.parquet`: each parameter layer's share of the machine's predicted change, per step,
+/// point and class (`step, layer, point, class, change`), and per layer and point/class over
+/// all steps (`step` = −1).
+fn layer_table(o: &KernelOutput, l: &LayerShares) -> Table {
+    let (p, k, nl) = (o.p, o.k, l.names.len());
+    let n = (o.steps.len() + 1) * nl * p * k;
+    let (mut step, mut layer, mut point, mut class, mut change) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut total = vec![0.0; nl * p * k];
+    for (si, &s) in o.steps.iter().enumerate() {
+        for (li, name) in l.names.iter().enumerate() {
+            for idx in 0..p * k {
+                let v = l.change[(si * nl + li) * p * k + idx];
+                total[li * p * k + idx] += v;
+                step.push(s as i64);
+                layer.push(name.clone());
+                point.push((idx / k) as i64);
+                class.push((idx % k) as i64);
+                change.push(v);
+            }
+        }
+    }
+    for (li, name) in l.names.iter().enumerate() {
+        for idx in 0..p * k {
+            step.push(-1);
+            layer.push(name.clone());
+            point.push((idx / k) as i64);
+            class.push((idx % k) as i64);
+            change.push(total[li * p * k + idx]);
+        }
+    }
+    Table::new()
+        .with("step", Column::I64(step))
+        .with("layer", Column::Str(layer))
+        .with("point", Column::I64(point))
+        .with("class", Column::I64(class))
+        .with("change", Column::F64(change))
 }
 
 /// A kernel output directory read back ([`read`]).
@@ -354,7 +423,37 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
             return Err(Error::format(&path, format!("gram_steps holds {} steps but steps lists {}", g.len() / (p * m * per_pair).max(1), steps.len())));
         }
     }
-    let optional = |name: &str| -> Result<Option<Vec<f64>>> { Ok(if names.iter().any(|x| x == name) { Some(f.f64(name, Some(&[p, k]))?.1) } else { None }) };
+    let layers = if names.iter().any(|x| x == "layer_gram") {
+        let lnames: Vec<String> =
+            serde_json::from_str(&meta.get("layers").cloned().unwrap_or_default())
+                .map_err(|_| Error::format(&path, "layer_gram without its `layers` names"))?;
+        let nl = lnames.len();
+        let mut want = vec![nl];
+        want.extend(layout.shape(p, m, k));
+        let lg = f.f64("layer_gram", Some(&want))?.1;
+        let change = f.f64("layer_change", Some(&[steps.len(), nl, p, k]))?.1;
+        let gram = if nl == 0 {
+            Vec::new()
+        } else {
+            lg.chunks_exact(lg.len() / nl)
+                .map(<[f64]>::to_vec)
+                .collect()
+        };
+        Some(LayerShares {
+            names: lnames,
+            gram,
+            change,
+        })
+    } else {
+        None
+    };
+    let optional = |name: &str| -> Result<Option<Vec<f64>>> {
+        Ok(if names.iter().any(|x| x == name) {
+            Some(f.f64(name, Some(&[p, k]))?.1)
+        } else {
+            None
+        })
+    };
     let (reg, rounding) = (optional("reg")?, optional("rounding")?);
     // Side and form are written with their serde names.
     let named = |key: &str, default: &str| serde_json::Value::String(meta.get(key).cloned().unwrap_or_else(|| default.into()));
@@ -411,6 +510,7 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
         decomposition_residual: exactness.decomposition_residual,
         rounding,
         columns: None,
+        layers,
     };
     Ok(GramFile { out, points, rows, exactness, version })
 }

@@ -58,12 +58,15 @@ pub struct Request {
     /// outputs are concatenated (`super::blocked::in_blocks`); [`super::blocked::plan`] picks a
     /// size that fits a memory budget.
     pub block_rows: Option<usize>,
+    /// Also return each parameter layer's share of the Gram and of the machine's change per
+    /// step ([`super::LayerShares`]); plain gradient steps (GD/SGD), all columns.
+    pub per_layer: bool,
 }
 
 impl Request {
     /// A request for `kind` with the defaults: `auto:1e-12` quadrature, test-side rows, all
     /// steps (the NTK at the last state), no per-step Grams, the full layout, the fast path, no
-    /// memory limit, all columns, the network's outputs, one block.
+    /// memory limit, all columns, the network's outputs, one block, no per-layer shares.
     pub fn new(kind: KernelKind) -> Self {
         Request {
             kind,
@@ -78,6 +81,7 @@ impl Request {
             columns: None,
             outputs: Outputs::Network,
             block_rows: None,
+            per_layer: false,
         }
     }
     /// The quadrature rule.
@@ -128,6 +132,11 @@ impl Request {
     /// The outputs the kernel is on.
     pub fn outputs(mut self, outputs: Outputs) -> Self {
         self.outputs = outputs;
+        self
+    }
+    /// Whether each parameter layer's share is returned as well.
+    pub fn per_layer(mut self, per_layer: bool) -> Self {
+        self.per_layer = per_layer;
         self
     }
     /// Row points per block (`None`: one block).

@@ -465,7 +465,14 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
         decomposition_residual: Some(replay.residual),
         rounding: Some(rounding),
         // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
-        columns: d.share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
+        columns: d.share.then_some(ColumnShare {
+            range: cols,
+            of: m_all,
+            machine_whole: true,
+            step_pred: None,
+            step_actual: None,
+        }),
+        layers: None,
     })
 }
 

@@ -259,6 +259,24 @@ pub struct KernelOutput {
     /// ([`super::Request::columns`]): the output is then one column block's share, assembled
     /// with the others by [`super::columns::assemble`].
     pub columns: Option<ColumnShare>,
+    /// Each parameter layer's share ([`super::Request::per_layer`]).
+    pub layers: Option<LayerShares>,
+}
+
+/// The per-layer decomposition of a kernel computation. Every kernel is a sum over parameter
+/// tensors, `⟨∇f(x), ∇f(x′)⟩ = Σ_l ⟨∇_l f(x), ∇_l f(x′)⟩`, with the quadrature's nodes those of
+/// the whole network; so each parameter layer ([`crate::model::param_layers`]) has its share of
+/// the Gram and of the machine's predicted change at every step, and the shares sum to the
+/// whole (to rounding).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerShares {
+    /// The parameter layers' names, in storage order (`0`, `3`, `2.body.0`, `layers.1`).
+    pub names: Vec<String>,
+    /// Each layer's Gram, in the output's layout: `L` arrays shaped like [`KernelOutput::gram`].
+    pub gram: Vec<Vec<f64>>,
+    /// Each layer's share of the machine's predicted change at every step summed,
+    /// `[S, L, P, K]` (the NTK: one step, its linearised change).
+    pub change: Vec<f64>,
 }
 
 /// One column block's share of a kernel computation: the Gram against the training points
@@ -371,6 +389,27 @@ impl std::fmt::Display for KernelOutput {
         }
         if let (Some(res), Some(r)) = (self.decomposition_residual, &self.rounding) {
             write!(f, "; optimizer replay residual {res:.1e}, rounding term max {:.1e}", max_abs(r))?;
+        }
+        if let Some(l) = &self.layers {
+            // Each layer's ‖G_l‖_F / ‖G‖_F and its largest share of the machine's change.
+            let norm = |g: &[f64]| g.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let whole = norm(&self.gram).max(f64::MIN_POSITIVE);
+            let (nl, pk) = (l.names.len(), self.p * self.k);
+            for (li, (name, g)) in l.names.iter().zip(&l.gram).enumerate() {
+                let mut total = vec![0.0; pk];
+                for chunk in l.change.chunks_exact(nl * pk) {
+                    total
+                        .iter_mut()
+                        .zip(&chunk[li * pk..(li + 1) * pk])
+                        .for_each(|(a, b)| *a += b);
+                }
+                write!(
+                    f,
+                    "\n  layer {name}: ‖G_l‖/‖G‖ {:.3}, max |change| {:.3e}",
+                    norm(g) / whole,
+                    max_abs(&total)
+                )?;
+            }
         }
         Ok(())
     }

@@ -265,6 +265,46 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
 }
 
+/// One parameter layer: the consecutive tensors of one module (`3.weight` and `3.bias` are
+/// layer `3`; `layers.0.*` of an MLP layer `layers.0`; a residual block's `2.body.0.*` and
+/// `2.shortcut.*` are layers of their own), the unit of the per-layer decomposition of a kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamLayer {
+    /// The module's name: the tensors' names without their last component.
+    pub name: String,
+    /// Its tensors, as indices into the specs.
+    pub tensors: std::ops::Range<usize>,
+    /// Its entries in the flat parameter vector `[W]`.
+    pub flat: std::ops::Range<usize>,
+}
+
+/// Groups `specs` (in storage order) into parameter layers: consecutive tensors whose names
+/// share everything but their last `.`-component.
+pub fn param_layers(specs: &[ParamSpec]) -> Vec<ParamLayer> {
+    let mut out: Vec<ParamLayer> = Vec::new();
+    let mut off = 0;
+    for (j, s) in specs.iter().enumerate() {
+        let name = s
+            .name
+            .rsplit_once('.')
+            .map_or(s.name.as_str(), |(head, _)| head);
+        let n = s.numel();
+        match out.last_mut() {
+            Some(last) if last.name == name => {
+                last.tensors.end = j + 1;
+                last.flat.end = off + n;
+            }
+            _ => out.push(ParamLayer {
+                name: name.to_string(),
+                tensors: j..j + 1,
+                flat: off..off + n,
+            }),
+        }
+        off += n;
+    }
+    out
+}
+
 impl ParamSpec {
     /// Number of elements.
     pub fn numel(&self) -> usize {
@@ -585,6 +625,100 @@ impl Architecture {
             return Err(Error::Config("not a layer stack".into()));
         };
         layers::Stack::resolve(*input, layers, *outputs).map_err(Error::Config)
+    }
+
+    /// The same network as a layer stack: an MLP as `dense, act, …, dense`, the CNN as
+    /// `conv2d, act, max_pool2d, flatten, dense` (the activation, the biases, α, zero-output and
+    /// the output map kept). Its parameters are the same tensors in the same storage order, under
+    /// the stack's names (`0.weight` for `layers.0.weight`, `4.weight` for `dense.weight`): the
+    /// MLP and the CNN are presets of the stack, and the stack engine computes their kernels
+    /// too (the per-layer decomposition does; tests hold the presets' fast paths equal to it).
+    pub fn as_stack(&self) -> Result<Architecture> {
+        use layers::{Act, LayerSpec};
+        let act = LayerSpec::Act(match self.activation {
+            Activation::Relu => Act::Relu,
+            Activation::Tanh => Act::Tanh,
+        });
+        let (input, specs, outputs) = match &self.body {
+            Body::Layers { .. } => return Ok(self.clone()),
+            Body::Mlp { widths } => {
+                let mut specs = Vec::new();
+                for (l, &features) in widths[1..].iter().enumerate() {
+                    if l > 0 {
+                        specs.push(act.clone());
+                    }
+                    specs.push(LayerSpec::Dense {
+                        features,
+                        bias: self.bias,
+                    });
+                }
+                (
+                    layers::Shape::Flat(widths[0]),
+                    specs,
+                    *widths.last().expect("validated widths"),
+                )
+            }
+            Body::Cnn {
+                image,
+                channels,
+                kernel,
+                stride,
+                padding,
+                pool,
+                outputs,
+            } => (
+                layers::Shape::Map(image[0], image[1], image[2]),
+                vec![
+                    LayerSpec::Conv2d {
+                        channels: *channels,
+                        kernel: *kernel,
+                        stride: *stride,
+                        padding: *padding,
+                        bias: self.bias,
+                    },
+                    act,
+                    LayerSpec::MaxPool2d {
+                        kernel: *pool,
+                        stride: *pool,
+                    },
+                    LayerSpec::Flatten,
+                    LayerSpec::Dense {
+                        features: *outputs,
+                        bias: self.bias,
+                    },
+                ],
+                *outputs,
+            ),
+        };
+        let arch = Architecture {
+            body: Body::Layers {
+                input,
+                layers: specs,
+                outputs,
+            },
+            ..self.clone()
+        };
+        arch.validate()?;
+        Ok(arch)
+    }
+
+    /// `params` (of this architecture) under the names of [`Architecture::as_stack`].
+    pub fn params_as_stack(&self, params: &Params) -> Result<Params> {
+        let specs = self.as_stack()?.param_specs();
+        if specs.len() != params.data.len()
+            || specs
+                .iter()
+                .zip(&params.data)
+                .any(|(s, d)| s.numel() != d.len())
+        {
+            return Err(Error::Data(
+                "parameters do not match the architecture's layer stack".into(),
+            ));
+        }
+        Ok(Params {
+            specs,
+            data: params.data.clone(),
+        })
     }
 
     /// CNN spatial geometry; errors when the kernel does not fit or the pool does not divide.

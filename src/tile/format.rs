@@ -537,6 +537,7 @@ fn decode(path: &Path, bytes: Vec<u8>, meta: &BTreeMap<String, String>, plan: &P
         reg: opt("reg", &[p, k])?,
         decomposition_residual: opt("decomposition_residual", &[1])?.map(|v| v[0]),
         rounding: opt("rounding", &[p, k])?,
+        layers: None,
     };
     Ok(Tile { out, a })
 }

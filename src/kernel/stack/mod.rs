@@ -70,6 +70,9 @@ impl AlongPath for StackAlong<'_, '_> {
 /// Layer stacks on the structured path.
 pub(crate) struct StackModel<'a> {
     pub arch: &'a Architecture,
+    /// Each parameter layer into its own sink ([`GramAccumulator::target`]) and its own share
+    /// of the prediction ([`StepOutput::layer_pred`]).
+    pub per_layer: bool,
 }
 
 fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, m: usize, k: usize) -> Vec<TrainSide> {
@@ -154,8 +157,14 @@ impl StepModel for StackModel<'_> {
         let train = train_side(tgrads, input.a, input.colw, m, k);
         let step = StackStep::new(arch, input.state, input.next)?;
         let layout = acc.sink_mut().layout();
-        let mut pred = vec![0.0; p * k];
-        let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
+        // One prediction per parameter layer with the decomposition, else one for all.
+        let mut preds = vec![vec![0.0; p * k]; if self.per_layer { train.len() } else { 1 }];
+        let mut stats = NodeStats {
+            evaluations: Vec::with_capacity(p),
+            jvp_evaluations: Vec::with_capacity(p),
+            pieces: Vec::with_capacity(p),
+            unconverged: 0,
+        };
         let (mut seconds, mut flops) = (0.0, 0.0);
         for c0 in (0..p).step_by(CHUNK_POINTS) {
             let pc = CHUNK_POINTS.min(p - c0);
@@ -180,8 +189,9 @@ impl StepModel for StackModel<'_> {
             };
             let rgrads = step.grads(xc, offc, &point, &times);
             let started = std::time::Instant::now();
-            let out = acc.sink_mut().rows_mut(c0..c0 + pc);
-            for (rg, tr) in rgrads.iter().zip(&train) {
+            for (li, (rg, tr)) in rgrads.iter().zip(&train).enumerate() {
+                let out = acc.target(li).rows_mut(c0..c0 + pc);
+                let pred = &mut preds[if self.per_layer { li } else { 0 }];
                 match (rg, tr) {
                     (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
                         flops += fold_dense(layout, out, &point, &weight, acts, deltas, ta, td, *ne, *no, m, k);
@@ -231,6 +241,20 @@ impl StepModel for StackModel<'_> {
             seconds += started.elapsed().as_secs_f64();
         }
         acc.add_contraction(seconds, flops);
-        Ok(StepOutput { pred, stats, cosine: f64::NAN })
+        let (pred, layer_pred) = if self.per_layer {
+            let mut pred = vec![0.0; p * k];
+            preds
+                .iter()
+                .for_each(|l| pred.iter_mut().zip(l).for_each(|(x, y)| *x += y));
+            (pred, preds)
+        } else {
+            (preds.pop().expect("one prediction"), Vec::new())
+        };
+        Ok(StepOutput {
+            pred,
+            stats,
+            cosine: f64::NAN,
+            layer_pred,
+        })
     }
 }
