@@ -1,8 +1,9 @@
 //! Training-data attribution: which training points make a prediction, by the exact path
 //! kernel's own decomposition and by the field's methods, on one recorded run. Everything here
-//! sits below the front door ([`crate::api`] re-exports what notebooks call: `Gram::attribute`,
-//! [`extremes`], `trak`, `spearman`); the benchmark that scores these methods against
-//! retraining is [`crate::datamodels`], above it.
+//! sits below the front door, [`crate::api`], which calls it (`Gram::contributions`,
+//! `Gram::attribute`, `api::trak` on a `Trained` run) and re-exports [`extremes`] and
+//! [`lds::spearman`]; the benchmark that scores these methods against retraining is
+//! [`crate::datamodels`], above it. Nothing here uses `api`.
 //!
 //! One method or shared piece per file, data flowing down the list:
 //! - [`contributions`]: the kernel machine's term of every training point (EPK paper Fig. 6,
