@@ -6,7 +6,7 @@
 //! [`crate::datamodels`], above it. Nothing here uses `api`.
 //!
 //! One method or shared piece per file, data flowing down the list:
-//! - [`contributions`]: the kernel machine's term of every training point (EPK paper Fig. 6,
+//! - [`contributions`](mod@contributions): the kernel machine's term of every training point (EPK paper Fig. 6,
 //!   any path kernel, per step or not) and the strongest supporters and opponents of an output;
 //! - [`mlp`]: the one-hidden-layer ReLU MLP as four matrices and its batched forward pass;
 //! - [`grads`]: factored per-example gradients of scalar outputs, their Grams and projections;
