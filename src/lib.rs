@@ -68,6 +68,7 @@
 
 pub mod analysis;
 pub mod api;
+pub mod attribution;
 #[cfg(feature = "cli")]
 pub mod bench;
 #[cfg(feature = "cli")]

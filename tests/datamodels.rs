@@ -5,11 +5,11 @@
 
 use pathkernel::api::{Layout, Trained};
 use pathkernel::datamodels::benchmark::{run, write_tables, AttributionSpec};
-use pathkernel::datamodels::grads::{directions, Direction, Projection, ScalarGrads};
-use pathkernel::datamodels::mlp::Mlp1;
-use pathkernel::datamodels::pathattr::{path_gram, path_rows};
+use pathkernel::attribution::grads::{directions, Direction, Projection, ScalarGrads};
+use pathkernel::attribution::mlp::Mlp1;
+use pathkernel::attribution::path::{path_gram, path_rows};
+use pathkernel::attribution::ridge::Ridge;
 use pathkernel::datamodels::retrain::gd;
-use pathkernel::datamodels::ridge::Ridge;
 use pathkernel::datamodels::{JsonDir, NoCache};
 use pathkernel::kernel::KernelKind;
 
@@ -62,7 +62,7 @@ fn epk_attribution_sums_to_the_network_and_the_path_gram_is_the_dpk_gram() {
     let (m, k) = (ds.n_train(), ds.num_outputs);
     let y = ds.train_labels().unwrap();
     let yt = ds.test_labels().unwrap();
-    let epk = path_rows(&net, KernelKind::Epk, &ds.x_test, yt, 4, &|_, _| {}).unwrap();
+    let epk = path_rows(net.run(), net.states(), KernelKind::Epk, &ds.x_test, yt, 4, &|_, _| {}).unwrap();
     println!("EPK: max |b + Σ τ − log p_y| = {:e} (outputs up to {})", epk.max_residual, epk.max_output);
     assert!(epk.max_residual < 1e-12 * (1.0 + epk.max_output), "{}", epk.max_residual);
     // τ = (ε/M) G[y_x, y_i] with the kernel rows returned beside it.
@@ -70,15 +70,15 @@ fn epk_attribution_sums_to_the_network_and_the_path_gram_is_the_dpk_gram() {
         assert!((t - 0.5 / m as f64 * g).abs() < 1e-13 * (1.0 + g.abs()));
     }
     // The same rows of the DPK are not exact: a non-zero residual (this test can fail).
-    let dpk = path_rows(&net, KernelKind::Dpk, &ds.x_test, yt, 9, &|_, _| {}).unwrap();
+    let dpk = path_rows(net.run(), net.states(), KernelKind::Dpk, &ds.x_test, yt, 9, &|_, _| {}).unwrap();
     assert!(dpk.max_residual > 1e3 * epk.max_residual);
     // The fast DPK rows against the front door's.
-    let fast = pathkernel::datamodels::pathattr::dpk_rows_fast(&net, &ds.x_test, yt).unwrap();
+    let fast = pathkernel::attribution::path::dpk_rows_fast(net.run(), net.states(), &ds.x_test, yt).unwrap();
     assert!(max_rel(&fast.kernel, &dpk.kernel) < 1e-12 && max_rel(&fast.tau, &dpk.tau) < 1e-12);
     assert!((fast.max_residual - dpk.max_residual).abs() < 1e-12 * (1.0 + dpk.max_residual));
     // The EPK self-kernel from the class-diagonal layout against the full rows at the training points.
-    let rows = path_rows(&net, KernelKind::Epk, &ds.x_train, y, 12, &|_, _| {}).unwrap();
-    let selfk = pathkernel::datamodels::pathattr::epk_self(&net, y, 7, &|_, _| {}).unwrap();
+    let rows = path_rows(net.run(), net.states(), KernelKind::Epk, &ds.x_train, y, 12, &|_, _| {}).unwrap();
+    let selfk = pathkernel::attribution::path::epk_self(net.run(), net.states(), y, 7, &|_, _| {}).unwrap();
     for i in 0..m {
         assert!((selfk[i] - rows.kernel[i * m + i]).abs() < 1e-12 * (1.0 + selfk[i].abs()));
     }
@@ -144,13 +144,13 @@ fn trak_for_some_inputs_is_the_explicit_kernel_regression() {
     let inv = (kk + DMatrix::<f64>::identity(m, m) * lambda).try_inverse().unwrap();
     let reg = gq * g.transpose() * inv;
     let want: Vec<f64> = (0..2 * m).map(|q| reg[(q / m, q % m)] * (1.0 - ft.logp[(q % m) * 3 + yt[q % m]].exp())).collect();
-    let got = pathkernel::datamodels::trak(&net, x, y, None, 0.1, 0).unwrap();
+    let got = pathkernel::api::trak(&net, x, y, None, 0.1, 0).unwrap();
     assert!(max_rel(&got, &want) < 1e-9, "{:e}", max_rel(&got, &want));
     // Projected to a dimension far above the parameter count (75): close to the unprojected form.
-    let proj = pathkernel::datamodels::trak(&net, x, y, Some(4096), 0.1, 0).unwrap();
+    let proj = pathkernel::api::trak(&net, x, y, Some(4096), 0.1, 0).unwrap();
     assert!(max_rel(&proj, &want) < 0.1, "{:e}", max_rel(&proj, &want));
-    assert!(pathkernel::datamodels::trak(&net, &x[..3], y, None, 0.1, 0).is_err());
-    assert!(pathkernel::datamodels::trak(&net, x, y, Some(8192), 0.1, 0).is_err());
+    assert!(pathkernel::api::trak(&net, &x[..3], y, None, 0.1, 0).is_err());
+    assert!(pathkernel::api::trak(&net, x, y, Some(8192), 0.1, 0).is_err());
 }
 
 #[test]

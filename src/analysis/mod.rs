@@ -1,6 +1,7 @@
-//! Analyses of kernel Gram matrices: which training points drive a prediction (EPK paper
-//! Fig. 6), how far a kernel is from stationary (§4.2, Fig. 3) and how kernel values or GP
-//! uncertainty behave far from the training data (Fig. 5).
+//! Analyses of kernel Gram matrices: how far a kernel is from stationary (§4.2, Fig. 3) and how
+//! kernel values or GP uncertainty behave far from the training data (Fig. 5). Which training
+//! points drive a prediction (Fig. 6) is [`crate::attribution`]'s, with the other attribution
+//! methods; it shares the shape checks here.
 //!
 //! Conventions: a kernel output Gram is `gram [P, M, K, K]` row-major with
 //! `gram[((p*M + i)*K + k)*K + k'] = K(x_p, x_i)[k, k']` (`k` the row point's output class, `k'`
@@ -8,15 +9,13 @@
 //! `f^k(x_p) = bias[p,k] + Σ_i Σ_k' a[i,k'] · gram[p,i,k,k']` with `a [M, K]`; with per-step
 //! coefficients it is `bias + Σ_s Σ_i Σ_k' a[s,i,k'] · gram_steps[s,p,i,k,k']`.
 //!
-//! One file per analysis: `attribution.rs` (Fig. 6), `stationarity.rs` (§4.2, Fig. 3) and
-//! `farfield.rs` (Fig. 5); the shape checks they share are here. Everything here is pure, single-threaded Rust on slices and deterministic (seeded where
+//! One file per analysis: `stationarity.rs` (§4.2, Fig. 3) and `farfield.rs` (Fig. 5); the shape
+//! checks they share are here. Everything here is pure, single-threaded Rust on slices and deterministic (seeded where
 //! random).
 
-mod attribution;
 mod farfield;
 mod stationarity;
 
-pub use attribution::{attribute, contributions, contributions_per_step, extremes, Attribution};
 pub use farfield::{nearest_distance, profile, ray_points, Profile, ProfileRow};
 pub(crate) use farfield::spearman;
 pub use stationarity::{stationarity, Stationarity, StationarityOptions};
@@ -37,7 +36,7 @@ fn numel(what: &str, dims: &[usize]) -> Result<usize> {
 }
 
 /// Checks that a flat slice of length `len` holds a tensor of shape `dims`.
-fn check_len(what: &str, len: usize, dims: &[usize]) -> Result<()> {
+pub(crate) fn check_len(what: &str, len: usize, dims: &[usize]) -> Result<()> {
     let n = numel(what, dims)?;
     if len != n {
         return Err(Error::ShapeMismatch {
@@ -50,7 +49,7 @@ fn check_len(what: &str, len: usize, dims: &[usize]) -> Result<()> {
 }
 
 /// First non-finite entry of `v`, as a data error naming `what`.
-fn check_finite(what: &str, v: &[f64]) -> Result<()> {
+pub(crate) fn check_finite(what: &str, v: &[f64]) -> Result<()> {
     match v.iter().position(|x| !x.is_finite()) {
         Some(i) => Err(Error::Data(format!("{what}: non-finite value {} at flat index {i}", v[i]))),
         None => Ok(()),

@@ -7,7 +7,8 @@ use std::fmt;
 use faer::MatRef;
 
 use super::gram::Gram;
-use crate::analysis::{self, Attribution, Stationarity, StationarityOptions};
+use crate::analysis::{self, Stationarity, StationarityOptions};
+use crate::attribution::{self, Attribution};
 use crate::error::{Error, Result};
 use crate::gp::{self, FittedGp, GpParams, McSoftmax, Posterior};
 use crate::kernel::{KernelKind, Layout};
@@ -394,10 +395,7 @@ impl Gram {
     /// Whether `a_{i,s}` is the same for every step, so that Theorem 3.7's single machine
     /// applies.
     pub fn constant_a(&self) -> bool {
-        let out = self.output();
-        let mk = out.m * out.k;
-        let n = out.a.len() / mk.max(1);
-        (1..n).all(|s| out.a[s * mk..(s + 1) * mk] == out.a[..mk])
+        attribution::constant_a(self.output())
     }
 
     /// Contributions of every training point to every row's output: `c[p, i, k] = Σ_k'
@@ -408,35 +406,15 @@ impl Gram {
     /// Errors: the NTK (its machine is a linearisation), a layout other than `full`, and a run
     /// whose `a_{i,s}` varies by step when the Gram holds no per-step Grams.
     pub fn contributions(&self) -> Result<Vec<f64>> {
-        let out = self.output();
-        if matches!(self.kind(), KernelKind::Ntk | KernelKind::Path) {
-            return Err(Error::Config(format!("attribution needs a path kernel whose machine is the network's path (epk, dpk, kprime); the {} machine is not", self.kind())));
-        }
+        attribution::require_path_machine(self.kind())?;
         self.require_layout(Layout::Full, "attribution (it contracts a_i with the off-diagonal blocks)")?;
-        let (p, m, k) = self.shape();
-        let mk = m * k;
-        if self.constant_a() {
-            return analysis::contributions(&out.gram, &out.a[..mk], p, m, k);
-        }
-        let per_step = out.per_step.as_ref().ok_or_else(|| {
-            Error::Config("a_{i,s} varies by step: the single machine does not apply; compute the Gram with `.per_step()` (`pathkernel kernel --per-step`) for the ensemble attribution".into())
-        })?;
-        let a_steps: Vec<f64> = out.steps.iter().flat_map(|&s| out.a[s * mk..(s + 1) * mk].iter().copied()).collect();
-        analysis::contributions_per_step(per_step, &a_steps, out.steps.len(), p, m, k)
+        attribution::machine_contributions(self.output())
     }
 
     /// The network output minus what belongs to no training point: the bias `f_{w_0}(x_p)` plus
     /// the weight-decay and rounding terms when present. # Shapes `[P, K]`.
     pub fn baseline(&self) -> Vec<f64> {
-        let out = self.output();
-        let non_data: Option<Vec<f64>> = match (&out.reg, &out.rounding) {
-            (Some(r), Some(d)) => Some(r.iter().zip(d).map(|(r, d)| r + d).collect()),
-            (r, d) => r.clone().or_else(|| d.clone()),
-        };
-        match non_data {
-            Some(t) => out.bias.iter().zip(&t).map(|(b, t)| b + t).collect(),
-            None => out.bias.clone(),
-        }
+        attribution::baseline(self.output())
     }
 
     /// The `top` strongest supporters and opponents of each output of rows `points`, with the
@@ -449,7 +427,7 @@ impl Gram {
             return Err(Error::Config(format!("row {bad} is out of range: the Gram has {p} rows")));
         }
         let c = self.contributions()?;
-        let items = analysis::attribute(&c, &self.baseline(), &self.output().network, points, p, m, k, top)?;
+        let items = attribution::attribute(&c, &self.baseline(), &self.output().network, points, p, m, k, top)?;
         Ok(Attributions { items })
     }
 

@@ -41,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attribution;
 mod config;
 mod fit;
 mod gram;
@@ -49,6 +50,7 @@ mod rows;
 mod trained;
 mod uqreport;
 
+pub use attribution::trak;
 pub use fit::{Attributions, GpModel, GpPrediction, SvmModel};
 pub use gram::{from_nalgebra, Gram, ToNalgebra};
 pub use laplace::{FslModel, FslPrediction};
@@ -74,8 +76,8 @@ pub use crate::gp::{GpParams, McSoftmax, Posterior};
 pub use crate::kernel::{KernelKind, Layout, Rule, Side};
 pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, LineChart, Overlay, ReliabilityPanel, Scale, ScatterChart, Series};
 pub use crate::train::{OptimizerKind, RunConfig};
-pub use crate::analysis::{extremes, Stationarity, StationarityOptions};
-pub use crate::datamodels::{lds::spearman, trak};
+pub use crate::analysis::{Stationarity, StationarityOptions};
+pub use crate::attribution::{extremes, lds::spearman};
 pub use crate::svm::{agreement, SvmParams};
 pub use crate::interop::ImportSummary;
 pub use crate::uncertainty::Metric;

@@ -3,7 +3,7 @@
 //! It replaces the crate's dfdx training (the slow, obvious path it is tested against) for the 50
 //! subset retrainings and the ensemble, where only final weights are needed.
 
-use super::mlp::Mlp1;
+use crate::attribution::mlp::Mlp1;
 use crate::linalg::gemm;
 use crate::error::{Error, Result};
 
@@ -178,7 +178,7 @@ pub fn gather(x: &[f64], labels: &[usize], d: usize, idx: &[usize]) -> (Vec<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datamodels::mlp::small_arch;
+    use crate::attribution::mlp::small_arch;
     use crate::model::net::{LossKind, Objective};
 
     /// dfdx's gradients of the same objective, stepped by hand: the slow obvious path (dense

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::analysis::{self, Attribution};
+use crate::attribution::{self, Attribution};
 use crate::api::{Gram, Trained};
 use crate::error::{Error, Result};
 use crate::io::{self, Column, NamedArray, Table};
@@ -39,7 +39,7 @@ pub fn attribution_report(net: &Trained, gram: &Gram, points: &[usize], top: usi
     let contrib = gram.contributions()?;
     let form = if gram.constant_a() { "single machine (Theorem 3.7)" } else { "ensemble (Theorem 3.6)" };
     let network = net.network(&gram.points().x)?;
-    let at = analysis::attribute(&contrib, &gram.baseline(), &network, points, p, m, k, top)?;
+    let at = attribution::attribute(&contrib, &gram.baseline(), &network, points, p, m, k, top)?;
     let max_abs_residual = at.iter().map(|a| a.residual.abs()).fold(0.0, crate::kernel::nan_max);
     let (mut point, mut class, mut role, mut rank, mut train_index, mut value) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for a in &at {

@@ -181,7 +181,7 @@ pub fn svm_sweep_report(net: &Trained, train: &Gram, val: &Gram, val_labels: &[u
     for (c, yc) in coef.iter().enumerate() {
         let a: Vec<f64> = (0..m).map(|i| path_a[i * k + c]).collect();
         vs.spearman.push(crate::analysis::spearman(yc, &a));
-        vs.pearson.push(crate::datamodels::lds::pearson(yc, &a).unwrap_or(f64::NAN));
+        vs.pearson.push(crate::attribution::lds::pearson(yc, &a).unwrap_or(f64::NAN));
         let ns = vs.support[c];
         let mut order: Vec<usize> = (0..m).collect();
         order.sort_by(|&i, &j| a[j].abs().total_cmp(&a[i].abs()).then(i.cmp(&j)));

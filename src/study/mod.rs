@@ -21,7 +21,7 @@
 //! - `[uncertainty]`: the uncertainty benchmark, [`uncertainty`] (the protocol itself is
 //!   [`crate::uncertainty`]);
 //! - `[attribution]`: the attribution benchmark (LDS against retraining), `attribution.rs`
-//!   (the methods and the score are [`crate::datamodels`]).
+//!   (the benchmark is [`crate::datamodels`], the methods and the scores [`crate::attribution`]).
 //!
 //! Every kind shares:
 //! - `StudyContext`: the study file (name, text, `[data]`/`[model]`/`[train]`) and where it

@@ -159,7 +159,7 @@ mod tests {
     }
 
     fn result(method: &str, chosen: &str, sweep: Vec<SweepPoint>) -> MethodResult {
-        let i = crate::datamodels::lds::Interval { mean: 0.5, lo: 0.4, hi: 0.6 };
+        let i = crate::attribution::lds::Interval { mean: 0.5, lo: 0.4, hi: 0.6 };
         MethodResult { method: method.into(), models: 1, chosen: chosen.into(), tune: 0.5, lds: i, lds_margin: i, seconds: 0.0, sweep, tau: Vec::new() }
     }
 

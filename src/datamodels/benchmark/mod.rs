@@ -20,14 +20,14 @@
 //!   NTK of `log p_y` (between `epk-rep`, which differs in the kernel, and `trak-1-full`, which
 //!   differs in the output), and `window-rep` the same with the DPK of the last `L` steps only
 //!   (`L` tuned with the ridge: how much of the path the regression should see);
-//! - `if-ggn`: influence functions with the damped GGN ([`super::influence`]).
+//! - `if-ggn`: influence functions with the damped GGN ([`crate::attribution::influence`]).
 //!
 //! Every ridge and damping is relative (to the Gram's mean eigenvalue; to `tr(H)/n_z`) and is
 //! chosen by mean LDS on the tuning subsets only; every reported LDS is on the evaluation subsets.
 //!
 //! [`run`] is a list of stages, one function each, data flowing down: the retrained outputs, the
-//! path kernels' attributions, Grad-Dot, the representers, TRAK (`trak.rs`; [`trak()`] for one
-//! model at one setting), influence functions, noisy-label detection (`noisy.rs`); `score.rs`
+//! path kernels' attributions, Grad-Dot, the representers, TRAK (`trak.rs`; the method itself,
+//! and for one model at one setting, is [`crate::attribution::trak()`]), influence functions, noisy-label detection (`noisy.rs`); `score.rs`
 //! turns attributions into sweeps and `tables.rs` writes the report ([`write_tables`]).
 
 mod charts;
@@ -42,23 +42,23 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::cache::Stages;
-use super::grads::{directions, Direction, ScalarGrads};
-use super::influence::{ggn_factor, FunctionSpace, Ggn};
-use super::lds::Interval;
-use super::mlp::{outputs_at_labels, Mlp1};
-use super::pathattr::{path_gram, path_rows, PathRows};
 use super::retrain::{gather, gd};
-use super::ridge::Ridge;
 use super::subsets::Subsets;
 use crate::api::Trained;
+use crate::attribution::grads::{directions, Direction, ScalarGrads};
+use crate::attribution::influence::{ggn_factor, FunctionSpace, Ggn};
+use crate::attribution::lds::Interval;
+use crate::attribution::mlp::{outputs_at_labels, Mlp1};
+use crate::attribution::path::{path_gram, path_rows, PathRows};
+use crate::attribution::ridge::{one_minus_p, scale_columns, Ridge};
+use crate::attribution::trak::check_dims;
 use crate::error::{Error, Result};
 use crate::kernel::KernelKind;
 use crate::model::Architecture;
-use score::{fmt_g, line, one_minus_p, scale_columns, Retrained, Scorer, Sweep};
+use score::{fmt_g, line, Retrained, Scorer, Sweep};
 
 pub use charts::write_charts;
 pub use tables::write_tables;
-pub use trak::trak;
 
 /// What the benchmark runs (the `[attribution]` section of a study).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -341,10 +341,10 @@ impl<'a, C: Stages> Bench<'a, C> {
     fn path_attributions(&self, sc: &Scorer, checks: &mut Checks) -> Result<(PathRows, PathRows, Vec<MethodResult>)> {
         let t = Instant::now();
         let progress = |a: usize, b: usize| self.log(&format!("epk-rows: {a}/{b} rows ({:.0} s)", t.elapsed().as_secs_f64()));
-        let epk: PathRows = self.cache.stage("epk-rows", &self.key("epk-rows"), || path_rows(self.net, KernelKind::Epk, self.xt, self.yt, self.spec.chunk_rows, &progress))?;
+        let epk: PathRows = self.cache.stage("epk-rows", &self.key("epk-rows"), || path_rows(self.net.run(), self.net.states(), KernelKind::Epk, self.xt, self.yt, self.spec.chunk_rows, &progress))?;
         checks.epk_max_residual = epk.max_residual;
         checks.epk_max_output = epk.max_output;
-        let dpk: PathRows = self.cache.stage("dpk-rows-fast", &self.key("dpk-rows"), || super::pathattr::dpk_rows_fast(self.net, self.xt, self.yt))?;
+        let dpk: PathRows = self.cache.stage("dpk-rows-fast", &self.key("dpk-rows"), || crate::attribution::path::dpk_rows_fast(self.net.run(), self.net.states(), self.xt, self.yt))?;
         checks.dpk_max_residual = dpk.max_residual;
         let mut methods = Vec::new();
         for (name, rows) in [("epk", &epk), ("tracin", &dpk)] {
@@ -413,7 +413,7 @@ impl<'a, C: Stages> Bench<'a, C> {
         let mut sw = Sweep::new("window-rep", 1);
         for &l in &windows {
             let suffix = &states[n - l..];
-            let rows = super::pathattr::dpk_kernel(self.arch, suffix, (self.xt, self.yt), (self.x, &self.y))?;
+            let rows = crate::attribution::path::dpk_kernel(self.arch, suffix, (self.xt, self.yt), (self.x, &self.y))?;
             let gram = path_gram(self.arch, suffix, self.x, &self.y, true)?.0.expect("full");
             let ridge = Ridge::kernel(&rows, &gram, self.m)?;
             for &lam in &self.spec.representer_ridges {
@@ -484,7 +484,7 @@ fn agreement_with(reference: &MethodResult, others: &[MethodResult], m: usize) -
         .iter()
         .map(|o| {
             let rows = reference.tau.chunks_exact(m).zip(o.tau.chunks_exact(m));
-            let r: Vec<f64> = rows.filter_map(|(a, b)| super::lds::spearman(a, b)).collect();
+            let r: Vec<f64> = rows.filter_map(|(a, b)| crate::attribution::lds::spearman(a, b)).collect();
             (o.method.clone(), r.iter().sum::<f64>() / r.len().max(1) as f64)
         })
         .collect()
@@ -502,7 +502,7 @@ pub fn run<C: Stages>(net: &Trained, spec: &AttributionSpec, cache: &C, work_dir
     if spec.representer_ridges.is_empty() || spec.trak_ridges.is_empty() || spec.if_dampings.is_empty() {
         return Err(Error::Config("attribution: representer_ridges, trak_ridges and if_dampings each need at least one value".into()));
     }
-    trak::check_dims(&spec.trak_dims)?;
+    check_dims(&spec.trak_dims)?;
     let b = Bench::new(net, spec, cache, log)?;
     let subsets = Subsets::draw(b.m, spec.subsets, spec.fraction, spec.tuning_subsets, spec.subset_seed)?;
     let retrained = b.retrain(&subsets)?;

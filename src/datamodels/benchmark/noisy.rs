@@ -5,16 +5,16 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::score::{chosen_ridge, fmt_g, one_minus_p, scale_columns};
+use super::score::{chosen_ridge, fmt_g};
 use super::{Bench, MethodResult, NoisyResult};
 use crate::api::Trained;
+use crate::attribution::grads::{directions, Direction, Projection, ScalarGrads};
+use crate::attribution::influence::{ggn_factor, FunctionSpace};
+use crate::attribution::lds::auc;
+use crate::attribution::mlp::Mlp1;
+use crate::attribution::path::{epk_self, path_gram};
+use crate::attribution::ridge::{one_minus_p, scale_columns, Ridge};
 use crate::datamodels::cache::Stages;
-use crate::datamodels::grads::{directions, Direction, Projection, ScalarGrads};
-use crate::datamodels::influence::{ggn_factor, FunctionSpace};
-use crate::datamodels::lds::auc;
-use crate::datamodels::mlp::Mlp1;
-use crate::datamodels::pathattr::{epk_self, path_gram};
-use crate::datamodels::ridge::Ridge;
 use crate::datamodels::subsets::flip_labels;
 use crate::error::{Error, Result};
 
@@ -127,7 +127,7 @@ impl<C: Stages> Bench<'_, C> {
         drop(fs);
         let t = Instant::now();
         let (eself, es_s): (Vec<f64>, f64) = self.cache.stage("noisy-epk-self", &nk, || {
-            let self_k = epk_self(&nnet, &ny, spec.chunk_rows, &|a, b| self.log(&format!("noisy epk self-kernel: {a}/{b} rows ({:.0} s)", t.elapsed().as_secs_f64())))?;
+            let self_k = epk_self(nnet.run(), nnet.states(), &ny, spec.chunk_rows, &|a, b| self.log(&format!("noisy epk self-kernel: {a}/{b} rows ({:.0} s)", t.elapsed().as_secs_f64())))?;
             Ok((self_k, t.elapsed().as_secs_f64()))
         })?;
         timings.push(("noisy epk self-kernel (train points, diag layout)".to_string(), es_s));

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{AttributionSpec, MethodResult, SweepPoint};
-use crate::datamodels::lds::{bootstrap_mean, lds_per_point};
+use crate::attribution::lds::{bootstrap_mean, lds_per_point};
 use crate::datamodels::subsets::Subsets;
 use crate::error::Result;
 
@@ -97,17 +97,6 @@ pub(super) fn fmt_g(v: f64) -> String {
     } else {
         format!("{v:e}")
     }
-}
-
-/// `τ[:, i] *= q[i]`. # Shapes `τ [P, M]`, `q [M]`.
-pub(super) fn scale_columns(tau: &mut [f64], q: &[f64]) {
-    let m = q.len();
-    tau.iter_mut().enumerate().for_each(|(j, v)| *v *= q[j % m]);
-}
-
-/// `1 − p_{y_i}(x_i)`, as `Σ_{c≠y} p_c`. # Shapes `logp [M, K]` → `[M]`.
-pub(super) fn one_minus_p(logp: &[f64], labels: &[usize], k: usize) -> Vec<f64> {
-    labels.iter().enumerate().map(|(i, &y)| (0..k).filter(|&c| c != y).map(|c| logp[i * k + c].exp()).sum()).collect()
 }
 
 /// The ridge (or damping) of a method's chosen setting.

@@ -301,7 +301,7 @@ pub fn gaussian_row(seed: u64, block: u64, row: usize, dim: usize) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datamodels::mlp::small_arch;
+    use crate::attribution::mlp::small_arch;
     use crate::model::net::jacobian;
 
     fn setup() -> (crate::model::Architecture, crate::model::Params, Vec<f64>, Vec<usize>) {

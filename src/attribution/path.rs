@@ -1,20 +1,20 @@
 //! Path-kernel attributions of a recorded run: the EPK's and the DPK's (TracIn's) per-training-
-//! point terms of the correct class's log-probability, through the crate's front door
-//! ([`Trained::kernel`], [`Gram::contributions`]), with the exactness check; and the train-side
-//! path Gram of those scalar outputs on the factored gradients (the fast path, tested against
-//! the front door's DPK Gram).
+//! point terms of the correct class's log-probability, through the kernel engine
+//! ([`kernel::compute`], [`machine_contributions`]: what the front door's `Gram::contributions`
+//! returns), with the exactness check; and the train-side path Gram of those scalar outputs on
+//! the factored gradients (the fast path, tested against the front door's DPK Gram).
 //!
 //! With log-softmax outputs and mean cross-entropy, `a_i = (ε/M) e_{y_i}` is the same at every
 //! step, so `τ(x, i) = (ε/M) G(x, x_i)[y_x, y_i]` with `G = Σ_s K_s`: the EPK's `K_s` integrates
 //! the test side along step `s`, the DPK's takes it at the step's start (TracIn with every
 //! checkpoint).
-//!
-//! [`Gram::contributions`]: crate::api::Gram::contributions
 
-use crate::api::{Gram, Layout, Trained};
 use crate::error::{Error, Result};
-use crate::kernel::KernelKind;
+use crate::kernel::{self, KernelKind, Layout, Points, Request};
+use crate::model::Params;
+use crate::trajectory::Run;
 
+use super::contributions::{baseline, machine_contributions, require_path_machine};
 use super::grads::{directions, Direction, ScalarGrads};
 use super::mlp::Mlp1;
 
@@ -36,16 +36,16 @@ pub struct PathRows {
     pub seconds: f64,
 }
 
-/// [`PathRows`] of `kind` (EPK or DPK, on the network's log-softmax outputs, full layout) at
-/// inputs `x` with labels `labels`, `chunk` rows at a time (the full layout holds `chunk·M·K²`
-/// numbers).
+/// [`PathRows`] of `kind` (EPK or DPK, on the network's log-softmax outputs, full layout) of the
+/// run with states `states` at inputs `x` with labels `labels`, `chunk` rows at a time (the full
+/// layout holds `chunk·M·K²` numbers).
 ///
 /// # Shapes
 /// `x [P, d]`, `labels [P]`.
 ///
 /// Errors: a kind whose machine is not the path's (NTK, path), and every error of the kernel engine.
-pub fn path_rows(net: &Trained, kind: KernelKind, x: &[f64], labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<PathRows> {
-    let ds = &net.run().dataset;
+pub fn path_rows(run: &Run, states: &[Params], kind: KernelKind, x: &[f64], labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<PathRows> {
+    let ds = &run.dataset;
     let (d, m) = (ds.dim, ds.n_train());
     let train_labels = ds.train_labels()?;
     let p = labels.len();
@@ -57,19 +57,22 @@ pub fn path_rows(net: &Trained, kind: KernelKind, x: &[f64], labels: &[usize], c
     let mut start = 0;
     while start < p {
         let end = (start + chunk.max(1)).min(p);
-        let g: Gram = net.kernel(kind).inputs(&x[start * d..end * d]).layout(Layout::Full).compute()?;
-        let (_, _, k) = g.shape();
-        let c = g.contributions()?;
-        let base = g.baseline();
-        let f = g.network();
+        let rows = Points { x: x[start * d..end * d].to_vec(), dim: d };
+        let g = kernel::compute(run, states, &rows, &Request::new(kind).layout(Layout::Full), &|_, _| {})?;
+        let k = g.k;
+        require_path_machine(g.kind)?;
+        let c = machine_contributions(&g)?;
+        let base = baseline(&g);
+        let f = |r: usize, y: usize| g.network[r * k + y];
         for (r, &y) in labels[start..end].iter().enumerate() {
             let row: Vec<f64> = (0..m).map(|i| c[(r * m + i) * k + y]).collect();
-            let res = base[r * k + y] + row.iter().sum::<f64>() - f[(r, y)];
+            let res = base[r * k + y] + row.iter().sum::<f64>() - f(r, y);
             out.max_residual = out.max_residual.max(res.abs());
-            out.max_output = out.max_output.max(f[(r, y)].abs());
+            out.max_output = out.max_output.max(f(r, y).abs());
             out.tau.extend(row);
-            for i in 0..m {
-                out.kernel.push(g.pair(r, i)?[(y, train_labels[i])]);
+            for (i, &yi) in train_labels.iter().enumerate() {
+                // The pair's `K × K` block of the full layout `[P, M, K, K]`, entry (y, y_i).
+                out.kernel.push(g.gram[((r * m + i) * k + y) * k + yi]);
             }
         }
         progress(end, p);
@@ -89,15 +92,14 @@ pub fn path_rows(net: &Trained, kind: KernelKind, x: &[f64], labels: &[usize], c
 /// `x [P, d]`, `labels [P]`.
 ///
 /// Errors: a run whose architecture the fast path does not cover ([`Mlp1::check_architecture`]).
-pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathRows> {
+pub fn dpk_rows_fast(run: &Run, states: &[Params], x: &[f64], labels: &[usize]) -> Result<PathRows> {
     let t = std::time::Instant::now();
-    let arch = &net.run().manifest.architecture;
-    let ds = &net.run().dataset;
+    let arch = &run.manifest.architecture;
+    let ds = &run.dataset;
     let (xt, yt) = (&ds.x_train, ds.train_labels()?);
     let m = yt.len();
-    let states = net.states();
     let kernel = dpk_kernel(arch, states, (x, labels), (xt, yt))?;
-    let lr = net.run().manifest.learning_rates.first().copied().unwrap_or(0.0);
+    let lr = run.manifest.learning_rates.first().copied().unwrap_or(0.0);
     let tau: Vec<f64> = kernel.iter().map(|g| lr / m as f64 * g).collect();
     let k = ds.num_outputs;
     let (f0, fnn) = (Mlp1::from_params(arch, &states[0])?.forward(x), Mlp1::from_params(arch, states.last().expect("states"))?.forward(x));
@@ -120,7 +122,7 @@ pub fn dpk_rows_fast(net: &Trained, x: &[f64], labels: &[usize]) -> Result<PathR
 /// `x [P, d]`, `labels [P]`, `xc [M, d]`, `yc [M]` → `[P, M]`.
 ///
 /// Errors: an architecture the fast path does not cover ([`Mlp1::check_architecture`]).
-pub fn dpk_kernel(arch: &crate::model::Architecture, states: &[crate::model::Params], (x, labels): (&[f64], &[usize]), (xc, yc): (&[f64], &[usize])) -> Result<Vec<f64>> {
+pub fn dpk_kernel(arch: &crate::model::Architecture, states: &[Params], (x, labels): (&[f64], &[usize]), (xc, yc): (&[f64], &[usize])) -> Result<Vec<f64>> {
     let (p, m) = (labels.len(), yc.len());
     let d = x.len() / p.max(1);
     let mut xx = vec![0.0; p * m];
@@ -144,8 +146,8 @@ pub fn dpk_kernel(arch: &crate::model::Architecture, states: &[crate::model::Par
 /// since only the diagonal is read: `chunk²` instead of `chunk·M` pairs per step. # Shapes `[M]`.
 ///
 /// Errors: every error of the kernel engine.
-pub fn epk_self(net: &Trained, labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<Vec<f64>> {
-    let ds = &net.run().dataset;
+pub fn epk_self(run: &Run, states: &[Params], labels: &[usize], chunk: usize, progress: &dyn Fn(usize, usize)) -> Result<Vec<f64>> {
+    let ds = &run.dataset;
     let (d, m) = (ds.dim, ds.n_train());
     if labels.len() != m {
         return Err(Error::ShapeMismatch { what: "epk_self: labels".into(), expected: vec![m], got: vec![labels.len()] });
@@ -154,9 +156,9 @@ pub fn epk_self(net: &Trained, labels: &[usize], chunk: usize, progress: &dyn Fn
     let mut start = 0;
     while start < m {
         let end = (start + chunk.max(1)).min(m);
-        let rows = crate::kernel::Points { x: ds.x_train[start * d..end * d].to_vec(), dim: d };
-        let req = crate::kernel::Request::new(KernelKind::Epk).layout(Layout::Diag).columns(Some((start, end)));
-        let g = crate::kernel::compute(net.run(), net.states(), &rows, &req, &|_, _| {})?;
+        let rows = Points { x: ds.x_train[start * d..end * d].to_vec(), dim: d };
+        let req = Request::new(KernelKind::Epk).layout(Layout::Diag).columns(Some((start, end)));
+        let g = kernel::compute(run, states, &rows, &req, &|_, _| {})?;
         // Class-diagonal layout `[P, M', K]` over the share's M' = end − start columns.
         let (w, k) = (end - start, g.k);
         for r in 0..w {
@@ -174,7 +176,7 @@ pub fn epk_self(net: &Trained, labels: &[usize], chunk: usize, progress: &dyn Fn
 ///
 /// # Shapes
 /// `x [M, d]`, `labels [M]`; `states` `w_0 … w_N`.
-pub fn path_gram(arch: &crate::model::Architecture, states: &[crate::model::Params], x: &[f64], labels: &[usize], full: bool) -> Result<(Option<Vec<f64>>, Vec<f64>)> {
+pub fn path_gram(arch: &crate::model::Architecture, states: &[Params], x: &[f64], labels: &[usize], full: bool) -> Result<(Option<Vec<f64>>, Vec<f64>)> {
     let m = labels.len();
     let mut gram = if full { Some(vec![0.0; m * m]) } else { None };
     let mut diag = vec![0.0; m];

@@ -90,6 +90,18 @@ impl Ridge {
     }
 }
 
+/// `τ[:, i] *= q[i]`: TRAK's and the representers' `1 − p_i` reweighting of the columns.
+/// # Shapes `τ [P, M]`, `q [M]`.
+pub fn scale_columns(tau: &mut [f64], q: &[f64]) {
+    let m = q.len();
+    tau.iter_mut().enumerate().for_each(|(j, v)| *v *= q[j % m]);
+}
+
+/// `1 − p_{y_i}(x_i)`, as `Σ_{c≠y} p_c`. # Shapes `logp [M, K]` → `[M]`.
+pub fn one_minus_p(logp: &[f64], labels: &[usize], k: usize) -> Vec<f64> {
+    labels.iter().enumerate().map(|(i, &y)| (0..k).filter(|&c| c != y).map(|c| logp[i * k + c].exp()).sum()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

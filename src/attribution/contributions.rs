@@ -1,10 +1,13 @@
 //! Which training points drive a prediction (EPK paper Fig. 6): per-training-point
-//! contributions of the kernel machine and the strongest supporters and opponents of an output.
+//! contributions of the kernel machine and the strongest supporters and opponents of an output,
+//! on flat Grams and on the kernel engine's output ([`machine_contributions`], [`baseline`]:
+//! what `Gram::contributions` and `Gram::baseline` of the front door return).
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_finite, check_len};
+use crate::analysis::{check_finite, check_len};
 use crate::error::{Error, Result};
+use crate::kernel::{KernelKind, KernelOutput};
 
 // ---------------------------------------------------------------------------------------------
 // Attribution (EPK paper Fig. 6)
@@ -71,6 +74,55 @@ pub fn contributions_per_step(
         }
     }
     Ok(out)
+}
+
+/// Refuses a kernel whose machine is not the network's path (the NTK's is a linearisation; the
+/// `path` kernel's is not a training point's sum): attribution needs epk, dpk or kprime.
+pub fn require_path_machine(kind: KernelKind) -> Result<()> {
+    if matches!(kind, KernelKind::Ntk | KernelKind::Path) {
+        return Err(Error::Config(format!("attribution needs a path kernel whose machine is the network's path (epk, dpk, kprime); the {kind} machine is not")));
+    }
+    Ok(())
+}
+
+/// Whether `a_{i,s}` is the same for every step of `out`, so that Theorem 3.7's single machine
+/// applies.
+pub fn constant_a(out: &KernelOutput) -> bool {
+    let mk = out.m * out.k;
+    let n = out.a.len() / mk.max(1);
+    (1..n).all(|s| out.a[s * mk..(s + 1) * mk] == out.a[..mk])
+}
+
+/// Contributions of every training point to every row's output of a full-layout kernel output:
+/// [`contributions`] when `a_{i,s}` is constant over the steps (Theorem 3.7), else
+/// [`contributions_per_step`] on the per-step Grams (Theorem 3.6). The kind is checked by
+/// [`require_path_machine`] and the layout by the caller. # Shapes `[P, M, K]`.
+///
+/// Errors: `a_{i,s}` varying by step without per-step Grams, and those of the two above.
+pub fn machine_contributions(out: &KernelOutput) -> Result<Vec<f64>> {
+    let (p, m, k) = (out.p, out.m, out.k);
+    let mk = m * k;
+    if constant_a(out) {
+        return contributions(&out.gram, &out.a[..mk], p, m, k);
+    }
+    let per_step = out.per_step.as_ref().ok_or_else(|| {
+        Error::Config("a_{i,s} varies by step: the single machine does not apply; compute the Gram with `.per_step()` (`pathkernel kernel --per-step`) for the ensemble attribution".into())
+    })?;
+    let a_steps: Vec<f64> = out.steps.iter().flat_map(|&s| out.a[s * mk..(s + 1) * mk].iter().copied()).collect();
+    contributions_per_step(per_step, &a_steps, out.steps.len(), p, m, k)
+}
+
+/// The network output minus what belongs to no training point: the bias `f_{w_0}(x_p)` plus
+/// the weight-decay and rounding terms when present. # Shapes `[P, K]`.
+pub fn baseline(out: &KernelOutput) -> Vec<f64> {
+    let non_data: Option<Vec<f64>> = match (&out.reg, &out.rounding) {
+        (Some(r), Some(d)) => Some(r.iter().zip(d).map(|(r, d)| r + d).collect()),
+        (r, d) => r.clone().or_else(|| d.clone()),
+    };
+    match non_data {
+        Some(t) => out.bias.iter().zip(&t).map(|(b, t)| b + t).collect(),
+        None => out.bias.clone(),
+    }
 }
 
 /// How one output `f^class(x_point)` decomposes over the training points.
@@ -173,8 +225,12 @@ pub fn attribute(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::testutil::*;
-    use rand::Rng;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn rng(seed: u64) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(seed)
+    }
 
     // ----- attribution -----
 

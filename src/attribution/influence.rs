@@ -281,8 +281,8 @@ impl FunctionSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datamodels::grads::{directions, Direction, Projection};
-    use crate::datamodels::mlp::small_arch;
+    use crate::attribution::grads::{directions, Direction, Projection};
+    use crate::attribution::mlp::small_arch;
 
     /// CG and the function-space form against a dense parameter-space solve of `(H + λI)`,
     /// with `H` written out from `Z`.

@@ -1,7 +1,8 @@
 //! The one-hidden-layer ReLU MLP with log-softmax outputs as four plain matrices, its batched
 //! forward pass on faer GEMMs, and the row-major GEMM helper the other files of the benchmark
-//! use. Everything fast in `datamodels` (the retrainer, the per-example gradients, the GGN) is
-//! written against this view; each is tested against the crate's dfdx network.
+//! use. Everything fast in `attribution` and the benchmark (`datamodels`: the retrainer, the
+//! per-example gradients, the GGN) is written against this view; each is tested against the
+//! crate's dfdx network.
 
 
 use crate::error::{Error, Result};
