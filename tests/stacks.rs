@@ -105,3 +105,33 @@ fn stack_with_adam_and_momentum_is_exact() {
         assert!(epk.max_abs_error() <= 1e-11, "{name}: {:e}", epk.max_abs_error());
     }
 }
+
+#[test]
+fn stack_stateful_structured_path_equals_dense_jacobians() {
+    // Momentum and AdamW walk the path backwards (kernel::stateful): the stack's per-layer
+    // factors on the training side and at the rows' nodes against dense dfdx Jacobians.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, layers, train) in [
+        ("momentum, deep relu", DEEP_RELU, "lr = 0.2\nsteps = 4\noptimizer = \"sgd\"\nmomentum = 0.9\nweight_decay = 0.01\nbatch_size = 6"),
+        ("adamw, gelu layer-norm", SMOOTH, "lr = 0.02\nsteps = 3\noptimizer = \"adamw\"\nweight_decay = 0.01"),
+    ] {
+        let run = mixture_run(dir.path(), &name[..4], layers, train);
+        let states = run.load_all().unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        for (kind, rule, layout) in [(KernelKind::Epk, Rule::Gauss(3), Layout::Full), (KernelKind::Dpk, Rule::Gauss(1), Layout::Diag)] {
+            let req = Request::new(kind).rule(rule).layout(layout);
+            let [fast, slow] = [kernel::GramPath::Fast, kernel::GramPath::Generic].map(|path| kernel::compute(&run, &states, &pts, &req.clone().path(path), &|_, _| {}).unwrap());
+            let rel = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
+            assert!(rel <= 1e-12, "{name} {kind}: Gram relative difference {rel:e}");
+            let rel = max_abs_diff(&fast.machine, &slow.machine) / max_abs(&slow.machine);
+            assert!(rel <= 1e-12, "{name} {kind}: machine relative difference {rel:e}");
+        }
+        let image = image_run(dir.path(), &format!("{}-img", &name[..4]), LENET_MINI, &train.replace("batch_size = 6", "batch_size = 5"));
+        let states = image.load_all().unwrap();
+        let pts = Rows::Test.resolve(&image.dataset).unwrap();
+        let req = Request::new(KernelKind::Epk).rule(Rule::Gauss(2));
+        let [fast, slow] = [kernel::GramPath::Fast, kernel::GramPath::Generic].map(|path| kernel::compute(&image, &states, &pts, &req.clone().path(path), &|_, _| {}).unwrap());
+        let rel = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
+        assert!(rel <= 1e-12, "{name} lenet-mini: Gram relative difference {rel:e}");
+    }
+}

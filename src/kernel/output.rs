@@ -423,30 +423,7 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
             return Err(Error::format(&path, format!("gram_steps holds {} steps but steps lists {}", g.len() / (p * m * per_pair).max(1), steps.len())));
         }
     }
-    let layers = if names.iter().any(|x| x == "layer_gram") {
-        let lnames: Vec<String> =
-            serde_json::from_str(&meta.get("layers").cloned().unwrap_or_default())
-                .map_err(|_| Error::format(&path, "layer_gram without its `layers` names"))?;
-        let nl = lnames.len();
-        let mut want = vec![nl];
-        want.extend(layout.shape(p, m, k));
-        let lg = f.f64("layer_gram", Some(&want))?.1;
-        let change = f.f64("layer_change", Some(&[steps.len(), nl, p, k]))?.1;
-        let gram = if nl == 0 {
-            Vec::new()
-        } else {
-            lg.chunks_exact(lg.len() / nl)
-                .map(<[f64]>::to_vec)
-                .collect()
-        };
-        Some(LayerShares {
-            names: lnames,
-            gram,
-            change,
-        })
-    } else {
-        None
-    };
+    let layers = read_layers(&f, &path, (p, m, k), layout, steps.len())?;
     let optional = |name: &str| -> Result<Option<Vec<f64>>> {
         Ok(if names.iter().any(|x| x == name) {
             Some(f.f64(name, Some(&[p, k]))?.1)
@@ -513,6 +490,22 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
         layers,
     };
     Ok(GramFile { out, points, rows, exactness, version })
+}
+
+/// The per-layer decomposition in a Gram file, if it holds one (`layer_gram`, `layer_change`
+/// and the `layers` names).
+fn read_layers(f: &SafeFile, path: &Path, (p, m, k): (usize, usize, usize), layout: Layout, steps: usize) -> Result<Option<LayerShares>> {
+    if !f.names().iter().any(|x| x == "layer_gram") {
+        return Ok(None);
+    }
+    let names: Vec<String> = serde_json::from_str(f.metadata().get("layers").map_or("", |s| s.as_str())).map_err(|_| Error::format(path, "layer_gram without its `layers` names"))?;
+    let nl = names.len();
+    let mut want = vec![nl];
+    want.extend(layout.shape(p, m, k));
+    let lg = f.f64("layer_gram", Some(&want))?.1;
+    let change = f.f64("layer_change", Some(&[steps, nl, p, k]))?.1;
+    let gram = if nl == 0 { Vec::new() } else { lg.chunks_exact(lg.len() / nl).map(<[f64]>::to_vec).collect() };
+    Ok(Some(LayerShares { names, gram, change }))
 }
 
 /// The per-step records of a `steps.parquet` table; `Err(name)` names a missing column.

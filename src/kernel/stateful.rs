@@ -32,21 +32,40 @@ use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, T
 use super::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
 use super::prepare::Prepared;
 use super::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
+use super::stack::step::{RowGrad, StackStep};
 use super::{convstep, generic};
 use crate::error::{Error, Result};
-use crate::linalg::{gemm_ab, gemm_abt};
-use crate::model::Params;
+use crate::linalg::{gemm, gemm_ab, gemm_abt};
+use crate::model::{param_layers, Params};
 use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::Manifest;
 
 /// Scratch bytes allowed for one block of a dense layer's contraction.
 const BLOCK_BYTES: usize = 64 << 20;
 
+/// Quadrature nodes of the rows whose stack factors are formed at once.
+const ROW_NODES: usize = 64;
+
 /// The training points at one state: outputs and what the contraction needs.
 enum TrainSide {
     Mlp { step: MlpStep, ev: Evals },
     /// Dense Jacobians `[M·K, W]` (architectures without a structured path).
     Dense { jt: Vec<f64>, f: Vec<f64> },
+    /// A layer stack's per-layer factors ([`StackStep::grads`]) with where each parameter layer
+    /// sits in the flat `[W]`; outputs `f` `[M, K]`.
+    Stack { grads: Vec<RowGrad>, layers: Vec<StackLayer>, f: Vec<f64> },
+}
+
+/// Where one parameter layer of a stack sits in the flat parameter vector.
+#[derive(Clone)]
+struct StackLayer {
+    flat: std::ops::Range<usize>,
+    /// A dense layer's input features (its weight is `[out, n_in]`, its bias after it).
+    n_in: usize,
+}
+
+fn stack_layers(state: &Params) -> Vec<StackLayer> {
+    param_layers(&state.specs).into_iter().map(|l| StackLayer { n_in: state.specs[l.tensors.start].shape.get(1).copied().unwrap_or(0), flat: l.flat }).collect()
 }
 
 impl TrainSide {
@@ -60,6 +79,13 @@ impl TrainSide {
             let m = x.len() / step.input_dim();
             let ev = step.eval(x, &vec![0.0; m], off, true);
             Ok(TrainSide::Mlp { step, ev })
+        } else if s.stack_fast {
+            let m = x.len() / d;
+            let st = StackStep::new(s.arch(), state, None)?;
+            let idx: Vec<usize> = (0..m).collect();
+            let grads = st.grads(x, off, &idx, &vec![0.0; m]);
+            let f = s.arch().forward(state, Some(&s.states[0]), x)?;
+            Ok(TrainSide::Stack { grads, layers: stack_layers(state), f })
         } else {
             let jt = generic::jacobians(s.arch(), state, &s.states[0], x)?;
             let f = s.arch().forward(state, Some(&s.states[0]), x)?;
@@ -71,7 +97,7 @@ impl TrainSide {
     fn f(&self) -> &[f64] {
         match self {
             TrainSide::Mlp { ev, .. } => &ev.f,
-            TrainSide::Dense { f, .. } => f,
+            TrainSide::Dense { f, .. } | TrainSide::Stack { f, .. } => f,
         }
     }
 
@@ -83,6 +109,7 @@ impl TrainSide {
                 // gᵀ = cᵀ·J  ([1, M·K] × [M·K, W])
                 gemm_ab(&mut g, c, jt, 1, w, c.len(), 1.0, false);
             }
+            TrainSide::Stack { grads, layers, .. } => stack_gradient(grads, layers, c, &mut g),
             TrainSide::Mlp { step, ev } => {
                 let k = step.k;
                 let m = c.len() / k;
@@ -129,6 +156,7 @@ impl TrainSide {
                 let (p, m, k) = out.dims();
                 add_dense(layout, out.rows_mut(0..p), h, jt, p, m, k, w, 1.0);
             }
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch),
             TrainSide::Mlp { step, ev } => {
                 let k = step.k;
                 let p = h.len() / w / k;
@@ -168,6 +196,122 @@ impl TrainSide {
                         add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], &a_ext, &dt, nb, ne, scratch);
                     }
                     off += no * ni + if step.bias { no } else { 0 };
+                }
+            }
+        }
+    }
+}
+
+/// `out += H[(p,k), :]·∇f^{k'}(x_i)` for a stack's training factors: a dense layer as the MLP's
+/// deeper layers (`H_l·[A, 1]ᵀ`, then the sensitivities, [`add_formed`]); formed layers as one
+/// GEMM with `H`'s columns of the layer.
+///
+/// # Shapes
+/// `h` `[P·K, W]`.
+fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize, out: &mut GramSink, scratch: &mut Vec<f64>) {
+    let layout = out.layout();
+    let (p, m, k) = out.dims();
+    for (rg, l) in grads.iter().zip(layers) {
+        match rg {
+            RowGrad::Factor { acts, deltas, ne, out: no } => {
+                let (ne, no, ni) = (*ne, *no, l.n_in);
+                let dt = TrainDeltas::new(layout, deltas, m, k, no, None);
+                // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
+                let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
+                let mut hext = vec![0.0; pb * k * no * ne];
+                for p0 in (0..p).step_by(pb) {
+                    let nb = pb.min(p - p0);
+                    for row in 0..nb * k {
+                        let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
+                        for o in 0..no {
+                            let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                            dst[..ni].copy_from_slice(&hr[l.flat.start + o * ni..l.flat.start + (o + 1) * ni]);
+                            if ne > ni {
+                                dst[ni] = hr[l.flat.start + no * ni + o];
+                            }
+                        }
+                    }
+                    add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], acts, &dt, nb, ne, scratch);
+                }
+            }
+            RowGrad::Formed { g, width } => {
+                let hc: Vec<f64> = h.chunks_exact(w).flat_map(|row| row[l.flat.clone()].iter().copied()).collect();
+                add_dense(layout, out.rows_mut(0..p), &hc, g, p, m, k, *width, 1.0);
+            }
+        }
+    }
+}
+
+/// `g += Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i)` from a stack's per-layer factors, flat `[W]`.
+///
+/// # Shapes
+/// `c` `[M·K]`; each factor's rows are the M points.
+fn stack_gradient(grads: &[RowGrad], layers: &[StackLayer], c: &[f64], g: &mut [f64]) {
+    for (rg, l) in grads.iter().zip(layers) {
+        match rg {
+            RowGrad::Factor { acts, deltas, ne, out } => {
+                let (ne, no, ni) = (*ne, *out, l.n_in);
+                let m = acts.len() / ne;
+                let k = c.len() / m.max(1);
+                // u_i = Σ_k' c[i,k'] δ_i[k'] `[M, out]`, then uᵀ·[A, 1] `[out, ne]`.
+                let mut u = vec![0.0; m * no];
+                for i in 0..m {
+                    for kk in 0..k {
+                        let ci = c[i * k + kk];
+                        if ci != 0.0 {
+                            u[i * no..(i + 1) * no].iter_mut().zip(&deltas[(i * k + kk) * no..(i * k + kk + 1) * no]).for_each(|(a, b)| *a += ci * b);
+                        }
+                    }
+                }
+                let mut v = vec![0.0; no * ne];
+                gemm(&mut v, &u, true, acts, false, (no, ne, m), 1.0, false);
+                for o in 0..no {
+                    g[l.flat.start + o * ni..l.flat.start + (o + 1) * ni].iter_mut().zip(&v[o * ne..o * ne + ni]).for_each(|(a, b)| *a += b);
+                    if ne > ni {
+                        g[l.flat.start + no * ni + o] += v[o * ne + ni];
+                    }
+                }
+            }
+            RowGrad::Formed { g: gf, width } => {
+                gemm(&mut g[l.flat.clone()], c, false, gf, false, (1, *width, c.len()), 1.0, true);
+            }
+        }
+    }
+}
+
+/// `J̄[p(r), k, :] += w_r ∇f^k(x_{p(r)}; w(t_r))` for node rows r of a stack's per-layer factors.
+///
+/// # Shapes
+/// `jbar` `[P, K, W]`; each factor's rows are the nodes.
+fn add_stack_rows(jbar: &mut [f64], grads: &[RowGrad], layers: &[StackLayer], point: &[usize], weight: &[f64], k: usize, w: usize) {
+    for (rg, l) in grads.iter().zip(layers) {
+        match rg {
+            RowGrad::Factor { acts, deltas, ne, out } => {
+                let (ne, no, ni) = (*ne, *out, l.n_in);
+                for (r, (&pi, &wr)) in point.iter().zip(weight).enumerate() {
+                    let ar = &acts[r * ne..(r + 1) * ne];
+                    for kt in 0..k {
+                        let row = &mut jbar[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                        let dr = &deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
+                        for o in 0..no {
+                            let c = wr * dr[o];
+                            if c == 0.0 {
+                                continue;
+                            }
+                            row[l.flat.start + o * ni..l.flat.start + (o + 1) * ni].iter_mut().zip(&ar[..ni]).for_each(|(x, a)| *x += c * a);
+                            if ne > ni {
+                                row[l.flat.start + no * ni + o] += c;
+                            }
+                        }
+                    }
+                }
+            }
+            RowGrad::Formed { g, width } => {
+                for (r, (&pi, &wr)) in point.iter().zip(weight).enumerate() {
+                    for kt in 0..k {
+                        let src = &g[(r * k + kt) * width..(r * k + kt + 1) * width];
+                        jbar[(pi * k + kt) * w + l.flat.start..(pi * k + kt) * w + l.flat.end].iter_mut().zip(src).for_each(|(x, v)| *x += wr * v);
+                    }
                 }
             }
         }
@@ -276,7 +420,7 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
                 (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
             }
             None if matches!(arch.body, crate::model::Body::Layers { .. }) => {
-                let st = super::stack::step::StackStep::new(arch, state, next)?;
+                let st = StackStep::new(arch, state, next)?;
                 let c = choose_auto_nodes(&super::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }
@@ -288,6 +432,17 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
         };
         let d = arch.input_dim();
         let mut jbar = vec![0.0; p * k * w];
+        if s.stack_fast {
+            // The stack's per-layer factors at the nodes, a chunk of nodes at a time.
+            let st = StackStep::new(arch, state, next)?;
+            let layers = stack_layers(state);
+            for c0 in (0..point.len()).step_by(ROW_NODES) {
+                let c1 = (c0 + ROW_NODES).min(point.len());
+                let grads = st.grads(&s.rows.x, s.off_rows.as_deref(), &point[c0..c1], &times[c0..c1]);
+                add_stack_rows(&mut jbar, &grads, &layers, &point[c0..c1], &weights[c0..c1], k, w);
+            }
+            return Ok(RowGradients { jbar: Feature { dense: jbar, f0: None }, evaluations, jvp_evaluations, pieces, unconverged });
+        }
         for ((&pi, &t), &wq) in point.iter().zip(&times).zip(&weights) {
             let j = generic::jacobians(arch, &generic::interpolate(state, next, t), &s.states[0], &s.rows.x[pi * d..(pi + 1) * d])?;
             jbar[pi * k * w..(pi + 1) * k * w].iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
@@ -367,6 +522,7 @@ pub(crate) fn work_bytes(manifest: &Manifest, rule: &UpdateRule, range: usize, m
     let (k, w, n) = (arch.outputs() as u64, manifest.num_params as u64, manifest.steps as u64);
     let per_train: u64 = match &arch.body {
         crate::model::Body::Mlp { widths } => widths.windows(2).map(|x| (x[0] + k as usize * x[1]) as u64).sum(),
+        crate::model::Body::Layers { .. } => arch.stack().map_or(k * w, |st| st.gradient_floats(k as usize)) + k,
         _ => k * w + k,
     };
     let adam = u64::from(rule.adam.is_some());
