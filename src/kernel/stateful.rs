@@ -74,6 +74,12 @@ impl TrainSide {
         let (d, k) = (s.arch().input_dim(), s.arch().outputs());
         let x = &s.train.x_train[c0 * d..c1 * d];
         let off = s.off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
+        Self::of(s, state, x, off)
+    }
+
+    /// The points `x` (`[M', d]`, with their `zero_output` offsets `off` `[M', K]`) at `state`.
+    fn of(s: &Prepared<'_>, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Self> {
+        let d = s.arch().input_dim();
         if s.structured {
             let step = MlpStep::new(s.arch(), state, None)?;
             let m = x.len() / step.input_dim();
@@ -680,6 +686,26 @@ struct Replay {
     path_g: Vec<Vec<f64>>,
 }
 
+/// Step r's `∂L/∂f` of all M training points (`[M, K]`) and the whole data gradient `g_r`
+/// (`[W]`). With mini-batches only the batch's rows have a loss gradient, so only their
+/// factors are formed (the other rows' would be multiplied by zero).
+fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (k, w) = (d.k, d.w);
+    let Some(batch) = s.batches.as_ref().map(|b| &b[r]).filter(|b| b.len() < d.m_all) else {
+        let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
+        let lg = s.loss_gradient(r, Some(ts.f()))?;
+        return Ok((lg.clone(), ts.gradient(&lg, w)));
+    };
+    // The batch's rows as a contiguous set of points: (its inputs, offsets and ∂L/∂f).
+    let lg = s.loss_gradient(r, None)?;
+    let dim = s.arch().input_dim();
+    let x: Vec<f64> = batch.iter().flat_map(|&i| s.train.x_train[i * dim..(i + 1) * dim].iter().copied()).collect();
+    let off: Option<Vec<f64>> = s.off_train.as_deref().map(|o| batch.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
+    let c: Vec<f64> = batch.iter().flat_map(|&i| lg[i * k..(i + 1) * k].iter().copied()).collect();
+    let ts = TrainSide::of(s, &s.states[r], &x, off.as_deref())?;
+    Ok((lg, ts.gradient(&c, w)))
+}
+
 /// Phase 1: replays the optimizer forward over steps `[0, hi)` from the whole data gradient.
 fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result<Replay> {
     let (m, k, w, n, first) = (d.m, d.k, d.w, d.n, d.first);
@@ -699,9 +725,7 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
     for r in 0..hi {
         progress(r, d.total_work);
         // The replay needs the whole data gradient: all M training points.
-        let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
-        let lg = s.loss_gradient(r, Some(ts.f()))?;
-        let g = ts.gradient(&lg, w);
+        let (lg, g) = data_gradient(s, r, d)?;
         if r >= first && d.share && s.ntk_step.is_none() {
             path_g[r] = g.clone();
         }

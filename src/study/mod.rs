@@ -234,6 +234,9 @@ fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Resu
     });
     io::write_json(&staged.path().join("timings.json"), &timings)?;
     if cfg.timings_in_summary {
+        notes.extend(contraction_notes(&kernels));
+    }
+    if cfg.timings_in_summary {
         notes.push(format!(
             "- Cost of this run: {wall:.0} s wall for the whole study (training{} and kernels{}), peak resident memory {} on this machine ({} cores).",
             if reused_run { " reused from the cache" } else { "" },
@@ -280,6 +283,33 @@ fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool)
     gram.save(&kdir)?;
     cache::stamp(&kdir, &key)?;
     Ok((false, gram, kdir))
+}
+
+/// For the kernels computed in this run whose path times its Gram contraction: its rate
+/// against faer's GEMM rate on a square product of similar size (`n` = the larger of P and M,
+/// rounded up to a multiple of 64), measured now, in the same process.
+fn contraction_notes(kernels: &[StudyKernel]) -> Vec<String> {
+    let timed: Vec<&StudyKernel> = kernels.iter().filter(|k| !k.reused && k.gram.output().contraction.flops > 0.0).collect();
+    let Some(n) = timed.iter().map(|k| k.gram.output().p.max(k.gram.output().m).div_ceil(64) * 64).max() else {
+        return Vec::new();
+    };
+    let gemm = crate::bench::gemm_rate(n, 3);
+    timed
+        .iter()
+        .map(|k| {
+            let (c, total) = (k.gram.output().contraction, k.exactness.seconds);
+            format!(
+                "- {}: the Gram contraction ran at {:.1} GFLOP/s ({:.2e} flops in {:.0} s of the kernel's {:.0} s; the rest is the gradients at the quadrature nodes and the training side's factors), {:.2} of faer's GEMM rate on this machine ({:.1} GFLOP/s on a {n}² product, measured after the kernels in the same run).",
+                k.label,
+                c.gflops(),
+                c.flops,
+                c.seconds,
+                total,
+                c.gflops() / gemm,
+                gemm
+            )
+        })
+        .collect()
 }
 
 fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, kernels: &[StudyKernel], notes: &[String], opts: &StudyOptions) -> String {
