@@ -195,7 +195,10 @@ fn accumulate_steps(
     } else {
         Box::new(GenericModel { arch, init: &states[0] })
     };
-    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha);
+    let what = if prep.conv_fast { "the CNN's structured path" } else if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
+    super::backend::check_path(req.device, prep.structured, what)?;
+    let backend = super::backend::Backend::open(req.device)?;
+    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_backend(backend.clone());
     let mut acc = if req.per_step { None } else { Some(new_acc()) };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut contraction = gram::Contraction::default();
@@ -231,8 +234,10 @@ fn accumulate_steps(
             None => one.as_mut().expect("created above"),
         };
         let out = model.add_step(&input, target, &mut diag)?;
+        target.check()?;
         if let Some(mut one) = one {
             one.flush();
+            one.check()?;
             contraction.seconds += one.contraction().seconds;
             contraction.flops += one.contraction().flops;
             let gs = one.finish();
@@ -245,6 +250,7 @@ fn accumulate_steps(
     }
     if let Some(a) = acc.as_mut() {
         a.flush();
+        a.check()?;
         contraction.seconds += a.contraction().seconds;
         contraction.flops += a.contraction().flops;
     }
@@ -258,6 +264,7 @@ fn accumulate_steps(
         (None, Some(e)) => e,
         (None, None) => vec![0.0; gsize],
     };
+    backend.release();
     Ok(Accumulated { gram, per_step, contraction, diag, records, track })
 }
 

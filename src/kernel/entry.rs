@@ -33,12 +33,15 @@ use crate::trajectory::Run;
 /// # Panics
 /// If `req.block_rows == Some(0)`.
 pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    // A device that cannot run fails here, before any work (one line, see `backend::cuda`).
+    req.device.probe()?;
     let precond = run.load_preconditioners()?;
     let mut one = |pts: &Points, prog: &dyn Fn(usize, usize)| -> Result<KernelOutput> {
         let prep = Prepared::new(&run.manifest, &run.dataset, states, precond.as_deref(), pts, req)?;
         if prep.rule.is_plain() {
             driver::compute(&prep, prog)
         } else {
+            super::backend::check_path(req.device, false, "the optimizer replay (momentum, Adam, weight decay)")?;
             stateful::compute(&prep, prog)
         }
     };

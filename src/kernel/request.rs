@@ -1,6 +1,7 @@
 //! What a kernel computation is asked for: one [`Request`], built by `Request::new(kind)` and
 //! chainable setters, taken by the one entry [`super::compute`].
 
+use super::backend::Device;
 use super::layout::Layout;
 use super::quadrature::Rule;
 use super::types::{KernelKind, Outputs, Side};
@@ -58,6 +59,9 @@ pub struct Request {
     /// outputs are concatenated (`super::blocked::in_blocks`); [`super::blocked::plan`] picks a
     /// size that fits a memory budget.
     pub block_rows: Option<usize>,
+    /// Where the contraction's GEMMs run (default: the CPU). [`Device::Cuda`] takes the MLP's
+    /// structured path only; other paths refuse it.
+    pub device: Device,
 }
 
 impl Request {
@@ -78,6 +82,7 @@ impl Request {
             columns: None,
             outputs: Outputs::Network,
             block_rows: None,
+            device: Device::Cpu,
         }
     }
     /// The quadrature rule.
@@ -128,6 +133,11 @@ impl Request {
     /// The outputs the kernel is on.
     pub fn outputs(mut self, outputs: Outputs) -> Self {
         self.outputs = outputs;
+        self
+    }
+    /// Where the contraction's GEMMs run.
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
         self
     }
     /// Row points per block (`None`: one block).
