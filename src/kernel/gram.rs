@@ -324,7 +324,7 @@ impl GramAccumulator {
     /// [`MIN_BLOCK_POINTS`]).
     fn pending_cap(&self) -> usize {
         let per_point = self.step_train.as_ref().map_or(0, |train| train.iter().map(|dt| 8 * dt.rows_per_point(self.k) * (self.m + dt.n_in + 1)).max().unwrap_or(0));
-        (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS)
+        (self.backend.block_bytes(BLOCK_BYTES) / per_point.max(1)).max(MIN_BLOCK_POINTS)
     }
 
     /// Contracts the pending row points' deeper layers into the Gram, in blocks of at most
@@ -542,7 +542,7 @@ impl Layer0Sum {
         let f = self.filled;
         let cols = layout.cols_per_train(k);
         let per_point = 8 * m * layout.per_pair(k);
-        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
+        let pb = (backend.block_bytes(BLOCK_BYTES) / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
         let mut prod = vec![0.0; pb * m * layout.per_pair(k)];
         // The training buffer: one factor (full, trace) or one per class (diag), each uploaded
         // once for all blocks of row points.

@@ -167,6 +167,18 @@ impl Backend {
         }
     }
 
+    /// Bytes of product a block of row points may take on this backend, given the CPU's
+    /// `cpu_bytes` (sized for its caches): a GPU gets blocks of at least 256 MiB, since each
+    /// block is one round trip over PCIe and a product of a few MFLOP would be all latency.
+    /// The memory planner (`kernel::blocked`) counts the CPU's size, so on a GPU the host holds
+    /// up to this much more.
+    pub(crate) fn block_bytes(&self, cpu_bytes: usize) -> usize {
+        match self {
+            Backend::Cpu => cpu_bytes,
+            Backend::Cuda(_) => cpu_bytes.max(256 << 20),
+        }
+    }
+
     /// Frees what a device holds resident (the end of a computation).
     pub(crate) fn release(&self) {
         if let Backend::Cuda(g) = self {
