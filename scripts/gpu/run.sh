@@ -23,7 +23,7 @@ cd "$ROOT"
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 OUT=${OUT:-$ROOT/gpu-out}
-BUNDLE=${BUNDLE:-$ROOT/gpu-bundle/bundle.tar.gz}
+BUNDLE=${BUNDLE:-$ROOT/gpu-bundle/bundle.tar.xz}
 BUDGET=${BUDGET_S:-400}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -33,7 +33,7 @@ left() { echo $((START + BUDGET - $(date +%s))); }
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG" >&2; }
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/pk-gpu.XXXXXX")
-tar -C "$W" -xzf "$BUNDLE" || { log "cannot unpack $BUNDLE (run scripts/gpu/build.sh here and carry gpu-bundle)"; exit 1; }
+tar -C "$W" -xJf "$BUNDLE" || { log "cannot unpack $BUNDLE (run scripts/gpu/build.sh here and carry gpu-bundle)"; exit 1; }
 BIN=$W/bundle
 PK=$BIN/pathkernel
 mkdir -p "$W/mnist" "$W/runs"
@@ -42,10 +42,11 @@ for f in "$BIN"/mnist/*.gz; do gunzip -c "$f" > "$W/mnist/$(basename "$f" .gz)";
 # CUDA 13 user-space libraries (libcublas.so.13, libcublasLt.so.13): the torch venv's wheels,
 # else a toolkit; libcuda.so.1 comes from the driver. CUDA_LIBDIR overrides.
 if [ -z "${CUDA_LIBDIR:-}" ]; then
-    CUDA_LIBDIR=$(dirname "$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublas.so.13 \
-        /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)" 2>/dev/null)
+    CUBLAS=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublas.so.13 \
+        /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
+    [ -n "$CUBLAS" ] && CUDA_LIBDIR=$(dirname "$CUBLAS")
 fi
-export LD_LIBRARY_PATH=${CUDA_LIBDIR:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -n "${CUDA_LIBDIR:-}" ] && export LD_LIBRARY_PATH=$CUDA_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 GPU=cuda
 [ "$DRY" = 1 ] && GPU=cpu
 
