@@ -6,7 +6,7 @@
 //!   bit for bit what the engine computed before this contract existed.
 //! - [`Device::Cuda`]: cuBLAS `DGEMM` through `cudarc` (libraries loaded at first use, so the
 //!   one binary builds with no CUDA toolkit and runs with or without a GPU). The training side
-//!   `B` is uploaded once per [`Stamp`] and stays on the GPU for every block of row points that
+//!   `B` is uploaded once per `Stamp` and stays on the GPU for every block of row points that
 //!   is contracted against it (a step's deeper layers; layer 0's buffer of several steps); the
 //!   row side `A` and the product go through the GPU block by block, blocks sized to its free
 //!   memory. Nothing here is GPU-specific beyond `cuda.rs`.
@@ -14,7 +14,7 @@
 //! What the backend does not do: the element-wise passes after the products (the output layer's
 //! `2K` passes, layer 0's scale `x_p·x_i + 1` and fold into the Gram), the node evaluations, and
 //! the Gram itself stay on the CPU. Only the MLP's structured path (`kernel::gram`) takes a
-//! backend; other paths refuse [`Device::Cuda`] ([`check_path`]).
+//! backend; other paths refuse [`Device::Cuda`] (`check_path`).
 
 use std::fmt;
 use std::str::FromStr;
