@@ -139,6 +139,27 @@ if [ "$DRY" = 1 ]; then
     fi
 fi
 
+# 2b. Training on the GPU (dfdx's `cuda` build, bundle/dfdx-cuda/ from build.sh --with-dfdx-cuda):
+#     the paper toy and MNIST 2 000 trained again there, trajectories against the CPU's step by
+#     step (<= 1e-10 relative). The dry run trains the "GPU" runs with the CPU binary to check
+#     the plumbing.
+TRAIN_GPU=
+if [ "$DRY" = 1 ]; then TRAIN_GPU="$PK train --device cpu"; fi
+if [ "$DRY" = 0 ] && [ -x "$BIN/dfdx-cuda/run-gpu.sh" ]; then TRAIN_GPU="$BIN/dfdx-cuda/run-gpu.sh train --device cuda"; fi
+if [ -n "$TRAIN_GPU" ]; then
+    # shellcheck disable=SC2086
+    step train-gpu 120 $TRAIN_GPU -q --config "$W/mnist-$PC.toml" --out "$R-gpu"
+    step traj-mnist 60 python3 "$ROOT/scripts/gpu/traj_diff.py" "$R" "$R-gpu"
+    rm -rf "$R-gpu"
+    step train-toy 60 "$PK" train -q --config "$ROOT/data/studies/paper-toy.toml" --out "$W/runs/toy"
+    # shellcheck disable=SC2086
+    step train-toy-gpu 120 $TRAIN_GPU -q --config "$ROOT/data/studies/paper-toy.toml" --out "$W/runs/toy-gpu"
+    step traj-toy 60 python3 "$ROOT/scripts/gpu/traj_diff.py" "$W/runs/toy" "$W/runs/toy-gpu"
+    rm -rf "$W/runs/toy" "$W/runs/toy-gpu"
+else
+    log "training on the GPU: not in the bundle (scripts/gpu/build.sh --with-dfdx-cuda); skipped"
+fi
+
 # 3. The device and its DGEMM rate; the CPU's for reference.
 step dgemm-gpu 60 "$PK" bench --run "$R" --dgemm $DG --device $GPU --repeat 5
 step dgemm-cpu 60 "$PK" bench --run "$R" --dgemm 4096 --device cpu --repeat 3
@@ -197,6 +218,9 @@ if c: print(f"- CPU DGEMM {c['n']}² (faer): {c['gflops']:.0f} GFLOP/s")
 for lay in ("diag", "full", "trace"):
     r = one(f"compare-{lay}", "device_compare")
     if r: print(f"- CPU vs {r['device']} Gram, {lay}, {r['points']}×{r['train']}×{r['outputs']}, {r['steps']} steps: max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['cpu_machine_error']:.1e} (CPU) / {r['device_machine_error']:.1e} ({r['device']})")
+for s in ("traj-mnist", "traj-toy"):
+    r = one(s, "trajectory_diff")
+    if r: print(f"- trajectory GPU vs CPU training, {s[5:]}: max relative difference **{r['max_rel']:.2e}** over {r['steps']} steps (tolerance {r['tol']:.0e}; worst {r['worst_tensor']} at {r['worst_step']})")
 print()
 print("| EPK (diag, auto:1e-12) | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
 print("|---|---|---|---|---|---|---|---|")
