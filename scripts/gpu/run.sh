@@ -118,7 +118,7 @@ if [ "$DRY" = 1 ]; then
     step tests-list 30 "$BIN/lib-tests" --list --ignored
     step tests-list-device 30 "$BIN/device-tests" --list --ignored
 else
-    step test-backend 60 "$BIN/lib-tests" --ignored --exact kernel::backend::tests::cuda_backend_matches_cpu kernel::backend::tests::cuda_probe_is_one_line
+    step test-backend 60 "$BIN/lib-tests" --include-ignored --exact kernel::backend::tests::cuda_backend_matches_cpu kernel::backend::tests::cuda_probe_is_one_line
     step test-gram 90 "$BIN/device-tests" --ignored --exact cuda_gram_equals_cpu_gram
 fi
 
