@@ -477,6 +477,8 @@ pub(crate) fn conv_paths(run: &Run, step: usize, repeat: usize, rule: Rule) -> R
 pub(crate) struct ContractionRate {
     /// Always `"contraction"`.
     pub name: String,
+    /// Where the contraction's GEMMs ran (`cpu`, `cuda`).
+    pub device: String,
     /// Kernel kind, layout and quadrature.
     pub kind: String,
     /// Layout of the Gram.
@@ -503,7 +505,8 @@ pub(crate) struct ContractionRate {
     pub contraction_gflops: f64,
     /// Side of the square GEMM timed for the machine's rate.
     pub gemm_n: usize,
-    /// faer's GEMM rate on an `n × n × n` product (fastest of 3), GFLOP/s.
+    /// The device's GEMM rate on an `n × n × n` product (fastest of 3), GFLOP/s: faer's on the
+    /// CPU, cuBLAS's DGEMM on a GPU.
     pub gemm_gflops: f64,
     /// `contraction_gflops / gemm_gflops`.
     pub ratio: f64,
@@ -527,24 +530,28 @@ pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
 }
 
 /// Times a kernel computation (the run's test points against its training set, the given
-/// steps) and reports its contraction's GFLOP/s next to faer's GEMM rate on a square product of
-/// similar size (`n` = the larger of P and M, rounded up to a multiple of 64), measured right
-/// after it in the same process.
-pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>) -> Result<ContractionRate> {
+/// steps) with its GEMMs on `device` and reports its contraction's GFLOP/s next to that device's
+/// GEMM rate on a square product of similar size (`n` = the larger of P and M, rounded up to a
+/// multiple of 64), measured right after it in the same process.
+pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>, device: kernel::Device) -> Result<ContractionRate> {
     if !matches!(run.manifest.architecture.body, crate::model::Body::Mlp { .. }) {
         return Err(Error::Config("--contraction times the MLP path's contraction; this run is not an MLP".into()));
     }
     let states = run.load_all()?;
     let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
-    let req = Request::new(kind).rule(rule).steps(steps).layout(layout);
+    let req = Request::new(kind).rule(rule).steps(steps).layout(layout).device(device);
     let t0 = Instant::now();
     let o = kernel::compute(run, &states, &pts, &req, &|_, _| {})?;
     let total = t0.elapsed().as_secs_f64();
     let n = o.p.max(o.m).div_ceil(64) * 64;
-    let gemm = gemm_rate(n, 3);
+    let gemm = match device {
+        kernel::Device::Cpu => gemm_rate(n, 3),
+        kernel::Device::Cuda => kernel::backend::dgemm_rate(device, n, 3)?,
+    };
     let c = o.contraction;
     Ok(ContractionRate {
         name: "contraction".into(),
+        device: device.to_string(),
         kind: kind.to_string(),
         layout: layout.to_string(),
         quadrature: rule.to_string(),
@@ -561,6 +568,105 @@ pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: 
         gemm_gflops: gemm,
         ratio: c.gflops() / gemm,
         max_abs_error: o.max_abs_error(),
+    })
+}
+
+/// The device and its DGEMM rate.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct DgemmRate {
+    /// Always `"dgemm"`.
+    pub name: String,
+    /// `cpu` or `cuda`.
+    pub device: String,
+    /// The device's name (and memory, for a GPU).
+    pub describe: String,
+    /// Side of the square product.
+    pub n: usize,
+    /// GFLOP/s of `C = A·Bᵀ`, fastest of the repetitions after a warm-up.
+    pub gflops: f64,
+}
+
+/// The DGEMM rate of `device` on an `n × n × n` product.
+pub(crate) fn dgemm(device: kernel::Device, n: usize, repeat: usize) -> Result<DgemmRate> {
+    let describe = device.probe()?;
+    let gflops = kernel::backend::dgemm_rate(device, n, repeat)?;
+    Ok(DgemmRate { name: "dgemm".into(), device: device.to_string(), describe, n, gflops })
+}
+
+/// One Gram computed with its GEMMs on the CPU and on `device`, in the same process.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct DeviceCompare {
+    /// Always `"device_compare"`.
+    pub name: String,
+    /// The device compared with the CPU.
+    pub device: String,
+    /// Layout of the Gram.
+    pub layout: String,
+    /// Row points P.
+    pub points: usize,
+    /// Training points M.
+    pub train: usize,
+    /// Outputs K.
+    pub outputs: usize,
+    /// Steps summed.
+    pub steps: usize,
+    /// Wall seconds of the whole computation on the CPU.
+    pub cpu_seconds: f64,
+    /// Wall seconds with the GEMMs on the device.
+    pub device_seconds: f64,
+    /// Contraction seconds on the CPU.
+    pub cpu_contraction_seconds: f64,
+    /// Contraction seconds with the GEMMs on the device.
+    pub device_contraction_seconds: f64,
+    /// max |G_cpu − G_device|.
+    pub max_abs_diff: f64,
+    /// max |G_cpu|.
+    pub max_abs: f64,
+    /// `max_abs_diff / max_abs`.
+    pub rel_diff: f64,
+    /// max |kernel machine − network| on the CPU.
+    pub cpu_machine_error: f64,
+    /// The same with the GEMMs on the device.
+    pub device_machine_error: f64,
+}
+
+/// The EPK (`rule`) of the run's test points against its training set over `steps`, once with
+/// the GEMMs on the CPU and once on `device`: the largest difference, relative to the Gram's
+/// largest entry, and both kernel machines' errors.
+///
+/// # Shapes
+/// Both Grams are `[P, M, …]` in `layout`; they are compared entry by entry.
+pub(crate) fn device_compare(run: &Run, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>, device: kernel::Device) -> Result<DeviceCompare> {
+    let states = run.load_all()?;
+    let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
+    let req = Request::new(KernelKind::Epk).rule(rule).steps(steps).layout(layout);
+    let mut outs = Vec::with_capacity(2);
+    let mut secs = Vec::with_capacity(2);
+    for d in [kernel::Device::Cpu, device] {
+        let t0 = Instant::now();
+        outs.push(kernel::compute(run, &states, &pts, &req.clone().device(d), &|_, _| {})?);
+        secs.push(t0.elapsed().as_secs_f64());
+    }
+    let (a, b) = (&outs[0], &outs[1]);
+    let max_abs_diff = a.gram.iter().zip(&b.gram).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    let max_abs = a.gram.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    Ok(DeviceCompare {
+        name: "device_compare".into(),
+        device: device.to_string(),
+        layout: layout.to_string(),
+        points: a.p,
+        train: a.m,
+        outputs: a.k,
+        steps: a.steps.len(),
+        cpu_seconds: secs[0],
+        device_seconds: secs[1],
+        cpu_contraction_seconds: a.contraction.seconds,
+        device_contraction_seconds: b.contraction.seconds,
+        max_abs_diff,
+        max_abs,
+        rel_diff: if max_abs > 0.0 { max_abs_diff / max_abs } else { max_abs_diff },
+        cpu_machine_error: a.max_abs_error(),
+        device_machine_error: b.max_abs_error(),
     })
 }
 

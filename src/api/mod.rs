@@ -73,7 +73,7 @@ pub use uqreport::{MetricTable, UqReport};
 
 pub use crate::error::{Error, Result};
 pub use crate::gp::{GpParams, McSoftmax, Posterior};
-pub use crate::kernel::{KernelKind, Layout, Rule, Side};
+pub use crate::kernel::{Device, KernelKind, Layout, Rule, Side};
 pub use crate::plot::{BarSeries, Chart, Grid2d, Heatmap, ImageTile, LineChart, Overlay, ReliabilityPanel, Scale, ScatterChart, Series};
 pub use crate::train::{OptimizerKind, RunConfig};
 pub use crate::analysis::{Stationarity, StationarityOptions};

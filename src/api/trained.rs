@@ -366,6 +366,13 @@ impl<'a> KernelBuilder<'a> {
         self
     }
 
+    /// Where the Gram contraction's GEMMs run ([`crate::kernel::Device::Cuda`]: cuBLAS on GPU 0,
+    /// the MLP's structured path only; without a GPU [`KernelBuilder::compute`] returns a
+    /// one-line [`Error::Backend`]).
+    pub fn device(mut self, device: crate::kernel::Device) -> Self {
+        self.req.device = device;
+        self
+    }
     /// Refuses, with an estimate, a computation whose outputs would take more than `bytes`.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.req.memory_budget = bytes;

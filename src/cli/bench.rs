@@ -67,6 +67,20 @@ pub struct Args {
     /// Steps A:B of the --contraction computation (default: all).
     #[arg(long, value_name = "A:B")]
     steps: Option<String>,
+    /// Where --contraction's GEMMs run: cpu or cuda (cuBLAS; a GPU, its driver and
+    /// libcublas.so.13 are needed, else one line and exit 2). With cuda the GEMM rate printed is
+    /// cuBLAS's.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    device: crate::kernel::Device,
+    /// With --contraction LAYOUT and --device cuda: compute the Gram with its GEMMs on the CPU
+    /// and on the GPU in the same process and print their largest difference (relative to the
+    /// Gram's largest entry), both times and both kernel machines' errors.
+    #[arg(long)]
+    compare: bool,
+    /// Print the device's name and its DGEMM rate on an N x N x N product (fastest of --repeat
+    /// after a warm-up); the run is only opened.
+    #[arg(long, value_name = "N")]
+    dgemm: Option<usize>,
     /// Time the cross-class function-space Laplace factorisations at these system sizes M·K
     /// (e.g. 5000,20000): the Cholesky of I + G/δ (one δ) and the eigendecomposition of G (every
     /// δ) on a random SPD matrix of that size (`gp::crossclass::factor_timings`), one JSON line
@@ -94,9 +108,23 @@ pub fn exec(a: Args) -> Result<()> {
     if !(a.tol.is_finite() && a.tol > 0.0) {
         return Err(crate::Error::Config(format!("--tol {}: must be > 0", a.tol)));
     }
+    if let Some(n) = a.dgemm {
+        let r = crate::bench::dgemm(a.device, n, a.repeat)?;
+        println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        return Ok(());
+    }
+    if a.compare && a.contraction.is_none() {
+        return Err(crate::Error::Config("--compare needs --contraction LAYOUT".into()));
+    }
     if let Some(layout) = a.contraction {
         let steps = a.steps.as_deref().map(crate::kernel::parse_step_range).transpose()?;
-        let r = crate::bench::contraction_rate(&run, crate::kernel::KernelKind::Epk, crate::kernel::Rule::Auto(a.tol), layout, steps)?;
+        let rule = crate::kernel::Rule::Auto(a.tol);
+        if a.compare {
+            let r = crate::bench::device_compare(&run, rule, layout, steps, a.device)?;
+            println!("{}", serde_json::to_string(&r).expect("serialisable"));
+            return Ok(());
+        }
+        let r = crate::bench::contraction_rate(&run, crate::kernel::KernelKind::Epk, rule, layout, steps, a.device)?;
         println!("{}", serde_json::to_string(&r).expect("serialisable"));
         return Ok(());
     }

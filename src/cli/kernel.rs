@@ -68,6 +68,11 @@ pub struct Args {
     /// x S step ranges), each within --memory; see `pathkernel tile --help`.
     #[arg(long, value_name = "N|RxS|RxCxS")]
     tiles: Option<String>,
+    /// Where the Gram contraction's GEMMs run: cpu (faer) or cuda (cuBLAS on GPU 0; the MLP's
+    /// structured path only). Without a GPU, its driver or libcublas.so.13, cuda is one line and
+    /// exit 2, and nothing is written.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    device: kernel::Device,
     /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
@@ -95,24 +100,19 @@ pub fn exec(a: Args) -> Result<()> {
         return Err(crate::Error::Config("--step only applies to --kind ntk".into()));
     }
     let budget = crate::io::parse_bytes(&a.memory)?;
+    // A device that cannot run is refused before anything is read or written.
+    a.device.probe()?;
     let steps = a.steps.as_deref().map(kernel::parse_step_range).transpose()?;
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = Request::new(kind)
-        .rule(rule)
-        .side(side)
-        .ntk_step(a.step)
-        .per_step(a.per_step)
-        .steps(steps)
-        .layout(layout)
-        .outputs(outputs)
-        .per_layer(a.per_layer);
+    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs).per_layer(a.per_layer).device(a.device);
     if let Some(tiles) = &a.tiles {
         if a.per_layer {
-            return Err(crate::Error::Config(
-                "--per-layer is not available with --tiles".into(),
-            ));
+            return Err(crate::Error::Config("--per-layer is not available with --tiles".into()));
+        }
+        if a.device != kernel::Device::Cpu {
+            return Err(crate::Error::Config("--device cuda is not available with --tiles (tiles run on the CPU)".into()));
         }
         if outputs != kernel::Outputs::Network {
             return Err(crate::Error::Config("--outputs logits is not available with --tiles".into()));

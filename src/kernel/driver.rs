@@ -203,24 +203,14 @@ fn accumulate_steps(
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else if prep.stack_fast {
-        Box::new(super::stack::StackModel {
-            arch,
-            per_layer: req.per_layer,
-        })
+        Box::new(super::stack::StackModel { arch, per_layer: req.per_layer })
     } else {
-        Box::new(GenericModel {
-            arch,
-            init: &states[0],
-            layers: split
-                .as_ref()
-                .map(|ls| ls.iter().map(|l| l.flat.clone()).collect()),
-        })
+        Box::new(GenericModel { arch, init: &states[0], layers: split.as_ref().map(|ls| ls.iter().map(|l| l.flat.clone()).collect()) })
     };
-    let new_acc = || {
-        GramAccumulator::with_layout(layout, p, m, k, arch.bias)
-            .with_output_alpha(arch.alpha)
-            .with_layers(n_layers)
-    };
+    let what = if prep.conv_fast { "the CNN's structured path" } else if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
+    super::backend::check_path(req.device, prep.structured, what)?;
+    let backend = super::backend::Backend::open(req.device)?;
+    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
     let mut change: Vec<f64> = Vec::new();
     let mut acc = if req.per_step { None } else { Some(new_acc()) };
@@ -258,19 +248,16 @@ fn accumulate_steps(
             None => one.as_mut().expect("created above"),
         };
         let mut out = model.add_step(&input, target, &mut diag)?;
+        target.check()?;
         if let Some(n) = n_layers {
             if out.layer_pred.len() != n {
-                return Err(Error::Config(format!(
-                    "the per-layer decomposition is not implemented for this network's {} path",
-                    if prep.structured { "MLP" } else { "CNN" }
-                )));
+                return Err(Error::Config(format!("the per-layer decomposition is not implemented for this network's {} path", if prep.structured { "MLP" } else { "CNN" })));
             }
-            std::mem::take(&mut out.layer_pred)
-                .iter()
-                .for_each(|l| change.extend_from_slice(l));
+            std::mem::take(&mut out.layer_pred).iter().for_each(|l| change.extend_from_slice(l));
         }
         if let Some(mut one) = one {
             one.flush();
+            one.check()?;
             contraction.seconds += one.contraction().seconds;
             contraction.flops += one.contraction().flops;
             let (gs, ls) = one.finish_layers();
@@ -284,6 +271,7 @@ fn accumulate_steps(
     }
     if let Some(a) = acc.as_mut() {
         a.flush();
+        a.check()?;
         contraction.seconds += a.contraction().seconds;
         contraction.flops += a.contraction().flops;
     }
@@ -302,29 +290,15 @@ fn accumulate_steps(
         (None, Some(e)) => e,
         (None, None) => vec![0.0; gsize],
     };
-    let layers = split.map(|ls| LayerShares {
-        names: ls.into_iter().map(|l| l.name).collect(),
-        gram: layer_grams.unwrap_or_default(),
-        change,
-    });
-    Ok(Accumulated {
-        gram,
-        per_step,
-        contraction,
-        diag,
-        records,
-        track,
-        layers,
-    })
+    backend.release();
+    let layers = split.map(|ls| LayerShares { names: ls.into_iter().map(|l| l.name).collect(), gram: layer_grams.unwrap_or_default(), change });
+    Ok(Accumulated { gram, per_step, contraction, diag, records, track, layers })
 }
 
 /// Adds one accumulator's per-layer Grams into the running sums.
 fn add_layers(sum: &mut Option<Vec<Vec<f64>>>, layers: Option<Vec<Vec<f64>>>) {
     match (sum.as_mut(), layers) {
-        (Some(s), Some(ls)) => s
-            .iter_mut()
-            .zip(&ls)
-            .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(x, y)| *x += y)),
+        (Some(s), Some(ls)) => s.iter_mut().zip(&ls).for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(x, y)| *x += y)),
         (None, Some(ls)) => *sum = Some(ls),
         (_, None) => {}
     }

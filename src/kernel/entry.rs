@@ -33,13 +33,9 @@ use crate::trajectory::Run;
 ///
 /// # Panics
 /// If `req.block_rows == Some(0)`.
-pub fn compute(
-    run: &Run,
-    states: &[Params],
-    rows: &Points,
-    req: &Request,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
+pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    // A device that cannot run fails here, before any work (one line, see `backend::cuda`).
+    req.device.probe()?;
     if req.per_layer {
         return per_layer(run, states, rows, req, progress);
     }
@@ -47,19 +43,14 @@ pub fn compute(
 }
 
 /// [`compute`] on the run's own architecture.
-fn compute_plain(
-    run: &Run,
-    states: &[Params],
-    rows: &Points,
-    req: &Request,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
+fn compute_plain(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let precond = run.load_preconditioners()?;
     let mut one = |pts: &Points, prog: &dyn Fn(usize, usize)| -> Result<KernelOutput> {
         let prep = Prepared::new(&run.manifest, &run.dataset, states, precond.as_deref(), pts, req)?;
         if prep.rule.is_plain() {
             driver::compute(&prep, prog)
         } else {
+            super::backend::check_path(req.device, false, "the optimizer replay (momentum, Adam, weight decay)")?;
             stateful::compute(&prep, prog)
         }
     };

@@ -19,8 +19,10 @@
 
 use rayon::prelude::*;
 
-use super::layout::{add_formed, add_output_layer, zeroed, GramSink, Layout, TrainDeltas};
-use crate::linalg::{gemm_ab, gemm_abt, gemm_abt_prefix};
+use super::backend::{Backend, Factor, Site, Stamp};
+use super::layout::{fold_formed, fold_output_layer, zeroed, GramSink, Layout, TrainDeltas};
+use crate::error::{Error, Result};
+use crate::linalg::{gemm_ab, gemm_abt};
 
 /// One layer's factors for a set of rows.
 pub(crate) struct LayerFactors<'a> {
@@ -80,6 +82,11 @@ pub(crate) struct GramAccumulator {
     /// With the per-layer decomposition: one sink per parameter layer, filled instead of
     /// `sink` (which receives their sum in [`GramAccumulator::finish_layers`]).
     layers: Option<Vec<GramSink>>,
+    /// Where the products `A·Bᵀ` run ([`super::backend`]; the CPU unless set).
+    backend: Backend,
+    /// The first failure of the backend; later contractions are skipped and
+    /// [`GramAccumulator::check`] returns it.
+    error: Option<Error>,
 }
 
 /// One deeper layer's training side for a step.
@@ -90,8 +97,10 @@ struct DeepTrain {
     deltas: TrainDeltas,
     n_in: usize,
     n_out: usize,
-    /// The output layer in its structured form ([`add_output_layer`]).
+    /// The output layer in its structured form ([`super::layout::add_output_layer`]).
     structured: bool,
+    /// Names `acts` for the backend (resident on a device for the whole step).
+    stamp: Stamp,
 }
 
 impl DeepTrain {
@@ -117,21 +126,20 @@ struct Pending {
 impl GramAccumulator {
     /// A zero accumulator in `layout`.
     pub(crate) fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator {
-            p,
-            m,
-            k,
-            bias,
-            sink: GramSink::new(layout, p, m, k),
-            s0: None,
-            l0: None,
-            output_alpha: None,
-            stats: Contraction::default(),
-            step_train: None,
-            pending: Pending::default(),
-            scratch_t: Vec::new(),
-            layers: None,
-        }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new(), layers: None, backend: Backend::Cpu, error: None }
+    }
+
+    /// Runs the contraction's products on `backend` (the training side resident there for a
+    /// step's deeper layers and for each of layer 0's step buffers).
+    pub(crate) fn with_backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The backend's first failure, if any (a device error: out of memory, a cuBLAS status);
+    /// after one the accumulator skips every later contraction, so its Gram is incomplete.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        self.error.take().map_or(Ok(()), Err)
     }
 
     /// The accumulation rows, for step models that contract their own features into them
@@ -310,7 +318,7 @@ impl GramAccumulator {
                     Some(alpha) if structured => TrainDeltas::output(layout, t.deltas, m, k, colw, alpha),
                     _ => TrainDeltas::new(layout, t.deltas, m, k, t.n_out, colw),
                 };
-                DeepTrain { acts: train_acts_ext(t, bias), deltas, n_in: t.n_in, n_out: t.n_out, structured }
+                DeepTrain { acts: train_acts_ext(t, bias), deltas, n_in: t.n_in, n_out: t.n_out, structured, stamp: Stamp::fresh(Site::Deep(li)) }
             })
             .collect();
         self.pending.jbar.resize_with(built.len(), Vec::new);
@@ -341,7 +349,7 @@ impl GramAccumulator {
     /// [`MIN_BLOCK_POINTS`]).
     fn pending_cap(&self) -> usize {
         let per_point = self.step_train.as_ref().map_or(0, |train| train.iter().map(|dt| 8 * dt.rows_per_point(self.k) * (self.m + dt.n_in + 1)).max().unwrap_or(0));
-        (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS)
+        (self.backend.block_bytes(BLOCK_BYTES) / per_point.max(1)).max(MIN_BLOCK_POINTS)
     }
 
     /// Contracts the pending row points' deeper layers into the Gram, in blocks of at most
@@ -356,16 +364,27 @@ impl GramAccumulator {
         let cap = self.pending_cap();
         let train = self.step_train.as_ref().expect("pending rows have their step's training side");
         let mut t = std::mem::take(&mut self.scratch_t);
-        for p0 in (first..last).step_by(cap) {
+        'blocks: for p0 in (first..last).step_by(cap) {
             let nb = cap.min(last - p0);
             let out = self.sink.rows_mut(p0..p0 + nb);
             for (dt, jbar) in train.iter().zip(&self.pending.jbar) {
+                if self.error.is_some() {
+                    break 'blocks;
+                }
                 let ne = dt.n_in + usize::from(bias);
                 let rpp = dt.rows_per_point(k);
                 let j = &jbar[(p0 - first) * rpp * ne..(p0 - first + nb) * rpp * ne];
+                // T = J̄·Aᵀ [(p, row), i] on the backend, then the element-wise fold.
+                t.resize(nb * rpp * m, 0.0);
+                let tb = &mut t[..nb * rpp * m];
+                let acts = Factor { data: &dt.acts, n: m, ld: ne, stamp: dt.stamp };
+                if let Err(e) = self.backend.abt(tb, j, ne, &acts, nb * rpp, ne, 1.0, false) {
+                    self.error = Some(e);
+                    break 'blocks;
+                }
                 match self.output_alpha {
-                    Some(alpha) if dt.structured => add_output_layer(out, j, &dt.acts, &dt.deltas, nb, ne, alpha, &mut t),
-                    _ => add_formed(out, j, &dt.acts, &dt.deltas, nb, ne, &mut t),
+                    Some(alpha) if dt.structured => fold_output_layer(out, tb, &dt.deltas, nb, alpha),
+                    _ => fold_formed(out, tb, &dt.deltas, nb),
                 }
                 self.stats.flops += 2.0 * (nb * rpp) as f64 * m as f64 * ne as f64;
             }
@@ -387,7 +406,11 @@ impl GramAccumulator {
         self.scratch_t = Vec::new();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
             let started = std::time::Instant::now();
-            self.stats.flops += l0.end_step(train0.deltas, colw, &mut self.sink, s0);
+            let flush = self.error.is_none();
+            match l0.end_step(train0.deltas, colw, &mut self.sink, s0, &self.backend, flush) {
+                Ok(flops) => self.stats.flops += flops,
+                Err(e) => self.error = Some(e),
+            }
             self.stats.seconds += started.elapsed().as_secs_f64();
         }
     }
@@ -427,8 +450,14 @@ impl GramAccumulator {
     pub(crate) fn flush(&mut self) {
         self.contract_pending();
         if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
+            if self.error.is_some() {
+                return;
+            }
             let started = std::time::Instant::now();
-            self.stats.flops += l0.flush(&mut self.sink, s0);
+            match l0.flush(&mut self.sink, s0, &self.backend) {
+                Ok(flops) => self.stats.flops += flops,
+                Err(e) => self.error = Some(e),
+            }
             self.stats.seconds += started.elapsed().as_secs_f64();
         }
     }
@@ -513,8 +542,10 @@ impl Layer0Sum {
     }
 
     /// Writes the current step's training `δ` (`[(i, k'), o]`, weighted by `colw`) and advances;
-    /// contracts the buffer into `sink` when it is full.
-    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64]) -> f64 {
+    /// contracts the buffer into `sink` on `backend` when it is full (`flush`: the accumulator has
+    /// not failed).
+    #[allow(clippy::too_many_arguments)]
+    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64], backend: &Backend, flush: bool) -> Result<f64> {
         let (k, h, m, slot) = (self.k, self.h, self.m, self.filled);
         for (row, src) in dtrain.chunks_exact(h).enumerate() {
             let base = self.at(m, row / k, row % k, slot, 0);
@@ -522,18 +553,23 @@ impl Layer0Sum {
             self.train[base..base + h].iter_mut().zip(src).for_each(|(d, v)| *d = c * v);
         }
         self.filled += 1;
-        if self.filled == self.slots {
-            self.flush(sink, s0)
+        if self.filled < self.slots {
+            Ok(0.0)
+        } else if flush {
+            self.flush(sink, s0, backend)
         } else {
-            0.0
+            // The accumulator has failed: drop the buffer (its Gram is not returned).
+            self.filled = 0;
+            Ok(0.0)
         }
     }
 
-    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (the filled slots only);
+    /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (the filled slots only), the products on
+    /// `backend` with the training buffer resident there for every block of row points;
     /// returns the GEMM flops.
-    fn flush(&mut self, sink: &mut GramSink, s0: &[f64]) -> f64 {
+    fn flush(&mut self, sink: &mut GramSink, s0: &[f64], backend: &Backend) -> Result<f64> {
         if self.filled == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
         let (p, m, k, h, sl, layout) = (self.p, self.m, self.k, self.h, self.slots, self.layout);
         // Only the filled slots: the first `filled` of each row's slots (trace: of its
@@ -541,21 +577,31 @@ impl Layer0Sum {
         let f = self.filled;
         let cols = layout.cols_per_train(k);
         let per_point = 8 * m * layout.per_pair(k);
-        let pb = (BLOCK_BYTES / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
+        let pb = (backend.block_bytes(BLOCK_BYTES) / per_point.max(1)).max(MIN_BLOCK_POINTS).min(p).max(1);
         let mut prod = vec![0.0; pb * m * layout.per_pair(k)];
+        // The training buffer: one factor (full, trace) or one per class (diag), each uploaded
+        // once for all blocks of row points.
+        let stamps: Vec<Stamp> = (0..if layout == Layout::Diag { k } else { 1 }).map(|c| Stamp::fresh(Site::Layer0(c))).collect();
         for p0 in (0..p).step_by(pb) {
             let nb = pb.min(p - p0);
             let pr = &mut prod[..nb * m * layout.per_pair(k)];
             // pr in accumulation rows of the block: [(p, k), (i, k')], [(p, c), i] or [p, i].
             match layout {
-                Layout::Full => gemm_abt_prefix(pr, &self.rows[p0 * k * sl * h..(p0 + nb) * k * sl * h], sl * h, &self.train, sl * h, nb * k, m * k, f * h),
-                Layout::Trace => gemm_abt_prefix(pr, &self.rows[p0 * sl * k * h..(p0 + nb) * sl * k * h], sl * k * h, &self.train, sl * k * h, nb, m, f * k * h),
+                Layout::Full => {
+                    let train = Factor { data: &self.train, n: m * k, ld: sl * h, stamp: stamps[0] };
+                    backend.abt(pr, &self.rows[p0 * k * sl * h..(p0 + nb) * k * sl * h], sl * h, &train, nb * k, f * h, 1.0, false)?;
+                }
+                Layout::Trace => {
+                    let train = Factor { data: &self.train, n: m, ld: sl * k * h, stamp: stamps[0] };
+                    backend.abt(pr, &self.rows[p0 * sl * k * h..(p0 + nb) * sl * k * h], sl * k * h, &train, nb, f * k * h, 1.0, false)?;
+                }
                 // Class-major [c, p, i] (faer's GEMM into a strided row-major view crashed in
                 // gemm 0.x's microkernel epilogue, so the rows are interleaved by the fold).
                 Layout::Diag => {
                     for (c, pc) in pr.chunks_exact_mut(nb * m).enumerate() {
                         let r = &self.rows[(c * p + p0) * sl * h..(c * p + p0 + nb) * sl * h];
-                        gemm_abt_prefix(pc, r, sl * h, &self.train[c * m * sl * h..(c + 1) * m * sl * h], sl * h, nb, m, f * h);
+                        let train = Factor { data: &self.train[c * m * sl * h..(c + 1) * m * sl * h], n: m, ld: sl * h, stamp: stamps[c] };
+                        backend.abt(pc, r, sl * h, &train, nb, f * h, 1.0, false)?;
                     }
                 }
             }
@@ -575,7 +621,7 @@ impl Layer0Sum {
             });
         }
         self.filled = 0;
-        2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * f * h) as f64
+        Ok(2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * f * h) as f64)
     }
 }
 

@@ -393,11 +393,25 @@ impl TrainDeltas {
 pub(crate) fn add_formed(out: &mut [f64], j: &[f64], a_ext: &[f64], dt: &TrainDeltas, nb: usize, ne: usize, t: &mut Vec<f64>) {
     let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
     assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
-    let mk = m * k;
     t.resize(nb * k * no * m, 0.0);
     let tb = &mut t[..nb * k * no * m];
     gemm_abt(tb, j, a_ext, nb * k * no, m, ne, 1.0, false);
-    let tb = &*tb;
+    fold_formed(out, tb, dt, nb);
+}
+
+/// [`add_formed`] after its GEMM: `out[(p, k), (i, k')] += Σ_o T[(p, k, o), i] δ_i[k', o]` for
+/// the entries of the layout (the contraction backend forms `T`, see [`super::backend`]).
+///
+/// # Shapes
+/// `out` the accumulation rows of `nb` points, `tb` `[nb·K·no, M]`.
+///
+/// # Panics
+/// If the shapes disagree with `dt`.
+pub(crate) fn fold_formed(out: &mut [f64], tb: &[f64], dt: &TrainDeltas, nb: usize) {
+    let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
+    assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
+    assert_eq!(tb.len(), nb * k * no * m, "T has the wrong size");
+    let mk = m * k;
     let d = &dt.data;
     match layout {
         Layout::Full => out.par_chunks_mut(mk).enumerate().for_each_init(
@@ -459,11 +473,27 @@ pub(crate) fn add_output_layer(out: &mut [f64], ab: &[f64], a_ext: &[f64], dt: &
     assert_eq!(no, k, "an output layer has K outputs");
     assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
     let k1 = k + 1;
-    let mk = m * k;
     t.resize(nb * k1 * m, 0.0);
     let tb = &mut t[..nb * k1 * m];
     gemm_abt(tb, ab, a_ext, nb * k1, m, ne, 1.0, false);
-    let tb = &*tb;
+    fold_output_layer(out, tb, dt, nb, alpha);
+}
+
+/// [`add_output_layer`] after its GEMM `T = [Ā; B̄]·Aᵀ`: the element-wise passes into the
+/// accumulation rows (the contraction backend forms `T`, see [`super::backend`]).
+///
+/// # Shapes
+/// `out` the accumulation rows of `nb` points, `tb` `[nb·(K+1), M]`.
+///
+/// # Panics
+/// If the shapes disagree with `dt` or `dt` is not an output layer.
+pub(crate) fn fold_output_layer(out: &mut [f64], tb: &[f64], dt: &TrainDeltas, nb: usize, alpha: f64) {
+    let (layout, m, k, no) = (dt.layout, dt.m, dt.k, dt.no);
+    assert_eq!(no, k, "an output layer has K outputs");
+    assert_eq!(out.len(), nb * m * layout.per_pair(k), "output rows have the wrong size");
+    let k1 = k + 1;
+    let mk = m * k;
+    assert_eq!(tb.len(), nb * k1 * m, "T has the wrong size");
     if let Some(soft) = &dt.soft {
         soft_output_rows(out, tb, soft, layout, m, k, alpha);
         return;

@@ -18,6 +18,7 @@
 //! outputs and a constant learning rate `a_{i,s}` does not depend on s and the single machine
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
 
+pub mod backend;
 pub mod blocked;
 pub mod columns;
 pub mod convgram;
@@ -42,6 +43,7 @@ pub(crate) mod stack;
 pub(crate) mod stateful;
 mod types;
 
+pub use backend::Device;
 pub use entry::compute;
 pub use layout::Layout;
 pub use prepare::loss_gradient;

@@ -1,6 +1,7 @@
 //! What a kernel computation is asked for: one [`Request`], built by `Request::new(kind)` and
 //! chainable setters, taken by the one entry [`super::compute`].
 
+use super::backend::Device;
 use super::layout::Layout;
 use super::quadrature::Rule;
 use super::types::{KernelKind, Outputs, Side};
@@ -61,6 +62,9 @@ pub struct Request {
     /// Also return each parameter layer's share of the Gram and of the machine's change per
     /// step ([`super::LayerShares`]); plain gradient steps (GD/SGD), all columns.
     pub per_layer: bool,
+    /// Where the contraction's GEMMs run (default: the CPU). [`Device::Cuda`] takes the MLP's
+    /// structured path only; other paths refuse it.
+    pub device: Device,
 }
 
 impl Request {
@@ -82,6 +86,7 @@ impl Request {
             outputs: Outputs::Network,
             block_rows: None,
             per_layer: false,
+            device: Device::Cpu,
         }
     }
     /// The quadrature rule.
@@ -137,6 +142,11 @@ impl Request {
     /// Whether each parameter layer's share is returned as well.
     pub fn per_layer(mut self, per_layer: bool) -> Self {
         self.per_layer = per_layer;
+        self
+    }
+    /// Where the contraction's GEMMs run.
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
         self
     }
     /// Row points per block (`None`: one block).
