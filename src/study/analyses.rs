@@ -56,7 +56,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     // else one computed (and cached) here.
     let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
     let computed = if needs_train && listed.is_none() {
-        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None };
+        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None, per_layer: false };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None

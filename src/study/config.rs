@@ -47,6 +47,10 @@ pub struct KernelSpec {
     /// Which blocks of the Gram to compute and keep: full (default), diag or trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocks: Option<Layout>,
+    /// Also split the kernel by parameter layer (`layers.parquet` in its folder, a table in the
+    /// summary); plain gradient steps.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_layer: bool,
 }
 
 impl KernelSpec {
@@ -69,6 +73,7 @@ impl KernelSpec {
     pub fn builder<'a>(&self, net: &'a Trained) -> KernelBuilder<'a> {
         let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
         let b = b.rows(self.points).side(self.side);
+        let b = if self.per_layer { b.per_layer() } else { b };
         match self.step {
             Some(s) => b.at_step(s),
             None => b,

@@ -384,6 +384,25 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 );
             }
         }
+        for sk in kernels {
+            let o = sk.gram.output();
+            let Some(l) = &o.layers else { continue };
+            let _ = writeln!(s, "\n{}: each parameter layer's share (`kernels/{}/layers.parquet`; the shares sum to the whole): ‖G_l‖/‖G‖ (Frobenius), and its part of the machine's change over all steps, mean |·| over points and classes against the whole change's.\n", sk.label, sk.label);
+            let _ = writeln!(s, "| layer | ‖G_l‖/‖G‖ | mean abs change | share of mean abs change |");
+            let _ = writeln!(s, "|---|---|---|---|");
+            let norm = |g: &[f64]| g.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let whole = norm(&o.gram).max(f64::MIN_POSITIVE);
+            let (nl, pk) = (l.names.len(), o.p * o.k);
+            let whole_change: f64 = o.machine.iter().zip(&o.bias).map(|(m, b)| (m - b).abs()).sum::<f64>() / pk as f64;
+            for (li, (name, g)) in l.names.iter().zip(&l.gram).enumerate() {
+                let mut total = vec![0.0; pk];
+                for chunk in l.change.chunks_exact(nl * pk) {
+                    total.iter_mut().zip(&chunk[li * pk..(li + 1) * pk]).for_each(|(a, b)| *a += b);
+                }
+                let mean = total.iter().map(|v| v.abs()).sum::<f64>() / pk as f64;
+                let _ = writeln!(s, "| {name} | {:.3} | {mean:.3e} | {:.3} |", norm(g) / whole, mean / whole_change.max(f64::MIN_POSITIVE));
+            }
+        }
         let _ = writeln!(s, "\nPer-step validation (predicted vs actual change of the output over each step): `kernels/*/steps.parquet`; predictions: `kernels/*/predictions.parquet`.\n");
     }
     if !notes.is_empty() {
