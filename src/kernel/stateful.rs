@@ -694,7 +694,8 @@ fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<
     let Some(batch) = s.batches.as_ref().map(|b| &b[r]).filter(|b| b.len() < d.m_all) else {
         let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
         let lg = s.loss_gradient(r, Some(ts.f()))?;
-        return Ok((lg.clone(), ts.gradient(&lg, w)));
+        let g = ts.gradient(&lg, w);
+        return Ok((lg, g));
     };
     // The batch's rows as a contiguous set of points: (its inputs, offsets and ∂L/∂f).
     let lg = s.loss_gradient(r, None)?;
