@@ -284,43 +284,41 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
 }
 
 #[test]
+fn momentum_and_adamw_shares_sum_to_the_machine() {
+    // The backward recursion (kernel::stateful) splits its Gram and every step's terms (data,
+    // weight decay, rounding) by layer: on the stack path and on dense Jacobians alike.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, model, train) in [
+        ("momentum stack", DEEP_RELU, "lr = 0.2\nsteps = 4\noptimizer = \"sgd\"\nmomentum = 0.9\nweight_decay = 0.01\nbatch_size = 6"),
+        ("adamw stack", SMOOTH, "lr = 0.02\nsteps = 3\noptimizer = \"adamw\"\nweight_decay = 0.01"),
+        ("momentum mlp", MLP, "lr = 0.2\nsteps = 3\nmomentum = 0.9"),
+    ] {
+        let run = mixture_run(dir.path(), &name.replace(' ', "-"), model, train);
+        let states = run.load_all().unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        for (kind, rule, layout) in [(KernelKind::Epk, Rule::Gauss(3), Layout::Full), (KernelKind::Ntk, Rule::Gauss(1), Layout::Diag)] {
+            let req = Request::new(kind).rule(rule).layout(layout);
+            let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+            let tag = format!("{name} {kind}");
+            let [fast, slow] = [GramPath::Fast, GramPath::Generic].map(|path| kernel::compute(&run, &states, &pts, &req.clone().per_layer(true).path(path), &|_, _| {}).unwrap());
+            check_sums(&tag, &fast, &whole, 1e-12);
+            if model != MLP {
+                check_layers(&tag, &fast, &slow);
+            }
+        }
+        let auto = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Epk).per_layer(true), &|_, _| {}).unwrap();
+        assert!(auto.max_abs_error() <= 1e-11, "{name}: machine vs network {:e}", auto.max_abs_error());
+    }
+}
+
+#[test]
 fn per_layer_refusals_are_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let run = mixture_run(
-        dir.path(),
-        "momentum",
-        MLP,
-        "lr = 0.2\nsteps = 3\nmomentum = 0.9",
-    );
-    let states = run.load_all().unwrap();
-    let pts = Rows::Test.resolve(&run.dataset).unwrap();
-    let err = kernel::compute(
-        &run,
-        &states,
-        &pts,
-        &Request::new(KernelKind::Epk).per_layer(true),
-        &|_, _| {},
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("plain gradient steps") && !err.contains('\n'),
-        "{err}"
-    );
     let run = mixture_run(dir.path(), "gd", MLP, "lr = 0.2\nsteps = 3");
     let states = run.load_all().unwrap();
-    let err = kernel::compute(
-        &run,
-        &states,
-        &pts,
-        &Request::new(KernelKind::Epk)
-            .per_layer(true)
-            .columns(Some((0, 4))),
-        &|_, _| {},
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("all training points"), "{err}");
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let err = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Epk).per_layer(true).columns(Some((0, 4))), &|_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("all training points") && !err.contains('\n'), "{err}");
 }
 
 #[test]

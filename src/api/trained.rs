@@ -355,7 +355,7 @@ impl<'a> KernelBuilder<'a> {
     }
     /// Also split the kernel by parameter layer ([`crate::kernel::LayerShares`], read with
     /// [`Gram::layers`]): each layer's Gram and its share of the machine's change per step,
-    /// summing to the whole. Plain gradient steps (GD/SGD).
+    /// summing to the whole. Any optimizer; all training points.
     pub fn per_layer(mut self) -> Self {
         self.req.per_layer = true;
         self

@@ -49,7 +49,7 @@ pub struct Args {
     per_step: bool,
     /// Also split the kernel by parameter layer: each layer's Gram (gram.safetensors
     /// layer_gram) and its share of the machine's change per step (OUT/layers.parquet, with a
-    /// `layer` column); the shares sum to the whole. Plain gradient steps (GD/SGD), no tiles.
+    /// `layer` column); the shares sum to the whole. Any optimizer; no tiles.
     #[arg(long)]
     per_layer: bool,
     /// The Gram's layout, i.e. which blocks to compute and store: full ([P,M,K,K]), diag (the

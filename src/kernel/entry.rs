@@ -9,7 +9,6 @@ use super::types::{KernelKind, KernelOutput, Points};
 use super::{driver, stateful};
 use crate::error::{Error, Result};
 use crate::model::{param_layers, Body, Params};
-use crate::optim::UpdateRule;
 use crate::trajectory::Run;
 
 /// The kernel of a recorded run between `rows` and its training points, with the kernel machine
@@ -60,52 +59,26 @@ fn compute_plain(run: &Run, states: &[Params], rows: &Points, req: &Request, pro
     }
 }
 
-/// [`compute`] with the per-layer decomposition ([`Request::per_layer`]): plain gradient steps,
-/// all columns. Layer stacks take their structured path (or the generic reference); an MLP or
-/// the CNN is computed as its layer stack ([`crate::model::Architecture::as_stack`], the same
+/// [`compute`] with the per-layer decomposition ([`Request::per_layer`]): any optimizer, all
+/// columns. Layer stacks take their structured path (or the generic reference); an MLP or the
+/// CNN is computed as its layer stack ([`crate::model::Architecture::as_stack`], the same
 /// tensors in the same order) and its layers keep their own names (`layers.0`, `conv`).
-fn per_layer(
-    run: &Run,
-    states: &[Params],
-    rows: &Points,
-    req: &Request,
-    progress: &dyn Fn(usize, usize),
-) -> Result<KernelOutput> {
-    let manifest = &run.manifest;
-    if !UpdateRule::of(&manifest.optimizer).is_plain() {
-        return Err(Error::Config(format!(
-            "the per-layer decomposition is implemented for plain gradient steps (GD/SGD); this run's optimizer ({}) keeps state",
-            manifest.optimizer
-        )));
-    }
-    if req
-        .columns
-        .is_some_and(|(lo, hi)| (lo, hi) != (0, run.dataset.n_train()))
-    {
-        return Err(Error::Config(
-            "the per-layer decomposition needs all training points as columns (no tiles)".into(),
-        ));
+fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    if req.columns.is_some_and(|(lo, hi)| (lo, hi) != (0, run.dataset.n_train())) {
+        return Err(Error::Config("the per-layer decomposition needs all training points as columns (no tiles)".into()));
     }
     if req.kind == KernelKind::Path {
         return Err(Error::Config("the per-layer decomposition is not implemented for the path kernel (its rows integrate both sides on the MLP path)".into()));
     }
-    let arch = &manifest.architecture;
-    let preset = matches!(arch.body, Body::Mlp { .. })
-        || (matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast);
+    let arch = &run.manifest.architecture;
+    let preset = matches!(arch.body, Body::Mlp { .. }) || (matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast);
     if !preset {
         return compute_plain(run, states, rows, req, progress);
     }
-    let names: Vec<String> = param_layers(&states[0].specs)
-        .into_iter()
-        .map(|l| l.name)
-        .collect();
-    let stack = arch.as_stack()?;
-    let stack_states = states
-        .iter()
-        .map(|s| arch.params_as_stack(s))
-        .collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();
+    let stack_states = states.iter().map(|s| arch.params_as_stack(s)).collect::<Result<Vec<_>>>()?;
     let mut stack_run = run.clone();
-    stack_run.manifest.architecture = stack;
+    stack_run.manifest.architecture = arch.as_stack()?;
     let mut out = compute_plain(&stack_run, &stack_states, rows, req, progress)?;
     if let Some(l) = out.layers.as_mut() {
         l.names = names;

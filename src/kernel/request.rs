@@ -60,7 +60,7 @@ pub struct Request {
     /// size that fits a memory budget.
     pub block_rows: Option<usize>,
     /// Also return each parameter layer's share of the Gram and of the machine's change per
-    /// step ([`super::LayerShares`]); plain gradient steps (GD/SGD), all columns.
+    /// step ([`super::LayerShares`]); any optimizer, all columns.
     pub per_layer: bool,
     /// Where the contraction's GEMMs run (default: the CPU). [`Device::Cuda`] takes the MLP's
     /// structured path only; other paths refuse it.

@@ -31,7 +31,7 @@ use super::gram::{train_acts_ext, LayerFactors};
 use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
 use super::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
 use super::prepare::Prepared;
-use super::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, StepRecord};
+use super::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares, StepRecord};
 use super::stack::step::{RowGrad, StackStep};
 use super::{convstep, generic};
 use crate::error::{Error, Result};
@@ -150,6 +150,21 @@ impl TrainSide {
         g
     }
 
+    /// [`TrainSide::contract`] for parameter layer `l` alone (its entries `range` of `[W]`): the
+    /// per-layer decomposition. Stacks and dense Jacobians (an MLP or CNN is split as its stack).
+    fn contract_layer(&self, feature: &Feature, w: usize, l: usize, range: &std::ops::Range<usize>, out: &mut GramSink, scratch: &mut Vec<f64>) {
+        let h = &feature.dense;
+        match self {
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, Some(l)),
+            TrainSide::Dense { jt, .. } => {
+                let (p, m, k) = out.dims();
+                let cols = |a: &[f64]| -> Vec<f64> { a.chunks_exact(w).flat_map(|row| row[range.clone()].iter().copied()).collect() };
+                add_dense(out.layout(), out.rows_mut(0..p), &cols(h), &cols(jt), p, m, k, range.len(), 1.0);
+            }
+            TrainSide::Mlp { .. } => unreachable!("the per-layer decomposition computes an MLP as its layer stack"),
+        }
+    }
+
     /// `out += H[(p,k), :]·∇f^{k'}(x_i)` for the entries of `out`'s layout.
     ///
     /// # Shapes
@@ -162,7 +177,7 @@ impl TrainSide {
                 let (p, m, k) = out.dims();
                 add_dense(layout, out.rows_mut(0..p), h, jt, p, m, k, w, 1.0);
             }
-            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch),
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, None),
             TrainSide::Mlp { step, ev } => {
                 let k = step.k;
                 let p = h.len() / w / k;
@@ -214,10 +229,13 @@ impl TrainSide {
 ///
 /// # Shapes
 /// `h` `[P·K, W]`.
-fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize, out: &mut GramSink, scratch: &mut Vec<f64>) {
+fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, only: Option<usize>) {
     let layout = out.layout();
     let (p, m, k) = out.dims();
-    for (rg, l) in grads.iter().zip(layers) {
+    for (li, (rg, l)) in grads.iter().zip(layers).enumerate() {
+        if only.is_some_and(|o| o != li) {
+            continue;
+        }
         match rg {
             RowGrad::Factor { acts, deltas, ne, out: no } => {
                 let (ne, no, ni) = (*ne, *no, l.n_in);
@@ -386,6 +404,12 @@ impl Feature {
         if let (Some(a), Some(b)) = (&mut self.f0, &other.f0) {
             a.iter_mut().zip(b).for_each(|(x, y)| *x += c * y);
         }
+    }
+
+    /// `out[(p,k)] = F[(p,k), range]·v[range]` (no layer-0 factor).
+    fn dot_cols(&self, v: &[f64], range: &std::ops::Range<usize>) -> Vec<f64> {
+        let w = v.len();
+        self.dense.chunks_exact(w).map(|row| row[range.clone()].iter().zip(&v[range.clone()]).map(|(x, y)| x * y).sum()).collect()
     }
 
     /// `out[(p,k)] = F[(p,k), :]·v` for a flat `v` `[W]`.
@@ -586,6 +610,20 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
     let mut replay = replay(s, &d, progress)?;
     let back = backward(s, &d, &mut replay, &bias, progress)?;
     let (gram, mut per_step, machine, reg, rounding, mut records) = (back.gram, back.per_step, back.machine, back.reg, back.rounding, back.records);
+    let layers = back.layers.map(|(gram, change)| {
+        let names: Vec<String> = param_layers(&s.states[0].specs).into_iter().map(|l| l.name).collect();
+        // The NTK: one change over the whole range (its terms summed over the steps).
+        let change = match s.ntk_step {
+            Some(_) => {
+                let per = names.len() * d.p * d.k;
+                let mut one = vec![0.0; per];
+                change.chunks_exact(per).for_each(|c| one.iter_mut().zip(c).for_each(|(a, b)| *a += b));
+                one
+            }
+            None => change,
+        };
+        LayerShares { names, gram, change }
+    });
     let steps: Vec<usize> = match s.ntk_step {
         Some(st) => vec![st],
         None => (first..hi).collect(),
@@ -627,14 +665,8 @@ pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Resu
         decomposition_residual: Some(replay.residual),
         rounding: Some(rounding),
         // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
-        columns: d.share.then_some(ColumnShare {
-            range: cols,
-            of: m_all,
-            machine_whole: true,
-            step_pred: None,
-            step_actual: None,
-        }),
-        layers: None,
+        columns: d.share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
+        layers,
     })
 }
 
@@ -769,6 +801,32 @@ struct Backward {
     rounding: Vec<f64>,
     /// One record per step of the range, in step order.
     records: Vec<StepRecord>,
+    /// With the per-layer decomposition: each layer's Gram and `[S, L, P·K]` terms.
+    layers: Option<(Vec<Vec<f64>>, Vec<f64>)>,
+}
+
+/// The per-layer decomposition of the backward recursion: each parameter layer's Gram and its
+/// part of every step's terms of the machine (data, weight decay, rounding), so that the bias
+/// plus every layer's every term is the machine.
+struct Split {
+    ranges: Vec<std::ops::Range<usize>>,
+    grams: Vec<GramSink>,
+    /// `[S, L, P·K]` over the steps `first..hi`.
+    change: Vec<f64>,
+    first: usize,
+    pk: usize,
+}
+
+impl Split {
+    /// `change[r, l] += coef·F[:, l]·v[l]` for every layer l.
+    fn add(&mut self, r: usize, coef: f64, f: &Feature, v: &[f64]) {
+        let (nl, pk) = (self.ranges.len(), self.pk);
+        for (l, range) in self.ranges.iter().enumerate() {
+            let part = f.dot_cols(v, range);
+            let at = ((r - self.first) * nl + l) * pk;
+            self.change[at..at + pk].iter_mut().zip(&part).for_each(|(a, b)| *a += coef * b);
+        }
+    }
 }
 
 /// Phase 2: walks steps `hi − 1` down to `first` carrying `H_r = ε_r F_r`, contracting each
@@ -805,6 +863,12 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     let mut records: Vec<StepRecord> = Vec::new();
     let mut scratch = Vec::new();
     let beta = s.rule.beta;
+    let mut split = s.req.per_layer.then(|| {
+        let ranges: Vec<std::ops::Range<usize>> = param_layers(&s.states[0].specs).into_iter().map(|l| l.flat).collect();
+        let grams = ranges.iter().map(|_| GramSink::new(layout, p, m, k)).collect();
+        let change = vec![0.0; (hi - first) * ranges.len() * pk];
+        Split { ranges, grams, change, first, pk }
+    });
     for (count, r) in (first..hi).rev().enumerate() {
         progress(hi + count, d.total_work);
         h.scale(beta);
@@ -833,11 +897,17 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             if s.rule.wd_decoupled != 0.0 {
                 let jw = rg.jbar.dot(&wr, l0);
                 reg.iter_mut().zip(&jw).for_each(|(a, b)| *a -= s.rule.wd_decoupled * lrs[r] * b);
+                if let Some(sp) = split.as_mut() {
+                    sp.add(r, -s.rule.wd_decoupled * lrs[r], &rg.jbar, &wr);
+                }
             }
             // The ExPLAIND-style check of this step: J̄_r·Δw_r (the split plus what it does not
             // carry) vs the actual change of the outputs.
             let ju = rg.jbar.dot(&replay.unsplit[r], l0);
             rounding.iter_mut().zip(&ju).for_each(|(a, b)| *a += b);
+            if let Some(sp) = split.as_mut() {
+                sp.add(r, 1.0, &rg.jbar, &replay.unsplit[r]);
+            }
             records.push(step_record(s, r, rg, &wr, l0)?);
         }
         // Step r's kernel K_r = H_r·∇f(x_i; w_r)ᵀ / ε_r (NTK: training gradients frozen at w_S).
@@ -869,14 +939,34 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
         };
         let hg = e.dot(&g, l0);
         machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= c * y);
+        if let Some(sp) = split.as_mut() {
+            sp.add(r, -c, e, &g);
+        }
         if s.rule.wd_coupled != 0.0 {
             let hw = e.dot(&wr, l0);
             reg.iter_mut().zip(&hw).for_each(|(x, y)| *x -= s.rule.wd_coupled * c * y);
+            if let Some(sp) = split.as_mut() {
+                sp.add(r, -s.rule.wd_coupled * c, e, &wr);
+            }
         }
         if frozen.is_none() {
             let mut kr = GramSink::new(layout, p, m, k);
-            ts.contract(e, w, &mut kr, &mut scratch, l0);
-            kr.scale(c / lrs[r]);
+            match split.as_mut() {
+                // Each layer into its own Gram; the step's is their sum.
+                Some(sp) => {
+                    for (l, range) in sp.ranges.iter().enumerate() {
+                        let mut kl = GramSink::new(layout, p, m, k);
+                        ts.contract_layer(e, w, l, range, &mut kl, &mut scratch);
+                        kl.scale(c / lrs[r]);
+                        kr.add(&kl);
+                        sp.grams[l].add(&kl);
+                    }
+                }
+                None => {
+                    ts.contract(e, w, &mut kr, &mut scratch, l0);
+                    kr.scale(c / lrs[r]);
+                }
+            }
             gram.add(&kr);
             if s.req.per_step {
                 per_step.push(kr.finish());
@@ -886,15 +976,24 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     machine.iter_mut().zip(&reg).zip(&rounding).for_each(|((x, y), z)| *x += y + z);
     records.reverse();
     per_step.reverse();
-    let gram = match &frozen {
-        Some((ts0, rg0)) => {
+    let gram = match (&frozen, split.as_mut()) {
+        (Some((ts0, rg0)), Some(sp)) => {
+            let mut g0 = GramSink::new(layout, p, m, k);
+            for (l, range) in sp.ranges.iter().enumerate() {
+                ts0.contract_layer(&rg0.jbar, w, l, range, &mut sp.grams[l], &mut scratch);
+                g0.add(&sp.grams[l]);
+            }
+            g0.finish()
+        }
+        (Some((ts0, rg0)), None) => {
             let mut g0 = GramSink::new(layout, p, m, k);
             ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch, l0);
             g0.finish()
         }
-        None => gram.finish(),
+        (None, _) => gram.finish(),
     };
-    Ok(Backward { gram, per_step, machine, reg, rounding, records })
+    let layers = split.map(|sp| (sp.grams.into_iter().map(GramSink::finish).collect(), sp.change));
+    Ok(Backward { gram, per_step, machine, reg, rounding, records, layers })
 }
 
 /// Step r's record: the linearisation `J̄_r·Δw_r` against the actual change of the row points'

@@ -48,7 +48,7 @@ pub struct KernelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocks: Option<Layout>,
     /// Also split the kernel by parameter layer (`layers.parquet` in its folder, a table in the
-    /// summary); plain gradient steps.
+    /// summary).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_layer: bool,
 }
