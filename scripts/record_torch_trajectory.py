@@ -27,9 +27,14 @@ hand-set `param_groups[0]["lr"]`) is recorded as used. The optimizer must have o
 group holding every parameter of the model, and no state yet (a fresh optimizer).
 
 Requirements (checked here, and again by `pathkernel import` on the numbers):
-- the model is `nn.Sequential(Linear, ReLU|Tanh, ..., Linear)` or
-  `nn.Sequential(Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear)`, in float64 or float32 (half
-  precision is refused: its rounding is as large as the updates);
+- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention
+  (Linear, Conv2d, MaxPool2d, AvgPool2d, Flatten, LayerNorm, ChannelLayerNorm, the activation
+  modules ReLU, LeakyReLU, Tanh, Sigmoid, Softplus, GELU(), SiLU, and torch_model.Residual), in
+  float64 or float32 (half precision is refused: its rounding is as large as the updates). A
+  version-2 recording writes every child's class, repr and attributes (`torch_model.
+  describe_module`) and the sample shape; `pathkernel import` builds the layer stack from them
+  and refuses, naming the module, what it cannot express: batch norm, dropout in training mode,
+  any other module. (The legacy version-1 form takes the MLP and the one-conv CNN only.)
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
 - the optimizer is `torch.optim.SGD` (momentum, dampening, nesterov, weight_decay), `Adam` or
   `AdamW` (betas, eps, weight_decay). `amsgrad` is recorded as set and refused by the import
@@ -45,12 +50,16 @@ runs a demo: a 2-layer MLP on a small two-moons-like dataset (or on MNIST IDX fi
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_model import describe_module  # noqa: E402
 
 
 def _describe(model):
@@ -146,7 +155,11 @@ class TrajectoryRecorder:
             raise ValueError("a version-1 (gd/sgd) recording is float64: record a float32 model with optimizer=<torch optimizer>")
         self.out = out_dir
         self.model = model
-        self.spec = _describe(model)
+        if self.opt_spec is None:
+            self.spec = _describe(model)
+        else:
+            children = list(model.children()) if isinstance(model, nn.Sequential) else [model]
+            self.spec = {"kind": "layers", "input": [int(v) for v in x_train.shape[1:]], "modules": [describe_module(c) for c in children]}
         self.loss = loss
         self.description = description
         self.lrs = []
