@@ -146,7 +146,7 @@ class TrajectoryRecorder:
         self.opt_spec = describe_optimizer(torch_optimizer, model) if optimizer is None else None
         if loss not in ("cross_entropy", "mse"):
             raise ValueError(f"loss {loss!r}: expected cross_entropy (mean, on logits) or mse (mean)")
-        dtypes = {p.dtype for p in model.state_dict().values()}
+        dtypes = {p.dtype for p in model.state_dict().values() if p.is_floating_point()}
         if len(dtypes) != 1 or next(iter(dtypes)) not in (torch.float64, torch.float32):
             raise ValueError(f"the model's tensors are {sorted(map(str, dtypes))}: record a float64 (model.double()) or float32 model; "
                              "half precision rounds the updates as much as they move")
