@@ -34,7 +34,10 @@ Requirements (checked here, and again by `pathkernel import` on the numbers):
   version-2 recording writes every child's class, repr and attributes (`torch_model.
   describe_module`) and the sample shape; `pathkernel import` builds the layer stack from them
   and refuses, naming the module, what it cannot express: batch norm, dropout in training mode,
-  any other module. (The legacy version-1 form takes the MLP and the one-conv CNN only.)
+  any other module. An MLP `Linear, ReLU|Tanh, ..., Linear` or the one-conv CNN
+  `Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear` is written as `mlp` / `cnn` instead (imported
+  as pathkernel's MLP and CNN, whose kernels have factored fast paths; `describe_model`). The
+  legacy version-1 form takes those two only.
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
 - the optimizer is `torch.optim.SGD` (momentum, dampening, nesterov, weight_decay), `Adam` or
   `AdamW` (betas, eps, weight_decay). `amsgrad` is recorded as set and refused by the import
@@ -99,6 +102,19 @@ def _describe(model):
     raise ValueError(f"unsupported model structure: {model}")
 
 
+def describe_model(model, sample_shape):
+    """The `model` entry of a version-2 trajectory.json. An MLP (`Linear, ReLU|Tanh, ...,
+    Linear`) or the one-conv CNN is written as such (`mlp`, `cnn`: pathkernel imports them as its
+    MLP and CNN, whose kernels have factored fast paths); any other module as a layer stack
+    (`layers`: the sample shape and every child of the nn.Sequential, torch_model.describe_module),
+    which `pathkernel import` builds or refuses, naming the module."""
+    try:
+        return _describe(model)
+    except ValueError:
+        children = list(model.children()) if isinstance(model, nn.Sequential) else [model]
+        return {"kind": "layers", "input": [int(v) for v in sample_shape], "modules": [describe_module(c) for c in children]}
+
+
 def _scalar(v):
     return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -158,8 +174,7 @@ class TrajectoryRecorder:
         if self.opt_spec is None:
             self.spec = _describe(model)
         else:
-            children = list(model.children()) if isinstance(model, nn.Sequential) else [model]
-            self.spec = {"kind": "layers", "input": [int(v) for v in x_train.shape[1:]], "modules": [describe_module(c) for c in children]}
+            self.spec = describe_model(model, x_train.shape[1:])
         self.loss = loss
         self.description = description
         self.lrs = []
