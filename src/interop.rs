@@ -67,11 +67,31 @@ pub(crate) fn export_torch(run: &Run, step: Option<usize>) -> Result<Exported> {
         return Err(Error::Config(format!("--step {s} is beyond the last state {n} of {}", run.dir.display())));
     }
     let arch = &run.manifest.architecture;
+    check_alpha_folds(arch)?;
     let params = run.load_step(s)?;
     let init = if arch.zero_output { Some(run.load_step(0)?) } else { None };
     let source = ExportSource { run: run.dir.display().to_string(), run_id: run.manifest.run_id.clone(), step: s };
     let bytes = torch::export_bytes(arch, &params, init.as_ref(), &source)?;
     Ok(Exported { bytes, step: s, steps: n, module: torch::module_description(arch), zero_output: arch.zero_output, alpha: arch.alpha })
+}
+
+/// Refuses a layer stack with α ≠ 1 whose last layer is not linear in its parameters (an
+/// activation, a residual block): α cannot be folded into it, and the file would not be the
+/// network.
+fn check_alpha_folds(arch: &Architecture) -> Result<()> {
+    if arch.alpha == 1.0 || !matches!(arch.body, Body::Layers { .. }) {
+        return Ok(());
+    }
+    let stack = arch.stack()?;
+    let last = stack.nodes.last().map(|n| &n.op);
+    if matches!(last, Some(crate::model::layers::Op::Dense(_) | crate::model::layers::Op::Conv(_) | crate::model::layers::Op::Norm(_))) {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "alpha = {} cannot be folded into the last layer of {}: its output is not linear in that layer's parameters; export needs alpha = 1 or a stack ending in a dense, conv2d or layer_norm layer",
+        arch.alpha,
+        stack.torch_description()
+    )))
 }
 
 /// Writes [`export_torch`]'s file to `out` atomically (temporary name, then rename).

@@ -192,3 +192,34 @@ fn import_lists_every_state_dict_mismatch_in_one_line() {
         assert!(err.contains(needle), "expected `{needle}` in: {err}");
     }
 }
+
+#[test]
+fn export_folds_alpha_into_a_stack_only_where_the_output_is_linear_in_the_last_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = |layers: &str| {
+        toy2d("[4]", "tanh", 3, 0.5, 6, 4).replace(
+            "kind = \"mlp\"\nhidden = [4]\nactivation = \"tanh\"\n",
+            &format!("kind = \"layers\"\nlayers = {layers}\nalpha = 2.5\nzero_last = false\n"),
+        )
+    };
+    std::fs::write(d.join("lin.toml"), cfg("[{ dense = 5 }, \"gelu\", { dense = 3 }]")).unwrap();
+    run_ok(&["train", "-q", "--config", "lin.toml", "--out", "lin"], d);
+    run_ok(&["export", "--run", "lin", "--format", "torch", "--out", "lin.safetensors"], d);
+    let run = Run::open(&d.join("lin")).unwrap();
+    let arch = &run.manifest.architecture;
+    let (exported, last) = (params_of(&run, &d.join("lin.safetensors")), run.load_step(3).unwrap());
+    // The exported file's network (α folded into `2.*`) gives α·g_w: our logits.
+    let z = arch.raw_forward(&exported, &run.dataset.x_test);
+    let want: Vec<f64> = arch.raw_forward(&last, &run.dataset.x_test).iter().map(|v| 2.5 * v).collect();
+    assert!(max_abs_diff(&z, &want) <= 1e-13 * max_abs(&want), "{:e}", max_abs_diff(&z, &want));
+    // Ending in an activation, α cannot be folded: refused in one line, nothing written.
+    std::fs::write(d.join("act.toml"), cfg("[{ dense = 5 }, \"gelu\", { dense = 3 }, \"tanh\"]")).unwrap();
+    run_ok(&["train", "-q", "--config", "act.toml", "--out", "act"], d);
+    let o = Command::new(bin()).args(["export", "--run", "act", "--format", "torch", "--out", "act.safetensors"]).current_dir(d).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("alpha = 2.5 cannot be folded into the last layer of Sequential(Linear(2, 5), GELU(), Linear(5, 3), Tanh())"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1);
+    assert!(!d.join("act.safetensors").exists());
+}

@@ -191,6 +191,13 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
                 Op::Conv(c) => Some(("in_channels", c.c)),
                 _ => None,
             };
+            match (m.get("type").and_then(Value::as_str), n.input) {
+                (Some("LayerNorm"), Shape::Map(..)) => {
+                    return Err(refuse(&at, m, format!("nn.LayerNorm on the map {} normalises its last dimension; pathkernel's layer norm on a map is over the channels at each position: use torch_model.ChannelLayerNorm", n.input)))
+                }
+                (Some("ChannelLayerNorm"), Shape::Flat(_)) => return Err(refuse(&at, m, format!("ChannelLayerNorm needs a [C, H, W] map, its input is {}: use nn.LayerNorm", n.input))),
+                _ => {}
+            }
             if let Some((key, want)) = want_in {
                 if let Some(got) = m.get(key).and_then(Value::as_u64).filter(|&g| g as usize != want) {
                     return Err(refuse(&at, m, format!("{key} = {got}, but its input is {} per sample", n.input)));
@@ -280,5 +287,15 @@ mod tests {
         let stack = Stack::resolve(Shape::Map(1, 2, 2), &specs, 4).unwrap();
         let e = check_resolved(&res, &stack).unwrap_err();
         assert!(e.contains("so the shortcut is the identity"), "{e}");
+        // nn.LayerNorm on a map normalises another axis than ours.
+        let ln = vec![
+            json!({"type": "LayerNorm", "repr": "LayerNorm((2,))", "normalized_shape": [2], "eps": 1e-5, "elementwise_affine": true, "bias": true}),
+            res[0].clone(),
+            json!({"type": "Linear", "in_features": 4, "out_features": 2, "bias": true}),
+        ];
+        let specs = list(&ln, "model.modules").unwrap();
+        let stack = Stack::resolve(Shape::Map(1, 2, 2), &specs, 2).unwrap();
+        let e = check_resolved(&ln, &stack).unwrap_err();
+        assert!(e.contains("normalises its last dimension") && e.contains("ChannelLayerNorm"), "{e}");
     }
 }
