@@ -8,8 +8,8 @@ torch; the guide quotes what it prints).
 For each precision (float64, then float32 unless --no-float32):
 1. LeNet-5 (`nn.Sequential(Conv2d(1, 6, 5, padding=2), ReLU, MaxPool2d(2), Conv2d(6, 16, 5), ReLU,
    MaxPool2d(2), Flatten, Linear(400, 120), ReLU, Linear(120, 84), ReLU, Linear(84, 10))`, PyTorch's
-   initialisation under torch.manual_seed(0)) trained by `torch.optim.AdamW` (lr 1e-3, weight
-   decay 0.01) on mini-batches (epoch-wise seeded permutations) of the first `per-class` training
+   initialisation under torch.manual_seed(0)) trained by `torch.optim.AdamW` (lr --lr, default
+   1e-3, weight decay 0.01) on mini-batches (epoch-wise seeded permutations) of the first `per-class` training
    images of each class (pixels / 255), recorded by scripts/record_torch_trajectory.py;
 2. `pathkernel import`: every recorded update against AdamW replayed from gradients recomputed
    in f64 (largest relative difference printed);
@@ -84,10 +84,10 @@ def one(a, prec, data):
         shutil.rmtree(p, ignore_errors=True)
     torch.manual_seed(0)
     model = lenet5().to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     t = time.time()
     train_and_record(rec, model, xtr, ytr, xte, yte, opt, a.steps, a.batch, None, seed=0,
-                     description=f"torch_lenet5_mnist.py: LeNet-5, AdamW lr 1e-3 wd 0.01, batch {a.batch}, {len(ytr)} MNIST images, {prec}")
+                     description=f"torch_lenet5_mnist.py: LeNet-5, AdamW lr {a.lr} wd 0.01, batch {a.batch}, {len(ytr)} MNIST images, {prec}")
     t_train = time.time() - t
     model.eval()
     with torch.no_grad():
@@ -108,6 +108,7 @@ def one(a, prec, data):
         "test_images": len(yte),
         "steps": a.steps,
         "batch": a.batch,
+        "lr": a.lr,
         "test_accuracy": acc,
         "replay_max_rel_diff": after(imported, "max relative difference "),
         "replay_max_abs_diff": after(imported, "max absolute "),
@@ -129,6 +130,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--per-class", type=int, default=200)
     ap.add_argument("--n-test", type=int, default=500)
     ap.add_argument("--mnist", default=os.path.join(here, "..", "data", "mnist"))

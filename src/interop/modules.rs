@@ -291,10 +291,10 @@ mod tests {
         let ln = vec![
             json!({"type": "LayerNorm", "repr": "LayerNorm((2,))", "normalized_shape": [2], "eps": 1e-5, "elementwise_affine": true, "bias": true}),
             res[0].clone(),
-            json!({"type": "Linear", "in_features": 4, "out_features": 2, "bias": true}),
+            json!({"type": "Linear", "in_features": 8, "out_features": 2, "bias": true}),
         ];
         let specs = list(&ln, "model.modules").unwrap();
-        let stack = Stack::resolve(Shape::Map(1, 2, 2), &specs, 2).unwrap();
+        let stack = Stack::resolve(Shape::Map(2, 2, 2), &specs, 2).unwrap();
         let e = check_resolved(&ln, &stack).unwrap_err();
         assert!(e.contains("normalises its last dimension") && e.contains("ChannelLayerNorm"), "{e}");
     }
