@@ -3,9 +3,9 @@ pathkernel, its exact path kernel, and its weights exported back to PyTorch. Out
 torch; the guide quotes what it prints).
 
     /work/venv/bin/python scripts/torch_lenet5_mnist.py [--steps 100] [--batch 100] [--per-class 200]
-        [--n-test 500] [--mnist data/mnist] [--pathkernel target/release/pathkernel] [--out runs/lenet5]
+        [--n-test 500] [--lr 1e-3] [--precision float64,float32] [--mnist data/mnist] [--pathkernel target/release/pathkernel] [--out runs/lenet5]
 
-For each precision (float64, then float32 unless --no-float32):
+For each precision of --precision (default float64, then float32):
 1. LeNet-5 (`nn.Sequential(Conv2d(1, 6, 5, padding=2), ReLU, MaxPool2d(2), Conv2d(6, 16, 5), ReLU,
    MaxPool2d(2), Flatten, Linear(400, 120), ReLU, Linear(120, 84), ReLU, Linear(84, 10))`, PyTorch's
    initialisation under torch.manual_seed(0)) trained by `torch.optim.AdamW` (lr --lr, default
@@ -136,16 +136,18 @@ def main():
     ap.add_argument("--mnist", default=os.path.join(here, "..", "data", "mnist"))
     ap.add_argument("--pathkernel", default=os.path.join(here, "..", "target", "release", "pathkernel"))
     ap.add_argument("--out", default=os.path.join(here, "..", "runs", "lenet5"))
-    ap.add_argument("--no-float32", action="store_true")
+    ap.add_argument("--precision", default="float64,float32", help="comma-separated: float64, float32 (run in this order)")
     a = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     os.makedirs(a.out, exist_ok=True)
     data = mnist(a.mnist, a.per_class, a.n_test)
-    results = [one(a, "float64", data)]
-    if not a.no_float32:
-        results.append(one(a, "float32", data))
-    with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    results = []
+    for prec in a.precision.split(","):
+        if prec not in ("float64", "float32"):
+            raise SystemExit(f"--precision {prec}: float64 or float32")
+        results.append(one(a, prec, data))
+        with open(os.path.join(a.out, "summary.json"), "w") as f:
+            json.dump(results, f, indent=1)
     print(f"wrote {os.path.join(a.out, 'summary.json')}")
 
 
