@@ -8,7 +8,7 @@ Needs torch (float64 CPU), which CI does not install; use a virtual environment 
 repository (`python3 -m venv ~/venv-torch && ~/venv-torch/bin/pip install torch numpy`).
 
 For a recorded run of a `[model] kind = "layers"` network (RUN: its directory), the script
-rebuilds the network in PyTorch from the manifest (`torch_stack.build`, parameter names equal
+rebuilds the network in PyTorch from the manifest (`torch_model.build_stack`, parameter names equal
 to ours), loads the recorded weights and, with `torch.func.jacrev` and `vmap` in float64:
 
 1. the NTK at the last state, `<grad f^k(x_p), grad f^k'(x_i)>` for the test points against the
@@ -41,8 +41,7 @@ import torch
 from torch.func import functional_call, jacrev, vmap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_stack  # noqa: E402
-from torch_model import read_safetensors  # noqa: E402
+from torch_model import build_stack, read_safetensors  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -51,7 +50,7 @@ def load_run(run):
     with open(os.path.join(run, "manifest.json")) as f:
         manifest = json.load(f)
     arch = manifest["architecture"]
-    net, shape = torch_stack.build(arch)
+    net, shape = build_stack(arch)
     data, _ = read_safetensors(os.path.join(run, "dataset.safetensors"))
     return manifest, arch, net, shape, data
 

@@ -16,12 +16,32 @@
   MaxPool2d(2), Flatten, Linear(32, 3)) on 12 random 8x8 images of 3 classes, SGD momentum 0.8,
   dampening 0.3, weight decay 1e-3, full batch, 10 steps.
 
+- tests/data/torch-stack-adamw: a float64 layer stack (conv + residual blocks + layer norm /
+  GELU, `STACK` below, torch_model.Residual and ChannelLayerNorm) on 24 8x8 images of 3 classes,
+  AdamW (lr 0.01, weight decay 0.05), 30 steps of mini-batches of 8. Its module structure is
+  what `pathkernel import` reads.
+- tests/data/torch-stack: the round trip PyTorch -> `[model] init` -> train -> export ->
+  PyTorch of the same stack: `roundtrip.toml` starts a pathkernel run from the recording's w_0
+  (PyTorch's initialisation) and trains 10 AdamW steps; this script runs it with the binary
+  given by --pathkernel (default target/release/pathkernel), exports the last state, runs the
+  exported file through torch_model.load and stores the logits on the recording's test images in
+  `roundtrip-logits.safetensors` (`logits` [8, 3]); it prints the largest difference between
+  them and pathkernel's own network. tests/torch_stacks.rs reruns the pathkernel half and
+  compares its export with the stored PyTorch logits. `recorded-logits.safetensors` holds the
+  recorded PyTorch model's own logits at its last state on the same images (`logits` [8, 3]):
+  the imported run's network must be them.
+
 Each recording is written by scripts/record_torch_trajectory.py's TrajectoryRecorder.
+
+    python scripts/make_torch_fixture.py [--only torch-stack-adamw] [--pathkernel BIN]
 """
 
+import argparse
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -31,6 +51,7 @@ from safetensors.torch import save_file
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 from record_torch_trajectory import _moons, train_and_record  # noqa: E402
+from torch_model import ChannelLayerNorm, Residual, load, read_safetensors  # noqa: E402
 
 data_dir = os.path.join(here, "..", "tests", "data")
 
@@ -88,13 +109,113 @@ def cnn_momentum():
                      description="make_torch_fixture.py: CNN conv(1->2, 3x3, pad 1) ReLU maxpool 2 linear(32, 3), SGD momentum 0.8 dampening 0.3 wd 1e-3 lr 0.3, full batch of 12 random 8x8 images")
 
 
+# The fixture stack as pathkernel's `[model] layers` (roundtrip.toml) and as PyTorch modules.
+STACK_TOML = """layers = [
+  { conv2d = { channels = 4, kernel = 3, padding = 1 } }, "relu", { avg_pool2d = 2 },
+  { residual = [ { conv2d = { channels = 4, kernel = 3, padding = 1 } }, "layer_norm", "gelu", { conv2d = { channels = 4, kernel = 3, padding = 1 } } ] },
+  { residual = [ { conv2d = { channels = 6, kernel = 3, stride = 2, padding = 1 } }, "gelu" ] },
+  "flatten", "layer_norm", { dense = 3 },
+]"""
+
+
+def stack():
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+        Residual(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), ChannelLayerNorm(4), nn.GELU(), nn.Conv2d(4, 4, 3, padding=1))),
+        Residual(nn.Sequential(nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.GELU()), nn.Conv2d(4, 6, 1, stride=2)),
+        nn.Flatten(), nn.LayerNorm(24), nn.Linear(24, 3),
+    ).double()
+
+
+def images(n, g):
+    """n 8x8 images of 3 classes: a bright row band, column band or diagonal, plus noise."""
+    y = torch.arange(n) % 3
+    x = 0.3 * torch.rand(n, 1, 8, 8, generator=g, dtype=torch.float64)
+    for i in range(n):
+        r = int(torch.randint(1, 6, (1,), generator=g))
+        if y[i] == 0:
+            x[i, 0, r : r + 2, :] += 1.0
+        elif y[i] == 1:
+            x[i, 0, :, r : r + 2] += 1.0
+        else:
+            x[i, 0].diagonal().add_(1.0)
+    return x, y
+
+
+def stack_adamw():
+    torch.manual_seed(6)
+    g = torch.Generator().manual_seed(6)
+    (xtr, ytr), (xte, yte) = images(24, g), images(8, g)
+    model = stack()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+    train_and_record(fresh("torch-stack-adamw"), model, xtr, ytr, xte, yte, opt, 30, 8, None, seed=6,
+                     description="make_torch_fixture.py: conv + residual (channel layer norm, GELU) + projection residual + layer norm stack, AdamW lr 0.01 wd 0.05, batch 8 of 24 8x8 images")
+    with torch.no_grad():
+        return model(xte).contiguous()
+
+
+ROUNDTRIP_TOML = f"""# PyTorch -> init -> train -> export -> PyTorch (scripts/make_torch_fixture.py, tests/torch.rs).
+# Paths relative to a directory holding the recording as rec/.
+[data]
+kind = "arrays"
+path = "rec/data.safetensors"
+
+[model]
+kind = "layers"
+init = "rec/step_00000.safetensors"
+{STACK_TOML}
+
+[train]
+optimizer = "adamw"
+lr = 0.01
+weight_decay = 0.05
+batch_size = 8
+steps = 10
+seed = 11
+"""
+
+
+def roundtrip(pathkernel, recorded_logits):
+    out = fresh("torch-stack")
+    os.makedirs(out)
+    save_file({"logits": recorded_logits}, os.path.join(out, "recorded-logits.safetensors"))
+    with open(os.path.join(out, "roundtrip.toml"), "w") as f:
+        f.write(ROUNDTRIP_TOML)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(data_dir, "torch-stack-adamw"), os.path.join(tmp, "rec"))
+        shutil.copy(os.path.join(out, "roundtrip.toml"), tmp)
+        run = lambda *a: subprocess.run([pathkernel, *a], cwd=tmp, check=True, capture_output=True, text=True).stdout.strip()
+        print(run("train", "-q", "--config", "roundtrip.toml", "--out", "run"))
+        print(run("export", "--run", "run", "--format", "torch", "--out", "trained.safetensors"))
+        data, _ = read_safetensors(os.path.join(tmp, "rec", "data.safetensors"))
+        x = torch.from_numpy(data["x_test"])
+        with torch.no_grad():
+            logits = load(os.path.join(tmp, "trained.safetensors"))(x).contiguous()
+        save_file({"logits": logits}, os.path.join(out, "roundtrip-logits.safetensors"))
+        print(run("kernel", "--run", "run", "--kind", "ntk", "--out", "k", "-q"))
+        import pyarrow.parquet as pq
+
+        pred = pq.read_table(os.path.join(tmp, "k", "predictions.parquet")).to_pydict()
+        ours = np.zeros(tuple(logits.shape))
+        ours[np.array(pred["point"]), np.array(pred["class"])] = pred["network"]
+        f = torch.log_softmax(logits, 1).numpy()
+        print(f"round trip: PyTorch forward of pathkernel's export vs pathkernel's network (log-softmax): max |diff| {np.abs(f - ours).max():.3e}")
+
+
 if __name__ == "__main__":
-    init_mlp()
-    adamw("torch-adamw", torch.float64, 40)
-    adamw("torch-adamw-f32", torch.float32, 20)
-    nesterov()
-    cnn_momentum()
-    for name in ("torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum"):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="write one fixture (torch-stack-adamw also writes torch-stack)")
+    ap.add_argument("--pathkernel", default=os.path.join(here, "..", "target", "release", "pathkernel"))
+    a = ap.parse_args()
+    if a.only in (None, "torch-stack-adamw"):
+        roundtrip(a.pathkernel, stack_adamw())
+    if a.only is None:
+        init_mlp()
+        adamw("torch-adamw", torch.float64, 40)
+        adamw("torch-adamw-f32", torch.float32, 20)
+        nesterov()
+        cnn_momentum()
+    for name in ("torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack"):
         d = os.path.join(data_dir, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         print(f"{name}: {len(os.listdir(d))} files, {size} bytes")

@@ -27,9 +27,17 @@ hand-set `param_groups[0]["lr"]`) is recorded as used. The optimizer must have o
 group holding every parameter of the model, and no state yet (a fresh optimizer).
 
 Requirements (checked here, and again by `pathkernel import` on the numbers):
-- the model is `nn.Sequential(Linear, ReLU|Tanh, ..., Linear)` or
-  `nn.Sequential(Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear)`, in float64 or float32 (half
-  precision is refused: its rounding is as large as the updates);
+- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention
+  (Linear, Conv2d, MaxPool2d, AvgPool2d, Flatten, LayerNorm, ChannelLayerNorm, the activation
+  modules ReLU, LeakyReLU, Tanh, Sigmoid, Softplus, GELU(), SiLU, and torch_model.Residual), in
+  float64 or float32 (half precision is refused: its rounding is as large as the updates). A
+  version-2 recording writes every child's class, repr and attributes (`torch_model.
+  describe_module`) and the sample shape; `pathkernel import` builds the layer stack from them
+  and refuses, naming the module, what it cannot express: batch norm, dropout in training mode,
+  any other module. An MLP `Linear, ReLU|Tanh, ..., Linear` or the one-conv CNN
+  `Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear` is written as `mlp` / `cnn` instead (imported
+  as pathkernel's MLP and CNN, whose kernels have factored fast paths; `describe_model`). The
+  legacy version-1 form takes those two only.
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
 - the optimizer is `torch.optim.SGD` (momentum, dampening, nesterov, weight_decay), `Adam` or
   `AdamW` (betas, eps, weight_decay). `amsgrad` is recorded as set and refused by the import
@@ -45,12 +53,16 @@ runs a demo: a 2-layer MLP on a small two-moons-like dataset (or on MNIST IDX fi
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_model import describe_module  # noqa: E402
 
 
 def _describe(model):
@@ -88,6 +100,19 @@ def _describe(model):
             "pool": k,
         }
     raise ValueError(f"unsupported model structure: {model}")
+
+
+def describe_model(model, sample_shape):
+    """The `model` entry of a version-2 trajectory.json. An MLP (`Linear, ReLU|Tanh, ...,
+    Linear`) or the one-conv CNN is written as such (`mlp`, `cnn`: pathkernel imports them as its
+    MLP and CNN, whose kernels have factored fast paths); any other module as a layer stack
+    (`layers`: the sample shape and every child of the nn.Sequential, torch_model.describe_module),
+    which `pathkernel import` builds or refuses, naming the module."""
+    try:
+        return _describe(model)
+    except ValueError:
+        children = list(model.children()) if isinstance(model, nn.Sequential) else [model]
+        return {"kind": "layers", "input": [int(v) for v in sample_shape], "modules": [describe_module(c) for c in children]}
 
 
 def _scalar(v):
@@ -137,7 +162,7 @@ class TrajectoryRecorder:
         self.opt_spec = describe_optimizer(torch_optimizer, model) if optimizer is None else None
         if loss not in ("cross_entropy", "mse"):
             raise ValueError(f"loss {loss!r}: expected cross_entropy (mean, on logits) or mse (mean)")
-        dtypes = {p.dtype for p in model.state_dict().values()}
+        dtypes = {p.dtype for p in model.state_dict().values() if p.is_floating_point()}
         if len(dtypes) != 1 or next(iter(dtypes)) not in (torch.float64, torch.float32):
             raise ValueError(f"the model's tensors are {sorted(map(str, dtypes))}: record a float64 (model.double()) or float32 model; "
                              "half precision rounds the updates as much as they move")
@@ -146,7 +171,10 @@ class TrajectoryRecorder:
             raise ValueError("a version-1 (gd/sgd) recording is float64: record a float32 model with optimizer=<torch optimizer>")
         self.out = out_dir
         self.model = model
-        self.spec = _describe(model)
+        if self.opt_spec is None:
+            self.spec = _describe(model)
+        else:
+            self.spec = describe_model(model, x_train.shape[1:])
         self.loss = loss
         self.description = description
         self.lrs = []

@@ -13,6 +13,22 @@ The module's output is the network's logits `alpha * (g_w(x) - [zero_output] g_{
   `2.weight`, ...
 - CNN: `nn.Sequential(Conv2d, ReLU|Tanh, MaxPool2d, Flatten, Linear)`, names `0.*` and `4.*`;
   `load` wraps it so that flat rows [n, C*H*W] are accepted as well as images.
+- Layer stack (`[model] kind = "layers"`): `build_stack` makes the `nn.Sequential` below, one
+  child per layer, parameter names equal to ours (`3.weight`, `2.body.0.weight`,
+  `2.shortcut.weight`). `forward_numpy` covers the MLP and the CNN only; a stack runs in torch.
+
+The layer stack convention (the one a user copies to train a network pathkernel can import):
+`dense` -> `Linear`, `conv2d` -> `Conv2d` (square kernel, zero padding), `max_pool2d` /
+`avg_pool2d` -> `MaxPool2d` / `AvgPool2d` (no padding, floor mode), `flatten` -> `Flatten()`,
+the activations -> `ReLU()`, `LeakyReLU(slope)`, `Tanh()`, `Sigmoid()`, `Softplus()` (beta 1),
+`GELU()` (the exact erf form), `SiLU()`; `layer_norm` -> `LayerNorm(F)` on flat features or
+`ChannelLayerNorm(C)` below (over the channels at each position of a [C, H, W] map); `residual`
+-> `Residual(body, shortcut)` below: `y = body(x) + shortcut(x)`, the shortcut `None` (the
+identity) when the body keeps the shape, else `Linear(F, F')` (flat) or a 1x1
+`Conv2d(C, C', 1, stride=s)` whose stride s gives the body's output size (maps), both with a
+bias. Batch norm (a point's output depends on its batch) and dropout in training mode are not
+layers pathkernel can express; `describe_module` writes what `pathkernel import` reads (and
+refuses, naming the module).
 - alpha is already folded into the last layer by the exporter.
 - zero_output: the frozen initial network is stored as `init.*`; the module is
   `net(x) - init(x)` (a plain `Sequential.load_state_dict(..., strict=False)` would give `net`
@@ -30,6 +46,12 @@ import struct
 import sys
 
 import numpy as np
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # the numpy forward works without torch
+    torch = nn = None
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "I64": np.int64}
 
@@ -102,6 +124,8 @@ def forward_numpy(path, x):
     """The logits of the exported network on rows x ([n, d] or CNN images [n, C, H, W]), numpy only."""
     t, meta = read_safetensors(path)
     arch = _spec(meta)
+    if arch["body"]["kind"] == "layers":
+        raise ValueError("forward_numpy covers the MLP and the CNN; run a layer stack with load(path) (torch)")
     x = np.asarray(x, dtype=np.float64)
     z = _raw_numpy(arch, t, "", x)
     if meta.get("zero_output") == "true":
@@ -109,10 +133,166 @@ def forward_numpy(path, x):
     return z
 
 
-def _sequential(arch):
-    import torch.nn as nn
+if nn is not None:
 
+    class ChannelLayerNorm(nn.Module):
+        """Layer norm over the channels at each position of [n, C, H, W] maps (ConvNeXt's);
+        parameters `weight` [C] (1) and `bias` [C] (0)."""
+
+        def __init__(self, channels, eps=1e-5, dtype=torch.float64):
+            super().__init__()
+            self.channels = channels
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(channels, dtype=dtype))
+            self.bias = nn.Parameter(torch.zeros(channels, dtype=dtype))
+
+        def forward(self, x):
+            mean = x.mean(dim=1, keepdim=True)
+            var = ((x - mean) ** 2).mean(dim=1, keepdim=True)
+            y = (x - mean) / torch.sqrt(var + self.eps)
+            return y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+
+        def extra_repr(self):
+            return f"{self.channels}, eps={self.eps}"
+
+    class Residual(nn.Module):
+        """`y = body(x) + shortcut(x)`: `body` an `nn.Sequential`, `shortcut` None (identity),
+        `Linear` or a 1x1 `Conv2d` (see the module docs). Parameters `body.j.*`, `shortcut.*`."""
+
+        def __init__(self, body, shortcut=None):
+            super().__init__()
+            self.body = body
+            self.shortcut = shortcut
+
+        def forward(self, x):
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+
+
+def _shape(shape):
+    if "flat" in shape:
+        return ("flat", shape["flat"])
+    c, h, w = shape["map"]
+    return ("map", c, h, w)
+
+
+def _layer(spec, shape):
+    """(module, output shape) of one layer spec of a run's manifest on an input of `shape`."""
+    if isinstance(spec, str):
+        kind, arg = spec, None
+    else:
+        ((kind, arg),) = spec.items()
+    f64 = dict(dtype=torch.float64)
+    if kind == "dense":
+        m = nn.Linear(shape[1], arg["features"], bias=arg["bias"], **f64)
+        return m, ("flat", arg["features"])
+    if kind == "conv2d":
+        _, c, h, w = shape
+        k, s, p = arg["kernel"], arg["stride"], arg["padding"]
+        m = nn.Conv2d(c, arg["channels"], k, stride=s, padding=p, bias=arg["bias"], **f64)
+        return m, ("map", arg["channels"], (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
+    if kind in ("max_pool2d", "avg_pool2d"):
+        _, c, h, w = shape
+        k, s = arg["kernel"], arg["stride"]
+        m = nn.MaxPool2d(k, stride=s) if kind == "max_pool2d" else nn.AvgPool2d(k, stride=s)
+        return m, ("map", c, (h - k) // s + 1, (w - k) // s + 1)
+    if kind == "flatten":
+        n = shape[1] if shape[0] == "flat" else shape[1] * shape[2] * shape[3]
+        return nn.Flatten(), ("flat", n)
+    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "softplus": nn.Softplus, "gelu": nn.GELU, "silu": nn.SiLU}
+    if kind in acts:
+        return acts[kind](), shape
+    if kind == "leaky_relu":
+        return nn.LeakyReLU(arg), shape
+    if kind == "layer_norm":
+        if shape[0] == "flat":
+            return nn.LayerNorm(shape[1], eps=arg["eps"], **f64), shape
+        return ChannelLayerNorm(shape[1], eps=arg["eps"]), shape
+    if kind == "residual":
+        body, out = _build_list(arg, shape)
+        shortcut = None
+        if out != shape:
+            if shape[0] == "flat":
+                shortcut = nn.Linear(shape[1], out[1], **f64)
+            else:
+                _, c, h, w = shape
+                s = next(s for s in range(1, max(h, w) + 1) if (h - 1) // s + 1 == out[2] and (w - 1) // s + 1 == out[3])
+                shortcut = nn.Conv2d(c, out[1], 1, stride=s, **f64)
+        return Residual(body, shortcut), out
+    raise ValueError(f"unknown layer {spec!r}")
+
+
+def _build_list(specs, shape):
+    mods = []
+    for spec in specs:
+        m, shape = _layer(spec, shape)
+        mods.append(m)
+    return nn.Sequential(*mods), shape
+
+
+def build_stack(architecture):
+    """(net, input shape) of a run's `[model] kind = "layers"` architecture (the manifest's or an
+    export's metadata `architecture`): the raw network g_w as a float64 `nn.Sequential` (no
+    alpha, zero_output or output map), parameter names equal to pathkernel's."""
+    body = architecture["body"]
+    if body["kind"] != "layers":
+        raise ValueError('not a layer stack (model.kind = "layers")')
+    shape = _shape(body["input"])
+    net, out = _build_list(body["layers"], shape)
+    if out != ("flat", body["outputs"]):
+        raise ValueError(f"the stack gives {out}, the run has {body['outputs']} outputs")
+    return net, shape
+
+
+def _pair(v):
+    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
+
+
+def describe_module(m):
+    """One child of an `nn.Sequential` as `pathkernel import` reads it (`model.modules[i]`): its
+    class, its one-line repr and the attributes the layer's maths depends on. Modules pathkernel
+    cannot express are described too (class and repr): the import refuses them, naming them."""
+    kind = type(m).__name__
+    d = {"type": kind, "repr": f"{kind}({m.extra_repr()})"}
+    if isinstance(m, nn.Linear):
+        d.update(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
+    elif isinstance(m, nn.Conv2d):
+        d.update(in_channels=m.in_channels, out_channels=m.out_channels, kernel_size=_pair(m.kernel_size), stride=_pair(m.stride),
+                 padding=m.padding if isinstance(m.padding, str) else _pair(m.padding), dilation=_pair(m.dilation), groups=m.groups,
+                 bias=m.bias is not None, padding_mode=m.padding_mode)
+    elif isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
+        d.update(kernel_size=_pair(m.kernel_size), stride=_pair(m.stride if m.stride is not None else m.kernel_size), padding=_pair(m.padding),
+                 ceil_mode=bool(m.ceil_mode))
+        if isinstance(m, nn.MaxPool2d):
+            d.update(dilation=_pair(m.dilation))
+        else:
+            d.update(divisor_override=m.divisor_override)
+    elif isinstance(m, nn.Flatten):
+        d.update(start_dim=m.start_dim, end_dim=m.end_dim)
+    elif isinstance(m, nn.LeakyReLU):
+        d.update(negative_slope=float(m.negative_slope))
+    elif isinstance(m, nn.Softplus):
+        d.update(beta=float(m.beta), threshold=float(m.threshold))
+    elif isinstance(m, nn.GELU):
+        d.update(approximate=m.approximate)
+    elif isinstance(m, nn.LayerNorm):
+        d.update(normalized_shape=list(m.normalized_shape), eps=float(m.eps), elementwise_affine=bool(m.elementwise_affine),
+                 bias=getattr(m, "bias", None) is not None)
+    elif kind == "ChannelLayerNorm":
+        d.update(channels=int(m.weight.shape[0]), eps=float(m.eps))
+    elif kind == "Residual" and isinstance(getattr(m, "body", None), nn.Sequential):
+        d["repr"] = "Residual"
+        d.update(body=[describe_module(c) for c in m.body], shortcut=None if m.shortcut is None else describe_module(m.shortcut))
+    elif isinstance(m, nn.modules.dropout._DropoutNd):
+        d.update(p=float(m.p), training=bool(m.training))
+    elif isinstance(m, nn.Sequential):
+        d["repr"] = "Sequential(" + ", ".join(describe_module(c)["repr"] for c in m) + ")"
+    return d
+
+
+def _sequential(arch):
     body = arch["body"]
+    if body["kind"] == "layers":
+        return build_stack(arch)[0]
     bias = arch["bias"]
     act = nn.ReLU if arch["activation"] == "relu" else nn.Tanh
     if body["kind"] == "mlp":
@@ -139,9 +319,6 @@ def _sequential(arch):
 
 def load(path):
     """The exported network as a float64 torch.nn.Module whose output is the logits."""
-    import torch
-    import torch.nn as nn
-
     t, meta = read_safetensors(path)
     arch = _spec(meta)
     net = _sequential(arch)
@@ -152,7 +329,8 @@ def load(path):
         init.load_state_dict({k[len("init."):]: torch.from_numpy(v) for k, v in t.items() if k.startswith("init.")})
         for q in init.parameters():
             q.requires_grad_(False)
-    image = arch["body"].get("image")
+    body = arch["body"]
+    image = body.get("image") or (body["input"]["map"] if body["kind"] == "layers" and "map" in body["input"] else None)
 
     class Exported(nn.Module):
         """net(x) (− init(x) for zero_output); flat rows are reshaped to images for a CNN."""
@@ -200,21 +378,30 @@ def main(argv):
         x = np.load(argv[2])
     else:
         rng = np.random.default_rng(0)
-        d = arch["body"]["widths"][0] if arch["body"]["kind"] == "mlp" else int(np.prod(arch["body"]["image"]))
+        body = arch["body"]
+        if body["kind"] == "mlp":
+            d = body["widths"][0]
+        elif body["kind"] == "cnn":
+            d = int(np.prod(body["image"]))
+        else:
+            d = body["input"]["flat"] if "flat" in body["input"] else int(np.prod(body["input"]["map"]))
         x = rng.normal(size=(16, d))
-    z_np = forward_numpy(path, x)
-    print(f"{meta['module']}: numpy logits {z_np.shape}")
     f = (lambda z: _log_softmax(z)) if meta.get("output") == "log_softmax" else (lambda z: z)
-    if ours is not None:
-        print(f"max |numpy f - pathkernel f| = {np.abs(f(z_np) - ours).max():.3e}")
-    try:
-        import torch
-    except ImportError:
+    z_np = None
+    if arch["body"]["kind"] != "layers":
+        z_np = forward_numpy(path, x)
+        print(f"{meta['module']}: numpy logits {z_np.shape}")
+        if ours is not None:
+            print(f"max |numpy f - pathkernel f| = {np.abs(f(z_np) - ours).max():.3e}")
+    if torch is None:
         print("torch not installed: numpy forward only")
         return
     with torch.no_grad():
         z_t = load(path)(torch.from_numpy(np.asarray(x, dtype=np.float64))).numpy()
-    print(f"max |numpy - torch| (logits) = {np.abs(z_np - z_t).max():.3e}")
+    if z_np is not None:
+        print(f"max |numpy - torch| (logits) = {np.abs(z_np - z_t).max():.3e}")
+    else:
+        print(f"{meta['module']}: torch logits {z_t.shape}")
     if ours is not None:
         print(f"max |torch f - pathkernel f| = {np.abs(f(z_t) - ours).max():.3e}")
 

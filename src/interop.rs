@@ -14,10 +14,12 @@ use crate::error::{Error, Result};
 use crate::io::{self, SafeFile, StagedDir};
 use crate::model::net::{LossKind, Objective};
 use crate::model::torch::{self, ExportSource};
+use crate::model::layers::Shape;
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 use crate::optim::{OptimizerState, UpdateRule};
 use crate::trajectory::{self, DatasetInfo, InitRecord, Manifest, OptimizerRecord, Run, Writer};
 
+mod modules;
 mod optimizer;
 mod states;
 
@@ -65,11 +67,31 @@ pub(crate) fn export_torch(run: &Run, step: Option<usize>) -> Result<Exported> {
         return Err(Error::Config(format!("--step {s} is beyond the last state {n} of {}", run.dir.display())));
     }
     let arch = &run.manifest.architecture;
+    check_alpha_folds(arch)?;
     let params = run.load_step(s)?;
     let init = if arch.zero_output { Some(run.load_step(0)?) } else { None };
     let source = ExportSource { run: run.dir.display().to_string(), run_id: run.manifest.run_id.clone(), step: s };
     let bytes = torch::export_bytes(arch, &params, init.as_ref(), &source)?;
     Ok(Exported { bytes, step: s, steps: n, module: torch::module_description(arch), zero_output: arch.zero_output, alpha: arch.alpha })
+}
+
+/// Refuses a layer stack with α ≠ 1 whose last layer is not linear in its parameters (an
+/// activation, a residual block): α cannot be folded into it, and the file would not be the
+/// network.
+fn check_alpha_folds(arch: &Architecture) -> Result<()> {
+    if arch.alpha == 1.0 || !matches!(arch.body, Body::Layers { .. }) {
+        return Ok(());
+    }
+    let stack = arch.stack()?;
+    let last = stack.nodes.last().map(|n| &n.op);
+    if matches!(last, Some(crate::model::layers::Op::Dense(_) | crate::model::layers::Op::Conv(_) | crate::model::layers::Op::Norm(_))) {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "alpha = {} cannot be folded into the last layer of {}: its output is not linear in that layer's parameters; export needs alpha = 1 or a stack ending in a dense, conv2d or layer_norm layer",
+        arch.alpha,
+        stack.torch_description()
+    )))
 }
 
 /// Writes [`export_torch`]'s file to `out` atomically (temporary name, then rename).
@@ -109,6 +131,14 @@ pub(crate) enum RecordedModel {
         padding: usize,
         /// Max-pool window.
         pool: usize,
+    },
+    /// Any `nn.Sequential` of the layers a stack has: the children as the recording script
+    /// describes them (`modules`: class, `repr` and attributes; see `interop::modules`).
+    Layers {
+        /// One sample's shape: `[F]` or `[C, H, W]`.
+        input: Vec<usize>,
+        /// The children of the `nn.Sequential`, in order.
+        modules: Vec<serde_json::Value>,
     },
 }
 
@@ -262,9 +292,24 @@ fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) 
             let body = Body::Cnn { image: *image, channels: cw[0], kernel: cw[2], stride: *stride, padding: *padding, pool: *pool, outputs: dw[0] };
             (body, *activation, names.iter().any(|n| n == "0.bias"))
         }
+        RecordedModel::Layers { input, modules: ms } => return stack_architecture(dir, input, ms, output),
     };
     let arch = Architecture { body, activation, bias, zero_last: false, alpha: 1.0, zero_output: false, output };
     arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
+    Ok(arch)
+}
+
+/// The architecture of a recorded layer stack (`RecordedModel::Layers`): every module read as
+/// a layer or refused (named, with the reason), the shapes chained from `input`, and each
+/// residual's shortcut the one the stack resolves. Errors name `DIR/trajectory.json`.
+fn stack_architecture(dir: &Path, input: &[usize], ms: &[serde_json::Value], output: OutputKind) -> Result<Architecture> {
+    let bad = |msg: String| Error::format(dir.join("trajectory.json"), msg);
+    let input = modules::input_shape(input).map_err(bad)?;
+    let layers = modules::list(ms, "model.modules").map_err(bad)?;
+    let outputs = modules::outputs(input, &layers).map_err(bad)?;
+    let arch = Architecture { body: Body::Layers { input, layers, outputs }, activation: Activation::Relu, bias: true, zero_last: false, alpha: 1.0, zero_output: false, output };
+    arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
+    modules::check_resolved(ms, &arch.stack()?).map_err(bad)?;
     Ok(arch)
 }
 
@@ -304,8 +349,10 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
     }
     let mut ds = Dataset::from_arrays("torch-import", format!("imported from {}", path.display()), d, k, x_train, y_train, x_test, y_test)
         .map_err(|e| Error::format(path, e.to_string()))?;
-    if let Body::Cnn { image, .. } = arch.body {
-        ds.image_shape = Some(image);
+    match arch.body {
+        Body::Cnn { image, .. } => ds.image_shape = Some(image),
+        Body::Layers { input: Shape::Map(c, h, w), .. } => ds.image_shape = Some([c, h, w]),
+        _ => {}
     }
     Ok(ds)
 }
