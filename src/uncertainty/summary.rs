@@ -212,7 +212,7 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
              fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling). \
              Blocks `class-diagonal`: one GP per class on `K^{{cc}}` (`diag` curvature λ = p(1 − p): laplace-torch's `independent_outputs=True`; \
              `full`: the full per-point Λ_i = diag(p_i) − p_i p_iᵀ with the class-diagonal kernel, a hybrid that is neither laplace-torch's nor the GGN's). \
-             Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass.rs`): the whole [M·K, M·K] kernel with its cross-class blocks \
+             Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass/`): the whole [M·K, M·K] kernel with its cross-class blocks \
              (`diag` λ: laplace-torch's `independent_outputs=False`; `full` Λ_i: the GGN-exact posterior); for these the kernel eigenvalues are of the \
              whole kernel and the `S K S` column holds those of `G = Fᵀ K F`.\n"
         );
@@ -254,19 +254,9 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
 
 /// The cross-class fits' factorisations: sizes, wall times and the two routes' agreement.
 fn summary_kxk(s: &mut String, r: &UqStudyReport) {
-    let kxk: Vec<_> = r
-        .fsl
-        .iter()
-        .filter_map(|f| f.fit.kxk.as_ref().map(|x| (f, x)))
-        .collect();
-    let eig: Vec<_> = kxk
-        .iter()
-        .filter(|(_, x)| x.solver == crate::gp::KxkSolver::Eigen)
-        .collect();
-    let chol: Vec<_> = kxk
-        .iter()
-        .filter(|(_, x)| x.solver == crate::gp::KxkSolver::Cholesky)
-        .collect();
+    let kxk: Vec<_> = r.fsl.iter().filter_map(|f| f.fit.kxk.as_ref().map(|x| (f, x))).collect();
+    let eig: Vec<_> = kxk.iter().filter(|(_, x)| x.solver == crate::gp::KxkSolver::Eigen).collect();
+    let chol: Vec<_> = kxk.iter().filter(|(_, x)| x.solver == crate::gp::KxkSolver::Cholesky).collect();
     if !eig.is_empty() {
         let _ = writeln!(
             s,
@@ -274,7 +264,8 @@ fn summary_kxk(s: &mut String, r: &UqStudyReport) {
              evidence's δ is the one-δ alternative (laplace-torch factors `K/δ + diag(1/λ)`, the same size), timed on the same matrix, its log-determinant \
              against the eigenvalues'. Wall seconds on the study's machine (its load in `timings.md`).\n"
         );
-        let _ = writeln!(*s, "| kernel | curvature | M·K | eig K (s) | form G (s) | eig G (s) | Cholesky I + G/δ (s) | log det: Cholesky vs eig (rel.) | λ exactly 0 | K eigenvalues left out of rᵀK⁺r |");
+        let _ =
+            writeln!(*s, "| kernel | curvature | M·K | eig K (s) | form G (s) | eig G (s) | Cholesky I + G/δ (s) | log det: Cholesky vs eig (rel.) | λ exactly 0 | K eigenvalues left out of rᵀK⁺r |");
         let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|");
         for (f, x) in eig {
             let _ = writeln!(

@@ -1,11 +1,11 @@
-//! The Cholesky route of a cross-class fit ([`super::KxkSolver::Cholesky`]): no
+//! The Cholesky route of a cross-class fit (`KxkSolver::Cholesky`): no
 //! eigendecomposition, one Cholesky of `B(δ) = δ I + G` per δ tried.
 //!
 //! - **Evidence.** `log det(I + G/δ) = log det B(δ) − n log δ` from the factor's diagonal; the
 //!   log evidence is concave in `u = log δ` (its second derivative is
 //!   `−(δ/2) rᵀK⁺r − ½ Σ_j δ e_j/(δ + e_j)²`), so its maximum is bracketed by walking uphill from a
 //!   start and found by Brent's minimisation (parabolic steps, golden-section fallback) to
-//!   `|Δu| ≤` [`SEARCH_TOL`]; each step costs one factorisation.
+//!   `|Δu| ≤` `SEARCH_TOL`; each step costs one factorisation.
 //! - **Scatter.** `rᵀ K⁺ r` by a Cholesky of `K` (exact where `K` is positive definite in
 //!   floating point); where that fails, of `K + τ I` with `τ = 1e-12 · λ_max(K)` (λ_max by power
 //!   iteration, `τ` raised tenfold until the factorisation succeeds), recorded in the fit. The
@@ -44,7 +44,7 @@ const MAX_EVALS: usize = 60;
 pub(super) struct CholFactor {
     /// `G`, lower triangle packed by rows. # Shapes `[n (n + 1) / 2]`.
     g: Vec<f64>,
-    /// The lower factor of `δ I + G` at [`CholFactor::delta`] (upper triangle: stale). # Shapes `[n, n]`.
+    /// The lower factor of `δ I + G` at `delta` (upper triangle: stale). # Shapes `[n, n]`.
     pub(super) l: Mat<f64>,
     /// The δ the factor is at.
     pub(super) delta: f64,

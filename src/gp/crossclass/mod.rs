@@ -24,7 +24,7 @@
 //! and a validation grid cost no refactorisation. The fit also factors `I + G/δ` by Cholesky at
 //! the chosen δ (the one-δ alternative; laplace-torch's `K/δ + diag(1/λ)` is the same size and
 //! exists only for the diagonal curvature) and reports both wall times and their
-//! log-determinants' difference ([`KxkNumbers`]). The Cholesky route ([`cholesky`]) never
+//! log-determinants' difference ([`KxkNumbers`]). The Cholesky route (`cholesky.rs`) never
 //! eigendecomposes: one Cholesky of `δ I + G` per δ tried (Brent's search on the evidence, a
 //! coarse-to-fine validation grid), `rᵀK⁺r` by a Cholesky of `K` — the route for large systems,
 //! where an eigendecomposition costs tens of Choleskys.
@@ -134,7 +134,7 @@ pub enum KxkSolver {
     /// times a Cholesky's constant.
     #[default]
     Eigen,
-    /// One Cholesky of `δ I + G` per δ tried ([`cholesky`]).
+    /// One Cholesky of `δ I + G` per δ tried (`cholesky.rs`).
     Cholesky,
 }
 
@@ -188,7 +188,7 @@ pub struct CrossClassLaplace {
 enum Factor {
     /// Eigenvalues of G, clamped at 0, and its eigenvectors. # Shapes `e [M K]`, `u [M K, M K]`.
     Eigen { e: Vec<f64>, u: Mat<f64> },
-    /// `G` packed and the Cholesky factor of `δ I + G` ([`cholesky`]).
+    /// `G` packed and the Cholesky factor of `δ I + G` (`cholesky.rs`).
     Cholesky(CholFactor),
 }
 
@@ -268,7 +268,7 @@ impl CrossClassLaplace {
 
     /// Fits on the training side (module docs): the curvature's factors, then by `solver` either
     /// the eigendecompositions of K and of `G = Fᵀ K F` (δ by `prior`, and the Cholesky of
-    /// `I + G/δ` timed beside) or the Cholesky route ([`cholesky`]: `rᵀK⁺r` by a Cholesky of K,
+    /// `I + G/δ` timed beside) or the Cholesky route (`cholesky.rs`: `rᵀK⁺r` by a Cholesky of K,
     /// one Cholesky of `δ I + G` per δ of the search).
     ///
     /// Errors: shapes, non-finite values, a non-symmetric Gram (relative `1e-9`), a kernel with
@@ -572,7 +572,7 @@ impl CrossClassLaplace {
     /// with `labels`; the best becomes the fit's δ (`prior = "grid"`). The eigen route scores
     /// every value from one projection; the Cholesky route factors once per value it visits,
     /// coarse to fine (every `⌈√points⌉`-th value, then a golden-section search between the best
-    /// one's neighbours; [`cholesky`]). Returns the visited `[(δ, NLL)]` in increasing δ.
+    /// one's neighbours; `cholesky.rs`). Returns the visited `[(δ, NLL)]` in increasing δ.
     pub(crate) fn grid_search(&mut self, rows: &KxkRows<'_>, labels: &[usize], min_log10: f64, max_log10: f64, points: usize) -> Result<Vec<(f64, f64)>> {
         self.check_rows(rows)?;
         if labels.len() != rows.p || points < 2 || !(max_log10 > min_log10) {

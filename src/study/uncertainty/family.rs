@@ -281,7 +281,8 @@ impl Stages {
         let layout = if fam.fsl_kxk.is_empty() { String::new() } else { "|layout:full".into() };
         let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &format!("{}{layout}", g.key())])).collect();
         let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
-        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| if fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky { format!("kxk-{c}-cholesky") } else { format!("kxk-{c}") })).collect::<Vec<_>>().join(",");
+        let route = if fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky { "-cholesky" } else { "" };
+        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}{route}"))).collect::<Vec<_>>().join(",");
         let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
         let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
         let mut s = Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, grams_key: Key::of(&[]), grams_stage: String::new(), n: run.dataset.n_train() };
