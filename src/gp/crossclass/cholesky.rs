@@ -223,7 +223,8 @@ impl CholFactor {
     }
 
     /// δ maximising `evidence(δ) = log_lik − (δ/2) rkr − ½ log det(I + G/δ)` (module docs), left
-    /// factored. Returns `(δ, factorisations)`.
+    /// factored. Returns `(δ, factorisations)` (the search's, and the refactorisation at the
+    /// maximiser where it was not the last one evaluated).
     pub(super) fn evidence_argmax(&mut self, log_lik: f64, rkr: f64) -> Result<(f64, usize)> {
         let n = self.n() as f64;
         // Bounds on the maximiser: d/du = ½ (−δ rkr + Σ e/(δ + e)), Σ e/(δ + e) ∈ [T/(δ + T), n).
@@ -248,8 +249,10 @@ impl CholFactor {
         // Brent's minimisation of −φ on [lo, hi] (φ concave: one maximum there).
         let (x, _) = brent_max(|u| phi(self, u), lo, hi, SEARCH_TOL)?;
         let d = x.exp();
+        // The maximiser is an evaluated point, but not always the last one: then once more.
+        let again = usize::from(d != self.delta);
         self.factor(d)?;
-        Ok((d, evals))
+        Ok((d, evals + again))
     }
 }
 
