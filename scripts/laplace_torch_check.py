@@ -32,7 +32,7 @@ The cross-class check (`--check fsl-kxk`, part of `all` when the study has the f
 4. fits `Laplace(model, 'classification', subset_of_weights='all', hessian_structure='gp',
    independent_outputs=False)` (the whole [M·K, M·K] kernel; `_build_L` keeps the diagonal
    λ = p − p², `_build_Sigma_inv` factors K/δ + diag(1/λ)) with the δ our `fsl-ntk-kxk-diag`
-   chose by the evidence, and compares with ours (`src/gp/crossclass.rs`): the K × K predictive
+   chose by the evidence, and compares with ours (`src/gp/crossclass/`): the K × K predictive
    covariance per clean test point (laplace-torch's `functional_variance`; ours from the study's
    cache, `runs/…/ntk-gp/clean.safetensors`, array `fsl-ntk-kxk-diag/cov`), the probit
    probabilities (`predictions.parquet`), and the evidence's terms at δ (ours in

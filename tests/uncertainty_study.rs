@@ -8,16 +8,16 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use pathkernel::api::{Gram, Trained};
 use pathkernel::gp::GpParams;
 use pathkernel::io::{Column, SafeFile, Table};
 use pathkernel::kernel::{self, KernelKind, Layout, Outputs, Points, Request, Rows, Rule, Side};
+use pathkernel::report::{self, GpTargets};
 use pathkernel::study::{self, StudyOptions};
 use pathkernel::train::{train_to_dir, RunConfig, TrainOptions};
 use pathkernel::trajectory::Run;
 use pathkernel::uncertainty::kernel_gp::{self, KernelGp, KernelGpSpec, TrainGram};
 use pathkernel::uncertainty::metrics;
-use pathkernel::api::{Gram, Trained};
-use pathkernel::report::{self, GpTargets};
 
 fn study_toml(mnist: &Path) -> String {
     format!(
@@ -122,7 +122,24 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     let (pm, ps) = (strings(&p, "method"), strings(&p, "setting"));
     let mut methods: Vec<&str> = pm.iter().map(String::as_str).collect();
     methods.dedup();
-    for want in ["map", "temperature", "laplace", "ensemble", "epk-gp", "ntk-gp", "epk-gp-netmean", "ntk-gp-netmean", "window2-gp", "window2-gp-netmean", "fsl-epk-diag", "fsl-window2-diag-Ts", "fsl-ntk-kxk-diag", "fsl-ntk-kxk-full-mc", "fsl-window2-kxk-full-grid", "fsl-window2-kxk-diag-Ts"] {
+    for want in [
+        "map",
+        "temperature",
+        "laplace",
+        "ensemble",
+        "epk-gp",
+        "ntk-gp",
+        "epk-gp-netmean",
+        "ntk-gp-netmean",
+        "window2-gp",
+        "window2-gp-netmean",
+        "fsl-epk-diag",
+        "fsl-window2-diag-Ts",
+        "fsl-ntk-kxk-diag",
+        "fsl-ntk-kxk-full-mc",
+        "fsl-window2-kxk-full-grid",
+        "fsl-window2-kxk-diag-Ts",
+    ] {
         assert!(methods.contains(&want), "{want} missing from {methods:?}");
     }
     let k = 10;
@@ -210,6 +227,62 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
 }
 
 #[test]
+fn cholesky_solver_gives_the_eigen_solvers_predictions() {
+    // The same tiny study with the cross-class fits by the Cholesky route: every other method
+    // bit for bit, the cross-class ones within the δ search's tolerance (|Δ log δ| ≤ 1e-6).
+    let tmp = tempfile::tempdir().unwrap();
+    let mnist = tmp.path().join("mnist");
+    std::fs::create_dir(&mnist).unwrap();
+    common::write_square_mnist(&mnist, 400, 60);
+    let base = study_toml(&mnist);
+    let chol = base.replace("fsl_kxk_kernels = [\"ntk\", \"window:2\"]", "fsl_kxk_kernels = [\"ntk\", \"window:2\"]\nfsl_kxk_solver = \"cholesky\"");
+    assert_ne!(chol, base);
+    let mut outs = Vec::new();
+    for (name, text) in [("eigen", &base), ("cholesky", &chol)] {
+        let file = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let (out, cache) = (tmp.path().join(format!("report-{name}")), tmp.path().join(format!("cache-{name}")));
+        run_study(&file, &out, &cache);
+        outs.push(out);
+    }
+    let k = 10;
+    let read = |out: &Path| {
+        let p = Table::read_parquet(&out.join("predictions.parquet")).unwrap();
+        let probs: Vec<Vec<f64>> = (0..k).map(|c| p.f64(&format!("p{c}")).unwrap().to_vec()).collect();
+        (strings(&p, "method"), strings(&p, "setting"), probs)
+    };
+    let (m1, s1, p1) = read(&outs[0]);
+    let (m2, s2, p2) = read(&outs[1]);
+    assert_eq!((&m1, &s1), (&m2, &s2));
+    let mut kxk_rows = 0;
+    for i in 0..m1.len() {
+        let err = (0..k).map(|c| (p1[c][i] - p2[c][i]).abs()).fold(0.0, f64::max);
+        if m1[i].contains("-kxk-") {
+            kxk_rows += 1;
+            assert!(err < 1e-6, "{} / {} row {i}: {err:e}", m1[i], s1[i]);
+        } else {
+            assert_eq!(err, 0.0, "{} / {} row {i}", m1[i], s1[i]);
+        }
+    }
+    assert!(kxk_rows > 0);
+    let fits = |out: &Path| -> Vec<serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("gp_fits.json")).unwrap()).unwrap();
+        v["functional_laplace"].as_array().unwrap().iter().filter(|f| f["fit"]["blocks"] == "cross-class").cloned().collect()
+    };
+    let (f1, f2) = (fits(&outs[0]), fits(&outs[1]));
+    assert_eq!(f1.len(), 4);
+    for (a, b) in f1.iter().zip(&f2) {
+        let (da, db) = (a["fit"]["delta"].as_f64().unwrap(), b["fit"]["delta"].as_f64().unwrap());
+        assert!((da - db).abs() < 1e-5 * da, "δ {da} vs {db}");
+        assert_eq!(b["fit"]["kxk"]["solver"], "cholesky");
+        assert!(b["fit"]["kxk"]["search_factorisations"].as_u64().unwrap() > 0);
+        assert_eq!(a["grid"][0], b["grid"][0], "the grid's δ");
+    }
+    let summary = std::fs::read_to_string(outs[1].join("summary.md")).unwrap();
+    assert!(summary.contains("Cross-class fits by the Cholesky route"), "summary lacks the Cholesky route's table");
+}
+
+#[test]
 fn uncertainty_section_is_validated() {
     let tmp = tempfile::tempdir().unwrap();
     let base = study_toml(Path::new("data/mnist"));
@@ -238,10 +311,8 @@ fn small_run(dir: &Path) -> Run {
     let mnist = dir.join("mnist");
     std::fs::create_dir_all(&mnist).unwrap();
     common::write_square_mnist(&mnist, 200, 20);
-    let toml = format!(
-        "[data]\nkind = \"mnist\"\npath = \"{}\"\nper_class = 4\nn_test = 12\nnormalize = false\n\n[model]\nkind = \"mlp\"\nhidden = [6]\n\n[train]\nlr = 0.5\nsteps = 6\n",
-        mnist.display()
-    );
+    let toml =
+        format!("[data]\nkind = \"mnist\"\npath = \"{}\"\nper_class = 4\nn_test = 12\nnormalize = false\n\n[model]\nkind = \"mlp\"\nhidden = [6]\n\n[train]\nlr = 0.5\nsteps = 6\n", mnist.display());
     let cfg = RunConfig::from_toml(&toml, Path::new("c.toml")).unwrap();
     train_to_dir(&cfg, &dir.join("run"), &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
     Run::open(&dir.join("run")).unwrap()
@@ -266,7 +337,8 @@ fn kernel_gp_matches_the_gp_workflow() {
     let test_pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
     let rule = Rule::Auto(1e-12);
     // On the network's outputs, as the `gp` workflow on kernel directories.
-    for (kind, spec) in [(KernelKind::Epk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::epk(rule) }), (KernelKind::Ntk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::ntk() })] {
+    for (kind, spec) in [(KernelKind::Epk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::epk(rule) }), (KernelKind::Ntk, KernelGpSpec { outputs: Outputs::Network, ..KernelGpSpec::ntk() })]
+    {
         let gp = KernelGp::fit(&run, &states, &spec, &noop).unwrap();
         let rows = kernel_gp::row_gram(&run, &states, kind, rule, Outputs::Network, &run.dataset.x_test, "test", &noop).unwrap();
         let post = gp.posterior(&rows).unwrap();

@@ -91,10 +91,26 @@ pub struct Args {
     /// Choleskys).
     #[arg(long, value_name = "N")]
     fsl_kxk_eig_max: Option<usize>,
+    /// Time a whole cross-class fit by the Cholesky route (`gp::crossclass::fit_timings`) at
+    /// these numbers of training points M (10 classes: a [10 M, 10 M] system; the full curvature,
+    /// δ by the evidence, then the predictive at --fsl-kxk-rows rows) on a random problem, one
+    /// JSON line each; the run is not used. Memory: 2.5 (10 M)² f64 (8.0 GB at M = 2 000).
+    #[arg(long, value_name = "M,..", value_delimiter = ',')]
+    fsl_kxk_fit: Vec<usize>,
+    /// With --fsl-kxk-fit: rows of the timed predictive.
+    #[arg(long, value_name = "P", default_value_t = 100)]
+    fsl_kxk_rows: usize,
 }
 
 /// Runs the subcommand.
 pub fn exec(a: Args) -> Result<()> {
+    if !a.fsl_kxk_fit.is_empty() {
+        for &m in &a.fsl_kxk_fit {
+            let r = crate::gp::crossclass::fit_timings(m, a.fsl_kxk_rows, 0)?;
+            println!("{}", serde_json::to_string(&r).expect("serialisable"));
+        }
+        return Ok(());
+    }
     if !a.fsl_kxk.is_empty() {
         for &n in &a.fsl_kxk {
             let eig = a.fsl_kxk_eig_max.is_none_or(|max| n <= max);

@@ -22,7 +22,7 @@ pub mod functional;
 pub mod lastlayer;
 pub mod regression;
 
-pub use crossclass::{CrossClassLaplace, KxkNumbers, KxkRows, KxkTrain};
+pub use crossclass::{CrossClassLaplace, KxkNumbers, KxkRows, KxkSolver, KxkTrain};
 pub use functional::{Calibration, Curvature, FslFit, FslPredictive, FslRows, FslTrain, FunctionalLaplace, KernelBlocks, Prior};
 pub use lastlayer::{LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use regression::*;

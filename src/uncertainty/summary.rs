@@ -212,7 +212,7 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
              fitted on the validation split; `-Ts`: temperature T and variance scale s fitted there together (s = 0 is temperature scaling). \
              Blocks `class-diagonal`: one GP per class on `K^{{cc}}` (`diag` curvature λ = p(1 − p): laplace-torch's `independent_outputs=True`; \
              `full`: the full per-point Λ_i = diag(p_i) − p_i p_iᵀ with the class-diagonal kernel, a hybrid that is neither laplace-torch's nor the GGN's). \
-             Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass.rs`): the whole [M·K, M·K] kernel with its cross-class blocks \
+             Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass/`): the whole [M·K, M·K] kernel with its cross-class blocks \
              (`diag` λ: laplace-torch's `independent_outputs=False`; `full` Λ_i: the GGN-exact posterior); for these the kernel eigenvalues are of the \
              whole kernel and the `S K S` column holds those of `G = Fᵀ K F`.\n"
         );
@@ -220,7 +220,7 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
         let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &r.fsl {
             let (kmin, smin) = match &f.fit.kxk {
-                Some(x) => (x.k_eig[0] / x.k_eig[1], x.g_min_eig),
+                Some(x) => (x.k_eig.map_or(f64::NAN, |e| e[0] / e[1]), x.g_min_eig.unwrap_or(f64::NAN)),
                 None => (
                     f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min),
                     f.fit.classes.iter().map(|c| c.sks_min_eig).fold(f64::INFINITY, f64::min),
@@ -255,25 +255,63 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
 /// The cross-class fits' factorisations: sizes, wall times and the two routes' agreement.
 fn summary_kxk(s: &mut String, r: &UqStudyReport) {
     let kxk: Vec<_> = r.fsl.iter().filter_map(|f| f.fit.kxk.as_ref().map(|x| (f, x))).collect();
-    if kxk.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        s,
-        "Cross-class fits: the [M·K, M·K] system. `G = Fᵀ K F` is eigendecomposed once (every δ: the evidence, the grid); the Cholesky of `I + G/δ` at the \
-         evidence's δ is the one-δ alternative (laplace-torch factors `K/δ + diag(1/λ)`, the same size), timed on the same matrix, its log-determinant \
-         against the eigenvalues'. Wall seconds on the study's machine (its load in `timings.md`).\n"
-    );
-    let _ = writeln!(*s, "| kernel | curvature | M·K | eig K (s) | form G (s) | eig G (s) | Cholesky I + G/δ (s) | log det: Cholesky vs eig (rel.) | λ exactly 0 | K eigenvalues left out of rᵀK⁺r |");
-    let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|");
-    for (f, x) in kxk {
+    let eig: Vec<_> = kxk.iter().filter(|(_, x)| x.solver == crate::gp::KxkSolver::Eigen).collect();
+    let chol: Vec<_> = kxk.iter().filter(|(_, x)| x.solver == crate::gp::KxkSolver::Cholesky).collect();
+    if !eig.is_empty() {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1e} | {} | {} |",
-            f.kernel, f.fit.curvature, x.n, x.seconds.eig_k, x.seconds.form_g, x.seconds.eig_g, x.seconds.cholesky, x.logdet_rel_diff, x.lambda_zero, x.pinv_dropped
+            "Cross-class fits: the [M·K, M·K] system. `G = Fᵀ K F` is eigendecomposed once (every δ: the evidence, the grid); the Cholesky of `I + G/δ` at the \
+             evidence's δ is the one-δ alternative (laplace-torch factors `K/δ + diag(1/λ)`, the same size), timed on the same matrix, its log-determinant \
+             against the eigenvalues'. Wall seconds on the study's machine (its load in `timings.md`).\n"
         );
+        let _ =
+            writeln!(*s, "| kernel | curvature | M·K | eig K (s) | form G (s) | eig G (s) | Cholesky I + G/δ (s) | log det: Cholesky vs eig (rel.) | λ exactly 0 | K eigenvalues left out of rᵀK⁺r |");
+        let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|");
+        for (f, x) in eig {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1e} | {} | {} |",
+                f.kernel,
+                f.fit.curvature,
+                x.n,
+                x.seconds.eig_k,
+                x.seconds.form_g,
+                x.seconds.eig_g,
+                x.seconds.cholesky,
+                x.logdet_rel_diff.unwrap_or(f64::NAN),
+                x.lambda_zero,
+                x.pinv_dropped.map_or("—".into(), |d| d.to_string())
+            );
+        }
+        let _ = writeln!(*s);
     }
-    let _ = writeln!(*s);
+    if !chol.is_empty() {
+        let _ = writeln!(
+            s,
+            "Cross-class fits by the Cholesky route (`fsl_kxk_solver = \"cholesky\"`, `src/gp/crossclass/cholesky.rs`): no eigendecomposition; `rᵀK⁺r` by a \
+             Cholesky of K (of K + τI where K does not factor), δ by Brent's search on the evidence with one Cholesky of `δI + G` per step, the validation \
+             grid coarse to fine with one per value visited. Wall seconds on the study's machine (its load in `timings.md`).\n"
+        );
+        let _ = writeln!(*s, "| kernel | curvature | M·K | Cholesky K (s) | τ | form G (s) | δ search (s) | factorisations | per factorisation (s) | λ exactly 0 |");
+        let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|");
+        for (f, x) in chol {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} | {:.1e} | {:.1} | {:.1} | {} | {:.1} | {} |",
+                f.kernel,
+                f.fit.curvature,
+                x.n,
+                x.seconds.eig_k,
+                x.scatter_jitter.unwrap_or(0.0),
+                x.seconds.form_g,
+                x.seconds.eig_g,
+                x.search_factorisations.unwrap_or(0),
+                x.seconds.cholesky,
+                x.lambda_zero
+            );
+        }
+        let _ = writeln!(*s);
+    }
 }
 
 /// The exactness of every Gram used.

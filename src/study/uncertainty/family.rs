@@ -215,8 +215,10 @@ impl FslFitted {
 }
 
 /// The timing stage of a function-space Laplace fit (`kxk`: on the cross-class kernel).
-fn fsl_fit_stage(kernel: &str, c: Curvature, kxk: bool) -> String {
-    if kxk {
+fn fsl_fit_stage(kernel: &str, c: Curvature, kxk: bool, solver: crate::gp::KxkSolver) -> String {
+    if kxk && solver == crate::gp::KxkSolver::Cholesky {
+        format!("fsl-{kernel}-kxk-{c}: fit (Cholesky of K, G = FᵀKF, δ by Brent's search on the evidence: one Cholesky of δI + G per step)")
+    } else if kxk {
         format!("fsl-{kernel}-kxk-{c}: fit (eigendecompositions of K and G = FᵀKF, δ by the evidence, Cholesky of I + G/δ)")
     } else {
         format!("fsl-{kernel}-{c}: fit (eigendecompositions, δ by the evidence)")
@@ -279,7 +281,8 @@ impl Stages {
         let layout = if fam.fsl_kxk.is_empty() { String::new() } else { "|layout:full".into() };
         let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &format!("{}{layout}", g.key())])).collect();
         let netmean = fam.netmean.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
-        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}"))).collect::<Vec<_>>().join(",");
+        let route = if fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky { "-cholesky" } else { "" };
+        let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}{route}"))).collect::<Vec<_>>().join(",");
         let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
         let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
         let mut s = Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, grams_key: Key::of(&[]), grams_stage: String::new(), n: run.dataset.n_train() };
@@ -343,7 +346,7 @@ fn reuse_fits(clock: &mut Clock, fam: &KernelFamily, st: &Stages) -> Option<Fits
     }
     // The function-space Laplace stages, in the order they ran (their timings stay in the report).
     for (c, kxk) in fsl_fits_of(fam) {
-        let stage = fsl_fit_stage(&fam.label(), c, kxk);
+        let stage = fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver);
         if clock.has(&stage, &st.fam_key) {
             clock.reuse(&stage, &st.fam_key);
         }
@@ -400,11 +403,11 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
         let labels = labels(&run.dataset.y_train)?.to_vec();
         for (c, kxk) in fsl_fits_of(fam) {
             let name = if kxk { Method::FslKxk(fam.kernel, c, FslVariant::Probit) } else { Method::Fsl(fam.kernel, c, FslVariant::Probit) }.to_string();
-            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c, kxk), &name, &st.fam_key, || {
+            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver), &name, &st.fam_key, || {
                 if kxk {
                     let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
                     let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
-                    crate::gp::CrossClassLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Kxk)
+                    crate::gp::CrossClassLaplace::fit_with(&train, c, crate::gp::Prior::Evidence, fam.fsl_kxk_solver).map(FslModel::Kxk)
                 } else {
                     let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
                     crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Diag)

@@ -92,6 +92,12 @@ pub struct UqStudySpec {
     /// The kernels of `kernel_gps` that get the `fsl_kxk` methods (default: every one).
     #[serde(default, with = "text::opt_list")]
     pub fsl_kxk_kernels: Option<Vec<GpKernel>>,
+    /// How the cross-class fits factor their `[M·K, M·K]` system ([`crate::gp::KxkSolver`]):
+    /// `eigen` (the default: one eigendecomposition serves every δ of the evidence and of the
+    /// 100-value grid) or `cholesky` (one Cholesky per δ tried: Brent's search on the evidence,
+    /// the grid coarse to fine — the route for large systems).
+    #[serde(default)]
+    pub fsl_kxk_solver: crate::gp::KxkSolver,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
     #[serde(default)]
     pub benchmark: BenchmarkConfig,
@@ -111,6 +117,7 @@ impl Default for UqStudySpec {
             fsl: Vec::new(),
             fsl_kxk: Vec::new(),
             fsl_kxk_kernels: None,
+            fsl_kxk_solver: crate::gp::KxkSolver::Eigen,
             benchmark: BenchmarkConfig::default(),
         }
     }
@@ -185,7 +192,7 @@ impl UqStudySpec {
                 }
                 let netmean = if netmean { vec![(Method::GpNetMean(kernel), Method::Gp(kernel))] } else { Vec::new() };
                 let kxk = self.fsl_kxk_kernels.as_ref().is_none_or(|ks| ks.contains(&kernel));
-                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone(), fsl_kxk: if kxk { self.fsl_kxk.clone() } else { Vec::new() } }
+                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone(), fsl_kxk: if kxk { self.fsl_kxk.clone() } else { Vec::new() }, fsl_kxk_solver: self.fsl_kxk_solver }
             })
             .collect()
     }
@@ -206,6 +213,8 @@ pub(super) struct KernelFamily {
     /// Cross-class function-space Laplace curvatures on this kernel (its Grams in the full
     /// layout when not empty).
     pub fsl_kxk: Vec<Curvature>,
+    /// How the cross-class fits factor their system.
+    pub fsl_kxk_solver: crate::gp::KxkSolver,
 }
 
 impl KernelFamily {
