@@ -159,7 +159,7 @@ pub struct FslFit {
     pub blocks: KernelBlocks,
     /// The cross-class fit's numbers ([`super::crossclass`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kxk: Option<super::crossclass::KxkNumbers>,
+    pub kxk: Option<super::kxk::KxkNumbers>,
 }
 
 /// Which blocks of the kernel the GP prior on the logits keeps.

@@ -19,10 +19,12 @@
 
 pub mod crossclass;
 pub mod functional;
+pub mod kxk;
 pub mod lastlayer;
 pub mod regression;
 
-pub use crossclass::{CrossClassLaplace, KxkNumbers, KxkRows, KxkSolver, KxkTrain};
+pub use crossclass::{CrossClassLaplace, KxkRows, KxkTrain};
+pub use kxk::{KxkNumbers, KxkSeconds, KxkSolver};
 pub use functional::{Calibration, Curvature, FslFit, FslPredictive, FslRows, FslTrain, FunctionalLaplace, KernelBlocks, Prior};
 pub use lastlayer::{LaplaceParams, LastLayerLaplace, LogitPosterior};
 pub use regression::*;

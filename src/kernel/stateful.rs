@@ -950,23 +950,7 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             }
         }
         if frozen.is_none() {
-            let mut kr = GramSink::new(layout, p, m, k);
-            match split.as_mut() {
-                // Each layer into its own Gram; the step's is their sum.
-                Some(sp) => {
-                    for (l, range) in sp.ranges.iter().enumerate() {
-                        let mut kl = GramSink::new(layout, p, m, k);
-                        ts.contract_layer(e, w, l, range, &mut kl, &mut scratch);
-                        kl.scale(c / lrs[r]);
-                        kr.add(&kl);
-                        sp.grams[l].add(&kl);
-                    }
-                }
-                None => {
-                    ts.contract(e, w, &mut kr, &mut scratch, l0);
-                    kr.scale(c / lrs[r]);
-                }
-            }
+            let kr = step_gram(ts, e, c / lrs[r], w, (layout, p, m, k), split.as_mut(), &mut scratch, l0);
             gram.add(&kr);
             if s.req.per_step {
                 per_step.push(kr.finish());
@@ -976,24 +960,37 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     machine.iter_mut().zip(&reg).zip(&rounding).for_each(|((x, y), z)| *x += y + z);
     records.reverse();
     per_step.reverse();
-    let gram = match (&frozen, split.as_mut()) {
-        (Some((ts0, rg0)), Some(sp)) => {
-            let mut g0 = GramSink::new(layout, p, m, k);
-            for (l, range) in sp.ranges.iter().enumerate() {
-                ts0.contract_layer(&rg0.jbar, w, l, range, &mut sp.grams[l], &mut scratch);
-                g0.add(&sp.grams[l]);
-            }
-            g0.finish()
-        }
-        (Some((ts0, rg0)), None) => {
-            let mut g0 = GramSink::new(layout, p, m, k);
-            ts0.contract(&rg0.jbar, w, &mut g0, &mut scratch, l0);
-            g0.finish()
-        }
-        (None, _) => gram.finish(),
+    let gram = match &frozen {
+        // The NTK: its one Gram, of the frozen features (into the layers' Grams, which are empty).
+        Some((ts0, rg0)) => step_gram(ts0, &rg0.jbar, 1.0, w, (layout, p, m, k), split.as_mut(), &mut scratch, l0).finish(),
+        None => gram.finish(),
     };
     let layers = split.map(|sp| (sp.grams.into_iter().map(GramSink::finish).collect(), sp.change));
     Ok(Backward { gram, per_step, machine, reg, rounding, records, layers })
+}
+
+/// One step's Gram `c·⟨F, ∇f(x_i)⟩` (`F` the row feature `[P·K, W]`) against the training side
+/// `ts`; with the per-layer decomposition each layer's part is contracted alone and added to its
+/// Gram in `split`, and the step's Gram is their sum.
+#[allow(clippy::too_many_arguments)]
+fn step_gram(ts: &TrainSide, f: &Feature, c: f64, w: usize, (layout, p, m, k): (Layout, usize, usize, usize), split: Option<&mut Split>, scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) -> GramSink {
+    let mut kr = GramSink::new(layout, p, m, k);
+    match split {
+        Some(sp) => {
+            for (l, range) in sp.ranges.iter().enumerate() {
+                let mut kl = GramSink::new(layout, p, m, k);
+                ts.contract_layer(f, w, l, range, &mut kl, scratch);
+                kl.scale(c);
+                kr.add(&kl);
+                sp.grams[l].add(&kl);
+            }
+        }
+        None => {
+            ts.contract(f, w, &mut kr, scratch, l0);
+            kr.scale(c);
+        }
+    }
+    kr
 }
 
 /// Step r's record: the linearisation `J̄_r·Δw_r` against the actual change of the row points'

@@ -13,7 +13,7 @@
 //!   laplace-torch's `FunctionalLaplace._build_L` keeps only the diagonal of the per-point
 //!   softmax Hessian, `λ_ic = p_ic − p_ic²`, and `_build_Sigma_inv` factors `K/δ + diag(1/λ)`
 //!   with `1/λ = ∞` (`λ` exactly 0 in float64) replaced by 10 (`torch.nan_to_num(…, posinf=10)`),
-//!   so here `F = diag(√λ)` with such a `λ` taken as 0.1 (counted in [`KxkNumbers::lambda_zero`];
+//!   so here `F = diag(√λ)` with such a `λ` taken as 0.1 (counted in [`super::KxkNumbers::lambda_zero`];
 //!   its `log_det_ratio` takes them as 0, so the evidences differ by design where any exist).
 //! - [`Curvature::Full`] — the **GGN-exact** posterior: `Λ_i = diag(p_i) − p_i p_iᵀ` per point
 //!   (rank K − 1), `F_i = diag(√p_i) − p_i √p_iᵀ` (`F_i F_iᵀ = Λ_i`).
@@ -24,7 +24,7 @@
 //! and a validation grid cost no refactorisation. The fit also factors `I + G/δ` by Cholesky at
 //! the chosen δ (the one-δ alternative; laplace-torch's `K/δ + diag(1/λ)` is the same size and
 //! exists only for the diagonal curvature) and reports both wall times and their
-//! log-determinants' difference ([`KxkNumbers`]). The Cholesky route (`cholesky.rs`) never
+//! log-determinants' difference ([`super::KxkNumbers`]). The Cholesky route (`cholesky.rs`) never
 //! eigendecomposes: one Cholesky of `δ I + G` per δ tried (Brent's search on the evidence, a
 //! coarse-to-fine validation grid), `rᵀK⁺r` by a Cholesky of `K` — the route for large systems,
 //! where an eigendecomposition costs tens of Choleskys.
@@ -49,6 +49,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::functional::{evidence_argmax, Curvature, FslFit, FslPredictive, KernelBlocks, Prior, PINV_REL};
+use super::kxk::{KxkNumbers, KxkSeconds, KxkSolver};
 use super::lastlayer::LogitPosterior;
 use crate::error::{Error, Result};
 use cholesky::CholFactor;
@@ -92,80 +93,49 @@ pub struct KxkRows<'a> {
     pub p: usize,
 }
 
-/// The numbers of a cross-class fit (in [`FslFit::kxk`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KxkNumbers {
-    /// Size of the system, M·K.
-    pub n: usize,
-    /// The factorisation route (absent in a file: the eigen route).
-    #[serde(default, skip_serializing_if = "KxkSolver::is_eigen")]
-    pub solver: KxkSolver,
-    /// Smallest and largest eigenvalue of the `[M K, M K]` kernel (eigen route).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub k_eig: Option<[f64; 2]>,
-    /// Its eigenvalues left out of `rᵀ K⁺ r` (below `1e-12 ·` the largest; eigen route).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pinv_dropped: Option<usize>,
-    /// `rᵀ K⁺ r`.
-    pub rkr: f64,
-    /// Cholesky route: the `τ` of `rᵀ (K + τ I)⁻¹ r` (0 where `K` itself factored).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scatter_jitter: Option<f64>,
-    /// Smallest eigenvalue of `G = Fᵀ K F` before clamping at 0 (eigen route).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub g_min_eig: Option<f64>,
-    /// Diagonal curvature: `λ_ic` exactly 0, taken as 1/10 (laplace-torch's convention).
-    pub lambda_zero: usize,
-    /// Wall seconds of the pieces (per route).
-    pub seconds: KxkSeconds,
-    /// `|log det(I + G/δ)|` by the Cholesky minus by the eigenvalues, relative (eigen route).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logdet_rel_diff: Option<f64>,
-    /// Cholesky route: the factorisations the evidence's δ search took.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub search_factorisations: Option<usize>,
-}
-
-/// How a cross-class fit factors its `[M K, M K]` system (module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KxkSolver {
-    /// One eigendecomposition of `G` (and one of `K`) serves every δ; `O(n³)` with about ten
-    /// times a Cholesky's constant.
-    #[default]
-    Eigen,
-    /// One Cholesky of `δ I + G` per δ tried (`cholesky.rs`).
-    Cholesky,
-}
-
-impl KxkSolver {
-    fn is_eigen(&self) -> bool {
-        *self == KxkSolver::Eigen
+/// Checks a cross-class fit's inputs: shapes, at least two classes, finite values, labels in
+/// range, a valid fixed δ, and a symmetric train Gram.
+fn check_train(train: &KxkTrain<'_>, prior: Prior) -> Result<()> {
+    let (m, k) = (train.m, train.k);
+    let n = m * k;
+    if train.k_train.len() != n * n || train.logits.len() != n || train.bias.len() != n || train.labels.len() != m {
+        return Err(Error::ShapeMismatch {
+            what: "cross-class function-space Laplace train side: k_train [M, M, K, K], logits and bias [M, K], labels [M]".into(),
+            expected: vec![n * n, n, n, m],
+            got: vec![train.k_train.len(), train.logits.len(), train.bias.len(), train.labels.len()],
+        });
     }
-}
-
-impl std::fmt::Display for KxkSolver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KxkSolver::Eigen => "eigen",
-            KxkSolver::Cholesky => "cholesky",
+    if m == 0 || k < 2 {
+        return Err(Error::Config("function-space Laplace needs training points and at least two classes".into()));
+    }
+    if let Some(i) = train.k_train.iter().chain(train.logits).chain(train.bias).position(|v| !v.is_finite()) {
+        return Err(Error::Data(format!("cross-class function-space Laplace: non-finite input at flat index {i} (k_train, logits, bias)")));
+    }
+    if let Some(&y) = train.labels.iter().find(|&&y| y >= k) {
+        return Err(Error::Data(format!("cross-class function-space Laplace: label {y} is not one of {k} classes")));
+    }
+    if let Prior::Fixed(d) = prior {
+        if !(d > 0.0 && d.is_finite()) {
+            return Err(Error::Config(format!("prior precision δ = {d}: must be positive and finite")));
+        }
+    }
+    // The system's matrix, index i K + c: K[(i,c),(j,c')] = G[i, j, c, c'].
+    let idx = |r: usize, s: usize| ((r / k * m + s / k) * k + r % k) * k + s % k;
+    let scale = train.k_train.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+    let asym = (0..n).into_par_iter().find_map_first(|r| {
+        (r + 1..n).find_map(|s| {
+            let d = (train.k_train[idx(r, s)] - train.k_train[idx(s, r)]).abs();
+            (d > 1e-9 * scale.max(f64::MIN_POSITIVE)).then_some((r, s, d))
         })
+    });
+    if let Some((r, s, d)) = asym {
+        return Err(Error::Numerical(format!(
+            "cross-class function-space Laplace: the train Gram is not symmetric ((point, class) {:?} against {:?}: {d:e} of {scale:e})",
+            (r / k, r % k),
+            (s / k, s % k)
+        )));
     }
-}
-
-/// Wall seconds of a cross-class fit's factorisations.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KxkSeconds {
-    /// Eigendecomposition of K (for `rᵀ K⁺ r`; eigen route) or its Cholesky (Cholesky route).
-    pub eig_k: f64,
-    /// Forming `G = Fᵀ K F`.
-    pub form_g: f64,
-    /// Eigendecomposition of G (serves every δ; eigen route) or the whole δ search (Cholesky
-    /// route: every factorisation it took).
-    pub eig_g: f64,
-    /// Cholesky of `I + G/δ` at one δ (eigen route: timed beside; Cholesky route: the mean of
-    /// the search's factorisations, each with the filling of `δ I + G`).
-    pub cholesky: f64,
+    Ok(())
 }
 
 /// A fitted cross-class function-space Laplace approximation (module docs).
@@ -278,43 +248,8 @@ impl CrossClassLaplace {
     pub fn fit_with(train: &KxkTrain<'_>, curvature: Curvature, prior: Prior, solver: KxkSolver) -> Result<Self> {
         let (m, k) = (train.m, train.k);
         let n = m * k;
-        if train.k_train.len() != n * n || train.logits.len() != n || train.bias.len() != n || train.labels.len() != m {
-            return Err(Error::ShapeMismatch {
-                what: "cross-class function-space Laplace train side: k_train [M, M, K, K], logits and bias [M, K], labels [M]".into(),
-                expected: vec![n * n, n, n, m],
-                got: vec![train.k_train.len(), train.logits.len(), train.bias.len(), train.labels.len()],
-            });
-        }
-        if m == 0 || k < 2 {
-            return Err(Error::Config("function-space Laplace needs training points and at least two classes".into()));
-        }
-        if let Some(i) = train.k_train.iter().chain(train.logits).chain(train.bias).position(|v| !v.is_finite()) {
-            return Err(Error::Data(format!("cross-class function-space Laplace: non-finite input at flat index {i} (k_train, logits, bias)")));
-        }
-        if let Some(&y) = train.labels.iter().find(|&&y| y >= k) {
-            return Err(Error::Data(format!("cross-class function-space Laplace: label {y} is not one of {k} classes")));
-        }
-        if let Prior::Fixed(d) = prior {
-            if !(d > 0.0 && d.is_finite()) {
-                return Err(Error::Config(format!("prior precision δ = {d}: must be positive and finite")));
-            }
-        }
-        // The system's matrix, index i K + c: K[(i,c),(j,c')] = G[i, j, c, c'].
+        check_train(train, prior)?;
         let idx = |r: usize, s: usize| ((r / k * m + s / k) * k + r % k) * k + s % k;
-        let scale = train.k_train.iter().fold(0.0f64, |a, v| a.max(v.abs()));
-        let asym = (0..n).into_par_iter().find_map_first(|r| {
-            (r + 1..n).find_map(|s| {
-                let d = (train.k_train[idx(r, s)] - train.k_train[idx(s, r)]).abs();
-                (d > 1e-9 * scale.max(f64::MIN_POSITIVE)).then_some((r, s, d))
-            })
-        });
-        if let Some((r, s, d)) = asym {
-            return Err(Error::Numerical(format!(
-                "cross-class function-space Laplace: the train Gram is not symmetric ((point, class) {:?} against {:?}: {d:e} of {scale:e})",
-                (r / k, r % k),
-                (s / k, s % k)
-            )));
-        }
         let probs = crate::uncertainty::metrics::softmax_rows(train.logits, k)?;
         let loglik = super::functional::log_likelihood(train.logits, train.labels, k);
         let r: Vec<f64> = train.logits.iter().zip(train.bias).map(|(a, b)| a - b).collect();
