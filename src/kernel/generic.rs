@@ -93,35 +93,8 @@ pub(crate) fn step_into(
     a: &[f64],
     colw: Option<&[f64]>,
 ) -> Result<Vec<f64>> {
-    let d = arch.input_dim();
-    let (p, m, k, w) = (
-        rows.len() / d,
-        x_train.len() / d,
-        arch.outputs(),
-        ws.numel(),
-    );
-    let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag)?;
-    // The prediction: J̄·v with v = Σ_i Σ_k' a[i,k'] ∇f^{k'}(x_i) = Jᵀa.
-    let mut v = vec![0.0; w];
-    gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
-    let mut pred = vec![0.0; p * k];
-    gemm_abt(&mut pred, &jbar, &v, p * k, 1, w, 1.0, false);
-    if let Some(cw) = colw {
-        jt.chunks_mut(w)
-            .zip(cw)
-            .for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
-    }
-    add_dense(
-        sink.layout(),
-        sink.rows_mut(0..p),
-        &jbar,
-        &jt,
-        p,
-        m,
-        k,
-        w,
-        1.0,
-    );
+    let w = ws.numel();
+    let (pred, _) = step_into_layers(arch, ws, next, init, rows, nodes, x_train, &[0..w], std::slice::from_mut(sink), diag, a, colw)?;
     Ok(pred)
 }
 
@@ -181,12 +154,7 @@ pub(crate) fn step_into_layers(
     colw: Option<&[f64]>,
 ) -> Result<(Vec<f64>, Vec<Vec<f64>>)> {
     let d = arch.input_dim();
-    let (p, m, k, w) = (
-        rows.len() / d,
-        x_train.len() / d,
-        arch.outputs(),
-        ws.numel(),
-    );
+    let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
     let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag)?;
     let mut v = vec![0.0; w];
     gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
@@ -201,24 +169,16 @@ pub(crate) fn step_into_layers(
         gemm_abt(&mut pl, &jb, &v[r.clone()], p * k, 1, dim, 1.0, false);
         pred.iter_mut().zip(&pl).for_each(|(x, y)| *x += y);
         layer_pred.push(pl);
-        add_dense(
-            sink.layout(),
-            sink.rows_mut(0..p),
-            &jb,
-            &jl,
-            p,
-            m,
-            k,
-            dim,
-            1.0,
-        );
+        add_dense(sink.layout(), sink.rows_mut(0..p), &jb, &jl, p, m, k, dim, 1.0);
     }
     Ok((pred, layer_pred))
 }
 
-/// The columns `r` of a row-major `[rows, w]` array, `[rows, r.len()]`.
-fn columns(a: &[f64], w: usize, r: &Range<usize>) -> Vec<f64> {
-    a.chunks_exact(w)
-        .flat_map(|row| row[r.clone()].iter().copied())
-        .collect()
+/// The columns `r` of a row-major `[rows, w]` array, `[rows, r.len()]` (borrowed when `r` is
+/// every column).
+fn columns<'a>(a: &'a [f64], w: usize, r: &Range<usize>) -> std::borrow::Cow<'a, [f64]> {
+    if *r == (0..w) {
+        return std::borrow::Cow::Borrowed(a);
+    }
+    std::borrow::Cow::Owned(a.chunks_exact(w).flat_map(|row| row[r.clone()].iter().copied()).collect())
 }
