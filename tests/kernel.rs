@@ -274,24 +274,24 @@ fn row_blocked_kernels_equal_unblocked() {
     let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
     let p = pts.len();
     let m = run.dataset.n_train();
-    let full = kernel::blocked::plan(&run.manifest, p, m, &req, u64::MAX).unwrap();
+    let full = kernel::engine::blocked::plan(&run.manifest, p, m, &req, u64::MAX).unwrap();
     assert_eq!(full.blocks, 1);
     // The smallest budget (within 2 %) that the planner accepts: it must block.
     let mut tight = full.estimated_peak();
-    while kernel::blocked::plan(&run.manifest, p, m, &req, tight * 49 / 50).is_ok() {
+    while kernel::engine::blocked::plan(&run.manifest, p, m, &req, tight * 49 / 50).is_ok() {
         tight = tight * 49 / 50;
     }
     let (out, plan) = compute_blocked(&run, &states, &pts, &req, tight);
     assert!(plan.blocks > 1 && plan.estimated_peak() <= tight, "{plan:?} for {tight}");
     let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
     assert!(max_abs_diff(&out.gram, &whole.gram) <= 1e-12 * max_abs(&whole.gram));
-    let err = kernel::blocked::plan(&run.manifest, p, m, &req, full.output_bytes).unwrap_err();
+    let err = kernel::engine::blocked::plan(&run.manifest, p, m, &req, full.output_bytes).unwrap_err();
     assert!(matches!(err, pathkernel::Error::OutOfMemoryBudget { .. }), "{err}");
 }
 
 /// The kernel within a memory budget: the planner's row blocks through the one entry.
-fn compute_blocked(run: &Run, states: &[Params], pts: &Points, req: &Request, budget: u64) -> (KernelOutput, kernel::blocked::BlockPlan) {
-    let plan = kernel::blocked::plan(&run.manifest, pts.len(), run.dataset.n_train(), req, budget).unwrap();
+fn compute_blocked(run: &Run, states: &[Params], pts: &Points, req: &Request, budget: u64) -> (KernelOutput, kernel::engine::blocked::BlockPlan) {
+    let plan = kernel::engine::blocked::plan(&run.manifest, pts.len(), run.dataset.n_train(), req, budget).unwrap();
     let out = kernel::compute(run, states, pts, &req.clone().block_rows(Some(plan.block_rows)), &|_, _| {}).unwrap();
     (out, plan)
 }

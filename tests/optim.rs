@@ -152,7 +152,7 @@ fn check_run(name: &str, run: &Run, form: KernelForm) {
     let rounding = max_abs(out.rounding.as_ref().unwrap());
     eprintln!("{name}: machine error {:e}, decomposition residual {resid:e}, rounding term {rounding:e}", out.max_abs_error());
     // Adam's replay can only be as exact as its 1/eps amplification of gradient rounding allows
-    // (module docs of kernel::stateful); a wrong preconditioner or buffer would be off by O(1).
+    // (module docs of kernel::engine::stateful); a wrong preconditioner or buffer would be off by O(1).
     let tol = if form == KernelForm::Preconditioned { 1e-9 } else { 1e-12 };
     assert!(resid <= tol, "{name}: residual {resid:e}");
     assert!(rounding <= tol, "{name}: rounding term {rounding:e}");

@@ -285,7 +285,7 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
 
 #[test]
 fn momentum_and_adamw_shares_sum_to_the_machine() {
-    // The backward recursion (kernel::stateful) splits its Gram and every step's terms (data,
+    // The backward recursion (kernel::engine::stateful) splits its Gram and every step's terms (data,
     // weight decay, rounding) by layer: on the stack path and on dense Jacobians alike.
     let dir = tempfile::tempdir().unwrap();
     for (name, model, train) in [

@@ -108,7 +108,7 @@ fn stack_with_adam_and_momentum_is_exact() {
 
 #[test]
 fn stack_stateful_structured_path_equals_dense_jacobians() {
-    // Momentum and AdamW walk the path backwards (kernel::stateful): the stack's per-layer
+    // Momentum and AdamW walk the path backwards (kernel::engine::stateful): the stack's per-layer
     // factors on the training side and at the rows' nodes against dense dfdx Jacobians.
     let dir = tempfile::tempdir().unwrap();
     for (name, layers, train) in [

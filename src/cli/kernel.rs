@@ -131,7 +131,7 @@ pub fn exec(a: Args) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let plan = kernel::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
+    let plan = kernel::engine::blocked::plan(&run.manifest, points.len(), run.dataset.n_train(), &req, budget)?;
     let out = kernel::compute(&run, &states, &points, &req.block_rows(Some(plan.block_rows)), &progress)?;
     bar.finish_and_clear();
     kernel::output::write(staged.path(), &out, &points, spec, &run.manifest.run_id)?;

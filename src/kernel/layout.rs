@@ -344,7 +344,7 @@ impl TrainDeltas {
     }
 
     /// [`TrainDeltas::new`] for an output layer whose training sensitivities are
-    /// `δ_i[c, o] = α(δ_co − q_{io})` (every MLP and CNN of [`super::eval`]: log-softmax or
+    /// `δ_i[c, o] = α(δ_co − q_{io})` (every MLP and CNN of [`super::mlp::step`]: log-softmax or
     /// identity output scaled by α), weighted per (i, c) by `colw`. `diag` and `trace` then keep
     /// `q_{io} = −δ_i[(o+1) mod K, o]/α` and the weights instead of the K² sensitivities, and
     /// [`add_output_layer`] contracts them in O(K) passes per row point instead of O(K²).

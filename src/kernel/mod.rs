@@ -17,36 +17,32 @@
 //! `f(x) = b + Σ_s Σ_i Σ_{k'} a_{i,s}^{k'} K_s(x, x_i)[k, k']`; with cross-entropy on log-softmax
 //! outputs and a constant learning rate `a_{i,s}` does not depend on s and the single machine
 //! `b + Σ_i a_i·G` with `G = Σ_s K_s` (Theorem 3.7) is exact as well.
+//!
+//! Where things are: what a computation is asked and what it returns ([`Request`], [`Rows`],
+//! `types`, [`layout`], the Gram file in [`output`]); the [`engine`] that runs it (one entry,
+//! the checks, the plain driver, the optimizer-replaying recursion, row and column blocks); the
+//! [`quadrature`] over a step (fixed rules and the adaptive kink-aware rule); the networks' own
+//! step models, each in its structured factors: `stack` (any layer stack, one file per layer
+//! kind under [`crate::model::layers`]), [`mlp`] and [`cnn`] (the two presets' fast paths); the
+//! [`generic`] autodiff path every fast path is tested against; and the contraction [`backend`]s.
 
 pub mod backend;
-pub mod blocked;
-pub mod columns;
-pub mod convgram;
-mod convpieces;
-mod convstep;
-mod driver;
-mod entry;
-pub(crate) mod eval;
+pub mod cnn;
+pub mod engine;
 pub mod generic;
-pub mod gram;
 pub mod layout;
-mod mlppieces;
-mod models;
-mod nodes;
-mod piece;
+pub mod mlp;
 pub mod output;
-mod prepare;
 pub mod quadrature;
 mod request;
 mod rows;
 pub(crate) mod stack;
-pub(crate) mod stateful;
 mod types;
 
 pub use backend::Device;
-pub use entry::compute;
+pub use engine::entry::compute;
 pub use layout::Layout;
-pub use prepare::loss_gradient;
+pub use engine::prepare::loss_gradient;
 pub use quadrature::Rule;
 pub use request::{GramPath, Request};
 pub use rows::Rows;

@@ -9,7 +9,7 @@ use super::types::{KernelKind, Outputs, Side};
 /// Which Gram path a CNN takes (MLPs always take the structured one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GramPath {
-    /// The structured path ([`super::convgram`] for CNNs); any quadrature rule.
+    /// The structured path ([`super::cnn::gram`] for CNNs); any quadrature rule.
     Fast,
     /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
     Generic,
@@ -50,13 +50,13 @@ pub struct Request {
     /// so work and memory scale with `hi − lo` (the loss gradients `∂L/∂f` of a step, `[M, K]`,
     /// and for momentum/Adam the optimizer replay, which needs the full data gradient, still see
     /// all M). A proper range gives one column block's share ([`super::ColumnShare`]), assembled
-    /// with the others by [`super::columns::assemble`]; `(0, M)` is the same as `None`.
+    /// with the others by [`super::engine::columns::assemble`]; `(0, M)` is the same as `None`.
     pub columns: Option<(usize, usize)>,
     /// Which outputs the kernel is on: the network's own (log-softmax for a classifier) or its
     /// logits ([`Outputs`]).
     pub outputs: Outputs,
     /// Row points per block (`None`: all rows at once). Rows are independent, so the blocks'
-    /// outputs are concatenated (`super::blocked::in_blocks`); [`super::blocked::plan`] picks a
+    /// outputs are concatenated (`super::engine::blocked::in_blocks`); [`super::engine::blocked::plan`] picks a
     /// size that fits a memory budget.
     pub block_rows: Option<usize>,
     /// Also return each parameter layer's share of the Gram and of the machine's change per

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::gram::Contraction;
+use super::mlp::gram::Contraction;
 use super::layout::Layout;
 use super::quadrature::Rule;
 use crate::error::{Error, Result};
@@ -257,7 +257,7 @@ pub struct KernelOutput {
     pub rounding: Option<Vec<f64>>,
     /// Set when the Gram's columns are a proper range of the training points
     /// ([`super::Request::columns`]): the output is then one column block's share, assembled
-    /// with the others by [`super::columns::assemble`].
+    /// with the others by [`super::engine::columns::assemble`].
     pub columns: Option<ColumnShare>,
     /// Each parameter layer's share ([`super::Request::per_layer`]).
     pub layers: Option<LayerShares>,

@@ -82,7 +82,7 @@ pub fn run_tile(out: &Path, index: usize, progress: &dyn Fn(usize, usize)) -> Re
     let columns = (plan.col_blocks > 1).then_some((entry.cols[0], entry.cols[1]));
     let req = plan.request.kernel_request(if split { Some(entry.steps) } else { None })?.memory_budget(plan.memory_budget).columns(columns);
     let mc = entry.cols[1] - entry.cols[0];
-    let bp = kernel::blocked::plan_columns(&run.manifest, rows.len(), mc, plan.m, &req, plan.memory_budget)?;
+    let bp = kernel::engine::blocked::plan_columns(&run.manifest, rows.len(), mc, plan.m, &req, plan.memory_budget)?;
     let o = kernel::compute(&run, &states, &rows, &req.block_rows(Some(bp.block_rows)), progress)?;
     if o.p != rows.len() || o.m != mc || o.k != plan.k {
         return Err(Error::ShapeMismatch { what: format!("tile {index}"), expected: vec![rows.len(), mc, plan.k], got: vec![o.p, o.m, o.k] });

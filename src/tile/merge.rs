@@ -58,7 +58,7 @@ fn sum_in_order(acc: &mut [f64], next: &[f64]) {
 type ASlices = Vec<(usize, [usize; 2], Vec<f64>)>;
 
 /// Assembles the column blocks of row block `b` over step range `r` (column order, by
-/// [`kernel::columns::assemble`]): the tile itself when the plan has one column block.
+/// [`kernel::engine::columns::assemble`]): the tile itself when the plan has one column block.
 fn combine_columns(out: &Path, plan: &Plan, b: usize, r: usize, a_slices: &mut ASlices) -> Result<KernelOutput> {
     let mut parts = Vec::with_capacity(plan.col_blocks);
     for c in 0..plan.col_blocks {
@@ -67,7 +67,7 @@ fn combine_columns(out: &Path, plan: &Plan, b: usize, r: usize, a_slices: &mut A
         a_slices.extend(tile.a.map(|(lo, v)| (lo, t.cols, v)));
         parts.push(tile.out);
     }
-    kernel::columns::assemble(parts)
+    kernel::engine::columns::assemble(parts)
 }
 
 /// Combines the tiles of row block `b` (all columns, all steps) into one output: per step range
@@ -124,11 +124,11 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
 /// Merges the tiles of the plan in `out` into one output, equal to the one-process
 /// computation's (to rounding of the step-range sums; bit-identical on reruns of a plan).
 ///
-/// Column blocks are assembled by [`kernel::columns::assemble`], row blocks by
-/// `kernel::blocked::in_blocks` (the same concatenation and record combination as a blocked
+/// Column blocks are assembled by [`kernel::engine::columns::assemble`], row blocks by
+/// `kernel::engine::blocked::in_blocks` (the same concatenation and record combination as a blocked
 /// one-process run), `a` is the union of the tiles' (disjoint steps and columns), and with
 /// several step ranges or column blocks the single machine of Theorem 3.7 is recomputed from the
-/// merged full Gram when `a` is constant over the steps ([`kernel::columns::single_machine`]).
+/// merged full Gram when `a` is constant over the steps ([`kernel::engine::columns::single_machine`]).
 /// `seconds` is the sum of the tiles' seconds.
 ///
 /// # Shapes
@@ -141,12 +141,12 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     let mut written = vec![false; n * cb];
     let mut seconds = 0.0;
     let mut b = 0usize;
-    // kernel::blocked's assembly keeps the first block's reg, rounding and residual only: they
+    // kernel::engine::blocked's assembly keeps the first block's reg, rounding and residual only: they
     // are concatenated (and maximised) here.
     let mut reg: Vec<Option<Vec<f64>>> = Vec::new();
     let mut rounding: Vec<Option<Vec<f64>>> = Vec::new();
     let mut residual: Option<f64> = None;
-    let mut merged = kernel::blocked::in_blocks(points, plan.block_rows, &|_, _| {}, &mut |pts, _| {
+    let mut merged = kernel::engine::blocked::in_blocks(points, plan.block_rows, &|_, _| {}, &mut |pts, _| {
         let (o, slices) = combine_row_block(out, plan, b)?;
         if o.p != pts.len() {
             return Err(Error::ShapeMismatch { what: format!("row block {b}"), expected: vec![pts.len()], got: vec![o.p] });
@@ -182,7 +182,7 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     merged.rounding = concat(rounding);
     merged.decomposition_residual = residual;
     if plan.step_ranges.len() > 1 || plan.col_blocks > 1 {
-        merged.single_machine = kernel::columns::single_machine(&merged);
+        merged.single_machine = kernel::engine::columns::single_machine(&merged);
     }
     Ok(merged)
 }

@@ -2,8 +2,8 @@
 //! ranges), each computed by its own process (a Slurm array task, say), written atomically, and
 //! merged in a fixed order.
 //!
-//! Row points are independent (`kernel::blocked`); so are the training points, the Gram's
-//! columns (`kernel::columns`, `Request::columns`: each column block forms the training-side
+//! Row points are independent (`kernel::engine::blocked`); so are the training points, the Gram's
+//! columns (`kernel::engine::columns`, `Request::columns`: each column block forms the training-side
 //! factors of its own points only, and the kernel machine `Σ_i a_{i,s} K_s(x, x_i)` is a sum
 //! over them); and for plain gradient steps so are the steps: `G = Σ_s K_s` and the machine's
 //! change are sums over steps, so the steps `[A, B)` split into ranges `[A, A_1), [A_1, A_2), …`
@@ -36,7 +36,7 @@
 //!   step (`K_r` sums the future steps' features): `--tiles N` then gives row blocks only, and
 //!   `RxS` or `RxCxS` with S > 1 is refused.
 //! - Then the blocks grow until one tile's estimated peak (the engine's
-//!   `kernel::blocked::plan_columns` estimate for its rows and columns, with momentum's and
+//!   `kernel::engine::blocked::plan_columns` estimate for its rows and columns, with momentum's and
 //!   Adam's recursion and replay, plus the states `w_0 … w_N` it loads) fits `--memory`: the
 //!   column blocks while a tile of one row point does not fit, the row blocks otherwise. Blocks
 //!   are made even: `block = ⌈P / R⌉`, `R = ⌈P / block⌉` (columns likewise). Step ranges are
@@ -105,7 +105,7 @@
 //!
 //! `tile merge` checks every tile first (present, header, plan, run; then each checksum as it
 //! is read), then per row block and step range assembles the column blocks **in column order**
-//! (`kernel::columns::assemble`: Grams and `a` side by side; for plain steps the blocks'
+//! (`kernel::engine::columns::assemble`: Grams and `a` side by side; for plain steps the blocks'
 //! `step_pred` summed per step, the machine re-summed from them in the one-process step order (equal to rounding) and the
 //! per-step errors recomputed; momentum's and Adam's machine, computed whole in every block,
 //! from block 0),
@@ -113,7 +113,7 @@
 //! gram, self-kernel, weight-decay and rounding terms summed; per-step Grams and records
 //! concatenated; bias the first range's, network the last range's; machine
 //! `machine_0 + Σ_{r≥1}(machine_r − bias_r)`; consecutive ranges must agree on f at the state
-//! they share. The row blocks are then concatenated by `kernel::blocked::in_blocks` (the
+//! they share. The row blocks are then concatenated by `kernel::engine::blocked::in_blocks` (the
 //! assembly of a blocked one-process run); `a` is the union of the tiles' (disjoint steps and
 //! columns); with several step ranges or column blocks the single machine is recomputed from
 //! the merged full Gram when `a` is constant over the steps. The result is written like `pathkernel kernel`'s

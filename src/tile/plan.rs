@@ -127,7 +127,7 @@ pub struct TileEntry {
     /// Bytes of the tile's arrays (its file, up to the header).
     pub output_bytes: u64,
     /// Estimated peak memory of `tile run` for this tile: the engine's estimate for its rows and
-    /// columns (`kernel::blocked::plan_columns`) plus the states `w_0 … w_N` it loads.
+    /// columns (`kernel::engine::blocked::plan_columns`) plus the states `w_0 … w_N` it loads.
     pub estimated_peak_bytes: u64,
     /// Estimated seconds, extrapolated from the pilot (a rough figure: the auto rule's cost
     /// varies by step and point).
@@ -364,13 +364,13 @@ fn wanted_tiling(input: &PlanInput<'_>, form: KernelForm, separable: bool, p: us
 /// states it loads.
 fn tile_peak(input: &PlanInput<'_>, req_tile: &Request, br: usize, bc: usize) -> Result<u64> {
     let (manifest, m) = (&input.run.manifest, input.run.dataset.n_train());
-    Ok(kernel::blocked::plan_columns(manifest, br, bc, m, req_tile, u64::MAX)?.estimated_peak() + states_bytes(input.run))
+    Ok(kernel::engine::blocked::plan_columns(manifest, br, bc, m, req_tile, u64::MAX)?.estimated_peak() + states_bytes(input.run))
 }
 
 /// Whether a tile of `br` row points and `bc` training points fits `--memory` in one block.
 fn tile_fits(input: &PlanInput<'_>, req_tile: &Request, br: usize, bc: usize) -> bool {
     let (manifest, m) = (&input.run.manifest, input.run.dataset.n_train());
-    kernel::blocked::plan_columns(manifest, br, bc, m, req_tile, input.memory_budget)
+    kernel::engine::blocked::plan_columns(manifest, br, bc, m, req_tile, input.memory_budget)
         .is_ok_and(|bp| bp.blocks == 1 && bp.estimated_peak() + states_bytes(input.run) <= input.memory_budget)
 }
 

@@ -19,11 +19,11 @@
 pub(crate) mod kinks;
 pub(crate) mod step;
 
-use super::convgram::NodeStats;
-use super::gram::GramAccumulator;
+use super::cnn::gram::NodeStats;
+use super::mlp::gram::GramAccumulator;
 use super::layout::{add_dense, Layout};
-use super::models::{StepInput, StepModel, StepOutput};
-use super::nodes::{choose_auto_nodes, AlongPath};
+use super::engine::models::{StepInput, StepModel, StepOutput};
+use super::quadrature::nodes::{choose_auto_nodes, AlongPath};
 use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::Architecture;

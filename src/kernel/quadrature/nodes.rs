@@ -2,8 +2,8 @@
 //! (forward-mode search, then gradients once at the accepted nodes), and the paper's Fig. 2
 //! cosine measure of the DPK's test gradient.
 
-use super::eval::{Evals, FirstLayer, MlpStep};
-use super::quadrature;
+use crate::kernel::mlp::step::{Evals, FirstLayer, MlpStep};
+use crate::kernel::quadrature;
 
 /// Row points whose quadrature nodes are evaluated and folded into the Gram together: bounds the
 /// node data held at once (a kink-rich step can need 100+ gradient evaluations per point).

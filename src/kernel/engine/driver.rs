@@ -1,13 +1,13 @@
 //! The plain driver: one kernel computation of a run trained with plain gradient steps
 //! (GD/SGD), from a [`Prepared`] computation to the kernel machine and its per-step validation
 //! (nodes → contraction → accumulation → validation). Runs whose optimizer keeps state take
-//! [`super::stateful`] instead; [`super::entry::compute`] chooses.
+//! [`crate::kernel::engine::stateful`] instead; [`crate::kernel::engine::entry::compute`] chooses.
 
-use super::gram::{self, GramAccumulator};
-use super::layout::Layout;
-use super::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
-use super::prepare::Prepared;
-use super::types::{
+use crate::kernel::mlp::gram::{self, GramAccumulator};
+use crate::kernel::layout::Layout;
+use crate::kernel::engine::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
+use crate::kernel::engine::prepare::Prepared;
+use crate::kernel::types::{
     max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares,
     StepRecord,
 };
@@ -31,7 +31,7 @@ struct Dims {
 }
 
 /// The kernel of a plain-gradient run (see the module docs).
-pub(super) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+pub(in crate::kernel) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let req = prep.req;
     let layout = req.layout;
     let (m_all, (c0, c1)) = (prep.train.n_train(), prep.cols);
@@ -203,13 +203,13 @@ fn accumulate_steps(
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else if prep.stack_fast {
-        Box::new(super::stack::StackModel { arch, per_layer: req.per_layer })
+        Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer })
     } else {
         Box::new(GenericModel { arch, init: &states[0], layers: split.as_ref().map(|ls| ls.iter().map(|l| l.flat.clone()).collect()) })
     };
     let what = if prep.conv_fast { "the CNN's structured path" } else if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
-    super::backend::check_path(req.device, prep.structured, what)?;
-    let backend = super::backend::Backend::open(req.device)?;
+    crate::kernel::backend::check_path(req.device, prep.structured, what)?;
+    let backend = crate::kernel::backend::Backend::open(req.device)?;
     let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
     let mut change: Vec<f64> = Vec::new();

@@ -1,9 +1,9 @@
 //! The MLP's adaptive (`auto`) rule for one-hidden-layer ReLU networks without gradient
 //! evaluations at quadrature nodes: the rows' side of a step integrated piece by piece between
-//! the kinks, as [`super::convpieces`] does for the CNN.
+//! the kinks, as [`crate::kernel::cnn::pieces`] does for the CNN.
 //!
 //! Along step s (`w_s(t) = w_s + tΔw`) the hidden pre-activations of a point are `z + t·u`
-//! ([`super::eval::FirstLayer`]), so between two consecutive kinks (`t = −z_j/u_j`) the ReLU
+//! ([`crate::kernel::mlp::step::FirstLayer`]), so between two consecutive kinks (`t = −z_j/u_j`) the ReLU
 //! pattern `m` is fixed and
 //!
 //! - the hidden activations (bias column included) are affine: `ã(t) = ã_0 + t ã_1`;
@@ -17,9 +17,9 @@
 //! `∫δ_0[k] = α m ⊙ (L W[k] + T ΔW[k] − Σ_o (S_0[o] W[o] + S_1[o] ΔW[o]))`,
 //! `Ā += L ã_0 + T ã_1`, `B̄[o] += S_0[o] ã_0 + S_1[o] ã_1`,
 //!
-//! the factors [`super::gram::GramAccumulator::add_integrated`] contracts (layer 0 as
+//! the factors [`crate::kernel::mlp::gram::GramAccumulator::add_integrated`] contracts (layer 0 as
 //! `δ̄ ⊗ x`, the output layer as `α(e_k ⊗ Ā − Σ_o e_o ⊗ B̄[o])`). Only the scalars `S_m` need a
-//! quadrature, on the known quadratic logits ([`super::piece::Piece`], Gauss–Legendre 8
+//! quadrature, on the known quadratic logits ([`crate::kernel::quadrature::piece::Piece`], Gauss–Legendre 8
 //! against 16, bisected until they agree to `tol·(b − a)`). The self-kernel's integrand is
 //! `(D H(t) Dᵀ)[k, k']` with `D = α(I − 1pᵀ)` and `H(t)[o, o'] = (Σ_j m_j W(t)[o, j] W(t)[o', j])
 //! (|x|² + 1) + δ_{oo'}|ã(t)|²`, quadratic in t, through the same quadrature.
@@ -28,8 +28,8 @@
 //! evaluations this path reports are [`EVALUATIONS`] per point and step: the two t-coefficients
 //! `W`, `ΔW` routed through the pattern, a backward pass' worth each.
 
-use super::piece::{add_dense_moments, Piece};
-use super::eval::{relu_cuts, FirstLayer, MlpStep};
+use crate::kernel::quadrature::piece::{add_dense_moments, Piece};
+use crate::kernel::mlp::step::{relu_cuts, FirstLayer, MlpStep};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;
 
@@ -269,9 +269,9 @@ fn cosine_measure(step: &MlpStep, z: &[f64], xsq: f64, off: Option<&[f64]>, dbar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::nodes::eval_rows;
+    use crate::kernel::quadrature::nodes::eval_rows;
     use crate::kernel::quadrature::gauss_legendre_01;
-    use crate::kernel::nodes::{dpk_cosine_error, RowNodes};
+    use crate::kernel::quadrature::nodes::{dpk_cosine_error, RowNodes};
     use crate::model::{Architecture, Body};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

@@ -19,8 +19,8 @@
 
 use rayon::prelude::*;
 
-use super::backend::{Backend, Factor, Site, Stamp};
-use super::layout::{fold_formed, fold_output_layer, zeroed, GramSink, Layout, TrainDeltas};
+use crate::kernel::backend::{Backend, Factor, Site, Stamp};
+use crate::kernel::layout::{fold_formed, fold_output_layer, zeroed, GramSink, Layout, TrainDeltas};
 use crate::error::{Error, Result};
 use crate::linalg::{gemm_ab, gemm_abt};
 
@@ -82,7 +82,7 @@ pub(crate) struct GramAccumulator {
     /// With the per-layer decomposition: one sink per parameter layer, filled instead of
     /// `sink` (which receives their sum in [`GramAccumulator::finish_layers`]).
     layers: Option<Vec<GramSink>>,
-    /// Where the products `A·Bᵀ` run ([`super::backend`]; the CPU unless set).
+    /// Where the products `A·Bᵀ` run ([`crate::kernel::backend`]; the CPU unless set).
     backend: Backend,
     /// The first failure of the backend; later contractions are skipped and
     /// [`GramAccumulator::check`] returns it.
@@ -97,7 +97,7 @@ struct DeepTrain {
     deltas: TrainDeltas,
     n_in: usize,
     n_out: usize,
-    /// The output layer in its structured form ([`super::layout::add_output_layer`]).
+    /// The output layer in its structured form ([`crate::kernel::layout::add_output_layer`]).
     structured: bool,
     /// Names `acts` for the backend (resident on a device for the whole step).
     stamp: Stamp,
@@ -143,7 +143,7 @@ impl GramAccumulator {
     }
 
     /// The accumulation rows, for step models that contract their own features into them
-    /// ([`super::layout::add_dense`], [`super::layout::add_formed`]).
+    /// ([`crate::kernel::layout::add_dense`], [`crate::kernel::layout::add_formed`]).
     pub(crate) fn sink_mut(&mut self) -> &mut GramSink {
         &mut self.sink
     }
@@ -171,7 +171,7 @@ impl GramAccumulator {
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
-    /// [`super::eval::MlpStep`]: log-softmax or identity output scaled by α), so that it is
+    /// [`crate::kernel::mlp::step::MlpStep`]: log-softmax or identity output scaled by α), so that it is
     /// contracted with K + 1 instead of K² rows per point.
     pub(crate) fn with_output_alpha(mut self, alpha: f64) -> Self {
         self.output_alpha = (alpha != 0.0 && self.k >= 2).then_some(alpha);
@@ -264,7 +264,7 @@ impl GramAccumulator {
     }
 
     /// [`GramAccumulator::add_step`] for a one-hidden-layer network whose rows' side is already
-    /// integrated over the step (`kernel::mlppieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
+    /// integrated over the step (`kernel::mlp::pieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
     /// the output layer's `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`) of the row points `points`;
     /// `train` are the training points' factors of both layers.
     ///
@@ -484,7 +484,7 @@ impl Contraction {
 }
 
 /// Bytes aimed at for layer 0's step buffers (rows and training points together): a quarter of
-/// the Gram, or three steps where they fit in half of it ([`super::blocked`] counts one more
+/// the Gram, or three steps where they fit in half of it ([`crate::kernel::engine::blocked`] counts one more
 /// Gram row per row point for them). More
 /// steps per buffer make the inner dimension of its GEMMs longer and the fold into the Gram
 /// (a pass over the Gram) rarer: on MNIST 2 000 × 2 000 `diag`, 1 slot (inner dimension 128)
@@ -626,7 +626,7 @@ impl Layer0Sum {
 }
 
 /// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.
-pub(super) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
+pub(in crate::kernel) fn train_acts_ext(train: &LayerFactors<'_>, bias: bool) -> Vec<f64> {
     let (m, ni) = (train.acts.len() / train.n_in.max(1), train.n_in);
     if bias {
         let mut v = Vec::with_capacity(m * (ni + 1));

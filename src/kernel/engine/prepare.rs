@@ -1,5 +1,5 @@
 //! What every kernel computation checks and resolves before its driver runs, once for both the
-//! plain driver ([`super::driver`]) and the optimizer-replaying one ([`super::stateful`]): the
+//! plain driver ([`crate::kernel::engine::driver`]) and the optimizer-replaying one ([`crate::kernel::engine::stateful`]): the
 //! inputs' shapes, the output map (logits or the network's own), the step range and columns,
 //! the output offsets, whether rows are integrated and the quadrature's per-step tolerance,
 //! the NTK's step, and the loss gradients `∂L/∂f` of a step.
@@ -7,10 +7,10 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
-use super::eval::MlpStep;
-use super::quadrature::Rule;
-use super::request::{GramPath, Request};
-use super::types::{output_bytes_in, KernelKind, Outputs, Points, Side};
+use crate::kernel::mlp::step::MlpStep;
+use crate::kernel::quadrature::Rule;
+use crate::kernel::request::{GramPath, Request};
+use crate::kernel::types::{output_bytes_in, KernelKind, Outputs, Points, Side};
 use crate::data::{Dataset, Targets};
 use crate::error::{Error, Result};
 use crate::model::net::LossKind;
@@ -19,7 +19,7 @@ use crate::optim::UpdateRule;
 use crate::trajectory::Manifest;
 
 /// A checked kernel computation: the inputs and everything resolved from them.
-pub(super) struct Prepared<'a> {
+pub(in crate::kernel) struct Prepared<'a> {
     /// The run's manifest; for a kernel on the logits, seen through the identity output map.
     pub manifest: Cow<'a, Manifest>,
     /// The training set.
@@ -38,7 +38,7 @@ pub(super) struct Prepared<'a> {
     pub structured: bool,
     /// Whether a CNN takes its structured path.
     pub conv_fast: bool,
-    /// Layer stacks take the structured stack path ([`super::stack`]).
+    /// Layer stacks take the structured stack path ([`crate::kernel::stack`]).
     pub stack_fast: bool,
     /// Cross-entropy on identity outputs (a classifier's logits): `∂L/∂z = softmax(z) − y`.
     pub ce_on_logits: bool,
@@ -118,7 +118,7 @@ impl<'a> Prepared<'a> {
         let out_bytes = output_bytes_in(layout, p, m, k, n, req.per_step);
         if out_bytes > memory_budget {
             let shape = layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
-            let blocks = if layout == super::layout::Layout::Full { String::new() } else { format!(" ({layout} blocks)") };
+            let blocks = if layout == crate::kernel::layout::Layout::Full { String::new() } else { format!(" ({layout} blocks)") };
             return Err(Error::OutOfMemoryBudget {
                 what: format!("the {} Gram [{shape}]{blocks}{}", req.kind, if req.per_step { " with per-step Grams" } else { "" }),
                 needed_bytes: out_bytes,

@@ -2,25 +2,25 @@
 //! step's Gram (only the entries of the accumulator's layout) for all row points, the rows'
 //! self-kernel, and returns the kernel machine's predicted change of the outputs over the step
 //! (contracted from the factors, so no layout needs the off-diagonal blocks for it) with the
-//! quadrature's statistics. The driver ([`super::driver`]) owns the loop over steps, the
+//! quadrature's statistics. The driver ([`crate::kernel::engine::driver`]) owns the loop over steps, the
 //! per-step validation and the outputs; the accumulator ([`GramAccumulator`], over a
-//! [`super::layout::GramSink`]) owns the one permutation into the output layout.
+//! [`crate::kernel::layout::GramSink`]) owns the one permutation into the output layout.
 //!
 //! - [`MlpModel`]: structured factors (`δ ⊗ a` per layer), row points in chunks, layer 0 once
 //!   per point, any quadrature rule (the kink-aware `auto` included).
-//! - [`CnnModel`]: formed conv-layer gradients and dense factors ([`super::convgram`]), any rule.
-//! - [`GenericModel`]: dfdx per-sample Jacobians ([`super::generic`], the reference), fixed rules.
+//! - [`CnnModel`]: formed conv-layer gradients and dense factors ([`crate::kernel::cnn::gram`]), any rule.
+//! - [`GenericModel`]: dfdx per-sample Jacobians ([`crate::kernel::generic`], the reference), fixed rules.
 //!
-//! Runs with momentum or Adam(W) walk the path backwards instead ([`super::stateful`]); they use
+//! Runs with momentum or Adam(W) walk the path backwards instead ([`crate::kernel::engine::stateful`]); they use
 //! the same accumulator and contractions.
 
-use super::convgram::{self, NodeStats};
-use super::eval::MlpStep;
-use super::gram::{self, GramAccumulator, LayerFactors};
-use super::mlppieces::{self, dot};
-use super::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
-use super::generic;
-use super::types::Points;
+use crate::kernel::cnn::gram::{self as cnn_gram, NodeStats};
+use crate::kernel::mlp::step::MlpStep;
+use crate::kernel::mlp::gram::{self, GramAccumulator, LayerFactors};
+use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
+use crate::kernel::quadrature::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
+use crate::kernel::generic;
+use crate::kernel::types::Points;
 use crate::error::Result;
 use crate::model::{Architecture, Params};
 
@@ -47,9 +47,9 @@ pub(crate) struct StepInput<'a> {
     pub cosine: bool,
     /// Whether to accumulate the rows' self-kernel.
     pub self_kernel: bool,
-    /// The path-averaged kernel ([`super::KernelKind::Path`]): the training side integrated over
+    /// The path-averaged kernel ([`crate::kernel::KernelKind::Path`]): the training side integrated over
     /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`. Only on the
-    /// [`mlppieces`] route with an identity output map (the driver checks).
+    /// [`mlp_pieces`] route with an identity output map (the driver checks).
     pub train_integrated: bool,
 }
 
@@ -72,7 +72,7 @@ pub(crate) trait StepModel {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput>;
 }
 
-/// Row points integrated at once on the [`mlppieces`] path (their factors are `K·h + (K+1)·(h+1)`
+/// Row points integrated at once on the [`mlp_pieces`] path (their factors are `K·h + (K+1)·(h+1)`
 /// numbers each).
 const INTEGRATED_CHUNK_POINTS: usize = 256;
 
@@ -92,11 +92,11 @@ impl StepModel for MlpModel<'_> {
         // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
         // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
         let train_int = if input.train_integrated {
-            if input.fixed.is_some() || !mlppieces::applies(&step) || arch.output != crate::model::OutputKind::Identity {
+            if input.fixed.is_some() || !mlp_pieces::applies(&step) || arch.output != crate::model::OutputKind::Identity {
                 return Err(crate::error::Error::Config("the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits, or regression) with the auto quadrature".into()));
             }
             let first = step.first_layer(input.x_train);
-            let rf = mlppieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
+            let rf = mlp_pieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
             let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(arch.bias));
             let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
             Some((rf, abar))
@@ -119,7 +119,7 @@ impl StepModel for MlpModel<'_> {
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
         // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
         // their kinks, no gradient evaluated at a node.
-        if input.fixed.is_none() && mlppieces::applies(&step) {
+        if input.fixed.is_none() && mlp_pieces::applies(&step) {
             let h = step.layers[0].n_out;
             let ne = h + usize::from(arch.bias);
             // The path kernel's training Gram: the rows are the training points, whose
@@ -132,10 +132,10 @@ impl StepModel for MlpModel<'_> {
                     Some(_) => None,
                     None => {
                         let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-                        Some(mlppieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
+                        Some(mlp_pieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
                     }
                 };
-                let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlppieces::RowFactorsRef::from);
+                let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlp_pieces::RowFactorsRef::from);
                 acc.add_integrated(rf.dbar, rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
                 // Prediction ⟨∫∇f^k, v⟩: layer 0 as δ̄·(V_0 x̃), the output layer as
                 // α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]).
@@ -165,7 +165,7 @@ impl StepModel for MlpModel<'_> {
                     diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
                 }
                 for st in rf.stats {
-                    stats.evaluations.push(mlppieces::EVALUATIONS);
+                    stats.evaluations.push(mlp_pieces::EVALUATIONS);
                     stats.jvp_evaluations.push(0);
                     stats.pieces.push(st.pieces);
                     stats.unconverged += st.unconverged;
@@ -260,7 +260,7 @@ pub(crate) struct CnnModel<'a> {
 
 impl StepModel for CnnModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
-        let (pred, stats) = convgram::step_into(
+        let (pred, stats) = cnn_gram::step_into(
             self.arch,
             input.state,
             input.next,

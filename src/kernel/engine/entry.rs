@@ -2,11 +2,11 @@
 //! a [`Request`]; everything else in the crate (the notebook API, tiles, the CLI, the bench,
 //! the studies) calls it.
 
-use super::blocked::in_blocks;
-use super::prepare::Prepared;
-use super::request::{GramPath, Request};
-use super::types::{KernelKind, KernelOutput, Points};
-use super::{driver, stateful};
+use crate::kernel::engine::blocked::in_blocks;
+use crate::kernel::engine::prepare::Prepared;
+use crate::kernel::request::{GramPath, Request};
+use crate::kernel::types::{KernelKind, KernelOutput, Points};
+use crate::kernel::{engine::driver, engine::stateful};
 use crate::error::{Error, Result};
 use crate::model::{param_layers, Body, Params};
 use crate::trajectory::Run;
@@ -17,10 +17,10 @@ use crate::trajectory::Run;
 /// Only the entries of `req.layout` are computed and held; the kernel machine and its per-step
 /// validation are computed for every layout (contracted with `a_{i,s}` on the fly, from the
 /// factors); the single machine of Theorem 3.7 contracts the off-diagonal blocks and comes with
-/// `full` only. MLPs take the structured fast path, CNNs theirs ([`super::GramPath::Fast`]) or
-/// the generic autodiff reference ([`super::GramPath::Generic`], fixed rules only). Runs whose
+/// `full` only. MLPs take the structured fast path, CNNs theirs ([`crate::kernel::GramPath::Fast`]) or
+/// the generic autodiff reference ([`crate::kernel::GramPath::Generic`], fixed rules only). Runs whose
 /// optimizer keeps state (momentum, Adam, weight decay) take the optimizer replay
-/// (`super::stateful`); what the run recorded besides its states (Adam's preconditioners) is
+/// (`crate::kernel::engine::stateful`); what the run recorded besides its states (Adam's preconditioners) is
 /// loaded from its directory. With `req.block_rows` the rows are computed in blocks and the
 /// outputs concatenated (equal to one block up to rounding of the combined record means).
 ///
@@ -49,7 +49,7 @@ fn compute_plain(run: &Run, states: &[Params], rows: &Points, req: &Request, pro
         if prep.rule.is_plain() {
             driver::compute(&prep, prog)
         } else {
-            super::backend::check_path(req.device, false, "the optimizer replay (momentum, Adam, weight decay)")?;
+            crate::kernel::backend::check_path(req.device, false, "the optimizer replay (momentum, Adam, weight decay)")?;
             stateful::compute(&prep, prog)
         }
     };

@@ -11,7 +11,7 @@
 //! error control) and the kinks of ReLU networks along `t` (where a pre-activation crosses 0).
 
 use crate::linalg::{gemm_ab, gemm_abt};
-use super::quadrature::poly_roots_in;
+use crate::kernel::quadrature::poly_roots_in;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 
@@ -464,7 +464,7 @@ impl MlpStep {
                 }
                 a = z
                     .into_iter()
-                    .map(|c| if super::quadrature::horner(&c, tm) > 0.0 { c } else { vec![0.0; c.len()] })
+                    .map(|c| if crate::kernel::quadrature::horner(&c, tm) > 0.0 { c } else { vec![0.0; c.len()] })
                     .collect();
                 continue;
             }
@@ -489,7 +489,7 @@ impl MlpStep {
             a = z
                 .into_iter()
                 .map(|c| {
-                    let v = super::quadrature::horner(&c, tm);
+                    let v = crate::kernel::quadrature::horner(&c, tm);
                     if v > 0.0 {
                         c
                     } else {

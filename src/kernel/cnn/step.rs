@@ -2,13 +2,13 @@
 //! in the factors its Grams need: im2col patches, pre-activations affine in t, forward and
 //! forward-mode (`jvp`) passes, the backward pass at quadrature nodes, and the kinks (where a
 //! pool window's upper envelope changes line). Both Gram paths build on it: the node path
-//! ([`super::convgram`]) and the ReLU rows integrated between kinks ([`super::convpieces`]).
+//! ([`crate::kernel::cnn::gram`]) and the ReLU rows integrated between kinks ([`crate::kernel::cnn::pieces`]).
 
 use rayon::prelude::*;
 
 use crate::linalg::{gemm_ab, gemm_abt};
-use super::nodes;
-use super::nodes::AlongPath;
+use crate::kernel::quadrature::nodes;
+use crate::kernel::quadrature::nodes::AlongPath;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 
@@ -16,48 +16,48 @@ use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 #[derive(Clone, Debug)]
 pub(crate) struct CnnStep {
     /// Input image `[C, H, W]`.
-    pub(super) image: [usize; 3],
+    pub(in crate::kernel) image: [usize; 3],
     /// Kernel size, stride, padding, pool window.
-    pub(super) kernel: usize,
-    pub(super) stride: usize,
-    pub(super) padding: usize,
-    pub(super) pool: usize,
+    pub(in crate::kernel) kernel: usize,
+    pub(in crate::kernel) stride: usize,
+    pub(in crate::kernel) padding: usize,
+    pub(in crate::kernel) pool: usize,
     /// Conv output `Ho, Wo` and pooled `Hp, Wp`.
-    pub(super) ho: usize,
-    pub(super) wo: usize,
-    pub(super) hp: usize,
-    pub(super) wp: usize,
+    pub(in crate::kernel) ho: usize,
+    pub(in crate::kernel) wo: usize,
+    pub(in crate::kernel) hp: usize,
+    pub(in crate::kernel) wp: usize,
     /// Channels Co.
-    pub(super) co: usize,
+    pub(in crate::kernel) co: usize,
     /// Patch width `ne = C·k·k + [bias]`.
-    pub(super) ne: usize,
+    pub(in crate::kernel) ne: usize,
     /// Dense input width with the bias column `nf = Co·Hp·Wp + [bias]`.
-    pub(super) nf: usize,
+    pub(in crate::kernel) nf: usize,
     /// `[W_c | b_c]` `[Co, ne]` and its step `Δ`.
-    pub(super) wc: Vec<f64>,
-    pub(super) dwc: Vec<f64>,
+    pub(in crate::kernel) wc: Vec<f64>,
+    pub(in crate::kernel) dwc: Vec<f64>,
     /// `[W_d | b_d]` `[K, nf]` and its step `Δ`.
-    pub(super) wd: Vec<f64>,
-    pub(super) dwd: Vec<f64>,
-    pub(super) activation: Activation,
-    pub(super) bias: bool,
-    pub(super) alpha: f64,
-    pub(super) output: OutputKind,
+    pub(in crate::kernel) wd: Vec<f64>,
+    pub(in crate::kernel) dwd: Vec<f64>,
+    pub(in crate::kernel) activation: Activation,
+    pub(in crate::kernel) bias: bool,
+    pub(in crate::kernel) alpha: f64,
+    pub(in crate::kernel) output: OutputKind,
     /// Outputs K.
     pub k: usize,
 }
 
 /// Evaluations of one point at several times `t_r` (`n` nodes).
-pub(super) struct NodeEvals {
+pub(in crate::kernel) struct NodeEvals {
     /// Pooled activations with the bias column `[n, nf]`.
-    pub(super) a: Vec<f64>,
+    pub(in crate::kernel) a: Vec<f64>,
     /// Output sensitivities `δ_out[r, k, o] = ∂f^k/∂z_out[o]` `[n, K, K]`.
-    pub(super) dout: Vec<f64>,
+    pub(in crate::kernel) dout: Vec<f64>,
     /// Conv gradients `G[r, k, o, :]` `[n, K, Co·ne]`.
-    pub(super) gc: Vec<f64>,
+    pub(in crate::kernel) gc: Vec<f64>,
     /// The output map's `q` in `δ_out[r, k, o] = α(δ_ko − q[r, o])` `[n, K]` (softmax; 0 for
     /// the identity).
-    pub(super) q: Vec<f64>,
+    pub(in crate::kernel) q: Vec<f64>,
 }
 
 impl CnnStep {
@@ -135,7 +135,7 @@ impl CnnStep {
     /// # Shapes
     /// `x` `[C·H·W]`; returns `[Ho·Wo, ne]`, entry `(pos, (c·k + i)·k + j)` = the input read by
     /// tap `(c, i, j)` at output position `pos = oh·Wo + ow` (0 in the padding).
-    pub(super) fn patches(&self, x: &[f64]) -> Vec<f64> {
+    pub(in crate::kernel) fn patches(&self, x: &[f64]) -> Vec<f64> {
         let [c, h, w] = self.image;
         let (kk, ne) = (self.kernel, self.ne);
         let mut u = vec![0.0; self.positions() * ne];
@@ -168,7 +168,7 @@ impl CnnStep {
     ///
     /// # Shapes
     /// `u` `[pos, ne]`; returns `(Z_0, Z_1)`, each `[pos, Co]`.
-    pub(super) fn pre(&self, u: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    pub(in crate::kernel) fn pre(&self, u: &[f64]) -> (Vec<f64>, Vec<f64>) {
         let (pos, co, ne) = (self.positions(), self.co, self.ne);
         let mut z0 = vec![0.0; pos * co];
         let mut z1 = vec![0.0; pos * co];
@@ -179,7 +179,7 @@ impl CnnStep {
 
     /// Pooled-feature index of conv position `pos` in channel `o` (NCHW flattening).
     #[inline]
-    pub(super) fn pooled_index(&self, o: usize, pos: usize) -> usize {
+    pub(in crate::kernel) fn pooled_index(&self, o: usize, pos: usize) -> usize {
         let (oh, ow) = (pos / self.wo, pos % self.wo);
         (o * self.hp + oh / self.pool) * self.wp + ow / self.pool
     }
@@ -191,7 +191,7 @@ impl CnnStep {
     ///
     /// # Shapes
     /// `z0`, `z1` `[pos, Co]`; `best`, `arg` `[Co·Hp·Wp]`.
-    pub(super) fn pool_at(&self, z0: &[f64], z1: &[f64], t: f64, best: &mut [f64], arg: &mut [usize]) {
+    pub(in crate::kernel) fn pool_at(&self, z0: &[f64], z1: &[f64], t: f64, best: &mut [f64], arg: &mut [usize]) {
         for p in 0..self.positions() {
             for o in 0..self.co {
                 let q = p * self.co + o;
@@ -224,7 +224,7 @@ impl CnnStep {
 
     /// Evaluates one point (patches `u`, pre-activation lines `z0`, `z1`) at times `t`, with
     /// `offset` (`[K]`) subtracted before scaling; returns also `f` `[n, K]`.
-    pub(super) fn eval_point(&self, u: &[f64], z0: &[f64], z1: &[f64], t: &[f64], offset: Option<&[f64]>) -> (NodeEvals, Vec<f64>) {
+    pub(in crate::kernel) fn eval_point(&self, u: &[f64], z0: &[f64], z1: &[f64], t: &[f64], offset: Option<&[f64]>) -> (NodeEvals, Vec<f64>) {
         let n = t.len();
         let (k, co, pos, nf, ne) = (self.k, self.co, self.positions(), self.nf, self.ne);
         let fdim = co * self.hp * self.wp;
@@ -374,7 +374,7 @@ impl CnnStep {
     }
 
     /// [`CnnStep::kinks`] from the pre-activation lines `Z_0`, `Z_1` (`[pos, Co]`, [`CnnStep::pre`]).
-    pub(super) fn kinks_of(&self, z0: &[f64], z1: &[f64], a: f64, b: f64) -> Vec<f64> {
+    pub(in crate::kernel) fn kinks_of(&self, z0: &[f64], z1: &[f64], a: f64, b: f64) -> Vec<f64> {
         let co = self.co;
         let q = self.pool;
         let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! Row points are independent (each has its own quadrature nodes, Gram rows, bias, network
 //! value and machine), so a kernel over P rows is the concatenation of kernels over blocks of
 //! rows. [`plan`] picks the largest block whose working memory, together with the complete
-//! output, fits the budget ([`super::Request::block_rows`] then runs the one entry per block);
+//! output, fits the budget ([`crate::kernel::Request::block_rows`] then runs the one entry per block);
 //! it refuses (with an estimate) only when the output alone, plus one row's work, cannot fit.
 //! `in_blocks` concatenates the blocks' outputs. Training points are not blocked: their per-step factors (`M·Σ_l(in + K·out)`
 //! numbers) are part of the fixed cost of every block.
@@ -12,9 +12,9 @@ use crate::error::{Error, Result};
 use crate::model::Body;
 use crate::trajectory::Manifest;
 
-use super::layout::Layout;
-use super::request::Request;
-use super::types::{
+use crate::kernel::layout::Layout;
+use crate::kernel::request::Request;
+use crate::kernel::types::{
     nan_max, output_bytes_in, ColumnShare, KernelKind, KernelOutput, LayerShares, Points,
     StepRecord,
 };
@@ -58,7 +58,7 @@ pub fn plan(manifest: &Manifest, p: usize, m: usize, req: &Request, budget: u64)
 }
 
 /// [`plan`] for a Gram against `mc` of the run's `m` training points
-/// ([`super::Request::columns`]): the Gram, the training factors, `a` and the accumulator scale
+/// ([`crate::kernel::Request::columns`]): the Gram, the training factors, `a` and the accumulator scale
 /// with `mc`; the loss gradients of a step (`[M, K]`) and, for momentum/Adam, the replay's
 /// training side with `m`. Runs that are not plain gradient steps add the recursion's working
 /// memory (`H` and `J̄` per row point, the replay's per-step vectors and Adam's
@@ -86,11 +86,11 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
         Body::Layers { .. } => arch.stack()?.gradient_floats(k as usize),
     };
     // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
-    // ([`super::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
+    // ([`crate::kernel::mlp::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
     let (per_point, cap) = match &arch.body {
         Body::Mlp { widths } => {
-            let pp = super::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
-            (pp, (super::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
+            let pp = crate::kernel::mlp::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
+            (pp, (crate::kernel::mlp::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
         }
         Body::Cnn { .. } | Body::Layers { .. } => (0, 1),
     };
@@ -122,7 +122,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
         + shares;
     if !rule.is_plain() {
         let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
-        let work = super::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == KernelKind::Ntk);
+        let work = crate::kernel::engine::stateful::work_bytes(manifest, &rule, hi.saturating_sub(lo), mc, m, layout, req.kind == KernelKind::Ntk);
         fixed += work.fixed;
         row += work.per_row;
     }

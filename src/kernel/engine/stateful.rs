@@ -8,7 +8,7 @@
 //! - **Phase 2** walks backwards carrying `H_r` (`[P·K, W]`) for the row points:
 //!   `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}`, `ε_r F_r = γ_r H_r`. Each step's kernel is `K_r = ε_r F_r·∇f(x_i; w_r)ᵀ / ε_r`,
 //!   contracted per layer against the training points' factors (MLPs: `H_l·A_trainᵀ` then δ, as
-//!   in [`super::gram`]; other architectures: dense Jacobians). (Dampening scales the step's
+//!   in [`crate::kernel::mlp::gram`]; other architectures: dense Jacobians). (Dampening scales the step's
 //!   row feature by `γ_r`; Nesterov forms `ε_r J̄_r + β γ_r H_r`: `UpdateRule::row_coefficients`.)
 //!   The machine's step-r term is
 //!   `Σ_i a_{i,r}·K_r = −H_r·g_r`, the weight-decay term `R = −λ_c Σ_r H_r·w_r − λ_d Σ_s ε_s J̄_s·w_s`,
@@ -26,14 +26,14 @@
 //! `P·K·M·Σ_l K·out_l` for plain gradient steps; that is the price of a row side which no longer
 //! factors per layer. Memory: two `[P·K, W]` arrays besides the outputs.
 
-use super::eval::{Evals, MlpStep};
-use super::gram::{train_acts_ext, LayerFactors};
-use super::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
-use super::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
-use super::prepare::Prepared;
-use super::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares, StepRecord};
-use super::stack::step::{RowGrad, StackStep};
-use super::{convstep, generic};
+use crate::kernel::mlp::step::{Evals, MlpStep};
+use crate::kernel::mlp::gram::{train_acts_ext, LayerFactors};
+use crate::kernel::layout::{add_dense, add_dense_scaled, add_formed, GramSink, Layout, TrainDeltas};
+use crate::kernel::quadrature::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
+use crate::kernel::engine::prepare::Prepared;
+use crate::kernel::types::{max_abs_diff, nan_max, output_bytes_in, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares, StepRecord};
+use crate::kernel::stack::step::{RowGrad, StackStep};
+use crate::kernel::{cnn, generic};
 use crate::error::{Error, Result};
 use crate::linalg::{gemm, gemm_ab, gemm_abt};
 use crate::model::{param_layers, Params};
@@ -441,7 +441,7 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
     if !s.structured {
         // Other architectures (the CNN): dense Jacobians at each node; the auto rule's nodes come
-        // from the CNN's kinks and forward-mode derivative (convstep::CnnStep).
+        // from the CNN's kinks and forward-mode derivative (cnn::step::CnnStep).
         let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
             Some(nodes) => {
                 let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat_n(pi, nodes.len())).collect();
@@ -451,11 +451,11 @@ fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Params>, l0: Op
             }
             None if matches!(arch.body, crate::model::Body::Layers { .. }) => {
                 let st = StackStep::new(arch, state, next)?;
-                let c = choose_auto_nodes(&super::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+                let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }
             None => {
-                let st = convstep::CnnStep::new(arch, state, next)?;
+                let st = cnn::step::CnnStep::new(arch, state, next)?;
                 let c = choose_auto_nodes(&st, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
                 (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
             }
@@ -533,7 +533,7 @@ fn matvec(a: &[f64], v: &[f64]) -> Vec<f64> {
 pub(crate) struct Work {
     /// Independent of the row points: per step of the range the replay's `Δw − Σ_i u_i` and,
     /// for Adam, its scales (`[W]` each); Adam's recorded preconditioners (`[N, W]`, loaded by
-    /// [`super::entry::compute`]); the optimizer's buffers; what the machine keeps per step, the
+    /// [`crate::kernel::engine::entry::compute`]); the optimizer's buffers; what the machine keeps per step, the
     /// path's `∂L/∂f` (`[N, M, K]`) or, with a column share, the replay's data gradients
     /// (`[N, W]`); one state's training side over all M (the replay) and over the columns (the
     /// contraction): structured factors, or dense Jacobians `[M·K, W]` without a structured
@@ -588,7 +588,7 @@ struct Dims {
 }
 
 /// Computes the kernel of a run whose optimizer is not plain gradient steps.
-pub(super) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+pub(in crate::kernel) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let req = s.req;
     let (m_all, cols) = (s.train.n_train(), s.cols);
     let (lo, hi) = (s.lo, s.hi);

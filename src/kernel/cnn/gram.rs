@@ -21,7 +21,7 @@
 //! with the training activations by one GEMM as `gram.rs` does for dense layers). Every sum over
 //! positions, nodes and points is a GEMM (faer); nothing of size `M·K·W` is formed.
 //!
-//! The output is exactly [`super::generic::step_gram`]'s: the Gram `[P, M, K, K]` and the rows'
+//! The output is exactly [`crate::kernel::generic::step_gram`]'s: the Gram `[P, M, K, K]` and the rows'
 //! self-kernel `[P, K, K]` accumulated.
 //!
 //! Along t the network is piecewise smooth: `Z(t)` is linear, so the function only kinks where a
@@ -31,10 +31,10 @@
 
 use rayon::prelude::*;
 
-use super::convpieces::{self, Measure};
-pub(crate) use super::convstep::CnnStep;
-use super::convstep::SideFactors;
-use super::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
+use super::pieces::{self, Measure};
+pub(crate) use crate::kernel::cnn::step::CnnStep;
+use crate::kernel::cnn::step::SideFactors;
+use crate::kernel::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
 use crate::model::{Architecture, Params};
@@ -43,7 +43,7 @@ use crate::model::{Architecture, Params};
 const BLOCK_BYTES: usize = 64 << 20;
 
 /// Adds one CNN step's Gram `[P, M, K, K]` to `g` and the rows' self-kernel `[P, K, K]` to
-/// `diag`, with the same arguments and result as [`super::generic::step_gram`]: row p's gradient
+/// `diag`, with the same arguments and result as [`crate::kernel::generic::step_gram`]: row p's gradient
 /// averaged over `nodes` (`(t, weight)` on `[0, 1]`, at `w_s(t)`), training gradients at `w_s`.
 ///
 /// # Shapes
@@ -71,7 +71,7 @@ pub fn step_gram(
 }
 
 /// The frozen initial network `g_{w_0}(x)` (`[n, K]`) when the architecture has `zero_output`.
-pub(super) fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f64>>> {
+pub(in crate::kernel) fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f64>>> {
     if arch.zero_output {
         arch.check_params(init)?;
         Ok(Some(arch.raw_forward(init, x)))
@@ -86,7 +86,7 @@ pub(super) fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<O
 /// `J̄d[p, k, o, :] = Σ_r w_r δ_out,r[k, o] a_r = α(δ_ko Ā_p − B̄_p[o])` in its K + 1 distinct rows
 /// `[Ā_p; B̄_p]` `[n_pts, K+1, nf]` (`Ā_p = Σ_r w_r a_r`, `B̄_p[o] = Σ_r w_r q_{r,o} a_r`, see
 /// [`add_output_layer`]).
-pub(super) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f64, f64)>], train: bool) -> (SideFactors, Vec<f64>, Vec<f64>) {
+pub(in crate::kernel) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes: &[Vec<(f64, f64)>], train: bool) -> (SideFactors, Vec<f64>, Vec<f64>) {
     let (k, cne, nf, d) = (step.k, step.co * step.ne, step.nf, step.input_dim());
     let per: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> = nodes
         .par_iter()
@@ -147,10 +147,10 @@ pub(super) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, nodes
 /// How the rows' gradients over a step are formed.
 enum RowSide<'a> {
     /// At quadrature nodes: node j belongs to point `point[j]` with weight `weight[j]` at time
-    /// `times[j]` (ReLU: evaluated in the factored form of [`convpieces`], else by
+    /// `times[j]` (ReLU: evaluated in the factored form of [`pieces`], else by
     /// [`CnnStep`]'s backward pass).
     Nodes { point: &'a [usize], weight: &'a [f64], times: &'a [f64] },
-    /// Integrated piece by piece between the kinks ([`convpieces`], ReLU only) to the per-step
+    /// Integrated piece by piece between the kinks ([`pieces`], ReLU only) to the per-step
     /// tolerance `tol`; fills the node statistics.
     Integrated { tol: f64 },
 }
@@ -215,9 +215,9 @@ fn step_into_at(
         let (xb, ob) = (&rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]));
         let (rf, ab) = match side {
             // ReLU: each node's gradient in the factored form of its pattern.
-            RowSide::Nodes { .. } if convpieces::applies(step) => {
+            RowSide::Nodes { .. } if pieces::applies(step) => {
                 let measures: Vec<Measure<'_>> = nodes_of[p0..p0 + nb].iter().map(|v| Measure::Nodes(v)).collect();
-                let (rf, ab, _) = convpieces::row_factors(step, xb, ob, &measures);
+                let (rf, ab, _) = pieces::row_factors(step, xb, ob, &measures);
                 (rf, ab)
             }
             RowSide::Nodes { .. } => {
@@ -225,9 +225,9 @@ fn step_into_at(
                 (rf, ab)
             }
             RowSide::Integrated { tol } => {
-                let (rf, ab, st) = convpieces::row_factors(step, xb, ob, &vec![Measure::Exact { tol: *tol }; nb]);
+                let (rf, ab, st) = pieces::row_factors(step, xb, ob, &vec![Measure::Exact { tol: *tol }; nb]);
                 for (pieces, bad) in st {
-                    stats.evaluations.push(convpieces::EVALUATIONS);
+                    stats.evaluations.push(pieces::EVALUATIONS);
                     stats.jvp_evaluations.push(pieces);
                     stats.pieces.push(pieces);
                     stats.unconverged += bad;
@@ -273,7 +273,7 @@ pub(crate) struct NodeStats {
 
 /// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`
 /// pairs, the same for every point) or, when `None`, from the adaptive rule with per-step
-/// tolerance `tol_step` (ReLU: the rows integrated between kinks, `kernel::convpieces`); then the Gram into `sink`
+/// tolerance `tol_step` (ReLU: the rows integrated between kinks, `kernel::cnn::pieces`); then the Gram into `sink`
 /// (any layout), the self-kernel into `diag` and the step's kernel-machine prediction for
 /// training weights `a`.
 ///
@@ -310,14 +310,14 @@ pub(crate) fn step_into(
             }
             (point, weight, times, NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 })
         }
-        None if convpieces::applies(&step) => (Vec::new(), Vec::new(), Vec::new(), NodeStats::default()),
+        None if pieces::applies(&step) => (Vec::new(), Vec::new(), Vec::new(), NodeStats::default()),
         None => {
-            let c = super::nodes::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
+            let c = crate::kernel::quadrature::nodes::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
             let stats = NodeStats { evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged };
             (c.point, c.weight, c.times, stats)
         }
     };
-    let side = if fixed.is_none() && convpieces::applies(&step) {
+    let side = if fixed.is_none() && pieces::applies(&step) {
         RowSide::Integrated { tol: tol_step }
     } else {
         RowSide::Nodes { point: &point, weight: &weight, times: &times }
@@ -327,7 +327,7 @@ pub(crate) fn step_into(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(in crate::kernel) mod tests {
     use super::*;
     use crate::kernel::{generic, quadrature};
     use crate::model::{conv, Activation, Body, ModelConfig, OutputKind};
@@ -397,7 +397,7 @@ pub(super) mod tests {
                 worst = worst.max(eg).max(ed);
             }
         }
-        eprintln!("convgram vs generic: max relative difference {worst:e}");
+        eprintln!("cnn::gram vs generic: max relative difference {worst:e}");
     }
 
     #[test]

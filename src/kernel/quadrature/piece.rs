@@ -3,7 +3,7 @@
 //! a quadratic too, so the integrated softmax moments and self-kernel need a scalar quadrature
 //! only (Gauss–Legendre of orders [`ORDERS`], compared, bisected until they agree).
 
-use super::quadrature::gauss_legendre_01;
+use crate::kernel::quadrature::gauss_legendre_01;
 
 /// Gauss–Legendre orders compared on each piece of the scalar quadrature.
 pub(crate) const ORDERS: (usize, usize) = (8, 16);
@@ -35,8 +35,8 @@ pub(crate) fn add_dense_moments(ab: &mut [f64], a0: &[f64], a1: &[f64], l: f64, 
 }
 
 /// One smooth piece: the logits' quadratic, the Gram of `∇z` (`H(t) = H_0 + tH_1 + t²H_2`, the
-/// dense part `|ã(t)|²` on its diagonal) and the offset. Shared by the CNN ([`super::convpieces`])
-/// and the MLP ([`super::mlppieces`]).
+/// dense part `|ã(t)|²` on its diagonal) and the offset. Shared by the CNN ([`crate::kernel::cnn::pieces`])
+/// and the MLP ([`crate::kernel::mlp::pieces`]).
 pub(crate) struct Piece<'a> {
     k: usize,
     alpha: f64,

@@ -7,6 +7,13 @@
 //! accept a piece only when its quadrature of `d/dt f_{w_s(t)}(x)` matches the exact change
 //! `f(b) − f(a)` (fundamental theorem of calculus) to the tolerance; otherwise raise the order,
 //! then bisect.
+//!
+//! The rules' formulas live here; choosing the nodes of one step for the row points, fixed or
+//! adaptive, is `nodes`; one smooth piece of a ReLU network between two kinks, integrated in
+//! closed form by the MLP's and the CNN's exact rules, is `piece`.
+
+pub(crate) mod nodes;
+pub(crate) mod piece;
 
 use crate::error::{Error, Result};
 

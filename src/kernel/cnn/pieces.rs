@@ -23,15 +23,15 @@
 //! quadratic). The self-kernel's integrand `⟨∇f^k(t), ∇f^{k'}(t)⟩ = (D H(t) Dᵀ)[k, k']`, with
 //! `D = α(I − 1pᵀ)` and `H(t)[o, o'] = ⟨E_0[o] + tE_1[o], E_0[o'] + tE_1[o']⟩ + δ_{oo'}|ã(t)|²`
 //! quadratic in t, goes through the same scalar quadrature. Each piece's scalars are integrated
-//! by Gauss–Legendre of orders [`super::piece::ORDERS`], accepted when the two agree to `tol·(b − a)` (or the
+//! by Gauss–Legendre of orders [`crate::kernel::quadrature::piece::ORDERS`], accepted when the two agree to `tol·(b − a)` (or the
 //! rounding floor), else bisected.
 //!
 //! Per point and step, `E_0` and `E_1` are formed once (two backward passes' worth of work:
 //! the gradient evaluations this path reports) and updated at each kink by the units that
 //! switch (`K·ne` per unit); the rest is forward-only work per piece.
 
-use super::convstep::{CnnStep, SideFactors};
-use super::piece::{add_dense_moments, Piece};
+use crate::kernel::cnn::step::{CnnStep, SideFactors};
+use crate::kernel::quadrature::piece::{add_dense_moments, Piece};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;
 
@@ -52,7 +52,7 @@ pub(crate) struct PointFactors {
     /// `∫ ∇_{W_c} f^k dt` `[K, Co·ne]`.
     pub gc: Vec<f64>,
     /// `∫ ∇_{W_d} f^k dt = α(e_k ⊗ Ā − Σ_o e_o ⊗ B̄[o])` as its K + 1 distinct rows `[Ā; B̄]`
-    /// `[K+1, nf]` (`Ā = ∫ã dt`, `B̄[o] = ∫p_o ã dt`; the form of [`super::layout::add_output_layer`]).
+    /// `[K+1, nf]` (`Ā = ∫ã dt`, `B̄[o] = ∫p_o ã dt`; the form of [`crate::kernel::layout::add_output_layer`]).
     pub ab: Vec<f64>,
     /// `∫ ⟨∇f^k, ∇f^{k'}⟩ dt` `[K, K]`.
     pub diag: Vec<f64>,
@@ -324,8 +324,8 @@ fn piece_along<'a>(step: &CnnStep, al: &Along<'_>, off: Option<&'a [f64]>) -> Pi
 mod tests {
     use super::*;
     use crate::kernel::quadrature::gauss_legendre_01;
-    use crate::kernel::convgram::tests::{cases, rel, setup};
-    use crate::kernel::convgram::{offsets, side_factors, CnnStep};
+    use crate::kernel::cnn::gram::tests::{cases, rel, setup};
+    use crate::kernel::cnn::gram::{offsets, side_factors, CnnStep};
 
     /// The slow obvious path: gradients evaluated at a fixed high-order Gauss rule on every
     /// smooth piece, summed with their weights.

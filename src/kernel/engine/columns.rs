@@ -4,20 +4,20 @@
 //! `G[p, i]` involves training point i alone, and the kernel machine
 //! `f(x) = b + Σ_s Σ_i a_{i,s} K_s(x, x_i)` is a sum over the training points, so the columns
 //! `[0, M)` split into blocks `[0, M_1), [M_1, M_2), …` computed apart
-//! (`super::Options::columns`: every path forms the training-side factors of its block only)
+//! (`crate::kernel::Options::columns`: every path forms the training-side factors of its block only)
 //! and assembled here: the Gram blocks side by side, `a` likewise, and the kernel machine either
 //! re-summed as the one-process driver sums it, `b` plus each step's predicted change in step
 //! order, that change being the blocks' per-step shares summed in block order, with the
 //! per-step validation recomputed from it (plain gradient steps), or, for momentum and Adam,
-//! block 0's, which every block computes whole ([`super::ColumnShare`] says why).
+//! block 0's, which every block computes whole ([`crate::kernel::ColumnShare`] says why).
 
-use super::driver::contract;
-use super::layout::Layout;
-use super::types::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput};
+use crate::kernel::engine::driver::contract;
+use crate::kernel::layout::Layout;
+use crate::kernel::types::{max_abs, max_abs_diff, nan_max, KernelForm, KernelKind, KernelOutput};
 use crate::error::{Error, Result};
 
 /// Assembles column blocks, in the order given (which fixes the order of every sum), into the
-/// output over all training points. One output without a [`super::ColumnShare`] is returned as it is.
+/// output over all training points. One output without a [`crate::kernel::ColumnShare`] is returned as it is.
 ///
 /// Checks that the blocks cover `[0, M)` in order, agree in shape, request and row points (bias
 /// and network), and carry what the assembly needs.
