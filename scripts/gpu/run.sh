@@ -15,6 +15,9 @@
 #   run.log        every command, its exit status, seconds, stderr
 #   env.txt        nvidia-smi, CPU, library directory, the bundle's MANIFEST
 #
+# Before the device call, `bash scripts/gpu/travel.sh stash` (the tree must fit the tool's 64 MiB
+# with the bundle); after it, `bash scripts/gpu/travel.sh restore`.
+#
 # Every step has its own timeout within the budget; a step that fails is recorded and the rest
 # still run. Nothing here was run on a GPU yet (see docs/src/performance.md).
 set -uo pipefail
