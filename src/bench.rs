@@ -514,21 +514,6 @@ pub(crate) struct ContractionRate {
     pub max_abs_error: f64,
 }
 
-/// faer's f64 GEMM rate on an `n × n` by `n × n` product, GFLOP/s (fastest of `repeat`).
-pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
-    let a: Vec<f64> = (0..n * n).map(|i| ((i % 97) as f64 - 48.0) / 97.0).collect();
-    let b: Vec<f64> = (0..n * n).map(|i| ((i % 89) as f64 - 44.0) / 89.0).collect();
-    let mut c = vec![0.0; n * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..repeat.max(1) {
-        let t0 = Instant::now();
-        crate::linalg::gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(&c);
-    2.0 * (n as f64).powi(3) / best * 1e-9
-}
-
 /// Times a kernel computation (the run's test points against its training set, the given
 /// steps) with its GEMMs on `device` and reports its contraction's GFLOP/s next to that device's
 /// GEMM rate on a square product of similar size (`n` = the larger of P and M, rounded up to a
@@ -545,7 +530,7 @@ pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: 
     let total = t0.elapsed().as_secs_f64();
     let n = o.p.max(o.m).div_ceil(64) * 64;
     let gemm = match device {
-        kernel::Device::Cpu => gemm_rate(n, 3),
+        kernel::Device::Cpu => crate::linalg::gemm_rate(n, 3),
         kernel::Device::Cuda => kernel::backend::dgemm_rate(device, n, 3)?,
     };
     let c = o.contraction;

@@ -83,6 +83,21 @@ pub(crate) fn gemm_ab(c: &mut [f64], a: &[f64], b: &[f64], m: usize, n: usize, k
     gemm(c, a, false, b, false, (m, n, k), alpha, accumulate);
 }
 
+/// faer's f64 GEMM rate on an `n × n` by `n × n` product, GFLOP/s (fastest of `repeat`).
+pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
+    let a: Vec<f64> = (0..n * n).map(|i| ((i % 97) as f64 - 48.0) / 97.0).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| ((i % 89) as f64 - 44.0) / 89.0).collect();
+    let mut c = vec![0.0; n * n];
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat.max(1) {
+        let t0 = std::time::Instant::now();
+        gemm_abt(&mut c, &a, &b, n, n, n, 1.0, false);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    2.0 * (n as f64).powi(3) / best * 1e-9
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -275,11 +275,14 @@ fn notebook_programs_run() {
     let dir = tempfile::tempdir().unwrap();
     let nb = dir.path().join("nb");
     std::fs::create_dir_all(&nb).unwrap();
-    // `your-data` imports the committed PyTorch recording `../tests/data/torch-trajectory`;
-    // `mnist-uncertainty` reads the committed report `../reports/mnist-uncertainty`.
+    // `your-data` imports the committed PyTorch recordings `../tests/data/torch-trajectory` and
+    // `../tests/data/torch-stack-adamw`; `mnist-uncertainty` reads the committed report
+    // `../reports/mnist-uncertainty`.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(dir.path().join("tests/data")).unwrap();
-    std::os::unix::fs::symlink(root.join("tests/data/torch-trajectory"), dir.path().join("tests/data/torch-trajectory")).unwrap();
+    for rec in ["torch-trajectory", "torch-stack-adamw"] {
+        std::os::unix::fs::symlink(root.join("tests/data").join(rec), dir.path().join("tests/data").join(rec)).unwrap();
+    }
     std::fs::create_dir_all(dir.path().join("reports")).unwrap();
     std::os::unix::fs::symlink(root.join("reports/mnist-uncertainty"), dir.path().join("reports/mnist-uncertainty")).unwrap();
     // `mnist` needs the MNIST files (`bash data/fetch-mnist.sh`); it runs when they are here.

@@ -231,8 +231,8 @@ impl Chart {
         })
     }
 
-    /// A grid of grey-scale images (`cols` per row), each drawn at 4 pixels per image pixel with
-    /// its caption lines underneath.
+    /// A grid of grey-scale images (`cols` per row), each drawn at 4 pixels per image pixel (more
+    /// for images under 28 pixels a side: at least 112 pixels) with its caption lines underneath.
     ///
     /// # Errors
     /// [`Error::Data`] for no tiles, `cols == 0`, or a tile whose pixel count is not
@@ -245,11 +245,14 @@ impl Chart {
         if let Some(t) = tiles.iter().find(|t| t.width == 0 || t.height == 0 || t.pixels.len() != t.width * t.height) {
             return Err(Error::Data(format!("{who}: a {}×{} tile has {} pixels", t.width, t.height, t.pixels.len())));
         }
-        const SCALE: i32 = 4;
+        // 4 screen pixels per image pixel, more for small images (at least 112 px a side: an
+        // 8 × 8 image is drawn 14 times larger).
+        let side = tiles.iter().map(|t| t.width.max(t.height)).max().unwrap_or(1) as i32;
+        let scale = (112 / side).max(4);
         let lines = tiles.iter().map(|t| t.caption.len()).max().unwrap_or(0) as i32;
         let line_h = 17;
-        let iw = tiles.iter().map(|t| t.width).max().unwrap_or(0) as i32 * SCALE;
-        let ih = tiles.iter().map(|t| t.height).max().unwrap_or(0) as i32 * SCALE;
+        let iw = tiles.iter().map(|t| t.width).max().unwrap_or(0) as i32 * scale;
+        let ih = tiles.iter().map(|t| t.height).max().unwrap_or(0) as i32 * scale;
         let cell_w = (iw + 24).max(150);
         let cell_h = ih + 10 + lines * line_h + 14;
         let cols = cols.min(tiles.len());
@@ -259,17 +262,17 @@ impl Chart {
             let body = titled(root, txt, title);
             for (i, t) in tiles.iter().enumerate() {
                 let (r, c) = ((i / cols) as i32, (i % cols) as i32);
-                let x0 = c * cell_w + (cell_w - t.width as i32 * SCALE) / 2;
+                let x0 = c * cell_w + (cell_w - t.width as i32 * scale) / 2;
                 let y0 = r * cell_h + 4;
                 for py in 0..t.height {
                     for px in 0..t.width {
                         let v = t.pixels[py * t.width + px];
                         let g = (255.0 * if v.is_finite() { v.clamp(0.0, 1.0) } else { 0.5 }).round() as u8;
-                        let (x, y) = (x0 + px as i32 * SCALE, y0 + py as i32 * SCALE);
-                        body.draw(&Rectangle::new([(x, y), (x + SCALE, y + SCALE)], RGBColor(g, g, g).filled()))?;
+                        let (x, y) = (x0 + px as i32 * scale, y0 + py as i32 * scale);
+                        body.draw(&Rectangle::new([(x, y), (x + scale, y + scale)], RGBColor(g, g, g).filled()))?;
                     }
                 }
-                body.draw(&Rectangle::new([(x0 - 1, y0 - 1), (x0 + t.width as i32 * SCALE, y0 + t.height as i32 * SCALE)], AXIS_INK.stroke_width(1)))?;
+                body.draw(&Rectangle::new([(x0 - 1, y0 - 1), (x0 + t.width as i32 * scale, y0 + t.height as i32 * scale)], AXIS_INK.stroke_width(1)))?;
                 for (l, line) in t.caption.iter().enumerate() {
                     let size = txt.fit(line, TICK_PX - 1.0, cell_w - 6);
                     txt.put(&body, line, (c * cell_w + cell_w / 2, y0 + ih + 8 + l as i32 * line_h + line_h / 2), size, H::Center, V::Center, false);
@@ -345,6 +348,12 @@ mod tests {
         let c = Chart::image_grid("Images", &tiles, 4).unwrap();
         assert_eq!(c.width(), 4 * 150);
         assert!(colours() > 16);
+        // Small images are drawn larger: an 8 × 8 tile 14 screen pixels a pixel (112 px), a
+        // 28 × 28 one 4 (the two captions lines of 17 px and the margins as above).
+        let small = ImageTile::square([0.5; 64], vec!["a".into(), "b".into()]);
+        let h = |c: Chart| c.height() - super::super::TITLE_H - 8;
+        assert_eq!(h(Chart::image_grid("s", &[small], 1).unwrap()), 112 + 10 + 2 * 17 + 14);
+        assert_eq!(h(Chart::image_grid("s", &tiles[..1], 1).unwrap()), 28 * 4 + 10 + 3 * 17 + 14);
         assert!(Chart::image_grid("t", &[], 4).is_err());
         assert!(Chart::image_grid("t", &tiles, 0).is_err());
         let mut bad = tile(0);

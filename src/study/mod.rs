@@ -293,7 +293,7 @@ fn contraction_notes(kernels: &[StudyKernel]) -> Vec<String> {
     let Some(n) = timed.iter().map(|k| k.gram.output().p.max(k.gram.output().m).div_ceil(64) * 64).max() else {
         return Vec::new();
     };
-    let gemm = crate::bench::gemm_rate(n, 3);
+    let gemm = crate::linalg::gemm_rate(n, 3);
     timed
         .iter()
         .map(|k| {
