@@ -58,8 +58,10 @@ predictions.parquet), evaluations per point and step from `exactness.json`. `--o
 our fixed midpoint rule at 10, 100 and 1 000 points per step: ExPLAIND's rule, in f64.
 
 Each setting runs in its own process; wall time is the process's (Python start and torch import
-included for ExPLAIND, ~2 s), peak memory its peak RSS (`os.wait4`). Writes OUT/ (the recording,
-the run, ExPLAIND's checkpoints) and REPORT/compare.csv, compare.md, summary.json.
+included for ExPLAIND, ~5 s on the shared 2-core machine; `pathkernel import` added to ours),
+peak memory its peak RSS (`os.wait4`). Writes OUT/ (the recording, the run, ExPLAIND's
+checkpoints, each setting's log) and REPORT/compare.csv, compare.md, summary.json.
+`--ours ""` runs ExPLAIND's side only (a probe of its cost, e.g. `--arch lenet5 --settings 10`).
 """
 
 import argparse
@@ -281,7 +283,7 @@ def main():
     ap.add_argument("--per-class", type=int, default=30)
     ap.add_argument("--n-test", type=int, default=10)
     ap.add_argument("--settings", default="default,1,10,100,1000")
-    ap.add_argument("--ours", default="auto:1e-12,midpoint:10,midpoint:100,midpoint:1000", help="comma-separated --quadrature rules for pathkernel")
+    ap.add_argument("--ours", default="auto:1e-12,midpoint:10,midpoint:100,midpoint:1000", help="comma-separated --quadrature rules for pathkernel (empty: ExPLAIND only)")
     ap.add_argument("--mnist", default=os.path.join(here, "..", "data", "mnist"))
     ap.add_argument("--pathkernel", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(here, "..", "target")), "release", "pathkernel"))
     ap.add_argument("--out", default=os.path.join(here, "..", "runs", "explaind-compare"))
@@ -327,23 +329,25 @@ def main():
              **errors(np.load(out_npy), ref, change), "wall_s": wall, "predict_s": info["predict_seconds"], "peak_mb": mb}
         rows.append(r)
         print(f"ExPLAIND {s}: {r}", flush=True)
-    wall_import, mb_import = measured([a.pathkernel, "import", "--from", "torch", rec_dir, "--out", run_dir, "--force"], os.path.join(a.out, "import.log"))
-    print(open(os.path.join(a.out, "import.log")).read().strip())
-    for rule in a.ours.split(","):
-        epk_dir = os.path.join(a.out, "epk-" + rule.replace(":", "-"))
-        wall, mb = measured([a.pathkernel, "kernel", "--run", run_dir, "--kind", "epk", "--quadrature", rule, "--points", "test", "--out", epk_dir, "--force"],
-                            os.path.join(a.out, f"kernel-{rule.replace(':', '-')}.log"))
-        with open(os.path.join(epk_dir, "exactness.json")) as f:
-            ex = json.load(f)
-        ours, network = read_ours(epk_dir)
-        print(f"pathkernel's network column vs the float64 reference: {np.abs(network - ref).max():.3g}")
-        ev = ex.get("evaluations_per_step", {})
-        r = {"tool": "pathkernel (f64)", "setting": rule, "evaluations_per_step": ev.get("mean") if isinstance(ev, dict) else ev,
-             "evaluations_per_step_max": ev.get("max") if isinstance(ev, dict) else None,
-             **errors(ours, ref, change), "wall_s": wall + wall_import, "predict_s": wall, "peak_mb": max(mb, mb_import),
-             "exactness_max_abs_error": ex.get("max_abs_error"), "residual_term_max_abs": ex.get("rounding_term_max_abs")}
-        rows.append(r)
-        print(f"pathkernel {rule}: {r}", flush=True)
+    wall_import = None
+    if a.ours:
+        wall_import, mb_import = measured([a.pathkernel, "import", "--from", "torch", rec_dir, "--out", run_dir, "--force"], os.path.join(a.out, "import.log"))
+        print(open(os.path.join(a.out, "import.log")).read().strip())
+        for rule in a.ours.split(","):
+            epk_dir = os.path.join(a.out, "epk-" + rule.replace(":", "-"))
+            wall, mb = measured([a.pathkernel, "kernel", "--run", run_dir, "--kind", "epk", "--quadrature", rule, "--points", "test", "--out", epk_dir, "--force"],
+                                os.path.join(a.out, f"kernel-{rule.replace(':', '-')}.log"))
+            with open(os.path.join(epk_dir, "exactness.json")) as f:
+                ex = json.load(f)
+            ours, network = read_ours(epk_dir)
+            print(f"pathkernel's network column vs the float64 reference: {np.abs(network - ref).max():.3g}")
+            ev = ex.get("evaluations_per_step", {})
+            r = {"tool": "pathkernel (f64)", "setting": rule, "evaluations_per_step": ev.get("mean") if isinstance(ev, dict) else ev,
+                 "evaluations_per_step_max": ev.get("max") if isinstance(ev, dict) else None,
+                 **errors(ours, ref, change), "wall_s": wall + wall_import, "predict_s": wall, "peak_mb": max(mb, mb_import),
+                 "exactness_max_abs_error": ex.get("max_abs_error"), "residual_term_max_abs": ex.get("rounding_term_max_abs")}
+            rows.append(r)
+            print(f"pathkernel {rule}: {r}", flush=True)
     head = ["tool", "setting", "evaluations per point and step (mean / max)", "max abs error", "mean abs error", "max rel error", "mean rel error",
             "wall s, whole (predict / kernel)", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
