@@ -32,6 +32,21 @@ use step::{RowGrad, StackStep};
 /// Row points whose nodes are evaluated and contracted together.
 const CHUNK_POINTS: usize = 32;
 
+/// Bytes of node-row gradients evaluated at once (their count per point grows with the kinks).
+const NODE_BYTES: usize = 256 << 20;
+
+/// [`NODE_BYTES`], which the tests lower to one node row per block.
+#[cfg(not(test))]
+fn node_bytes() -> usize {
+    NODE_BYTES
+}
+#[cfg(test)]
+static NODE_BYTES_TEST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(NODE_BYTES);
+#[cfg(test)]
+fn node_bytes() -> usize {
+    NODE_BYTES_TEST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Scratch bytes for one batch of node rows' dense-layer products.
 const FOLD_BYTES: usize = 64 << 20;
 
@@ -157,6 +172,14 @@ impl StepModel for StackModel<'_> {
         let train = train_side(tgrads, input.a, input.colw, m, k);
         let step = StackStep::new(arch, input.state, input.next)?;
         let layout = acc.sink_mut().layout();
+        // Numbers one node row's gradients hold, over all parameter layers.
+        let row_numbers: usize = train
+            .iter()
+            .map(|tr| match tr {
+                TrainSide::Factor { acts, deltas, .. } => (acts.len() + deltas.len()) / m.max(1),
+                TrainSide::Formed { g, .. } => g.len() / m.max(1),
+            })
+            .sum();
         // One prediction per parameter layer with the decomposition, else one for all.
         let mut preds = vec![vec![0.0; p * k]; if self.per_layer { train.len() } else { 1 }];
         let mut stats = NodeStats {
@@ -187,57 +210,80 @@ impl StepModel for StackModel<'_> {
                     (an.point, an.weight, an.times)
                 }
             };
-            let rgrads = step.grads(xc, offc, &point, &times);
+            // The nodes' gradients a block of rows at a time (a kink-heavy step has thousands of
+            // nodes per point; LeNet-5 holds ~28 000 numbers per node row): dense layers fold
+            // each block into the Gram rows, formed layers sum theirs into the points' J̄ first.
+            let block = (node_bytes() / (8 * row_numbers).max(1)).max(1);
+            let mut jbars: Vec<Vec<f64>> = train.iter().map(|tr| match tr {
+                TrainSide::Formed { g, .. } => vec![0.0; pc * k * (g.len() / (m * k).max(1))],
+                TrainSide::Factor { .. } => Vec::new(),
+            }).collect();
+            let mut started_total = 0.0;
+            for b0 in (0..point.len()).step_by(block) {
+                let b1 = (b0 + block).min(point.len());
+                let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
+                let rgrads = step.grads(xc, offc, bp, &times[b0..b1]);
+                let started = std::time::Instant::now();
+                for (li, (rg, tr)) in rgrads.iter().zip(&train).enumerate() {
+                    let pred = &mut preds[if self.per_layer { li } else { 0 }];
+                    match (rg, tr) {
+                        (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
+                            let out = acc.target(li).rows_mut(c0..c0 + pc);
+                            flops += fold_dense(layout, out, bp, bw, acts, deltas, ta, td, *ne, *no, m, k);
+                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                                let ar = &acts[r * ne..(r + 1) * ne];
+                                let mut va = vec![0.0; *no];
+                                gemm(&mut va, v, false, ar, false, (*no, 1, *ne), 1.0, false);
+                                let dr = &deltas[r * k * no..(r + 1) * k * no];
+                                for c in 0..k {
+                                    pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], &va);
+                                }
+                                if input.self_kernel {
+                                    let aa = dot(ar, ar);
+                                    for c in 0..k {
+                                        for c2 in 0..k {
+                                            diag[((c0 + q) * k + c) * k + c2] += w * aa * dot(&dr[c * no..(c + 1) * no], &dr[c2 * no..(c2 + 1) * no]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        (RowGrad::Formed { g, width }, TrainSide::Formed { .. }) => {
+                            let wd = *width;
+                            let jbar = &mut jbars[li];
+                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                                let gr = &g[r * k * wd..(r + 1) * k * wd];
+                                jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
+                                if input.self_kernel {
+                                    for c in 0..k {
+                                        for c2 in 0..k {
+                                            diag[((c0 + q) * k + c) * k + c2] += w * dot(&gr[c * wd..(c + 1) * wd], &gr[c2 * wd..(c2 + 1) * wd]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        _ => unreachable!("rows and training points of one stack"),
+                    }
+                }
+                started_total += started.elapsed().as_secs_f64();
+            }
             let started = std::time::Instant::now();
-            for (li, (rg, tr)) in rgrads.iter().zip(&train).enumerate() {
-                let out = acc.target(li).rows_mut(c0..c0 + pc);
-                let pred = &mut preds[if self.per_layer { li } else { 0 }];
-                match (rg, tr) {
-                    (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
-                        flops += fold_dense(layout, out, &point, &weight, acts, deltas, ta, td, *ne, *no, m, k);
-                        for (r, (&q, &w)) in point.iter().zip(&weight).enumerate() {
-                            let ar = &acts[r * ne..(r + 1) * ne];
-                            let mut va = vec![0.0; *no];
-                            gemm(&mut va, v, false, ar, false, (*no, 1, *ne), 1.0, false);
-                            let dr = &deltas[r * k * no..(r + 1) * k * no];
-                            for c in 0..k {
-                                pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], &va);
-                            }
-                            if input.self_kernel {
-                                let aa = dot(ar, ar);
-                                for c in 0..k {
-                                    for c2 in 0..k {
-                                        diag[((c0 + q) * k + c) * k + c2] += w * aa * dot(&dr[c * no..(c + 1) * no], &dr[c2 * no..(c2 + 1) * no]);
-                                    }
-                                }
-                            }
+            for (li, (jbar, tr)) in jbars.iter().zip(&train).enumerate() {
+                if let TrainSide::Formed { g: tg, v } = tr {
+                    let wd = v.len();
+                    let pred = &mut preds[if self.per_layer { li } else { 0 }];
+                    for q in 0..pc {
+                        for c in 0..k {
+                            pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
                         }
                     }
-                    (RowGrad::Formed { g, width }, TrainSide::Formed { g: tg, v, .. }) => {
-                        let wd = *width;
-                        let mut jbar = vec![0.0; pc * k * wd];
-                        for (r, (&q, &w)) in point.iter().zip(&weight).enumerate() {
-                            let gr = &g[r * k * wd..(r + 1) * k * wd];
-                            jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
-                            if input.self_kernel {
-                                for c in 0..k {
-                                    for c2 in 0..k {
-                                        diag[((c0 + q) * k + c) * k + c2] += w * dot(&gr[c * wd..(c + 1) * wd], &gr[c2 * wd..(c2 + 1) * wd]);
-                                    }
-                                }
-                            }
-                        }
-                        for q in 0..pc {
-                            for c in 0..k {
-                                pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
-                            }
-                        }
-                        add_dense(layout, out, &jbar, tg, pc, m, k, wd, 1.0);
-                        flops += 2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64;
-                    }
-                    _ => unreachable!("rows and training points of one stack"),
+                    let out = acc.target(li).rows_mut(c0..c0 + pc);
+                    add_dense(layout, out, jbar, tg, pc, m, k, wd, 1.0);
+                    flops += 2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64;
                 }
             }
+            seconds += started_total;
             seconds += started.elapsed().as_secs_f64();
         }
         acc.add_contraction(seconds, flops);
@@ -256,5 +302,59 @@ impl StepModel for StackModel<'_> {
             cosine: f64::NAN,
             layer_pred,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use crate::kernel::{self, KernelKind, Layout, Request, Rows, Rule};
+    use crate::train::{train_to_dir, RunConfig, TrainOptions};
+    use crate::trajectory::Run;
+
+    /// The nodes' gradients taken one row at a time equal them taken all at once: Gram, self-kernel
+    /// and machine of a ReLU/max-pool stack's auto EPK (many nodes per point), to rounding.
+    #[test]
+    fn node_blocks_do_not_change_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = r#"[data]
+kind = "gaussian-mixture"
+dim = 4
+per_class = 5
+n_test = 3
+seed = 3
+
+[model]
+kind = "layers"
+layers = [{ dense = 12 }, "relu", { dense = 10 }, "relu", { dense = 3 }]
+
+[train]
+lr = 0.8
+steps = 3
+seed = 7
+"#;
+        let cfg = RunConfig::from_toml(toml, Path::new("test.toml")).unwrap();
+        let out = dir.path().join("run");
+        train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
+        let run = Run::open(&out).unwrap();
+        let states = run.load_all().unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).layout(Layout::Full);
+        let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+        super::NODE_BYTES_TEST.store(1, std::sync::atomic::Ordering::Relaxed);
+        let rows = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+        super::NODE_BYTES_TEST.store(super::NODE_BYTES, std::sync::atomic::Ordering::Relaxed);
+        let rows = rows.unwrap();
+        assert!(whole.mean_evaluations() > 3.0, "too few nodes to split: {}", whole.mean_evaluations());
+        let rel = |a: &[f64], b: &[f64]| {
+            let s = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs())) / s
+        };
+        assert!(rel(&rows.gram, &whole.gram) <= 1e-13, "Gram {:e}", rel(&rows.gram, &whole.gram));
+        assert!(rel(&rows.machine, &whole.machine) <= 1e-13, "machine {:e}", rel(&rows.machine, &whole.machine));
+        let (a, b) = (rows.diag.as_ref().unwrap(), whole.diag.as_ref().unwrap());
+        assert!(rel(a, b) <= 1e-13, "self-kernel {:e}", rel(a, b));
+        assert!(whole.max_abs_error() <= 1e-11, "machine vs network {:e}", whole.max_abs_error());
     }
 }
