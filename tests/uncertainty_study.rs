@@ -182,6 +182,16 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     for chart in ["reliability_clean.png", "reliability_rot-90.png", "nll_vs_angle.png", "ece_vs_angle.png", "accuracy_vs_angle.png", "ood_auroc.png", "disagreement.png"] {
         assert!(out.join("charts").join(chart).is_file(), "{chart}");
     }
+    // Each setting's rows are their own kernel computation (the study holds one setting's rows
+    // at a time), and so are the validation split's.
+    let timings = std::fs::read_to_string(out.join("timings.md")).unwrap();
+    for fam in ["EPK", "NTK", "WINDOW2"] {
+        for (setting, n) in [("val", 40), ("clean", 40), ("rot-0", 20), ("rot-90", 20), ("noise", 20), ("inverted", 20)] {
+            let stage = format!("| {fam} Gram at `{setting}` ({n} points) |");
+            assert_eq!(timings.matches(&stage).count(), 1, "{stage} in\n{timings}");
+        }
+    }
+    assert!(!timings.contains("at every setting"), "{timings}");
     // Cross-class fits only where asked, with their K × K covariances in the cache, which
     // carry cross-class terms; the fits report both factorisations' agreement.
     assert!(!methods.iter().any(|m| m.starts_with("fsl-epk-kxk")), "{methods:?}");
@@ -418,4 +428,56 @@ fn kernel_gp_matches_the_gp_workflow() {
     let rows = kernel_gp::row_gram(&run, &states, KernelKind::Epk, rule, Outputs::Logits, &run.dataset.x_test[..784], "one", &noop).unwrap();
     assert!(gp.posterior(&rows).is_err());
     assert!(KernelGp::fit(&run, &states, &KernelGpSpec::ntk().train_gram(TrainGram::SymmetrisedTestSide), &noop).is_err());
+}
+
+/// The study computes each setting's rows alone (to hold one setting's rows at a time): one set
+/// computed alone gives the rows it has in a joint computation over every set (EPK with the
+/// adaptive rule and the NTK; diag and full layouts; every array of the row Gram, ≤ 1e-12
+/// relative), and its check is its own rows' machine.
+#[test]
+fn row_grams_of_one_set_alone_are_its_rows_of_a_joint_computation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = small_run(tmp.path());
+    let states = run.load_all().unwrap();
+    let noop = |_: usize, _: usize| {};
+    let d = run.dataset.dim;
+    let x = &run.dataset.x_test;
+    // Three sets of unequal sizes (5, 4, 3 rows), the last one inverted test images.
+    let inverted: Vec<f64> = x[..3 * d].iter().map(|v| 1.0 - v).collect();
+    let sets: Vec<(&[f64], &str)> = vec![(&x[..5 * d], "a"), (&x[5 * d..9 * d], "b"), (&inverted, "c")];
+    let close = |what: &str, a: &[f64], b: &[f64]| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let scale = a.iter().fold(f64::MIN_POSITIVE, |s, v| s.max(v.abs()));
+        let err = a.iter().zip(b).map(|(u, v)| (u - v).abs()).fold(0.0, f64::max);
+        assert!(err <= 1e-12 * scale, "{what}: {err:e} (scale {scale:e})");
+    };
+    for kind in [KernelKind::Epk, KernelKind::Ntk] {
+        for layout in [Layout::Diag, Layout::Full] {
+            let joint = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &sets, &noop).unwrap();
+            for (set, j) in sets.iter().zip(&joint) {
+                let alone = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], &noop).unwrap().pop().unwrap();
+                let what = |a: &str| format!("{kind} {layout} set {}: {a}", set.1);
+                assert_eq!(alone.p, j.p, "{}", what("rows"));
+                close(&what("k_cross"), &alone.k_cross, &j.k_cross);
+                close(&what("k_test_diag"), &alone.k_test_diag, &j.k_test_diag);
+                close(&what("network"), &alone.network, &j.network);
+                close(&what("bias"), &alone.bias, &j.bias);
+                assert_eq!(alone.k_cross_full.is_some(), layout == Layout::Full);
+                if layout == Layout::Full {
+                    close(&what("k_cross_full"), alone.k_cross_full.as_ref().unwrap(), j.k_cross_full.as_ref().unwrap());
+                    close(&what("k_self"), alone.k_self.as_ref().unwrap(), j.k_self.as_ref().unwrap());
+                    // The full Gram's class-diagonal blocks are the class-diagonal rows.
+                    let (m, k, p) = (run.dataset.n_train(), run.dataset.num_outputs, alone.p);
+                    let full = alone.k_cross_full.as_ref().unwrap();
+                    for c in 0..k {
+                        for idx in 0..p * m {
+                            assert_eq!(alone.k_cross[c * p * m + idx], full[(idx * k + c) * k + c]);
+                        }
+                    }
+                }
+                assert_eq!((alone.check.rows.as_str(), alone.check.points), (set.1, j.check.points), "{}", what("check"));
+                assert!((alone.check.max_abs_error - j.check.max_abs_error).abs() <= 1e-12, "{}", what("check"));
+            }
+        }
+    }
 }
