@@ -237,6 +237,51 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
 }
 
 #[test]
+fn row_memory_blocks_give_the_same_predictions_and_are_part_of_the_keys() {
+    // The tiny study, then the same study with a row memory budget that splits the settings'
+    // rows into blocks, on the same cache: the budget is in the settings' keys, so they are
+    // recomputed (the network, the ensemble and the built-in methods reused); every prediction
+    // equal within 1e-12 relative.
+    let tmp = tempfile::tempdir().unwrap();
+    let mnist = tmp.path().join("mnist");
+    std::fs::create_dir(&mnist).unwrap();
+    common::write_square_mnist(&mnist, 400, 60);
+    let base = study_toml(&mnist);
+    let budget = base.replace("disagreement_images = 6", "disagreement_images = 6\nrow_memory = \"12M\"");
+    assert_ne!(budget, base);
+    let cache = tmp.path().join("cache");
+    let mut outs = Vec::new();
+    for (name, text) in [("whole", &base), ("blocks", &budget)] {
+        let file = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = tmp.path().join(format!("report-{name}"));
+        // The second run would reuse every stage if the budget were not in the keys.
+        let s = run_study(&file, &out, &cache);
+        assert!(!s.reused_run, "{name}: the settings are computed");
+        outs.push(out);
+    }
+    let k = 10;
+    let read = |out: &Path| {
+        let p = Table::read_parquet(&out.join("predictions.parquet")).unwrap();
+        let mut cols: Vec<Vec<f64>> = (0..k).map(|c| p.f64(&format!("p{c}")).unwrap().to_vec()).collect();
+        cols.push(p.f64("ood_score").unwrap().to_vec());
+        let m = Table::read_parquet(&out.join("metrics.parquet")).unwrap();
+        cols.push(m.f64("value").unwrap().to_vec());
+        (strings(&p, "method"), strings(&p, "setting"), cols)
+    };
+    let (m1, s1, c1) = read(&outs[0]);
+    let (m2, s2, c2) = read(&outs[1]);
+    assert_eq!((&m1, &s1), (&m2, &s2));
+    for (a, b) in c1.iter().zip(&c2) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            let ok = x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+            assert!(ok, "row {i}: {x:e} vs {y:e}");
+        }
+    }
+}
+
+#[test]
 fn cholesky_solver_gives_the_eigen_solvers_predictions() {
     // The same tiny study with the cross-class fits by the Cholesky route: every other method
     // bit for bit, the cross-class ones within the δ search's tolerance (|Δ log δ| ≤ 1e-6).
@@ -309,6 +354,7 @@ fn uncertainty_section_is_validated() {
     check(&base.replace("disagreement_images = 6", "colour = 1"), "unknown field");
     check(&(base.clone() + "\n[[kernel]]\nkind = \"epk\"\n"), "benchmark only");
     check(&base.replace("lrs = [0.5, 1.0]", "lrs = []"), "lrs");
+    check(&base.replace("disagreement_images = 6", "row_memory = \"lots\""), "row_memory");
     check(&base.replace("fsl_kxk_kernels = [\"ntk\", \"window:2\"]", "fsl_kxk_kernels = [\"path\"]"), "`path` is not one of kernel_gps");
     check(&base.replace("fsl_kxk = [\"class-diagonal\", \"full\"]", "fsl_kxk = [\"full\", \"full\"]"), "must not repeat");
     check(&base.replace("ablations = [\"netmean\", \"sym\"]", "ablations = [\"fancy\"]"), "not sym or netmean");
@@ -433,7 +479,8 @@ fn kernel_gp_matches_the_gp_workflow() {
 /// The study computes each setting's rows alone (to hold one setting's rows at a time): one set
 /// computed alone gives the rows it has in a joint computation over every set (EPK with the
 /// adaptive rule and the NTK; diag and full layouts; every array of the row Gram, ≤ 1e-12
-/// relative), and its check is its own rows' machine.
+/// relative), and its check is its own rows' machine; under a memory budget its rows come in
+/// blocks with the same values, and a budget below one row's work is refused.
 #[test]
 fn row_grams_of_one_set_alone_are_its_rows_of_a_joint_computation() {
     let tmp = tempfile::tempdir().unwrap();
@@ -453,9 +500,25 @@ fn row_grams_of_one_set_alone_are_its_rows_of_a_joint_computation() {
     };
     for kind in [KernelKind::Epk, KernelKind::Ntk] {
         for layout in [Layout::Diag, Layout::Full] {
-            let joint = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &sets, &noop).unwrap();
+            let joint = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &sets, None, &noop).unwrap();
             for (set, j) in sets.iter().zip(&joint) {
-                let alone = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], &noop).unwrap().pop().unwrap();
+                let alone = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], None, &noop).unwrap().pop().unwrap();
+                // Under a memory budget that holds the output and two rows' work: blocks of two
+                // rows, concatenated, are the rows of one block.
+                let p = set.0.len() / d;
+                let req = Request::new(kind).rule(Rule::Auto(1e-12)).layout(layout).outputs(Outputs::Logits);
+                let plan = kernel::engine::blocked::plan(&run.manifest, p, run.dataset.n_train(), &req, u64::MAX).unwrap();
+                let budget = plan.output_bytes + plan.fixed_bytes + 2 * plan.row_bytes;
+                assert_eq!(kernel::engine::blocked::plan(&run.manifest, p, run.dataset.n_train(), &req, budget).unwrap().block_rows, 2);
+                let blocked = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], Some(budget), &noop).unwrap().pop().unwrap();
+                let tight = plan.output_bytes + plan.fixed_bytes + plan.row_bytes - 1;
+                assert!(kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], Some(tight), &noop).unwrap_err().to_string().contains("memory"));
+                for (what, a, b) in [("blocked k_cross", &blocked.k_cross, &alone.k_cross), ("blocked k_test_diag", &blocked.k_test_diag, &alone.k_test_diag), ("blocked network", &blocked.network, &alone.network)] {
+                    close(&format!("{kind} {layout} set {}: {what}", set.1), a, b);
+                }
+                if layout == Layout::Full {
+                    close(&format!("{kind} {layout} set {}: blocked k_cross_full", set.1), blocked.k_cross_full.as_ref().unwrap(), alone.k_cross_full.as_ref().unwrap());
+                }
                 let what = |a: &str| format!("{kind} {layout} set {}: {a}", set.1);
                 assert_eq!(alone.p, j.p, "{}", what("rows"));
                 close(&what("k_cross"), &alone.k_cross, &j.k_cross);

@@ -362,18 +362,24 @@ pub struct RowGram {
 /// set's check is its rows' machine against the network; its evaluation counts are those of the
 /// whole computation. `layout`: `diag`, or `full` (the class blocks taken from it, every block
 /// kept in [`RowGram::k_cross_full`]; with one set the computed Gram itself, not a copy).
+/// `memory`: bytes the computation may take; the rows are then computed in row blocks
+/// ([`crate::kernel::engine::blocked::plan`]) and concatenated (`None`: one block).
 ///
 /// Rows are independent of the rows computed beside them, so one set computed alone gives its
 /// rows of a joint computation (up to the rounding of the per-block accumulation; the
 /// uncertainty study computes one setting at a time to bound its memory).
 #[allow(clippy::too_many_arguments)]
-pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, layout: Layout, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, layout: Layout, sets: &[(&[f64], &str)], memory: Option<u64>, progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
     if layout == Layout::Trace {
         return Err(Error::Config("a kernel GP needs the class blocks (diag or full layout)".into()));
     }
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-    let req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(layout).outputs(outputs);
+    let mut req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(layout).outputs(outputs);
+    if let Some(budget) = memory {
+        let plan = kernel::engine::blocked::plan(&run.manifest, x.len() / d.max(1), run.dataset.n_train(), &req, budget)?;
+        req = req.block_rows(Some(plan.block_rows));
+    }
     let mut o = kernel::compute(run, states, &points(&x, d), &req, progress)?;
     drop(x);
     let (m, k) = (o.m, o.k);
@@ -427,5 +433,5 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
 /// # Shapes
 /// `x: [P, d]`.
 pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    Ok(row_grams(run, states, kind, rule, outputs, None, Layout::Diag, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
+    Ok(row_grams(run, states, kind, rule, outputs, None, Layout::Diag, &[(x, rows)], None, progress)?.pop().expect("one set, one Gram"))
 }

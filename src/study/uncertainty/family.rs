@@ -283,6 +283,8 @@ struct Stages {
     fam_key: Key,
     /// The validation split's row Gram (the function-space Laplace calibrations' rows).
     val_key: Key,
+    /// How the rows are computed: [`ROWS`], with the memory budget when there is one.
+    rows: String,
     n: usize,
 }
 
@@ -296,14 +298,20 @@ impl Stages {
         let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}{route}"))).collect::<Vec<_>>().join(",");
         let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
         let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
-        let val_key = Key::of(&[fam_key.as_str(), ROWS, "val", &format!("{:016x}", fnv1a(&f64_bytes(val_x)))]);
-        Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, val_key, n: run.dataset.n_train() }
+        // Row blocks under a memory budget give the same rows up to rounding: a budget is part
+        // of the keys, so that a cached setting is always the computation its key names.
+        let rows = match fam.row_memory {
+            None => ROWS.to_string(),
+            Some(b) => format!("{ROWS}|memory:{b}"),
+        };
+        let val_key = Key::of(&[fam_key.as_str(), &rows, "val", &format!("{:016x}", fnv1a(&f64_bytes(val_x)))]);
+        Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, val_key, rows, n: run.dataset.n_train() }
     }
     /// A setting's key: the family's, its name and inputs, and how its rows are computed
     /// ([`ROWS`]: a setting cached when the rows came from one computation over every setting
     /// has another key, and is recomputed).
     fn setting_key(&self, s: &Setting) -> Key {
-        Key::of(&[self.fam_key.as_str(), ROWS, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))])
+        Key::of(&[self.fam_key.as_str(), &self.rows, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))])
     }
     /// The timing stage of the row Gram at `name` (`n` points).
     fn rows_stage(fam: &KernelFamily, name: &str, n: usize) -> String {
@@ -438,7 +446,7 @@ fn rows_at(clock: &mut Clock, fam: &KernelFamily, stage: &str, key: &Key, x: &[f
     let p = x.len() / run.dataset.dim.max(1);
     let bar = crate::progress::Progress::new(progress, 1, &format!("{} rows at `{name}` ({p}) {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.label()));
     let rows = clock.run(stage, &fam.gps[0].0.to_string(), key, || {
-        let mut g = kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &[(x, name)], &|d, t| {
+        let mut g = kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &[(x, name)], fam.row_memory, &|d, t| {
             bar.set_length(t as u64);
             bar.set_position(d as u64);
         })?;
