@@ -449,6 +449,15 @@ fn rows_at(clock: &mut Clock, fam: &KernelFamily, stage: &str, key: &Key, x: &[f
         let mut g = kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &[(x, name)], fam.row_memory, &|d, t| {
             bar.set_length(t as u64);
             bar.set_position(d as u64);
+        })
+        .map_err(|e| match e {
+            Error::OutOfMemoryBudget { what, needed_bytes, budget_bytes, .. } => Error::OutOfMemoryBudget {
+                what: format!("{what} at `{name}`"),
+                needed_bytes,
+                budget_bytes,
+                hint: "raise [uncertainty] row_memory (a setting's whole row Gram is held; only the work is blocked)".into(),
+            },
+            e => e,
         })?;
         Ok(g.pop().expect("one set, one row Gram"))
     })?;
