@@ -41,6 +41,7 @@ fn default_grid() -> usize {
 /// ensemble_seeds = [0, 1, 2, 3, 4]
 /// quadrature = "auto:1e-12"      # the EPK rows' quadrature
 /// kernel_gps = ["epk", "ntk"]    # epk | ntk | path | window:L
+/// row_memory = "8G"              # bytes one setting's row Gram computation may take (default: no limit)
 /// [uncertainty.benchmark]        # settings and Monte-Carlo (BenchmarkConfig; defaults: the protocol)
 /// angles = [15, 30, 45, 60, 90, 180]
 /// ```
