@@ -182,6 +182,16 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     for chart in ["reliability_clean.png", "reliability_rot-90.png", "nll_vs_angle.png", "ece_vs_angle.png", "accuracy_vs_angle.png", "ood_auroc.png", "disagreement.png"] {
         assert!(out.join("charts").join(chart).is_file(), "{chart}");
     }
+    // Each setting's rows are their own kernel computation (the study holds one setting's rows
+    // at a time), and so are the validation split's.
+    let timings = std::fs::read_to_string(out.join("timings.md")).unwrap();
+    for fam in ["EPK", "NTK", "WINDOW2"] {
+        for (setting, n) in [("val", 40), ("clean", 40), ("rot-0", 20), ("rot-90", 20), ("noise", 20), ("inverted", 20)] {
+            let stage = format!("| {fam} Gram at `{setting}` ({n} points) |");
+            assert_eq!(timings.matches(&stage).count(), 1, "{stage} in\n{timings}");
+        }
+    }
+    assert!(!timings.contains("at every setting"), "{timings}");
     // Cross-class fits only where asked, with their K × K covariances in the cache, which
     // carry cross-class terms; the fits report both factorisations' agreement.
     assert!(!methods.iter().any(|m| m.starts_with("fsl-epk-kxk")), "{methods:?}");
@@ -222,6 +232,51 @@ fn uncertainty_study_end_to_end_reruns_and_resumes() {
     for (path, bytes) in &before {
         if !path.ends_with("timings.md") && !path.ends_with("timings.json") {
             assert!(after.get(path) == Some(bytes), "{} changed after resuming", path.display());
+        }
+    }
+}
+
+#[test]
+fn row_memory_blocks_give_the_same_predictions_and_are_part_of_the_keys() {
+    // The tiny study, then the same study with a row memory budget that splits the settings'
+    // rows into blocks, on the same cache: the budget is in the settings' keys, so they are
+    // recomputed (the network, the ensemble and the built-in methods reused); every prediction
+    // equal within 1e-12 relative.
+    let tmp = tempfile::tempdir().unwrap();
+    let mnist = tmp.path().join("mnist");
+    std::fs::create_dir(&mnist).unwrap();
+    common::write_square_mnist(&mnist, 400, 60);
+    let base = study_toml(&mnist);
+    let budget = base.replace("disagreement_images = 6", "disagreement_images = 6\nrow_memory = \"12M\"");
+    assert_ne!(budget, base);
+    let cache = tmp.path().join("cache");
+    let mut outs = Vec::new();
+    for (name, text) in [("whole", &base), ("blocks", &budget)] {
+        let file = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = tmp.path().join(format!("report-{name}"));
+        // The second run would reuse every stage if the budget were not in the keys.
+        let s = run_study(&file, &out, &cache);
+        assert!(!s.reused_run, "{name}: the settings are computed");
+        outs.push(out);
+    }
+    let k = 10;
+    let read = |out: &Path| {
+        let p = Table::read_parquet(&out.join("predictions.parquet")).unwrap();
+        let mut cols: Vec<Vec<f64>> = (0..k).map(|c| p.f64(&format!("p{c}")).unwrap().to_vec()).collect();
+        cols.push(p.f64("ood_score").unwrap().to_vec());
+        let m = Table::read_parquet(&out.join("metrics.parquet")).unwrap();
+        cols.push(m.f64("value").unwrap().to_vec());
+        (strings(&p, "method"), strings(&p, "setting"), cols)
+    };
+    let (m1, s1, c1) = read(&outs[0]);
+    let (m2, s2, c2) = read(&outs[1]);
+    assert_eq!((&m1, &s1), (&m2, &s2));
+    for (a, b) in c1.iter().zip(&c2) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            let ok = x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+            assert!(ok, "row {i}: {x:e} vs {y:e}");
         }
     }
 }
@@ -299,6 +354,7 @@ fn uncertainty_section_is_validated() {
     check(&base.replace("disagreement_images = 6", "colour = 1"), "unknown field");
     check(&(base.clone() + "\n[[kernel]]\nkind = \"epk\"\n"), "benchmark only");
     check(&base.replace("lrs = [0.5, 1.0]", "lrs = []"), "lrs");
+    check(&base.replace("disagreement_images = 6", "row_memory = \"lots\""), "row_memory");
     check(&base.replace("fsl_kxk_kernels = [\"ntk\", \"window:2\"]", "fsl_kxk_kernels = [\"path\"]"), "`path` is not one of kernel_gps");
     check(&base.replace("fsl_kxk = [\"class-diagonal\", \"full\"]", "fsl_kxk = [\"full\", \"full\"]"), "must not repeat");
     check(&base.replace("ablations = [\"netmean\", \"sym\"]", "ablations = [\"fancy\"]"), "not sym or netmean");
@@ -418,4 +474,73 @@ fn kernel_gp_matches_the_gp_workflow() {
     let rows = kernel_gp::row_gram(&run, &states, KernelKind::Epk, rule, Outputs::Logits, &run.dataset.x_test[..784], "one", &noop).unwrap();
     assert!(gp.posterior(&rows).is_err());
     assert!(KernelGp::fit(&run, &states, &KernelGpSpec::ntk().train_gram(TrainGram::SymmetrisedTestSide), &noop).is_err());
+}
+
+/// The study computes each setting's rows alone (to hold one setting's rows at a time): one set
+/// computed alone gives the rows it has in a joint computation over every set (EPK with the
+/// adaptive rule and the NTK; diag and full layouts; every array of the row Gram, ≤ 1e-12
+/// relative), and its check is its own rows' machine; under a memory budget its rows come in
+/// blocks with the same values, and a budget below one row's work is refused.
+#[test]
+fn row_grams_of_one_set_alone_are_its_rows_of_a_joint_computation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = small_run(tmp.path());
+    let states = run.load_all().unwrap();
+    let noop = |_: usize, _: usize| {};
+    let d = run.dataset.dim;
+    let x = &run.dataset.x_test;
+    // Three sets of unequal sizes (5, 4, 3 rows), the last one inverted test images.
+    let inverted: Vec<f64> = x[..3 * d].iter().map(|v| 1.0 - v).collect();
+    let sets: Vec<(&[f64], &str)> = vec![(&x[..5 * d], "a"), (&x[5 * d..9 * d], "b"), (&inverted, "c")];
+    let close = |what: &str, a: &[f64], b: &[f64]| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let scale = a.iter().fold(f64::MIN_POSITIVE, |s, v| s.max(v.abs()));
+        let err = a.iter().zip(b).map(|(u, v)| (u - v).abs()).fold(0.0, f64::max);
+        assert!(err <= 1e-12 * scale, "{what}: {err:e} (scale {scale:e})");
+    };
+    for kind in [KernelKind::Epk, KernelKind::Ntk] {
+        for layout in [Layout::Diag, Layout::Full] {
+            let joint = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &sets, None, &noop).unwrap();
+            for (set, j) in sets.iter().zip(&joint) {
+                let alone = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], None, &noop).unwrap().pop().unwrap();
+                // Under a memory budget that holds the output and two rows' work: blocks of two
+                // rows, concatenated, are the rows of one block.
+                let p = set.0.len() / d;
+                let req = Request::new(kind).rule(Rule::Auto(1e-12)).layout(layout).outputs(Outputs::Logits);
+                let plan = kernel::engine::blocked::plan(&run.manifest, p, run.dataset.n_train(), &req, u64::MAX).unwrap();
+                let budget = plan.output_bytes + plan.fixed_bytes + 2 * plan.row_bytes;
+                assert_eq!(kernel::engine::blocked::plan(&run.manifest, p, run.dataset.n_train(), &req, budget).unwrap().block_rows, 2);
+                let blocked = kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], Some(budget), &noop).unwrap().pop().unwrap();
+                let tight = plan.output_bytes + plan.fixed_bytes + plan.row_bytes - 1;
+                assert!(kernel_gp::row_grams(&run, &states, kind, Rule::Auto(1e-12), Outputs::Logits, None, layout, &[*set], Some(tight), &noop).unwrap_err().to_string().contains("memory"));
+                for (what, a, b) in [("blocked k_cross", &blocked.k_cross, &alone.k_cross), ("blocked k_test_diag", &blocked.k_test_diag, &alone.k_test_diag), ("blocked network", &blocked.network, &alone.network)] {
+                    close(&format!("{kind} {layout} set {}: {what}", set.1), a, b);
+                }
+                if layout == Layout::Full {
+                    close(&format!("{kind} {layout} set {}: blocked k_cross_full", set.1), blocked.k_cross_full.as_ref().unwrap(), alone.k_cross_full.as_ref().unwrap());
+                }
+                let what = |a: &str| format!("{kind} {layout} set {}: {a}", set.1);
+                assert_eq!(alone.p, j.p, "{}", what("rows"));
+                close(&what("k_cross"), &alone.k_cross, &j.k_cross);
+                close(&what("k_test_diag"), &alone.k_test_diag, &j.k_test_diag);
+                close(&what("network"), &alone.network, &j.network);
+                close(&what("bias"), &alone.bias, &j.bias);
+                assert_eq!(alone.k_cross_full.is_some(), layout == Layout::Full);
+                if layout == Layout::Full {
+                    close(&what("k_cross_full"), alone.k_cross_full.as_ref().unwrap(), j.k_cross_full.as_ref().unwrap());
+                    close(&what("k_self"), alone.k_self.as_ref().unwrap(), j.k_self.as_ref().unwrap());
+                    // The full Gram's class-diagonal blocks are the class-diagonal rows.
+                    let (m, k, p) = (run.dataset.n_train(), run.dataset.num_outputs, alone.p);
+                    let full = alone.k_cross_full.as_ref().unwrap();
+                    for c in 0..k {
+                        for idx in 0..p * m {
+                            assert_eq!(alone.k_cross[c * p * m + idx], full[(idx * k + c) * k + c]);
+                        }
+                    }
+                }
+                assert_eq!((alone.check.rows.as_str(), alone.check.points), (set.1, j.check.points), "{}", what("check"));
+                assert!((alone.check.max_abs_error - j.check.max_abs_error).abs() <= 1e-12, "{}", what("check"));
+            }
+        }
+    }
 }

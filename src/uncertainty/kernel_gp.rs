@@ -294,7 +294,7 @@ impl TrainBlocks {
         }
         let req = Request::new(spec.kind).rule(spec.rule).side(side).steps(window_steps(run, spec.window)?).layout(layout).outputs(spec.outputs);
         let pts = points(&run.dataset.x_train, run.dataset.dim);
-        let o = kernel::compute(run, states, &pts, &req, progress)?;
+        let mut o = kernel::compute(run, states, &pts, &req, progress)?;
         let (m, k) = (o.m, o.k);
         if o.p != m {
             return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
@@ -316,8 +316,9 @@ impl TrainBlocks {
             }
             k_train.extend(b);
         }
-        let full = (layout == Layout::Full).then(|| o.gram.clone());
-        Ok(TrainBlocks { k_train, network: o.network.clone(), bias: o.bias.clone(), asymmetry, mean_diag, check, full, m, k, seconds: t0.elapsed().as_secs_f64() })
+        // The whole Gram is kept as computed (moved, not copied: it is the largest array here).
+        let full = (layout == Layout::Full).then(|| std::mem::take(&mut o.gram));
+        Ok(TrainBlocks { k_train, network: std::mem::take(&mut o.network), bias: std::mem::take(&mut o.bias), asymmetry, mean_diag, check, full, m, k, seconds: t0.elapsed().as_secs_f64() })
     }
 }
 
@@ -357,19 +358,34 @@ pub struct RowGram {
 
 /// [`row_gram`] of several row sets `sets` (`(x [P_j, d], name)`) from one kernel computation
 /// over all their rows: the training side of every step is evaluated once instead of once per
-/// set. Each set's check is its rows' machine against the network; its evaluation counts are
-/// those of the whole computation. `layout`: `diag`, or `full` (the class blocks taken from
-/// it, every block kept in [`RowGram::k_cross_full`]).
+/// set, but every set's rows are held at once (twice while they are split into sets). Each
+/// set's check is its rows' machine against the network; its evaluation counts are those of the
+/// whole computation. `layout`: `diag`, or `full` (the class blocks taken from it, every block
+/// kept in [`RowGram::k_cross_full`]; with one set the computed Gram itself, not a copy).
+/// `memory`: bytes the computation may take; the rows are then computed in row blocks
+/// ([`crate::kernel::engine::blocked::plan`]) and concatenated (`None`: one block).
+///
+/// Rows are independent of the rows computed beside them, so one set computed alone gives its
+/// rows of a joint computation (up to the rounding of the per-block accumulation; the
+/// uncertainty study computes one setting at a time to bound its memory).
 #[allow(clippy::too_many_arguments)]
-pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, layout: Layout, sets: &[(&[f64], &str)], progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
+pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, window: Option<usize>, layout: Layout, sets: &[(&[f64], &str)], memory: Option<u64>, progress: &dyn Fn(usize, usize)) -> Result<Vec<RowGram>> {
     if layout == Layout::Trace {
         return Err(Error::Config("a kernel GP needs the class blocks (diag or full layout)".into()));
     }
     let d = run.dataset.dim;
     let x: Vec<f64> = sets.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-    let req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(layout).outputs(outputs);
-    let o = kernel::compute(run, states, &points(&x, d), &req, progress)?;
+    let mut req = Request::new(kind).rule(rule).steps(window_steps(run, window)?).layout(layout).outputs(outputs);
+    if let Some(budget) = memory {
+        let plan = kernel::engine::blocked::plan(&run.manifest, x.len() / d.max(1), run.dataset.n_train(), &req, budget)?;
+        req = req.block_rows(Some(plan.block_rows));
+    }
+    let mut o = kernel::compute(run, states, &points(&x, d), &req, progress)?;
+    drop(x);
     let (m, k) = (o.m, o.k);
+    let full = layout == Layout::Full;
+    // One set in the full layout keeps the computed Gram itself (moved, not copied).
+    let mut whole = (sets.len() == 1 && full).then(|| std::mem::take(&mut o.gram));
     let diag = o.diag.as_ref().ok_or_else(|| Error::Data(format!("the {kind} kernel has no self-kernel at the rows")))?;
     let mut out = Vec::with_capacity(sets.len());
     let mut first = 0;
@@ -390,16 +406,21 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
         };
         let mut k_cross = Vec::with_capacity(k * p * m);
         let mut k_test_diag = Vec::with_capacity(k * p);
-        let full = layout == Layout::Full;
+        let gram: &[f64] = whole.as_deref().unwrap_or(&o.gram);
         for c in 0..k {
             if full {
-                k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[(idx * k + c) * k + c]));
+                k_cross.extend((rows.start * m..rows.end * m).map(|idx| gram[(idx * k + c) * k + c]));
             } else {
-                k_cross.extend((rows.start * m..rows.end * m).map(|idx| o.gram[idx * k + c]));
+                k_cross.extend((rows.start * m..rows.end * m).map(|idx| gram[idx * k + c]));
             }
             k_test_diag.extend(rows.clone().map(|pi| diag[(pi * k + c) * k + c]));
         }
-        let (k_cross_full, k_self) = if full { (Some(o.gram[rows.start * m * k * k..rows.end * m * k * k].to_vec()), Some(diag[rows.start * k * k..rows.end * k * k].to_vec())) } else { (None, None) };
+        let (k_cross_full, k_self) = if full {
+            let g = whole.take().unwrap_or_else(|| o.gram[rows.start * m * k * k..rows.end * m * k * k].to_vec());
+            (Some(g), Some(diag[rows.start * k * k..rows.end * k * k].to_vec()))
+        } else {
+            (None, None)
+        };
         out.push(RowGram { kind, k_cross, k_test_diag, bias: o.bias[rows.start * k..rows.end * k].to_vec(), network: network.to_vec(), p, check, k_cross_full, k_self });
         first += p;
     }
@@ -412,5 +433,5 @@ pub fn row_grams(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, out
 /// # Shapes
 /// `x: [P, d]`.
 pub fn row_gram(run: &Run, states: &[Params], kind: KernelKind, rule: Rule, outputs: Outputs, x: &[f64], rows: &str, progress: &dyn Fn(usize, usize)) -> Result<RowGram> {
-    Ok(row_grams(run, states, kind, rule, outputs, None, Layout::Diag, &[(x, rows)], progress)?.pop().expect("one set, one Gram"))
+    Ok(row_grams(run, states, kind, rule, outputs, None, Layout::Diag, &[(x, rows)], None, progress)?.pop().expect("one set, one Gram"))
 }

@@ -453,14 +453,23 @@ impl CrossClassLaplace {
 
     /// `Σ*` at δ from the projections `z` (eigen route; module docs).
     fn covariances(&self, e: &[f64], rows: &KxkRows<'_>, z: &Mat<f64>, delta: f64) -> Result<FslPredictive> {
-        let (n, k, p) = (self.m * self.k, self.k, rows.p);
-        let w: Vec<f64> = e.iter().map(|e| 1.0 / (delta * (delta + e))).collect();
+        let (k, p) = (self.k, rows.p);
         let mut cov = vec![0.0; p * k * k];
-        cov.par_chunks_mut(k * k).enumerate().for_each(|(q, out)| {
+        self.covariances_block(e, rows, z.as_ref(), 0, delta, &mut cov);
+        finish_cov(cov, rows, k, delta)
+    }
+
+    /// [`Self::covariances`] of the rows `q0..` whose projections are `z`'s columns, into `cov`
+    /// (`[q1 − q0, K, K]`).
+    fn covariances_block(&self, e: &[f64], rows: &KxkRows<'_>, z: faer::MatRef<'_, f64>, q0: usize, delta: f64, cov: &mut [f64]) {
+        let (n, k) = (self.m * self.k, self.k);
+        let w: Vec<f64> = e.iter().map(|e| 1.0 / (delta * (delta + e))).collect();
+        cov.par_chunks_mut(k * k).enumerate().for_each(|(i, out)| {
+            let q = q0 + i;
             for a in 0..k {
-                let za = z.col(q * k + a);
+                let za = z.col(i * k + a);
                 for b in 0..=a {
-                    let zb = z.col(q * k + b);
+                    let zb = z.col(i * k + b);
                     let red: f64 = (0..n).map(|j| za[j] * zb[j] * w[j]).sum();
                     let prior = 0.5 * (rows.k_self[(q * k + a) * k + b] + rows.k_self[(q * k + b) * k + a]) / delta;
                     out[a * k + b] = prior - red;
@@ -468,6 +477,23 @@ impl CrossClassLaplace {
                 }
             }
         });
+    }
+
+    /// The eigen route's predictive at δ, block of rows by block: each block's projections
+    /// (the blocks of [`Self::project`], so the same numbers) are used and dropped, so that no
+    /// `[M·K, P·K]` projection of every row is held beside the rows.
+    fn predict_eigen(&self, e: &[f64], u: &Mat<f64>, rows: &KxkRows<'_>, delta: f64) -> Result<FslPredictive> {
+        let (n, k, p) = (self.m * self.k, self.k, rows.p);
+        let mut cov = vec![0.0; p * k * k];
+        let mut q0 = 0;
+        while q0 < p {
+            let q1 = (q0 + BLOCK).min(p);
+            let a = project_rows(&self.f, rows, self.m, k, q0, q1);
+            let mut z = Mat::<f64>::zeros(n, (q1 - q0) * k);
+            matmul(z.as_mut(), Accum::Replace, u.as_ref().transpose(), a.as_ref(), 1.0, par());
+            self.covariances_block(e, rows, z.as_ref(), q0, delta, &mut cov[q0 * k * k..q1 * k * k]);
+            q0 = q1;
+        }
         finish_cov(cov, rows, k, delta)
     }
 
@@ -494,10 +520,7 @@ impl CrossClassLaplace {
     pub fn predict(&self, rows: &KxkRows<'_>) -> Result<FslPredictive> {
         self.check_rows(rows)?;
         match &self.factor {
-            Factor::Eigen { e, u } => {
-                let z = self.project(u, rows);
-                self.covariances(e, rows, &z, self.delta)
-            }
+            Factor::Eigen { e, u } => self.predict_eigen(e, u, rows, self.delta),
             Factor::Cholesky(fac) => self.covariances_chol(fac, rows),
         }
     }

@@ -1,8 +1,14 @@
 //! The kernel GPs of one kernel (a [`KernelFamily`]) in every setting, stage by stage: the fits
 //! (each GP's training Gram and hyper-parameters; the function-space Laplace fits on the
-//! protocol GP's training Gram), the row Grams of every setting in one computation, the
-//! validation calibrations, and each setting's posteriors and predictives, every stage cached
-//! under `{kernel}-gp/` by its key ([`crate::study::cache`]).
+//! protocol GP's training Gram), the validation split's row Gram and the calibrations on it,
+//! and setting by setting its row Gram (one kernel computation per setting) and its posteriors
+//! and predictives, every stage cached under `{kernel}-gp/` by its key
+//! ([`crate::study::cache`]).
+//!
+//! Memory: a setting's rows are computed, consumed and dropped before the next setting's are
+//! computed, so the rows held at once are one setting's (the validation split's before them),
+//! besides the training Gram; each computation evaluates the training side of every step again
+//! (the cost of holding less).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,6 +71,12 @@ impl Keyed for FslCache {
         &self.key
     }
 }
+
+/// How the row Grams are computed, part of every setting's key: one kernel computation per
+/// setting (and one for the validation split). Caches of the earlier layout (every setting's rows
+/// from one computation, whose checks count the whole computation's evaluations) carry keys
+/// without it and are recomputed, never read as this layout's.
+const ROWS: &str = "rows:per-setting";
 
 /// One setting of a family from the cache: each method's predictive, the row Gram's check, the
 /// ablations without a predictive there (method, reason) and the function-space Laplace fits'
@@ -269,14 +281,15 @@ struct Stages {
     fit_keys: Vec<Key>,
     /// The whole family: the fits, the netmean ablations, the Monte Carlo, the curvatures.
     fam_key: Key,
-    /// The row Grams of every setting (and the validation split's rows for the calibrations).
-    grams_key: Key,
-    grams_stage: String,
+    /// The validation split's row Gram (the function-space Laplace calibrations' rows).
+    val_key: Key,
+    /// How the rows are computed: [`ROWS`], with the memory budget when there is one.
+    rows: String,
     n: usize,
 }
 
 impl Stages {
-    fn new(fam: &KernelFamily, run: &Run, settings: &[Setting], bench: &BenchmarkConfig, val_x: &[f64], cache_dir: &Path) -> Stages {
+    fn new(fam: &KernelFamily, run: &Run, bench: &BenchmarkConfig, val_x: &[f64], cache_dir: &Path) -> Stages {
         // A family with cross-class fits computes its Grams in the full layout.
         let layout = if fam.fsl_kxk.is_empty() { String::new() } else { "|layout:full".into() };
         let fit_keys: Vec<Key> = fam.gps.iter().map(|(_, g)| Key::of(&[&CACHE_VERSION.to_string(), &run.manifest.run_id, &run.manifest.created_by, &format!("{}{layout}", g.key())])).collect();
@@ -285,17 +298,24 @@ impl Stages {
         let fsl_names = fam.fsl.iter().map(|c| c.to_string()).chain(fam.fsl_kxk.iter().map(|c| format!("kxk-{c}{route}"))).collect::<Vec<_>>().join(",");
         let fits = fit_keys.iter().map(Key::as_str).collect::<Vec<_>>().join(",");
         let fam_key = Key::of(&[&fits, &netmean, &bench.mc_samples.to_string(), &bench.mc_seed.to_string(), &fsl_names]);
-        let mut s = Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, grams_key: Key::of(&[]), grams_stage: String::new(), n: run.dataset.n_train() };
-        let mut parts: Vec<String> = settings.iter().map(|x| s.setting_key(x).to_string()).collect();
-        if !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty() {
-            parts.push(format!("val:{:016x}", fnv1a(&f64_bytes(val_x))));
-        }
-        s.grams_key = Key::of(&parts.iter().map(String::as_str).collect::<Vec<_>>());
-        s.grams_stage = format!("{} Gram at every setting ({} points, one computation)", fam.label().to_uppercase(), settings.iter().map(|s| s.info.n).sum::<usize>());
-        s
+        // Row blocks under a memory budget give the same rows up to rounding: a budget is part
+        // of the keys, so that a cached setting is always the computation its key names.
+        let rows = match fam.row_memory {
+            None => ROWS.to_string(),
+            Some(b) => format!("{ROWS}|memory:{b}"),
+        };
+        let val_key = Key::of(&[fam_key.as_str(), &rows, "val", &format!("{:016x}", fnv1a(&f64_bytes(val_x)))]);
+        Stages { dir: cache_dir.join(format!("{}-gp", fam.label())), fit_keys, fam_key, val_key, rows, n: run.dataset.n_train() }
     }
+    /// A setting's key: the family's, its name and inputs, and how its rows are computed
+    /// ([`ROWS`]: a setting cached when the rows came from one computation over every setting
+    /// has another key, and is recomputed).
     fn setting_key(&self, s: &Setting) -> Key {
-        Key::of(&[self.fam_key.as_str(), &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))])
+        Key::of(&[self.fam_key.as_str(), &self.rows, &s.info.name, &format!("{:016x}", fnv1a(&f64_bytes(&s.x)))])
+    }
+    /// The timing stage of the row Gram at `name` (`n` points).
+    fn rows_stage(fam: &KernelFamily, name: &str, n: usize) -> String {
+        format!("{} Gram at `{name}` ({n} points)", fam.label().to_uppercase())
     }
     fn setting_stage(fam: &KernelFamily, s: &Setting) -> String {
         format!("{} posteriors and MC softmax at `{}` ({} points)", fam.label().to_uppercase(), s.info.name, s.info.n)
@@ -419,15 +439,44 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
     Ok(out)
 }
 
-/// The row Grams of the settings not cached (computed over every setting, so that a setting
-/// recomputed alone gets the rows of the same computation bit for bit) and the validation
-/// calibrations of the function-space Laplace fits; when every setting is cached, their stages
-/// are reused.
+/// The row Gram of one set of rows (a setting, or the validation split: `x [P, 784]`, named
+/// `name`) in the family's layout, from its own kernel computation, timed as `stage`.
 #[allow(clippy::too_many_arguments)]
-fn row_grams(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits, todo: &[&Setting], settings: &[Setting], val: (&[f64], &[usize]), run: &Run, states: &[Params], progress: bool) -> Result<BTreeMap<String, kernel_gp::RowGram>> {
-    if todo.is_empty() {
-        if clock.has(&st.grams_stage, &st.grams_key) {
-            clock.reuse(&st.grams_stage, &st.grams_key);
+fn rows_at(clock: &mut Clock, fam: &KernelFamily, stage: &str, key: &Key, x: &[f64], name: &str, run: &Run, states: &[Params], progress: bool) -> Result<kernel_gp::RowGram> {
+    let p = x.len() / run.dataset.dim.max(1);
+    let bar = crate::progress::Progress::new(progress, 1, &format!("{} rows at `{name}` ({p}) {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.label()));
+    let rows = clock.run(stage, &fam.gps[0].0.to_string(), key, || {
+        let mut g = kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &[(x, name)], fam.row_memory, &|d, t| {
+            bar.set_length(t as u64);
+            bar.set_position(d as u64);
+        })
+        .map_err(|e| match e {
+            Error::OutOfMemoryBudget { what, needed_bytes, budget_bytes, .. } => Error::OutOfMemoryBudget {
+                what: format!("{what} at `{name}`"),
+                needed_bytes,
+                budget_bytes,
+                hint: "raise [uncertainty] row_memory (a setting's whole row Gram is held; only the work is blocked)".into(),
+            },
+            e => e,
+        })?;
+        Ok(g.pop().expect("one set, one row Gram"))
+    })?;
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+/// The validation calibrations of the function-space Laplace fits, on the validation split's row
+/// Gram (computed, used and dropped here) when some setting is computed (`compute`); else their
+/// stages are reused.
+#[allow(clippy::too_many_arguments)]
+fn validation(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits, compute: bool, val: (&[f64], &[usize]), run: &Run, states: &[Params], progress: bool) -> Result<()> {
+    if fsl_fits_of(fam).is_empty() {
+        return Ok(());
+    }
+    let stage = Stages::rows_stage(fam, "val", val.1.len());
+    if !compute {
+        if clock.has(&stage, &st.val_key) {
+            clock.reuse(&stage, &st.val_key);
         }
         for (c, kxk) in fsl_fits_of(fam) {
             let stage = fsl_calibration_stage(&fam.label(), c, kxk);
@@ -435,29 +484,10 @@ fn row_grams(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fits
                 clock.reuse(&stage, &st.fam_key);
             }
         }
-        return Ok(BTreeMap::new());
+        return Ok(());
     }
-    let total: usize = settings.iter().map(|s| s.info.n).sum();
-    let bar = crate::progress::Progress::new(progress, 1, &format!("{} {total} rows {{bar:40}} {{pos}}/{{len}} steps [{{elapsed}} < {{eta}}]", fam.label()));
-    let mut sets: Vec<(&[f64], &str)> = settings.iter().map(|s| (s.x.as_slice(), s.info.name.as_str())).collect();
-    let has_fsl = !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty();
-    if has_fsl {
-        // The validation split's rows, for the function-space Laplace calibration.
-        sets.push((val.0, "val"));
-    }
-    let method = fam.gps[0].0.to_string();
-    let mut gs = clock.run(&st.grams_stage, &method, &st.grams_key, || {
-        kernel_gp::row_grams(run, states, fam.kind(), fam.rule, crate::kernel::Outputs::Logits, fam.kernel.window(), fam.layout(), &sets, &|d, t| {
-            bar.set_length(t as u64);
-            bar.set_position(d as u64);
-        })
-    })?;
-    bar.finish_and_clear();
-    if has_fsl {
-        let vrows = gs.pop().expect("the validation rows were computed last");
-        calibrate_fsl(clock, fam, &mut fits.fsl, &vrows, val.1, &st.fam_key)?;
-    }
-    Ok(settings.iter().map(|s| s.info.name.clone()).zip(gs).filter(|(name, _)| todo.iter().any(|t| &t.info.name == name)).collect())
+    let vrows = rows_at(clock, fam, &stage, &st.val_key, val.0, "val", run, states, progress)?;
+    calibrate_fsl(clock, fam, &mut fits.fsl, &vrows, val.1, &st.fam_key)
 }
 
 /// One setting's posteriors and predictives from its row Gram, written to the cache: the
@@ -523,15 +553,15 @@ fn predict_setting(fam: &KernelFamily, st: &Stages, fits: &mut Fits, s: &Setting
 }
 
 /// The GPs of a kernel family in every setting: fitted (when some setting is not cached), and
-/// in each setting the kernel's row Gram, every GP's posterior and the Monte-Carlo predictives,
-/// each setting cached. The family's first GP is the protocol's method: its errors end the
+/// setting by setting the kernel's row Gram (its own computation, dropped once consumed), every
+/// GP's posterior and the Monte-Carlo predictives, each setting cached. The family's first GP is the protocol's method: its errors end the
 /// study; an ablation that fails (a symmetrised Gram that is not positive definite, a negative
 /// posterior variance) is left out and reported.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool, data: &Dataset, fam: &KernelFamily, run: &Run, states: &[Params], settings: &[Setting], bench: &BenchmarkConfig) -> Result<FamilyOutput> {
     let has_fsl = !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty();
     let val = if !has_fsl { (&[][..], &[][..]) } else { data_validation(data)? };
-    let st = Stages::new(fam, run, settings, bench, val.0, cache_dir);
+    let st = Stages::new(fam, run, bench, val.0, cache_dir);
     io::create_dir_all(&st.dir)?;
     let fsl_path = st.dir.join("fsl.fit.json");
     let mut hits: Vec<Option<SettingResult>> = settings.iter().map(|s| st.cached_setting(clock, fam, s)).collect();
@@ -543,22 +573,27 @@ pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool,
         None => (fit_family(clock, fam, &st, run, states, progress)?, false),
     };
     if !reused && has_fsl && hits.iter().all(Option::is_some) {
-        // Refitted function-space Laplace fits need their validation calibration, which comes
-        // with the row Grams: recompute every setting (deterministic, so the same results).
+        // Refitted function-space Laplace fits need their validation calibration, which is
+        // computed with the settings: recompute every setting (deterministic, so the same
+        // results).
         hits.iter_mut().for_each(|h| *h = None);
     }
-    let todo: Vec<&Setting> = settings.iter().zip(&hits).filter(|(_, h)| h.is_none()).map(|(s, _)| s).collect();
-    let mut grams = row_grams(clock, fam, &st, &mut fits, &todo, settings, val, run, states, progress)?;
-    let mut fsl_fits = if todo.is_empty() { cached_fsl.unwrap_or_default() } else { fits.fsl.iter().map(|f| f.report(&fam.label())).collect() };
+    let todo = hits.iter().any(Option::is_none);
+    validation(clock, fam, &st, &mut fits, todo, val, run, states, progress)?;
+    let mut fsl_fits = if !todo { cached_fsl.unwrap_or_default() } else { fits.fsl.iter().map(|f| f.report(&fam.label())).collect() };
     let mut out: Vec<ExternalMethod> = fam.methods().iter().map(|m| ExternalMethod { name: m.to_string(), settings: BTreeMap::new() }).collect();
     let mut checks = Vec::new();
     let mut failed = fits.failed.clone();
     for (s, hit) in settings.iter().zip(hits) {
         let (stage, key) = (Stages::setting_stage(fam, s), st.setting_key(s));
+        let rows_stage = Stages::rows_stage(fam, &s.info.name, s.info.n);
         // A cached setting comes from the same (deterministic) fits: reused even when the fits
         // were recomputed for another setting.
         let (preds, check, errs) = match hit {
             Some((preds, check, errs, mins)) => {
+                if clock.has(&rows_stage, &key) {
+                    clock.reuse(&rows_stage, &key);
+                }
                 clock.reuse(&stage, &key);
                 for f in &mut fits.fsl {
                     if let Some((_, v, n)) = mins.iter().find(|m| m.0 == f.label()) {
@@ -568,7 +603,8 @@ pub(super) fn kernel_family(clock: &mut Clock, cache_dir: &Path, progress: bool,
                 (preds, check, errs)
             }
             None => {
-                let rows = grams.remove(&s.info.name).expect("computed above for every setting not cached");
+                // This setting's rows alone: computed, consumed and dropped here.
+                let rows = rows_at(clock, fam, &rows_stage, &key, &s.x, &s.info.name, run, states, progress)?;
                 clock.run(&stage, &fam.gps[0].0.to_string(), &key, || predict_setting(fam, &st, &mut fits, s, rows, bench))?
             }
         };

@@ -41,6 +41,7 @@ fn default_grid() -> usize {
 /// ensemble_seeds = [0, 1, 2, 3, 4]
 /// quadrature = "auto:1e-12"      # the EPK rows' quadrature
 /// kernel_gps = ["epk", "ntk"]    # epk | ntk | path | window:L
+/// row_memory = "8G"              # bytes one setting's row Gram computation may take (default: no limit)
 /// [uncertainty.benchmark]        # settings and Monte-Carlo (BenchmarkConfig; defaults: the protocol)
 /// angles = [15, 30, 45, 60, 90, 180]
 /// ```
@@ -98,6 +99,13 @@ pub struct UqStudySpec {
     /// the grid coarse to fine — the route for large systems).
     #[serde(default)]
     pub fsl_kxk_solver: crate::gp::KxkSolver,
+    /// Bytes one row Gram computation (a setting's rows, or the validation split's) may take,
+    /// e.g. `"8G"` (default: no limit, each setting's rows one computation). Above it the rows
+    /// are computed in row blocks planned by [`crate::kernel::engine::blocked::plan`] (the
+    /// training side evaluated again for every block) and concatenated; refused with an
+    /// estimate when a setting's output plus one row's work exceeds it.
+    #[serde(default)]
+    pub row_memory: Option<String>,
     /// Settings and Monte-Carlo parameters (defaults: the protocol).
     #[serde(default)]
     pub benchmark: BenchmarkConfig,
@@ -118,6 +126,7 @@ impl Default for UqStudySpec {
             fsl_kxk: Vec::new(),
             fsl_kxk_kernels: None,
             fsl_kxk_solver: crate::gp::KxkSolver::Eigen,
+            row_memory: None,
             benchmark: BenchmarkConfig::default(),
         }
     }
@@ -156,6 +165,9 @@ impl UqStudySpec {
                 return bad(format!("fsl_kxk_kernels: `{k}` is not one of kernel_gps"));
             }
         }
+        if let Some(m) = &self.row_memory {
+            crate::io::parse_bytes(m).map_err(|e| Error::Config(format!("[uncertainty] row_memory: {e}")))?;
+        }
         if self.benchmark.mc_samples < 2 {
             return bad("benchmark.mc_samples must be >= 2".into());
         }
@@ -173,6 +185,7 @@ impl UqStudySpec {
 
     /// The kernel GPs to run, one family per kernel.
     pub(super) fn kernel_families(&self) -> Vec<KernelFamily> {
+        let row_memory = self.row_memory.as_deref().and_then(|m| crate::io::parse_bytes(m).ok());
         let netmean = self.ablations.contains(&Ablation::NetMean);
         let sym = self.ablations.contains(&Ablation::Sym);
         let rule = self.quadrature;
@@ -192,7 +205,7 @@ impl UqStudySpec {
                 }
                 let netmean = if netmean { vec![(Method::GpNetMean(kernel), Method::Gp(kernel))] } else { Vec::new() };
                 let kxk = self.fsl_kxk_kernels.as_ref().is_none_or(|ks| ks.contains(&kernel));
-                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone(), fsl_kxk: if kxk { self.fsl_kxk.clone() } else { Vec::new() }, fsl_kxk_solver: self.fsl_kxk_solver }
+                KernelFamily { kernel, rule, gps, netmean, fsl: self.fsl.clone(), fsl_kxk: if kxk { self.fsl_kxk.clone() } else { Vec::new() }, fsl_kxk_solver: self.fsl_kxk_solver, row_memory }
             })
             .collect()
     }
@@ -215,6 +228,8 @@ pub(super) struct KernelFamily {
     pub fsl_kxk: Vec<Curvature>,
     /// How the cross-class fits factor their system.
     pub fsl_kxk_solver: crate::gp::KxkSolver,
+    /// Bytes one row Gram computation may take (`None`: no limit).
+    pub row_memory: Option<u64>,
 }
 
 impl KernelFamily {
