@@ -9,8 +9,9 @@
 #   bash scripts/gpu/travel.sh stash     move tracked files >= 5 MB under reports/ to gpu-out/stash/
 #   bash scripts/gpu/travel.sh restore   move them back (and `git checkout` any still missing)
 #
-# Nothing is deleted: the stashed files stay in git's history and `restore` ends with the tree as
-# git has it (it fails loudly otherwise). scripts/gpu/run.sh reads none of the stashed files.
+# Nothing is deleted: the stashed files stay in git's history and `restore` ends with them as git
+# has them (it fails loudly otherwise). scripts/gpu/run.sh reads none of the stashed files; the
+# test suite does (tests/notebooks.rs, api::uqreport), so run no tests between stash and restore.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -51,21 +52,26 @@ case "${1:-}" in
         git ls-files -z reports | while IFS= read -r -d '' f; do
             if [ -f "$f" ] && [ "$(stat -c %s "$f")" -ge 5000000 ]; then printf '%s\n' "$f" >> "$LIST.tmp"; fi
         done
-        mv "$LIST.tmp" "$LIST"
+        # A name goes on the list only once its file has moved, so `restore` never touches
+        # a file that was not set aside.
+        : > "$LIST"
         while IFS= read -r f; do
             mkdir -p "$STASH/$(dirname "$f")"
             mv "$f" "$STASH/$f"
+            printf '%s\n' "$f" >> "$LIST"
             echo "stashed $f"
-        done < "$LIST"
+        done < "$LIST.tmp"
+        rm -f "$LIST.tmp"
         check ;;
     restore)
         [ -e "$LIST" ] || { echo "travel.sh: nothing stashed ($LIST missing)" >&2; exit 2; }
         while IFS= read -r f; do
-            if [ -f "$STASH/$f" ]; then mv "$STASH/$f" "$f"; else git checkout -- "$f"; fi
+            if [ -f "$STASH/$f" ]; then mv "$STASH/$f" "$f"; elif [ ! -e "$f" ]; then git checkout -- "$f"; fi
             echo "restored $f"
         done < "$LIST"
-        rm -f "$LIST"
-        dirty=$(git status --porcelain -- reports)
-        [ -z "$dirty" ] || { echo "travel.sh: reports/ differs from git after restore:" >&2; echo "$dirty" >&2; exit 1; } ;;
+        # The restored files, and only they, must be as git has them.
+        bad=$(while IFS= read -r f; do git diff --quiet -- "$f" || echo "$f"; done < "$LIST")
+        [ -z "$bad" ] || { echo "travel.sh: restored files differ from git: $bad" >&2; exit 1; }
+        rm -f "$LIST" ;;
     *) echo "usage: bash scripts/gpu/travel.sh check|stash|restore" >&2; exit 2 ;;
 esac

@@ -210,6 +210,11 @@ fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Resu
         for f in ["predictions.parquet", "steps.parquet"] {
             std::fs::copy(kdir.join(f), dst.join(f)).map_err(|e| Error::io(kdir.join(f), e))?;
         }
+        // The per-layer shares, which the summary's table points to.
+        if spec.per_layer {
+            let f = "layers.parquet";
+            std::fs::copy(kdir.join(f), dst.join(f)).map_err(|e| Error::io(kdir.join(f), e))?;
+        }
         // The report's copy keeps the seconds only when the study shows timings.
         let exactness = if reused { gram.exactness().clone() } else { recorded(gram.exactness()) };
         let mut exv = serde_json::to_value(&exactness).expect("serialisable");

@@ -18,7 +18,7 @@
 //!
 //! with `J̄c_p = Σ_r w_r G_r` (conv, formed: only `K·Co·(C·k·k+1)` numbers per point) and
 //! `J̄d_p[k, o, :] = Σ_r w_r δ_out,r[k, o] [a_r, 1]` (dense, formed per point, then contracted
-//! with the training activations by one GEMM as `gram.rs` does for dense layers). Every sum over
+//! with the training activations by one GEMM as `kernel::mlp::gram` does for dense layers). Every sum over
 //! positions, nodes and points is a GEMM (faer); nothing of size `M·K·W` is formed.
 //!
 //! The output is exactly [`crate::kernel::generic::step_gram`]'s: the Gram `[P, M, K, K]` and the rows'
