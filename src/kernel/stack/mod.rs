@@ -217,7 +217,7 @@ impl StepModel for StackModel<'_> {
             // each block into the Gram rows, formed layers sum theirs into the points' J̄ first.
             let block = (node_bytes() / (8 * row_numbers).max(1)).max(1);
             let mut jbars: Vec<Vec<f64>> = train.iter().map(|tr| match tr {
-                TrainSide::Formed { g, .. } => vec![0.0; pc * k * (g.len() / (m * k).max(1))],
+                TrainSide::Formed { v, .. } => vec![0.0; pc * k * v.len()],
                 TrainSide::Factor { .. } => Vec::new(),
             }).collect();
             let mut started_total = 0.0;
@@ -352,10 +352,7 @@ seed = 7
             super::NODE_BYTES_TEST.store(super::NODE_BYTES, std::sync::atomic::Ordering::Relaxed);
             let rows = rows.unwrap();
             assert!(whole.mean_evaluations() >= 3.0, "too few nodes to split: {}", whole.mean_evaluations());
-            let rel = |a: &[f64], b: &[f64]| {
-                let s = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-                a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs())) / s
-            };
+            let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b);
             assert!(rel(&rows.gram, &whole.gram) <= 1e-13, "{rule}: Gram {:e}", rel(&rows.gram, &whole.gram));
             assert!(rel(&rows.machine, &whole.machine) <= 1e-13, "{rule}: machine {:e}", rel(&rows.machine, &whole.machine));
             let (a, b) = (rows.diag.as_ref().unwrap(), whole.diag.as_ref().unwrap());
