@@ -62,18 +62,6 @@ fn kernel_rejects_bad_arguments_without_writing() {
     k(&["--per-step", "--memory", "1k"], "bytes, over the budget");
     k(&["--memory", "lots"], "is not a size");
     k(&["--outputs", "probs"], "outputs `probs`");
-    k(&["--kind", "path"], "identity outputs");
-    k(
-        &[
-            "--kind",
-            "path",
-            "--outputs",
-            "logits",
-            "--quadrature",
-            "gauss:4",
-        ],
-        "auto quadrature",
-    );
     k(
         &["--outputs", "logits", "--tiles", "2"],
         "not available with --tiles",
@@ -87,11 +75,16 @@ fn kernel_rejects_bad_arguments_without_writing() {
         d,
         "nowhere",
     );
-    // The path kernel on the logits runs.
-    let o = Command::new(bin()).args(["kernel", "-q", "--run", "run", "--kind", "path", "--outputs", "logits", "--out", "pout"]).current_dir(d).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(d.join("pout/gram.safetensors").is_file());
-    std::fs::remove_dir_all(d.join("pout")).unwrap();
+    // The path kernel runs: on the logits by the closed form, on the log-softmax outputs and
+    // with a fixed rule by the layer stack's path.
+    for extra in [&["--outputs", "logits"][..], &[], &["--outputs", "logits", "--quadrature", "gauss:4"]] {
+        let mut args = vec!["kernel", "-q", "--run", "run", "--kind", "path", "--out", "pout"];
+        args.extend_from_slice(extra);
+        let o = Command::new(bin()).args(&args).current_dir(d).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(d.join("pout/gram.safetensors").is_file());
+        std::fs::remove_dir_all(d.join("pout")).unwrap();
+    }
     assert_eq!(listing(d), before);
     // A run with a missing step and one with a garbled dataset.
     std::fs::remove_file(d.join("run/trajectory/step-000003.safetensors")).unwrap();

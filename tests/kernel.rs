@@ -430,12 +430,50 @@ fn logit_kernels_reproduce_the_logits() {
     assert!(err.to_string().contains("plain gradient steps"), "{err}");
 }
 
+/// The path kernel of a run's test points against its training points over every step, `J̄`
+/// formed from autodiff Jacobians at the fixed `nodes` (no kinks): `([P, M, K, K], [P, K, K])`.
+fn explicit_path_kernel(run: &Run, states: &[Params], nodes: &[(f64, f64)], logits: bool) -> (Vec<f64>, Vec<f64>) {
+    let mut arch = run.manifest.architecture.clone();
+    if logits {
+        arch.output = pathkernel::model::OutputKind::Identity;
+    }
+    let (d, k, wn) = (arch.input_dim(), arch.outputs(), states[0].numel());
+    let (xr, xt) = (&run.dataset.x_test, &run.dataset.x_train);
+    let (p, m) = (xr.len() / d, xt.len() / d);
+    let dot = |u: &[f64], v: &[f64]| u.iter().zip(v).map(|(x, y)| x * y).sum::<f64>();
+    let (mut g, mut diag) = (vec![0.0; p * m * k * k], vec![0.0; p * k * k]);
+    for s in 0..run.manifest.steps {
+        let jbar = |x: &[f64]| -> Vec<f64> {
+            let mut out = vec![0.0; k * wn];
+            for &(t, w) in nodes {
+                let at = generic::interpolate(&states[s], Some(&states[s + 1]), t);
+                let j = generic::jacobians(&arch, &at, &states[0], x).unwrap();
+                out.iter_mut().zip(&j).for_each(|(o, v)| *o += w * v);
+            }
+            out
+        };
+        let jr: Vec<Vec<f64>> = xr.chunks(d).map(jbar).collect();
+        let jt: Vec<Vec<f64>> = xt.chunks(d).map(jbar).collect();
+        for (pi, a) in jr.iter().enumerate() {
+            for kt in 0..k {
+                for ks in 0..k {
+                    diag[(pi * k + kt) * k + ks] += dot(&a[kt * wn..(kt + 1) * wn], &a[ks * wn..(ks + 1) * wn]);
+                    for (i, b) in jt.iter().enumerate() {
+                        g[((pi * m + i) * k + kt) * k + ks] += dot(&a[kt * wn..(kt + 1) * wn], &b[ks * wn..(ks + 1) * wn]);
+                    }
+                }
+            }
+        }
+    }
+    (g, diag)
+}
+
 /// The path kernel `Σ_s ⟨J̄_s(x), J̄_s(x′)⟩` (both sides integrated, on the logits) against the
 /// slow obvious one: every step's Jacobians from autodiff at 5 Gauss nodes on each piece
 /// between the hidden units' kinks (the logits' gradient is polynomial of degree ≤ 2 in t
 /// there, so the rule is exact), J̄ formed explicitly and the inner products summed. The
-/// training Gram is symmetric PSD, a window of the last steps is the sum over those steps, and
-/// the kinds it is not built for are refused.
+/// training Gram is symmetric PSD, a window of the last steps is the sum over those steps; the
+/// layer stack's path equals it, and the generic reference where the closed form does not apply.
 #[test]
 fn path_kernel_equals_explicit_integrated_jacobians() {
     use pathkernel::kernel::{Layout, Outputs};
@@ -527,14 +565,33 @@ fn path_kernel_equals_explicit_integrated_jacobians() {
         let min = kc.symmetric_eigenvalues().min();
         assert!(min >= -1e-12 * scale, "class {c}: min eigenvalue {min:e}");
     }
-    // Refused: the log-softmax outputs, a fixed rule, another activation, momentum.
-    let err = kernel::compute(&run, &states, &test_pts, &req(None), &|_, _| {}).unwrap_err();
-    assert!(err.to_string().contains("identity outputs"), "{err}");
-    let fixed = req(None).rule(Rule::Gauss(4));
-    assert!(kernel::compute(&run, &states, &test_pts, &fixed.outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("auto quadrature"));
+    // The same kernel on the MLP's layer stack (`kernel::stack::path`: J̄ formed for every
+    // layer, the nodes from the stack's kink sweep), split by layer: equal to the explicit one,
+    // the layers summing to it.
+    let o = kernel::compute(&run, &states, &test_pts, &req(None).outputs(Outputs::Logits).per_layer(true), &|_, _| {}).unwrap();
+    let (g, diag) = slow(0..n, xr);
+    let rel = max_abs_diff(&o.gram, &g) / max_abs(&g);
+    assert!(rel <= 1e-12, "path kernel on the stack vs explicit J̄: {rel:e}");
+    let rel = max_abs_diff(o.diag.as_ref().unwrap(), &diag) / max_abs(&diag);
+    assert!(rel <= 1e-12, "path self-kernel on the stack vs explicit |J̄|²: {rel:e}");
+    let layers = o.layers.as_ref().unwrap();
+    let mut sum = vec![0.0; g.len()];
+    layers.gram.iter().for_each(|l| sum.iter_mut().zip(l).for_each(|(a, b)| *a += b));
+    assert!(max_abs_diff(&sum, &o.gram) <= 1e-12 * max_abs(&g), "the layers' path Grams sum to the whole");
+    // What the closed form does not cover takes the stack too: a fixed rule, the log-softmax
+    // outputs, another activation; each equal to J̄ formed from autodiff Jacobians at that rule.
     let tanh = train(dir.path(), "tanh", &toy2d("[6]", "tanh", 2, 0.5, 8, 4));
     let ts = tanh.load_all().unwrap();
-    assert!(kernel::compute(&tanh, &ts, &test_pts, &req(None).outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("ReLU"));
+    for (name, r, st, rule, logits) in [("relu gauss:4 logits", &run, &states, 4, true), ("relu gauss:3 log-softmax", &run, &states, 3, false), ("tanh gauss:3 logits", &tanh, &ts, 3, true)] {
+        let rq = req(None).rule(Rule::Gauss(rule)).outputs(if logits { Outputs::Logits } else { Outputs::Network });
+        let fast = kernel::compute(r, st, &test_pts, &rq, &|_, _| {}).unwrap();
+        let (g, diag) = explicit_path_kernel(r, st, Rule::Gauss(rule).fixed_nodes().unwrap().as_slice(), logits);
+        let rel = max_abs_diff(&fast.gram, &g) / max_abs(&g);
+        assert!(rel <= 1e-12, "{name}: path kernel on the stack vs explicit {rel:e}");
+        let rel = max_abs_diff(fast.diag.as_ref().unwrap(), &diag) / max_abs(&diag);
+        assert!(rel <= 1e-12, "{name}: path self-kernel on the stack vs explicit {rel:e}");
+    }
+    // Refused: momentum.
     let mom = train(dir.path(), "mom", &toy2d("[6]", "relu", 3, 0.3, 5, 4).replace("seed = 7\n", "seed = 7\nmomentum = 0.9\n"));
     let ms = mom.load_all().unwrap();
     assert!(kernel::compute(&mom, &ms, &test_pts, &req(None).outputs(Outputs::Logits), &|_, _| {}).unwrap_err().to_string().contains("plain gradient steps"));

@@ -54,6 +54,8 @@ fn stack_fast_path_equals_generic_path_end_to_end() {
             (KernelKind::Ntk, Rule::Gauss(1), Rows::Test, Layout::Full),
             (KernelKind::Chen, Rule::Gauss(1), Rows::Test, Layout::Diag),
             (KernelKind::Kprime, Rule::Gauss(2), Rows::Train, Layout::Full),
+            (KernelKind::Path, Rule::Gauss(2), Rows::Train, Layout::Full),
+            (KernelKind::Path, Rule::Gauss(3), Rows::Test, Layout::Diag),
         ] {
             let pts = points.resolve(&run.dataset).unwrap();
             let req = Request::new(kind).rule(rule).layout(layout);

@@ -15,7 +15,7 @@ and the kernel machine f(x) = b + sum_s sum_i a_{i,s} K_s(x, x_i). Writes OUT/gr
 a [N,M,K], bias [P,K], points [P,d]), OUT/predictions.parquet, OUT/exactness.json and OUT/steps.parquet.\n\n\
 Kinds: ntk (at --step S, default the last state), dpk (Domingos' discrete path kernel, t = 0), \
 epk (Exact Path Kernel, Definition 3.4: test-side rows integrated over each step), chen (eq. 18), \
-kprime (eq. 13, rows always integrated), path (the path-averaged kernel sum_s <Jbar_s(x), Jbar_s(x')>, both sides integrated; one-hidden-layer ReLU MLPs on identity outputs, auto quadrature).\n\
+kprime (eq. 13, rows always integrated), path (the path-averaged kernel sum_s <Jbar_s(x), Jbar_s(x')>, both sides integrated; any network and rule, plain gradient steps only).\n\
 Quadrature: left:T, midpoint:T, gauss:T, or auto:TOL (kink-aware adaptive Gauss, the default auto:1e-12).\n\
 Example: pathkernel kernel --run runs/toy --kind epk --quadrature auto:1e-12 --out runs/toy-epk")]
 pub struct Args {

@@ -67,7 +67,7 @@ pub fn step_gram(
     let d = arch.input_dim();
     let (p, m, k) = (rows.len() / d, x_train.len() / d, arch.outputs());
     let mut sink = GramSink::new(Layout::Full, p, m, k);
-    step_into(arch, ws, next, init, rows, nodes, x_train, &mut sink, diag, &vec![0.0; m * k], None)?;
+    step_into(arch, ws, next, init, rows, nodes, x_train, &mut sink, diag, &vec![0.0; m * k], None, false)?;
     g.iter_mut().zip(sink.finish()).for_each(|(a, b)| *a += b);
     Ok(())
 }
@@ -76,6 +76,8 @@ pub fn step_gram(
 /// returns the step's kernel-machine prediction `Σ_i Σ_k' a[i, k'] K_s[p, i, k, k']` (`[P, K]`),
 /// contracted from the features so that no layout needs the off-diagonal blocks. `colw`
 /// (`[M, K]`) scales the stored Gram's training gradients (Chen's kernel), not the prediction.
+/// With `train_integrated` (the path kernel) the training side is integrated over `nodes` too
+/// and the self-kernel is `⟨J̄(x), J̄(x)⟩`.
 ///
 /// # Shapes
 /// `rows` `[P, d]`, `x_train` `[M, d]`, `diag` `[P, K, K]`, `a` `[M, K]`.
@@ -92,14 +94,16 @@ pub(crate) fn step_into(
     diag: &mut [f64],
     a: &[f64],
     colw: Option<&[f64]>,
+    train_integrated: bool,
 ) -> Result<Vec<f64>> {
     let w = ws.numel();
-    let (pred, _) = step_into_layers(arch, ws, next, init, rows, nodes, x_train, &[0..w], std::slice::from_mut(sink), diag, a, colw)?;
+    let (pred, _) = step_into_layers(arch, ws, next, init, rows, nodes, x_train, &[0..w], std::slice::from_mut(sink), diag, a, colw, train_integrated)?;
     Ok(pred)
 }
 
 /// The rows' node-weighted Jacobians `J̄` (`[P, K, W]`) and the training points' Jacobians at
-/// `w_s` (`[M, K, W]`); adds the rows' self-kernel to `diag` (`[P, K, K]`).
+/// `w_s` (`[M, K, W]`; node-weighted too with `train_integrated`); adds the rows' self-kernel to
+/// `diag` (`[P, K, K]`: `∫⟨∇f(x), ∇f(x)⟩`, or `⟨J̄(x), J̄(x)⟩` with `train_integrated`).
 #[allow(clippy::too_many_arguments)]
 fn features(
     arch: &Architecture,
@@ -110,16 +114,22 @@ fn features(
     nodes: &[(f64, f64)],
     x_train: &[f64],
     diag: &mut [f64],
+    train_integrated: bool,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let d = arch.input_dim();
     let (p, k, w) = (rows.len() / d, arch.outputs(), ws.numel());
-    let jt = jacobians(arch, ws, init, x_train)?;
+    let mut jt = if train_integrated { vec![0.0; x_train.len() / d * k * w] } else { jacobians(arch, ws, init, x_train)? };
     let mut jbar = vec![0.0; p * k * w];
     for &(t, wq) in nodes {
         let at = interpolate(ws, next, t);
         let j = jacobians(arch, &at, init, rows)?;
         for (a, b) in jbar.iter_mut().zip(&j) {
             *a += wq * b;
+        }
+        if train_integrated {
+            let j = jacobians(arch, &at, init, x_train)?;
+            jt.iter_mut().zip(&j).for_each(|(a, b)| *a += wq * b);
+            continue;
         }
         // Self-kernel of each row at the same t: ∫⟨∇f^k(x), ∇f^k'(x)⟩ dt.
         for pi in 0..p {
@@ -128,6 +138,17 @@ fn features(
                     let a = &j[(pi * k + kt) * w..(pi * k + kt + 1) * w];
                     let b = &j[(pi * k + ks) * w..(pi * k + ks + 1) * w];
                     diag[(pi * k + kt) * k + ks] += wq * a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+                }
+            }
+        }
+    }
+    if train_integrated {
+        for pi in 0..p {
+            for kt in 0..k {
+                for ks in 0..k {
+                    let a = &jbar[(pi * k + kt) * w..(pi * k + kt + 1) * w];
+                    let b = &jbar[(pi * k + ks) * w..(pi * k + ks + 1) * w];
+                    diag[(pi * k + kt) * k + ks] += a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
                 }
             }
         }
@@ -152,10 +173,11 @@ pub(crate) fn step_into_layers(
     diag: &mut [f64],
     a: &[f64],
     colw: Option<&[f64]>,
+    train_integrated: bool,
 ) -> Result<(Vec<f64>, Vec<Vec<f64>>)> {
     let d = arch.input_dim();
     let (p, m, k, w) = (rows.len() / d, x_train.len() / d, arch.outputs(), ws.numel());
-    let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag)?;
+    let (jbar, mut jt) = features(arch, ws, next, init, rows, nodes, x_train, diag, train_integrated)?;
     let mut v = vec![0.0; w];
     gemm_ab(&mut v, a, &jt, 1, w, m * k, 1.0, false);
     if let Some(cw) = colw {

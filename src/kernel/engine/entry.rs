@@ -38,7 +38,23 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     if req.per_layer {
         return per_layer(run, states, rows, req, progress);
     }
+    if req.kind == KernelKind::Path && req.path == GramPath::Fast && !path_closed_form(run, req) && !matches!(run.manifest.architecture.body, Body::Layers { .. }) {
+        return on_stack(run, states, rows, req, progress);
+    }
     compute_plain(run, states, rows, req, progress)
+}
+
+/// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form
+/// ([`crate::kernel::mlp::pieces`]): identity outputs and the auto rule; other networks take
+/// their layer stack's path.
+fn path_closed_form(run: &Run, req: &Request) -> bool {
+    let arch = &run.manifest.architecture;
+    matches!(&arch.body, Body::Mlp { widths } if widths.len() == 3)
+        && arch.activation == crate::model::Activation::Relu
+        && arch.output == crate::model::OutputKind::Identity
+        && arch.alpha != 0.0
+        && arch.outputs() >= 2
+        && matches!(req.rule, crate::kernel::Rule::Auto(_))
 }
 
 /// [`compute`] on the run's own architecture.
@@ -67,14 +83,19 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
     if req.columns.is_some_and(|(lo, hi)| (lo, hi) != (0, run.dataset.n_train())) {
         return Err(Error::Config("the per-layer decomposition needs all training points as columns (no tiles)".into()));
     }
-    if req.kind == KernelKind::Path {
-        return Err(Error::Config("the per-layer decomposition is not implemented for the path kernel (its rows integrate both sides on the MLP path)".into()));
-    }
     let arch = &run.manifest.architecture;
     let preset = matches!(arch.body, Body::Mlp { .. }) || (matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast);
     if !preset {
         return compute_plain(run, states, rows, req, progress);
     }
+    on_stack(run, states, rows, req, progress)
+}
+
+/// [`compute_plain`] on the layer stack of an MLP or CNN preset
+/// ([`crate::model::Architecture::as_stack`], the same tensors in the same order); its layers
+/// keep their own names (`layers.0`, `conv`).
+fn on_stack(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    let arch = &run.manifest.architecture;
     let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();
     let stack_states = states.iter().map(|s| arch.params_as_stack(s)).collect::<Result<Vec<_>>>()?;
     let mut stack_run = run.clone();

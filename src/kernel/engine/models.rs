@@ -48,8 +48,9 @@ pub(crate) struct StepInput<'a> {
     /// Whether to accumulate the rows' self-kernel.
     pub self_kernel: bool,
     /// The path-averaged kernel ([`crate::kernel::KernelKind::Path`]): the training side integrated over
-    /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`. Only on the
-    /// [`mlp_pieces`] route with an identity output map (the driver checks).
+    /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`: the
+    /// [`mlp_pieces`] closed form (one-hidden-layer ReLU, identity outputs, auto rule), the layer
+    /// stacks' [`crate::kernel::stack::path`] (any rule) and the generic reference (fixed rules).
     pub train_integrated: bool,
 }
 
@@ -93,7 +94,7 @@ impl StepModel for MlpModel<'_> {
         // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
         let train_int = if input.train_integrated {
             if input.fixed.is_some() || !mlp_pieces::applies(&step) || arch.output != crate::model::OutputKind::Identity {
-                return Err(crate::error::Error::Config("the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits, or regression) with the auto quadrature".into()));
+                return Err(crate::error::Error::Config("the path kernel's closed form needs a one-hidden-layer ReLU MLP on identity outputs with the auto quadrature (other networks take their layer stack's path)".into()));
             }
             let first = step.first_layer(input.x_train);
             let rf = mlp_pieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
@@ -297,8 +298,8 @@ impl StepModel for GenericModel<'_> {
             _ => None,
         };
         let (pred, layer_pred) = match split {
-            Some((ranges, sinks)) => generic::step_into_layers(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, ranges, sinks, diag, input.a, input.colw)?,
-            None => (generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw)?, Vec::new()),
+            Some((ranges, sinks)) => generic::step_into_layers(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, ranges, sinks, diag, input.a, input.colw, input.train_integrated)?,
+            None => (generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw, input.train_integrated)?, Vec::new()),
         };
         Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN, layer_pred })
     }

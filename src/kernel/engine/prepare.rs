@@ -129,12 +129,14 @@ impl<'a> Prepared<'a> {
         let structured = matches!(arch.body, Body::Mlp { .. });
         let conv_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
         let stack_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Layers { .. });
-        if req.kind == KernelKind::Path && (!structured || !matches!(req.rule, Rule::Auto(_)) || arch.output != OutputKind::Identity) {
+        // The path kernel: any rule and output on a layer stack (the MLP and CNN presets are
+        // computed as theirs, `engine::entry`), the closed form on a one-hidden-layer ReLU MLP.
+        if req.kind == KernelKind::Path && ((structured && (!matches!(req.rule, Rule::Auto(_)) || arch.output != OutputKind::Identity)) || conv_fast) {
             return Err(Error::Config(
-                "the path kernel is implemented for one-hidden-layer ReLU MLPs on identity outputs (the logits of a classifier: outputs = logits; or regression) with the auto quadrature".into(),
+                "the path kernel on this network's preset path needs a one-hidden-layer ReLU MLP on identity outputs with the auto quadrature; describe the network as a layer stack ([model] kind = \"layers\") for any other".into(),
             ));
         }
-        if !structured && !conv_fast && !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) {
+        if !structured && !conv_fast && !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime | KernelKind::Path) {
             return Err(Error::Config(
                 "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
             ));

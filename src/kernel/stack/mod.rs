@@ -17,6 +17,7 @@
 //! [`super::generic::step_into`]'s (tests).
 
 pub(crate) mod kinks;
+pub(crate) mod path;
 pub(crate) mod step;
 
 use super::cnn::gram::NodeStats;
@@ -30,20 +31,20 @@ use crate::model::Architecture;
 use step::{RowGrad, StackStep};
 
 /// Row points whose nodes are evaluated and contracted together.
-const CHUNK_POINTS: usize = 32;
+pub(crate) const CHUNK_POINTS: usize = 32;
 
 /// Bytes of node-row gradients evaluated at once (their count per point grows with the kinks).
 const NODE_BYTES: usize = 256 << 20;
 
 /// [`NODE_BYTES`], which the tests lower to one node row per block.
 #[cfg(not(test))]
-fn node_bytes() -> usize {
+pub(crate) fn node_bytes() -> usize {
     NODE_BYTES
 }
 #[cfg(test)]
 static NODE_BYTES_TEST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(NODE_BYTES);
 #[cfg(test)]
-fn node_bytes() -> usize {
+pub(crate) fn node_bytes() -> usize {
     NODE_BYTES_TEST.load(std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -124,7 +125,7 @@ fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, m: usize, k:
         .collect()
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
@@ -163,6 +164,9 @@ fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], 
 impl StepModel for StackModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
         let arch = self.arch;
+        if input.train_integrated {
+            return path::add_step(input, acc, diag, &StackStep::new(arch, input.state, input.next)?, self.per_layer);
+        }
         let rows = input.rows;
         let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
         let m = input.x_train.len() / d;
