@@ -116,6 +116,8 @@ pub(crate) struct Piece {
     depth: u32,
     /// The previous order's quadrature of `df/dt` per class (the relative check).
     prev: Option<Vec<f64>>,
+    /// Whether the previous order passed the check against `f(b) − f(a)`.
+    prev_ok: bool,
 }
 
 /// The adaptive, kink-aware rule. Each step is split at the kinks of every row point; each
@@ -231,6 +233,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 order: 0,
                 depth: 0,
                 prev: None,
+                prev_ok: false,
             });
         }
         pos += v.len();
@@ -284,11 +287,21 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                     times.push(rt[r]);
                 }
             };
-            if err <= thr && rel_ok {
+            if err <= thr && rel_ok && pc.prev.is_some() && pc.prev_ok {
+                // Two consecutive orders agree to the relative tolerance and both match the
+                // exact change: the difference bounds the lower order's error (the higher is
+                // the more accurate), so the lower order's nodes are the ones evaluated.
+                for (tq, wq) in quadrature::gauss_legendre_01(AUTO_ORDERS[pc.order - 1], pc.a, pc.b) {
+                    point.push(pc.p);
+                    weight.push(wq);
+                    times.push(tq);
+                }
+                pieces[pc.p] += 1;
+            } else if err <= thr && rel_ok {
                 accept(&mut point, &mut weight, &mut times);
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
-                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), ..pc });
+                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), prev_ok: err <= thr, ..pc });
             } else if err <= thr {
                 // The relative check raises the order but never bisects: where the integrand's
                 // rounding (cancellation in df/dt) keeps two orders apart, the absolute check
@@ -309,8 +322,8 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let fm = jvp_rows(step, x, off, &pidx, &mids).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
-                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1, prev: None });
-                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1, prev: None });
+                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1, prev: None, prev_ok: false });
+                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1, prev: None, prev_ok: false });
             }
         }
         pending = next;
