@@ -8,6 +8,9 @@
 //! gradient is formed (`Co·(C·k·k + 1)` numbers per class: small, where the `P`-fold
 //! position sum would make factors expensive).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::linalg::gemm;
 
 /// A resolved convolution.
@@ -39,9 +42,20 @@ impl Conv {
         self.co * self.taps() + if self.bias { self.co } else { 0 }
     }
 
+    /// [`Conv::build_index`], built once per geometry and shared: the adaptive rule evaluates
+    /// its nodes one row at a time (each point's nodes have their own times), and rebuilding the
+    /// index per row was 8 % of a LeNet-5 EPK's profile.
+    fn index(&self) -> Arc<Vec<usize>> {
+        type Key = (usize, usize, usize, usize, usize, usize, usize, usize);
+        static CACHE: OnceLock<Mutex<HashMap<Key, Arc<Vec<usize>>>>> = OnceLock::new();
+        let key = (self.c, self.h, self.w, self.k, self.stride, self.padding, self.ho, self.wo);
+        let mut cache = CACHE.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());
+        cache.entry(key).or_insert_with(|| Arc::new(self.build_index())).clone()
+    }
+
     /// im2col gather: for position `pos` and tap `(c, i, j)`, the input offset `(c·H + ih)·W + iw`,
     /// or `usize::MAX` in the padding.
-    fn index(&self) -> Vec<usize> {
+    fn build_index(&self) -> Vec<usize> {
         let (p, t) = (self.positions(), self.taps());
         let mut idx = vec![usize::MAX; p * t];
         for oy in 0..self.ho {
@@ -74,7 +88,7 @@ impl Conv {
         let mut u = vec![0.0; n * idx.len()];
         for s in 0..n {
             let xs = &x[s * size..(s + 1) * size];
-            for (dst, &q) in u[s * idx.len()..(s + 1) * idx.len()].iter_mut().zip(&idx) {
+            for (dst, &q) in u[s * idx.len()..(s + 1) * idx.len()].iter_mut().zip(idx.iter()) {
                 if q != usize::MAX {
                     *dst = xs[q];
                 }
