@@ -236,36 +236,34 @@ impl StepModel for StackModel<'_> {
                         (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
                             let out = acc.target(li).rows_mut(c0..c0 + pc);
                             flops += fold_dense(layout, out, bp, bw, acts, deltas, ta, td, *ne, *no, m, k);
+                            // The prediction's `V a_r` for every node row of the block at once.
+                            let rb = bp.len();
+                            let mut va = vec![0.0; rb * no];
+                            gemm_abt(&mut va, acts, v, rb, *no, *ne, 1.0, false);
+                            let mut dd = vec![0.0; k * k];
                             for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                                let ar = &acts[r * ne..(r + 1) * ne];
-                                let mut va = vec![0.0; *no];
-                                gemm(&mut va, v, false, ar, false, (*no, 1, *ne), 1.0, false);
                                 let dr = &deltas[r * k * no..(r + 1) * k * no];
+                                let var = &va[r * no..(r + 1) * no];
                                 for c in 0..k {
-                                    pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], &va);
+                                    pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], var);
                                 }
                                 if input.self_kernel {
-                                    let aa = dot(ar, ar);
-                                    for c in 0..k {
-                                        for c2 in 0..k {
-                                            diag[((c0 + q) * k + c) * k + c2] += w * aa * dot(&dr[c * no..(c + 1) * no], &dr[c2 * no..(c2 + 1) * no]);
-                                        }
-                                    }
+                                    let ar = &acts[r * ne..(r + 1) * ne];
+                                    gemm_abt(&mut dd, dr, dr, k, k, *no, w * dot(ar, ar), false);
+                                    diag[(c0 + q) * k * k..(c0 + q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
                                 }
                             }
                         }
                         (RowGrad::Formed { g, width }, TrainSide::Formed { .. }) => {
                             let wd = *width;
                             let jbar = &mut jbars[li];
+                            let mut gg = vec![0.0; k * k];
                             for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
                                 let gr = &g[r * k * wd..(r + 1) * k * wd];
                                 jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
                                 if input.self_kernel {
-                                    for c in 0..k {
-                                        for c2 in 0..k {
-                                            diag[((c0 + q) * k + c) * k + c2] += w * dot(&gr[c * wd..(c + 1) * wd], &gr[c2 * wd..(c2 + 1) * wd]);
-                                        }
-                                    }
+                                    gemm_abt(&mut gg, gr, gr, k, k, wd, w, false);
+                                    diag[(c0 + q) * k * k..(c0 + q + 1) * k * k].iter_mut().zip(&gg).for_each(|(a, b)| *a += b);
                                 }
                             }
                         }
