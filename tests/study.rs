@@ -151,3 +151,43 @@ cg_check_points = 1
     let e = study::run(&bad, &opts).unwrap_err().to_string();
     assert!(e.contains("[attribution] runs the attribution benchmark only"), "{e}");
 }
+
+/// `[analysis] fsl`: function-space Laplace on each kernel of the logits, equal to the notebook
+/// API's fit on the same network (the train × train EPK on the logits, class-diagonal curvature,
+/// δ by the evidence); kernels of the network's outputs get none, and asking for it without a
+/// kernel of the logits is refused.
+#[test]
+fn fsl_analysis_fits_on_the_logits_kernels() {
+    use pathkernel::api::{FslModel, Trained};
+    use pathkernel::gp::{Curvature, Prior};
+    use pathkernel::kernel::Layout;
+    let dir = tempfile::tempdir().unwrap();
+    let base = toml(3, 6, 0.5, 12, "auto:1e-12").replace("[analysis]\ncharts = false", "[[kernel]]\nkind = \"epk\"\npoints = \"test\"\noutputs = \"logits\"\nlabel = \"epk-logits\"\nblocks = \"diag\"\n\n[analysis]\ncharts = false");
+    let text = base.clone() + "fsl = true\n";
+    run(dir.path(), &text);
+    let report = dir.path().join("report");
+    assert!(!report.join("analysis/fsl-epk-test").exists(), "a kernel of the log-softmax outputs got a fit");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("analysis/fsl-epk-logits/fsl.json")).unwrap()).unwrap();
+    let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
+    assert!(summary.contains("Function-space Laplace on `epk-logits`"), "{summary}");
+    // The same fit through the API.
+    let net = Trained::open(dir.path().join("cache/run")).unwrap();
+    let train = net.epk().train_side().logits().layout(Layout::Diag).compute().unwrap();
+    let rows = net.epk().test().logits().layout(Layout::Diag).compute().unwrap();
+    let fsl = FslModel::fit(&net, &train, Curvature::ClassDiagonal, Prior::Evidence).unwrap();
+    let probs = fsl.predict(&net, &rows).unwrap().probit();
+    let study: Vec<f64> = json["probit"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(study.len(), probs.len());
+    let gap = study.iter().zip(&probs).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+    assert!(gap <= 1e-12, "study vs API probit {gap:e}");
+    assert!((json["delta"].as_f64().unwrap() - fsl.delta()).abs() <= 1e-9 * fsl.delta());
+    let nll = json["nll"].as_f64().unwrap();
+    assert!(nll.is_finite() && nll > 0.0);
+    // Without a kernel of the logits: refused before any work.
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, toml(3, 6, 0.5, 12, "auto:1e-12").replace("charts = false", "charts = false\nfsl = true")).unwrap();
+    let opts = StudyOptions { out: Some(dir.path().join("bad-report")), cache: Some(dir.path().join("bad-cache")), base_dir: PathBuf::from("."), progress: false, command: "test".into() };
+    let err = study::run(&file, &opts).unwrap_err().to_string();
+    assert!(err.contains("outputs = \"logits\""), "{err}");
+    assert!(!dir.path().join("bad-report").exists() && !dir.path().join("bad-cache").exists());
+}

@@ -10,7 +10,7 @@ use crate::api::{Gram, Trained};
 use crate::error::{Error, Result};
 use crate::gp::GpParams;
 use crate::io::{self, Column, Table};
-use crate::kernel::{KernelKind, Points, Rows, Rule, Side};
+use crate::kernel::{KernelKind, Outputs, Points, Rows, Rule, Side};
 use crate::plot::{self, Scale, Series};
 use crate::report::{self, GpTargets};
 use crate::svm::SvmParams;
@@ -56,7 +56,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     // else one computed (and cached) here.
     let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
     let computed = if needs_train && listed.is_none() {
-        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None, per_layer: false };
+        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None, per_layer: false, outputs: Default::default() };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None
@@ -65,7 +65,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     if let Some(tk) = train_kernel {
         // GP and SVM use the exact kernel (EPK) rows; other kinds are compared through their
         // kernel machines above.
-        for k in kernels.iter().filter(|k| k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk) {
+        for k in kernels.iter().filter(|k| k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk && k.spec.outputs == Outputs::Network) {
             if a.gp {
                 notes.extend(gp(&cx, tk, k)?);
             }
@@ -85,6 +85,11 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         }
         if a.similarity > 0 {
             notes.extend(similarity(&cx, tk)?);
+        }
+    }
+    if a.fsl {
+        for k in kernels.iter().filter(|k| k.spec.outputs == Outputs::Logits && k.spec.points != Rows::Train && k.spec.side == Side::Test) {
+            notes.extend(fsl(&cx, k)?);
         }
     }
     if !a.attribution_points.is_empty() {
@@ -163,6 +168,62 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
         notes.push("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4).".into());
     }
     Ok(notes)
+}
+
+/// Function-space Laplace on one kernel of the logits: fitted on that kernel's train × train
+/// Gram on the logits (the training side's, both sides at `w_s`; computed and cached here),
+/// class-diagonal curvature, δ by the function-space evidence; the probit predictive at the
+/// kernel's test rows against the network's softmax (`analysis/fsl-<label>/fsl.json`).
+fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
+    use crate::api::FslModel;
+    use crate::gp::{Curvature, Prior};
+    use crate::uncertainty::metrics;
+    let (net, spec) = (cx.net, &k.spec);
+    let train_kind = if spec.kind == KernelKind::Ntk { KernelKind::Ntk } else { KernelKind::Epk };
+    let tspec = KernelSpec {
+        kind: train_kind,
+        quadrature: Rule::Auto(1e-12),
+        points: Rows::Train,
+        side: Side::Train,
+        step: spec.step,
+        label: Some(format!("train-train-logits-{train_kind}{}", spec.step.map(|s| format!("-{s}")).unwrap_or_default())),
+        blocks: Some(crate::kernel::Layout::Diag),
+        per_layer: false,
+        outputs: Outputs::Logits,
+    };
+    let (_, train, _) = cached_kernel(net, &tspec, cx.cache, cx.progress)?;
+    let started = std::time::Instant::now();
+    let model = FslModel::fit(net, &train, Curvature::ClassDiagonal, Prior::Evidence)?;
+    let pred = model.predict(net, &k.gram)?;
+    let probs = pred.probit();
+    let labels = match &net.run().dataset.y_test {
+        crate::data::Targets::Labels(y) => y.clone(),
+        crate::data::Targets::Values(_) => return Err(Error::Config("analysis.fsl needs a classification run".into())),
+    };
+    let (p, _, kk) = k.gram.shape();
+    if k.gram.points().x != net.run().dataset.x_test {
+        return Err(Error::Config(format!("analysis.fsl: kernel `{}` is not on the test points", k.label)));
+    }
+    let net_probs = metrics::softmax_rows(&k.gram.output().network, kk)?;
+    let m = |pr: &[f64]| -> Result<(f64, f64, f64)> { Ok((metrics::nll(pr, &labels, kk)?, metrics::accuracy(pr, &labels, kk)?, metrics::ece(pr, &labels, kk, 10)?)) };
+    let ((nll, acc, ece), (nll_n, acc_n, ece_n)) = (m(&probs)?, m(&net_probs)?);
+    let seconds = started.elapsed().as_secs_f64();
+    let var = pred.variance();
+    let mean_std = var.iter().map(|v| v.sqrt()).sum::<f64>() / var.len().max(1) as f64;
+    let dir = cx.out.join("analysis").join(format!("fsl-{}", k.label));
+    io::create_dir_all(&dir)?;
+    let json = serde_json::json!({
+        "kernel": k.label, "train_gram": tspec.label, "curvature": "class-diagonal", "prior": "evidence",
+        "delta": model.delta(), "log_evidence": model.inner().log_evidence(model.delta()),
+        "test_points": p, "nll": nll, "accuracy": acc, "ece": ece,
+        "network": { "nll": nll_n, "accuracy": acc_n, "ece": ece_n },
+        "mean_logit_std": mean_std, "fit_and_predict_seconds": seconds, "probit": probs,
+    });
+    io::write_json(&dir.join("fsl.json"), &json)?;
+    Ok(vec![format!(
+        "- Function-space Laplace on `{}` (its train × train Gram on the logits `{}`, class-diagonal curvature, δ = {:.4e} by the function-space evidence; `analysis/fsl-{}/fsl.json`): test NLL {:.4} (network {:.4}), accuracy {:.1} % (network {:.1} %), ECE {:.4} (network {:.4}), mean posterior logit std {:.3e}; fit and predictive {:.1} s.",
+        k.label, tspec.label.as_deref().unwrap_or_default(), model.delta(), k.label, nll, nll_n, 100.0 * acc, 100.0 * acc_n, ece, ece_n, mean_std, seconds
+    )])
 }
 
 /// GP regression on the EPK rows `rk` of one kernel, with the grid chart (Fig. 5).

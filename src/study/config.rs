@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::{KernelBuilder, Trained};
 use crate::data::DataConfig;
 use crate::error::{Error, Result};
-use crate::kernel::{KernelKind, Layout, Rows, Rule, Side};
+use crate::kernel::{KernelKind, Layout, Outputs, Rows, Rule, Side};
 use crate::model::ModelConfig;
 use crate::train::{RunConfig, TrainConfig};
 use super::text;
@@ -51,6 +51,14 @@ pub struct KernelSpec {
     /// summary).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_layer: bool,
+    /// The outputs the kernel is on: `network` (default: as trained, a classifier's
+    /// log-softmax) or `logits` (plain gradient steps; what `[analysis] fsl` fits on).
+    #[serde(default, skip_serializing_if = "is_network")]
+    pub outputs: Outputs,
+}
+
+fn is_network(o: &Outputs) -> bool {
+    *o == Outputs::Network
 }
 
 impl KernelSpec {
@@ -74,6 +82,7 @@ impl KernelSpec {
         let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
         let b = b.rows(self.points).side(self.side);
         let b = if self.per_layer { b.per_layer() } else { b };
+        let b = if self.outputs == Outputs::Logits { b.logits() } else { b };
         match self.step {
             Some(s) => b.at_step(s),
             None => b,
@@ -118,6 +127,12 @@ pub struct AnalysisSpec {
     /// classes, between the first N training points; 0 = off.
     #[serde(default)]
     pub similarity: usize,
+    /// Function-space Laplace (class-diagonal curvature, δ by the function-space evidence) on
+    /// every `[[kernel]]` with `outputs = "logits"` on test points, its training Gram that
+    /// kernel's train × train Gram on the logits (computed and cached here): test NLL,
+    /// accuracy and ECE of the probit predictive beside the network's softmax.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fsl: bool,
     /// Write PNG charts.
     #[serde(default = "default_true")]
     pub charts: bool,
@@ -125,7 +140,7 @@ pub struct AnalysisSpec {
 
 impl Default for AnalysisSpec {
     fn default() -> Self {
-        AnalysisSpec { gp: false, svm: false, svm_c: Vec::new(), stationarity: false, far_field_points: 0, attribution_points: Vec::new(), interpolation: 0, similarity: 0, charts: true }
+        AnalysisSpec { gp: false, svm: false, svm_c: Vec::new(), stationarity: false, far_field_points: 0, attribution_points: Vec::new(), interpolation: 0, similarity: 0, fsl: false, charts: true }
     }
 }
 
@@ -217,6 +232,9 @@ impl StudyConfig {
             if !labels.insert(k.label()) {
                 return Err(Error::Config(format!("two [[kernel]] entries share the label `{}`; set `label`", k.label())));
             }
+        }
+        if cfg.analysis.fsl && !cfg.kernels.iter().any(|k| k.outputs == Outputs::Logits && k.points != Rows::Train && k.side == Side::Test) {
+            return Err(Error::Config("analysis.fsl fits on kernels of the logits: add a [[kernel]] with outputs = \"logits\" on test points".into()));
         }
         Ok(cfg)
     }
