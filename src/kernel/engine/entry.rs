@@ -54,7 +54,7 @@ fn path_closed_form(run: &Run, req: &Request) -> bool {
         && arch.output == crate::model::OutputKind::Identity
         && arch.alpha != 0.0
         && arch.outputs() >= 2
-        && matches!(req.rule, crate::kernel::Rule::Auto(_))
+        && matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_))
 }
 
 /// [`compute`] on the run's own architecture.
