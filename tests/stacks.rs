@@ -86,6 +86,11 @@ fn stack_epk_auto_reproduces_the_network() {
         let scale = max_abs(&epk.network).max(1.0);
         eprintln!("{name}: EPK auto:1e-12 max |machine − network| {:e}, {:.2} evaluations/point/step", epk.max_abs_error(), epk.mean_evaluations());
         assert!(epk.max_abs_error() <= 1e-11 * scale, "{name}: EPK auto error {:e}", epk.max_abs_error());
+        // Its ReLU sits behind GELU and layer norm: the kinks are located by Newton's method
+        // (399 evaluations per point and step when they were bisected).
+        if name == "residual cnn" {
+            assert!(epk.mean_evaluations() <= 100.0, "{name}: {:.1} evaluations per point and step", epk.mean_evaluations());
+        }
         assert!(max_abs_diff(&epk.network, &epk.bias) > 1e-3, "{name}: the network barely moved");
         let dpk = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Dpk), &|_, _| {}).unwrap();
         assert!(dpk.max_abs_error() > 1e3 * epk.max_abs_error().max(1e-15), "{name}: dpk {:e}", dpk.max_abs_error());

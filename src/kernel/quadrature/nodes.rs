@@ -151,6 +151,12 @@ pub(crate) trait AlongPath {
     fn relative_check(&self) -> bool {
         false
     }
+    /// Where a piece of point `p` fails every order: a kink in `(a, b)` that [`AlongPath::kinks`]
+    /// did not report, to split the piece there instead of at its midpoint (`None`: bisect),
+    /// with the forward-mode evaluations spent finding it.
+    fn locate_kink(&self, _x: &[f64], _p: usize, _a: f64, _b: f64) -> (Option<f64>, usize) {
+        (None, 0)
+    }
 }
 
 /// The relative agreement of two consecutive Gauss orders that [`AlongPath::relative_check`]
@@ -317,7 +323,15 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             }
         }
         if !to_split.is_empty() {
-            let mids: Vec<f64> = to_split.iter().map(|pc| 0.5 * (pc.a + pc.b)).collect();
+            // Split at a located kink where the network finds one, else at the midpoint.
+            let mids: Vec<f64> = to_split
+                .iter()
+                .map(|pc| {
+                    let (t, spent) = step.locate_kink(x, pc.p, pc.a, pc.b);
+                    jvp_evals[pc.p] += spent;
+                    t.unwrap_or(0.5 * (pc.a + pc.b))
+                })
+                .collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
             let fm = jvp_rows(step, x, off, &pidx, &mids).0;
             for (j, pc) in to_split.into_iter().enumerate() {

@@ -259,4 +259,49 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
             assert!(missed.is_empty(), "found {} kinks, brute force {}; missed {missed:?}", found.len(), brute.len());
         }
     }
+
+    /// Behind a smooth layer the sweep stops; `StackStep::locate_kink` finds a ReLU kink by
+    /// Newton's method: the located time has that ReLU input at zero to rounding, with opposite
+    /// signs 1e-9 before and after, and a bracket without a sign change gives none.
+    #[test]
+    fn kinks_behind_a_smooth_layer_are_located() {
+        let text = r#"kind = "layers"
+zero_last = false
+layers = [{ dense = 8 }, "gelu", "layer_norm", { dense = 8 }, "relu", { dense = 3 }]"#;
+        let cfg: ModelConfig = toml::from_str(text).unwrap();
+        let arch = cfg.resolve(4, None, 3, OutputKind::LogSoftmax).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let w0 = arch.init(1);
+        let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.8 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+        let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+        assert!(!step.stack.kinks_reachable());
+        let relu_inputs = |x: &[f64], t: f64| -> Vec<f64> {
+            let (_, caches) = step.stack.forward_cached(&step.params_at(t), x);
+            step.stack.nodes.iter().zip(&caches).filter_map(|(n, c)| match (&n.op, c) {
+                (Op::Act(crate::model::layers::Act::Relu), crate::model::layers::Cache::Input(z)) => Some(z.clone()),
+                _ => None,
+            }).flatten().collect()
+        };
+        let mut located = 0;
+        for _ in 0..20 {
+            let x: Vec<f64> = (0..4).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let (a, b) = (0.0, 1.0);
+            let (za, zb) = (relu_inputs(&x, a), relu_inputs(&x, b));
+            let flips = za.iter().zip(&zb).any(|(p, q)| p * q < 0.0);
+            let (t, spent) = step.locate_kink(&x, a, b);
+            assert!(spent >= 2);
+            match t {
+                None => assert!(!flips, "a sign change between a and b was not located"),
+                Some(t) => {
+                    located += 1;
+                    let (lo, hi, at) = (relu_inputs(&x, t - 1e-9), relu_inputs(&x, t + 1e-9), relu_inputs(&x, t));
+                    let u = (0..at.len()).find(|&u| lo[u] * hi[u] < 0.0).expect("an input changes sign at the located kink");
+                    let scale = za.iter().chain(&zb).fold(0.0f64, |m, v| m.max(v.abs()));
+                    assert!(at[u].abs() <= 1e-13 * scale, "input {u} at the kink: {:e}", at[u]);
+                }
+            }
+        }
+        assert!(located >= 5, "only {located} of 20 points had a kink to locate");
+    }
+
 }

@@ -81,6 +81,15 @@ impl AlongPath for StackAlong<'_, '_> {
     fn relative_check(&self) -> bool {
         self.step.stack.kinks_reachable()
     }
+    /// Behind a smooth layer the sweep stops: a piece that fails is split at the kink Newton's
+    /// method finds on the activation inputs ([`StackStep::locate_kink`]).
+    fn locate_kink(&self, x: &[f64], p: usize, a: f64, b: f64) -> (Option<f64>, usize) {
+        if self.step.stack.kinks_reachable() {
+            return (None, 0);
+        }
+        let d = self.step.d;
+        self.step.locate_kink(&x[p * d..(p + 1) * d], a, b)
+    }
 }
 
 /// Layer stacks on the structured path.

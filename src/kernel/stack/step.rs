@@ -129,6 +129,56 @@ impl<'a> StackStep<'a> {
         (f, fd)
     }
 
+    /// `(z, dz/dt)` at the inputs of the piecewise-linear activations for the point `xp`
+    /// (`[d]`) at time `t` (empty at t = 0 only steps).
+    fn kink_inputs(&self, xp: &[f64], t: f64) -> Vec<(f64, f64)> {
+        match &self.dir {
+            Some(dir) => self.stack.kink_inputs(&self.params_at(t), dir, xp),
+            None => Vec::new(),
+        }
+    }
+
+    /// A kink of the point `xp` in `(a, b)` that the polynomial sweep cannot reach (a ReLU
+    /// behind a smooth layer): of the activation inputs whose sign differs at `a` and `b`, the
+    /// one whose secant root is earliest, refined by Newton's method on its `(z, dz/dt)`,
+    /// safeguarded by bisection of its sign bracket, to rounding. Returns the time (`None`
+    /// when no input changes sign between `a` and `b`) and the forward-mode evaluations spent.
+    pub(crate) fn locate_kink(&self, xp: &[f64], a: f64, b: f64) -> (Option<f64>, usize) {
+        let (za, zb) = (self.kink_inputs(xp, a), self.kink_inputs(xp, b));
+        let mut evals = 2;
+        let mut best: Option<(usize, f64)> = None;
+        for (u, (&(fa, _), &(fb, _))) in za.iter().zip(&zb).enumerate() {
+            if (fa < 0.0 && fb > 0.0) || (fa > 0.0 && fb < 0.0) {
+                let t = a + (b - a) * fa / (fa - fb);
+                if best.is_none_or(|(_, bt)| t < bt) {
+                    best = Some((u, t));
+                }
+            }
+        }
+        let Some((u, mut t)) = best else { return (None, evals) };
+        let (mut lo, mut hi, neg_at_lo) = (a, b, za[u].0 < 0.0);
+        for _ in 0..60 {
+            let (f, fd) = self.kink_inputs(xp, t)[u];
+            evals += 1;
+            if f == 0.0 {
+                break;
+            }
+            if (f < 0.0) == neg_at_lo {
+                lo = t;
+            } else {
+                hi = t;
+            }
+            let newton = t - f / fd;
+            let next = if newton > lo && newton < hi { newton } else { 0.5 * (lo + hi) };
+            let done = (next - t).abs() <= 2.0 * f64::EPSILON * t.abs() || hi - lo <= 2.0 * f64::EPSILON * hi.abs();
+            t = next;
+            if done {
+                break;
+            }
+        }
+        ((t > a && t < b).then_some(t), evals)
+    }
+
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
     /// layer (storage order), rows in `idx` order.
     pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {

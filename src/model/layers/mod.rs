@@ -214,8 +214,20 @@ impl Stack {
     /// # Shapes
     /// `x` `[n, input]`; returns `[n, K]` twice.
     pub(crate) fn tangent(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: &[f64]) -> (Vec<f64>, Vec<f64>) {
-        let (y, yd) = tangent_nodes(&self.nodes, params, dir, x.to_vec(), None);
+        let (y, yd) = tangent_nodes(&self.nodes, params, dir, x.to_vec(), None, None);
         (y, yd.unwrap_or_default())
+    }
+
+    /// The inputs of every piecewise-linear activation (ReLU, leaky ReLU) with their
+    /// t-derivatives `(z, dz/dt)` along `dir`, in walk order (what the adaptive rule's kink
+    /// location reads behind smooth layers).
+    ///
+    /// # Shapes
+    /// `x` `[n, input]`; returns `n ×` (the activations' sizes) pairs.
+    pub(crate) fn kink_inputs(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: &[f64]) -> Vec<(f64, f64)> {
+        let mut probe = Vec::new();
+        tangent_nodes(&self.nodes, params, dir, x.to_vec(), None, Some(&mut probe));
+        probe
     }
 
     /// Per-sample gradients of the K outputs: `dy` `[n, K, K_out]` are the output
@@ -499,7 +511,9 @@ pub(crate) fn forward_nodes(nodes: &[Node], params: &[Vec<f64>], mut x: Vec<f64>
 }
 
 /// The tangent walk: values and tangents (`None`: zero) along `dir`.
-pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>], mut x: Vec<f64>, mut xd: Option<Vec<f64>>) -> (Vec<f64>, Option<Vec<f64>>) {
+/// `probe` collects `(z, dz/dt)` at the inputs of the piecewise-linear activations
+/// ([`Stack::kink_inputs`]).
+pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>], mut x: Vec<f64>, mut xd: Option<Vec<f64>>, mut probe: Option<&mut Vec<(f64, f64)>>) -> (Vec<f64>, Option<Vec<f64>>) {
     for n in nodes {
         let (y, yd) = match &n.op {
             Op::Dense(d) => {
@@ -525,6 +539,11 @@ pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>
             Op::AvgPool(p) => (p.avg_forward(&x), xd.as_deref().map(|xd| p.avg_forward(xd))),
             Op::Flatten => (x, xd),
             Op::Act(a) => {
+                if let (Some(pr), Some(xd)) = (probe.as_deref_mut(), xd.as_deref()) {
+                    if a.piecewise_linear() {
+                        pr.extend(x.iter().copied().zip(xd.iter().copied()));
+                    }
+                }
                 let yd = xd.map(|xd| x.iter().zip(xd).map(|(&z, v)| a.derivative(z) * v).collect());
                 (x.iter().map(|&z| a.apply(z)).collect(), yd)
             }
@@ -533,7 +552,7 @@ pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>
                 let yd = nm.tangent(&params[n.first], &dir[n.first], &dir[n.first + 1], &c, xd.as_deref());
                 (y, Some(yd))
             }
-            Op::Residual(r) => r.tangent(params, dir, x, xd),
+            Op::Residual(r) => r.tangent(params, dir, x, xd, probe.as_deref_mut()),
         };
         x = y;
         xd = yd;

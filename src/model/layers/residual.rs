@@ -60,9 +60,9 @@ impl Residual {
     }
 
     /// Value and tangent.
-    pub(crate) fn tangent(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: Vec<f64>, xd: Option<Vec<f64>>) -> (Vec<f64>, Option<Vec<f64>>) {
-        let (mut y, yd) = tangent_nodes(&self.body, params, dir, x.clone(), xd.clone());
-        let (s, sd) = if self.shortcut.is_some() { tangent_nodes(self.shortcut_slice(), params, dir, x, xd) } else { (x, xd) };
+    pub(crate) fn tangent(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: Vec<f64>, xd: Option<Vec<f64>>, probe: Option<&mut Vec<(f64, f64)>>) -> (Vec<f64>, Option<Vec<f64>>) {
+        let (mut y, yd) = tangent_nodes(&self.body, params, dir, x.clone(), xd.clone(), probe);
+        let (s, sd) = if self.shortcut.is_some() { tangent_nodes(self.shortcut_slice(), params, dir, x, xd, None) } else { (x, xd) };
         y.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
         let yd = match (yd, sd) {
             (Some(mut a), Some(b)) => {
