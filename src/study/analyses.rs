@@ -192,7 +192,6 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
         outputs: Outputs::Logits,
     };
     let (_, train, _) = cached_kernel(net, &tspec, cx.cache, cx.progress)?;
-    let started = std::time::Instant::now();
     let model = FslModel::fit(net, &train, Curvature::ClassDiagonal, Prior::Evidence)?;
     let pred = model.predict(net, &k.gram)?;
     let probs = pred.probit();
@@ -207,7 +206,6 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
     let net_probs = metrics::softmax_rows(&k.gram.output().network, kk)?;
     let m = |pr: &[f64]| -> Result<(f64, f64, f64)> { Ok((metrics::nll(pr, &labels, kk)?, metrics::accuracy(pr, &labels, kk)?, metrics::ece(pr, &labels, kk, 10)?)) };
     let ((nll, acc, ece), (nll_n, acc_n, ece_n)) = (m(&probs)?, m(&net_probs)?);
-    let seconds = started.elapsed().as_secs_f64();
     let var = pred.variance();
     let mean_std = var.iter().map(|v| v.sqrt()).sum::<f64>() / var.len().max(1) as f64;
     let dir = cx.out.join("analysis").join(format!("fsl-{}", k.label));
@@ -217,12 +215,12 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
         "delta": model.delta(), "log_evidence": model.inner().log_evidence(model.delta()),
         "test_points": p, "nll": nll, "accuracy": acc, "ece": ece,
         "network": { "nll": nll_n, "accuracy": acc_n, "ece": ece_n },
-        "mean_logit_std": mean_std, "fit_and_predict_seconds": seconds, "probit": probs,
+        "mean_logit_std": mean_std, "probit": probs,
     });
     io::write_json(&dir.join("fsl.json"), &json)?;
     Ok(vec![format!(
-        "- Function-space Laplace on `{}` (its train × train Gram on the logits `{}`, class-diagonal curvature, δ = {:.4e} by the function-space evidence; `analysis/fsl-{}/fsl.json`): test NLL {:.4} (network {:.4}), accuracy {:.1} % (network {:.1} %), ECE {:.4} (network {:.4}), mean posterior logit std {:.3e}; fit and predictive {:.1} s.",
-        k.label, tspec.label.as_deref().unwrap_or_default(), model.delta(), k.label, nll, nll_n, 100.0 * acc, 100.0 * acc_n, ece, ece_n, mean_std, seconds
+        "- Function-space Laplace on `{}` (its train × train Gram on the logits `{}`, class-diagonal curvature, δ = {:.4e} by the function-space evidence; `analysis/fsl-{}/fsl.json`): test NLL {:.4} (network {:.4}), accuracy {:.1} % (network {:.1} %), ECE {:.4} (network {:.4}), mean posterior logit std {:.3e}.",
+        k.label, tspec.label.as_deref().unwrap_or_default(), model.delta(), k.label, nll, nll_n, 100.0 * acc, 100.0 * acc_n, ece, ece_n, mean_std
     )])
 }
 
