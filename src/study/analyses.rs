@@ -148,8 +148,8 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
                 cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
             }
         }
-        if spec.points == Rows::Test {
-            // Class 0 of up to 100 rows.
+        if spec.points == Rows::Test && spec.outputs == Outputs::Network {
+            // Class 0 of up to 100 rows (kernels of the logits are on another axis: left out).
             let (f, km) = (gram.network(), gram.machine());
             let n = f.nrows().min(100);
             scatter.push(Series::new(label.clone(), (0..n).map(|q| f[(q, 0)]).collect(), (0..n).map(|q| km[(q, 0)]).collect()));
