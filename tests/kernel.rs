@@ -543,6 +543,8 @@ fn path_kernel_equals_explicit_integrated_jacobians() {
         let rel = max_abs_diff(o.diag.as_ref().unwrap(), &diag) / max_abs(&diag);
         assert!(rel <= 1e-12, "path self-kernel {steps:?} vs explicit |J̄|²: {rel:e}");
         assert_eq!((o.p, o.m), (p, m));
+        // The closed form (no forward-mode node search), not the stack's path.
+        assert!(o.records.iter().all(|r| r.mean_jvp_evaluations == 0.0), "the logits of a one-hidden-layer ReLU MLP left the closed form");
     }
     // The training Gram: symmetric, PSD, equal to the explicit one; its diagonal is the self-kernel.
     let train_pts = Points { x: xt.clone(), dim: d };

@@ -45,13 +45,13 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
 }
 
 /// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form
-/// ([`crate::kernel::mlp::pieces`]): identity outputs and the auto rule; other networks take
-/// their layer stack's path.
+/// ([`crate::kernel::mlp::pieces`]): identity outputs (a regression, or a classifier's logits
+/// by `req.outputs`) and the auto rule; other networks take their layer stack's path.
 fn path_closed_form(run: &Run, req: &Request) -> bool {
     let arch = &run.manifest.architecture;
     matches!(&arch.body, Body::Mlp { widths } if widths.len() == 3)
         && arch.activation == crate::model::Activation::Relu
-        && arch.output == crate::model::OutputKind::Identity
+        && (arch.output == crate::model::OutputKind::Identity || req.outputs == crate::kernel::types::Outputs::Logits)
         && arch.alpha != 0.0
         && arch.outputs() >= 2
         && matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_))
