@@ -138,6 +138,36 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// One formed layer's share for a chunk of row points starting at `c0`: the prediction
+/// `⟨J̄_p[k], v⟩` into `pred` (`[P, K]`) and the Gram rows `⟨J̄_p, G_i⟩` (the layout's blocks)
+/// into `out`; returns the flops.
+///
+/// # Shapes
+/// `jbar` `[pc, K, width]`, `tg` `[M, K, width]`, `v` `[width]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn contract_formed(layout: Layout, out: &mut [f64], pred: &mut [f64], jbar: &[f64], tg: &[f64], v: &[f64], c0: usize, m: usize, k: usize) -> f64 {
+    let wd = v.len();
+    let pc = jbar.len() / (k * wd).max(1);
+    for q in 0..pc {
+        for c in 0..k {
+            pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
+        }
+    }
+    add_dense(layout, out, jbar, tg, pc, m, k, wd, 1.0);
+    2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64
+}
+
+/// The step's prediction from one prediction per parameter layer (`per_layer`, kept as the
+/// shares) or a single one.
+pub(crate) fn split_predictions(mut preds: Vec<Vec<f64>>, per_layer: bool) -> (Vec<f64>, Vec<Vec<f64>>) {
+    if !per_layer {
+        return (preds.pop().expect("one prediction"), Vec::new());
+    }
+    let mut pred = vec![0.0; preds.first().map_or(0, Vec::len)];
+    preds.iter().for_each(|l| pred.iter_mut().zip(l).for_each(|(x, y)| *x += y));
+    (pred, preds)
+}
+
 /// Adds one dense layer's node rows into the chunk's Gram rows `out` (`point` indexes them):
 /// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`.
 #[allow(clippy::too_many_arguments)]
@@ -284,31 +314,15 @@ impl StepModel for StackModel<'_> {
             let started = std::time::Instant::now();
             for (li, (jbar, tr)) in jbars.iter().zip(&train).enumerate() {
                 if let TrainSide::Formed { g: tg, v } = tr {
-                    let wd = v.len();
                     let pred = &mut preds[if self.per_layer { li } else { 0 }];
-                    for q in 0..pc {
-                        for c in 0..k {
-                            pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
-                        }
-                    }
-                    let out = acc.target(li).rows_mut(c0..c0 + pc);
-                    add_dense(layout, out, jbar, tg, pc, m, k, wd, 1.0);
-                    flops += 2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64;
+                    flops += contract_formed(layout, acc.target(li).rows_mut(c0..c0 + pc), pred, jbar, tg, v, c0, m, k);
                 }
             }
             seconds += started_total;
             seconds += started.elapsed().as_secs_f64();
         }
         acc.add_contraction(seconds, flops);
-        let (pred, layer_pred) = if self.per_layer {
-            let mut pred = vec![0.0; p * k];
-            preds
-                .iter()
-                .for_each(|l| pred.iter_mut().zip(l).for_each(|(x, y)| *x += y));
-            (pred, preds)
-        } else {
-            (preds.pop().expect("one prediction"), Vec::new())
-        };
+        let (pred, layer_pred) = split_predictions(preds, self.per_layer);
         Ok(StepOutput {
             pred,
             stats,

@@ -10,11 +10,10 @@
 use std::borrow::Cow;
 
 use super::step::{RowGrad, StackStep};
-use super::{dot, node_bytes, StackAlong, CHUNK_POINTS};
+use super::{contract_formed, node_bytes, split_predictions, StackAlong, CHUNK_POINTS};
 use crate::error::{Error, Result};
 use crate::kernel::cnn::gram::NodeStats;
 use crate::kernel::engine::models::{StepInput, StepOutput};
-use crate::kernel::layout::add_dense;
 use crate::kernel::mlp::gram::GramAccumulator;
 use crate::kernel::quadrature::nodes::choose_auto_nodes;
 use crate::linalg::gemm;
@@ -173,16 +172,8 @@ pub(crate) fn add_step(input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &
         };
         let started = std::time::Instant::now();
         for (li, ((j, tg), v)) in jb.iter().zip(&scaled).zip(&vs).enumerate() {
-            let wd = widths[li];
             let pred = &mut preds[if per_layer { li } else { 0 }];
-            for q in 0..pc {
-                for c in 0..k {
-                    pred[(c0 + q) * k + c] += dot(&j[(q * k + c) * wd..(q * k + c + 1) * wd], v);
-                }
-            }
-            let out = acc.target(li).rows_mut(c0..c0 + pc);
-            add_dense(layout, out, j, tg, pc, m, k, wd, 1.0);
-            flops += 2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64;
+            flops += contract_formed(layout, acc.target(li).rows_mut(c0..c0 + pc), pred, j, tg, v, c0, m, k);
         }
         seconds += started.elapsed().as_secs_f64();
         if input.self_kernel {
@@ -193,12 +184,6 @@ pub(crate) fn add_step(input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &
         stats.unconverged += tstats.unconverged;
     }
     acc.add_contraction(seconds, flops);
-    let (pred, layer_pred) = if per_layer {
-        let mut pred = vec![0.0; p * k];
-        preds.iter().for_each(|l| pred.iter_mut().zip(l).for_each(|(x, y)| *x += y));
-        (pred, preds)
-    } else {
-        (preds.pop().expect("one prediction"), Vec::new())
-    };
+    let (pred, layer_pred) = split_predictions(preds, per_layer);
     Ok(StepOutput { pred, stats, cosine: f64::NAN, layer_pred })
 }
