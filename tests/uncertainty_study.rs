@@ -335,6 +335,35 @@ fn cholesky_solver_gives_the_eigen_solvers_predictions() {
     }
     let summary = std::fs::read_to_string(outs[1].join("summary.md")).unwrap();
     assert!(summary.contains("Cross-class fits by the Cholesky route"), "summary lacks the Cholesky route's table");
+
+    // A study stopped after the searches resumes from their records: a lost setting refits the
+    // family, the cross-class fits at the recorded δ (one factorisation each, timed apart), and
+    // every output but the timings is byte for byte the same.
+    let (file, out, cache) = (tmp.path().join("cholesky.toml"), &outs[1], tmp.path().join("cache-cholesky"));
+    for fam in ["ntk-gp", "window2-gp"] {
+        for c in ["diag", "full"] {
+            let memo: serde_json::Value = serde_json::from_slice(&std::fs::read(cache.join(fam).join(format!("fsl-kxk-{c}.search.json"))).unwrap()).unwrap();
+            assert!(memo["fit"]["prior"] == "evidence" && memo["grid"].as_array().is_some_and(|g| !g.is_empty()), "{fam} {c}: {memo}");
+        }
+    }
+    let before = files(out);
+    std::fs::remove_file(cache.join("ntk-gp").join("rot-90.json")).unwrap();
+    let resumed = run_study(&file, out, &cache);
+    assert!(!resumed.reused_run);
+    let after = files(out);
+    assert_eq!(after.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    for (path, bytes) in &before {
+        if !path.ends_with("timings.md") && !path.ends_with("timings.json") {
+            assert!(&after[path] == bytes, "{} changed after resuming:\n{}\n---\n{}", path.display(), String::from_utf8_lossy(bytes), String::from_utf8_lossy(&after[path]));
+        }
+    }
+    let timings = std::fs::read_to_string(out.join("timings.md")).unwrap();
+    for m in ["fsl-ntk-kxk-diag", "fsl-ntk-kxk-full"] {
+        for what in ["refactored at the evidence's recorded δ (resumed)", "validation calibration at the grid's recorded δ (resumed)"] {
+            assert_eq!(timings.matches(&format!("{m}: {what}")).count(), 1, "{m}: {what} in\n{timings}");
+        }
+    }
+    assert!(!timings.contains("fsl-window2-kxk-diag: refactored"), "the window's family was not refitted:\n{timings}");
 }
 
 #[test]

@@ -199,12 +199,21 @@ impl CholFactor {
         if delta == self.delta {
             return Ok(());
         }
+        if self.g.is_empty() {
+            return Err(Error::Numerical(format!("cross-class function-space Laplace: G was released after the δ searches; cannot refactor at δ = {delta:e}")));
+        }
         fill_shifted(&self.g, delta, &mut self.l);
         self.delta = f64::NAN;
         cholesky_lower(&mut self.l).map_err(|i| Error::Numerical(format!("cross-class function-space Laplace: δ I + G (δ = {delta:e}) is not positive definite (pivot {i})")))?;
         self.delta = delta;
         self.logdet_b = logdet_of(&self.l);
         Ok(())
+    }
+
+    /// Frees `G` (`n (n + 1) / 2` values): the factor at its δ is all a prediction needs;
+    /// [`Self::factor`] at another δ is an error afterwards.
+    pub(super) fn release_g(&mut self) {
+        self.g = Vec::new();
     }
 
     /// `log det(I + G/δ)` at the factored δ.

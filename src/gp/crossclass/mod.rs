@@ -562,12 +562,30 @@ impl CrossClassLaplace {
                 visited?.into_iter().map(|(i, v)| (grid(i), v)).collect()
             }
         };
+        self.adopt_grid(&sweep)?;
+        Ok(sweep)
+    }
+
+    /// Takes the δ of a grid search's sweep `[(δ, NLL)]` (the lowest finite NLL; `prior =
+    /// "grid"`): [`Self::grid_search`]'s last step, and a study's resumption from a recorded
+    /// sweep (one factorisation on the Cholesky route).
+    ///
+    /// Errors: no finite NLL in the sweep; a failed factorisation.
+    pub(crate) fn adopt_grid(&mut self, sweep: &[(f64, f64)]) -> Result<()> {
         let best = sweep.iter().copied().filter(|v| v.1.is_finite()).min_by(|a, b| a.1.total_cmp(&b.1));
         match best {
-            Some((d, _)) => self.set_delta(d, "grid")?,
-            None => return Err(Error::Numerical("grid search: no prior precision gave a finite validation NLL".into())),
+            Some((d, _)) => self.set_delta(d, "grid"),
+            None => Err(Error::Numerical("grid search: no prior precision gave a finite validation NLL".into())),
         }
-        Ok(sweep)
+    }
+
+    /// Frees what only the δ searches need (the Cholesky route's packed `G`, `n (n + 1) / 2`
+    /// values; nothing on the eigen route): predictions at the fitted δ are unchanged, another δ
+    /// (a search, [`Self::log_evidence`] on the Cholesky route) is an error afterwards.
+    pub(crate) fn release_search(&mut self) {
+        if let Factor::Cholesky(fac) = &mut self.factor {
+            fac.release_g();
+        }
     }
 }
 

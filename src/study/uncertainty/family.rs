@@ -56,6 +56,42 @@ struct FslCache {
     fits: Vec<FslStudyFit>,
 }
 
+/// A cross-class fit's searches on the Cholesky route, recorded as each finishes so that a study
+/// stopped after them resumes with one factorisation per δ instead of the searches (which are
+/// deterministic: the same δ). At the benchmark's size the evidence's search is about 14
+/// factorisations of `[20 000, 20 000]` and the validation grid about 20 with their solves.
+#[derive(Serialize, Deserialize)]
+struct KxkSearchMemo {
+    key: Key,
+    /// The fit as searched: δ by the evidence, its numbers and seconds (absent: not yet).
+    fit: Option<crate::gp::FslFit>,
+    /// That δ's bits (a JSON number need not read back to the same bits).
+    delta_bits: u64,
+    /// The validation grid's visited `(δ, NLL)`, as bits (absent: not yet).
+    grid: Option<Vec<(u64, u64)>>,
+}
+
+impl KxkSearchMemo {
+    fn path(st: &Stages, c: Curvature) -> PathBuf {
+        st.dir.join(format!("fsl-kxk-{c}.search.json"))
+    }
+    fn key(st: &Stages, c: Curvature) -> Key {
+        Key::of(&[st.fam_key.as_str(), &format!("kxk-{c}"), "searches"])
+    }
+    fn read(st: &Stages, c: Curvature) -> Option<KxkSearchMemo> {
+        cache::read_keyed(&Self::path(st, c), &Self::key(st, c))
+    }
+    fn grid(&self) -> Option<Vec<(f64, f64)>> {
+        self.grid.as_ref().map(|g| g.iter().map(|&(d, v)| (f64::from_bits(d), f64::from_bits(v))).collect())
+    }
+}
+
+impl Keyed for KxkSearchMemo {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
 impl Keyed for GpSettingCache {
     fn key(&self) -> &Key {
         &self.key
@@ -122,6 +158,12 @@ impl FslModel {
     }
     fn delta(&self) -> f64 {
         self.fit().delta
+    }
+    /// Frees what only the δ searches need ([`crate::gp::CrossClassLaplace::release_search`]).
+    fn release_search(&mut self) {
+        if let FslModel::Kxk(f) = self {
+            f.release_search();
+        }
     }
     /// δ by the validation grid, where the model has one (every cross-class fit; the
     /// class-diagonal curvature on the class-diagonal kernel).
@@ -253,22 +295,54 @@ fn fsl_fits_of(fam: &KernelFamily) -> Vec<(Curvature, bool)> {
 
 /// The validation calibrations of every function-space Laplace fit of a family: T alone, (T, s),
 /// and for the class-diagonal curvature δ by the validation grid.
-fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize], key: &Key) -> Result<()> {
+///
+/// On the Cholesky route a cross-class fit's grid sweep is recorded in its [`KxkSearchMemo`]; a
+/// resumed study takes the recorded sweep's δ (one factorisation; the stage's time is the
+/// ledger's, the resumption timed apart). Afterwards the cross-class fits release what only
+/// the searches need (the packed `G`, 1.6 GB each at the benchmark's size): the settings'
+/// predictions need the factors alone.
+fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fitted: &mut [FslFitted], vrows: &kernel_gp::RowGram, vlabels: &[usize]) -> Result<()> {
+    let key = &st.fam_key;
     for f in fitted.iter_mut() {
         let name = f.method(fam.kernel, FslVariant::Probit).to_string();
-        let (cal, grid, mins) = clock.run(&fsl_calibration_stage(&fam.label(), f.curvature, f.kxk), &name, key, || {
+        let stage = fsl_calibration_stage(&fam.label(), f.curvature, f.kxk);
+        let memo = (f.kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, f.curvature)).flatten();
+        let recorded = memo.as_ref().and_then(KxkSearchMemo::grid).filter(|_| clock.has(&stage, key));
+        let run_stage = if recorded.is_some() {
+            clock.reuse(&stage, key);
+            format!("{name}: validation calibration at the grid's recorded δ (resumed)")
+        } else {
+            stage
+        };
+        let (cal, grid, mins) = clock.run(&run_stage, &name, key, || {
             let pred = f.fsl.predict(vrows)?;
             let temperature = crate::gp::functional::calibrate(&pred.post, vlabels, &[1.0])?;
             let calibration = crate::gp::functional::calibrate(&pred.post, vlabels, &crate::gp::functional::calibration_scales())?;
             let mut g = f.fsl.clone();
-            let grid = match g.grid_search(vrows, vlabels) {
-                Some(sweep) => Some((g, sweep?)),
-                None => None,
+            let grid = match (&mut g, recorded) {
+                (FslModel::Kxk(m), Some(sweep)) => {
+                    m.adopt_grid(&sweep)?;
+                    Some((g, sweep))
+                }
+                _ => match g.grid_search(vrows, vlabels) {
+                    Some(sweep) => Some((g, sweep?)),
+                    None => None,
+                },
             };
             Ok((FslCalibrated { temperature, calibration }, grid, (pred.min_variance, pred.clamped)))
         })?;
+        if let (Some(mut memo), Some((_, sweep))) = (memo, &grid) {
+            if memo.grid.is_none() {
+                memo.grid = Some(sweep.iter().map(|&(d, v)| (d.to_bits(), v.to_bits())).collect());
+                cache::write_json(&KxkSearchMemo::path(st, f.curvature), &memo)?;
+            }
+        }
+        f.fsl.release_search();
+        f.grid = grid.map(|(mut g, sweep)| {
+            g.release_search();
+            (g, sweep)
+        });
         f.cal = Some(cal);
-        f.grid = grid;
         f.min_variance.push(("val".into(), mins.0, mins.1));
     }
     Ok(())
@@ -423,7 +497,25 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
         let labels = labels(&run.dataset.y_train)?.to_vec();
         for (c, kxk) in fsl_fits_of(fam) {
             let name = if kxk { Method::FslKxk(fam.kernel, c, FslVariant::Probit) } else { Method::Fsl(fam.kernel, c, FslVariant::Probit) }.to_string();
-            let fsl = clock.run(&fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver), &name, &st.fam_key, || {
+            let stage = fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver);
+            let memo = (kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, c)).flatten();
+            if let Some((fit, memo)) = memo.as_ref().and_then(|m| m.fit.clone().map(|f| (f, m))).filter(|_| clock.has(&stage, &st.fam_key)) {
+                // The evidence's search ran before (its time is the ledger's): one factorisation
+                // at the δ it found, the fit's numbers as recorded.
+                clock.reuse(&stage, &st.fam_key);
+                let delta = f64::from_bits(memo.delta_bits);
+                let blocks = &blocks;
+                let fsl = clock.run(&format!("{name}: refactored at the evidence's recorded δ (resumed)"), &name, &st.fam_key, || {
+                    let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
+                    let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
+                    let mut f = crate::gp::CrossClassLaplace::fit_with(&train, c, crate::gp::Prior::Fixed(delta), fam.fsl_kxk_solver)?;
+                    f.fit = fit;
+                    Ok(FslModel::Kxk(f))
+                })?;
+                out.fsl.push(FslFitted { curvature: c, kxk, fsl, grid: None, cal: None, min_variance: Vec::new() });
+                continue;
+            }
+            let fsl = clock.run(&stage, &name, &st.fam_key, || {
                 if kxk {
                     let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
                     let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
@@ -433,6 +525,10 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
                     crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Diag)
                 }
             })?;
+            if let (FslModel::Kxk(f), true) = (&fsl, kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky) {
+                let memo = KxkSearchMemo { key: KxkSearchMemo::key(st, c), fit: Some(f.fit.clone()), delta_bits: f.delta().to_bits(), grid: None };
+                cache::write_json(&KxkSearchMemo::path(st, c), &memo)?;
+            }
             out.fsl.push(FslFitted { curvature: c, kxk, fsl, grid: None, cal: None, min_variance: Vec::new() });
         }
     }
@@ -487,7 +583,7 @@ fn validation(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fits: &mut Fit
         return Ok(());
     }
     let vrows = rows_at(clock, fam, &stage, &st.val_key, val.0, "val", run, states, progress)?;
-    calibrate_fsl(clock, fam, &mut fits.fsl, &vrows, val.1, &st.fam_key)
+    calibrate_fsl(clock, fam, st, &mut fits.fsl, &vrows, val.1)
 }
 
 /// One setting's posteriors and predictives from its row Gram, written to the cache: the
