@@ -337,8 +337,9 @@ fn cholesky_solver_gives_the_eigen_solvers_predictions() {
     assert!(summary.contains("Cross-class fits by the Cholesky route"), "summary lacks the Cholesky route's table");
 
     // A study stopped after the searches resumes from their records: a lost setting refits the
-    // family, the cross-class fits at the recorded δ (one factorisation each, timed apart), and
-    // every output but the timings is byte for byte the same.
+    // family, its training Gram read back and the cross-class fits at the recorded δ (one
+    // factorisation each, timed apart), and every output but the timings is byte for byte the
+    // same.
     let (file, out, cache) = (tmp.path().join("cholesky.toml"), &outs[1], tmp.path().join("cache-cholesky"));
     for fam in ["ntk-gp", "window2-gp"] {
         for c in ["diag", "full"] {
@@ -364,6 +365,9 @@ fn cholesky_solver_gives_the_eigen_solvers_predictions() {
         }
     }
     assert!(!timings.contains("fsl-window2-kxk-diag: refactored"), "the window's family was not refitted:\n{timings}");
+    // Its training Gram (full layout, [M, M, K, K] = 80 × 80 × 10 × 10) was read back, not computed.
+    assert_eq!(std::fs::metadata(cache.join("ntk-gp").join("train-gram.f64")).unwrap().len(), 8 * 80 * 80 * 100);
+    assert_eq!(timings.matches("ntk-gp: training Gram read from the cache, GP refitted (resumed)").count(), 1, "{timings}");
 }
 
 #[test]

@@ -300,9 +300,19 @@ impl TrainBlocks {
             return Err(Error::ShapeMismatch { what: "training Gram rows vs training points".into(), expected: vec![m], got: vec![o.p] });
         }
         let check = GramCheck::of("train", &o);
+        let (network, bias) = (std::mem::take(&mut o.network), std::mem::take(&mut o.bias));
+        Ok(TrainBlocks::from_gram(std::mem::take(&mut o.gram), layout, network, bias, check, m, k, t0.elapsed().as_secs_f64()))
+    }
+
+    /// The blocks of a computed training Gram `gram` (`[M, M, K]` in the diag layout, `[M, M, K,
+    /// K]` in the full one, kept whole in `full`), with the network's outputs, the Gram's check
+    /// and the computation's seconds: [`TrainBlocks::compute`]'s last step, and a study's
+    /// resumption from a Gram it wrote to its cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_gram(gram: Vec<f64>, layout: Layout, network: Vec<f64>, bias: Vec<f64>, check: GramCheck, m: usize, k: usize, seconds: f64) -> TrainBlocks {
         let mut k_train = Vec::with_capacity(k * m * m);
         let (mut asymmetry, mut mean_diag) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        let at = |idx: usize, c: usize| if layout == Layout::Full { o.gram[(idx * k + c) * k + c] } else { o.gram[idx * k + c] };
+        let at = |idx: usize, c: usize| if layout == Layout::Full { gram[(idx * k + c) * k + c] } else { gram[idx * k + c] };
         for c in 0..k {
             let mut b: Vec<f64> = (0..m * m).map(|idx| at(idx, c)).collect();
             asymmetry.push(rel_asymmetry(&b, m));
@@ -317,8 +327,8 @@ impl TrainBlocks {
             k_train.extend(b);
         }
         // The whole Gram is kept as computed (moved, not copied: it is the largest array here).
-        let full = (layout == Layout::Full).then(|| std::mem::take(&mut o.gram));
-        Ok(TrainBlocks { k_train, network: std::mem::take(&mut o.network), bias: std::mem::take(&mut o.bias), asymmetry, mean_diag, check, full, m, k, seconds: t0.elapsed().as_secs_f64() })
+        let full = (layout == Layout::Full).then_some(gram);
+        TrainBlocks { k_train, network, bias, asymmetry, mean_diag, check, full, m, k, seconds }
     }
 }
 

@@ -92,6 +92,56 @@ impl Keyed for KxkSearchMemo {
     }
 }
 
+/// A family's training Gram in the full layout (`[M, M, K, K]`, 3.2 GB at the benchmark's size,
+/// about 20 minutes of the EPK's), written beside this record as raw f64 (`train-gram.f64`) so
+/// that a study stopped after it reads it back instead of computing it again.
+#[derive(Serialize, Deserialize)]
+struct TrainGramMemo {
+    key: Key,
+    m: usize,
+    k: usize,
+    /// The computation's seconds, outputs and check, as computed (values as bits).
+    seconds: u64,
+    network: Vec<u64>,
+    bias: Vec<u64>,
+    check: GramCheck,
+}
+
+impl TrainGramMemo {
+    fn paths(st: &Stages) -> (PathBuf, PathBuf) {
+        (st.dir.join("train-gram.json"), st.dir.join("train-gram.f64"))
+    }
+    fn key(fit_key: &Key) -> Key {
+        Key::of(&[fit_key.as_str(), "train-gram"])
+    }
+    /// The record, when it carries `fit_key`'s key and its values file has the record's size.
+    fn read(st: &Stages, fit_key: &Key) -> Option<TrainGramMemo> {
+        let (json, values) = Self::paths(st);
+        let memo: TrainGramMemo = cache::read_keyed(&json, &Self::key(fit_key))?;
+        let n = memo.m * memo.m * memo.k * memo.k;
+        (std::fs::metadata(values).ok()?.len() == 8 * n as u64).then_some(memo)
+    }
+    fn write(st: &Stages, fit_key: &Key, b: &kernel_gp::TrainBlocks) -> Result<()> {
+        let (json, values) = Self::paths(st);
+        let full = b.full.as_ref().ok_or_else(|| Error::Data("a training Gram is written to the cache in the full layout only".into()))?;
+        io::write_f64_atomic(&values, full)?;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
+        cache::write_json(&json, &TrainGramMemo { key: Self::key(fit_key), m: b.m, k: b.k, seconds: b.seconds.to_bits(), network: bits(&b.network), bias: bits(&b.bias), check: b.check.clone() })
+    }
+    fn load(self, st: &Stages) -> Result<kernel_gp::TrainBlocks> {
+        let (m, k) = (self.m, self.k);
+        let gram = io::read_f64(&Self::paths(st).1, m * m * k * k)?;
+        let floats = |v: &[u64]| v.iter().map(|&x| f64::from_bits(x)).collect();
+        Ok(kernel_gp::TrainBlocks::from_gram(gram, crate::kernel::Layout::Full, floats(&self.network), floats(&self.bias), self.check, m, k, f64::from_bits(self.seconds)))
+    }
+}
+
+impl Keyed for TrainGramMemo {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
 impl Keyed for GpSettingCache {
     fn key(&self) -> &Key {
         &self.key
@@ -461,9 +511,27 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
             bar.set_length(t as u64);
             bar.set_position(d as u64);
         };
-        let g = clock.run(&st.fit_stage(m), &name, key, || {
+        // A full-layout training Gram written by a stopped study: read back, the GP refitted on
+        // it (the stage's time is the ledger's, the resumption timed apart).
+        let memo = (i == 0 && fam.layout() == crate::kernel::Layout::Full && clock.has(&st.fit_stage(m), key)).then(|| TrainGramMemo::read(st, key)).flatten();
+        let stage = if memo.is_some() {
+            clock.reuse(&st.fit_stage(m), key);
+            format!("{name}: training Gram read from the cache, GP refitted (resumed)")
+        } else {
+            st.fit_stage(m)
+        };
+        let g = clock.run(&stage, &name, key, || {
             let g = if i == 0 {
-                kernel_gp::TrainBlocks::compute(run, states, spec, fam.layout(), &show).and_then(|b| {
+                let blocks = match memo {
+                    Some(memo) => memo.load(st),
+                    None => kernel_gp::TrainBlocks::compute(run, states, spec, fam.layout(), &show).and_then(|b| {
+                        if fam.layout() == crate::kernel::Layout::Full {
+                            TrainGramMemo::write(st, key, &b)?;
+                        }
+                        Ok(b)
+                    }),
+                };
+                blocks.and_then(|b| {
                     let g = KernelGp::fit_blocks(&b, spec);
                     shared_blocks = Some(b);
                     g
