@@ -153,12 +153,24 @@ def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
     order = la.train_loader.sampler.indices.numpy()
     r = r.reshape(xtr.shape[0], -1)[order].reshape(-1)
     kmm = la.K_MM.detach().numpy()
-    e, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
-    proj = u.T @ r
-    rkr_at = {c: float((proj[e > c * np.abs(e).max()] ** 2 / e[e > c * np.abs(e).max()]).sum()) for c in (1e-12, 1e-10, 1e-8, 1e-6)}
-    rkr = rkr_at[1e-12]
-    loglik, logdet = la.log_likelihood.item(), la.log_det_ratio.item()
     kx = fit["kxk"]
+    chol_route = kx.get("solver") == "cholesky"
+    if chol_route:
+        # Our Cholesky route (`fsl_kxk_solver = "cholesky"`, src/gp/crossclass/cholesky.rs):
+        # rᵀ (K + τ I)⁻¹ r by a Cholesky, with τ = 0 where K factors and else the τ it reports
+        # (scatter_jitter): the same on laplace-torch's K_MM, by scipy's Cholesky.
+        from scipy.linalg import cho_factor, cho_solve
+        tau = kx.get("scatter_jitter") or 0.0
+        ksym = 0.5 * (kmm + kmm.T)
+        ksym[np.diag_indices_from(ksym)] += tau
+        rkr = float(r @ cho_solve(cho_factor(ksym, lower=True), r))
+        del ksym
+    else:
+        e, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
+        proj = u.T @ r
+        rkr_at = {c: float((proj[e > c * np.abs(e).max()] ** 2 / e[e > c * np.abs(e).max()]).sum()) for c in (1e-12, 1e-10, 1e-8, 1e-6)}
+        rkr = rkr_at[1e-12]
+    loglik, logdet = la.log_likelihood.item(), la.log_det_ratio.item()
     # Ours: log Z = log p(y|f) − (δ/2) rᵀK⁺r − ½ log det(I + G/δ); its log-determinant from the fit's numbers.
     our_logdet = 2.0 * (fit["log_likelihood"] - 0.5 * delta * kx["rkr"] - our_ev)
     rel_ll = abs(loglik - fit["log_likelihood"]) / abs(fit["log_likelihood"])
@@ -172,13 +184,18 @@ def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
         lt_scatter0 = f"{FunctionalLaplace.scatter.fget(la, 0.0).item() / delta:.10g}"
     except Exception as err:  # not positive definite without the jitter
         lt_scatter0 = f"fails ({type(err).__name__})"
-    print(f"kernel K_MM: smallest / largest eigenvalue {e[0]:.3e} / {e[-1]:.6e} (ours {kx['k_eig'][0]:.3e} / {kx['k_eig'][1]:.6e}); "
-          f"eigenvalues below 1e-12 / 1e-10 / 1e-8 / 1e-6 of the largest: {', '.join(str(int((e <= c * np.abs(e).max()).sum())) for c in rkr_at)} (ours below 1e-12: {kx['pinv_dropped']})")
+    if not chol_route:
+        print(f"kernel K_MM: smallest / largest eigenvalue {e[0]:.3e} / {e[-1]:.6e} (ours {kx['k_eig'][0]:.3e} / {kx['k_eig'][1]:.6e}); "
+              f"eigenvalues below 1e-12 / 1e-10 / 1e-8 / 1e-6 of the largest: {', '.join(str(int((e <= c * np.abs(e).max()).sum())) for c in rkr_at)} (ours below 1e-12: {kx['pinv_dropped']})")
     print(f"log likelihood: ours {fit['log_likelihood']!r}, laplace-torch's log_likelihood {loglik!r} (relative difference {rel_ll:.3e})")
     print(f"log det(I + λ^½ K λ^½/δ): ours {our_logdet!r}, laplace-torch's log_det_ratio {logdet!r} (relative difference {rel_ld:.3e})")
-    print(f"scatter rᵀK⁺r, r = f(w_N) − f(w_0): ours {kx['rkr']!r}; numpy eigh of laplace-torch's K_MM, eigenvalues above 1e-12 of the largest: {rkr!r} "
-          f"(relative difference {rel_rkr:.3e}; above 1e-10 / 1e-8 / 1e-6: {' / '.join(f'{v:.10g}' for v in list(rkr_at.values())[1:])}); "
-          f"laplace-torch's own scatter / δ on our r: with eps = 0 {lt_scatter0}, with its default eps = 1e-5 {lt_scatter / delta:.10g}")
+    if chol_route:
+        print(f"scatter rᵀ(K + τI)⁻¹r, r = f(w_N) − f(w_0), τ = {tau!r}: ours {kx['rkr']!r}; scipy's Cholesky of laplace-torch's K_MM + τ I: {rkr!r} "
+              f"(relative difference {rel_rkr:.3e}); laplace-torch's own scatter / δ on our r: with eps = 0 {lt_scatter0}, with its default eps = 1e-5 {lt_scatter / delta:.10g}")
+    else:
+        print(f"scatter rᵀK⁺r, r = f(w_N) − f(w_0): ours {kx['rkr']!r}; numpy eigh of laplace-torch's K_MM, eigenvalues above 1e-12 of the largest: {rkr!r} "
+              f"(relative difference {rel_rkr:.3e}; above 1e-10 / 1e-8 / 1e-6: {' / '.join(f'{v:.10g}' for v in list(rkr_at.values())[1:])}); "
+              f"laplace-torch's own scatter / δ on our r: with eps = 0 {lt_scatter0}, with its default eps = 1e-5 {lt_scatter / delta:.10g}")
     print(f"evidence at δ: ours {our_ev!r}, laplace-torch's log_likelihood − ½ (log_det_ratio + δ rᵀK⁺r) = {ev!r} (relative difference {rel_ev:.3e})")
     covs, probs = [], []
     for s in range(0, n, a.batch):
