@@ -161,9 +161,10 @@ def fsl_kxk_check(a, model, model0, xtr, ytr, xte, n, ours, fits, cache):
         # (scatter_jitter): the same on laplace-torch's K_MM, by scipy's Cholesky.
         from scipy.linalg import cho_factor, cho_solve
         tau = kx.get("scatter_jitter") or 0.0
-        ksym = 0.5 * (kmm + kmm.T)
+        ksym = kmm + kmm.T
+        ksym *= 0.5
         ksym[np.diag_indices_from(ksym)] += tau
-        rkr = float(r @ cho_solve(cho_factor(ksym, lower=True), r))
+        rkr = float(r @ cho_solve(cho_factor(ksym, lower=True, overwrite_a=True), r))
         del ksym
     else:
         e, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
