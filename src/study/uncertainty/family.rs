@@ -63,12 +63,11 @@ struct FslCache {
 #[derive(Serialize, Deserialize)]
 struct KxkSearchMemo {
     key: Key,
-    /// The fit as searched: δ by the evidence, its numbers and seconds (absent: not yet).
-    fit: Option<crate::gp::FslFit>,
-    /// That δ's bits (a JSON number need not read back to the same bits).
-    delta_bits: u64,
-    /// The validation grid's visited `(δ, NLL)`, as bits (absent: not yet).
-    grid: Option<Vec<(u64, u64)>>,
+    /// The fit as searched: δ by the evidence, its numbers and seconds (cache JSON is
+    /// bit-exact).
+    fit: crate::gp::FslFit,
+    /// The validation grid's visited `(δ, NLL)` (absent: not yet).
+    grid: Option<Vec<(f64, f64)>>,
 }
 
 impl KxkSearchMemo {
@@ -80,9 +79,6 @@ impl KxkSearchMemo {
     }
     fn read(st: &Stages, c: Curvature) -> Option<KxkSearchMemo> {
         cache::read_keyed(&Self::path(st, c), &Self::key(st, c))
-    }
-    fn grid(&self) -> Option<Vec<(f64, f64)>> {
-        self.grid.as_ref().map(|g| g.iter().map(|&(d, v)| (f64::from_bits(d), f64::from_bits(v))).collect())
     }
 }
 
@@ -100,10 +96,10 @@ struct TrainGramMemo {
     key: Key,
     m: usize,
     k: usize,
-    /// The computation's seconds, outputs and check, as computed (values as bits).
-    seconds: u64,
-    network: Vec<u64>,
-    bias: Vec<u64>,
+    /// The computation's seconds, outputs and check, as computed.
+    seconds: f64,
+    network: Vec<f64>,
+    bias: Vec<f64>,
     check: GramCheck,
 }
 
@@ -125,14 +121,12 @@ impl TrainGramMemo {
         let (json, values) = Self::paths(st);
         let full = b.full.as_ref().ok_or_else(|| Error::Data("a training Gram is written to the cache in the full layout only".into()))?;
         io::write_f64_atomic(&values, full)?;
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
-        cache::write_json(&json, &TrainGramMemo { key: Self::key(fit_key), m: b.m, k: b.k, seconds: b.seconds.to_bits(), network: bits(&b.network), bias: bits(&b.bias), check: b.check.clone() })
+        cache::write_json(&json, &TrainGramMemo { key: Self::key(fit_key), m: b.m, k: b.k, seconds: b.seconds, network: b.network.clone(), bias: b.bias.clone(), check: b.check.clone() })
     }
     fn load(self, st: &Stages) -> Result<kernel_gp::TrainBlocks> {
         let (m, k) = (self.m, self.k);
         let gram = io::read_f64(&Self::paths(st).1, m * m * k * k)?;
-        let floats = |v: &[u64]| v.iter().map(|&x| f64::from_bits(x)).collect();
-        Ok(kernel_gp::TrainBlocks::from_gram(gram, crate::kernel::Layout::Full, floats(&self.network), floats(&self.bias), self.check, m, k, f64::from_bits(self.seconds)))
+        Ok(kernel_gp::TrainBlocks::from_gram(gram, crate::kernel::Layout::Full, self.network, self.bias, self.check, m, k, self.seconds))
     }
 }
 
@@ -357,7 +351,7 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fitted: &mu
         let name = f.method(fam.kernel, FslVariant::Probit).to_string();
         let stage = fsl_calibration_stage(&fam.label(), f.curvature, f.kxk);
         let memo = (f.kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, f.curvature)).flatten();
-        let recorded = memo.as_ref().and_then(KxkSearchMemo::grid).filter(|_| clock.has(&stage, key));
+        let recorded = memo.as_ref().and_then(|m| m.grid.clone()).filter(|_| clock.has(&stage, key));
         let run_stage = if recorded.is_some() {
             clock.reuse(&stage, key);
             format!("{name}: validation calibration at the grid's recorded δ (resumed)")
@@ -383,7 +377,7 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fitted: &mu
         })?;
         if let (Some(mut memo), Some((_, sweep))) = (memo, &grid) {
             if memo.grid.is_none() {
-                memo.grid = Some(sweep.iter().map(|&(d, v)| (d.to_bits(), v.to_bits())).collect());
+                memo.grid = Some(sweep.clone());
                 cache::write_json(&KxkSearchMemo::path(st, f.curvature), &memo)?;
             }
         }
@@ -567,11 +561,11 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
             let name = if kxk { Method::FslKxk(fam.kernel, c, FslVariant::Probit) } else { Method::Fsl(fam.kernel, c, FslVariant::Probit) }.to_string();
             let stage = fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver);
             let memo = (kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, c)).flatten();
-            if let Some((fit, memo)) = memo.as_ref().and_then(|m| m.fit.clone().map(|f| (f, m))).filter(|_| clock.has(&stage, &st.fam_key)) {
+            if let Some(memo) = memo.filter(|_| clock.has(&stage, &st.fam_key)) {
                 // The evidence's search ran before (its time is the ledger's): one factorisation
                 // at the δ it found, the fit's numbers as recorded.
                 clock.reuse(&stage, &st.fam_key);
-                let delta = f64::from_bits(memo.delta_bits);
+                let (delta, fit) = (memo.fit.delta, memo.fit);
                 let blocks = &blocks;
                 let fsl = clock.run(&format!("{name}: refactored at the evidence's recorded δ (resumed)"), &name, &st.fam_key, || {
                     let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
@@ -594,7 +588,7 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
                 }
             })?;
             if let (FslModel::Kxk(f), true) = (&fsl, kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky) {
-                let memo = KxkSearchMemo { key: KxkSearchMemo::key(st, c), fit: Some(f.fit.clone()), delta_bits: f.delta().to_bits(), grid: None };
+                let memo = KxkSearchMemo { key: KxkSearchMemo::key(st, c), fit: f.fit.clone(), grid: None };
                 cache::write_json(&KxkSearchMemo::path(st, c), &memo)?;
             }
             out.fsl.push(FslFitted { curvature: c, kxk, fsl, grid: None, cal: None, min_variance: Vec::new() });
