@@ -214,12 +214,13 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
              `full`: the full per-point Λ_i = diag(p_i) − p_i p_iᵀ with the class-diagonal kernel, a hybrid that is neither laplace-torch's nor the GGN's). \
              Blocks `kxk` (`fsl-…-kxk-…`, `src/gp/crossclass/`): the whole [M·K, M·K] kernel with its cross-class blocks \
              (`diag` λ: laplace-torch's `independent_outputs=False`; `full` Λ_i: the GGN-exact posterior); for these the kernel eigenvalues are of the \
-             whole kernel and the `S K S` column holds those of `G = Fᵀ K F`.\n"
+             whole kernel and the `S K S` column holds those of `G = Fᵀ K F` (`—`: the Cholesky route, which computes no eigenvalue).\n"
         );
         let _ = writeln!(*s, "| kernel | blocks | curvature | δ (evidence) | log evidence | δ (grid) | T (`-T`) | val NLL (`-T`) | s, T (`-Ts`) | val NLL (`-Ts`) | min eig K_c / max | min eig S K S | smallest posterior variance (clamped) |");
         let _ = writeln!(*s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &r.fsl {
             let (kmin, smin) = match &f.fit.kxk {
+                // The Cholesky route computes no eigenvalue: those cells are `—`.
                 Some(x) => (x.k_eig.map_or(f64::NAN, |e| e[0] / e[1]), x.g_min_eig.unwrap_or(f64::NAN)),
                 None => (
                     f.fit.classes.iter().map(|c| c.k_eig[0] / c.k_eig[1]).fold(f64::INFINITY, f64::min),
@@ -228,9 +229,11 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
             };
             let blocks = if f.fit.kxk.is_some() { "kxk" } else { "class-diagonal" };
             let (vmin, clamped) = f.min_variance.iter().fold((f64::INFINITY, 0usize), |a, v| (a.0.min(v.1), a.1 + v.2));
+            let eig = |v: f64| if v.is_nan() { "—".to_string() } else { format!("{v:.2e}") };
+            let (kmin, smin) = (eig(kmin), eig(smin));
             let _ = writeln!(
                 s,
-                "| {} | {blocks} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {:.2e} | {:.2e} | {:.3e} ({clamped}) |",
+                "| {} | {blocks} | {} | {:.4e} | {:.2} | {} | {:.4} | {:.4} | {:.3e}, {:.4} | {:.4} | {} | {} | {:.3e} ({clamped}) |",
                 f.kernel,
                 f.fit.curvature,
                 f.fit.delta,
