@@ -14,6 +14,26 @@ use crate::error::{Error, Result};
 
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// Writes f64 values to `path` as raw little-endian bytes, atomically (as [`write_atomic`]),
+/// a block at a time: no copy of the values is held (a study's training Gram is 3.2 GB).
+pub(crate) fn write_f64_atomic(path: &Path, values: &[f64]) -> Result<()> {
+    write_atomic_with(path, |f| {
+        let mut w = std::io::BufWriter::new(f);
+        let mut bytes = Vec::with_capacity(values.len().min(1 << 20) * 8);
+        for chunk in values.chunks(1 << 20) {
+            bytes.clear();
+            chunk.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+            w.write_all(&bytes)?;
+        }
+        w.flush()
+    })
+}
+
+/// The atomic write of [`write_atomic`], the contents written by `fill`.
+fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -26,7 +46,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        fill(&mut f)?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, path)?;
@@ -34,30 +54,6 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             let _ = d.sync_all();
         }
         Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
-}
-
-/// Writes f64 values to `path` as raw little-endian bytes, atomically (as [`write_atomic`]),
-/// a block at a time: no copy of the values is held (a study's training Gram is 3.2 GB).
-pub(crate) fn write_f64_atomic(path: &Path, values: &[f64]) -> Result<()> {
-    let mut bytes = Vec::with_capacity(values.len().min(1 << 20) * 8);
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        for chunk in values.chunks(1 << 20) {
-            bytes.clear();
-            chunk.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
-            f.write_all(&bytes)?;
-        }
-        let f = f.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);

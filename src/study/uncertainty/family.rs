@@ -71,6 +71,11 @@ struct KxkSearchMemo {
 }
 
 impl KxkSearchMemo {
+    /// Whether a fit's searches are recorded: the cross-class fits on the Cholesky route (the
+    /// eigen route's one eigendecomposition serves every δ, so there is nothing to skip).
+    fn kept(fam: &KernelFamily, kxk: bool) -> bool {
+        kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky
+    }
     fn path(st: &Stages, c: Curvature) -> PathBuf {
         st.dir.join(format!("fsl-kxk-{c}.search.json"))
     }
@@ -350,7 +355,7 @@ fn calibrate_fsl(clock: &mut Clock, fam: &KernelFamily, st: &Stages, fitted: &mu
     for f in fitted.iter_mut() {
         let name = f.method(fam.kernel, FslVariant::Probit).to_string();
         let stage = fsl_calibration_stage(&fam.label(), f.curvature, f.kxk);
-        let memo = (f.kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, f.curvature)).flatten();
+        let memo = KxkSearchMemo::kept(fam, f.kxk).then(|| KxkSearchMemo::read(st, f.curvature)).flatten();
         let recorded = memo.as_ref().and_then(|m| m.grid.clone()).filter(|_| clock.has(&stage, key));
         let run_stage = if recorded.is_some() {
             clock.reuse(&stage, key);
@@ -557,20 +562,21 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
     if !fam.fsl.is_empty() || !fam.fsl_kxk.is_empty() {
         let blocks = shared_blocks.ok_or_else(|| Error::Data(format!("{}: the training Gram for the function-space Laplace fits was not computed", fam.label())))?;
         let labels = labels(&run.dataset.y_train)?.to_vec();
+        let kxk_train = || -> Result<crate::gp::KxkTrain<'_>> {
+            let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
+            Ok(crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k })
+        };
         for (c, kxk) in fsl_fits_of(fam) {
             let name = if kxk { Method::FslKxk(fam.kernel, c, FslVariant::Probit) } else { Method::Fsl(fam.kernel, c, FslVariant::Probit) }.to_string();
             let stage = fsl_fit_stage(&fam.label(), c, kxk, fam.fsl_kxk_solver);
-            let memo = (kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky).then(|| KxkSearchMemo::read(st, c)).flatten();
+            let memo = KxkSearchMemo::kept(fam, kxk).then(|| KxkSearchMemo::read(st, c)).flatten();
             if let Some(memo) = memo.filter(|_| clock.has(&stage, &st.fam_key)) {
                 // The evidence's search ran before (its time is the ledger's): one factorisation
                 // at the δ it found, the fit's numbers as recorded.
                 clock.reuse(&stage, &st.fam_key);
                 let (delta, fit) = (memo.fit.delta, memo.fit);
-                let blocks = &blocks;
                 let fsl = clock.run(&format!("{name}: refactored at the evidence's recorded δ (resumed)"), &name, &st.fam_key, || {
-                    let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
-                    let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
-                    let mut f = crate::gp::CrossClassLaplace::fit_with(&train, c, crate::gp::Prior::Fixed(delta), fam.fsl_kxk_solver)?;
+                    let mut f = crate::gp::CrossClassLaplace::fit_with(&kxk_train()?, c, crate::gp::Prior::Fixed(delta), fam.fsl_kxk_solver)?;
                     f.fit = fit;
                     Ok(FslModel::Kxk(f))
                 })?;
@@ -579,15 +585,13 @@ fn fit_family(clock: &mut Clock, fam: &KernelFamily, st: &Stages, run: &Run, sta
             }
             let fsl = clock.run(&stage, &name, &st.fam_key, || {
                 if kxk {
-                    let full = blocks.full.as_ref().ok_or_else(|| Error::Data(format!("{}: the training Gram was not computed in the full layout", fam.label())))?;
-                    let train = crate::gp::KxkTrain { k_train: full, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
-                    crate::gp::CrossClassLaplace::fit_with(&train, c, crate::gp::Prior::Evidence, fam.fsl_kxk_solver).map(FslModel::Kxk)
+                    crate::gp::CrossClassLaplace::fit_with(&kxk_train()?, c, crate::gp::Prior::Evidence, fam.fsl_kxk_solver).map(FslModel::Kxk)
                 } else {
                     let train = crate::gp::FslTrain { k_train: &blocks.k_train, logits: &blocks.network, bias: &blocks.bias, labels: &labels, m: blocks.m, k: blocks.k };
                     crate::gp::FunctionalLaplace::fit(&train, c, crate::gp::Prior::Evidence).map(FslModel::Diag)
                 }
             })?;
-            if let (FslModel::Kxk(f), true) = (&fsl, kxk && fam.fsl_kxk_solver == crate::gp::KxkSolver::Cholesky) {
+            if let (FslModel::Kxk(f), true) = (&fsl, KxkSearchMemo::kept(fam, kxk)) {
                 let memo = KxkSearchMemo { key: KxkSearchMemo::key(st, c), fit: f.fit.clone(), grid: None };
                 cache::write_json(&KxkSearchMemo::path(st, c), &memo)?;
             }
