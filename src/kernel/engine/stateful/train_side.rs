@@ -1,0 +1,261 @@
+//! The training side of the backward recursion ([`super`]): the training points at one state,
+//! their outputs, their data gradient and the contraction of a row feature against them.
+
+use crate::kernel::mlp::step::{Evals, MlpStep};
+use crate::kernel::mlp::gram::{train_acts_ext, LayerFactors};
+use crate::kernel::layout::{add_dense, add_dense_scaled, add_formed, GramSink, TrainDeltas};
+use crate::kernel::engine::prepare::Prepared;
+use crate::kernel::stack::step::{RowGrad, StackStep};
+use crate::kernel::generic;
+use crate::error::Result;
+use crate::linalg::{gemm, gemm_ab, gemm_abt};
+use crate::model::Params;
+use super::row_side::{stack_layers, Feature, Layer0, StackLayer};
+
+/// Scratch bytes allowed for one block of a dense layer's contraction.
+const BLOCK_BYTES: usize = 64 << 20;
+
+/// The training points at one state: outputs and what the contraction needs.
+pub(super) enum TrainSide {
+    Mlp { step: MlpStep, ev: Evals },
+    /// Dense Jacobians `[M·K, W]` (architectures without a structured path).
+    Dense { jt: Vec<f64>, f: Vec<f64> },
+    /// A layer stack's per-layer factors ([`StackStep::grads`]) with where each parameter layer
+    /// sits in the flat `[W]`; outputs `f` `[M, K]`.
+    Stack { grads: Vec<RowGrad>, layers: Vec<StackLayer>, f: Vec<f64> },
+}
+
+impl TrainSide {
+    /// The training points `[c0, c1)` at `state`.
+    pub(super) fn at(s: &Prepared<'_>, state: &Params, (c0, c1): (usize, usize)) -> Result<Self> {
+        let (d, k) = (s.arch().input_dim(), s.arch().outputs());
+        let x = &s.train.x_train[c0 * d..c1 * d];
+        let off = s.off_train.as_deref().map(|o| &o[c0 * k..c1 * k]);
+        Self::of(s, state, x, off)
+    }
+
+    /// The points `x` (`[M', d]`, with their `zero_output` offsets `off` `[M', K]`) at `state`.
+    pub(super) fn of(s: &Prepared<'_>, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Self> {
+        let d = s.arch().input_dim();
+        if s.structured {
+            let step = MlpStep::new(s.arch(), state, None)?;
+            let m = x.len() / step.input_dim();
+            let ev = step.eval(x, &vec![0.0; m], off, true);
+            Ok(TrainSide::Mlp { step, ev })
+        } else if s.stack_fast {
+            let m = x.len() / d;
+            let st = StackStep::new(s.arch(), state, None)?;
+            let idx: Vec<usize> = (0..m).collect();
+            let grads = st.grads(x, off, &idx, &vec![0.0; m]);
+            let f = s.arch().forward(state, Some(&s.states[0]), x)?;
+            Ok(TrainSide::Stack { grads, layers: stack_layers(state), f })
+        } else {
+            let jt = generic::jacobians(s.arch(), state, &s.states[0], x)?;
+            let f = s.arch().forward(state, Some(&s.states[0]), x)?;
+            Ok(TrainSide::Dense { jt, f })
+        }
+    }
+
+    /// Network outputs `[M, K]`.
+    pub(super) fn f(&self) -> &[f64] {
+        match self {
+            TrainSide::Mlp { ev, .. } => &ev.f,
+            TrainSide::Dense { f, .. } | TrainSide::Stack { f, .. } => f,
+        }
+    }
+
+    /// `Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i)`, flat in parameter order `[W]`.
+    pub(super) fn gradient(&self, c: &[f64], w: usize) -> Vec<f64> {
+        let mut g = vec![0.0; w];
+        match self {
+            TrainSide::Dense { jt, .. } => {
+                // gᵀ = cᵀ·J  ([1, M·K] × [M·K, W])
+                gemm_ab(&mut g, c, jt, 1, w, c.len(), 1.0, false);
+            }
+            TrainSide::Stack { grads, layers, .. } => stack_gradient(grads, layers, c, &mut g),
+            TrainSide::Mlp { step, ev } => {
+                let k = step.k;
+                let m = c.len() / k;
+                let mut off = 0;
+                for (l, layer) in step.layers.iter().enumerate() {
+                    let (ni, no) = (layer.n_in, layer.n_out);
+                    // uᵀ [no, M] with u_i = Σ_k' c[i,k'] δ_i[k'].
+                    let mut ut = vec![0.0; no * m];
+                    for i in 0..m {
+                        for kk in 0..k {
+                            let ci = c[i * k + kk];
+                            if ci == 0.0 {
+                                continue;
+                            }
+                            let di = &ev.deltas[l][(i * k + kk) * no..(i * k + kk + 1) * no];
+                            for o in 0..no {
+                                ut[o * m + i] += ci * di[o];
+                            }
+                        }
+                    }
+                    gemm_ab(&mut g[off..off + no * ni], &ut, &ev.acts[l], no, ni, m, 1.0, false);
+                    off += no * ni;
+                    if step.bias {
+                        for o in 0..no {
+                            g[off + o] = ut[o * m..(o + 1) * m].iter().sum();
+                        }
+                        off += no;
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// [`TrainSide::contract`] for parameter layer `l` alone (its entries `range` of `[W]`): the
+    /// per-layer decomposition. Stacks and dense Jacobians (an MLP or CNN is split as its stack).
+    pub(super) fn contract_layer(&self, feature: &Feature, w: usize, l: usize, range: &std::ops::Range<usize>, out: &mut GramSink, scratch: &mut Vec<f64>) {
+        let h = &feature.dense;
+        match self {
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, Some(l)),
+            TrainSide::Dense { jt, .. } => {
+                let (p, m, k) = out.dims();
+                let cols = |a: &[f64]| -> Vec<f64> { a.chunks_exact(w).flat_map(|row| row[range.clone()].iter().copied()).collect() };
+                add_dense(out.layout(), out.rows_mut(0..p), &cols(h), &cols(jt), p, m, k, range.len(), 1.0);
+            }
+            TrainSide::Mlp { .. } => unreachable!("the per-layer decomposition computes an MLP as its layer stack"),
+        }
+    }
+
+    /// `out += H[(p,k), :]·∇f^{k'}(x_i)` for the entries of `out`'s layout.
+    ///
+    /// # Shapes
+    /// `feature.dense` `[P·K, W]`; `out` the accumulation rows of all P row points.
+    pub(super) fn contract(&self, feature: &Feature, w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
+        let h = &feature.dense;
+        let layout = out.layout();
+        match self {
+            TrainSide::Dense { jt, .. } => {
+                let (p, m, k) = out.dims();
+                add_dense(layout, out.rows_mut(0..p), h, jt, p, m, k, w, 1.0);
+            }
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, None),
+            TrainSide::Mlp { step, ev } => {
+                let k = step.k;
+                let p = h.len() / w / k;
+                let mut off = 0;
+                for (l, layer) in step.layers.iter().enumerate() {
+                    let (ni, no) = (layer.n_in, layer.n_out);
+                    let m = ev.acts[l].len() / ni;
+                    if let (0, Some(f0), Some(l0)) = (l, &feature.f0, l0) {
+                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one product, scaled per (p, i).
+                        let mut xx = vec![0.0; l0.p * m];
+                        gemm_abt(&mut xx, l0.x, &ev.acts[0], l0.p, m, ni, 1.0, false);
+                        let b = if step.bias { 1.0 } else { 0.0 };
+                        xx.iter_mut().for_each(|v| *v += b);
+                        add_dense_scaled(layout, out.rows_mut(0..p), f0, &ev.deltas[0], &xx, p, m, k, no, scratch);
+                        off += no * ni + if step.bias { no } else { 0 };
+                        continue;
+                    }
+                    let ne = ni + usize::from(step.bias);
+                    let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
+                    let a_ext = train_acts_ext(&train, step.bias);
+                    let dt = TrainDeltas::new(layout, &ev.deltas[l], m, k, no, None);
+                    // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
+                    let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
+                    let mut hext = vec![0.0; pb * k * no * ne];
+                    for p0 in (0..p).step_by(pb) {
+                        let nb = pb.min(p - p0);
+                        for row in 0..nb * k {
+                            let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
+                            for o in 0..no {
+                                let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                                dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
+                                if step.bias {
+                                    dst[ni] = hr[off + no * ni + o];
+                                }
+                            }
+                        }
+                        add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], &a_ext, &dt, nb, ne, scratch);
+                    }
+                    off += no * ni + if step.bias { no } else { 0 };
+                }
+            }
+        }
+    }
+}
+
+/// `out += H[(p,k), :]·∇f^{k'}(x_i)` for a stack's training factors: a dense layer as the MLP's
+/// deeper layers (`H_l·[A, 1]ᵀ`, then the sensitivities, [`add_formed`]); formed layers as one
+/// GEMM with `H`'s columns of the layer.
+///
+/// # Shapes
+/// `h` `[P·K, W]`.
+fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, only: Option<usize>) {
+    let layout = out.layout();
+    let (p, m, k) = out.dims();
+    for (li, (rg, l)) in grads.iter().zip(layers).enumerate() {
+        if only.is_some_and(|o| o != li) {
+            continue;
+        }
+        match rg {
+            RowGrad::Factor { acts, deltas, ne, out: no } => {
+                let (ne, no, ni) = (*ne, *no, l.n_in);
+                let dt = TrainDeltas::new(layout, deltas, m, k, no, None);
+                // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
+                let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
+                let mut hext = vec![0.0; pb * k * no * ne];
+                for p0 in (0..p).step_by(pb) {
+                    let nb = pb.min(p - p0);
+                    for row in 0..nb * k {
+                        let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
+                        for o in 0..no {
+                            let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                            dst[..ni].copy_from_slice(&hr[l.flat.start + o * ni..l.flat.start + (o + 1) * ni]);
+                            if ne > ni {
+                                dst[ni] = hr[l.flat.start + no * ni + o];
+                            }
+                        }
+                    }
+                    add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], acts, &dt, nb, ne, scratch);
+                }
+            }
+            RowGrad::Formed { g, width } => {
+                let hc: Vec<f64> = h.chunks_exact(w).flat_map(|row| row[l.flat.clone()].iter().copied()).collect();
+                add_dense(layout, out.rows_mut(0..p), &hc, g, p, m, k, *width, 1.0);
+            }
+        }
+    }
+}
+
+/// `g += Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i)` from a stack's per-layer factors, flat `[W]`.
+///
+/// # Shapes
+/// `c` `[M·K]`; each factor's rows are the M points.
+fn stack_gradient(grads: &[RowGrad], layers: &[StackLayer], c: &[f64], g: &mut [f64]) {
+    for (rg, l) in grads.iter().zip(layers) {
+        match rg {
+            RowGrad::Factor { acts, deltas, ne, out } => {
+                let (ne, no, ni) = (*ne, *out, l.n_in);
+                let m = acts.len() / ne;
+                let k = c.len() / m.max(1);
+                // u_i = Σ_k' c[i,k'] δ_i[k'] `[M, out]`, then uᵀ·[A, 1] `[out, ne]`.
+                let mut u = vec![0.0; m * no];
+                for i in 0..m {
+                    for kk in 0..k {
+                        let ci = c[i * k + kk];
+                        if ci != 0.0 {
+                            u[i * no..(i + 1) * no].iter_mut().zip(&deltas[(i * k + kk) * no..(i * k + kk + 1) * no]).for_each(|(a, b)| *a += ci * b);
+                        }
+                    }
+                }
+                let mut v = vec![0.0; no * ne];
+                gemm(&mut v, &u, true, acts, false, (no, ne, m), 1.0, false);
+                for o in 0..no {
+                    g[l.flat.start + o * ni..l.flat.start + (o + 1) * ni].iter_mut().zip(&v[o * ne..o * ne + ni]).for_each(|(a, b)| *a += b);
+                    if ne > ni {
+                        g[l.flat.start + no * ni + o] += v[o * ne + ni];
+                    }
+                }
+            }
+            RowGrad::Formed { g: gf, width } => {
+                gemm(&mut g[l.flat.clone()], c, false, gf, false, (1, *width, c.len()), 1.0, true);
+            }
+        }
+    }
+}
