@@ -156,23 +156,7 @@ impl TrainSide {
                     let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
                     let a_ext = train_acts_ext(&train, step.bias);
                     let dt = TrainDeltas::new(layout, &ev.deltas[l], m, k, no, None);
-                    // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
-                    let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
-                    let mut hext = vec![0.0; pb * k * no * ne];
-                    for p0 in (0..p).step_by(pb) {
-                        let nb = pb.min(p - p0);
-                        for row in 0..nb * k {
-                            let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
-                            for o in 0..no {
-                                let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
-                                dst[..ni].copy_from_slice(&hr[off + o * ni..off + (o + 1) * ni]);
-                                if step.bias {
-                                    dst[ni] = hr[off + no * ni + o];
-                                }
-                            }
-                        }
-                        add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], &a_ext, &dt, nb, ne, scratch);
-                    }
+                    add_dense_layer(out, h, w, off, (ni, no, ne), &a_ext, &dt, scratch);
                     off += no * ni + if step.bias { no } else { 0 };
                 }
             }
@@ -197,29 +181,42 @@ fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize,
             RowGrad::Factor { acts, deltas, ne, out: no } => {
                 let (ne, no, ni) = (*ne, *no, l.n_in);
                 let dt = TrainDeltas::new(layout, deltas, m, k, no, None);
-                // Point blocks bound the GEMM's `[points·K·out, M]` product to BLOCK_BYTES.
-                let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
-                let mut hext = vec![0.0; pb * k * no * ne];
-                for p0 in (0..p).step_by(pb) {
-                    let nb = pb.min(p - p0);
-                    for row in 0..nb * k {
-                        let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
-                        for o in 0..no {
-                            let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
-                            dst[..ni].copy_from_slice(&hr[l.flat.start + o * ni..l.flat.start + (o + 1) * ni]);
-                            if ne > ni {
-                                dst[ni] = hr[l.flat.start + no * ni + o];
-                            }
-                        }
-                    }
-                    add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], acts, &dt, nb, ne, scratch);
-                }
+                add_dense_layer(out, h, w, l.flat.start, (ni, no, ne), acts, &dt, scratch);
             }
             RowGrad::Formed { g, width } => {
                 let hc: Vec<f64> = h.chunks_exact(w).flat_map(|row| row[l.flat.clone()].iter().copied()).collect();
                 add_dense(layout, out.rows_mut(0..p), &hc, g, p, m, k, *width, 1.0);
             }
         }
+    }
+}
+
+/// `out += H[(p,k), layer]·∇f^{k'}(x_i)` for one dense layer whose weight `[out, n_in]` (then its
+/// bias when `ne = n_in + 1`) starts at `start` of the flat `[W]`: `H`'s columns of the layer
+/// gathered as `[points·K·out, ne]` and formed against the training side's `[A, 1]` and
+/// sensitivities ([`add_formed`]), in point blocks that bound the GEMM's `[points·K·out, M]`
+/// product to [`BLOCK_BYTES`].
+///
+/// # Shapes
+/// `h` `[P·K, W]`; `acts` `[M, ne]`.
+#[allow(clippy::too_many_arguments)]
+fn add_dense_layer(out: &mut GramSink, h: &[f64], w: usize, start: usize, (ni, no, ne): (usize, usize, usize), acts: &[f64], dt: &TrainDeltas, scratch: &mut Vec<f64>) {
+    let (p, m, k) = out.dims();
+    let pb = (BLOCK_BYTES / 8 / (k * no * m).max(1)).clamp(1, p.max(1));
+    let mut hext = vec![0.0; pb * k * no * ne];
+    for p0 in (0..p).step_by(pb) {
+        let nb = pb.min(p - p0);
+        for row in 0..nb * k {
+            let hr = &h[(p0 * k + row) * w..(p0 * k + row + 1) * w];
+            for o in 0..no {
+                let dst = &mut hext[(row * no + o) * ne..(row * no + o + 1) * ne];
+                dst[..ni].copy_from_slice(&hr[start + o * ni..start + (o + 1) * ni]);
+                if ne > ni {
+                    dst[ni] = hr[start + no * ni + o];
+                }
+            }
+        }
+        add_formed(out.rows_mut(p0..p0 + nb), &hext[..nb * k * no * ne], acts, dt, nb, ne, scratch);
     }
 }
 
