@@ -19,7 +19,7 @@
 # with the bundle); after it, `bash scripts/gpu/travel.sh restore`.
 #
 # Every step has its own timeout within the budget; a step that fails is recorded and the rest
-# still run. Nothing here was run on a GPU yet (see docs/src/performance.md).
+# still run. First run on an H100 on 2026-11-27: bench/gpu/2026-11-27-h100/ and docs/src/performance.md.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -52,6 +52,9 @@ fi
 [ -n "${CUDA_LIBDIR:-}" ] && export LD_LIBRARY_PATH=$CUDA_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 GPU=cuda
 [ "$DRY" = 1 ] && GPU=cpu
+# ONLY="group ..." runs only those groups (a short rerun on a warm machine): tests train-gpu dgemm
+# compare epk epk-full ladder. MNIST 2 000 is trained whenever any group needs it. Default: all.
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  dry-run: $DRY  budget: ${BUDGET}s"
@@ -111,13 +114,14 @@ EOF
 }
 
 if [ "$DRY" = 1 ]; then
-    PC=20; NT=200; ST=20; CMP_STEPS=0:5; DG=512; LADDER="40 80"
+    PC=20; NT=200; ST=20; CMP_STEPS=0:5; DG=512; LADDER="40 80"; FULL_STEPS=0:5
 else
-    PC=200; NT=2000; ST=200; CMP_STEPS=0:20; DG=8192; LADDER="500 1000 2000 5000"
+    PC=200; NT=2000; ST=200; CMP_STEPS=0:20; DG=8192; LADDER="500 1000 2000 5000"; FULL_STEPS=0:40
 fi
 
 # 1. GPU tests (the #[ignore]d ones; in the dry run they are listed, not run).
-if [ "$DRY" = 1 ]; then
+if ! want tests; then :
+elif [ "$DRY" = 1 ]; then
     step tests-list 30 "$BIN/lib-tests" --list --ignored
     step tests-list-device 30 "$BIN/device-tests" --list --ignored
 else
@@ -149,7 +153,16 @@ fi
 TRAIN_GPU=
 if [ "$DRY" = 1 ]; then TRAIN_GPU="$PK train --device cpu"; fi
 if [ "$DRY" = 0 ] && [ -x "$BIN/dfdx-cuda/run-gpu.sh" ]; then TRAIN_GPU="$BIN/dfdx-cuda/run-gpu.sh train --device cuda"; fi
-if [ -n "$TRAIN_GPU" ]; then
+# run-gpu.sh links the binary's two baked NVRTC include paths to the bundle's headers where
+# they do not exist; a link left dangling by an earlier run (its bundle deleted) would make its
+# `ln` fail, so such links go first.
+if [ -n "$TRAIN_GPU" ] && [ "$DRY" = 0 ]; then
+    for d in $(sed -n 's/^for d in \(.*\); do$/\1/p' "$BIN/dfdx-cuda/run-gpu.sh" | tr -d '"'); do
+        if [ -L "$d" ] && [ ! -e "$d" ]; then rm -f "$d"; fi
+    done
+fi
+if ! want train-gpu; then :
+elif [ -n "$TRAIN_GPU" ]; then
     # shellcheck disable=SC2086
     step train-gpu 120 $TRAIN_GPU -q --config "$W/mnist-$PC.toml" --out "$R-gpu"
     step traj-mnist 60 python3 "$ROOT/scripts/gpu/traj_diff.py" "$R" "$R-gpu"
@@ -164,22 +177,28 @@ else
 fi
 
 # 3. The device and its DGEMM rate; the CPU's for reference.
-step dgemm-gpu 60 "$PK" bench --run "$R" --dgemm $DG --device $GPU --repeat 5
-step dgemm-cpu 60 "$PK" bench --run "$R" --dgemm 4096 --device cpu --repeat 3
+want dgemm && step dgemm-gpu 60 "$PK" bench --run "$R" --dgemm $DG --device $GPU --repeat 5
+want dgemm && step dgemm-cpu 60 "$PK" bench --run "$R" --dgemm 4096 --device cpu --repeat 3
 
 # 4. CPU vs GPU Gram in one process (diag over 20 steps, full and trace over 3).
-step compare-diag 90 "$PK" bench --run "$R" --contraction diag --compare --device $GPU --steps $CMP_STEPS
-step compare-full 90 "$PK" bench --run "$R" --contraction full --compare --device $GPU --steps 0:3
-step compare-trace 60 "$PK" bench --run "$R" --contraction trace --compare --device $GPU --steps 0:3
+want compare && step compare-diag 90 "$PK" bench --run "$R" --contraction diag --compare --device $GPU --steps $CMP_STEPS
+want compare && step compare-full 90 "$PK" bench --run "$R" --contraction full --compare --device $GPU --steps 0:3
+want compare && step compare-trace 60 "$PK" bench --run "$R" --contraction trace --compare --device $GPU --steps 0:3
 
 # 5. The whole EPK (all steps, diag) on the GPU and on this machine's CPU: total and contraction
 #    seconds, the contraction's GFLOP/s against the device's GEMM rate, machine vs network.
-step epk-gpu 150 "$PK" bench --run "$R" --contraction diag --device $GPU
-step epk-cpu 150 "$PK" bench --run "$R" --contraction diag --device cpu
+want epk && step epk-gpu 150 "$PK" bench --run "$R" --contraction diag --device $GPU
+want epk && step epk-cpu 150 "$PK" bench --run "$R" --contraction diag --device cpu
+
+# 5b. The full layout (K x K blocks per pair: the products' inner dimension and the Gram are K
+#     times larger) over the first FULL_STEPS steps, on the GPU and on the CPU.
+want epk-full && step epk-full-gpu 150 "$PK" bench --run "$R" --contraction full --device $GPU --steps $FULL_STEPS
+want epk-full && step epk-full-cpu 150 "$PK" bench --run "$R" --contraction full --device cpu --steps $FULL_STEPS
 
 # 6. The largest MNIST size that fits what is left: train and time the EPK on the GPU, growing
 #    while the last time scaled by (P·M)_next / (P·M)_last fits the budget left.
 last_t=0 last_pm=0
+want ladder || LADDER=
 for pc in $LADDER; do
     nt=$((10 * pc)); [ $nt -gt 10000 ] && nt=10000
     pm=$((nt * 10 * pc))
@@ -223,17 +242,20 @@ for lay in ("diag", "full", "trace"):
     if r: print(f"- CPU vs {r['device']} Gram, {lay}, {r['points']}×{r['train']}×{r['outputs']}, {r['steps']} steps: max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['cpu_machine_error']:.1e} (CPU) / {r['device_machine_error']:.1e} ({r['device']})")
 for s in ("traj-mnist", "traj-toy"):
     r = one(s, "trajectory_diff")
-    if r: print(f"- trajectory GPU vs CPU training, {s[5:]}: max relative difference **{r['max_rel']:.2e}** over {r['steps']} steps (tolerance {r['tol']:.0e}; worst {r['worst_tensor']} at {r['worst_step']})")
+    if r: print(f"- trajectory GPU vs CPU training, {s[5:]}: max over steps of max |Δw| / max |w| = **{r['max_rel']:.2e}** over {r['steps']} steps (tolerance {r['tol']:.0e}; largest |Δ| {r.get('max_abs', float('nan')):.1e} in {r['worst_tensor']} at {r['worst_step']}); worst single tensor against its own scale {r.get('tensor_max_rel', float('nan')):.2e} ({r.get('tensor_worst', '')}, scale {r.get('tensor_worst_scale', float('nan')):.1e})")
 print()
-print("| EPK (diag, auto:1e-12) | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
+print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
 print("|---|---|---|---|---|---|---|---|")
 for s in by:
     r = one(s, "contraction")
     if r:
-        print(f"| {s} ({r['device']}) | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2f} | {r['max_abs_error']:.1e} |")
+        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2f} | {r['max_abs_error']:.1e} |")
 gp, cp = one("epk-gpu", "contraction"), one("epk-cpu", "contraction")
 if gp and cp:
     print(); print(f"GPU vs this machine's CPU, whole EPK: {cp['total_seconds'] / gp['total_seconds']:.2f}× ({gp['total_seconds']:.1f} s vs {cp['total_seconds']:.1f} s); contraction alone {cp['contraction_seconds'] / max(gp['contraction_seconds'], 1e-9):.2f}×.")
+gp, cp = one("epk-full-gpu", "contraction"), one("epk-full-cpu", "contraction")
+if gp and cp:
+    print(); print(f"GPU vs this machine's CPU, full layout over {gp['steps']} steps: {cp['total_seconds'] / gp['total_seconds']:.2f}× ({gp['total_seconds']:.1f} s vs {cp['total_seconds']:.1f} s); contraction alone {cp['contraction_seconds'] / max(gp['contraction_seconds'], 1e-9):.2f}×.")
 big = [one(s, "contraction") for s in by if s.startswith("epk-gpu-")]
 big = [r for r in big if r]
 if big:
