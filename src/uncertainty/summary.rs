@@ -24,13 +24,15 @@ const ANGLE_FSL: [(Method, &str); 2] = [
 ];
 
 /// The legend entry of a method on the frontier chart: the protocol's methods by name, the
-/// kernel GPs together, function-space Laplace per kernel and with or without a validation fit.
+/// kernel GPs together, function-space Laplace per kernel, class-diagonal or cross-class (`K×K`)
+/// kernel, with δ by the evidence or a validation fit (T, (T, s), the δ grid). Short enough that
+/// the legend keeps its font with the full study's 17 families.
 fn frontier_family(m: &str) -> String {
     match m.parse::<Method>() {
-        Ok(Method::Fsl(kernel, _, v)) => format!("FSL on {}: {}", kernel.label(), if v.calibrated() { "validation-fitted (T, Ts, grid)" } else { "δ by evidence (probit, MC)" }),
-        Ok(Method::FslKxk(kernel, _, v)) => format!("FSL on {}, cross-class K × K: {}", kernel.label(), if v.calibrated() { "validation-fitted" } else { "δ by evidence" }),
+        Ok(Method::Fsl(kernel, _, v)) => format!("FSL {}: {}", kernel.label(), if v.calibrated() { "validation fit" } else { "evidence δ" }),
+        Ok(Method::FslKxk(kernel, _, v)) => format!("FSL {} K×K: {}", kernel.label(), if v.calibrated() { "validation fit" } else { "evidence δ" }),
         Ok(x) if Method::PROTOCOL.contains(&x) && !matches!(x, Method::Gp(_)) => display_name(m),
-        _ => "kernel GPs (regression; netmean, sym)".to_string(),
+        _ => "kernel GPs (regression)".to_string(),
     }
 }
 
@@ -249,7 +251,7 @@ fn summary_fits(s: &mut String, r: &UqStudyReport) {
                 vmin
             );
         }
-        let _ = writeln!(*s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL.\n");
+        let _ = writeln!(*s, "\nThe s-frontier of `-Ts` (validation NLL with T refitted at each s) is in `gp_fits.json`; `charts/frontier.png` plots every method's clean NLL against its rot-60 NLL, one marker per method and one legend entry per family (FSL per kernel, `K×K` for the cross-class kernel, \"evidence δ\" for δ by the evidence with probit or MC, \"validation fit\" for T, (T, s) and the δ grid).\n");
         summary_kxk(s, r);
     }
 
@@ -407,7 +409,7 @@ fn summary_comparison(s: &mut String, r: &UqStudyReport) {
     if !abl.is_empty() {
         let _ = writeln!(*s, "## Ablations of the kernel GPs (not part of the protocol)\n");
         let _ = writeln!(*s, "The same Grams, other choices: {}. Rows: the protocol's EPK-GP and NTK-GP and the MAP for reference.\n",
-            abl.iter().map(|(m, n)| format!("`{m}` = {n}")).collect::<Vec<_>>().join("; "));
+            abl.iter().map(|(m, n)| if m == n { format!("`{m}`") } else { format!("`{m}` = {n}") }).collect::<Vec<_>>().join("; "));
         let mut rows = present_of(r, &[Method::Map, Method::Gp(GpKernel::Epk), Method::Gp(GpKernel::Ntk)]);
         rows.extend(abl.iter().cloned());
         for (metric, title) in [(Metric::Nll, "NLL"), (Metric::Ece, "ECE"), (Metric::Accuracy, "Accuracy")] {
@@ -693,13 +695,13 @@ mod frontier_tests {
     fn frontier_families_group_methods_by_kernel_and_fit() {
         assert_eq!(frontier_family("map"), "MAP softmax");
         assert_eq!(frontier_family("laplace"), "last-layer Laplace");
-        assert_eq!(frontier_family("epk-gp"), "kernel GPs (regression; netmean, sym)");
-        assert_eq!(frontier_family("window50-gp-netmean"), "kernel GPs (regression; netmean, sym)");
-        assert_eq!(frontier_family("fsl-epk-full"), "FSL on epk: δ by evidence (probit, MC)");
-        assert_eq!(frontier_family("fsl-epk-diag-mc"), "FSL on epk: δ by evidence (probit, MC)");
-        assert_eq!(frontier_family("fsl-window50-diag-grid"), "FSL on window50: validation-fitted (T, Ts, grid)");
-        assert_eq!(frontier_family("fsl-ntk-full-Ts"), "FSL on ntk: validation-fitted (T, Ts, grid)");
-        assert_eq!(frontier_family("fsl-ntk-kxk-diag"), "FSL on ntk, cross-class K × K: δ by evidence");
-        assert_eq!(frontier_family("fsl-ntk-kxk-full-grid"), "FSL on ntk, cross-class K × K: validation-fitted");
+        assert_eq!(frontier_family("epk-gp"), "kernel GPs (regression)");
+        assert_eq!(frontier_family("window50-gp-netmean"), "kernel GPs (regression)");
+        assert_eq!(frontier_family("fsl-epk-full"), "FSL epk: evidence δ");
+        assert_eq!(frontier_family("fsl-epk-diag-mc"), "FSL epk: evidence δ");
+        assert_eq!(frontier_family("fsl-window50-diag-grid"), "FSL window50: validation fit");
+        assert_eq!(frontier_family("fsl-ntk-full-Ts"), "FSL ntk: validation fit");
+        assert_eq!(frontier_family("fsl-ntk-kxk-diag"), "FSL ntk K×K: evidence δ");
+        assert_eq!(frontier_family("fsl-ntk-kxk-full-grid"), "FSL ntk K×K: validation fit");
     }
 }
