@@ -249,7 +249,7 @@ print("|---|---|---|---|---|---|---|---|")
 for s in by:
     r = one(s, "contraction")
     if r:
-        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2f} | {r['max_abs_error']:.1e} |")
+        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2g} | {r['max_abs_error']:.1e} |")
 gp, cp = one("epk-gpu", "contraction"), one("epk-cpu", "contraction")
 if gp and cp:
     print(); print(f"GPU vs this machine's CPU, whole EPK: {cp['total_seconds'] / gp['total_seconds']:.2f}× ({gp['total_seconds']:.1f} s vs {cp['total_seconds']:.1f} s); contraction alone {cp['contraction_seconds'] / max(gp['contraction_seconds'], 1e-9):.2f}×.")
