@@ -14,6 +14,7 @@ rounding noise (the zero-initialised last layer's bias after one step of balance
 scripts/gpu/run.sh can check the dfdx `cuda` training against the CPU's (issue 38 asks <= 1e-10).
 """
 import array
+import math
 import json
 import os
 import struct
@@ -68,7 +69,8 @@ def main(argv):
                 print(f"traj_diff: {s}/{name}: {len(x)} vs {len(y)} numbers", file=sys.stderr)
                 return 2
             scale = max((abs(v) for v in x), default=0.0)
-            diff = max((abs(u - v) for u, v in zip(x, y)), default=0.0)
+            # A non-finite number on either side is an infinite difference (max() would skip NaN).
+            diff = max((d if math.isfinite(d) else math.inf for d in (abs(u - v) for u, v in zip(x, y))), default=0.0)
             tensors += 1
             rel = diff / (scale or 1.0)
             if rel > worst_t[0] or worst_t[1] is None:
