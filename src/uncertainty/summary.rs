@@ -26,7 +26,7 @@ const ANGLE_FSL: [(Method, &str); 2] = [
 /// The legend entry of a method on the frontier chart: the protocol's methods by name, the
 /// kernel GPs together, function-space Laplace per kernel, class-diagonal or cross-class (`K×K`)
 /// kernel, with δ by the evidence or a validation fit (T, (T, s), the δ grid). Short enough that
-/// the legend keeps its font with the full study's 17 families.
+/// the legend keeps its font with the full study's 18 families.
 fn frontier_family(m: &str) -> String {
     match m.parse::<Method>() {
         Ok(Method::Fsl(kernel, _, v)) => format!("FSL {}: {}", kernel.label(), if v.calibrated() { "validation fit" } else { "evidence δ" }),
