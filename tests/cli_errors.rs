@@ -62,6 +62,8 @@ fn kernel_rejects_bad_arguments_without_writing() {
     k(&["--per-step", "--memory", "1k"], "bytes, over the budget");
     k(&["--memory", "lots"], "is not a size");
     k(&["--outputs", "probs"], "outputs `probs`");
+    k(&["--layout", "diag", "--blocks", "trace"], "cannot be used multiple times");
+    k(&["--no-such-option"], "unexpected argument");
     k(
         &["--outputs", "logits", "--tiles", "2"],
         "not available with --tiles",
@@ -85,6 +87,20 @@ fn kernel_rejects_bad_arguments_without_writing() {
         assert!(d.join("pout/gram.safetensors").is_file());
         std::fs::remove_dir_all(d.join("pout")).unwrap();
     }
+    assert_eq!(listing(d), before);
+    // A tolerance no computation meets: a warning, exit 0; with --strict one line, exit 2, and
+    // the outputs kept for inspection.
+    let o = Command::new(bin()).args(["kernel", "-q", "--run", "run", "--quadrature", "auto:1e-300", "--out", "sout"]).current_dir(d).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.starts_with("warning: the epk kernel's rule auto:1e-300 missed its tolerance") && err.trim().lines().count() == 1, "{err}");
+    std::fs::remove_dir_all(d.join("sout")).unwrap();
+    run_fail(&["kernel", "-q", "--run", "run", "--quadrature", "auto:1e-300", "--strict", "--out", "sout"], d, "missed its tolerance: max |machine - network|");
+    assert!(d.join("sout/exactness.json").is_file());
+    std::fs::remove_dir_all(d.join("sout")).unwrap();
+    let o = Command::new(bin()).args(["kernel", "-q", "--run", "run", "--strict", "--out", "sout"]).current_dir(d).output().unwrap();
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(d.join("sout")).unwrap();
     assert_eq!(listing(d), before);
     // A run with a missing step and one with a garbled dataset.
     std::fs::remove_file(d.join("run/trajectory/step-000003.safetensors")).unwrap();
@@ -338,6 +354,7 @@ fn train_rejects_bad_layer_stacks_without_writing() {
         (r#"[{ dense = { features = 8, bais = true } }, { dense = 3 }]"#, "model.layers[0]: dense has no option `bais`"),
         (r#"[{ residual = [{ dense = 4 }, "relu"] }, { max_pool2d = 2 }, { dense = 3 }]"#, "model.layers[1] max_pool2d(2, s2): needs a [C, H, W] map, got [4]"),
         (r#"[]"#, "model.layers is empty"),
+        (r#"["tanh"]"#, "model.layers: the stack has no parameters"),
     ]
     .into_iter()
     .enumerate()

@@ -97,6 +97,27 @@ fn stack_epk_auto_reproduces_the_network() {
     }
 }
 
+/// A smooth layer ahead of a leaky ReLU that feeds a max-pool (the class of stack whose
+/// max-pool switches the polynomial sweep cannot reach, left unconverged once): the kink
+/// location finds the switches, every piece converges and the machine is the network.
+const HIDDEN_POOL: &str = r#"[{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "silu", { avg_pool2d = 2 }, { conv2d = { channels = 6, kernel = 3 } }, { leaky_relu = 0.05 }, { max_pool2d = { kernel = 3, stride = 2 } }, "flatten", { dense = 16 }, "tanh", { dense = 10 }]"#;
+
+#[test]
+fn max_pool_switches_behind_a_smooth_layer_are_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = image_run(dir.path(), "hidden", HIDDEN_POOL, "lr = 1.0\nsteps = 6");
+    let states = run.load_all().unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let epk = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)), &|_, _| {}).unwrap();
+    let unconverged: usize = epk.records.iter().map(|r| r.unconverged_pieces).sum();
+    let rel = epk.max_abs_error() / max_abs(&epk.network).max(1.0);
+    eprintln!("hidden max-pool: EPK max |machine − network| {:e} ({rel:e} relative), {unconverged} unconverged, {:.1} evaluations/point/step", epk.max_abs_error(), epk.mean_evaluations());
+    assert!(max_abs_diff(&epk.network, &epk.bias) > 1e-3, "the network barely moved");
+    assert_eq!(unconverged, 0, "unconverged pieces");
+    assert!(rel <= 1e-12, "machine vs network {rel:e}");
+    assert!(epk.inexactness().is_none(), "{:?}", epk.inexactness());
+}
+
 #[test]
 fn stack_with_adam_and_momentum_is_exact() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,6 +53,26 @@ fn reused(s: &StudySummary) -> (bool, Vec<bool>) {
     (s.reused_run, s.kernels.iter().map(|k| k.1).collect())
 }
 
+/// A kernel that misses its tolerance fails the study (after the report is written, with the
+/// miss in its summary); `strict = false` accepts it and says so all the same.
+#[test]
+fn a_study_with_an_inexact_kernel_fails_unless_it_says_strict_false() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let text = toml(0, 4, 0.5, 3, "auto:1e-300");
+    let file = d.join("s.toml");
+    std::fs::write(&file, &text).unwrap();
+    let opts = StudyOptions { out: Some(d.join("report")), cache: Some(d.join("cache")), base_dir: PathBuf::from("."), progress: false, command: "test".into() };
+    let e = study::run(&file, &opts).unwrap_err().to_string();
+    assert!(e.contains("study cache-check: 1 kernel(s) missed their tolerance") && e.contains("epk-test") && !e.contains('\n'), "{e}");
+    let summary = std::fs::read_to_string(d.join("report/summary.md")).unwrap();
+    assert!(summary.contains("**INEXACT** — epk-test: the epk kernel's rule auto:1e-300 missed its tolerance"), "{summary}");
+    std::fs::write(&file, text.replace("name = \"cache-check\"", "name = \"cache-check\"\nstrict = false")).unwrap();
+    let s = study::run(&file, &opts).unwrap();
+    assert_eq!(s.kernels.len(), 2);
+    assert!(std::fs::read_to_string(d.join("report/summary.md")).unwrap().contains("**INEXACT**"));
+}
+
 #[test]
 fn a_changed_field_recomputes_its_stage_and_only_those_downstream() {
     let tmp = tempfile::tempdir().unwrap();

@@ -79,6 +79,10 @@ pub struct Args {
     /// Replace OUT if it exists (only after the computation succeeded).
     #[arg(long)]
     force: bool,
+    /// Exit with status 2 when an adaptive rule misses its tolerance (the outputs are still
+    /// written, for inspection); without it the miss is a warning on stderr.
+    #[arg(long)]
+    strict: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -148,5 +152,11 @@ pub fn exec(a: Args) -> Result<()> {
         );
     }
     println!("wrote {}", dir.display());
+    if let Some(miss) = out.inexactness() {
+        if a.strict {
+            return Err(crate::Error::Numerical(format!("{miss} (--strict; the outputs are in {})", dir.display())));
+        }
+        eprintln!("warning: {miss} (exactness.json; --strict makes this an error)");
+    }
     Ok(())
 }

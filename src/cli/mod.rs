@@ -53,7 +53,10 @@ enum Command {
 /// Parses the command line, runs the subcommand and returns the process exit status.
 pub fn main() -> i32 {
     quiet_on_closed_stdout();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = match cli.command {
         Command::Train(a) => train::exec(a),
         Command::Kernel(a) => kernel::exec(a),
@@ -89,6 +92,21 @@ fn quiet_on_closed_stdout() {
         }
         default(info);
     }));
+}
+
+/// A command line clap refuses, as one line `error: …` with exit status 2 (help and version
+/// requests print as clap prints them, status 0).
+fn usage_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        e.exit();
+    }
+    let text = e.to_string();
+    let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid command line");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let first = first.strip_suffix('.').unwrap_or(first);
+    eprintln!("error: {first} (see --help)");
+    2
 }
 
 fn one_line(e: &crate::Error) -> String {

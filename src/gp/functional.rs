@@ -271,7 +271,7 @@ impl FunctionalLaplace {
         if let Some(&y) = train.labels.iter().find(|&&y| y >= k) {
             return Err(Error::Data(format!("function-space Laplace: label {y} is not one of {k} classes")));
         }
-        let probs = crate::uncertainty::metrics::softmax_rows(train.logits, k)?;
+        let probs = crate::model::softmax_rows(train.logits, k)?;
         let loglik = log_likelihood(train.logits, train.labels, k);
         let per_class: Vec<Result<(DiagClass, FslClassFit)>> = (0..k)
             .map(|c| {
@@ -802,7 +802,7 @@ mod tests {
         let (kt, logits, bias, kx, kd, labels, mean) = problem(m, p, k, 30, 1);
         let train = FslTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = FslRows { k_cross: &kx, k_diag: &kd, mean: &mean, p };
-        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        let probs = crate::model::softmax_rows(&logits, k).unwrap();
         for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
             for delta in [0.3, 2.0, 50.0] {
                 let fsl = FunctionalLaplace::fit(&train, curv, Prior::Fixed(delta)).unwrap();
@@ -828,7 +828,7 @@ mod tests {
         }
         // The slow evidence: log p(y|f) − (δ/2) Σ rᵀK⁻¹r − ½ Σ log det(I + SKS/δ) by dense solves.
         let delta = fsl.delta();
-        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        let probs = crate::model::softmax_rows(&logits, k).unwrap();
         let mut slow = log_likelihood(&logits, &labels, k);
         for c in 0..k {
             let kc = DMatrix::from_fn(m, m, |i, j| kt[(c * m + i) * m + j]);
@@ -844,7 +844,7 @@ mod tests {
     fn grid_search_picks_the_lowest_validation_nll_and_calibration_nests_temperature() {
         let (m, p, k) = (20, 30, 3);
         let (kt, logits, bias, kx, kd, _, mean) = problem(m, p, k, 25, 3);
-        let labels: Vec<usize> = (0..m).map(|i| crate::uncertainty::metrics::argmax(&logits[i * k..(i + 1) * k])).collect();
+        let labels: Vec<usize> = (0..m).map(|i| crate::data::argmax(&logits[i * k..(i + 1) * k])).collect();
         let vlabels: Vec<usize> = (0..p).map(|q| (q * 7) % k).collect();
         let train = FslTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = FslRows { k_cross: &kx, k_diag: &kd, mean: &mean, p };

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::model::{conv, Architecture, Body, OutputKind, Params};
 
-use crate::uncertainty::metrics::softmax_in_place;
+use crate::model::softmax_in_place;
 
 fn par() -> Par {
     Par::rayon(0)
@@ -340,7 +340,7 @@ impl LaplacePosterior {
         let mut probs = train.logits.clone();
         let mut log_likelihood = 0.0;
         for (row, &y) in probs.chunks_exact_mut(k).zip(labels) {
-            let m = row[crate::uncertainty::metrics::argmax(row)];
+            let m = row[crate::data::argmax(row)];
             let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
             log_likelihood += row[y] - lse;
             softmax_in_place(row);

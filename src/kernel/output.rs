@@ -84,7 +84,7 @@ pub struct Exactness {
     /// Whether that form is a symmetric kernel (false for momentum and Adam).
     #[serde(default = "default_true")]
     pub symmetric_kernel: bool,
-    /// The form's formula.
+    /// The kernel's formula (the EPK's in the optimizer's form; [`KernelKind::formula`]).
     #[serde(default)]
     pub formula: String,
     /// How well the replayed optimizer reproduces the recorded weight changes (relative, max over
@@ -183,7 +183,7 @@ impl Exactness {
             run_id: run_id.to_string(),
             form: o.form,
             symmetric_kernel: o.form.symmetric(),
-            formula: o.form.formula().to_string(),
+            formula: o.kind.formula(o.form).to_string(),
             decomposition_residual: o.decomposition_residual,
             reg_term_max_abs: o.reg.as_deref().map(max_abs),
             rounding_term_max_abs: o.rounding.as_deref().map(max_abs),

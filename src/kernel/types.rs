@@ -103,6 +103,20 @@ impl KernelForm {
     }
 }
 
+impl KernelKind {
+    /// The kernel's formula for output manifests: the EPK and k′ in the form the run's optimizer
+    /// admits ([`KernelForm::formula`]), the others their own definition.
+    pub fn formula(&self, form: KernelForm) -> &'static str {
+        match self {
+            KernelKind::Epk | KernelKind::Kprime => form.formula(),
+            KernelKind::Ntk => "K(x,x') = <grad f(x; w_S), grad f(x'; w_S)> (the empirical NTK at one state S); the machine b + sum_s sum_i a_is K is not the network",
+            KernelKind::Dpk => "K_s(x,x') = <grad f(x; w_s), grad f(x'; w_s)> (both gradients at t = 0, Domingos' discrete path kernel); f ~ b + sum_s sum_i a_is K_s, not exact",
+            KernelKind::Chen => "K_s(x,x') = |dL/df(x'; w_s)| <grad f(x; w_s), grad f(x'; w_s)> (Chen et al., eq. 18); summed over steps",
+            KernelKind::Path => "K(x,x') = sum_s <Jbar_s(x), Jbar_s(x')>, Jbar_s = int_0^1 grad f(x; w_s(t)) dt on both sides (the path-averaged kernel; symmetric PSD, not a kernel machine of the network)",
+        }
+    }
+}
+
 impl std::fmt::Display for KernelForm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -336,6 +350,33 @@ impl KernelOutput {
     /// Max evaluations for one point in one step.
     pub fn max_evaluations(&self) -> usize {
         self.records.iter().map(|r| r.max_evaluations).max().unwrap_or(0)
+    }
+
+    /// One line saying how an adaptive rule missed its tolerance — the machine's error above
+    /// it, or pieces that did not converge, with the steps where they are and their per-step
+    /// errors — or `None` when it met it (and for fixed rules, which promise nothing).
+    pub fn inexactness(&self) -> Option<String> {
+        let Rule::Auto(tol) = self.rule else { return None };
+        if !self.integrated {
+            return None;
+        }
+        let err = self.max_abs_error();
+        let unconverged: usize = self.records.iter().map(|r| r.unconverged_pieces).sum();
+        if err <= tol && unconverged == 0 {
+            return None;
+        }
+        let mut bad: Vec<&StepRecord> = self.records.iter().filter(|r| r.unconverged_pieces > 0 || !(r.max_abs_error <= tol)).collect();
+        bad.sort_by(|a, b| b.max_abs_error.total_cmp(&a.max_abs_error));
+        let shown: Vec<String> = bad.iter().take(5).map(|r| format!("step {} ({} unconverged, {:.1e})", r.step, r.unconverged_pieces, r.max_abs_error)).collect();
+        Some(format!(
+            "the {} kernel's rule {} missed its tolerance: max |machine - network| {err:.3e} (tolerance {tol:e}), {unconverged} unconverged pieces; {} of {} steps off{}{}",
+            self.kind,
+            self.rule,
+            bad.len(),
+            self.records.len(),
+            if shown.is_empty() { String::new() } else { format!(", worst: {}", shown.join(", ")) },
+            if bad.len() > shown.len() { ", …" } else { "" }
+        ))
     }
 }
 

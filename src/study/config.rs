@@ -178,6 +178,11 @@ pub struct StudyConfig {
     /// that rerunning a study leaves a committed report unchanged.
     #[serde(default)]
     pub timings_in_summary: bool,
+    /// Fail the study (exit 2, after the report is written) when a kernel's adaptive rule
+    /// misses its tolerance ([`crate::kernel::KernelOutput::inexactness`]); with
+    /// `strict = false` the miss is only stated, loudly, in the summary and on stderr.
+    #[serde(default = "default_true")]
+    pub strict: bool,
     /// `[uncertainty]`: the uncertainty benchmark ([`super::uncertainty`]); a study with this
     /// section is run by that runner (no `[[kernel]]`, `[analysis]` or `[sweep]`).
     #[serde(default)]

@@ -254,8 +254,26 @@ fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Resu
     io::write_atomic(&staged.path().join("summary.md"), summary_md.as_bytes())?;
     io::write_atomic(&staged.path().join("study.toml"), ctx.text.as_bytes())?;
     let out = staged.commit()?;
+    let misses = inexact_kernels(&kernels);
+    for miss in &misses {
+        eprintln!("warning: study {}: {miss}", cfg.name);
+    }
+    if cfg.strict && !misses.is_empty() {
+        return Err(Error::Numerical(format!(
+            "study {}: {} kernel(s) missed their tolerance ({}); the report is in {} (strict = false in the study file accepts it)",
+            cfg.name,
+            misses.len(),
+            misses.join("; "),
+            out.display()
+        )));
+    }
     let kernels = kernels.into_iter().map(|k| (k.label, k.reused, k.exactness)).collect();
     Ok(StudySummary { out, reused_run, kernels, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// One line per kernel whose adaptive rule missed its tolerance, `label: what was missed`.
+fn inexact_kernels(kernels: &[StudyKernel]) -> Vec<String> {
+    kernels.iter().filter_map(|k| k.gram.output().inexactness().map(|m| format!("{}: {m}", k.label))).collect()
 }
 
 /// Peak resident set size of this process (`VmHWM` of `/proc/self/status`), when available.
@@ -407,6 +425,9 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 let mean = total.iter().map(|v| v.abs()).sum::<f64>() / pk as f64;
                 let _ = writeln!(s, "| {name} | {:.3} | {mean:.3e} | {:.3} |", norm(g) / whole, mean / whole_change.max(f64::MIN_POSITIVE));
             }
+        }
+        for miss in inexact_kernels(kernels) {
+            let _ = writeln!(s, "\n**INEXACT** — {miss}.");
         }
         let _ = writeln!(s, "\nPer-step validation (predicted vs actual change of the output over each step): `kernels/*/steps.parquet`; predictions: `kernels/*/predictions.parquet`.\n");
     }

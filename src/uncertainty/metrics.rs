@@ -76,45 +76,8 @@ fn check_labels(n: usize, labels: &[usize], k: usize) -> Result<()> {
 
 pub(crate) use crate::data::argmax;
 
-/// Row-wise softmax of logits (max-shifted), `[N, K] → [N, K]`. Non-finite logits are an error.
-///
-/// # Shapes
-/// `logits: [N, K]`; returns `[N, K]`.
-pub fn softmax_rows(logits: &[f64], k: usize) -> Result<Vec<f64>> {
-    if k == 0 || logits.len() % k != 0 {
-        return Err(Error::ShapeMismatch {
-            what: "logits [N, K]".into(),
-            expected: vec![k],
-            got: vec![logits.len()],
-        });
-    }
-    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-        return Err(Error::Data(format!(
-            "non-finite logit [{}, {}] = {}",
-            i / k,
-            i % k,
-            logits[i]
-        )));
-    }
-    let mut out = logits.to_vec();
-    for row in out.chunks_exact_mut(k) {
-        softmax_in_place(row);
-    }
-    Ok(out)
-}
-
-/// Softmax of one finite row, in place.
-pub(crate) fn softmax_in_place(row: &mut [f64]) {
-    let m = row[argmax(row)];
-    let mut s = 0.0;
-    for v in row.iter_mut() {
-        *v = (*v - m).exp();
-        s += *v;
-    }
-    for v in row.iter_mut() {
-        *v /= s;
-    }
-}
+pub use crate::model::softmax_rows;
+pub(crate) use crate::model::softmax_in_place;
 
 /// Fraction of points whose arg-max class (first on ties) is the label.
 ///

@@ -250,7 +250,7 @@ impl CrossClassLaplace {
         let n = m * k;
         check_train(train, prior)?;
         let idx = |r: usize, s: usize| ((r / k * m + s / k) * k + r % k) * k + s % k;
-        let probs = crate::uncertainty::metrics::softmax_rows(train.logits, k)?;
+        let probs = crate::model::softmax_rows(train.logits, k)?;
         let loglik = super::functional::log_likelihood(train.logits, train.labels, k);
         let r: Vec<f64> = train.logits.iter().zip(train.bias).map(|(a, b)| a - b).collect();
         let (f, lambda_zero) = factors(&probs, m, k, curvature);
@@ -705,7 +705,7 @@ pub fn fit_timings(m: usize, rows: usize, seed: u64) -> Result<FitTimings> {
     let alpha: Vec<f64> = (0..n).map(|_| rng.gen_range(-1e-3..1e-3)).collect();
     let bias: Vec<f64> = (0..n).map(|_| rng.gen_range(-0.1..0.1)).collect();
     let logits: Vec<f64> = (0..n).into_par_iter().map(|r| bias[r] + (0..n).map(|s| kt[((r / k * m + s / k) * k + r % k) * k + s % k] * alpha[s]).sum::<f64>()).collect();
-    let labels: Vec<usize> = (0..m).map(|i| crate::uncertainty::metrics::argmax(&logits[i * k..(i + 1) * k])).collect();
+    let labels: Vec<usize> = (0..m).map(|i| crate::data::argmax(&logits[i * k..(i + 1) * k])).collect();
     let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
     let t = Instant::now();
     let fsl = CrossClassLaplace::fit_with(&train, Curvature::Full, Prior::Evidence, KxkSolver::Cholesky)?;
@@ -878,7 +878,7 @@ mod tests {
         let (kt, kx, ks, logits, bias, labels, mean) = problem(m, p, k, 40, 11);
         let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };
-        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        let probs = crate::model::softmax_rows(&logits, k).unwrap();
         for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
             for delta in [0.2, 3.0, 80.0] {
                 let fsl = CrossClassLaplace::fit(&train, curv, Prior::Fixed(delta)).unwrap();
@@ -941,7 +941,7 @@ mod tests {
         let (m, k) = (8, 3);
         let (kt, _, _, logits, bias, labels, _) = problem(m, 1, k, 40, 13);
         let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
-        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        let probs = crate::model::softmax_rows(&logits, k).unwrap();
         for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
             let fsl = CrossClassLaplace::fit(&train, curv, Prior::Evidence).unwrap();
             let best = fsl.fit.log_evidence;
@@ -965,7 +965,7 @@ mod tests {
     fn grid_search_picks_the_lowest_validation_nll() {
         let (m, p, k) = (10, 25, 3);
         let (kt, kx, ks, logits, bias, _, mean) = problem(m, p, k, 30, 14);
-        let labels: Vec<usize> = (0..m).map(|i| crate::uncertainty::metrics::argmax(&logits[i * k..(i + 1) * k])).collect();
+        let labels: Vec<usize> = (0..m).map(|i| crate::data::argmax(&logits[i * k..(i + 1) * k])).collect();
         let vlabels: Vec<usize> = (0..p).map(|q| (q * 5) % k).collect();
         let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };
@@ -988,7 +988,7 @@ mod tests {
         let (kt, kx, ks, logits, bias, labels, mean) = problem(m, p, k, 40, 11);
         let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };
-        let probs = crate::uncertainty::metrics::softmax_rows(&logits, k).unwrap();
+        let probs = crate::model::softmax_rows(&logits, k).unwrap();
         for (curv, full) in [(Curvature::ClassDiagonal, false), (Curvature::Full, true)] {
             for delta in [0.2, 3.0, 80.0] {
                 let fsl = CrossClassLaplace::fit_with(&train, curv, Prior::Fixed(delta), KxkSolver::Cholesky).unwrap();
@@ -1048,7 +1048,7 @@ mod tests {
     fn cholesky_route_grid_visits_the_eigen_sweep() {
         let (m, p, k) = (10, 25, 3);
         let (kt, kx, ks, logits, bias, _, mean) = problem(m, p, k, 40, 14);
-        let labels: Vec<usize> = (0..m).map(|i| crate::uncertainty::metrics::argmax(&logits[i * k..(i + 1) * k])).collect();
+        let labels: Vec<usize> = (0..m).map(|i| crate::data::argmax(&logits[i * k..(i + 1) * k])).collect();
         let vlabels: Vec<usize> = (0..p).map(|q| (q * 5) % k).collect();
         let train = KxkTrain { k_train: &kt, logits: &logits, bias: &bias, labels: &labels, m, k };
         let rows = KxkRows { k_cross: &kx, k_self: &ks, mean: &mean, p };

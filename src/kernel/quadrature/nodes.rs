@@ -105,6 +105,8 @@ pub(crate) fn eval_rows(step: &MlpStep, x: &[f64], off: Option<&[f64]>, idx: &[u
 /// Gauss orders tried in turn on a piece before it is bisected, and the bisection limit.
 pub(crate) const AUTO_ORDERS: [usize; 8] = [2, 3, 4, 5, 6, 8, 10, 12];
 pub(crate) const AUTO_MAX_DEPTH: u32 = 40;
+/// Splits at located kinks along one lineage of pieces before only bisection is left.
+pub(crate) const AUTO_MAX_LOCATED: u32 = 4096;
 
 pub(crate) struct Piece {
     p: usize,
@@ -113,7 +115,11 @@ pub(crate) struct Piece {
     fa: Vec<f64>,
     fb: Vec<f64>,
     order: usize,
+    /// Midpoint bisections above this piece (a split at a located kink does not count: a
+    /// step may hold more kinks than [`AUTO_MAX_DEPTH`]; [`AUTO_MAX_LOCATED`] bounds those).
     depth: u32,
+    /// Splits at located kinks above this piece.
+    located: u32,
     /// The previous order's quadrature of `df/dt` per class (the relative check).
     prev: Option<Vec<f64>>,
     /// Whether the previous order passed the check against `f(b) − f(a)`.
@@ -238,6 +244,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
                 order: 0,
                 depth: 0,
+                located: 0,
                 prev: None,
                 prev_ok: false,
             });
@@ -324,20 +331,26 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         }
         if !to_split.is_empty() {
             // Split at a located kink where the network finds one, else at the midpoint.
-            let mids: Vec<f64> = to_split
+            let mids: Vec<(f64, bool)> = to_split
                 .iter()
                 .map(|pc| {
+                    if pc.located >= AUTO_MAX_LOCATED {
+                        return (0.5 * (pc.a + pc.b), false);
+                    }
                     let (t, spent) = step.locate_kink(x, pc.p, pc.a, pc.b);
                     jvp_evals[pc.p] += spent;
-                    t.unwrap_or(0.5 * (pc.a + pc.b))
+                    t.map_or((0.5 * (pc.a + pc.b), false), |t| (t, true))
                 })
                 .collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
-            let fm = jvp_rows(step, x, off, &pidx, &mids).0;
+            let at: Vec<f64> = mids.iter().map(|m| m.0).collect();
+            let fm = jvp_rows(step, x, off, &pidx, &at).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
-                next.push(Piece { p: pc.p, a: pc.a, b: mids[j], fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth: pc.depth + 1, prev: None, prev_ok: false });
-                next.push(Piece { p: pc.p, a: mids[j], b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth: pc.depth + 1, prev: None, prev_ok: false });
+                let (t, located) = mids[j];
+                let (depth, located) = if located { (pc.depth, pc.located + 1) } else { (pc.depth + 1, pc.located) };
+                next.push(Piece { p: pc.p, a: pc.a, b: t, fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth, located, prev: None, prev_ok: false });
+                next.push(Piece { p: pc.p, a: t, b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth, located, prev: None, prev_ok: false });
             }
         }
         pending = next;
@@ -430,4 +443,49 @@ pub(crate) fn dpk_cosine_error(step: &MlpStep, nodes: &RowNodes, x: &[f64], off:
         }
     }
     (total, count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `f(t) = Σ_j relu(t − t_j)` for one point and one output, with kinks that the network's
+    /// sweep does not report but its kink location finds (as behind a smooth layer).
+    struct Ramps(Vec<f64>);
+
+    impl AlongPath for Ramps {
+        fn outputs(&self) -> usize {
+            1
+        }
+        fn kinks(&self, _x: &[f64], _p: usize, _a: f64, _b: f64) -> Vec<f64> {
+            Vec::new()
+        }
+        fn jvp_points(&self, _x: &[f64], idx: &[usize], t: &[f64], _off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+            let f = t.iter().map(|&t| self.0.iter().map(|&tj| (t - tj).max(0.0)).sum()).collect();
+            let fd = t.iter().map(|&t| self.0.iter().filter(|&&tj| t > tj).count() as f64).collect();
+            assert!(idx.iter().all(|&p| p == 0));
+            (f, fd)
+        }
+        fn locate_kink(&self, _x: &[f64], _p: usize, a: f64, b: f64) -> (Option<f64>, usize) {
+            let hair = 1e-9 * (b - a);
+            (self.0.iter().copied().filter(|&t| t - a > hair && b - t > hair).reduce(f64::min), 1)
+        }
+    }
+
+    /// A step with far more located kinks than bisection levels (300 against
+    /// [`AUTO_MAX_DEPTH`] = 40): every piece converges and the nodes integrate `df/dt` to the
+    /// exact change. Counting each located split as a bisection level left the last piece
+    /// unconverged, 1e-3 off.
+    #[test]
+    fn many_located_kinks_do_not_exhaust_the_bisection_depth() {
+        let kinks: Vec<f64> = (1..=300).map(|j| (j as f64 / 301.0).powf(1.3)).collect();
+        let ramps = Ramps(kinks);
+        let an = choose_auto_nodes(&ramps, &[0.0], 1, None, 1e-12);
+        assert_eq!(an.unconverged, 0);
+        assert!(an.pieces[0] >= 301, "{} pieces", an.pieces[0]);
+        let (_, fd) = ramps.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);
+        let q: f64 = an.weight.iter().zip(&fd).map(|(w, d)| w * d).sum();
+        let exact = ramps.jvp_points(&[0.0], &[0], &[1.0], None).0[0];
+        assert!((q - exact).abs() <= 1e-12 * exact, "{q} vs {exact}");
+    }
 }

@@ -22,19 +22,22 @@ pub(crate) mod step;
 
 use super::cnn::gram::NodeStats;
 use super::mlp::gram::GramAccumulator;
-use super::layout::{add_dense, Layout};
+use super::layout::{add_dense, add_formed, Layout, TrainDeltas};
 use super::engine::models::{StepInput, StepModel, StepOutput};
 use super::quadrature::nodes::{choose_auto_nodes, AlongPath};
 use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::Architecture;
+use rayon::prelude::*;
 use step::{RowGrad, StackStep};
 
 /// Row points whose nodes are evaluated and contracted together.
 pub(crate) const CHUNK_POINTS: usize = 32;
 
 /// Bytes of node-row gradients evaluated at once (their count per point grows with the kinks).
-const NODE_BYTES: usize = 256 << 20;
+/// Below glibc's largest mmap threshold (32 MiB), so that blocks are reused from the heap
+/// instead of mapped fresh and zero-faulted on every block.
+const NODE_BYTES: usize = 16 << 20;
 
 /// [`NODE_BYTES`], which the tests lower to one node row per block.
 #[cfg(not(test))]
@@ -48,13 +51,18 @@ pub(crate) fn node_bytes() -> usize {
     NODE_BYTES_TEST.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The tests' choice of the dense layers' route: 0 by flops, 1 always folded, 2 always formed.
+#[cfg(test)]
+static DENSE_ROUTE_TEST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 /// Scratch bytes for one batch of node rows' dense-layer products.
-const FOLD_BYTES: usize = 64 << 20;
+const FOLD_BYTES: usize = 16 << 20;
 
 /// One parameter layer's training side for a step, and its prediction weights.
 enum TrainSide {
-    /// `acts` `[M, ne]`, `deltas` `[M, K, out]` (scaled by `colw`), `v` `[out, ne]`.
-    Factor { acts: Vec<f64>, deltas: Vec<f64>, v: Vec<f64> },
+    /// `acts` `[M, ne]`, `deltas` `[M, K, out]` (scaled by `colw`), `v` `[out, ne]`, and the
+    /// deltas arranged for the formed route ([`TrainDeltas`], [`dense_formed`]).
+    Factor { acts: Vec<f64>, deltas: Vec<f64>, v: Vec<f64>, dt: TrainDeltas },
     /// `g` `[M, K, width]` (scaled by `colw`), `v` `[width]`.
     Formed { g: Vec<f64>, v: Vec<f64> },
 }
@@ -100,7 +108,7 @@ pub(crate) struct StackModel<'a> {
     pub per_layer: bool,
 }
 
-fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, m: usize, k: usize) -> Vec<TrainSide> {
+fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, layout: Layout, m: usize, k: usize) -> Vec<TrainSide> {
     grads
         .into_iter()
         .map(|g| match g {
@@ -120,7 +128,8 @@ fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, m: usize, k:
                 if let Some(cw) = colw {
                     deltas.chunks_exact_mut(out).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
                 }
-                TrainSide::Factor { acts, deltas, v }
+                let dt = TrainDeltas::new(layout, &deltas, m, k, out, None);
+                TrainSide::Factor { acts, deltas, v, dt }
             }
             RowGrad::Formed { mut g, width } => {
                 let mut v = vec![0.0; width];
@@ -168,6 +177,59 @@ pub(crate) fn split_predictions(mut preds: Vec<Vec<f64>>, per_layer: bool) -> (V
     (pred, preds)
 }
 
+/// Whether a dense layer (`no` outputs, `ne` inputs with the bias column) of a chunk of `pc`
+/// row points with `nodes` node rows in all is contracted formed (its `J̄_p` summed over each
+/// point's nodes, then one product against the training factors) rather than folded node by
+/// node ([`fold_dense`]): whichever takes fewer flops. With `ne = 0` (unknown) it says no.
+fn dense_formed(layout: Layout, nodes: usize, pc: usize, m: usize, k: usize, no: usize, ne: usize) -> bool {
+    if ne == 0 {
+        return false;
+    }
+    #[cfg(test)]
+    match DENSE_ROUTE_TEST.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => return false,
+        2 => return true,
+        _ => {}
+    }
+    let pair = match layout {
+        Layout::Full => k * k * no,
+        Layout::Diag | Layout::Trace => k * no,
+    };
+    let fold = nodes as f64 * 2.0 * m as f64 * (ne + pair) as f64;
+    let formed = nodes as f64 * 2.0 * (k * no * ne) as f64 + pc as f64 * 2.0 * m as f64 * (k * no * ne + pair) as f64;
+    formed < fold
+}
+
+/// Adds a block of a dense layer's node rows into the points' `J̄` (`[pc, K·out, ne]`):
+/// `J̄_q += Σ_{r of q} w_r δ_rᵀ a_r`, one GEMM per point of the block; returns the flops.
+///
+/// # Shapes
+/// `acts` `[R, ne]`, `deltas` `[R, K·out]` (`kno` = K·out).
+#[allow(clippy::too_many_arguments)]
+fn sum_dense_jbar(jbar: &mut [f64], point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], ne: usize, kno: usize, scratch: &mut Vec<f64>) -> f64 {
+    let mut order: Vec<usize> = (0..point.len()).collect();
+    order.sort_by_key(|&r| point[r]);
+    let mut flops = 0.0;
+    let mut i = 0;
+    while i < order.len() {
+        let q = point[order[i]];
+        let j = order[i..].iter().position(|&r| point[r] != q).map_or(order.len(), |n| i + n);
+        let rows = &order[i..j];
+        let n = rows.len();
+        scratch.clear();
+        scratch.resize(n * (ne + kno), 0.0);
+        let (wa, dq) = scratch.split_at_mut(n * ne);
+        for (x, &r) in rows.iter().enumerate() {
+            wa[x * ne..(x + 1) * ne].iter_mut().zip(&acts[r * ne..(r + 1) * ne]).for_each(|(a, b)| *a = weight[r] * b);
+            dq[x * kno..(x + 1) * kno].copy_from_slice(&deltas[r * kno..(r + 1) * kno]);
+        }
+        gemm(&mut jbar[q * kno * ne..(q + 1) * kno * ne], dq, true, wa, false, (kno, ne, n), 1.0, true);
+        flops += 2.0 * (kno * ne * n) as f64;
+        i = j;
+    }
+    flops
+}
+
 /// Adds one dense layer's node rows into the chunk's Gram rows `out` (`point` indexes them):
 /// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`.
 #[allow(clippy::too_many_arguments)]
@@ -200,6 +262,165 @@ fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], 
     flops
 }
 
+/// Row points per parallel task: at most [`CHUNK_POINTS`], and at least four tasks per thread
+/// where the points allow (points differ in their kinks, so smaller tasks balance the cores).
+fn chunk_points(p: usize) -> usize {
+    CHUNK_POINTS.min(p.div_ceil(4 * rayon::current_num_threads())).max(1)
+}
+
+/// `rows` as `n` consecutive slices of `len` numbers (the last one shorter; empty ones where
+/// `rows` runs out).
+fn split_rows(mut rows: &mut [f64], len: usize, n: usize) -> Vec<&mut [f64]> {
+    (0..n)
+        .map(|_| {
+            let take = len.min(rows.len());
+            let (head, tail) = std::mem::take(&mut rows).split_at_mut(take);
+            rows = tail;
+            head
+        })
+        .collect()
+}
+
+/// One task's row points: `x` `[pc, d]`, offsets `[pc, K]`.
+struct ChunkRows<'x> {
+    x: &'x [f64],
+    off: Option<&'x [f64]>,
+    pc: usize,
+}
+
+/// What one chunk of row points adds: predictions (one array `[pc, K]` per prediction target),
+/// the self-kernel `[pc, K, K]`, node statistics, contraction seconds (this thread's) and flops.
+struct ChunkOut {
+    preds: Vec<Vec<f64>>,
+    diag: Vec<f64>,
+    stats: NodeStats,
+    seconds: f64,
+    flops: f64,
+}
+
+/// The nodes of one chunk of row points, their gradients a block at a time, folded into the
+/// chunk's Gram rows `outs` (one slice per target: each layer's sink, or the one sink).
+#[allow(clippy::too_many_arguments)]
+fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], layout: Layout, rc: &ChunkRows<'_>, outs: &mut [&mut [f64]], npred: usize, row_numbers: usize, m: usize, k: usize) -> ChunkOut {
+    let (xc, offc, pc) = (rc.x, rc.off, rc.pc);
+    let mut preds = vec![vec![0.0; pc * k]; npred];
+    let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
+    let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
+    let (point, weight, times) = match input.fixed {
+        Some(nodes) => {
+            // Time-major, so that a block of node rows holds whole groups of equal t
+            // (the batches `StackStep::grads` evaluates together).
+            let point: Vec<usize> = (0..nodes.len()).flat_map(|_| 0..pc).collect();
+            stats.evaluations.extend(std::iter::repeat_n(nodes.len(), pc));
+            stats.jvp_evaluations.extend(std::iter::repeat_n(0, pc));
+            stats.pieces.extend(std::iter::repeat_n(1, pc));
+            (point, nodes.iter().flat_map(|n| std::iter::repeat_n(n.1, pc)).collect::<Vec<_>>(), nodes.iter().flat_map(|n| std::iter::repeat_n(n.0, pc)).collect::<Vec<_>>())
+        }
+        None => {
+            let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step);
+            stats.evaluations.extend_from_slice(&an.evaluations);
+            stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
+            stats.pieces.extend_from_slice(&an.pieces);
+            stats.unconverged += an.unconverged;
+            (an.point, an.weight, an.times)
+        }
+    };
+    let nout = outs.len();
+    let target = |li: usize| if nout > 1 { li } else { 0 };
+    let pred_of = |li: usize| if npred > 1 { li } else { 0 };
+    // The nodes' gradients a block of rows at a time (a kink-heavy step has thousands of
+    // nodes per point; LeNet-5 holds ~28 000 numbers per node row): dense layers fold
+    // each block into the Gram rows, formed layers sum theirs into the points' J̄ first.
+    let block = (node_bytes() / (8 * row_numbers).max(1)).max(1);
+    let nodes = point.len();
+    let mut jbars: Vec<Vec<f64>> = train.iter().map(|tr| match tr {
+        TrainSide::Formed { v, .. } => vec![0.0; pc * k * v.len()],
+        TrainSide::Factor { .. } => Vec::new(),
+    }).collect();
+    // Dense layers whose nodes are many per point: J̄_p = Σ_r w_r δ_r ⊗ a_r formed per point
+    // (`[pc, K, out, ne]`) and contracted once against the training factors.
+    for (tr, jb) in train.iter().zip(jbars.iter_mut()) {
+        if let TrainSide::Factor { acts, deltas, .. } = tr {
+            let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
+            if dense_formed(layout, nodes, pc, m, k, no, ne) {
+                *jb = vec![0.0; pc * k * no * ne];
+            }
+        }
+    }
+    let mut scratch: Vec<f64> = Vec::new();
+    let (mut seconds, mut flops) = (0.0, 0.0);
+    let mut dd = vec![0.0; k * k];
+    for b0 in (0..point.len()).step_by(block) {
+        let b1 = (b0 + block).min(point.len());
+        let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
+        let rgrads = step.grads(xc, offc, bp, &times[b0..b1]);
+        let started = std::time::Instant::now();
+        for (li, (rg, tr)) in rgrads.iter().zip(train).enumerate() {
+            let pred = &mut preds[pred_of(li)];
+            match (rg, tr) {
+                (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
+                    if jbars[li].is_empty() {
+                        flops += fold_dense(layout, outs[target(li)], bp, bw, acts, deltas, ta, td, *ne, *no, m, k);
+                    } else {
+                        flops += sum_dense_jbar(&mut jbars[li], bp, bw, acts, deltas, *ne, k * no, &mut scratch);
+                    }
+                    // The prediction's `V a_r` for every node row of the block at once.
+                    let rb = bp.len();
+                    let mut va = vec![0.0; rb * no];
+                    gemm_abt(&mut va, acts, v, rb, *no, *ne, 1.0, false);
+                    for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                        let dr = &deltas[r * k * no..(r + 1) * k * no];
+                        let var = &va[r * no..(r + 1) * no];
+                        for c in 0..k {
+                            pred[q * k + c] += w * dot(&dr[c * no..(c + 1) * no], var);
+                        }
+                        if input.self_kernel {
+                            let ar = &acts[r * ne..(r + 1) * ne];
+                            gemm_abt(&mut dd, dr, dr, k, k, *no, w * dot(ar, ar), false);
+                            diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                        }
+                    }
+                }
+                (RowGrad::Formed { g, width }, TrainSide::Formed { .. }) => {
+                    let wd = *width;
+                    let jbar = &mut jbars[li];
+                    for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                        let gr = &g[r * k * wd..(r + 1) * k * wd];
+                        jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
+                        if input.self_kernel {
+                            gemm_abt(&mut dd, gr, gr, k, k, wd, w, false);
+                            diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                        }
+                    }
+                }
+                _ => unreachable!("rows and training points of one stack"),
+            }
+        }
+        seconds += started.elapsed().as_secs_f64();
+    }
+    let started = std::time::Instant::now();
+    for (li, (jbar, tr)) in jbars.iter().zip(train).enumerate() {
+        match tr {
+            TrainSide::Formed { g: tg, v } => flops += contract_formed(layout, outs[target(li)], &mut preds[pred_of(li)], jbar, tg, v, 0, m, k),
+            TrainSide::Factor { acts: ta, dt, v, .. } if !jbar.is_empty() => {
+                // In point blocks that bound the `[nb·K·out, M]` product to FOLD_BYTES.
+                let (ne, no) = (ta.len() / m.max(1), v.len() / (ta.len() / m.max(1)).max(1));
+                let out = &mut *outs[target(li)];
+                let per_point = out.len() / pc.max(1);
+                let nb = (FOLD_BYTES / (8 * k * no * m).max(1)).clamp(1, pc.max(1));
+                for q0 in (0..pc).step_by(nb) {
+                    let q1 = (q0 + nb).min(pc);
+                    add_formed(&mut out[q0 * per_point..q1 * per_point], &jbar[q0 * k * no * ne..q1 * k * no * ne], ta, dt, q1 - q0, ne, &mut scratch);
+                }
+                flops += 2.0 * (pc * k * no * ne * m) as f64 + 2.0 * (pc * m * layout.per_pair(k) * no) as f64;
+            }
+            TrainSide::Factor { .. } => {}
+        }
+    }
+    seconds += started.elapsed().as_secs_f64();
+    ChunkOut { preds, diag, stats, seconds, flops }
+}
+
 impl StepModel for StackModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
         let arch = self.arch;
@@ -211,10 +432,10 @@ impl StepModel for StackModel<'_> {
         let m = input.x_train.len() / d;
         let at_ws = StackStep::new(arch, input.state, None)?;
         let all: Vec<usize> = (0..m).collect();
-        let tgrads = at_ws.grads(input.x_train, input.off_train, &all, &vec![0.0; m]);
-        let train = train_side(tgrads, input.a, input.colw, m, k);
-        let step = StackStep::new(arch, input.state, input.next)?;
+        let tgrads = at_ws.par_grads(input.x_train, input.off_train, &all, &vec![0.0; m]);
         let layout = acc.sink_mut().layout();
+        let train = train_side(tgrads, input.a, input.colw, layout, m, k);
+        let step = StackStep::new(arch, input.state, input.next)?;
         // Numbers one node row's gradients hold, over all parameter layers.
         let row_numbers: usize = train
             .iter()
@@ -231,95 +452,41 @@ impl StepModel for StackModel<'_> {
             pieces: Vec::with_capacity(p),
             unconverged: 0,
         };
+        // Point chunks run in parallel (every core), each into its own rows of the Gram (or of
+        // each layer's Gram) and its own prediction and self-kernel buffers, merged in order.
+        let chunk = chunk_points(p);
+        let targets: Vec<&mut [f64]> = match acc.layer_sinks() {
+            Some(ls) => ls.iter_mut().map(|s| s.rows_mut(0..p)).collect(),
+            None => vec![acc.sink_mut().rows_mut(0..p)],
+        };
+        let point_len = targets.first().map_or(0, |t| t.len() / p.max(1));
+        let starts: Vec<usize> = (0..p).step_by(chunk).collect();
+        let mut per_target: Vec<std::vec::IntoIter<&mut [f64]>> = targets.into_iter().map(|t| split_rows(t, chunk * point_len, starts.len()).into_iter()).collect();
+        let tasks: Vec<(usize, Vec<&mut [f64]>)> = starts.iter().map(|&c0| (c0, per_target.iter_mut().map(|it| it.next().expect("one slice per chunk")).collect())).collect();
+        let npred = preds.len();
+        let chunk_out: Vec<ChunkOut> = tasks
+            .into_par_iter()
+            .map(|(c0, mut outs)| {
+                let pc = chunk.min(p - c0);
+                let rows_of = ChunkRows { x: &rows.x[c0 * d..(c0 + pc) * d], off: input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]), pc };
+                row_chunk(&step, input, &train, layout, &rows_of, &mut outs, npred, row_numbers, m, k)
+            })
+            .collect();
         let (mut seconds, mut flops) = (0.0, 0.0);
-        for c0 in (0..p).step_by(CHUNK_POINTS) {
-            let pc = CHUNK_POINTS.min(p - c0);
-            let xc = &rows.x[c0 * d..(c0 + pc) * d];
-            let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-            let (point, weight, times) = match input.fixed {
-                Some(nodes) => {
-                    // Time-major, so that a block of node rows holds whole groups of equal t
-                    // (the batches `StackStep::grads` evaluates together).
-                    let point: Vec<usize> = (0..nodes.len()).flat_map(|_| 0..pc).collect();
-                    stats.evaluations.extend(std::iter::repeat_n(nodes.len(), pc));
-                    stats.jvp_evaluations.extend(std::iter::repeat_n(0, pc));
-                    stats.pieces.extend(std::iter::repeat_n(1, pc));
-                    (point, nodes.iter().flat_map(|n| std::iter::repeat_n(n.1, pc)).collect::<Vec<_>>(), nodes.iter().flat_map(|n| std::iter::repeat_n(n.0, pc)).collect::<Vec<_>>())
-                }
-                None => {
-                    let an = choose_auto_nodes(&StackAlong { step: &step }, xc, pc, offc, input.tol_step);
-                    stats.evaluations.extend_from_slice(&an.evaluations);
-                    stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
-                    stats.pieces.extend_from_slice(&an.pieces);
-                    stats.unconverged += an.unconverged;
-                    (an.point, an.weight, an.times)
-                }
-            };
-            // The nodes' gradients a block of rows at a time (a kink-heavy step has thousands of
-            // nodes per point; LeNet-5 holds ~28 000 numbers per node row): dense layers fold
-            // each block into the Gram rows, formed layers sum theirs into the points' J̄ first.
-            let block = (node_bytes() / (8 * row_numbers).max(1)).max(1);
-            let mut jbars: Vec<Vec<f64>> = train.iter().map(|tr| match tr {
-                TrainSide::Formed { v, .. } => vec![0.0; pc * k * v.len()],
-                TrainSide::Factor { .. } => Vec::new(),
-            }).collect();
-            let mut started_total = 0.0;
-            for b0 in (0..point.len()).step_by(block) {
-                let b1 = (b0 + block).min(point.len());
-                let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
-                let rgrads = step.grads(xc, offc, bp, &times[b0..b1]);
-                let started = std::time::Instant::now();
-                for (li, (rg, tr)) in rgrads.iter().zip(&train).enumerate() {
-                    let pred = &mut preds[if self.per_layer { li } else { 0 }];
-                    match (rg, tr) {
-                        (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
-                            let out = acc.target(li).rows_mut(c0..c0 + pc);
-                            flops += fold_dense(layout, out, bp, bw, acts, deltas, ta, td, *ne, *no, m, k);
-                            // The prediction's `V a_r` for every node row of the block at once.
-                            let rb = bp.len();
-                            let mut va = vec![0.0; rb * no];
-                            gemm_abt(&mut va, acts, v, rb, *no, *ne, 1.0, false);
-                            let mut dd = vec![0.0; k * k];
-                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                                let dr = &deltas[r * k * no..(r + 1) * k * no];
-                                let var = &va[r * no..(r + 1) * no];
-                                for c in 0..k {
-                                    pred[(c0 + q) * k + c] += w * dot(&dr[c * no..(c + 1) * no], var);
-                                }
-                                if input.self_kernel {
-                                    let ar = &acts[r * ne..(r + 1) * ne];
-                                    gemm_abt(&mut dd, dr, dr, k, k, *no, w * dot(ar, ar), false);
-                                    diag[(c0 + q) * k * k..(c0 + q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
-                                }
-                            }
-                        }
-                        (RowGrad::Formed { g, width }, TrainSide::Formed { .. }) => {
-                            let wd = *width;
-                            let jbar = &mut jbars[li];
-                            let mut gg = vec![0.0; k * k];
-                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                                let gr = &g[r * k * wd..(r + 1) * k * wd];
-                                jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
-                                if input.self_kernel {
-                                    gemm_abt(&mut gg, gr, gr, k, k, wd, w, false);
-                                    diag[(c0 + q) * k * k..(c0 + q + 1) * k * k].iter_mut().zip(&gg).for_each(|(a, b)| *a += b);
-                                }
-                            }
-                        }
-                        _ => unreachable!("rows and training points of one stack"),
-                    }
-                }
-                started_total += started.elapsed().as_secs_f64();
+        for (ci, co) in chunk_out.into_iter().enumerate() {
+            let c0 = ci * chunk;
+            for (dst, src) in preds.iter_mut().zip(&co.preds) {
+                dst[c0 * k..c0 * k + src.len()].iter_mut().zip(src).for_each(|(a, b)| *a += b);
             }
-            let started = std::time::Instant::now();
-            for (li, (jbar, tr)) in jbars.iter().zip(&train).enumerate() {
-                if let TrainSide::Formed { g: tg, v } = tr {
-                    let pred = &mut preds[if self.per_layer { li } else { 0 }];
-                    flops += contract_formed(layout, acc.target(li).rows_mut(c0..c0 + pc), pred, jbar, tg, v, c0, m, k);
-                }
+            if input.self_kernel {
+                diag[c0 * k * k..c0 * k * k + co.diag.len()].iter_mut().zip(&co.diag).for_each(|(a, b)| *a += b);
             }
-            seconds += started_total;
-            seconds += started.elapsed().as_secs_f64();
+            stats.evaluations.extend_from_slice(&co.stats.evaluations);
+            stats.jvp_evaluations.extend_from_slice(&co.stats.jvp_evaluations);
+            stats.pieces.extend_from_slice(&co.stats.pieces);
+            stats.unconverged += co.stats.unconverged;
+            seconds += co.seconds;
+            flops += co.flops;
         }
         acc.add_contraction(seconds, flops);
         let (pred, layer_pred) = split_predictions(preds, self.per_layer);
@@ -339,6 +506,45 @@ mod tests {
     use crate::kernel::{self, KernelKind, Layout, Request, Rows, Rule};
     use crate::train::{train_to_dir, RunConfig, TrainOptions};
     use crate::trajectory::Run;
+
+    /// The dense layers' two routes — folded node by node, or `J̄_p` formed per point and
+    /// contracted once — give the same Gram, self-kernel, machine and per-layer shares in every
+    /// layout, to rounding (a dense-only stack and one with a formed layer norm between).
+    #[test]
+    fn dense_routes_agree() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, layers) in [("mlp", r#"[{ dense = 9 }, "relu", { dense = 7 }, "tanh", { dense = 3 }]"#), ("norm", r#"[{ dense = 8 }, "relu", "layer_norm", { dense = 3 }]"#)] {
+            let toml = format!("[data]\nkind = \"gaussian-mixture\"\ndim = 3\nper_class = 4\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = {layers}\n\n[train]\nlr = 0.7\nsteps = 3\nseed = 5\n");
+            let cfg = RunConfig::from_toml(&toml, Path::new("test.toml")).unwrap();
+            let out = dir.path().join(name);
+            train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
+            let run = Run::open(&out).unwrap();
+            let states = run.load_all().unwrap();
+            let pts = Rows::Test.resolve(&run.dataset).unwrap();
+            for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
+                for rule in [Rule::Auto(1e-12), Rule::Gauss(4)] {
+                    let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).per_layer(true);
+                    super::DENSE_ROUTE_TEST.store(1, Relaxed);
+                    let folded = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                    super::DENSE_ROUTE_TEST.store(2, Relaxed);
+                    let formed = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                    super::DENSE_ROUTE_TEST.store(0, Relaxed);
+                    let (folded, formed) = (folded.unwrap(), formed.unwrap());
+                    let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+                    let what = format!("{name} {layout:?} {rule}");
+                    assert!(rel(&formed.gram, &folded.gram) <= 1e-13, "{what}: Gram {:e}", rel(&formed.gram, &folded.gram));
+                    assert!(rel(&formed.machine, &folded.machine) <= 1e-13, "{what}: machine");
+                    assert!(rel(formed.diag.as_ref().unwrap(), folded.diag.as_ref().unwrap()) <= 1e-13, "{what}: self-kernel");
+                    let (lf, lo) = (formed.layers.as_ref().unwrap(), folded.layers.as_ref().unwrap());
+                    for (a, b) in lf.gram.iter().zip(&lo.gram) {
+                        assert!(rel(a, b) <= 1e-13, "{what}: a layer's Gram {:e}", rel(a, b));
+                    }
+                    assert!(formed.max_abs_error() <= 1e-11 || !matches!(rule, Rule::Auto(_)), "{what}: machine vs network {:e}", formed.max_abs_error());
+                }
+            }
+        }
+    }
 
     /// The nodes' gradients taken one row at a time equal them taken all at once: Gram, self-kernel
     /// and machine of a ReLU stack with a layer norm (a formed layer, whose J̄ is summed across

@@ -146,11 +146,15 @@ impl<'a> StackStep<'a> {
     pub(crate) fn locate_kink(&self, xp: &[f64], a: f64, b: f64) -> (Option<f64>, usize) {
         let (za, zb) = (self.kink_inputs(xp, a), self.kink_inputs(xp, b));
         let mut evals = 2;
+        // An input that changes sign within a hair of an endpoint is a kink already split at
+        // (the sweep's 1e-9): following it again would only shave that endpoint, piece after
+        // piece, and never reach the kink that made the piece fail; bisection finds that one.
+        let hair = 1e-9 * (b - a);
         let mut best: Option<(usize, f64)> = None;
         for (u, (&(fa, _), &(fb, _))) in za.iter().zip(&zb).enumerate() {
             if (fa < 0.0 && fb > 0.0) || (fa > 0.0 && fb < 0.0) {
                 let t = a + (b - a) * fa / (fa - fb);
-                if best.is_none_or(|(_, bt)| t < bt) {
+                if t - a > hair && b - t > hair && best.is_none_or(|(_, bt)| t < bt) {
                     best = Some((u, t));
                 }
             }
@@ -176,7 +180,29 @@ impl<'a> StackStep<'a> {
                 break;
             }
         }
-        ((t > a && t < b).then_some(t), evals)
+        ((t - a > hair && b - t > hair).then_some(t), evals)
+    }
+
+    /// [`StackStep::grads`] in blocks of [`EVAL_CHUNK`] rows on every core, concatenated (the
+    /// training side: all M points at t = 0).
+    pub(crate) fn par_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        use rayon::prelude::*;
+        let parts: Vec<Vec<RowGrad>> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.grads(x, off, i, tt)).collect();
+        let mut parts = parts.into_iter();
+        let Some(mut out) = parts.next() else { return Vec::new() };
+        for part in parts {
+            for (dst, src) in out.iter_mut().zip(part) {
+                match (dst, src) {
+                    (RowGrad::Factor { acts, deltas, .. }, RowGrad::Factor { acts: a, deltas: d, .. }) => {
+                        acts.extend_from_slice(&a);
+                        deltas.extend_from_slice(&d);
+                    }
+                    (RowGrad::Formed { g, .. }, RowGrad::Formed { g: h, .. }) => g.extend_from_slice(&h),
+                    _ => unreachable!("the same stack gives the same layer kinds"),
+                }
+            }
+        }
+        out
     }
 
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter

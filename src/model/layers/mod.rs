@@ -129,6 +129,9 @@ impl Stack {
     pub fn resolve(input: Shape, specs: &[LayerSpec], outputs: usize) -> Result<Stack, String> {
         let mut tensors = 0;
         let nodes = resolve_list(input, specs, "model.layers", "", &mut tensors)?;
+        if tensors == 0 {
+            return Err("model.layers: the stack has no parameters (nothing to train, no kernel to take); add a dense or conv2d layer".into());
+        }
         let out = nodes.last().map_or(input, |n| n.output);
         if out != Shape::Flat(outputs) {
             return Err(format!(
@@ -218,9 +221,10 @@ impl Stack {
         (y, yd.unwrap_or_default())
     }
 
-    /// The inputs of every piecewise-linear activation (ReLU, leaky ReLU) with their
-    /// t-derivatives `(z, dz/dt)` along `dir`, in walk order (what the adaptive rule's kink
-    /// location reads behind smooth layers).
+    /// The inputs of every piecewise-linear activation (ReLU, leaky ReLU) and every max-pool
+    /// entry's margin over the rest of its window ([`pool::Pool::max_margins`]) with their
+    /// t-derivatives `(z, dz/dt)` along `dir`, in walk order: each changes sign at a kink (what
+    /// the adaptive rule's kink location reads behind smooth layers).
     ///
     /// # Shapes
     /// `x` `[n, input]`; returns `n ×` (the activations' sizes) pairs.
@@ -264,6 +268,10 @@ impl Stack {
         fn list(nodes: &[Node]) -> String {
             nodes.iter().map(describe).collect::<Vec<_>>().join(", ")
         }
+        // PyTorch prints `eps` only when it is not its default 1e-5.
+        fn eps_arg(eps: f64) -> String {
+            if eps == 1e-5 { String::new() } else { format!(", eps={eps}") }
+        }
         fn describe(n: &Node) -> String {
             let nb = |b: bool| if b { "" } else { ", bias=False" };
             match &n.op {
@@ -279,8 +287,8 @@ impl Stack {
                 Op::Act(Act::Softplus) => "Softplus()".into(),
                 Op::Act(Act::Gelu) => "GELU()".into(),
                 Op::Act(Act::Silu) => "SiLU()".into(),
-                Op::Norm(nm) if nm.positions == 1 => format!("LayerNorm({})", nm.g),
-                Op::Norm(nm) => format!("ChannelLayerNorm({})", nm.g),
+                Op::Norm(nm) if nm.positions == 1 => format!("LayerNorm({}{})", nm.g, eps_arg(nm.eps)),
+                Op::Norm(nm) => format!("ChannelLayerNorm({}{})", nm.g, eps_arg(nm.eps)),
                 Op::Residual(r) => match &r.shortcut {
                     Some(sc) => format!("Residual(Sequential({}), shortcut={})", list(&r.body), describe(sc)),
                     None => format!("Residual(Sequential({}))", list(&r.body)),
@@ -511,8 +519,8 @@ pub(crate) fn forward_nodes(nodes: &[Node], params: &[Vec<f64>], mut x: Vec<f64>
 }
 
 /// The tangent walk: values and tangents (`None`: zero) along `dir`.
-/// `probe` collects `(z, dz/dt)` at the inputs of the piecewise-linear activations
-/// ([`Stack::kink_inputs`]).
+/// `probe` collects `(z, dz/dt)` at the inputs of the piecewise-linear activations and the
+/// max-pool windows' margins ([`Stack::kink_inputs`]).
 pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>], mut x: Vec<f64>, mut xd: Option<Vec<f64>>, mut probe: Option<&mut Vec<(f64, f64)>>) -> (Vec<f64>, Option<Vec<f64>>) {
     for n in nodes {
         let (y, yd) = match &n.op {
@@ -533,6 +541,9 @@ pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>
                 (y, Some(yd))
             }
             Op::MaxPool(p) => {
+                if let (Some(pr), Some(xd)) = (probe.as_deref_mut(), xd.as_deref()) {
+                    p.max_margins(&x, xd, pr);
+                }
                 let (y, arg) = p.max_forward(&x);
                 (y, xd.as_deref().map(|xd| p.max_gather(xd, &arg)))
             }

@@ -61,6 +61,39 @@ impl Pool {
         (y, arg)
     }
 
+    /// Each window entry's margin over the rest of its window, `m_q = x_q − max_{r≠q} x_r`, with
+    /// its t-derivative along the tangent `xd`, pushed onto `probe` (sample-major, window by
+    /// window, entries in window order). `m_q > 0` exactly where q is the window's strict winner,
+    /// so a switch of winner between two times is a sign change of two margins: the kink
+    /// location behind smooth layers reads these as it reads a ReLU's inputs.
+    ///
+    /// # Shapes
+    /// `x`, `xd` `[n, C, H, W]`; pushes `n·C·Ho·Wo·k²` pairs.
+    pub(crate) fn max_margins(&self, x: &[f64], xd: &[f64], probe: &mut Vec<(f64, f64)>) {
+        let n = x.len() / self.in_size();
+        let mut win = Vec::with_capacity(self.k * self.k);
+        for s in 0..n {
+            let (xs, ds) = (&x[s * self.in_size()..(s + 1) * self.in_size()], &xd[s * self.in_size()..(s + 1) * self.in_size()]);
+            for c in 0..self.c {
+                for oy in 0..self.ho {
+                    for ox in 0..self.wo {
+                        win.clear();
+                        win.extend(self.window(c, oy, ox));
+                        for (i, &q) in win.iter().enumerate() {
+                            let mut best = usize::MAX;
+                            for (j, &r) in win.iter().enumerate() {
+                                if j != i && (best == usize::MAX || xs[r] > xs[best]) {
+                                    best = r;
+                                }
+                            }
+                            probe.push(if best == usize::MAX { (1.0, 0.0) } else { (xs[q] - xs[best], ds[q] - ds[best]) });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Average pooling (also the tangent of average pooling).
     ///
     /// # Shapes

@@ -158,3 +158,18 @@ fn bad_stacks_are_refused_with_the_layer_named() {
     let e = parse(json!([{ "conv2d": { "channels": 2, "kernel": 3, "stride": 2 } }, { "max_pool2d": 2 }, "flatten", { "dense": 10 }]));
     assert!(e.is_empty(), "{e}");
 }
+
+/// A stack without parameters is refused where it is configured (it would train nothing and
+/// has no kernel), and PyTorch's printout of a layer norm keeps a non-default eps.
+#[test]
+fn parameterless_stacks_are_refused_and_eps_is_printed() {
+    let text = "kind = \"layers\"\nlayers = [\"tanh\"]\n";
+    let cfg: ModelConfig = toml::from_str(text).unwrap();
+    let e = cfg.resolve(3, None, 3, OutputKind::LogSoftmax).unwrap_err().to_string();
+    assert!(e.contains("no parameters") && !e.contains('\n'), "{e}");
+    let a = arch(json!([{ "dense": 16 }, { "layer_norm": { "eps": 0.5 } }, { "dense": 3 }]), 4, None, 3);
+    let printed = a.stack().unwrap().torch_description();
+    assert!(printed.contains("LayerNorm(16, eps=0.5)"), "{printed}");
+    let a = arch(json!([{ "dense": 16 }, "layer_norm", { "dense": 3 }]), 4, None, 3);
+    assert!(a.stack().unwrap().torch_description().contains("LayerNorm(16),"));
+}
