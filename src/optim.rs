@@ -20,7 +20,7 @@
 //! | momentum μ, dampening τ        | μ      | 1       | 1 − τ       | 1                    | 1                                       |
 //! | Nesterov momentum μ            | μ      | 1       | 1           | (the Nesterov form)  | 1                                       |
 //! | Adam / AdamW (β1, β2)          | β1     | 1 − β1  | 1 − β1      | 1 / (1 − β1^{s+1})   | 1 / (√(v_s / (1 − β2^{s+1})) + eps)     |
-//! | RMSprop (α; no momentum)       | 0      | 1       | 1           | 1                    | 1 / (√(v_s − [centred] ḡ_s²) + eps)     |
+//! | RMSprop (α; no momentum)       | 0      | 1       | 1           | 1                    | 1 / (√(v_s − ḡ_s²) + eps), ḡ if centred |
 //! | Adagrad (lr decay δ)           | 0      | 1       | 1           | 1 / (1 + s δ)        | 1 / (√(v_0 + Σ_{r≤s} ĝ_r²) + eps)       |
 //!
 //! A scheduler may change the momentum (β1) from step to step, and gradient clipping by norm
