@@ -30,8 +30,16 @@
   compares its export with the stored PyTorch logits. `recorded-logits.safetensors` holds the
   recorded PyTorch model's own logits at its last state on the same images (`logits` [8, 3]):
   the imported run's network must be them.
+- tests/data/torch-recipes/*: float64 ReLU MLPs 2-8-2, 20 steps of batches of 8 of 32 two-moons
+  points, one per recipe the import replays beyond the plain ones (tests/torch.rs):
+  `onecycle-clip` AdamW (wd 0.01) with OneCycleLR's defaults (beta1 cycled 0.85-0.95, lr down to
+  4e-8) and clip_grad_norm_(0.3); `cyclic-clip` SGD momentum 0.9, dampening 0.1, wd 1e-3 with
+  CyclicLR (momentum cycled) and clip_grad_norm_(0.3); `adagrad-warmup` Adagrad (lr 0.1,
+  lr_decay 0.01, initial accumulator 0.1, wd 1e-3) with a LambdaLR warm-up from lr 0;
+  `rmsprop-f32` RMSprop centred (lr 0.01, alpha 0.9, wd 1e-3) in float32 with
+  CosineAnnealingLR(T_max=19): lr 0 at the last step.
 
-Each recording is written by scripts/record_torch_trajectory.py's TrajectoryRecorder.
+Each recording is written by the recorder package (python/pathkernel_recorder).
 
     python scripts/make_torch_fixture.py [--only torch-stack-adamw] [--pathkernel BIN]
 """
@@ -116,6 +124,23 @@ STACK_TOML = """layers = [
   { residual = [ { conv2d = { channels = 6, kernel = 3, stride = 2, padding = 1 } }, "gelu" ] },
   "flatten", "layer_norm", { dense = 3 },
 ]"""
+
+
+def recipes():
+    S = torch.optim.lr_scheduler
+    made = {
+        "onecycle-clip": (lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.01), lambda o: S.OneCycleLR(o, max_lr=0.02, total_steps=20), 0.3, torch.float64),
+        "cyclic-clip": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3), lambda o: S.CyclicLR(o, 0.01, 0.1, step_size_up=5), 0.3, torch.float64),
+        "adagrad-warmup": (lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1, weight_decay=1e-3), lambda o: S.LambdaLR(o, lambda s: s / 4 if s < 4 else 1.0), None, torch.float64),
+        "rmsprop-f32": (lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, centered=True, weight_decay=1e-3), lambda o: S.CosineAnnealingLR(o, T_max=19), None, torch.float32),
+    }
+    for i, (name, (make_opt, make_sched, clip, dtype)) in enumerate(made.items()):
+        torch.manual_seed(10 + i)
+        xtr, ytr, xte, yte = moons(32, 8, 10 + i)
+        model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)).to(dtype)
+        opt = make_opt(model.parameters())
+        train_and_record(fresh(os.path.join("torch-recipes", name)), model, xtr.double(), ytr, xte.double(), yte, opt, 20, 8, make_sched(opt), seed=10 + i,
+                         clip_norm=clip, description=f"make_torch_fixture.py: MLP 2-8-2 ReLU, recipe {name}, batch 8 of 32 moons, {dtype}")
 
 
 def stack():
@@ -207,6 +232,8 @@ if __name__ == "__main__":
     ap.add_argument("--only", help="write one fixture (torch-stack-adamw also writes torch-stack)")
     ap.add_argument("--pathkernel", default=os.path.join(here, "..", "target", "release", "pathkernel"))
     a = ap.parse_args()
+    if a.only in (None, "torch-recipes"):
+        recipes()
     if a.only in (None, "torch-stack-adamw"):
         roundtrip(a.pathkernel, stack_adamw())
     if a.only is None:
@@ -215,7 +242,8 @@ if __name__ == "__main__":
         adamw("torch-adamw-f32", torch.float32, 20)
         nesterov()
         cnn_momentum()
-    for name in ("torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack"):
+    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack"]
+    for name in names + [os.path.join("torch-recipes", r) for r in sorted(os.listdir(os.path.join(data_dir, "torch-recipes")))]:
         d = os.path.join(data_dir, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         print(f"{name}: {len(os.listdir(d))} files, {size} bytes")

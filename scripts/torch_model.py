@@ -53,6 +53,14 @@ try:
 except ImportError:  # the numpy forward works without torch
     torch = nn = None
 
+# `describe_module` (what `pathkernel import` reads of a module) lives in the recorder package
+# (python/pathkernel_recorder); found there from a checkout, or installed.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "pathkernel_recorder"))
+try:
+    from pathkernel_recorder.describe import describe_module  # noqa: E402,F401
+except ImportError:  # torch absent: the numpy forward still works
+    describe_module = None
+
 _DTYPES = {"F64": np.float64, "F32": np.float32, "I64": np.int64}
 
 
@@ -241,52 +249,6 @@ def build_stack(architecture):
     if out != ("flat", body["outputs"]):
         raise ValueError(f"the stack gives {out}, the run has {body['outputs']} outputs")
     return net, shape
-
-
-def _pair(v):
-    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
-
-
-def describe_module(m):
-    """One child of an `nn.Sequential` as `pathkernel import` reads it (`model.modules[i]`): its
-    class, its one-line repr and the attributes the layer's maths depends on. Modules pathkernel
-    cannot express are described too (class and repr): the import refuses them, naming them."""
-    kind = type(m).__name__
-    d = {"type": kind, "repr": f"{kind}({m.extra_repr()})"}
-    if isinstance(m, nn.Linear):
-        d.update(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
-    elif isinstance(m, nn.Conv2d):
-        d.update(in_channels=m.in_channels, out_channels=m.out_channels, kernel_size=_pair(m.kernel_size), stride=_pair(m.stride),
-                 padding=m.padding if isinstance(m.padding, str) else _pair(m.padding), dilation=_pair(m.dilation), groups=m.groups,
-                 bias=m.bias is not None, padding_mode=m.padding_mode)
-    elif isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
-        d.update(kernel_size=_pair(m.kernel_size), stride=_pair(m.stride if m.stride is not None else m.kernel_size), padding=_pair(m.padding),
-                 ceil_mode=bool(m.ceil_mode))
-        if isinstance(m, nn.MaxPool2d):
-            d.update(dilation=_pair(m.dilation))
-        else:
-            d.update(divisor_override=m.divisor_override)
-    elif isinstance(m, nn.Flatten):
-        d.update(start_dim=m.start_dim, end_dim=m.end_dim)
-    elif isinstance(m, nn.LeakyReLU):
-        d.update(negative_slope=float(m.negative_slope))
-    elif isinstance(m, nn.Softplus):
-        d.update(beta=float(m.beta), threshold=float(m.threshold))
-    elif isinstance(m, nn.GELU):
-        d.update(approximate=m.approximate)
-    elif isinstance(m, nn.LayerNorm):
-        d.update(normalized_shape=list(m.normalized_shape), eps=float(m.eps), elementwise_affine=bool(m.elementwise_affine),
-                 bias=getattr(m, "bias", None) is not None)
-    elif kind == "ChannelLayerNorm":
-        d.update(channels=int(m.weight.shape[0]), eps=float(m.eps))
-    elif kind == "Residual" and isinstance(getattr(m, "body", None), nn.Sequential):
-        d["repr"] = "Residual"
-        d.update(body=[describe_module(c) for c in m.body], shortcut=None if m.shortcut is None else describe_module(m.shortcut))
-    elif isinstance(m, nn.modules.dropout._DropoutNd):
-        d.update(p=float(m.p), training=bool(m.training))
-    elif isinstance(m, nn.Sequential):
-        d["repr"] = "Sequential(" + ", ".join(describe_module(c)["repr"] for c in m) + ")"
-    return d
 
 
 def _sequential(arch):

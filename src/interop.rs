@@ -16,15 +16,18 @@ use crate::model::net::{LossKind, Objective};
 use crate::model::torch::{self, ExportSource};
 use crate::model::layers::Shape;
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
-use crate::optim::{OptimizerState, UpdateRule};
+use crate::optim::{OptimizerState, StepFactors, UpdateRule};
 use crate::trajectory::{self, DatasetInfo, InitRecord, Manifest, OptimizerRecord, Run, Writer};
 
 mod modules;
 mod optimizer;
 mod states;
+mod step_check;
 
 use optimizer::RecordedOptimizer;
 use states::Precision;
+use step_check::StepDiff;
+pub use step_check::TOLERANCE_ULPS;
 
 /// A network exported from a run.
 #[derive(Clone, Debug)]
@@ -162,8 +165,15 @@ pub(crate) struct Recording {
     pub dtype: Option<String>,
     /// `cross_entropy` (on logits, mean) or `mse` (mean over rows and outputs).
     pub loss: String,
-    /// ε_s of every update s = 0 … N−1 (as the optimizer used it: any scheduler).
+    /// ε_s of every update s = 0 … N−1 (as the optimizer used it: any scheduler), each ≥ 0.
     pub learning_rates: Vec<f64>,
+    /// SGD's momentum / Adam's β1 of every update, when a scheduler changed it
+    /// (`cycle_momentum`); absent: the optimizer's.
+    #[serde(default)]
+    pub momenta: Option<Vec<f64>>,
+    /// Gradient clipping applied before every update.
+    #[serde(default)]
+    pub clip: Option<RecordedClip>,
     /// The training rows of each update (version 1: sgd only; version 2: absent for full batch).
     #[serde(default)]
     pub batches: Option<Vec<Vec<usize>>>,
@@ -172,19 +182,34 @@ pub(crate) struct Recording {
     pub description: String,
 }
 
-/// Default [`ImportOptions::tolerance`] of a float64 recording.
-pub const TOLERANCE_F64: f64 = 1e-9;
-/// Default [`ImportOptions::tolerance`] of a float32 recording: its updates differ from the f64
-/// replay by float32 rounding, which Adam's `1/(√v̂ + eps)` amplifies where gradients cancel.
-pub const TOLERANCE_F32: f64 = 1e-2;
+/// Gradient clipping as the recorder wrote it (`trajectory.json`'s `clip`).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub(crate) enum RecordedClip {
+    /// `torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`: every step's gradient
+    /// multiplied by `factors[s] = min(1, max_norm / (‖g_s‖ + 1e-6))` as PyTorch computed it.
+    Norm {
+        /// `max_norm`.
+        max_norm: f64,
+        /// `norm_type` (a number ≥ 1, or `"inf"`).
+        norm_type: serde_json::Value,
+        /// The factor of every step. # Shapes `[N]`.
+        factors: Vec<f64>,
+    },
+    /// `torch.nn.utils.clip_grad_value_(params, clip_value)`: refused (see `parse_recording`).
+    Value {
+        /// `clip_value`.
+        clip_value: f64,
+    },
+}
 
 /// Options of [`import_torch`].
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
-    /// Largest accepted relative difference between a recorded update and the optimizer's update
-    /// replayed here (max-norm of the difference over the max-norm of the update, or of the
-    /// stored weights' rounding when that is larger: `update_diff`); `None`:
-    /// [`TOLERANCE_F64`] or [`TOLERANCE_F32`] by the recording's precision.
+    /// Largest accepted difference between a recorded update and the optimizer's update replayed
+    /// here, in units of the run's rounding `u·(|w_s,j| + |w_{s+1},j| + 64‖Δ̂_s‖_∞)` per
+    /// coordinate (`u` the unit roundoff of the recording's precision; see
+    /// `interop::step_check`); `None`: [`TOLERANCE_ULPS`].
     pub tolerance: Option<f64>,
     /// Replace an existing output directory.
     pub force: bool,
@@ -208,13 +233,20 @@ pub struct ImportSummary {
     pub optimizer_record: String,
     /// `float64` or `float32`.
     pub precision: String,
-    /// Largest relative difference between a recorded update and the replayed one.
+    /// Largest relative difference `‖Δw_s(recorded) − Δw_s(replayed)‖_∞ / ‖Δw_s(replayed)‖_∞`
+    /// (large at steps of a vanishing learning rate, whose difference is the weights' rounding).
     pub max_update_rel_diff: f64,
     /// The step where it occurs.
     pub worst_step: usize,
     /// Largest absolute difference `max_s ‖Δw_s(recorded) − Δw_s(replayed)‖_∞`: the residual's
     /// size in weight space (float32 rounding; rounding of f64 otherwise).
     pub max_update_abs_diff: f64,
+    /// Largest difference in units of the run's rounding (`interop::step_check`).
+    pub max_update_ulps: f64,
+    /// The step where it occurs.
+    pub ulps_step: usize,
+    /// The tolerance applied, in the same units.
+    pub tolerance_ulps: f64,
     /// Loss at w_0 and at w_N.
     pub loss: (f64, f64),
 }
@@ -224,7 +256,7 @@ impl std::fmt::Display for ImportSummary {
         write!(
             f,
             "imported {} {} steps of {} ({} parameters, {}; {}): loss {:.6} -> {:.6}; recorded updates vs the optimizer replayed here from gradients recomputed in f64: \
-             max relative difference {:.3e} (step {}), max absolute {:.3e} -> {}",
+             max relative difference {:.3e} (step {}), max absolute {:.3e}, max {:.2} ulps of the weights and update (step {}; tolerance {}) -> {}",
             self.steps,
             self.optimizer,
             self.module,
@@ -236,6 +268,9 @@ impl std::fmt::Display for ImportSummary {
             self.max_update_rel_diff,
             self.worst_step,
             self.max_update_abs_diff,
+            self.max_update_ulps,
+            self.ulps_step,
+            self.tolerance_ulps,
             self.dir.display()
         )
     }
@@ -383,14 +418,11 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportSummary> {
     check_import_options(dir, out, opts)?;
     let rec = load_recording(dir)?;
-    let tolerance = opts.tolerance.unwrap_or(match rec.precision {
-        Precision::Float64 => TOLERANCE_F64,
-        Precision::Float32 => TOLERANCE_F32,
-    });
+    let tolerance = opts.tolerance.unwrap_or(TOLERANCE_ULPS);
     let replay = replay_updates(dir, &rec, tolerance)?;
     let n = rec.states.len() - 1;
     let loss = (replay.log.loss[0], replay.log.loss[n]);
-    let (worst, worst_step, abs) = (replay.worst, replay.worst_step, replay.worst_abs);
+    let (worst, worst_step, abs, ulps, ulps_step) = (replay.worst, replay.worst_step, replay.worst_abs, replay.worst_ulps, replay.ulps_step);
     let dir_out = write_imported_run(dir, out, opts.force, &rec, replay)?;
     Ok(ImportSummary {
         dir: dir_out,
@@ -402,6 +434,8 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
             OptimizerRecord::Sgd { .. } => "sgd",
             OptimizerRecord::Adam { decoupled_weight_decay: true, .. } => "adamw",
             OptimizerRecord::Adam { .. } => "adam",
+            OptimizerRecord::Rmsprop { .. } => "rmsprop",
+            OptimizerRecord::Adagrad { .. } => "adagrad",
         }
         .into(),
         optimizer_record: rec.optimizer.to_string(),
@@ -409,6 +443,9 @@ pub fn import_torch(dir: &Path, out: &Path, opts: &ImportOptions) -> Result<Impo
         max_update_rel_diff: worst,
         worst_step,
         max_update_abs_diff: abs,
+        max_update_ulps: ulps,
+        ulps_step,
+        tolerance_ulps: tolerance,
         loss,
     })
 }
@@ -487,7 +524,14 @@ fn load_recording(dir: &Path) -> Result<LoadedRecording> {
         return Err(Error::format(&jpath, msg));
     }
     hashes.push(torch::sha256_hex(&io::read_file(&dir.join("data.safetensors"))?));
-    let optimizer = recorded.record(json.learning_rates[0], batches.as_deref(), precision == Precision::Float32);
+    let per_step = StepFactors {
+        momenta: json.momenta.clone(),
+        grad_scales: match &json.clip {
+            Some(RecordedClip::Norm { factors, .. }) => Some(factors.clone()),
+            _ => None,
+        },
+    };
+    let optimizer = recorded.record(json.learning_rates[0], batches.as_deref(), precision == Precision::Float32, per_step);
     Ok(LoadedRecording { json, loss, arch, data, batches, optimizer, precision, states, hashes })
 }
 
@@ -515,10 +559,57 @@ fn parse_recording(jpath: &Path, bytes: &[u8]) -> Result<(Recording, LossKind, R
     if rec.learning_rates.is_empty() {
         return Err(Error::format(jpath, "no learning rates: at least one recorded update is needed"));
     }
-    if let Some(s) = rec.learning_rates.iter().position(|e| !(e.is_finite() && *e > 0.0)) {
-        return Err(Error::format(jpath, format!("learning_rates[{s}] = {}; it must be a finite number > 0", rec.learning_rates[s])));
+    if let Some(s) = rec.learning_rates.iter().position(|e| !(e.is_finite() && *e >= 0.0)) {
+        return Err(Error::format(jpath, format!("learning_rates[{s}] = {}; it must be a finite number >= 0", rec.learning_rates[s])));
+    }
+    let n = rec.learning_rates.len();
+    if let Some(m) = &rec.momenta {
+        optimizer.check_momenta(jpath, m, n)?;
+    }
+    match &rec.clip {
+        None => {}
+        Some(RecordedClip::Value { clip_value }) => {
+            return Err(Error::format(
+                jpath,
+                format!(
+                    "gradient clipping by value (clip_grad_value_, clip_value {clip_value}) is not supported: it multiplies each gradient coordinate by its own factor min(1, v/|g_j|) before the optimizer's buffer, \
+                     a per-step diagonal the kernel's recursion does not carry (it carries one diagonal, the preconditioner after the buffer), so the machine would not equal the network; clip by norm (clip_grad_norm_) instead"
+                ),
+            ))
+        }
+        Some(RecordedClip::Norm { max_norm, norm_type, factors }) => {
+            if !(max_norm.is_finite() && *max_norm > 0.0) {
+                return Err(Error::format(jpath, format!("clip: max_norm = {max_norm}; it must be a finite number > 0")));
+            }
+            clip_norm_order(norm_type).map_err(|e| Error::format(jpath, e))?;
+            if factors.len() != n {
+                return Err(Error::format(jpath, format!("clip: {} factors for {n} updates", factors.len())));
+            }
+            if let Some(s) = factors.iter().position(|c| !(c.is_finite() && *c > 0.0 && *c <= 1.0)) {
+                return Err(Error::format(jpath, format!("clip: factors[{s}] = {}; a clip factor is in (0, 1]", factors[s])));
+            }
+        }
     }
     Ok((rec, loss, optimizer))
+}
+
+/// The order p of `clip.norm_type`: a number ≥ 1 or `"inf"` (∞).
+fn clip_norm_order(v: &serde_json::Value) -> std::result::Result<f64, String> {
+    match v {
+        serde_json::Value::String(t) if t == "inf" => Ok(f64::INFINITY),
+        serde_json::Value::Number(x) => x.as_f64().filter(|p| p.is_finite() && *p >= 1.0).ok_or_else(|| format!("clip: norm_type {x}: expected a number >= 1 or \"inf\"")),
+        other => Err(format!("clip: norm_type {other}: expected a number >= 1 or \"inf\"")),
+    }
+}
+
+/// `min(1, max_norm / (‖g‖_p + 1e-6))`: PyTorch's `clip_grad_norm_` factor of a gradient.
+fn clip_factor(g: &[f64], max_norm: f64, p: f64) -> f64 {
+    let norm = if p.is_infinite() {
+        g.iter().fold(0.0f64, |m, x| m.max(x.abs()))
+    } else {
+        g.iter().map(|x| x.abs().powf(p)).sum::<f64>().powf(1.0 / p)
+    };
+    (max_norm / (norm + 1e-6)).min(1.0)
 }
 
 /// Checks that the step files in `dir` are exactly `step_00000` … step N.
@@ -583,14 +674,20 @@ struct Replay {
     worst_step: usize,
     /// Largest absolute difference between a recorded update and the replayed one.
     worst_abs: f64,
+    /// Largest difference in units of the run's rounding.
+    worst_ulps: f64,
+    /// The step where it occurs.
+    ulps_step: usize,
 }
 
 /// Replays the recording's optimizer from the gradients recomputed (f64, the model's own
-/// gradient code: any architecture) at every recorded state on its batch and compares each
-/// replayed update with the recorded `w_{s+1} − w_s` (relative, max-norm); logs loss,
-/// accuracies and norms of every state.
+/// gradient code: any architecture) at every recorded state on its batch (clipped by the
+/// recorded factor, which must be PyTorch's factor of that gradient) and checks each replayed
+/// update against the recorded `w_{s+1} − w_s` ([`StepDiff`], in units of the run's rounding);
+/// logs loss, accuracies and norms of every state.
 ///
-/// Errors: the first update beyond `tolerance`, named by its step.
+/// Errors: the first update beyond `tolerance` ulps, named by its step, with its absolute,
+/// relative and ulps figures and the coordinate; a clip factor that is not the gradient's.
 fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<Replay> {
     let LoadedRecording { json, loss, arch, data, batches, states, .. } = rec;
     let n = states.len() - 1;
@@ -602,7 +699,8 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
     let mut opt = OptimizerState::new(rule, states[0].numel());
     let mut log = crate::train::TrainLog::default();
     let mut precond = Vec::new();
-    let (mut worst, mut worst_step, mut worst_abs) = (0.0f64, 0, 0.0f64);
+    let u = rec.precision.unit_roundoff();
+    let (mut worst, mut worst_step, mut worst_abs, mut worst_ulps, mut ulps_step) = (0.0f64, 0, 0.0f64, 0.0f64, 0);
     for s in 0..=n {
         let lg = full.evaluate(&states[s]);
         let test_acc = match &data.y_test {
@@ -617,46 +715,59 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
             None => lg.grad,
             Some(b) => crate::train::batch_objective(dev.clone(), arch, data, &b[s], *loss, None)?.evaluate(&states[s]).grad,
         };
-        let w = states[s].flat();
-        let replayed = opt.step(json.learning_rates[s], &w, &grad.flat());
+        let (w, g) = (states[s].flat(), grad.flat());
+        if let Some(RecordedClip::Norm { max_norm, norm_type, factors }) = &json.clip {
+            check_clip_factor(dir, s, &g, *max_norm, clip_norm_order(norm_type).unwrap_or(2.0), factors[s], u)?;
+        }
+        let replayed = opt.step(json.learning_rates[s], &w, &g);
         if let Some(scale) = opt.last_scale() {
             precond.push(scale.to_vec());
         }
-        let (rel, abs) = update_diff(&w, &states[s + 1].flat(), &replayed, rec.precision.unit_roundoff());
-        if !(rel <= tolerance) {
+        let d = StepDiff::of(&w, &states[s + 1].flat(), &replayed, u);
+        if !d.accepted(tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),
                 format!(
-                    "the update of step {s} (w_{} - w_{s}) differs from the {} update replayed from the gradient recomputed at w_{s} on its batch by {rel:.3e} relative \
-                     (tolerance {tolerance:e}); not a step of this optimizer, model, loss and data",
+                    "the update of step {s} (w_{} - w_{s}) differs from the {} update replayed from the gradient recomputed at w_{s} on its batch by {:.3e} absolute at {} \
+                     ({:.3e} relative to the update's max-norm {:.3e}; {:.1} ulps of the weights and update in {}, tolerance {tolerance}): not a step of this optimizer, model, loss and data",
                     s + 1,
-                    rec.optimizer
+                    rec.optimizer,
+                    d.abs,
+                    step_check::coordinate(&torch::torch_specs(arch), d.at),
+                    d.rel,
+                    d.update,
+                    d.ulps,
+                    rec.precision
                 ),
             ));
         }
-        if rel > worst {
-            (worst, worst_step) = (rel, s);
+        if d.rel > worst {
+            (worst, worst_step) = (d.rel, s);
         }
-        worst_abs = worst_abs.max(abs);
+        if d.ulps > worst_ulps {
+            (worst_ulps, ulps_step) = (d.ulps, s);
+        }
+        worst_abs = worst_abs.max(d.abs);
     }
-    Ok(Replay { log, precond, worst, worst_step, worst_abs })
+    Ok(Replay { log, precond, worst, worst_step, worst_abs, worst_ulps, ulps_step })
 }
 
-/// `(‖(w1 − w0) − Δ‖_∞ / max(‖w1 − w0‖_∞, ‖Δ‖_∞, u·‖w1‖_∞), ‖(w1 − w0) − Δ‖_∞)` for a replayed
-/// update `Δ` (relative 0 when all are 0): relative to the update, or to the rounding of the
-/// stored weights (unit roundoff `u` of their precision) when the update is smaller than that —
-/// a float32 state cannot hold a step of 1e-8 of a weight of 1, the end of a cosine schedule.
-///
-/// # Shapes
-/// All `[W]`.
-fn update_diff(w0: &[f64], w1: &[f64], replayed: &[f64], u: f64) -> (f64, f64) {
-    let (mut diff, mut scale) = (0.0f64, 0.0f64);
-    for ((a, b), want) in w0.iter().zip(w1).zip(replayed) {
-        let dw = b - a;
-        diff = diff.max((dw - want).abs());
-        scale = scale.max(dw.abs()).max(want.abs()).max(u * b.abs());
+/// Checks a recorded clip factor against [`clip_factor`] of the gradient recomputed here: equal to
+/// `√u` relative (half the digits of the precision: PyTorch computed the norm from its own,
+/// rounded, gradient).
+fn check_clip_factor(dir: &Path, s: usize, g: &[f64], max_norm: f64, p: f64, recorded: f64, u: f64) -> Result<()> {
+    let ours = clip_factor(g, max_norm, p);
+    let rel = (recorded - ours).abs() / ours;
+    if rel <= u.sqrt() {
+        return Ok(());
     }
-    (if scale == 0.0 { 0.0 } else { diff / scale }, diff)
+    Err(Error::format(
+        dir.join("trajectory.json"),
+        format!(
+            "clip: factors[{s}] = {recorded:e} is not clip_grad_norm_'s factor min(1, {max_norm} / (|g|_{p} + 1e-6)) = {ours:e} of the gradient recomputed at w_{s} ({rel:.3e} relative, tolerance {:.3e})",
+            u.sqrt()
+        ),
+    ))
 }
 
 /// Writes the run exactly as `train` does (Adam's preconditioners included), staged in a

@@ -20,6 +20,12 @@
 //! | momentum μ, dampening τ        | μ      | 1       | 1 − τ       | 1                    | 1                                       |
 //! | Nesterov momentum μ            | μ      | 1       | 1           | (the Nesterov form)  | 1                                       |
 //! | Adam / AdamW (β1, β2)          | β1     | 1 − β1  | 1 − β1      | 1 / (1 − β1^{s+1})   | 1 / (√(v_s / (1 − β2^{s+1})) + eps)     |
+//! | RMSprop (α; no momentum)       | 0      | 1       | 1           | 1                    | 1 / (√(v_s − ḡ_s²) + eps), ḡ if centred |
+//! | Adagrad (lr decay δ)           | 0      | 1       | 1           | 1 / (1 + s δ)        | 1 / (√(v_0 + Σ_{r≤s} ĝ_r²) + eps)       |
+//!
+//! A scheduler may change the momentum (β1) from step to step, and gradient clipping by norm
+//! multiplies the data gradient by a factor `c_s`: both recorded per step ([`StepFactors`]),
+//! `β` and `γ` then read `β_s` and `γ_s`, and `g_s` reads `c_s g_s`.
 //!
 //! with `v_s = β2 v_{s−1} + (1 − β2) ĝ_s²` for Adam. Weight decay is *coupled*
 //! (`λ_c`, an L2 term added to the gradient: PyTorch's `weight_decay` of SGD and Adam) or
@@ -55,10 +61,14 @@
 //!
 //! ```text
 //! f(x; w_N) = f(x; w_0) + Σ_r Σ_i Σ_{k'} a_{i,r}^{k'} K_r(x, x_i)[k, k'] + R(x)
-//! a_{i,r}    = −ε_r ∂L_r/∂f(x_i)                       (as for gradient descent)
+//! a_{i,r}    = −ε_r c_r ∂L_r/∂f(x_i)                   (as for gradient descent; c_r the clip factor)
 //! K_r(x, x') = ⟨ F_r(x), ∇f(x'; w_r) ⟩,  F_r(x) = Σ_{s≥r} (ε_s/ε_r) γ β^{s−r} κ_s D_s ⊙ J̄_s(x)
 //! R(x)       = −Σ_r λ_c ε_r ⟨F_r(x), w_r⟩ − Σ_s λ_d ε_s ⟨J̄_s(x), w_s⟩
 //! ```
+//!
+//! A step of learning rate 0 moves no weight but its gradient still enters the buffer (Adam's
+//! moments): its coefficients are taken with `ε_r` replaced by 1 (`a_{i,r} = −c_r ∂L_r/∂f`,
+//! `K_r = ⟨ε_r F_r, ∇f⟩`), the same product `a·K`.
 //!
 //! `F_r` is `γ_r H_r / ε_r` with `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}` (Nesterov:
 //! `ε_r F_r = ε_r J̄_r + β γ_r H_r`, [`UpdateRule::row_coefficients`]), so the kernel engine walks
@@ -69,25 +79,79 @@
 //! symmetric kernel `⟨φ(x), φ(x')⟩` of one feature map, and the output says so
 //! ([`crate::kernel::KernelForm`]).
 
-use serde::Serialize;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::trajectory::OptimizerRecord;
 
-/// Adam's second-moment preconditioner.
+/// What a run recorded per step besides its learning rates, when it changed from step to step:
+/// the momentum (SGD's `momentum`, Adam's β1; a scheduler cycling it) and the factor
+/// gradient clipping by norm multiplied the data gradient by (`clip_grad_norm_`).
+///
+/// With momenta `β_s` the recursion reads `m_s = β_s m_{s−1} + γ_s ĝ_s` (Adam: `γ_s = 1 − β_s`,
+/// κ_s from the step's own β1 as PyTorch's bias correction), and the backward recursion
+/// `H_r = ε_r κ_r D_r ⊙ J̄_r + β_{r+1} H_{r+1}`. With clip factors `c_s`,
+/// `ĝ_s = c_s g_s + λ_c w_s`: step s's per-point terms are scaled by `c_s`, so
+/// `a_{i,s} = −ε_s c_s ∂L_s/∂f(x_i)`; the weight decay is not clipped (PyTorch clips `p.grad`
+/// before the optimizer adds it).
+///
+/// # Shapes
+/// Each present vector is `[N]`, one entry per update.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepFactors {
+    /// β_s of every step (`None`: the record's constant momentum / β1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momenta: Option<Vec<f64>>,
+    /// `c_s ∈ (0, 1]` of every step (`None`: no clipping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_scales: Option<Vec<f64>>,
+}
+
+impl StepFactors {
+    /// Nothing recorded per step.
+    pub fn is_empty(&self) -> bool {
+        self.momenta.is_none() && self.grad_scales.is_none()
+    }
+}
+
+/// A diagonal preconditioner `κ_s D_s` computed from the gradients' history (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct AdamMoments {
-    /// β1 (bias correction of the first moment).
-    pub beta1: f64,
-    /// β2.
-    pub beta2: f64,
-    /// eps added to `√v̂`.
-    pub eps: f64,
+pub enum Preconditioner {
+    /// Adam's: `κ_s = 1 / (1 − β1^{s+1})`, `D_s = 1 / (√(v_s / (1 − β2^{s+1})) + eps)`.
+    Adam {
+        /// β2.
+        beta2: f64,
+        /// eps added to `√v̂`.
+        eps: f64,
+    },
+    /// RMSprop's (no momentum): `D_s = 1 / (√(v_s − [centered] ḡ_s²) + eps)` with
+    /// `v_s = α v_{s−1} + (1 − α) ĝ_s²`, `ḡ_s = α ḡ_{s−1} + (1 − α) ĝ_s`.
+    Rmsprop {
+        /// α.
+        alpha: f64,
+        /// eps.
+        eps: f64,
+        /// Divide by the centred second moment.
+        centered: bool,
+    },
+    /// Adagrad's: `D_s = 1 / ((1 + s·lr_decay)(√(v_0 + Σ_{r≤s} ĝ_r²) + eps))`.
+    Adagrad {
+        /// The learning rate's decay per step.
+        lr_decay: f64,
+        /// eps.
+        eps: f64,
+        /// `v_0`: PyTorch's `initial_accumulator_value`.
+        initial: f64,
+    },
 }
 
 /// The recursion's constants (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UpdateRule {
-    /// Buffer decay β.
+    /// Buffer decay β (with per-step momenta: their largest, so that it is 0 exactly when no
+    /// step carries a buffer).
     pub beta: f64,
     /// Buffer input scale γ_s of the steps s ≥ 1.
     pub gamma: f64,
@@ -96,8 +160,9 @@ pub struct UpdateRule {
     pub gamma_first: f64,
     /// Nesterov momentum: `Δw_s = −ε_s (ĝ_s + β m_s + λ_d w_s)`.
     pub nesterov: bool,
-    /// Adam's preconditioner and bias corrections, if any.
-    pub adam: Option<AdamMoments>,
+    /// The diagonal preconditioner (Adam's, RMSprop's, Adagrad's), if any; its `κ_s D_s` of
+    /// every step is recorded beside the states.
+    pub adam: Option<Preconditioner>,
     /// Coupled (L2) weight decay λ_c.
     pub wd_coupled: f64,
     /// Decoupled weight decay λ_d.
@@ -105,36 +170,76 @@ pub struct UpdateRule {
     /// The recorded updates are rounded (an imported float32 run): never plain, so kernels
     /// replay the optimizer and carry the difference as a residual term.
     pub rounded: bool,
+    /// Per-step momenta and clip factors ([`StepFactors`]), when recorded.
+    #[serde(skip)]
+    pub per_step: Option<Arc<StepFactors>>,
+    /// Adam: the bias correction κ_s uses the step's β1 (`Some`), else κ_s = 1.
+    adam_bias_correction: bool,
 }
 
 impl UpdateRule {
     /// The rule of a recorded optimizer.
     pub fn of(rec: &OptimizerRecord) -> Self {
         let split = |wd: f64, decoupled: bool| if decoupled { (0.0, wd) } else { (wd, 0.0) };
-        match *rec {
-            OptimizerRecord::Gd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. }
-            | OptimizerRecord::Sgd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. } => {
-                let (wd_coupled, wd_decoupled) = split(weight_decay, decoupled_weight_decay);
+        let per_step = |f: &StepFactors| if f.is_empty() { None } else { Some(Arc::new(f.clone())) };
+        let most = |beta: f64, f: &StepFactors| f.momenta.as_ref().map_or(beta, |m| m.iter().copied().fold(0.0, f64::max));
+        let base = UpdateRule {
+            beta: 0.0,
+            gamma: 1.0,
+            gamma_first: 1.0,
+            nesterov: false,
+            adam: None,
+            wd_coupled: 0.0,
+            wd_decoupled: 0.0,
+            rounded: false,
+            per_step: None,
+            adam_bias_correction: false,
+        };
+        match rec {
+            OptimizerRecord::Gd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, per_step: f, .. }
+            | OptimizerRecord::Sgd { momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, per_step: f, .. } => {
+                let (wd_coupled, wd_decoupled) = split(*weight_decay, *decoupled_weight_decay);
+                let beta = most(*momentum, f);
                 // PyTorch ignores dampening and Nesterov without momentum.
-                let (gamma, nesterov) = if momentum == 0.0 { (1.0, false) } else { (1.0 - dampening, nesterov) };
-                UpdateRule { beta: momentum, gamma, gamma_first: 1.0, nesterov, adam: None, wd_coupled, wd_decoupled, rounded: rounded_updates }
+                let (gamma, nesterov) = if beta == 0.0 { (1.0, false) } else { (1.0 - dampening, *nesterov) };
+                UpdateRule { beta, gamma, nesterov, wd_coupled, wd_decoupled, rounded: *rounded_updates, per_step: per_step(f), ..base }
             }
-            OptimizerRecord::Adam { beta1, beta2, eps, weight_decay, decoupled_weight_decay, .. } => {
-                let (wd_coupled, wd_decoupled) = split(weight_decay, decoupled_weight_decay);
-                let adam = Some(AdamMoments { beta1, beta2, eps });
-                UpdateRule { beta: beta1, gamma: 1.0 - beta1, gamma_first: 1.0 - beta1, nesterov: false, adam, wd_coupled, wd_decoupled, rounded: false }
+            OptimizerRecord::Adam { beta1, beta2, eps, weight_decay, decoupled_weight_decay, per_step: f, .. } => {
+                let (wd_coupled, wd_decoupled) = split(*weight_decay, *decoupled_weight_decay);
+                let adam = Some(Preconditioner::Adam { beta2: *beta2, eps: *eps });
+                let beta = most(*beta1, f);
+                UpdateRule { beta, gamma: 1.0 - beta1, gamma_first: 1.0 - beta1, adam, wd_coupled, wd_decoupled, per_step: per_step(f), adam_bias_correction: true, ..base }
+            }
+            OptimizerRecord::Rmsprop { alpha, eps, centered, weight_decay, per_step: f, .. } => {
+                let adam = Some(Preconditioner::Rmsprop { alpha: *alpha, eps: *eps, centered: *centered });
+                UpdateRule { adam, wd_coupled: *weight_decay, per_step: per_step(f), ..base }
+            }
+            OptimizerRecord::Adagrad { lr_decay, eps, initial_accumulator_value, weight_decay, per_step: f, .. } => {
+                let adam = Some(Preconditioner::Adagrad { lr_decay: *lr_decay, eps: *eps, initial: *initial_accumulator_value });
+                UpdateRule { adam, wd_coupled: *weight_decay, per_step: per_step(f), ..base }
             }
         }
     }
 
-    /// Plain gradient steps: `Δw_s = −ε_s g_s` (GD or SGD without momentum or weight decay),
-    /// recorded exactly (not [`Self::rounded`]).
+    /// Plain gradient steps: `Δw_s = −ε_s g_s` (GD or SGD without momentum, weight decay or
+    /// clipping), recorded exactly (not [`Self::rounded`]).
     pub(crate) fn is_plain(&self) -> bool {
-        !self.rounded && self.beta == 0.0 && !self.nesterov && self.adam.is_none() && self.wd_coupled == 0.0 && self.wd_decoupled == 0.0
+        !self.rounded && self.beta == 0.0 && !self.nesterov && self.adam.is_none() && self.wd_coupled == 0.0 && self.wd_decoupled == 0.0 && self.per_step.is_none()
+    }
+
+    /// β_s: how much of the buffer step s keeps (the recorded momentum of step s, or β).
+    pub fn beta_at(&self, s: usize) -> f64 {
+        match self.per_step.as_ref().and_then(|f| f.momenta.as_ref()) {
+            Some(m) => m.get(s).copied().unwrap_or(0.0),
+            None => self.beta,
+        }
     }
 
     /// γ_s: how step s's gradient enters the buffer.
     pub fn gamma_at(&self, s: usize) -> f64 {
+        if self.adam_bias_correction && self.per_step.as_ref().is_some_and(|f| f.momenta.is_some()) {
+            return 1.0 - self.beta_at(s);
+        }
         if s == 0 {
             self.gamma_first
         } else {
@@ -142,9 +247,14 @@ impl UpdateRule {
         }
     }
 
-    /// `(a, b)` with `ε_r F_r = a·ε_r κ_r D_r ⊙ J̄_r + b·H_r` and `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}`
+    /// `c_s`: the factor gradient clipping by norm multiplied step s's data gradient by (1 without).
+    pub fn grad_scale_at(&self, s: usize) -> f64 {
+        self.per_step.as_ref().and_then(|f| f.grad_scales.as_ref()).and_then(|c| c.get(s).copied()).unwrap_or(1.0)
+    }
+
+    /// `(a, b)` with `ε_r F_r = a·ε_r κ_r D_r ⊙ J̄_r + b·H_r` and `H_r = ε_r κ_r D_r ⊙ J̄_r + β_{r+1} H_{r+1}`
     /// (module docs): `(0, γ_r)` for gradient steps, heavy-ball momentum and Adam, `(1, β γ_r)`
-    /// for Nesterov.
+    /// for Nesterov (constant β: per-step momenta with Nesterov are refused on import).
     pub fn row_coefficients(&self, r: usize) -> (f64, f64) {
         if self.nesterov {
             (1.0, self.beta * self.gamma_at(r))
@@ -160,66 +270,95 @@ impl UpdateRule {
     }
 }
 
-/// The optimizer's state along a training run: the buffer `m` and Adam's `v`.
+/// The optimizer's state along a training run: the buffer `m` and the preconditioner's `v`
+/// (RMSprop centred: also `ḡ`).
 #[derive(Clone, Debug)]
 pub(crate) struct OptimizerState {
     rule: UpdateRule,
     m: Vec<f64>,
     v: Vec<f64>,
+    mean: Vec<f64>,
     steps: usize,
-    /// `κ_s D_s` of the last step (empty unless Adam).
+    /// `κ_s D_s` of the last step (empty unless preconditioned).
     scale: Vec<f64>,
 }
 
 impl OptimizerState {
     /// A fresh state for W parameters.
     pub(crate) fn new(rule: UpdateRule, w: usize) -> Self {
-        let v = if rule.adam.is_some() { vec![0.0; w] } else { Vec::new() };
-        OptimizerState { rule, m: vec![0.0; w], v, steps: 0, scale: Vec::new() }
+        let v = match rule.adam {
+            Some(Preconditioner::Adagrad { initial, .. }) => vec![initial; w],
+            Some(_) => vec![0.0; w],
+            None => Vec::new(),
+        };
+        let mean = if matches!(rule.adam, Some(Preconditioner::Rmsprop { centered: true, .. })) { vec![0.0; w] } else { Vec::new() };
+        OptimizerState { rule, m: vec![0.0; w], v, mean, steps: 0, scale: Vec::new() }
     }
 
     /// Advances by one step and returns `Δw_s`.
     ///
     /// # Shapes
-    /// `w` (the weights `w_s`) and `g` (the data gradient `g_s`) are `[W]`, flat in parameter
-    /// order; returns `[W]`.
+    /// `w` (the weights `w_s`) and `g` (the data gradient `g_s`, before any clipping) are `[W]`,
+    /// flat in parameter order; returns `[W]`.
     pub(crate) fn step(&mut self, lr: f64, w: &[f64], g: &[f64]) -> Vec<f64> {
         self.step_with(lr, w, g, None)
     }
 
-    /// [`Self::step`], with Adam's `κ_s D_s` taken from `recorded` (`[W]`) instead of the
-    /// second moments, when given: how a kernel replays exactly the update that was made.
+    /// [`Self::step`], with the preconditioner's `κ_s D_s` taken from `recorded` (`[W]`) instead
+    /// of the second moments, when given: how a kernel replays exactly the update that was made.
     pub(crate) fn step_with(&mut self, lr: f64, w: &[f64], g: &[f64], recorded: Option<&[f64]>) -> Vec<f64> {
-        let r = self.rule;
+        let r = &self.rule;
         let s = self.steps;
         self.steps += 1;
-        if r.beta == 0.0 && r.adam.is_none() && r.wd_coupled == 0.0 && r.wd_decoupled == 0.0 {
+        if r.beta == 0.0 && r.adam.is_none() && r.wd_coupled == 0.0 && r.wd_decoupled == 0.0 && r.per_step.is_none() {
             return g.iter().map(|gi| -(lr * gi)).collect();
         }
-        let gamma = r.gamma_at(s);
-        for ((m, &gi), &wi) in self.m.iter_mut().zip(g).zip(w) {
-            *m = r.beta * *m + gamma * (gi + r.wd_coupled * wi);
+        let (beta, gamma, c) = (r.beta_at(s), r.gamma_at(s), r.grad_scale_at(s));
+        let ghat: Vec<f64> = g.iter().zip(w).map(|(gi, wi)| c * gi + r.wd_coupled * wi).collect();
+        for (m, ge) in self.m.iter_mut().zip(&ghat) {
+            *m = beta * *m + gamma * ge;
         }
-        match r.adam {
-            None if r.nesterov => {
-                self.m.iter().zip(g).zip(w).map(|((m, gi), wi)| -lr * ((gi + r.wd_coupled * wi) + r.beta * m + r.wd_decoupled * wi)).collect()
+        let Some(pre) = r.adam else {
+            if r.nesterov {
+                return self.m.iter().zip(&ghat).zip(w).map(|((m, ge), wi)| -lr * (ge + beta * m + r.wd_decoupled * wi)).collect();
             }
-            None => self.m.iter().zip(w).map(|(m, wi)| -lr * (m + r.wd_decoupled * wi)).collect(),
-            Some(a) => {
-                let bc1 = 1.0 - a.beta1.powi(s as i32 + 1);
-                let bc2 = 1.0 - a.beta2.powi(s as i32 + 1);
-                self.scale.clear();
-                for ((v, &gi), &wi) in self.v.iter_mut().zip(g).zip(w) {
-                    let ge = gi + r.wd_coupled * wi;
-                    *v = a.beta2 * *v + (1.0 - a.beta2) * ge * ge;
-                    self.scale.push(1.0 / (bc1 * ((*v / bc2).sqrt() + a.eps)));
+            return self.m.iter().zip(w).map(|(m, wi)| -lr * (m + r.wd_decoupled * wi)).collect();
+        };
+        self.scale.clear();
+        match pre {
+            Preconditioner::Adam { beta2, eps } => {
+                let bc1 = 1.0 - beta.powi(s as i32 + 1);
+                let bc2 = 1.0 - beta2.powi(s as i32 + 1);
+                for (v, ge) in self.v.iter_mut().zip(&ghat) {
+                    *v = beta2 * *v + (1.0 - beta2) * ge * ge;
+                    self.scale.push(1.0 / (bc1 * ((*v / bc2).sqrt() + eps)));
                 }
-                if let Some(rec) = recorded {
-                    self.scale.copy_from_slice(rec);
+            }
+            Preconditioner::Rmsprop { alpha, eps, centered } => {
+                for (j, (v, ge)) in self.v.iter_mut().zip(&ghat).enumerate() {
+                    *v = alpha * *v + (1.0 - alpha) * ge * ge;
+                    let var = if centered {
+                        let mean = &mut self.mean[j];
+                        *mean = alpha * *mean + (1.0 - alpha) * ge;
+                        *v - *mean * *mean
+                    } else {
+                        *v
+                    };
+                    self.scale.push(1.0 / (var.sqrt() + eps));
                 }
-                self.m.iter().zip(&self.scale).zip(w).map(|((m, c), wi)| -lr * (c * m + r.wd_decoupled * wi)).collect()
+            }
+            Preconditioner::Adagrad { lr_decay, eps, .. } => {
+                let decay = 1.0 + s as f64 * lr_decay;
+                for (v, ge) in self.v.iter_mut().zip(&ghat) {
+                    *v += ge * ge;
+                    self.scale.push(1.0 / (decay * (v.sqrt() + eps)));
+                }
             }
         }
+        if let Some(rec) = recorded {
+            self.scale.copy_from_slice(rec);
+        }
+        self.m.iter().zip(&self.scale).zip(w).map(|((m, c), wi)| -lr * (c * m + r.wd_decoupled * wi)).collect()
     }
 
     /// `κ_s D_s` (`[W]`) of the last step, or `None` when it is 1 (no preconditioner).
@@ -242,7 +381,7 @@ mod tests {
 
     #[test]
     fn plain_steps_are_bitwise_gradient_descent() {
-        let r = rule(OptimizerRecord::Gd { lr: 0.3, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false });
+        let r = rule(OptimizerRecord::Gd { lr: 0.3, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false, per_step: StepFactors::default() });
         assert!(r.is_plain() && r.symmetric_kernel());
         let mut st = OptimizerState::new(r, 3);
         let w = [1.0, -2.0, 0.5];
@@ -256,7 +395,7 @@ mod tests {
     #[test]
     fn momentum_matches_pytorch_heavy_ball() {
         // PyTorch SGD(momentum=μ, weight_decay=λ): b = μ b + (g + λ w); w -= lr b.
-        let r = rule(OptimizerRecord::Gd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: false, weight_decay: 0.01, decoupled_weight_decay: false, rounded_updates: false });
+        let r = rule(OptimizerRecord::Gd { lr: 0.1, momentum: 0.9, dampening: 0.0, nesterov: false, weight_decay: 0.01, decoupled_weight_decay: false, rounded_updates: false, per_step: StepFactors::default() });
         assert!(!r.symmetric_kernel());
         let mut st = OptimizerState::new(r, 1);
         let (mut w, mut b) = (1.0f64, 0.0f64);
@@ -281,6 +420,7 @@ mod tests {
             batch_size: None,
             shuffle_seed: 0,
             recorded_batches: None,
+            per_step: StepFactors::default(),
         });
         let mut st = OptimizerState::new(r, 1);
         let (mut w, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
@@ -325,6 +465,7 @@ mod tests {
                 decoupled_weight_decay: false,
                 rounded_updates: false,
                 recorded_batches: None,
+                per_step: StepFactors::default(),
             };
             let r = rule(rec);
             assert!(!r.is_plain() && !r.symmetric_kernel());
@@ -345,13 +486,13 @@ mod tests {
     #[test]
     fn row_coefficients_unroll_the_recursion() {
         for (mu, tau, nesterov) in [(0.9, 0.3, false), (0.7, 0.0, true), (0.0, 0.0, false)] {
-            let rec = OptimizerRecord::Gd { lr: 0.1, momentum: mu, dampening: tau, nesterov, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false };
+            let rec = OptimizerRecord::Gd { lr: 0.1, momentum: mu, dampening: tau, nesterov, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false, per_step: StepFactors::default() };
             let r = rule(rec);
             let lrs = [0.3, 0.2, 0.25, 0.1];
             let n = lrs.len();
             for src in 0..n {
                 // Total weight change from a unit gradient at step `src` only (linearity).
-                let mut st = OptimizerState::new(r, 1);
+                let mut st = OptimizerState::new(r.clone(), 1);
                 let mut total = 0.0;
                 for (s, &lr) in lrs.iter().enumerate() {
                     total += st.step(lr, &[0.0], &[if s == src { 1.0 } else { 0.0 }])[0];
@@ -362,5 +503,84 @@ mod tests {
                 assert!((total - want).abs() < 1e-15, "{mu} {tau} {nesterov} step {src}: {total} vs {want}");
             }
         }
+    }
+    /// Per-step momenta (a scheduler cycling β1 / SGD's momentum) and clip factors, against
+    /// PyTorch's formulas written out: Adam's bias correction uses the step's own β1.
+    #[test]
+    fn per_step_momenta_and_clip_factors_match_pytorch() {
+        let momenta = vec![0.95, 0.9, 0.85, 0.9];
+        let clips = vec![1.0, 0.5, 0.25, 1.0];
+        let per_step = StepFactors { momenta: Some(momenta.clone()), grad_scales: Some(clips.clone()) };
+        let r = rule(OptimizerRecord::Adam {
+            lr: 0.01,
+            beta1: 0.95,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            decoupled_weight_decay: false,
+            batch_size: None,
+            shuffle_seed: 0,
+            recorded_batches: None,
+            per_step: per_step.clone(),
+        });
+        assert!(!r.is_plain());
+        let mut st = OptimizerState::new(r, 1);
+        let (mut w, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
+        for (t, g) in [0.5, -0.2, 0.3, 1e-3].into_iter().enumerate() {
+            let d = st.step(0.01, &[w], &[g]);
+            let (b1, c) = (momenta[t], clips[t]);
+            let ge = c * g + 0.1 * w;
+            m = b1 * m + (1.0 - b1) * ge;
+            v = 0.99 * v + 0.01 * ge * ge;
+            let w_ref = w - 0.01 * (m / (1.0 - b1.powi(t as i32 + 1))) / ((v / (1.0 - 0.99f64.powi(t as i32 + 1))).sqrt() + 1e-8);
+            w += d[0];
+            assert!((w - w_ref).abs() < 1e-15, "step {t}: {w} vs {w_ref}");
+        }
+        // SGD: momentum μ_s, dampening τ.
+        let rec = OptimizerRecord::Gd { lr: 0.1, momentum: 0.95, dampening: 0.2, nesterov: false, weight_decay: 0.0, decoupled_weight_decay: false, rounded_updates: false, per_step };
+        let mut st = OptimizerState::new(rule(rec), 1);
+        let (mut w, mut b) = (1.0f64, 0.0f64);
+        for (t, g) in [0.5, -0.2, 0.3, 0.7].into_iter().enumerate() {
+            let d = st.step(0.1, &[w], &[g]);
+            let gc = clips[t] * g;
+            b = if t == 0 { gc } else { momenta[t] * b + 0.8 * gc };
+            let w_ref = w - 0.1 * b;
+            w += d[0];
+            assert!((w - w_ref).abs() < 1e-15, "sgd step {t}: {w} vs {w_ref}");
+        }
+    }
+
+    /// RMSprop (centred or not) and Adagrad (lr decay, initial accumulator, weight decay), as
+    /// `torch.optim`'s single-tensor code computes them.
+    #[test]
+    fn rmsprop_and_adagrad_match_pytorch() {
+        for centered in [false, true] {
+            let rec = OptimizerRecord::Rmsprop { lr: 0.01, alpha: 0.9, eps: 1e-8, centered, weight_decay: 0.01, batch_size: None, recorded_batches: None, per_step: StepFactors::default() };
+            let mut st = OptimizerState::new(rule(rec), 1);
+            let (mut w, mut v, mut ga) = (1.0f64, 0.0f64, 0.0f64);
+            for g in [0.5, -0.2, 0.3, 1e-3] {
+                let d = st.step(0.01, &[w], &[g]);
+                let ge = g + 0.01 * w;
+                v = 0.9 * v + 0.1 * ge * ge;
+                ga = 0.9 * ga + 0.1 * ge;
+                let avg = if centered { (v - ga * ga).sqrt() } else { v.sqrt() } + 1e-8;
+                let w_ref = w - 0.01 * ge / avg;
+                w += d[0];
+                assert!((w - w_ref).abs() < 1e-15, "centered {centered}: {w} vs {w_ref}");
+            }
+        }
+        let rec = OptimizerRecord::Adagrad { lr: 0.1, lr_decay: 0.05, eps: 1e-10, initial_accumulator_value: 0.3, weight_decay: 0.01, batch_size: None, recorded_batches: None, per_step: StepFactors::default() };
+        let mut st = OptimizerState::new(rule(rec), 1);
+        let (mut w, mut sum) = (1.0f64, 0.3f64);
+        for (t, g) in [0.5, -0.2, 0.3, 1e-3].into_iter().enumerate() {
+            let d = st.step(0.1, &[w], &[g]);
+            let ge = g + 0.01 * w;
+            sum += ge * ge;
+            let clr = 0.1 / (1.0 + t as f64 * 0.05);
+            let w_ref = w - clr * ge / (sum.sqrt() + 1e-10);
+            w += d[0];
+            assert!((w - w_ref).abs() < 1e-15, "adagrad step {t}: {w} vs {w_ref}");
+        }
+        assert!(st.last_scale().is_some());
     }
 }

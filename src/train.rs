@@ -152,6 +152,7 @@ impl TrainConfig {
                 weight_decay: self.weight_decay,
                 decoupled_weight_decay: decoupled,
                 rounded_updates: false,
+                per_step: Default::default(),
             },
             OptimizerKind::Sgd => OptimizerRecord::Sgd {
                 lr,
@@ -164,6 +165,7 @@ impl TrainConfig {
                 decoupled_weight_decay: decoupled,
                 rounded_updates: false,
                 recorded_batches: None,
+                per_step: Default::default(),
             },
             OptimizerKind::Adam | OptimizerKind::Adamw => OptimizerRecord::Adam {
                 lr,
@@ -175,6 +177,7 @@ impl TrainConfig {
                 batch_size: self.batch_size.map(|b| b.min(n_train)),
                 shuffle_seed: self.seed,
                 recorded_batches: None,
+                per_step: Default::default(),
             },
         }
     }

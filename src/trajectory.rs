@@ -9,7 +9,7 @@
 //! DIR/trajectory/step-000000.safetensors  w_0 … w_N, one file per state, f64 tensors named as in
 //!                                         the manifest (dense weights [out, in]); metadata holds
 //!                                         the run id and the step number
-//! DIR/trajectory/precond-000000.safetensors  Adam(W) only: `scale` [W] = κ_s D_s of steps 0 … N−1,
+//! DIR/trajectory/precond-000000.safetensors  Adam(W), RMSprop, Adagrad only: `scale` [W] = κ_s D_s of steps 0 … N−1,
 //!                                         the preconditioner each update used (crate::optim)
 //! DIR/train_log.parquet                   step, loss, accuracy, test_accuracy, grad_norm, weight_norm
 //! ```
@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::io::{self, NamedArray, SafeFile};
 use crate::model::net::LossKind;
 use crate::model::{Architecture, ParamSpec, Params};
+use crate::optim::StepFactors;
 
 /// Format name written into every manifest.
 pub(crate) const FORMAT: &str = "pathkernel-trajectory";
@@ -87,6 +88,9 @@ pub enum OptimizerRecord {
         /// no training point, even for plain steps.
         #[serde(default, skip_serializing_if = "is_false")]
         rounded_updates: bool,
+        /// Momentum and clip factors recorded per step (an imported run).
+        #[serde(default, skip_serializing_if = "StepFactors::is_empty")]
+        per_step: StepFactors,
     },
     /// Mini-batch SGD: `w_{s+1} = w_s − ε_s ∇L_{B_s}(w_s)` with `L_B` the mean loss over the batch
     /// `B_s` ([`batch_schedule`]; also stored in `trajectory/batches.safetensors`), optionally with
@@ -120,6 +124,9 @@ pub enum OptimizerRecord {
         /// present it replaces the shuffle schedule of `batch_size` and `shuffle_seed`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recorded_batches: Option<Vec<Vec<usize>>>,
+        /// Momentum and clip factors recorded per step (an imported run).
+        #[serde(default, skip_serializing_if = "StepFactors::is_empty")]
+        per_step: StepFactors,
     },
     /// Adam (coupled weight decay) or AdamW (decoupled), full-batch or on mini-batches.
     Adam {
@@ -143,7 +150,62 @@ pub enum OptimizerRecord {
         /// present it replaces the shuffle schedule.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recorded_batches: Option<Vec<Vec<usize>>>,
+        /// β1 and clip factors recorded per step (an imported run).
+        #[serde(default, skip_serializing_if = "StepFactors::is_empty")]
+        per_step: StepFactors,
     },
+    /// PyTorch's RMSprop without momentum (coupled weight decay), imported; its `κ_s D_s` are
+    /// recorded like Adam's.
+    Rmsprop {
+        /// Base learning rate ε.
+        lr: f64,
+        /// α, the second moment's decay.
+        alpha: f64,
+        /// eps.
+        eps: f64,
+        /// Divide by the centred second moment.
+        centered: bool,
+        /// Weight decay λ (coupled).
+        weight_decay: f64,
+        /// Mini-batch size (`None`: full batch).
+        batch_size: Option<usize>,
+        /// The batch of every step as recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recorded_batches: Option<Vec<Vec<usize>>>,
+        /// Clip factors recorded per step.
+        #[serde(default, skip_serializing_if = "StepFactors::is_empty")]
+        per_step: StepFactors,
+    },
+    /// PyTorch's Adagrad (coupled weight decay), imported; its `κ_s D_s` are recorded like
+    /// Adam's.
+    Adagrad {
+        /// Base learning rate ε.
+        lr: f64,
+        /// The learning rate's decay per step.
+        lr_decay: f64,
+        /// eps.
+        eps: f64,
+        /// The accumulator's initial value.
+        initial_accumulator_value: f64,
+        /// Weight decay λ (coupled).
+        weight_decay: f64,
+        /// Mini-batch size (`None`: full batch).
+        batch_size: Option<usize>,
+        /// The batch of every step as recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recorded_batches: Option<Vec<Vec<usize>>>,
+        /// Clip factors recorded per step.
+        #[serde(default, skip_serializing_if = "StepFactors::is_empty")]
+        per_step: StepFactors,
+    },
+}
+
+impl OptimizerRecord {
+    /// Whether the run records a diagonal preconditioner `κ_s D_s` per step beside its states
+    /// (Adam, AdamW, RMSprop, Adagrad).
+    pub fn preconditioned(&self) -> bool {
+        matches!(self, OptimizerRecord::Adam { .. } | OptimizerRecord::Rmsprop { .. } | OptimizerRecord::Adagrad { .. })
+    }
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -169,7 +231,7 @@ impl std::fmt::Display for OptimizerRecord {
             Ok(())
         };
         match *self {
-            OptimizerRecord::Gd { lr, momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates } => {
+            OptimizerRecord::Gd { lr, momentum, dampening, nesterov, weight_decay, decoupled_weight_decay, rounded_updates, .. } => {
                 write!(f, "gd (lr {lr}, full batch")?;
                 extras(f, (momentum, dampening, nesterov), weight_decay, decoupled_weight_decay)?;
                 if rounded_updates {
@@ -194,6 +256,37 @@ impl std::fmt::Display for OptimizerRecord {
                     write!(f, ", weight decay {weight_decay}")?;
                 }
             }
+            OptimizerRecord::Rmsprop { lr, alpha, eps, centered, weight_decay, batch_size, .. } => {
+                write!(f, "rmsprop (lr {lr}, alpha {alpha}, eps {eps:e}{}, ", if centered { ", centered" } else { "" })?;
+                match batch_size {
+                    Some(b) => write!(f, "batch {b}")?,
+                    None => write!(f, "full batch")?,
+                }
+                if weight_decay != 0.0 {
+                    write!(f, ", weight decay {weight_decay}")?;
+                }
+            }
+            OptimizerRecord::Adagrad { lr, lr_decay, eps, initial_accumulator_value, weight_decay, batch_size, .. } => {
+                write!(f, "adagrad (lr {lr}, lr_decay {lr_decay}, eps {eps:e}, initial accumulator {initial_accumulator_value}, ")?;
+                match batch_size {
+                    Some(b) => write!(f, "batch {b}")?,
+                    None => write!(f, "full batch")?,
+                }
+                if weight_decay != 0.0 {
+                    write!(f, ", weight decay {weight_decay}")?;
+                }
+            }
+        }
+        let (OptimizerRecord::Gd { per_step, .. }
+        | OptimizerRecord::Sgd { per_step, .. }
+        | OptimizerRecord::Adam { per_step, .. }
+        | OptimizerRecord::Rmsprop { per_step, .. }
+        | OptimizerRecord::Adagrad { per_step, .. }) = self;
+        if per_step.momenta.is_some() {
+            f.write_str(", momentum per step")?;
+        }
+        if per_step.grad_scales.is_some() {
+            f.write_str(", gradient clipped by norm")?;
         }
         f.write_str(")")
     }
@@ -229,8 +322,11 @@ impl Manifest {
     /// The training points of each step's update (`None` for full-batch gradient descent).
     pub fn batches(&self) -> Option<Vec<Vec<usize>>> {
         match self.optimizer {
-            OptimizerRecord::Sgd { recorded_batches: Some(ref b), .. } | OptimizerRecord::Adam { recorded_batches: Some(ref b), .. } => Some(b.clone()),
-            OptimizerRecord::Gd { .. } | OptimizerRecord::Adam { batch_size: None, .. } => None,
+            OptimizerRecord::Sgd { recorded_batches: Some(ref b), .. }
+            | OptimizerRecord::Adam { recorded_batches: Some(ref b), .. }
+            | OptimizerRecord::Rmsprop { recorded_batches: Some(ref b), .. }
+            | OptimizerRecord::Adagrad { recorded_batches: Some(ref b), .. } => Some(b.clone()),
+            OptimizerRecord::Gd { .. } | OptimizerRecord::Adam { batch_size: None, .. } | OptimizerRecord::Rmsprop { .. } | OptimizerRecord::Adagrad { .. } => None,
             OptimizerRecord::Sgd { batch_size, shuffle_seed, .. } | OptimizerRecord::Adam { batch_size: Some(batch_size), shuffle_seed, .. } => {
                 Some(batch_schedule(self.dataset.n_train, batch_size, self.steps, shuffle_seed))
             }
@@ -473,7 +569,7 @@ impl Run {
     /// Adam's recorded `κ_s D_s` for every step (`None` for other optimizers).
     pub fn load_preconditioners(&self) -> Result<Option<Vec<Vec<f64>>>> {
         match self.manifest.optimizer {
-            OptimizerRecord::Adam { .. } => (0..self.manifest.steps).map(|s| load_preconditioner(&self.dir, &self.manifest, s)).collect::<Result<Vec<_>>>().map(Some),
+            ref o if o.preconditioned() => (0..self.manifest.steps).map(|s| load_preconditioner(&self.dir, &self.manifest, s)).collect::<Result<Vec<_>>>().map(Some),
             _ => Ok(None),
         }
     }

@@ -62,13 +62,15 @@ fn obvious_decomposition(run: &Run) -> (Vec<Vec<Vec<f64>>>, Vec<Vec<f64>>) {
         let lr = run.manifest.learning_rates[s];
         let scale: Vec<f64> = match rule.adam {
             None => vec![1.0; w],
-            Some(a) => {
+            Some(pre) => {
+                let pathkernel::optim::Preconditioner::Adam { beta2, eps } = pre else { panic!("an Adam run: {pre:?}") };
+                let beta1 = rule.beta;
                 let formula: Vec<f64> = (0..w)
                     .map(|q| {
                         let ge = gfull[q] + rule.wd_coupled * ws[q];
-                        v[q] = a.beta2 * v[q] + (1.0 - a.beta2) * ge * ge;
-                        let vh = v[q] / (1.0 - a.beta2.powi(s as i32 + 1));
-                        1.0 / ((1.0 - a.beta1.powi(s as i32 + 1)) * (vh.sqrt() + a.eps))
+                        v[q] = beta2 * v[q] + (1.0 - beta2) * ge * ge;
+                        let vh: f64 = v[q] / (1.0 - beta2.powi(s as i32 + 1));
+                        1.0 / ((1.0 - beta1.powi(s as i32 + 1)) * (vh.sqrt() + eps))
                     })
                     .collect();
                 // The recorded κ_s D_s is Adam's formula; the decomposition uses the recorded

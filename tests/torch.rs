@@ -357,6 +357,12 @@ fn printed_rel_diff(out: &str) -> f64 {
     tail.split_whitespace().next().unwrap().parse().unwrap()
 }
 
+/// The figure `max X ulps of the weights and update` printed by `import`.
+fn printed_ulps(out: &str) -> f64 {
+    let head = out.split(" ulps of the weights and update").next().expect(out);
+    head.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn imported_pytorch_sgd_trajectory_is_a_run_whose_epk_reproduces_the_network() {
     use pathkernel::kernel::{self, KernelKind, Rows, Request, Rule};
@@ -440,11 +446,15 @@ fn import_refuses_broken_recordings_naming_the_step_and_writes_nothing() {
     copy_recording(&d.join("tampered"));
     rewrite(&d.join("tampered/step_00009.safetensors"), &|t| t.get_mut("0.bias").unwrap().1[2] += 1e-6);
     fail("tampered", "the update of step 8 (w_9 - w_8)");
-    // ... which a looser tolerance accepts, reporting the difference.
-    let printed = run_ok(&["import", "--from", "torch", "tampered", "--out", "loose", "--tolerance", "0.1"], d);
+    // The line gives the absolute, relative and ulps figures and the coordinate.
+    let (_, _, err) = run(&["import", "--from", "torch", "tampered", "--out", "run"], d);
+    assert!(err.contains("by 1.000e-6 absolute at 0.bias[2]") && err.contains("relative to the update's max-norm") && err.contains("ulps of the weights and update in float64, tolerance 4"), "{err}");
+    // ... which a looser tolerance (in ulps) accepts, reporting the difference.
+    let printed = run_ok(&["import", "--from", "torch", "tampered", "--out", "loose", "--tolerance", "1e12"], d);
     assert!(printed.contains("float64") && printed.contains("sgd (lr 0.5, batch 8)"), "{printed}");
     let rel = printed_rel_diff(&printed);
     assert!(rel > 1e-8 && rel < 0.1, "{printed}");
+    assert!(printed_ulps(&printed) > 1e6, "{printed}");
     assert!(printed.contains("(step 8)") || printed.contains("(step 9)"), "{printed}");
     // A version-1 recording names only plain steps; Adam needs the version-2 hyper-parameters.
     copy_recording(&d.join("adam"));
@@ -612,6 +622,7 @@ fn import_and_check_epk(d: &Path, name: &str, max_rel: f64, rule: pathkernel::ke
     eprintln!("{name}: {printed}");
     let rel = printed_rel_diff(&printed);
     assert!(rel <= max_rel, "{name}: replay difference {rel:e}");
+    assert!(printed_ulps(&printed) <= pathkernel::interop::TOLERANCE_ULPS, "{name}: {printed}");
     let run = Run::open(&d.join("run")).unwrap();
     let states = run.load_all().unwrap();
     let pts = Rows::Test.resolve(&run.dataset).unwrap();
@@ -696,8 +707,8 @@ fn imported_float32_run_carries_its_rounding_as_a_residual_and_machine_plus_resi
     // The residual is float32 rounding: present, and far below the outputs' motion.
     let residual = max_abs(out.rounding.as_deref().unwrap());
     assert!(residual > 1e-12 && residual < 1e-5, "{residual:e}");
-    // A float64 tolerance refuses it, naming the step.
-    run_fail(&["import", "--from", "torch", "rec", "--out", "strict", "--tolerance", "1e-9"], d, "the update of step");
+    // A tolerance below its rounding refuses it, naming the step.
+    run_fail(&["import", "--from", "torch", "rec", "--out", "strict", "--tolerance", "0.01"], d, "the update of step");
     // Plain float32 SGD steps take the replay too (their residual is carried): a float32 copy
     // of the plain fixture's states is the run they were rounded from.
     let rec = d.join("sgd32");
@@ -937,4 +948,77 @@ fn laplace_writes_the_benchmark_fit_equal_to_a_pytorch_order_ggn_of_the_exported
     let before = std::fs::read(d.join("fixed/laplace.json")).unwrap();
     run_fail(&["laplace", "--run", "plain", "--out", "fixed"], d, "already exists");
     assert_eq!(std::fs::read(d.join("fixed/laplace.json")).unwrap(), before);
+}
+
+/// The recipes beyond plain steps (`tests/data/torch-recipes`, scripts/make_torch_fixture.py):
+/// momentum cycled per step, gradient clipping by norm, learning rate 0, vanishing learning
+/// rates, Adagrad and centred RMSprop (float32). Each imports within the rounding and its EPK
+/// machine is the network.
+#[test]
+fn imported_recipes_with_cycled_momentum_clipping_zero_lr_adagrad_and_rmsprop_have_exact_epk_machines() {
+    use pathkernel::kernel::Rule;
+    use pathkernel::trajectory::OptimizerRecord;
+    let dir = tempfile::tempdir().unwrap();
+    // OneCycleLR's defaults: β1 cycled, lr down to 4e-8 (its last steps are one ulp of the
+    // weights, far above 1e-9 of the update), and clip_grad_norm_.
+    let (run, out, printed) = import_and_check_epk(&dir.path().join("a"), "torch-recipes/onecycle-clip", 1.0, Rule::Auto(1e-12));
+    let OptimizerRecord::Adam { per_step, beta1, .. } = &run.manifest.optimizer else { panic!("{:?}", run.manifest.optimizer) };
+    let momenta = per_step.momenta.as_ref().expect("β1 per step");
+    assert!(momenta.iter().any(|b| *b < 0.86) && momenta.iter().any(|b| *b > 0.94) && *beta1 == momenta[0], "{momenta:?}");
+    let clips = per_step.grad_scales.as_ref().expect("clip factors");
+    assert!(clips.iter().any(|c| *c < 1.0), "{clips:?}");
+    assert!(run.manifest.learning_rates.iter().cloned().fold(1.0, f64::min) < 1e-6);
+    assert!(printed.contains("momentum per step") && printed.contains("gradient clipped by norm"), "{printed}");
+    assert!(out.max_abs_error() <= 1e-12, "{:e}", out.max_abs_error());
+    // SGD momentum cycled by CyclicLR, clipped.
+    let (run, ..) = import_and_check_epk(&dir.path().join("b"), "torch-recipes/cyclic-clip", 1e-9, Rule::Auto(1e-12));
+    assert!(matches!(&run.manifest.optimizer, OptimizerRecord::Sgd { per_step, dampening, .. } if per_step.momenta.is_some() && per_step.grad_scales.is_some() && *dampening == 0.1));
+    // Adagrad from a warm-up at lr 0: the first step moves the accumulator, not the weights.
+    let (run, ..) = import_and_check_epk(&dir.path().join("c"), "torch-recipes/adagrad-warmup", 1e-9, Rule::Auto(1e-12));
+    assert_eq!(run.manifest.learning_rates[0], 0.0);
+    assert!(matches!(run.manifest.optimizer, OptimizerRecord::Adagrad { lr_decay: 0.01, initial_accumulator_value: 0.1, .. }));
+    let s0 = run.load_step(0).unwrap();
+    assert_eq!(s0.flat(), run.load_step(1).unwrap().flat(), "lr 0 moves no weight");
+    // Centred RMSprop in float32, cosine to lr 0 at the last step.
+    let (run, out, printed) = import_and_check_epk(&dir.path().join("d"), "torch-recipes/rmsprop-f32", 1.0, Rule::Auto(1e-12));
+    assert!(printed.contains("float32") && printed.contains("rmsprop (lr 0.01, alpha 0.9"), "{printed}");
+    assert_eq!(*run.manifest.learning_rates.last().unwrap(), 0.0);
+    assert!(out.rounding.as_deref().map_or(0.0, max_abs) > 0.0, "float32 rounding is carried");
+}
+
+/// What the replay cannot follow is refused in one line naming why, exit 2, nothing written.
+#[test]
+fn import_refuses_clipping_by_value_rmsprop_momentum_and_bad_per_step_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let edit = |name: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        copy_fixture("torch-recipes/onecycle-clip", &d.join(name));
+        let p = d.join(name).join("trajectory.json");
+        let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        f(&mut j);
+        std::fs::write(&p, j.to_string()).unwrap();
+    };
+    let fail = |name: &str, needle: &str| {
+        run_fail(&["import", "--from", "torch", name, "--out", "run"], d, needle);
+        assert!(!d.join("run").exists(), "{name}");
+    };
+    edit("value", &|j| j["clip"] = serde_json::json!({"kind": "value", "clip_value": 0.05}));
+    fail("value", "gradient clipping by value (clip_grad_value_, clip_value 0.05) is not supported");
+    edit("rms", &|j| {
+        j["optimizer"] = serde_json::json!({"class": "RMSprop", "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.9, "centered": false, "maximize": false});
+        j.as_object_mut().unwrap().remove("momenta");
+    });
+    fail("rms", "RMSprop with momentum = 0.9 is not supported");
+    edit("short", &|j| j["momenta"].as_array_mut().unwrap().truncate(3));
+    fail("short", "3 momenta for 20 updates");
+    edit("factor", &|j| j["clip"]["factors"][4] = 1.5.into());
+    fail("factor", "factors[4] = 1.5; a clip factor is in (0, 1]");
+    // A clip factor that is not the gradient's: named with both figures.
+    edit("wrongclip", &|j| {
+        let c = j["clip"]["factors"][7].as_f64().unwrap();
+        j["clip"]["factors"][7] = (c * 0.9).into();
+    });
+    fail("wrongclip", "clip: factors[7]");
+    edit("neg", &|j| j["learning_rates"][2] = (-0.1).into());
+    fail("neg", "learning_rates[2] = -0.1; it must be a finite number >= 0");
 }

@@ -250,12 +250,23 @@ fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<
     Ok((lg, ts.gradient(&c, w)))
 }
 
+/// The scale of step r's coefficients `a_{i,r} = −α_r c_r ∂L_r/∂f(x_i)` and kernel
+/// `K_r = ε_r F_r·∇f(x_i; w_r)ᵀ / α_r`: `α_r = ε_r`, or 1 at a step of learning rate 0 (whose
+/// gradient still enters the buffer and moves later steps).
+fn a_scale(lr: f64) -> f64 {
+    if lr == 0.0 {
+        1.0
+    } else {
+        lr
+    }
+}
+
 /// Phase 1: replays the optimizer forward over steps `[0, hi)` from the whole data gradient.
 fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result<Replay> {
     let (m, k, w, n, first) = (d.m, d.k, d.w, d.n, d.first);
     let (cols, lo, hi) = (s.cols, s.lo, s.hi);
     let lrs = &s.manifest.learning_rates;
-    let mut opt = OptimizerState::new(s.rule, w);
+    let mut opt = OptimizerState::new(s.rule.clone(), w);
     let mut a = vec![0.0; n * m * k];
     // Δw_r − (Σ_i u_{i,r} + r_r): what the per-point split does not carry (rounding).
     let mut unsplit: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -282,7 +293,7 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
         if r >= first {
             let lg_cols = &lg[cols.0 * k..cols.1 * k];
             for idx in 0..m * k {
-                a[r * m * k + idx] = -lrs[r] * lg_cols[idx];
+                a[r * m * k + idx] = -a_scale(lrs[r]) * s.rule.grad_scale_at(r) * lg_cols[idx];
             }
             // Only the NTK keeps the loss gradients (its training side is frozen at w_S); the
             // other kernels recompute them in the backward pass from the outputs it forms anyway.
@@ -373,7 +384,6 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     let mut rounding = vec![0.0; pk];
     let mut records: Vec<StepRecord> = Vec::new();
     let mut scratch = Vec::new();
-    let beta = s.rule.beta;
     let mut split = s.req.per_layer.then(|| {
         let ranges: Vec<std::ops::Range<usize>> = param_layers(&s.states[0].specs).into_iter().map(|l| l.flat).collect();
         let grams = ranges.iter().map(|_| GramSink::new(layout, p, m, k)).collect();
@@ -382,7 +392,7 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
     });
     for (count, r) in (first..hi).rev().enumerate() {
         progress(hi + count, d.total_work);
-        h.scale(beta);
+        h.scale(s.rule.beta_at(r + 1));
         let wr = s.states[r].flat();
         // H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}; step r's row feature is ε_r F_r = a ε_r J̄_r + b H_r.
         let (a_coef, b_coef) = s.rule.row_coefficients(r);
@@ -448,10 +458,12 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             Some(f) => (f, 1.0),
             None => (&h, b_coef),
         };
+        // Clipping by norm scales step r's data gradient by c_r (not the weight decay).
+        let cg = c * s.rule.grad_scale_at(r);
         let hg = e.dot(&g, l0);
-        machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= c * y);
+        machine.iter_mut().zip(&hg).for_each(|(x, y)| *x -= cg * y);
         if let Some(sp) = split.as_mut() {
-            sp.add(r, -c, e, &g);
+            sp.add(r, -cg, e, &g);
         }
         if s.rule.wd_coupled != 0.0 {
             let hw = e.dot(&wr, l0);
@@ -461,7 +473,7 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             }
         }
         if frozen.is_none() {
-            let kr = step_gram(ts, e, c / lrs[r], w, (layout, p, m, k), split.as_mut(), &mut scratch, l0);
+            let kr = step_gram(ts, e, c / a_scale(lrs[r]), w, (layout, p, m, k), split.as_mut(), &mut scratch, l0);
             gram.add(&kr);
             if s.req.per_step {
                 per_step.push(kr.finish());
