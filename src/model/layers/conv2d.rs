@@ -153,16 +153,29 @@ impl Conv {
         let (p, t, co) = (self.positions(), self.taps(), self.co);
         let size = self.c * self.h * self.w;
         let rows = dy.len() / (co * p);
+        // col2im as a gather: each input entry sums the patch entries that read it (a CSR
+        // inverse of the im2col index), sequential writes instead of a scattered `+=`.
         let idx = self.index();
+        let mut start = vec![0u32; size + 1];
+        idx.iter().filter(|&&q| q != usize::MAX).for_each(|&q| start[q + 1] += 1);
+        for q in 0..size {
+            start[q + 1] += start[q];
+        }
+        let mut fill = start.clone();
+        let mut src = vec![0u32; start[size] as usize];
+        for (j, &q) in idx.iter().enumerate() {
+            if q != usize::MAX {
+                src[fill[q] as usize] = j as u32;
+                fill[q] += 1;
+            }
+        }
         let mut dx = vec![0.0; rows * size];
         let mut du = vec![0.0; p * t];
         for r in 0..rows {
             gemm(&mut du, &dy[r * co * p..(r + 1) * co * p], true, w, false, (p, t, co), 1.0, false);
             let dxs = &mut dx[r * size..(r + 1) * size];
-            for (&q, &v) in idx.iter().zip(&du) {
-                if q != usize::MAX {
-                    dxs[q] += v;
-                }
+            for (q, d) in dxs.iter_mut().enumerate() {
+                *d = src[start[q] as usize..start[q + 1] as usize].iter().map(|&j| du[j as usize]).sum();
             }
         }
         dx

@@ -599,10 +599,14 @@ pub(crate) fn backward_nodes(nodes: &[Node], params: &[Vec<f64>], caches: &[Cach
             (Op::AvgPool(p), _) => p.avg_backward(&dy),
             (Op::Flatten, _) => dy,
             (Op::Act(a), Cache::Input(z)) => {
+                // The derivative once per sample, applied to its K rows.
                 let size = n.input.size();
-                for (r, row) in dy.chunks_exact_mut(size).enumerate() {
-                    let zs = &z[(r / k) * size..(r / k + 1) * size];
-                    row.iter_mut().zip(zs).for_each(|(v, &zv)| *v *= a.derivative(zv));
+                let mut der = vec![0.0; size];
+                for (s, rows) in dy.chunks_mut(k * size).enumerate() {
+                    der.iter_mut().zip(&z[s * size..(s + 1) * size]).for_each(|(d, &zv)| *d = a.derivative(zv));
+                    for row in rows.chunks_exact_mut(size) {
+                        row.iter_mut().zip(&der).for_each(|(v, d)| *v *= d);
+                    }
                 }
                 dy
             }
