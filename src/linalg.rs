@@ -75,6 +75,27 @@ pub(crate) fn gemm_abt_prefix(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], l
     matmul(dst, Accum::Replace, lhs, rhs, 1.0, par_for(m, n, k));
 }
 
+/// `C += α·A·Bᵀ` on row-major matrices whose rows are every `ldc`-th, `lda`-th and `ldb`-th
+/// number of their slices (every K-th row of a `[(p, c), ·]` array: one class's rows, read and
+/// written in place instead of gathered into copies).
+///
+/// # Shapes
+/// `a` holds `m` rows of `k` at stride `lda`, `b` `n` rows of `k` at stride `ldb`, `c` `m` rows
+/// of `n` at stride `ldc`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_abt_strided_add(c: &mut [f64], ldc: usize, a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize, n: usize, k: usize, alpha: f64) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    assert!(k <= lda && k <= ldb && n <= ldc, "rows wider than their stride");
+    let lhs = MatRef::from_row_major_slice_with_stride(&a[..(m - 1) * lda + k], m, k, lda);
+    let rhs = MatRef::from_row_major_slice_with_stride(&b[..(n - 1) * ldb + k], n, k, ldb).transpose();
+    // The transpose of a column-major view: faer 0.24.4's `from_row_major_slice_with_stride_mut`
+    // builds its view with the strides swapped (row stride 1) and writes out of bounds.
+    let dst = MatMut::from_column_major_slice_with_stride_mut(&mut c[..(m - 1) * ldc + n], n, m, ldc).transpose_mut();
+    matmul(dst, Accum::Add, lhs, rhs, alpha, par_for(m, n, k));
+}
+
 /// `C = β·C + α·A·B` with row-major `A [m, k]`, `B [k, n]`, `C [m, n]`.
 ///
 /// # Shapes
@@ -101,6 +122,27 @@ pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every K-th row of three arrays, multiplied in place, equals gathering them and
+    /// multiplying the copies; the rows in between are untouched.
+    #[test]
+    fn strided_gemm_equals_gathered_rows() {
+        let (m, n, k, kk) = (4, 3, 5, 3);
+        let a: Vec<f64> = (0..m * kk * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..n * kk * k).map(|i| (i as f64 * 0.11).cos()).collect();
+        let mut c: Vec<f64> = (0..m * kk * n).map(|i| i as f64).collect();
+        let before = c.clone();
+        for cls in 0..kk {
+            gemm_abt_strided_add(&mut c[cls * n..], kk * n, &a[cls * k..], kk * k, &b[cls * k..], kk * k, m, n, k, 0.5);
+        }
+        for r in 0..m * kk {
+            let cls = r % kk;
+            for j in 0..n {
+                let want: f64 = before[r * n + j] + 0.5 * (0..k).map(|q| a[r * k + q] * b[(j * kk + cls) * k + q]).sum::<f64>();
+                assert!((c[r * n + j] - want).abs() < 1e-14, "({r}, {j})");
+            }
+        }
+    }
 
     #[test]
     fn gemm_matches_loops() {

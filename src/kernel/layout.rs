@@ -245,22 +245,10 @@ pub(crate) fn add_dense(layout: Layout, out: &mut [f64], rows: &[f64], train: &[
         // Σ_c rows[(p,c), :]·train[(i,c), :] is one product with inner dimension K·dim.
         Layout::Trace => gemm_abt(out, rows, train, nb, m, k * dim, alpha, true),
         Layout::Diag => {
-            // Per class: gather its rows on both sides, one GEMM, scatter-add into the rows (p, c).
-            let mut lhs = vec![0.0; nb * dim];
-            let mut rhs = vec![0.0; m * dim];
-            let mut prod = vec![0.0; nb * m];
+            // Per class: its rows on both sides (every K-th) against each other, added into the
+            // rows (p, c) in place — strided GEMMs, no gathered copies.
             for c in 0..k {
-                for (dst, src) in lhs.chunks_exact_mut(dim).zip(rows.chunks_exact(dim).skip(c).step_by(k)) {
-                    dst.copy_from_slice(src);
-                }
-                for (dst, src) in rhs.chunks_exact_mut(dim).zip(train.chunks_exact(dim).skip(c).step_by(k)) {
-                    dst.copy_from_slice(src);
-                }
-                gemm_abt(&mut prod, &lhs, &rhs, nb, m, dim, alpha, false);
-                for (pl, pr) in prod.chunks_exact(m).enumerate() {
-                    let orow = &mut out[(pl * k + c) * m..(pl * k + c + 1) * m];
-                    orow.iter_mut().zip(pr).for_each(|(o, v)| *o += v);
-                }
+                crate::linalg::gemm_abt_strided_add(&mut out[c * m..], k * m, &rows[c * dim..], k * dim, &train[c * dim..], k * dim, nb, m, dim, alpha);
             }
         }
     }

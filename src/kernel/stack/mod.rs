@@ -81,7 +81,7 @@ impl AlongPath for StackAlong<'_, '_> {
         kinks::kinks(self.step, &x[p * d..(p + 1) * d], a, b)
     }
     fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        self.step.jvp(x, off, idx, t)
+        self.step.par_jvp(x, off, idx, t)
     }
     /// Where the sweep finds every kink, pieces are smooth and converge relative to their own
     /// integrand; a ReLU behind a smooth layer leaves kinks to bisection, where only the
@@ -106,6 +106,34 @@ pub(crate) struct StackModel<'a> {
     /// Each parameter layer into its own sink ([`GramAccumulator::target`]) and its own share
     /// of the prediction ([`StepOutput::layer_pred`]).
     pub per_layer: bool,
+    /// The training side's buffers, handed back after each step and reused by the next.
+    pub pool: BufferPool,
+}
+
+/// Large `f64` buffers kept across steps (already faulted in) and handed out by capacity.
+#[derive(Default)]
+pub(crate) struct BufferPool(std::sync::Mutex<Vec<Vec<f64>>>);
+
+impl BufferPool {
+    /// An empty buffer with at least `n` capacity: the smallest kept one that fits, else new.
+    fn take(&self, n: usize) -> Vec<f64> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match kept.iter().enumerate().filter(|(_, v)| v.capacity() >= n).min_by_key(|(_, v)| v.capacity()).map(|(i, _)| i) {
+            Some(i) => {
+                let mut v = kept.swap_remove(i);
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(n),
+        }
+    }
+
+    /// Keeps `v` for a later [`BufferPool::take`].
+    fn give(&self, v: Vec<f64>) {
+        if v.capacity() > 0 {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+        }
+    }
 }
 
 fn train_side(grads: Vec<RowGrad>, a: &[f64], colw: Option<&[f64]>, layout: Layout, m: usize, k: usize) -> Vec<TrainSide> {
@@ -353,7 +381,8 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     for b0 in (0..point.len()).step_by(block) {
         let b1 = (b0 + block).min(point.len());
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
-        let rgrads = step.grads(xc, offc, bp, &times[b0..b1]);
+        // On every core: with few row points the chunks alone do not fill them.
+        let rgrads = step.par_grads(xc, offc, bp, &times[b0..b1]);
         let started = std::time::Instant::now();
         for (li, (rg, tr)) in rgrads.iter().zip(train).enumerate() {
             let pred = &mut preds[pred_of(li)];
@@ -432,7 +461,7 @@ impl StepModel for StackModel<'_> {
         let m = input.x_train.len() / d;
         let at_ws = StackStep::new(arch, input.state, None)?;
         let all: Vec<usize> = (0..m).collect();
-        let tgrads = at_ws.par_grads(input.x_train, input.off_train, &all, &vec![0.0; m]);
+        let tgrads = at_ws.par_grads_in(input.x_train, input.off_train, &all, &vec![0.0; m], &mut |n| self.pool.take(n));
         let layout = acc.sink_mut().layout();
         let train = train_side(tgrads, input.a, input.colw, layout, m, k);
         let step = StackStep::new(arch, input.state, input.next)?;
@@ -489,6 +518,15 @@ impl StepModel for StackModel<'_> {
             flops += co.flops;
         }
         acc.add_contraction(seconds, flops);
+        for tr in train {
+            match tr {
+                TrainSide::Factor { acts, deltas, .. } => {
+                    self.pool.give(acts);
+                    self.pool.give(deltas);
+                }
+                TrainSide::Formed { g, .. } => self.pool.give(g),
+            }
+        }
         let (pred, layer_pred) = split_predictions(preds, self.per_layer);
         Ok(StepOutput {
             pred,

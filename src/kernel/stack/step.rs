@@ -131,6 +131,19 @@ impl<'a> StackStep<'a> {
         (f, fd)
     }
 
+    /// [`StackStep::jvp`] in blocks of [`EVAL_CHUNK`] rows on every core (the node search of
+    /// few row points: one point's thousands of search rows, each at its own time).
+    pub(crate) fn par_jvp(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        use rayon::prelude::*;
+        let parts: Vec<(Vec<f64>, Vec<f64>)> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.jvp(x, off, i, tt)).collect();
+        let (mut f, mut fd) = (Vec::with_capacity(idx.len() * self.k), Vec::with_capacity(idx.len() * self.k));
+        for (a, b) in parts {
+            f.extend_from_slice(&a);
+            fd.extend_from_slice(&b);
+        }
+        (f, fd)
+    }
+
     /// `(z, dz/dt)` at the inputs of the piecewise-linear activations for the point `xp`
     /// (`[d]`) at time `t` (empty at t = 0 only steps).
     fn kink_inputs(&self, xp: &[f64], t: f64) -> Vec<(f64, f64)> {
@@ -188,10 +201,25 @@ impl<'a> StackStep<'a> {
     /// [`StackStep::grads`] in blocks of [`EVAL_CHUNK`] rows on every core, concatenated (the
     /// training side: all M points at t = 0).
     pub(crate) fn par_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        self.par_grads_in(x, off, idx, t, &mut |n| Vec::with_capacity(n))
+    }
+
+    /// [`StackStep::par_grads`] into buffers from `take(capacity)` (a pool reused across steps:
+    /// the training side of a LeNet-5 on 2 000 images is ~0.5 GB a step, and fresh buffers that
+    /// size are mapped and zero-faulted by the kernel every time).
+    pub(crate) fn par_grads_in(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], take: &mut dyn FnMut(usize) -> Vec<f64>) -> Vec<RowGrad> {
         use rayon::prelude::*;
         let parts: Vec<Vec<RowGrad>> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.grads(x, off, i, tt)).collect();
-        let mut parts = parts.into_iter();
-        let Some(mut out) = parts.next() else { return Vec::new() };
+        let Some(first) = parts.first() else { return Vec::new() };
+        // One allocation per layer for all rows (growing by doubling would map and fault the
+        // training side's hundreds of MB several times per step).
+        let mut out: Vec<RowGrad> = first
+            .iter()
+            .map(|g| match g {
+                RowGrad::Factor { ne, out, .. } => RowGrad::Factor { acts: take(idx.len() * ne), deltas: take(idx.len() * self.k * out), ne: *ne, out: *out },
+                RowGrad::Formed { width, .. } => RowGrad::Formed { g: take(idx.len() * self.k * width), width: *width },
+            })
+            .collect();
         for part in parts {
             for (dst, src) in out.iter_mut().zip(part) {
                 match (dst, src) {
