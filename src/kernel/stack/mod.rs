@@ -208,7 +208,8 @@ pub(crate) fn split_predictions(mut preds: Vec<Vec<f64>>, per_layer: bool) -> (V
 /// Whether a dense layer (`no` outputs, `ne` inputs with the bias column) of a chunk of `pc`
 /// row points with `nodes` node rows in all is contracted formed (its `J̄_p` summed over each
 /// point's nodes, then one product against the training factors) rather than folded node by
-/// node ([`fold_dense`]): whichever takes fewer flops. With `ne = 0` (unknown) it says no.
+/// node ([`fold_dense`]): whichever takes fewer flops, while the chunk's `J̄` fits in 8 node
+/// blocks (128 MiB). With `ne = 0` (unknown) it says no.
 fn dense_formed(layout: Layout, nodes: usize, pc: usize, m: usize, k: usize, no: usize, ne: usize) -> bool {
     if ne == 0 {
         return false;
@@ -223,6 +224,10 @@ fn dense_formed(layout: Layout, nodes: usize, pc: usize, m: usize, k: usize, no:
         Layout::Full => k * k * no,
         Layout::Diag | Layout::Trace => k * no,
     };
+    // The chunk's `J̄` is held at once: bounded like a block of node rows.
+    if 8 * pc * k * no * ne > 8 * node_bytes() {
+        return false;
+    }
     let fold = nodes as f64 * 2.0 * m as f64 * (ne + pair) as f64;
     let formed = nodes as f64 * 2.0 * (k * no * ne) as f64 + pc as f64 * 2.0 * m as f64 * (k * no * ne + pair) as f64;
     formed < fold
