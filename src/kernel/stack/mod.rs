@@ -224,8 +224,8 @@ fn dense_formed(layout: Layout, nodes: usize, pc: usize, m: usize, k: usize, no:
         Layout::Full => k * k * no,
         Layout::Diag | Layout::Trace => k * no,
     };
-    // The chunk's `J̄` is held at once: bounded like a block of node rows.
-    if 8 * pc * k * no * ne > 8 * node_bytes() {
+    // The chunk's `J̄` is held at once: at most 8 node blocks of it.
+    if std::mem::size_of::<f64>() * pc * k * no * ne > 8 * node_bytes() {
         return false;
     }
     let fold = nodes as f64 * 2.0 * m as f64 * (ne + pair) as f64;
@@ -365,21 +365,20 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     // nodes per point; LeNet-5 holds ~28 000 numbers per node row): dense layers fold
     // each block into the Gram rows, formed layers sum theirs into the points' J̄ first.
     let block = (node_bytes() / (8 * row_numbers).max(1)).max(1);
+    // Formed layers sum their nodes into J̄ per point; so do dense layers whose nodes are many per
+    // point (`J̄_p = Σ_r w_r δ_r ⊗ a_r`, `[pc, K, out, ne]`, contracted once against the training
+    // factors); the other dense layers fold node by node (empty J̄).
     let nodes = point.len();
-    let mut jbars: Vec<Vec<f64>> = train.iter().map(|tr| match tr {
-        TrainSide::Formed { v, .. } => vec![0.0; pc * k * v.len()],
-        TrainSide::Factor { .. } => Vec::new(),
-    }).collect();
-    // Dense layers whose nodes are many per point: J̄_p = Σ_r w_r δ_r ⊗ a_r formed per point
-    // (`[pc, K, out, ne]`) and contracted once against the training factors.
-    for (tr, jb) in train.iter().zip(jbars.iter_mut()) {
-        if let TrainSide::Factor { acts, deltas, .. } = tr {
-            let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
-            if dense_formed(layout, nodes, pc, m, k, no, ne) {
-                *jb = vec![0.0; pc * k * no * ne];
+    let mut jbars: Vec<Vec<f64>> = train
+        .iter()
+        .map(|tr| match tr {
+            TrainSide::Formed { v, .. } => vec![0.0; pc * k * v.len()],
+            TrainSide::Factor { acts, deltas, .. } => {
+                let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
+                if dense_formed(layout, nodes, pc, m, k, no, ne) { vec![0.0; pc * k * no * ne] } else { Vec::new() }
             }
-        }
-    }
+        })
+        .collect();
     let mut scratch: Vec<f64> = Vec::new();
     let (mut seconds, mut flops) = (0.0, 0.0);
     let mut dd = vec![0.0; k * k];

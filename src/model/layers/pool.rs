@@ -71,22 +71,25 @@ impl Pool {
     /// `x`, `xd` `[n, C, H, W]`; pushes `n·C·Ho·Wo·k²` pairs.
     pub(crate) fn max_margins(&self, x: &[f64], xd: &[f64], probe: &mut Vec<(f64, f64)>) {
         let n = x.len() / self.in_size();
-        let mut win = Vec::with_capacity(self.k * self.k);
         for s in 0..n {
             let (xs, ds) = (&x[s * self.in_size()..(s + 1) * self.in_size()], &xd[s * self.in_size()..(s + 1) * self.in_size()]);
             for c in 0..self.c {
                 for oy in 0..self.ho {
                     for ox in 0..self.wo {
-                        win.clear();
-                        win.extend(self.window(c, oy, ox));
-                        for (i, &q) in win.iter().enumerate() {
-                            let mut best = usize::MAX;
-                            for (j, &r) in win.iter().enumerate() {
-                                if j != i && (best == usize::MAX || xs[r] > xs[best]) {
-                                    best = r;
-                                }
+                        // The winner (first maximum) and the best of the rest (first maximum
+                        // without it): every other entry's rest is led by the winner.
+                        let (mut best, mut second) = (usize::MAX, usize::MAX);
+                        for q in self.window(c, oy, ox) {
+                            if best == usize::MAX || xs[q] > xs[best] {
+                                second = best;
+                                best = q;
+                            } else if second == usize::MAX || xs[q] > xs[second] {
+                                second = q;
                             }
-                            probe.push(if best == usize::MAX { (1.0, 0.0) } else { (xs[q] - xs[best], ds[q] - ds[best]) });
+                        }
+                        for q in self.window(c, oy, ox) {
+                            let rest = if q == best { second } else { best };
+                            probe.push(if rest == usize::MAX { (1.0, 0.0) } else { (xs[q] - xs[rest], ds[q] - ds[rest]) });
                         }
                     }
                 }

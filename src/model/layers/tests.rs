@@ -173,3 +173,32 @@ fn parameterless_stacks_are_refused_and_eps_is_printed() {
     let a = arch(json!([{ "dense": 16 }, "layer_norm", { "dense": 3 }]), 4, None, 3);
     assert!(a.stack().unwrap().torch_description().contains("LayerNorm(16),"));
 }
+
+/// A max-pool window's margins (each entry against the best of the rest, ties to the first)
+/// equal their definition taken entry by entry, on windows with ties and overlaps.
+#[test]
+fn max_pool_margins_equal_their_definition() {
+    let pool = pool::Pool { c: 2, h: 5, w: 5, k: 3, stride: 2, ho: 2, wo: 2 };
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    // Values from a small set, so that windows tie.
+    let x: Vec<f64> = (0..2 * 50).map(|_| f64::from(rng.gen_range(0..4u8))).collect();
+    let xd: Vec<f64> = (0..2 * 50).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut got = Vec::new();
+    pool.max_margins(&x, &xd, &mut got);
+    let mut want = Vec::new();
+    for s in 0..2 {
+        let (xs, ds) = (&x[s * 50..(s + 1) * 50], &xd[s * 50..(s + 1) * 50]);
+        for c in 0..2 {
+            for oy in 0..2 {
+                for ox in 0..2 {
+                    let win: Vec<usize> = pool.window(c, oy, ox).collect();
+                    for &q in &win {
+                        let rest = win.iter().copied().filter(|&r| r != q).fold(usize::MAX, |b, r| if b == usize::MAX || xs[r] > xs[b] { r } else { b });
+                        want.push((xs[q] - xs[rest], ds[q] - ds[rest]));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(got, want);
+}
