@@ -86,8 +86,7 @@ fn check_alpha_folds(arch: &Architecture) -> Result<()> {
         return Ok(());
     }
     let stack = arch.stack()?;
-    let last = stack.nodes.last().map(|n| &n.op);
-    if matches!(last, Some(crate::model::layers::Op::Dense(_) | crate::model::layers::Op::Conv(_) | crate::model::layers::Op::Norm(_))) {
+    if stack.ends_linear_in_params() {
         return Ok(());
     }
     Err(Error::Config(format!(

@@ -119,6 +119,81 @@ pub(crate) fn gemm_rate(n: usize, repeat: usize) -> f64 {
     2.0 * (n as f64).powi(3) / best * 1e-9
 }
 
+/// Real roots of the polynomial `Σ_j c_j u^j` strictly inside `(lo, hi)`, sorted.
+///
+/// Degree ≤ 2 in closed form (numerically stable quadratic formula); higher degrees by
+/// isolating monotone intervals between the roots of the derivative, then bisection.
+pub(crate) fn poly_roots_in(c: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+    let mut deg = c.len();
+    let scale = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if scale == 0.0 {
+        return Vec::new();
+    }
+    while deg > 0 && c[deg - 1].abs() <= 1e-15 * scale {
+        deg -= 1;
+    }
+    let c = &c[..deg];
+    let mut roots = match deg {
+        0 | 1 => Vec::new(),
+        2 => vec![-c[0] / c[1]],
+        3 => {
+            let (a, b, cc) = (c[2], c[1], c[0]);
+            let disc = b * b - 4.0 * a * cc;
+            if disc < 0.0 {
+                Vec::new()
+            } else {
+                let q = -0.5 * (b + b.signum() * disc.sqrt());
+                let mut r = Vec::new();
+                if q != 0.0 {
+                    r.push(q / a);
+                    r.push(cc / q);
+                } else {
+                    r.push(0.0);
+                }
+                r
+            }
+        }
+        _ => {
+            let d: Vec<f64> = (1..deg).map(|j| j as f64 * c[j]).collect();
+            let mut cuts = vec![lo];
+            cuts.extend(poly_roots_in(&d, lo, hi));
+            cuts.push(hi);
+            let mut r = Vec::new();
+            for w in cuts.windows(2) {
+                let (mut a, mut b) = (w[0], w[1]);
+                let (mut fa, fb) = (horner(c, a), horner(c, b));
+                if fa == 0.0 || fb == 0.0 || fa.signum() == fb.signum() {
+                    continue;
+                }
+                for _ in 0..200 {
+                    let m = 0.5 * (a + b);
+                    if m <= a || m >= b {
+                        break;
+                    }
+                    let fm = horner(c, m);
+                    if fm.signum() == fa.signum() {
+                        a = m;
+                        fa = fm;
+                    } else {
+                        b = m;
+                    }
+                }
+                r.push(0.5 * (a + b));
+            }
+            r
+        }
+    };
+    let margin = 1e-13 * (hi - lo).abs().max(1e-300);
+    roots.retain(|r| r.is_finite() && *r > lo + margin && *r < hi - margin);
+    roots.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    roots
+}
+
+/// Evaluates `Σ_j c_j u^j`.
+pub(crate) fn horner(c: &[f64], u: f64) -> f64 {
+    c.iter().rev().fold(0.0, |acc, v| acc * u + v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@
 use serde_json::Value;
 
 use crate::model::layers::Act;
-use crate::model::layers::{resolve_list, LayerSpec, Op, Shape, Stack};
+use crate::model::layers::{resolve_list, Layer, LayerSpec, Shape, Stack};
 
 /// `repr` of a recorded module (its class when the recording gives none).
 fn repr(m: &Value) -> String {
@@ -186,11 +186,7 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
     fn walk(modules: &[Value], nodes: &[crate::model::layers::Node], at: &str) -> Result<(), String> {
         for (i, (m, n)) in modules.iter().zip(nodes).enumerate() {
             let at = format!("{at}[{i}]");
-            let want_in = match &n.op {
-                Op::Dense(d) => Some(("in_features", d.n_in)),
-                Op::Conv(c) => Some(("in_channels", c.c)),
-                _ => None,
-            };
+            let want_in = n.layer.torch_input();
             match (m.get("type").and_then(Value::as_str), n.input) {
                 (Some("LayerNorm"), Shape::Map(..)) => {
                     return Err(refuse(&at, m, format!("nn.LayerNorm on the map {} normalises its last dimension; pathkernel's layer norm on a map is over the channels at each position: use torch_model.ChannelLayerNorm", n.input)))
@@ -203,11 +199,11 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
                     return Err(refuse(&at, m, format!("{key} = {got}, but its input is {} per sample", n.input)));
                 }
             }
-            if let Op::Residual(r) = &n.op {
+            if let Some((inner, shortcut)) = n.layer.branches() {
                 let body = m.get("body").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-                walk(body, &r.body, &format!("{at}.body"))?;
+                walk(body, inner, &format!("{at}.body"))?;
                 let sc = m.get("shortcut").filter(|s| !s.is_null());
-                match (sc, r.shortcut.as_deref()) {
+                match (sc, shortcut) {
                     (None, None) => {}
                     (Some(s), None) => {
                         return Err(refuse(
@@ -224,21 +220,8 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
                         ))
                     }
                     (Some(s), Some(node)) => {
-                        let ok = match (&node.op, s.get("type").and_then(Value::as_str)) {
-                            (Op::Dense(_), Some("Linear")) => s.get("bias").and_then(Value::as_bool) == Some(true),
-                            (Op::Conv(c), Some("Conv2d")) => {
-                                square(s, "kernel_size", &at).ok() == Some(1)
-                                    && square(s, "stride", &at).ok() == Some(c.stride)
-                                    && square(s, "padding", &at).ok() == Some(0)
-                                    && s.get("bias").and_then(Value::as_bool) == Some(true)
-                            }
-                            _ => false,
-                        };
-                        if !ok {
-                            let want = match &node.op {
-                                Op::Conv(c) => format!("Conv2d({}, {}, kernel_size=1, stride={}) with a bias", c.c, c.co, c.stride),
-                                _ => format!("Linear({}, {}) with a bias", n.input.size(), n.output.size()),
-                            };
+                        if !node.layer.is_recorded_projection(s) {
+                            let want = format!("{} with a bias", node.layer.torch());
                             return Err(refuse(&at, m, format!("the shortcut {} is not the projection the stack uses: {want}", repr(s))));
                         }
                     }

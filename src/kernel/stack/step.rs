@@ -1,9 +1,11 @@
 //! A layer stack on one training step `w_s(t) = w_s + t·Δw`: the network's values, their
-//! t-derivative (forward mode) and per-sample gradients at any points and times, batched by
-//! time, and the kinks along t (see [`super::kinks`]).
+//! t-derivative (forward mode) and per-sample gradients at any points and times — a block of
+//! rows goes through each layer together, each row at its own t ([`At`]: `W_s` and `ΔW`
+//! products combined by t, no weight copy per row) — and the kinks along t (see
+//! [`super::kinks`]).
 
 use crate::error::{Error, Result};
-use crate::model::layers::{Grad, Stack};
+use crate::model::layers::{At, Grad, Stack};
 use crate::model::{Architecture, OutputKind, Params};
 
 /// Rows evaluated at once (bounds a batch's caches: a LeNet-5 row holds ~60 000 numbers, and
@@ -45,7 +47,8 @@ impl<'a> StackStep<'a> {
         Ok(StackStep { arch, k: arch.outputs(), d: arch.input_dim(), stack, state, dir })
     }
 
-    /// `w_s + t·Δw`.
+    /// `w_s + t·Δw` (the tests' reference for the per-row points).
+    #[cfg(test)]
     pub(crate) fn params_at(&self, t: f64) -> Vec<Vec<f64>> {
         match (&self.dir, t) {
             (Some(dir), t) if t != 0.0 => self.state.data.iter().zip(dir).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + t * y).collect()).collect(),
@@ -80,25 +83,17 @@ impl<'a> StackStep<'a> {
         seeds
     }
 
-    /// Groups of row positions with the same time, in chunks of [`EVAL_CHUNK`].
-    fn groups(t: &[f64]) -> Vec<(f64, Vec<usize>)> {
-        let mut order: Vec<usize> = (0..t.len()).collect();
-        order.sort_by(|&a, &b| t[a].total_cmp(&t[b]));
-        let mut out: Vec<(f64, Vec<usize>)> = Vec::new();
-        for j in order {
-            match out.last_mut() {
-                Some((tv, v)) if tv.to_bits() == t[j].to_bits() && v.len() < EVAL_CHUNK => v.push(j),
-                _ => out.push((t[j], vec![j])),
-            }
-        }
-        out
-    }
-
+    /// The inputs (and output offsets) of rows `idx[pos]`.
     fn gather(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], pos: &[usize]) -> (Vec<f64>, Option<Vec<f64>>) {
         let (d, k) = (self.d, self.k);
         let xs: Vec<f64> = pos.iter().flat_map(|&j| x[idx[j] * d..(idx[j] + 1) * d].iter().copied()).collect();
         let os = off.map(|o| pos.iter().flat_map(|&j| o[idx[j] * k..(idx[j] + 1) * k].iter().copied()).collect());
         (xs, os)
+    }
+
+    /// The points of the step rows at times `t` run at.
+    fn at<'s>(&'s self, t: &'s [f64]) -> At<'s> {
+        At { w: &self.state.data, dw: self.dir.as_deref(), t: Some(t) }
     }
 
     /// `f` and `df/dt` at rows `idx` of `x` (`[·, d]`) and times `t`.
@@ -107,24 +102,17 @@ impl<'a> StackStep<'a> {
     /// `off` `[·, K]`; returns `[R, K]` twice.
     pub(crate) fn jvp(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
         let k = self.k;
-        let mut f = vec![0.0; idx.len() * k];
-        let mut fd = vec![0.0; idx.len() * k];
-        let zero: Vec<Vec<f64>>;
-        let dir = match &self.dir {
-            Some(d) => d,
-            None => {
-                zero = self.state.data.iter().map(|v| vec![0.0; v.len()]).collect();
-                &zero
-            }
-        };
-        for (tv, pos) in Self::groups(t) {
-            let (xs, os) = self.gather(x, off, idx, &pos);
-            let (mut g, gd) = self.stack.tangent(&self.params_at(tv), dir, &xs);
+        let mut f = Vec::with_capacity(idx.len() * k);
+        let mut fd = Vec::with_capacity(idx.len() * k);
+        for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
+            let pos: Vec<usize> = (0..ib.len()).collect();
+            let (xs, os) = self.gather(x, off, ib, &pos);
+            let (mut g, gd) = self.stack.tangent_at(&self.at(tb), xs);
             let seeds = self.output_map(&mut g, os.as_deref());
-            for (r, &j) in pos.iter().enumerate() {
-                f[j * k..(j + 1) * k].copy_from_slice(&g[r * k..(r + 1) * k]);
+            f.extend_from_slice(&g);
+            for r in 0..ib.len() {
                 for c in 0..k {
-                    fd[j * k + c] = (0..k).map(|o| seeds[(r * k + c) * k + o] * gd[r * k + o]).sum();
+                    fd.push((0..k).map(|o| seeds[(r * k + c) * k + o] * gd[r * k + o]).sum());
                 }
             }
         }
@@ -148,7 +136,7 @@ impl<'a> StackStep<'a> {
     /// (`[d]`) at time `t` (empty at t = 0 only steps).
     fn kink_inputs(&self, xp: &[f64], t: f64) -> Vec<(f64, f64)> {
         match &self.dir {
-            Some(dir) => self.stack.kink_inputs(&self.params_at(t), dir, xp),
+            Some(_) => self.stack.kink_inputs(&self.at(&[t]), xp),
             None => Vec::new(),
         }
     }
@@ -238,43 +226,42 @@ impl<'a> StackStep<'a> {
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
     /// layer (storage order), rows in `idx` order.
     pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
-        let (k, n) = (self.k, idx.len());
+        let k = self.k;
         let mut out: Vec<RowGrad> = Vec::new();
-        for (tv, pos) in Self::groups(t) {
-            let (xs, os) = self.gather(x, off, idx, &pos);
-            let params = self.params_at(tv);
-            let (mut g, caches) = self.stack.forward_cached(&params, &xs);
+        for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
+            let pos: Vec<usize> = (0..ib.len()).collect();
+            let (xs, os) = self.gather(x, off, ib, &pos);
+            let at = self.at(tb);
+            let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
             let seeds = self.output_map(&mut g, os.as_deref());
-            let grads = self.stack.backward(&params, &caches, seeds, k);
+            let grads = self.stack.backward_at(&at, &caches, seeds, k);
             if out.is_empty() {
+                let n = idx.len();
                 out = grads
                     .iter()
                     .map(|(_, gr)| match gr {
                         Grad::Factor { n_in, n_out, bias, .. } => {
                             let ne = n_in + usize::from(*bias);
-                            RowGrad::Factor { acts: vec![0.0; n * ne], deltas: vec![0.0; n * k * n_out], ne, out: *n_out }
+                            RowGrad::Factor { acts: Vec::with_capacity(n * ne), deltas: Vec::with_capacity(n * k * n_out), ne, out: *n_out }
                         }
-                        Grad::Formed { width, .. } => RowGrad::Formed { g: vec![0.0; n * k * width], width: *width },
+                        Grad::Formed { width, .. } => RowGrad::Formed { g: Vec::with_capacity(n * k * width), width: *width },
                     })
                     .collect();
             }
-            for ((_, gr), dst) in grads.iter().zip(out.iter_mut()) {
+            for ((_, gr), dst) in grads.into_iter().zip(out.iter_mut()) {
                 match (gr, dst) {
-                    (Grad::Factor { acts, deltas, n_in, n_out, bias }, RowGrad::Factor { acts: da, deltas: dd, ne, .. }) => {
-                        for (r, &j) in pos.iter().enumerate() {
-                            let row = &mut da[j * *ne..(j + 1) * *ne];
-                            row[..*n_in].copy_from_slice(&acts[r * n_in..(r + 1) * n_in]);
-                            if *bias {
-                                row[*n_in] = 1.0;
+                    (Grad::Factor { acts, deltas, n_in, bias, .. }, RowGrad::Factor { acts: da, deltas: dd, .. }) => {
+                        if bias {
+                            for row in acts.chunks_exact(n_in) {
+                                da.extend_from_slice(row);
+                                da.push(1.0);
                             }
-                            dd[j * k * n_out..(j + 1) * k * n_out].copy_from_slice(&deltas[r * k * n_out..(r + 1) * k * n_out]);
+                        } else {
+                            da.extend_from_slice(&acts);
                         }
+                        dd.extend_from_slice(&deltas);
                     }
-                    (Grad::Formed { g, width }, RowGrad::Formed { g: dg, .. }) => {
-                        for (r, &j) in pos.iter().enumerate() {
-                            dg[j * k * width..(j + 1) * k * width].copy_from_slice(&g[r * k * width..(r + 1) * k * width]);
-                        }
-                    }
+                    (Grad::Formed { g, .. }, RowGrad::Formed { g: dg, .. }) => dg.extend_from_slice(&g),
                     _ => unreachable!("the same stack gives the same layer kinds"),
                 }
             }

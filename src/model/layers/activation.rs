@@ -5,7 +5,13 @@
 //! network is piecewise polynomial in t and its kinks are roots); the others are smooth, so the
 //! adaptive quadrature converges on them without kinks.
 
+use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
+
+use super::autodiff::Activations;
+use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
+use super::{Cache, Grad};
+use crate::model::tensors::ParamTensor;
 
 /// An element-wise nonlinearity.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,6 +123,118 @@ impl Act {
                 let s = sigmoid(z);
                 s * (1.0 + z * (1.0 - s))
             }
+        }
+    }
+}
+
+fn act_on<S: dfdx::shapes::Shape, D: Device<f64>, T: Tape<f64, D> + Merge<T>>(a: Act, x: Tensor<S, f64, D, T>) -> Tensor<S, f64, D, T> {
+    match a {
+        Act::Relu => x.relu(),
+        Act::LeakyRelu(s) => dfdx::tensor_ops::leakyrelu(x, s),
+        Act::Tanh => x.tanh(),
+        Act::Sigmoid => x.sigmoid(),
+        Act::Gelu => {
+            // dfdx 0.13's `accurate_gelu` has the right value but a wrong derivative: its
+            // `x·φ(x)` term is `x·e^{−x²/2}/√π` instead of `x·e^{−x²/2}/√(2π)`. The difference is
+            // the derivative of `−c·e^{−x²/2}` with `c = 1/√π − 1/√(2π)`, so adding
+            // `c·e^{−x²/2}` minus its own value (a constant: the output is unchanged bit for bit)
+            // makes the derivative exact.
+            let c = 1.0 / std::f64::consts::PI.sqrt() - 1.0 / (2.0 * std::f64::consts::PI).sqrt();
+            let bump = (x.retaped::<T>().square() * -0.5).exp() * c;
+            let frozen = bump.device().tensor_from_vec(bump.as_vec(), *bump.shape());
+            x.accurate_gelu() + (bump - frozen)
+        }
+        Act::Softplus => {
+            let r = x.retaped::<T>().relu();
+            r + (x.abs().negate().exp() + 1.0).ln()
+        }
+        Act::Silu => x.retaped::<T>().sigmoid() * x,
+    }
+}
+
+/// An activation layer: `act` on each of the `size` numbers of a sample.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Activation {
+    pub act: Act,
+    pub size: usize,
+}
+
+impl Layer for Activation {
+    fn torch(&self) -> String {
+        match self.act {
+            Act::Relu => "ReLU()".into(),
+            Act::LeakyRelu(s) => format!("LeakyReLU({s})"),
+            Act::Tanh => "Tanh()".into(),
+            Act::Sigmoid => "Sigmoid()".into(),
+            Act::Softplus => "Softplus()".into(),
+            Act::Gelu => "GELU()".into(),
+            Act::Silu => "SiLU()".into(),
+        }
+    }
+
+    fn along(&self) -> Along {
+        if self.act.piecewise_linear() {
+            Along::Kinked
+        } else {
+            Along::Smooth
+        }
+    }
+
+    fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let y = x.iter().map(|&z| self.act.apply(z)).collect();
+        (y, if keep { Cache::Input(x) } else { Cache::None })
+    }
+
+    fn tangent(&self, _first: usize, _at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        if let (Some(pr), Some(xd)) = (probe, xd.as_deref()) {
+            if self.act.piecewise_linear() {
+                pr.extend(x.iter().copied().zip(xd.iter().copied()));
+            }
+        }
+        let yd = xd.map(|xd| x.iter().zip(xd).map(|(&z, v)| self.act.derivative(z) * v).collect());
+        (x.iter().map(|&z| self.act.apply(z)).collect(), yd)
+    }
+
+    /// The derivative once per sample, applied to its K rows.
+    fn backward(&self, _first: usize, _at: &At, cache: &Cache, mut dy: Vec<f64>, k: usize, _want_dx: bool, _grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Input(z) = cache else { unreachable!("an activation's cache is its input") };
+        let size = self.size;
+        let mut der = vec![0.0; size];
+        for (s, rows) in dy.chunks_mut(k * size).enumerate() {
+            der.iter_mut().zip(&z[s * size..(s + 1) * size]).for_each(|(d, &zv)| *d = self.act.derivative(zv));
+            for row in rows.chunks_exact_mut(size) {
+                row.iter_mut().zip(&der).for_each(|(v, d)| *v *= d);
+            }
+        }
+        dy
+    }
+
+    /// ReLU and leaky ReLU: each input's polynomial's roots are kinks, and the pattern at
+    /// `sw.tm` scales it; the smooth ones end the sweep.
+    fn sweep(&self, _first: usize, _w: &[Vec<f64>], _dw: &[Vec<f64>], p: Poly, sw: &mut Sweep) -> Option<Poly> {
+        let slope = match self.act {
+            Act::Relu => 0.0,
+            Act::LeakyRelu(s) => s,
+            _ => return None,
+        };
+        let size = p.size;
+        let mut q = p.clone();
+        for u in 0..size {
+            let cu = p.unit(u);
+            sw.roots(&cu);
+            if p.at(u, sw.tm) <= 0.0 {
+                for j in 0..=p.deg() {
+                    q.c[j * size + u] *= slope;
+                }
+            }
+        }
+        Some(q)
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, _first: usize, _p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        match x {
+            Activations::Flat(t) => Activations::Flat(act_on(self.act, t)),
+            Activations::Map(t) => Activations::Map(act_on(self.act, t)),
         }
     }
 }

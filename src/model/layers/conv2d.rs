@@ -11,7 +11,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use dfdx::prelude::*;
+
+use super::autodiff::{map, Activations};
+use super::contract::{add_scaled_rows, At, Layer, Poly, Probe, Sweep};
+use super::{uniform, Cache, Grad};
 use crate::linalg::gemm;
+use crate::model::conv;
+use crate::model::tensors::ParamTensor;
 
 /// A resolved convolution.
 #[derive(Clone, Debug, PartialEq)]
@@ -145,11 +152,12 @@ impl Conv {
         out
     }
 
-    /// Input sensitivities: `dU[k] = δ[k]ᵀ W` (`[P, C·k·k]`) scattered back through im2col.
+    /// Input sensitivities: `dU[k] = δ[k]ᵀ W(t_s)` (`[P, C·k·k]`, `W + t_s·ΔW` with `off` =
+    /// `(ΔW, t)`) scattered back through im2col.
     ///
     /// # Shapes
-    /// `w` `[Co, C·k·k]`, `dy` `[n, K, Co, P]`; returns `[n, K, C, H, W]`.
-    pub(crate) fn input_grad(&self, w: &[f64], dy: &[f64]) -> Vec<f64> {
+    /// `w` `[Co, C·k·k]`, `dy` `[n, K, Co, P]`, `t` `[n]`; returns `[n, K, C, H, W]`.
+    pub(crate) fn input_grad(&self, w: &[f64], off: Option<(&[f64], &[f64])>, dy: &[f64], k: usize) -> Vec<f64> {
         let (p, t, co) = (self.positions(), self.taps(), self.co);
         let size = self.c * self.h * self.w;
         let rows = dy.len() / (co * p);
@@ -172,12 +180,138 @@ impl Conv {
         let mut dx = vec![0.0; rows * size];
         let mut du = vec![0.0; p * t];
         for r in 0..rows {
-            gemm(&mut du, &dy[r * co * p..(r + 1) * co * p], true, w, false, (p, t, co), 1.0, false);
+            let dyr = &dy[r * co * p..(r + 1) * co * p];
+            gemm(&mut du, dyr, true, w, false, (p, t, co), 1.0, false);
+            if let Some((dw, ts)) = off {
+                let tr = ts[r / k];
+                if tr != 0.0 {
+                    gemm(&mut du, dyr, true, dw, false, (p, t, co), tr, true);
+                }
+            }
             let dxs = &mut dx[r * size..(r + 1) * size];
             for (q, d) in dxs.iter_mut().enumerate() {
                 *d = src[start[q] as usize..start[q + 1] as usize].iter().map(|&j| du[j as usize]).sum();
             }
         }
         dx
+    }
+}
+
+/// A PyTorch size argument (`3` or `[3, 3]`) when square.
+fn square(m: &serde_json::Value, key: &str) -> Option<usize> {
+    match m.get(key)? {
+        serde_json::Value::Array(a) if a.len() == 2 && a[0] == a[1] => a[0].as_u64().map(|v| v as usize),
+        v => v.as_u64().map(|v| v as usize),
+    }
+}
+
+impl Conv {
+    fn bias_at<'a>(&self, at: &At<'a>, first: usize) -> Option<&'a [f64]> {
+        self.bias.then(|| at.w(first + 1))
+    }
+
+    /// `U W(t)ᵀ (+ b(t))` from patches, each sample at its own t.
+    fn apply_at(&self, first: usize, at: &At, u: &[f64], bias: bool) -> Vec<f64> {
+        let b = if bias { self.bias_at(at, first) } else { None };
+        let mut y = self.apply(u, at.w(first), b);
+        if let Some((dw, t)) = at.offset(first) {
+            let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
+            let y1 = self.apply(u, dw, db);
+            add_scaled_rows(&mut y, &y1, t, self.co * self.positions());
+        }
+        y
+    }
+}
+
+impl Layer for Conv {
+    fn torch(&self) -> String {
+        format!("Conv2d({}, {}, {}, stride={}, padding={}{})", self.c, self.co, self.k, self.stride, self.padding, if self.bias { "" } else { ", bias=False" })
+    }
+
+    fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
+        let mut v = vec![("weight", vec![self.co, self.c, self.k, self.k])];
+        if self.bias {
+            v.push(("bias", vec![self.co]));
+        }
+        v
+    }
+
+    fn init(&self, rng: &mut dyn rand::RngCore, data: &mut Vec<Vec<f64>>) {
+        uniform(rng, self.co * self.taps(), self.taps(), data);
+        if self.bias {
+            uniform(rng, self.co, self.taps(), data);
+        }
+    }
+
+    fn linear_in_params(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let u = self.patches(&x);
+        let y = self.apply_at(first, at, &u, true);
+        (y, if keep { Cache::Patches(u) } else { Cache::None })
+    }
+
+    /// `ẏ = U ΔWᵀ + Δb + U̇ W(t)ᵀ`.
+    fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        let u = self.patches(&x);
+        let y = self.apply_at(first, at, &u, true);
+        let mut yd = match at.dw(first) {
+            Some(dw) => self.apply(&u, dw, if self.bias { at.dw(first + 1) } else { None }),
+            None => vec![0.0; y.len()],
+        };
+        if let Some(xd) = xd {
+            let ud = self.patches(&xd);
+            let t = self.apply_at(first, at, &ud, false);
+            yd.iter_mut().zip(t).for_each(|(a, b)| *a += b);
+        }
+        (y, Some(yd))
+    }
+
+    fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Patches(u) = cache else { unreachable!("a convolution's cache is its patches") };
+        grads.push((first, Grad::Formed { g: self.param_grads(u, &dy, k), width: self.width() }));
+        if want_dx {
+            self.input_grad(at.w(first), at.offset(first), &dy, k)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
+        // The bias of channel o at every one of its positions.
+        let per_position = |b: &[f64]| -> Vec<f64> { b.iter().flat_map(|&v| std::iter::repeat_n(v, self.positions())).collect() };
+        let b = self.bias.then(|| (per_position(&w[first + 1]), per_position(&dw[first + 1])));
+        let out = self.co * self.positions();
+        let u = self.patches(&p.c); // once for both W_s and ΔW
+        Some(p.linear(out, &|wt, _| self.apply(&u, wt, None), &w[first], &dw[first], b.as_ref().map(|b| (b.0.as_slice(), b.1.as_slice()))))
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        let a = map(x);
+        let zero: Tensor<(usize,), f64, D> = a.device().zeros_like(&(self.co,));
+        let b = if self.bias { p[first + 1].r1().clone() } else { zero };
+        Activations::Map(conv::conv2d(a, p[first].r4(), &b, self.stride, self.padding))
+    }
+
+    fn gradient_floats(&self, k: u64) -> u64 {
+        k * self.width() as u64
+    }
+
+    fn scratch_floats(&self) -> u64 {
+        (self.positions() * self.taps()) as u64
+    }
+
+    fn torch_input(&self) -> Option<(&'static str, usize)> {
+        Some(("in_channels", self.c))
+    }
+
+    fn is_recorded_projection(&self, m: &serde_json::Value) -> bool {
+        m.get("type").and_then(serde_json::Value::as_str) == Some("Conv2d")
+            && square(m, "kernel_size") == Some(1)
+            && square(m, "stride") == Some(self.stride)
+            && square(m, "padding") == Some(0)
+            && m.get("bias").and_then(serde_json::Value::as_bool) == Some(true)
     }
 }

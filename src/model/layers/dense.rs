@@ -1,11 +1,19 @@
 //! `dense`: a fully connected layer on a flat feature vector, PyTorch's `Linear(in, out)`.
 //!
 //! Parameters `weight [out, in]` and `bias [out]` (optional). Linear in its input and in its
-//! parameters, so along a step's path `w_s(t)` its output's degree in t rises by one. Its
-//! per-sample gradient factors as `δ[k] ⊗ [a, 1]` (input activations `a`, output sensitivities
-//! `δ`): the kernel engine contracts the two factors separately, never the `out × in` product.
+//! parameters, so along a step's path `w_s(t)` its output's degree in t rises by one, and a
+//! batch of rows each at its own `t` is two GEMMs (`X W_sᵀ` and `X ΔWᵀ`) and a combine by `t`.
+//! Its per-sample gradient factors as `δ[k] ⊗ [a, 1]` (input activations `a`, output
+//! sensitivities `δ`): the kernel engine contracts the two factors separately, never the
+//! `out × in` product.
 
+use dfdx::prelude::*;
+
+use super::autodiff::{flat, Activations};
+use super::contract::{add_scaled_rows, At, Layer, Poly, Probe, Sweep};
+use super::{uniform, Cache, Grad};
 use crate::linalg::{gemm, gemm_abt};
+use crate::model::tensors::ParamTensor;
 
 /// A resolved dense layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,46 +23,135 @@ pub(crate) struct Dense {
     pub bias: bool,
 }
 
+fn add_bias(y: &mut [f64], b: &[f64]) {
+    let out = b.len();
+    y.chunks_exact_mut(out).for_each(|r| r.iter_mut().zip(b).for_each(|(v, bv)| *v += bv));
+}
+
 impl Dense {
     /// `y = x Wᵀ + b`.
     ///
     /// # Shapes
     /// `w` `[out, in]`, `b` `[out]`, `x` `[n, in]`; returns `[n, out]`.
-    pub(crate) fn forward(&self, w: &[f64], b: Option<&[f64]>, x: &[f64]) -> Vec<f64> {
+    pub(crate) fn forward_at(&self, w: &[f64], b: Option<&[f64]>, x: &[f64]) -> Vec<f64> {
         let n = x.len() / self.n_in;
         let mut y = vec![0.0; n * self.n_out];
         gemm_abt(&mut y, x, w, n, self.n_out, self.n_in, 1.0, false);
         if let Some(b) = b {
-            y.chunks_exact_mut(self.n_out).for_each(|r| r.iter_mut().zip(b).for_each(|(v, bv)| *v += bv));
+            add_bias(&mut y, b);
         }
         y
     }
 
-    /// Tangent of the output along `(ẋ, ΔW, Δb)`: `ẏ = ẋ Wᵀ + x ΔWᵀ + Δb`.
-    ///
-    /// # Shapes
-    /// As [`Dense::forward`]; `xdot` `[n, in]` (`None`: zero).
-    pub(crate) fn tangent(&self, w: &[f64], dw: &[f64], db: Option<&[f64]>, x: &[f64], xdot: Option<&[f64]>) -> Vec<f64> {
+    fn bias<'a>(&self, at: &At<'a>, first: usize) -> Option<&'a [f64]> {
+        self.bias.then(|| at.w(first + 1))
+    }
+
+    /// `x W(t)ᵀ (+ b(t))` with each sample at its own t.
+    fn apply(&self, first: usize, at: &At, x: &[f64], bias: bool) -> Vec<f64> {
+        let b = if bias { self.bias(at, first) } else { None };
+        let mut y = self.forward_at(at.w(first), b, x);
+        if let Some((dw, t)) = at.offset(first) {
+            let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
+            let y1 = self.forward_at(dw, db, x);
+            add_scaled_rows(&mut y, &y1, t, self.n_out);
+        }
+        y
+    }
+}
+
+impl Layer for Dense {
+    fn torch(&self) -> String {
+        format!("Linear({}, {}{})", self.n_in, self.n_out, if self.bias { "" } else { ", bias=False" })
+    }
+
+    fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
+        let mut v = vec![("weight", vec![self.n_out, self.n_in])];
+        if self.bias {
+            v.push(("bias", vec![self.n_out]));
+        }
+        v
+    }
+
+    fn init(&self, rng: &mut dyn rand::RngCore, data: &mut Vec<Vec<f64>>) {
+        uniform(rng, self.n_out * self.n_in, self.n_in, data);
+        if self.bias {
+            uniform(rng, self.n_out, self.n_in, data);
+        }
+    }
+
+    fn linear_in_params(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let y = self.apply(first, at, &x, true);
+        (y, if keep { Cache::Input(x) } else { Cache::None })
+    }
+
+    /// `ẏ = ẋ W(t)ᵀ + x ΔWᵀ + Δb`.
+    fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        let y = self.apply(first, at, &x, true);
         let n = x.len() / self.n_in;
-        let mut y = vec![0.0; n * self.n_out];
-        gemm_abt(&mut y, x, dw, n, self.n_out, self.n_in, 1.0, false);
-        if let Some(xd) = xdot {
-            gemm_abt(&mut y, xd, w, n, self.n_out, self.n_in, 1.0, true);
+        let mut yd = match at.dw(first) {
+            Some(dw) => self.forward_at(dw, if self.bias { at.dw(first + 1) } else { None }, &x),
+            None => vec![0.0; n * self.n_out],
+        };
+        if let Some(xd) = xd {
+            let t = self.apply(first, at, &xd, false);
+            yd.iter_mut().zip(&t).for_each(|(a, b)| *a += b);
         }
-        if let Some(b) = db {
-            y.chunks_exact_mut(self.n_out).for_each(|r| r.iter_mut().zip(b).for_each(|(v, bv)| *v += bv));
-        }
-        y
+        (y, Some(yd))
     }
 
-    /// Input sensitivities `dx[n, k] = dy[n, k] W`.
-    ///
-    /// # Shapes
-    /// `dy` `[n, K, out]`; returns `[n, K, in]`.
-    pub(crate) fn input_grad(&self, w: &[f64], dy: &[f64]) -> Vec<f64> {
-        let rows = dy.len() / self.n_out;
-        let mut dx = vec![0.0; rows * self.n_in];
-        gemm(&mut dx, dy, false, w, false, (rows, self.n_in, self.n_out), 1.0, false);
+    /// `dx[s, k] = dy[s, k] W(t_s)`.
+    fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Input(a) = cache else { unreachable!("a dense layer's cache is its input") };
+        let dx = if want_dx {
+            let rows = dy.len() / self.n_out;
+            let mut dx = vec![0.0; rows * self.n_in];
+            gemm(&mut dx, &dy, false, at.w(first), false, (rows, self.n_in, self.n_out), 1.0, false);
+            if let Some((dw, t)) = at.offset(first) {
+                let mut d1 = vec![0.0; rows * self.n_in];
+                gemm(&mut d1, &dy, false, dw, false, (rows, self.n_in, self.n_out), 1.0, false);
+                add_scaled_rows(&mut dx, &d1, t, k * self.n_in);
+            }
+            dx
+        } else {
+            Vec::new()
+        };
+        grads.push((first, Grad::Factor { acts: a.clone(), deltas: dy, n_in: self.n_in, n_out: self.n_out, bias: self.bias }));
         dx
+    }
+
+    fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
+        let b = self.bias.then(|| (w[first + 1].as_slice(), dw[first + 1].as_slice()));
+        Some(p.linear(self.n_out, &|wt, x| self.forward_at(wt, None, x), &w[first], &dw[first], b))
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        let a = flat(x);
+        let rows = a.shape().0;
+        let mut z = a.matmul(p[first].r2().clone().permute::<(usize, usize), Axes2<1, 0>>());
+        if self.bias {
+            z = z + p[first + 1].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&(rows, self.n_out));
+        }
+        Activations::Flat(z)
+    }
+
+    fn gradient_floats(&self, k: u64) -> u64 {
+        (self.n_in + 1) as u64 + k * self.n_out as u64
+    }
+
+    fn torch_input(&self) -> Option<(&'static str, usize)> {
+        Some(("in_features", self.n_in))
+    }
+
+    fn is_recorded_projection(&self, m: &serde_json::Value) -> bool {
+        m.get("type").and_then(serde_json::Value::as_str) == Some("Linear") && m.get("bias").and_then(serde_json::Value::as_bool) == Some(true)
+    }
+
+    fn is_dense_with_bias(&self) -> bool {
+        self.bias
     }
 }

@@ -15,8 +15,12 @@
 
 pub(crate) mod activation;
 pub(crate) mod autodiff;
+pub(crate) mod avg_pool;
+pub(crate) mod contract;
 pub(crate) mod conv2d;
 pub(crate) mod dense;
+pub(crate) mod flatten;
+pub(crate) mod max_pool;
 pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod residual;
@@ -29,8 +33,14 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::ParamSpec;
+use activation::Activation;
+use avg_pool::AvgPool;
+pub(crate) use contract::{At, Layer};
+use contract::{Poly, Probe, Sweep};
 use conv2d::Conv;
 use dense::Dense;
+use flatten::Flatten;
+use max_pool::MaxPool;
 use norm::{Norm, NormCache};
 use pool::Pool;
 use residual::Residual;
@@ -64,15 +74,46 @@ impl std::fmt::Display for Shape {
     }
 }
 
-/// A resolved layer: what it computes.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Op {
+/// Generates [`AnyLayer`], one variant per layer kind, and its [`Layer`] impl that hands
+/// every method to the kind: the one place that lists the kinds.
+macro_rules! layer_kinds {
+    ($($kind:ident($ty:ty)),* $(,)?) => {
+        /// A resolved layer: one of the kinds, each implementing [`Layer`] in its own file.
+        #[derive(Clone, Debug, PartialEq)]
+        pub(crate) enum AnyLayer {
+            $($kind($ty)),*
+        }
+
+        impl Layer for AnyLayer {
+            fn torch(&self) -> String { match self { $(AnyLayer::$kind(l) => Layer::torch(l)),* } }
+            fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> { match self { $(AnyLayer::$kind(l) => Layer::tensors(l)),* } }
+            fn param_specs(&self, prefix: &str, out: &mut Vec<ParamSpec>) { match self { $(AnyLayer::$kind(l) => Layer::param_specs(l, prefix, out)),* } }
+            fn init(&self, rng: &mut dyn rand::RngCore, data: &mut Vec<Vec<f64>>) { match self { $(AnyLayer::$kind(l) => Layer::init(l, rng, data)),* } }
+            fn along(&self) -> contract::Along { match self { $(AnyLayer::$kind(l) => Layer::along(l)),* } }
+            fn reach(&self, smooth_seen: &mut bool) -> bool { match self { $(AnyLayer::$kind(l) => Layer::reach(l, smooth_seen)),* } }
+            fn linear_in_params(&self) -> bool { match self { $(AnyLayer::$kind(l) => Layer::linear_in_params(l)),* } }
+            fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) { match self { $(AnyLayer::$kind(l) => Layer::forward(l, first, at, x, keep)),* } }
+            fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) { match self { $(AnyLayer::$kind(l) => Layer::tangent(l, first, at, x, xd, probe)),* } }
+            fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> { match self { $(AnyLayer::$kind(l) => Layer::backward(l, first, at, cache, dy, k, want_dx, grads)),* } }
+            fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, sw: &mut Sweep) -> Option<Poly> { match self { $(AnyLayer::$kind(l) => Layer::sweep(l, first, w, dw, p, sw)),* } }
+            fn autodiff<D: dfdx::prelude::Device<f64>, T: dfdx::prelude::Tape<f64, D> + dfdx::prelude::Merge<T> + dfdx::prelude::Merge<dfdx::prelude::NoneTape>>(&self, first: usize, p: &[crate::model::tensors::ParamTensor<D>], x: autodiff::Activations<D, T>) -> autodiff::Activations<D, T> { match self { $(AnyLayer::$kind(l) => Layer::autodiff(l, first, p, x)),* } }
+            fn gradient_floats(&self, k: u64) -> u64 { match self { $(AnyLayer::$kind(l) => Layer::gradient_floats(l, k)),* } }
+            fn scratch_floats(&self) -> u64 { match self { $(AnyLayer::$kind(l) => Layer::scratch_floats(l)),* } }
+            fn torch_input(&self) -> Option<(&'static str, usize)> { match self { $(AnyLayer::$kind(l) => Layer::torch_input(l)),* } }
+            fn is_recorded_projection(&self, m: &serde_json::Value) -> bool { match self { $(AnyLayer::$kind(l) => Layer::is_recorded_projection(l, m)),* } }
+            fn branches(&self) -> Option<(&[Node], Option<&Node>)> { match self { $(AnyLayer::$kind(l) => Layer::branches(l)),* } }
+            fn is_dense_with_bias(&self) -> bool { match self { $(AnyLayer::$kind(l) => Layer::is_dense_with_bias(l)),* } }
+        }
+    };
+}
+
+layer_kinds! {
     Dense(Dense),
     Conv(Conv),
-    MaxPool(Pool),
-    AvgPool(Pool),
-    Flatten,
-    Act(Act),
+    MaxPool(MaxPool),
+    AvgPool(AvgPool),
+    Flatten(Flatten),
+    Act(Activation),
     Norm(Norm),
     Residual(Residual),
 }
@@ -80,7 +121,7 @@ pub(crate) enum Op {
 /// A resolved layer with its shapes and its parameter tensors `first..first + count`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Node {
-    pub op: Op,
+    pub layer: AnyLayer,
     pub input: Shape,
     pub output: Shape,
     pub first: usize,
@@ -150,7 +191,9 @@ impl Stack {
     /// Parameter names and shapes, in storage order.
     pub fn param_specs(&self) -> Vec<ParamSpec> {
         let mut out = Vec::with_capacity(self.tensors);
-        specs_of(&self.nodes, &mut out);
+        for n in &self.nodes {
+            n.layer.param_specs(&n.prefix, &mut out);
+        }
         out
     }
 
@@ -158,26 +201,8 @@ impl Stack {
     /// or max-pool behind a smooth non-polynomial layer (tanh, sigmoid, softplus, GELU, SiLU,
     /// layer norm), where the sweep stops.
     pub fn kinks_reachable(&self) -> bool {
-        fn walk(nodes: &[Node], smooth_seen: &mut bool) -> bool {
-            for n in nodes {
-                match &n.op {
-                    Op::Act(a) if a.piecewise_linear() && *smooth_seen => return false,
-                    Op::MaxPool(_) if *smooth_seen => return false,
-                    Op::Act(a) if !a.piecewise_linear() => *smooth_seen = true,
-                    Op::Norm(_) => *smooth_seen = true,
-                    Op::Residual(r) => {
-                        let mut inner = *smooth_seen;
-                        if !walk(&r.body, &mut inner) {
-                            return false;
-                        }
-                        *smooth_seen |= inner;
-                    }
-                    _ => {}
-                }
-            }
-            true
-        }
-        walk(&self.nodes, &mut false)
+        let mut smooth_seen = false;
+        self.nodes.iter().all(|n| n.layer.reach(&mut smooth_seen))
     }
 
     /// Seeded initialisation in storage order, PyTorch's defaults: weights and biases uniform in
@@ -185,7 +210,9 @@ impl Stack {
     /// `zero_last` the last layer's parameters are 0 (a constant initial output).
     pub(crate) fn init(&self, rng: &mut impl Rng, zero_last: bool) -> Vec<Vec<f64>> {
         let mut data = Vec::with_capacity(self.tensors);
-        init_nodes(&self.nodes, rng, &mut data);
+        for n in &self.nodes {
+            n.layer.init(rng, &mut data);
+        }
         if zero_last {
             if let Some(last) = self.nodes.last() {
                 for d in &mut data[last.first..last.first + last.count] {
@@ -201,45 +228,71 @@ impl Stack {
     /// # Shapes
     /// `params` in storage order, `x` `[n, input]`; returns `[n, K]`.
     pub(crate) fn forward(&self, params: &[Vec<f64>], x: &[f64]) -> Vec<f64> {
-        forward_nodes(&self.nodes, params, x.to_vec(), None).0
+        forward_nodes(&self.nodes, &At::fixed(params), x.to_vec(), None)
     }
 
+    #[cfg(test)]
     /// Forward pass keeping what [`Stack::backward`] needs.
     pub(crate) fn forward_cached(&self, params: &[Vec<f64>], x: &[f64]) -> (Vec<f64>, Vec<Cache>) {
+        self.forward_cached_at(&At::fixed(params), x.to_vec())
+    }
+
+    /// Forward pass with each sample at its own point of a step ([`At`]), keeping what
+    /// [`Stack::backward_at`] needs.
+    ///
+    /// # Shapes
+    /// `x` `[n, input]`; returns `[n, K]`.
+    pub(crate) fn forward_cached_at(&self, at: &At, x: Vec<f64>) -> (Vec<f64>, Vec<Cache>) {
         let mut caches = Vec::with_capacity(self.nodes.len());
-        let y = forward_nodes(&self.nodes, params, x.to_vec(), Some(&mut caches)).0;
+        let y = forward_nodes(&self.nodes, at, x, Some(&mut caches));
         (y, caches)
     }
 
+    #[cfg(test)]
     /// Output and its tangent along the parameter direction `dir` (same layout as `params`):
     /// `(g_w(x), d/dt g_{w + t·dir}(x) at t = 0)`.
     ///
     /// # Shapes
     /// `x` `[n, input]`; returns `[n, K]` twice.
     pub(crate) fn tangent(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: &[f64]) -> (Vec<f64>, Vec<f64>) {
-        let (y, yd) = tangent_nodes(&self.nodes, params, dir, x.to_vec(), None, None);
-        (y, yd.unwrap_or_default())
+        self.tangent_at(&At { w: params, dw: Some(dir), t: None }, x.to_vec())
+    }
+
+    /// Output and its t-derivative along `at.dw`, each sample at its own t.
+    ///
+    /// # Shapes
+    /// `x` `[n, input]`; returns `[n, K]` twice.
+    pub(crate) fn tangent_at(&self, at: &At, x: Vec<f64>) -> (Vec<f64>, Vec<f64>) {
+        let (y, yd) = tangent_nodes(&self.nodes, at, x, None, None);
+        let yd = yd.unwrap_or_else(|| vec![0.0; y.len()]);
+        (y, yd)
     }
 
     /// The inputs of every piecewise-linear activation (ReLU, leaky ReLU) and every max-pool
     /// entry's margin over the rest of its window ([`pool::Pool::max_margins`]) with their
-    /// t-derivatives `(z, dz/dt)` along `dir`, in walk order: each changes sign at a kink (what
+    /// t-derivatives `(z, dz/dt)` along `at.dw`, in walk order: each changes sign at a kink (what
     /// the adaptive rule's kink location reads behind smooth layers).
     ///
     /// # Shapes
     /// `x` `[n, input]`; returns `n ×` (the activations' sizes) pairs.
-    pub(crate) fn kink_inputs(&self, params: &[Vec<f64>], dir: &[Vec<f64>], x: &[f64]) -> Vec<(f64, f64)> {
+    pub(crate) fn kink_inputs(&self, at: &At, x: &[f64]) -> Vec<(f64, f64)> {
         let mut probe = Vec::new();
-        tangent_nodes(&self.nodes, params, dir, x.to_vec(), None, Some(&mut probe));
+        tangent_nodes(&self.nodes, at, x.to_vec(), None, Some(&mut probe));
         probe
     }
 
+    #[cfg(test)]
     /// Per-sample gradients of the K outputs: `dy` `[n, K, K_out]` are the output
     /// sensitivities of each class (for `f = out(α g)` the rows of `∂f^k/∂g`); returns each
     /// parameter layer's [`Grad`] with its first tensor index, in storage order.
     pub(crate) fn backward(&self, params: &[Vec<f64>], caches: &[Cache], dy: Vec<f64>, k: usize) -> Vec<(usize, Grad)> {
+        self.backward_at(&At::fixed(params), caches, dy, k)
+    }
+
+    /// [`Stack::backward`] at the points of [`Stack::forward_cached_at`].
+    pub(crate) fn backward_at(&self, at: &At, caches: &[Cache], dy: Vec<f64>, k: usize) -> Vec<(usize, Grad)> {
         let mut grads = Vec::new();
-        backward_nodes(&self.nodes, params, caches, dy, k, false, &mut grads);
+        backward_nodes(&self.nodes, at, caches, dy, k, false, &mut grads);
         grads.sort_by_key(|g| g.0);
         grads
     }
@@ -251,7 +304,13 @@ impl Stack {
 
     /// Whether the last layer is dense with a bias (last-layer Laplace's requirement).
     pub(crate) fn ends_in_dense_with_bias(&self) -> bool {
-        matches!(self.nodes.last().map(|n| &n.op), Some(Op::Dense(Dense { bias: true, .. })))
+        self.nodes.last().is_some_and(|n| n.layer.is_dense_with_bias())
+    }
+
+    /// Whether the last layer's output is linear in its own parameters (a scale α folds into
+    /// them: dense, conv2d, layer norm).
+    pub(crate) fn ends_linear_in_params(&self) -> bool {
+        self.nodes.last().is_some_and(|n| n.layer.linear_in_params())
     }
 
     /// The last layer's inputs (every layer but the last applied).
@@ -260,81 +319,25 @@ impl Stack {
     /// `x` `[n, input]`; returns `[n, in_last]`.
     pub(crate) fn forward_penultimate(&self, params: &[Vec<f64>], x: &[f64]) -> Vec<f64> {
         let k = self.nodes.len().saturating_sub(1);
-        forward_nodes(&self.nodes[..k], params, x.to_vec(), None).0
+        forward_nodes(&self.nodes[..k], &At::fixed(params), x.to_vec(), None)
     }
 
     /// The module as PyTorch prints it, e.g. `Sequential(Conv2d(1, 6, 5, stride=1, padding=2), ReLU(), …)`.
     pub(crate) fn torch_description(&self) -> String {
-        fn list(nodes: &[Node]) -> String {
-            nodes.iter().map(describe).collect::<Vec<_>>().join(", ")
-        }
-        // PyTorch prints `eps` only when it is not its default 1e-5.
-        fn eps_arg(eps: f64) -> String {
-            if eps == 1e-5 { String::new() } else { format!(", eps={eps}") }
-        }
-        fn describe(n: &Node) -> String {
-            let nb = |b: bool| if b { "" } else { ", bias=False" };
-            match &n.op {
-                Op::Dense(d) => format!("Linear({}, {}{})", d.n_in, d.n_out, nb(d.bias)),
-                Op::Conv(c) => format!("Conv2d({}, {}, {}, stride={}, padding={}{})", c.c, c.co, c.k, c.stride, c.padding, nb(c.bias)),
-                Op::MaxPool(p) => format!("MaxPool2d({}, stride={})", p.k, p.stride),
-                Op::AvgPool(p) => format!("AvgPool2d({}, stride={})", p.k, p.stride),
-                Op::Flatten => "Flatten()".into(),
-                Op::Act(Act::Relu) => "ReLU()".into(),
-                Op::Act(Act::LeakyRelu(s)) => format!("LeakyReLU({s})"),
-                Op::Act(Act::Tanh) => "Tanh()".into(),
-                Op::Act(Act::Sigmoid) => "Sigmoid()".into(),
-                Op::Act(Act::Softplus) => "Softplus()".into(),
-                Op::Act(Act::Gelu) => "GELU()".into(),
-                Op::Act(Act::Silu) => "SiLU()".into(),
-                Op::Norm(nm) if nm.positions == 1 => format!("LayerNorm({}{})", nm.g, eps_arg(nm.eps)),
-                Op::Norm(nm) => format!("ChannelLayerNorm({}{})", nm.g, eps_arg(nm.eps)),
-                Op::Residual(r) => match &r.shortcut {
-                    Some(sc) => format!("Residual(Sequential({}), shortcut={})", list(&r.body), describe(sc)),
-                    None => format!("Residual(Sequential({}))", list(&r.body)),
-                },
-            }
-        }
-        format!("Sequential({})", list(&self.nodes))
+        format!("Sequential({})", self.nodes.iter().map(|n| n.layer.torch()).collect::<Vec<_>>().join(", "))
     }
 
     /// Floats of one sample's per-sample gradient in the kernel engine's form for `k` outputs:
     /// dense layers as factors (`in + 1 + k·out`), the others formed (`k·width`).
     pub(crate) fn gradient_floats(&self, k: usize) -> u64 {
-        fn walk(nodes: &[Node], k: u64) -> u64 {
-            nodes
-                .iter()
-                .map(|n| match &n.op {
-                    Op::Dense(d) => (d.n_in + 1) as u64 + k * d.n_out as u64,
-                    Op::Conv(c) => k * c.width() as u64,
-                    Op::Norm(nm) => k * 2 * nm.g as u64,
-                    Op::Residual(r) => walk(&r.body, k) + r.shortcut.as_deref().map_or(0, |s| walk(std::slice::from_ref(s), k)),
-                    _ => 0,
-                })
-                .sum()
-        }
-        walk(&self.nodes, k as u64)
+        self.nodes.iter().map(|n| n.layer.gradient_floats(k as u64)).sum()
     }
 
     /// Floats one sample occupies in a forward pass (every layer's output, and convolution
     /// patches), for memory estimates.
     pub(crate) fn floats_per_sample(&self) -> u64 {
-        fn walk(nodes: &[Node]) -> u64 {
-            nodes
-                .iter()
-                .map(|n| {
-                    n.output.size() as u64
-                        + match &n.op {
-                            Op::Conv(c) => (c.positions() * c.taps()) as u64,
-                            Op::Residual(r) => walk(&r.body) + r.shortcut.as_deref().map_or(0, |s| walk(std::slice::from_ref(s))),
-                            _ => 0,
-                        }
-                })
-                .sum()
-        }
-        self.input.size() as u64 + walk(&self.nodes)
+        self.input.size() as u64 + self.nodes.iter().map(|n| n.output.size() as u64 + n.layer.scratch_floats()).sum::<u64>()
     }
-
 }
 
 /// Resolves `specs` from `input`; `at` names the list in errors, `prefix` the parameters.
@@ -359,7 +362,7 @@ fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors
             let Shape::Flat(n_in) = shape else {
                 return Err(resolve_err(at, spec, format!("needs a flat input, got the map {shape}: add \"flatten\" before it")));
             };
-            (Op::Dense(Dense { n_in, n_out: *features, bias: *bias }), Shape::Flat(*features), 1 + usize::from(*bias))
+            (AnyLayer::Dense(Dense { n_in, n_out: *features, bias: *bias }), Shape::Flat(*features), 1 + usize::from(*bias))
         }
         LayerSpec::Conv2d { channels, kernel, stride, padding, bias } => {
             let Shape::Map(c, h, w) = shape else { return Err(map_needed(" (image data, or a conv layer's output)")) };
@@ -369,7 +372,7 @@ fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors
             }
             let (ho, wo) = ((hp - kernel) / stride + 1, (wp - kernel) / stride + 1);
             let conv = Conv { c, h, w, co: *channels, k: *kernel, stride: *stride, padding: *padding, ho, wo, bias: *bias };
-            (Op::Conv(conv), Shape::Map(*channels, ho, wo), 1 + usize::from(*bias))
+            (AnyLayer::Conv(conv), Shape::Map(*channels, ho, wo), 1 + usize::from(*bias))
         }
         LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => {
             let Shape::Map(c, h, w) = shape else { return Err(map_needed("")) };
@@ -378,11 +381,11 @@ fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors
             }
             let pool = Pool { c, h, w, k: *kernel, stride: *stride, ho: (h - kernel) / stride + 1, wo: (w - kernel) / stride + 1 };
             let out = Shape::Map(c, pool.ho, pool.wo);
-            let op = if matches!(spec, LayerSpec::MaxPool2d { .. }) { Op::MaxPool(pool) } else { Op::AvgPool(pool) };
+            let op = if matches!(spec, LayerSpec::MaxPool2d { .. }) { AnyLayer::MaxPool(MaxPool(pool)) } else { AnyLayer::AvgPool(AvgPool(pool)) };
             (op, out, 0)
         }
-        LayerSpec::Flatten => (Op::Flatten, Shape::Flat(shape.size()), 0),
-        LayerSpec::Act(a) => (Op::Act(*a), shape, 0),
+        LayerSpec::Flatten => (AnyLayer::Flatten(Flatten), Shape::Flat(shape.size()), 0),
+        LayerSpec::Act(a) => (AnyLayer::Act(Activation { act: *a, size: shape.size() }), shape, 0),
         LayerSpec::LayerNorm { eps } => {
             let norm = match shape {
                 Shape::Flat(f) => Norm { g: f, positions: 1, eps: *eps },
@@ -391,189 +394,54 @@ fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors
             if norm.g < 2 {
                 return Err(resolve_err(at, spec, format!("normalises over 1 value of {shape}: its output would be constant")));
             }
-            (Op::Norm(norm), shape, 2)
+            (AnyLayer::Norm(norm), shape, 2)
         }
         LayerSpec::Residual { layers } => {
             *tensors = first;
             let res = Residual::resolve(shape, layers, at, &prefix, tensors)?;
             let out = res.output(shape);
             let count = *tensors - first;
-            return Ok(Node { op: Op::Residual(res), input: shape, output: out, first, count, prefix });
+            return Ok(Node { layer: AnyLayer::Residual(res), input: shape, output: out, first, count, prefix });
         }
     };
     if output.size() == 0 {
         return Err(resolve_err(at, spec, format!("gives an empty output {output}")));
     }
     *tensors += count;
-    Ok(Node { op, input: shape, output, first, count, prefix })
+    Ok(Node { layer: op, input: shape, output, first, count, prefix })
 }
 
-fn specs_of(nodes: &[Node], out: &mut Vec<ParamSpec>) {
-    for n in nodes {
-        let p = &n.prefix;
-        match &n.op {
-            Op::Dense(d) => {
-                out.push(ParamSpec { name: format!("{p}weight"), shape: vec![d.n_out, d.n_in] });
-                if d.bias {
-                    out.push(ParamSpec { name: format!("{p}bias"), shape: vec![d.n_out] });
-                }
-            }
-            Op::Conv(c) => {
-                out.push(ParamSpec { name: format!("{p}weight"), shape: vec![c.co, c.c, c.k, c.k] });
-                if c.bias {
-                    out.push(ParamSpec { name: format!("{p}bias"), shape: vec![c.co] });
-                }
-            }
-            Op::Norm(nm) => {
-                out.push(ParamSpec { name: format!("{p}weight"), shape: vec![nm.g] });
-                out.push(ParamSpec { name: format!("{p}bias"), shape: vec![nm.g] });
-            }
-            Op::Residual(r) => {
-                specs_of(&r.body, out);
-                if let Some(sc) = &r.shortcut {
-                    specs_of(std::slice::from_ref(sc.as_ref()), out);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-fn uniform(rng: &mut impl Rng, n: usize, fan_in: usize, data: &mut Vec<Vec<f64>>) {
+/// PyTorch's default uniform initialisation of an `n`-number tensor with fan-in `fan_in`.
+pub(crate) fn uniform(rng: &mut dyn rand::RngCore, n: usize, fan_in: usize, data: &mut Vec<Vec<f64>>) {
     let bound = 1.0 / (fan_in as f64).sqrt();
     data.push((0..n).map(|_| rng.gen_range(-bound..bound)).collect());
 }
 
-fn init_nodes(nodes: &[Node], rng: &mut impl Rng, data: &mut Vec<Vec<f64>>) {
+/// The forward walk at `at`; with `caches`, one [`Cache`] per node is pushed.
+pub(crate) fn forward_nodes(nodes: &[Node], at: &At, mut x: Vec<f64>, mut caches: Option<&mut Vec<Cache>>) -> Vec<f64> {
     for n in nodes {
-        match &n.op {
-            Op::Dense(d) => {
-                uniform(rng, d.n_out * d.n_in, d.n_in, data);
-                if d.bias {
-                    uniform(rng, d.n_out, d.n_in, data);
-                }
-            }
-            Op::Conv(c) => {
-                uniform(rng, c.co * c.taps(), c.taps(), data);
-                if c.bias {
-                    uniform(rng, c.co, c.taps(), data);
-                }
-            }
-            Op::Norm(nm) => {
-                data.push(vec![1.0; nm.g]);
-                data.push(vec![0.0; nm.g]);
-            }
-            Op::Residual(r) => {
-                init_nodes(&r.body, rng, data);
-                if let Some(sc) = &r.shortcut {
-                    init_nodes(std::slice::from_ref(sc.as_ref()), rng, data);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-fn bias_of<'a>(params: &'a [Vec<f64>], n: &Node, has: bool) -> Option<&'a [f64]> {
-    has.then(|| params[n.first + 1].as_slice())
-}
-
-/// The forward walk; with `caches`, one [`Cache`] per node is pushed.
-pub(crate) fn forward_nodes(nodes: &[Node], params: &[Vec<f64>], mut x: Vec<f64>, mut caches: Option<&mut Vec<Cache>>) -> (Vec<f64>, ()) {
-    for n in nodes {
-        let (y, cache) = match &n.op {
-            Op::Dense(d) => {
-                let y = d.forward(&params[n.first], bias_of(params, n, d.bias), &x);
-                (y, Cache::Input(x))
-            }
-            Op::Conv(c) => {
-                let u = c.patches(&x);
-                let y = c.apply(&u, &params[n.first], bias_of(params, n, c.bias));
-                (y, Cache::Patches(u))
-            }
-            Op::MaxPool(p) => {
-                let (y, arg) = p.max_forward(&x);
-                (y, Cache::Arg(arg))
-            }
-            Op::AvgPool(p) => (p.avg_forward(&x), Cache::None),
-            Op::Flatten => (x, Cache::None),
-            Op::Act(a) => {
-                let y = x.iter().map(|&z| a.apply(z)).collect();
-                (y, Cache::Input(x))
-            }
-            Op::Norm(nm) => {
-                let (y, c) = nm.forward(&params[n.first], &params[n.first + 1], &x);
-                (y, Cache::Norm(c))
-            }
-            Op::Residual(r) => {
-                let (y, inner, sc) = r.forward(params, x, caches.is_some());
-                (y, Cache::Residual(inner, Box::new(sc)))
-            }
-        };
+        let (y, cache) = n.layer.forward(n.first, at, x, caches.is_some());
         if let Some(c) = caches.as_mut() {
             c.push(cache);
         }
         x = y;
     }
-    (x, ())
+    x
 }
 
-/// The tangent walk: values and tangents (`None`: zero) along `dir`.
+/// The tangent walk: values and tangents (`None`: zero) along `at.dw`.
 /// `probe` collects `(z, dz/dt)` at the inputs of the piecewise-linear activations and the
 /// max-pool windows' margins ([`Stack::kink_inputs`]).
-pub(crate) fn tangent_nodes(nodes: &[Node], params: &[Vec<f64>], dir: &[Vec<f64>], mut x: Vec<f64>, mut xd: Option<Vec<f64>>, mut probe: Option<&mut Vec<(f64, f64)>>) -> (Vec<f64>, Option<Vec<f64>>) {
+pub(crate) fn tangent_nodes(nodes: &[Node], at: &At, mut x: Vec<f64>, mut xd: Option<Vec<f64>>, mut probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
     for n in nodes {
-        let (y, yd) = match &n.op {
-            Op::Dense(d) => {
-                let y = d.forward(&params[n.first], bias_of(params, n, d.bias), &x);
-                let yd = d.tangent(&params[n.first], &dir[n.first], bias_of(dir, n, d.bias), &x, xd.as_deref());
-                (y, Some(yd))
-            }
-            Op::Conv(c) => {
-                let u = c.patches(&x);
-                let y = c.apply(&u, &params[n.first], bias_of(params, n, c.bias));
-                let mut yd = c.apply(&u, &dir[n.first], bias_of(dir, n, c.bias));
-                if let Some(xd) = xd.as_deref() {
-                    let ud = c.patches(xd);
-                    let t = c.apply(&ud, &params[n.first], None);
-                    yd.iter_mut().zip(t).for_each(|(a, b)| *a += b);
-                }
-                (y, Some(yd))
-            }
-            Op::MaxPool(p) => {
-                if let (Some(pr), Some(xd)) = (probe.as_deref_mut(), xd.as_deref()) {
-                    p.max_margins(&x, xd, pr);
-                }
-                let (y, arg) = p.max_forward(&x);
-                (y, xd.as_deref().map(|xd| p.max_gather(xd, &arg)))
-            }
-            Op::AvgPool(p) => (p.avg_forward(&x), xd.as_deref().map(|xd| p.avg_forward(xd))),
-            Op::Flatten => (x, xd),
-            Op::Act(a) => {
-                if let (Some(pr), Some(xd)) = (probe.as_deref_mut(), xd.as_deref()) {
-                    if a.piecewise_linear() {
-                        pr.extend(x.iter().copied().zip(xd.iter().copied()));
-                    }
-                }
-                let yd = xd.map(|xd| x.iter().zip(xd).map(|(&z, v)| a.derivative(z) * v).collect());
-                (x.iter().map(|&z| a.apply(z)).collect(), yd)
-            }
-            Op::Norm(nm) => {
-                let (y, c) = nm.forward(&params[n.first], &params[n.first + 1], &x);
-                let yd = nm.tangent(&params[n.first], &dir[n.first], &dir[n.first + 1], &c, xd.as_deref());
-                (y, Some(yd))
-            }
-            Op::Residual(r) => r.tangent(params, dir, x, xd, probe.as_deref_mut()),
-        };
-        x = y;
-        xd = yd;
+        (x, xd) = n.layer.tangent(n.first, at, x, xd, probe.as_deref_mut());
     }
     (x, xd)
 }
 
 /// The backward walk from output sensitivities `dy` `[n, K, out]`; pushes each parameter
 /// layer's gradient; returns the input sensitivities when `need_dx` (else possibly empty).
-pub(crate) fn backward_nodes(nodes: &[Node], params: &[Vec<f64>], caches: &[Cache], mut dy: Vec<f64>, k: usize, need_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+pub(crate) fn backward_nodes(nodes: &[Node], at: &At, caches: &[Cache], mut dy: Vec<f64>, k: usize, need_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
     // Without `need_dx`, nothing before the first parameter layer needs a sensitivity.
     let first_param = nodes.iter().position(|n| n.count > 0).unwrap_or(nodes.len());
     for (j, (n, cache)) in nodes.iter().zip(caches).enumerate().rev() {
@@ -581,45 +449,18 @@ pub(crate) fn backward_nodes(nodes: &[Node], params: &[Vec<f64>], caches: &[Cach
             break;
         }
         let want_dx = need_dx || j > first_param;
-        dy = match (&n.op, cache) {
-            (Op::Dense(d), Cache::Input(a)) => {
-                let dx = if want_dx { d.input_grad(&params[n.first], &dy) } else { Vec::new() };
-                grads.push((n.first, Grad::Factor { acts: a.clone(), deltas: dy, n_in: d.n_in, n_out: d.n_out, bias: d.bias }));
-                dx
-            }
-            (Op::Conv(c), Cache::Patches(u)) => {
-                grads.push((n.first, Grad::Formed { g: c.param_grads(u, &dy, k), width: c.width() }));
-                if want_dx {
-                    c.input_grad(&params[n.first], &dy)
-                } else {
-                    Vec::new()
-                }
-            }
-            (Op::MaxPool(p), Cache::Arg(arg)) => p.max_backward(&dy, arg, k),
-            (Op::AvgPool(p), _) => p.avg_backward(&dy),
-            (Op::Flatten, _) => dy,
-            (Op::Act(a), Cache::Input(z)) => {
-                // The derivative once per sample, applied to its K rows.
-                let size = n.input.size();
-                let mut der = vec![0.0; size];
-                for (s, rows) in dy.chunks_mut(k * size).enumerate() {
-                    der.iter_mut().zip(&z[s * size..(s + 1) * size]).for_each(|(d, &zv)| *d = a.derivative(zv));
-                    for row in rows.chunks_exact_mut(size) {
-                        row.iter_mut().zip(&der).for_each(|(v, d)| *v *= d);
-                    }
-                }
-                dy
-            }
-            (Op::Norm(nm), Cache::Norm(c)) => {
-                let (g, dx) = nm.backward(&params[n.first], c, &dy, k, want_dx);
-                grads.push((n.first, Grad::Formed { g, width: 2 * nm.g }));
-                dx.unwrap_or_default()
-            }
-            (Op::Residual(r), Cache::Residual(inner, sc)) => r.backward(params, inner, sc, dy, k, want_dx, grads),
-            _ => unreachable!("a cache of another layer kind"),
-        };
+        dy = n.layer.backward(n.first, at, cache, dy, k, want_dx, grads);
     }
     dy
+}
+
+/// The kink sweep's polynomial walk through `nodes` along `w + tΔw`; `None` once a smooth
+/// non-polynomial layer is reached.
+pub(crate) fn sweep_nodes(nodes: &[Node], w: &[Vec<f64>], dw: &[Vec<f64>], mut p: Poly, sw: &mut Sweep) -> Option<Poly> {
+    for n in nodes {
+        p = n.layer.sweep(n.first, w, dw, p, sw)?;
+    }
+    Some(p)
 }
 
 /// The full per-sample Jacobian `[n, K, W]` (W all parameters, storage order) assembled from

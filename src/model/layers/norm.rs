@@ -7,6 +7,13 @@
 //! `y = γ ⊙ x̂ + β`, `x̂ = (x − μ) / √(σ² + ε)` with the biased variance. Smooth: the adaptive
 //! quadrature converges on it; its per-sample gradients are formed (`2·G` numbers per class).
 
+use dfdx::prelude::*;
+
+use super::autodiff::Activations;
+use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
+use super::{Cache, Grad};
+use crate::model::tensors::ParamTensor;
+
 /// A resolved layer norm: `groups` groups of `g` values each per sample, group j's value i at
 /// offset `j·inner_stride…`: flat vectors have one group (stride 1), maps one group per position
 /// (values `c·P + pos`).
@@ -37,13 +44,14 @@ impl Norm {
     /// # Shapes
     /// `gamma`, `beta` `[G]`, `x` `[n, G·positions]` (value `c·positions + pos`); returns `y` of
     /// the same shape and the cache.
-    pub(crate) fn forward(&self, gamma: &[f64], beta: &[f64], x: &[f64]) -> (Vec<f64>, NormCache) {
+    pub(crate) fn forward(&self, first: usize, at: &At, x: &[f64]) -> (Vec<f64>, NormCache) {
         let (g, np, size) = (self.g, self.positions, self.size());
         let n = x.len() / size;
         let mut y = vec![0.0; x.len()];
         let mut xhat = vec![0.0; x.len()];
         let mut rstd = vec![0.0; n * np];
         for s in 0..n {
+            let (gamma, beta) = (at.at_sample(first, s), at.at_sample(first + 1, s));
             let xs = &x[s * size..(s + 1) * size];
             for pos in 0..np {
                 let mean = (0..g).map(|c| xs[c * np + pos]).sum::<f64>() / g as f64;
@@ -65,11 +73,14 @@ impl Norm {
     ///
     /// # Shapes
     /// As [`Norm::forward`]; `xdot` `None` is zero.
-    pub(crate) fn tangent(&self, gamma: &[f64], dgamma: &[f64], dbeta: &[f64], cache: &NormCache, xdot: Option<&[f64]>) -> Vec<f64> {
+    pub(crate) fn tangent(&self, first: usize, at: &At, cache: &NormCache, xdot: Option<&[f64]>) -> Vec<f64> {
         let (g, np, size) = (self.g, self.positions, self.size());
         let n = cache.xhat.len() / size;
         let mut yd = vec![0.0; cache.xhat.len()];
+        let zero = vec![0.0; g];
+        let (dgamma, dbeta) = (at.dw(first).unwrap_or(&zero), at.dw(first + 1).unwrap_or(&zero));
         for s in 0..n {
+            let gamma = at.at_sample(first, s);
             for pos in 0..np {
                 let r = cache.rstd[s * np + pos];
                 let (m1, m2) = match xdot {
@@ -96,12 +107,13 @@ impl Norm {
     ///
     /// # Shapes
     /// `dy` `[n, K, size]`.
-    pub(crate) fn backward(&self, gamma: &[f64], cache: &NormCache, dy: &[f64], k: usize, need_dx: bool) -> (Vec<f64>, Option<Vec<f64>>) {
+    pub(crate) fn backward(&self, first: usize, at: &At, cache: &NormCache, dy: &[f64], k: usize, need_dx: bool) -> (Vec<f64>, Option<Vec<f64>>) {
         let (g, np, size) = (self.g, self.positions, self.size());
         let n = cache.xhat.len() / size;
         let mut pg = vec![0.0; n * k * 2 * g];
         let mut dx = if need_dx { Some(vec![0.0; n * k * size]) } else { None };
         for s in 0..n {
+            let gamma = at.at_sample(first, s);
             let xh = &cache.xhat[s * size..(s + 1) * size];
             for c in 0..k {
                 let d = &dy[(s * k + c) * size..(s * k + c + 1) * size];
@@ -128,5 +140,79 @@ impl Norm {
             }
         }
         (pg, dx)
+    }
+}
+
+impl Layer for Norm {
+    fn torch(&self) -> String {
+        // PyTorch prints `eps` only when it is not its default 1e-5.
+        let eps = if self.eps == 1e-5 { String::new() } else { format!(", eps={}", self.eps) };
+        if self.positions == 1 {
+            format!("LayerNorm({}{eps})", self.g)
+        } else {
+            format!("ChannelLayerNorm({}{eps})", self.g)
+        }
+    }
+
+    fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
+        vec![("weight", vec![self.g]), ("bias", vec![self.g])]
+    }
+
+    fn init(&self, _rng: &mut dyn rand::RngCore, data: &mut Vec<Vec<f64>>) {
+        data.push(vec![1.0; self.g]);
+        data.push(vec![0.0; self.g]);
+    }
+
+    fn along(&self) -> Along {
+        Along::Smooth
+    }
+
+    fn linear_in_params(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let (y, c) = Norm::forward(self, first, at, &x);
+        (y, if keep { Cache::Norm(c) } else { Cache::None })
+    }
+
+    fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        let (y, c) = Norm::forward(self, first, at, &x);
+        let yd = Norm::tangent(self, first, at, &c, xd.as_deref());
+        (y, Some(yd))
+    }
+
+    fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Norm(c) = cache else { unreachable!("a layer norm's cache is its x̂") };
+        let (g, dx) = Norm::backward(self, first, at, c, &dy, k, want_dx);
+        grads.push((first, Grad::Formed { g, width: 2 * self.g }));
+        dx.unwrap_or_default()
+    }
+
+    fn sweep(&self, _first: usize, _w: &[Vec<f64>], _dw: &[Vec<f64>], _p: Poly, _sw: &mut Sweep) -> Option<Poly> {
+        None
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        match x {
+            Activations::Flat(t) => {
+                let shape = *t.shape();
+                let y = t.normalize::<Axis<1>>(self.eps);
+                let g = p[first].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&shape);
+                let b = p[first + 1].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&shape);
+                Activations::Flat(y * g + b)
+            }
+            Activations::Map(t) => {
+                let shape = *t.shape();
+                let y = t.normalize::<Axis<1>>(self.eps);
+                let g = p[first].r1().clone().broadcast_like::<crate::model::conv::Shape4, Axes3<0, 2, 3>>(&shape);
+                let b = p[first + 1].r1().clone().broadcast_like::<crate::model::conv::Shape4, Axes3<0, 2, 3>>(&shape);
+                Activations::Map(y * g + b)
+            }
+        }
+    }
+
+    fn gradient_floats(&self, k: u64) -> u64 {
+        k * 2 * self.g as u64
     }
 }

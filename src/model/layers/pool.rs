@@ -1,6 +1,7 @@
-//! `max_pool2d` and `avg_pool2d`: PyTorch's `MaxPool2d(kernel, stride)` and
-//! `AvgPool2d(kernel, stride)` (no padding, floor mode: `Ho = (H − k) / s + 1`; trailing rows and
-//! columns that fill no window are dropped).
+//! The window geometry and arithmetic of the two pooling kinds, [`super::max_pool`] and
+//! [`super::avg_pool`]: PyTorch's `MaxPool2d(kernel, stride)` and `AvgPool2d(kernel, stride)`
+//! (no padding, floor mode: `Ho = (H − k) / s + 1`; trailing rows and columns that fill no
+//! window are dropped).
 //!
 //! No parameters. Average pooling is linear. Max pooling is piecewise linear: along a step its
 //! output follows one entry of each window, and changes entry where two entries' polynomials in

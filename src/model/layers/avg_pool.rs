@@ -1,0 +1,51 @@
+//! `avg_pool2d`: PyTorch's `AvgPool2d(kernel, stride)` ([`Pool`] holds the windows). Linear:
+//! polynomials in t stay polynomials of the same degree.
+
+use dfdx::prelude::*;
+
+use super::autodiff::{map, pool_index, Activations};
+use super::contract::{At, Layer, Poly, Probe, Sweep};
+use super::pool::Pool;
+use super::{Cache, Grad};
+use crate::model::tensors::ParamTensor;
+
+/// A resolved average-pooling layer.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct AvgPool(pub Pool);
+
+impl Layer for AvgPool {
+    fn torch(&self) -> String {
+        format!("AvgPool2d({}, stride={})", self.0.k, self.0.stride)
+    }
+
+    fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, _keep: bool) -> (Vec<f64>, Cache) {
+        (self.0.avg_forward(&x), Cache::None)
+    }
+
+    fn tangent(&self, _first: usize, _at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        (self.0.avg_forward(&x), xd.as_deref().map(|xd| self.0.avg_forward(xd)))
+    }
+
+    fn backward(&self, _first: usize, _at: &At, _cache: &Cache, dy: Vec<f64>, _k: usize, _want_dx: bool, _grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        self.0.avg_backward(&dy)
+    }
+
+    fn sweep(&self, _first: usize, _w: &[Vec<f64>], _dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
+        let out = self.0.c * self.0.ho * self.0.wo;
+        Some(Poly { c: self.0.avg_forward(&p.c), size: out })
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, _first: usize, _p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        let pl = &self.0;
+        let a = map(x);
+        let rows = a.shape().0;
+        let dev = a.device().clone();
+        let idx = pool_index(pl, rows, None);
+        let len = idx.len();
+        let idx = dev.tensor_from_vec(idx, (len,));
+        let g = a.reshape_like(&(rows * pl.c * pl.h * pl.w,)).gather::<(usize,), (usize,)>(idx);
+        let kk = pl.k * pl.k;
+        let s: Tensor<(usize,), f64, D, T> = g.reshape_like(&(len / kk, kk)).sum::<(usize,), Axis<1>>();
+        Activations::Map((s * (1.0 / kk as f64)).reshape_like(&(rows, pl.c, pl.ho, pl.wo)))
+    }
+}

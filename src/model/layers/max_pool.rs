@@ -1,0 +1,88 @@
+//! `max_pool2d`: PyTorch's `MaxPool2d(kernel, stride)` ([`Pool`] holds the windows).
+//!
+//! Piecewise linear: along a step each window's output follows one entry, and changes entry
+//! where two entries' polynomials in t cross — a kink the sweep follows; behind a smooth layer
+//! the probe gives each entry's margin over the rest of its window, whose sign changes there.
+
+use dfdx::prelude::*;
+
+use super::autodiff::{map, pool_index, Activations};
+use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
+use super::pool::Pool;
+use super::{Cache, Grad};
+use crate::model::tensors::ParamTensor;
+
+/// A resolved max-pooling layer.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct MaxPool(pub Pool);
+
+impl Layer for MaxPool {
+    fn torch(&self) -> String {
+        format!("MaxPool2d({}, stride={})", self.0.k, self.0.stride)
+    }
+
+    fn along(&self) -> Along {
+        Along::Kinked
+    }
+
+    fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let (y, arg) = self.0.max_forward(&x);
+        (y, if keep { Cache::Arg(arg) } else { Cache::None })
+    }
+
+    fn tangent(&self, _first: usize, _at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        if let (Some(pr), Some(xd)) = (probe, xd.as_deref()) {
+            self.0.max_margins(&x, xd, pr);
+        }
+        let (y, arg) = self.0.max_forward(&x);
+        (y, xd.as_deref().map(|xd| self.0.max_gather(xd, &arg)))
+    }
+
+    fn backward(&self, _first: usize, _at: &At, cache: &Cache, dy: Vec<f64>, k: usize, _want_dx: bool, _grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Arg(arg) = cache else { unreachable!("a max-pool's cache is its winners") };
+        self.0.max_backward(&dy, arg, k)
+    }
+
+    /// Each window follows its winner at `sw.tm`; every other entry's difference to it is a
+    /// polynomial whose roots are kinks.
+    fn sweep(&self, _first: usize, _w: &[Vec<f64>], _dw: &[Vec<f64>], p: Poly, sw: &mut Sweep) -> Option<Poly> {
+        let pl = &self.0;
+        let out = pl.c * pl.ho * pl.wo;
+        let deg = p.deg();
+        let mut c = vec![0.0; (deg + 1) * out];
+        let mut o = 0;
+        for ch in 0..pl.c {
+            for oy in 0..pl.ho {
+                for ox in 0..pl.wo {
+                    let win: Vec<usize> = pl.window(ch, oy, ox).collect();
+                    let best = win.iter().copied().fold(usize::MAX, |b, q| if b == usize::MAX || p.at(q, sw.tm) > p.at(b, sw.tm) { q } else { b });
+                    let cb = p.unit(best);
+                    for &q in &win {
+                        if q != best {
+                            let diff: Vec<f64> = p.unit(q).iter().zip(&cb).map(|(a, b)| a - b).collect();
+                            sw.roots(&diff);
+                        }
+                    }
+                    for (j, v) in cb.iter().enumerate() {
+                        c[j * out + o] = *v;
+                    }
+                    o += 1;
+                }
+            }
+        }
+        Some(Poly { c, size: out })
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, _first: usize, _p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        let pl = &self.0;
+        let a = map(x);
+        let rows = a.shape().0;
+        let dev = a.device().clone();
+        let values = a.as_vec();
+        let idx = pool_index(pl, rows, Some(&values));
+        let len = idx.len();
+        let idx = dev.tensor_from_vec(idx, (len,));
+        let g = a.reshape_like(&(rows * pl.c * pl.h * pl.w,)).gather::<(usize,), (usize,)>(idx);
+        Activations::Map(g.reshape_like(&(rows, pl.c, pl.ho, pl.wo)))
+    }
+}
