@@ -24,140 +24,12 @@
 
 use serde_json::Value;
 
-use crate::model::layers::Act;
+use crate::model::layers::recorded::{refuse, repr};
 use crate::model::layers::{resolve_list, Layer, LayerSpec, Shape, Stack};
-
-/// `repr` of a recorded module (its class when the recording gives none).
-fn repr(m: &Value) -> String {
-    m.get("repr").and_then(Value::as_str).or_else(|| m.get("type").and_then(Value::as_str)).unwrap_or("a module without `type`").to_string()
-}
-
-/// One refusal: `model.modules[3] BatchNorm2d(4, …): why`.
-fn refuse(at: &str, m: &Value, why: impl std::fmt::Display) -> String {
-    format!("{at} {}: {why}", repr(m))
-}
-
-fn uint(m: &Value, key: &str, at: &str) -> Result<usize, String> {
-    m.get(key).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| refuse(at, m, format!("`{key}` missing or not a non-negative integer")))
-}
-
-fn boolean(m: &Value, key: &str, at: &str) -> Result<bool, String> {
-    m.get(key).and_then(Value::as_bool).ok_or_else(|| refuse(at, m, format!("`{key}` missing or not true/false")))
-}
-
-fn number(m: &Value, key: &str, at: &str) -> Result<f64, String> {
-    m.get(key).and_then(Value::as_f64).ok_or_else(|| refuse(at, m, format!("`{key}` missing or not a number")))
-}
-
-/// A pair attribute (`kernel_size`, `stride`, …) that must have equal entries; a number is a pair of it.
-fn square(m: &Value, key: &str, at: &str) -> Result<usize, String> {
-    let v = m.get(key).ok_or_else(|| refuse(at, m, format!("`{key}` missing")))?;
-    let pair: Vec<u64> = match v {
-        Value::Number(n) => n.as_u64().map(|n| vec![n, n]).unwrap_or_default(),
-        Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
-        _ => Vec::new(),
-    };
-    match pair.as_slice() {
-        [a, b] if a == b => Ok(*a as usize),
-        [_, _] => Err(refuse(at, m, format!("{key} {v} is not square; only square {key}s are supported"))),
-        _ => Err(refuse(at, m, format!("`{key}` = {v} is not an integer or a pair of integers"))),
-    }
-}
-
-/// Refuses `m` unless `key` is absent or `want` (attributes that change the maths).
-fn require(m: &Value, key: &str, want: Value, at: &str, why: &str) -> Result<(), String> {
-    match m.get(key) {
-        Some(v) if *v != want && !(want.is_number() && v.as_f64() == want.as_f64()) => Err(refuse(at, m, format!("{key} = {v}: {why}"))),
-        _ => Ok(()),
-    }
-}
-
-/// The layer one recorded module is, or the one-line reason it cannot be.
-fn layer(m: &Value, at: &str) -> Result<LayerSpec, String> {
-    let kind =
-        m.get("type").and_then(Value::as_str).ok_or_else(|| format!("{at}: a module without `type` (re-record with scripts/record_torch_trajectory.py)"))?;
-    let spec = |name: &str| LayerSpec::parse(&Value::String(name.into()), at).map_err(|e| e.replacen(at, &format!("{at} {}", repr(m)), 1));
-    Ok(match kind {
-        "Linear" => LayerSpec::Dense { features: uint(m, "out_features", at)?, bias: boolean(m, "bias", at)? },
-        "Conv2d" => {
-            let padding = match m.get("padding") {
-                Some(Value::String(s)) => return Err(refuse(at, m, format!("padding='{s}': give the padding as numbers"))),
-                _ => square(m, "padding", at)?,
-            };
-            if square(m, "dilation", at)? != 1 {
-                return Err(refuse(at, m, "dilation is not supported"));
-            }
-            require(m, "groups", Value::from(1), at, "grouped convolutions are not supported")?;
-            require(m, "padding_mode", Value::from("zeros"), at, "only zero padding is supported")?;
-            LayerSpec::Conv2d { channels: uint(m, "out_channels", at)?, kernel: square(m, "kernel_size", at)?, stride: square(m, "stride", at)?, padding, bias: boolean(m, "bias", at)? }
-        }
-        "MaxPool2d" | "AvgPool2d" => {
-            let kernel = square(m, "kernel_size", at)?;
-            let stride = if m.get("stride").is_some_and(|s| !s.is_null()) { square(m, "stride", at)? } else { kernel };
-            if square(m, "padding", at)? != 0 {
-                return Err(refuse(at, m, "pooling with padding is not supported"));
-            }
-            require(m, "ceil_mode", Value::Bool(false), at, "only floor mode is supported")?;
-            if kind == "MaxPool2d" {
-                if m.get("dilation").is_some() && square(m, "dilation", at)? != 1 {
-                    return Err(refuse(at, m, "dilation is not supported"));
-                }
-                LayerSpec::MaxPool2d { kernel, stride }
-            } else {
-                require(m, "divisor_override", Value::Null, at, "a divisor override is not supported")?;
-                LayerSpec::AvgPool2d { kernel, stride }
-            }
-        }
-        "Flatten" => {
-            require(m, "start_dim", Value::from(1), at, "only Flatten() from dim 1 (one sample's features) is supported")?;
-            require(m, "end_dim", Value::from(-1), at, "only Flatten() to the last dim is supported")?;
-            LayerSpec::Flatten
-        }
-        "ReLU" => spec("relu")?,
-        "Tanh" => spec("tanh")?,
-        "Sigmoid" => spec("sigmoid")?,
-        "SiLU" => spec("silu")?,
-        "GELU" => {
-            require(m, "approximate", Value::from("none"), at, "only the exact (erf) GELU is supported")?;
-            spec("gelu")?
-        }
-        "Softplus" => {
-            require(m, "beta", Value::from(1.0), at, "only Softplus(beta=1) is supported")?;
-            spec("softplus")?
-        }
-        "LeakyReLU" => LayerSpec::Act(Act::LeakyRelu(number(m, "negative_slope", at)?)),
-        "LayerNorm" => {
-            require(m, "elementwise_affine", Value::Bool(true), at, "a layer norm without its affine parameters is not supported")?;
-            require(m, "bias", Value::Bool(true), at, "a layer norm without its bias is not supported")?;
-            let shape = m.get("normalized_shape").and_then(Value::as_array).map(Vec::len).unwrap_or(0);
-            if shape != 1 {
-                return Err(refuse(at, m, "LayerNorm over more than the last dimension is not supported: normalise flat features, or the channels of a map with torch_model.ChannelLayerNorm"));
-            }
-            LayerSpec::LayerNorm { eps: number(m, "eps", at)? }
-        }
-        "ChannelLayerNorm" => LayerSpec::LayerNorm { eps: number(m, "eps", at)? },
-        "Residual" => {
-            let body = m.get("body").and_then(Value::as_array).ok_or_else(|| refuse(at, m, "a Residual needs its `body` modules"))?;
-            if body.is_empty() {
-                return Err(refuse(at, m, "an empty Residual body"));
-            }
-            LayerSpec::Residual { layers: list(body, &format!("{at}.body"))? }
-        }
-        "BatchNorm1d" | "BatchNorm2d" | "BatchNorm3d" | "SyncBatchNorm" => spec("batch_norm")?,
-        "Dropout" | "Dropout1d" | "Dropout2d" | "AlphaDropout" => {
-            if m.get("training").and_then(Value::as_bool) == Some(false) || m.get("p").and_then(Value::as_f64) == Some(0.0) {
-                return Err(refuse(at, m, "dropout (here inactive) shifts the nn.Sequential indices of the parameter names; remove it from the module"));
-            }
-            spec("dropout").map_err(|e| e.replacen("dropout is", "dropout in training mode is", 1))?
-        }
-        "Sequential" => return Err(refuse(at, m, "a nested nn.Sequential is not supported: list its layers in the outer one (or wrap a block as torch_model.Residual)")),
-        other => return Err(refuse(at, m, format!("the module `{other}` is not a layer pathkernel can express (layers: Linear, Conv2d, MaxPool2d, AvgPool2d, Flatten, LayerNorm, ChannelLayerNorm, ReLU, LeakyReLU, Tanh, Sigmoid, Softplus, GELU, SiLU, Residual)"))),
-    })
-}
 
 /// The layer list of recorded modules.
 pub(crate) fn list(modules: &[Value], at: &str) -> Result<Vec<LayerSpec>, String> {
-    modules.iter().enumerate().map(|(i, m)| layer(m, &format!("{at}[{i}]"))).collect()
+    LayerSpec::from_torch_list(modules, at)
 }
 
 /// The input shape of one recorded sample: `[F]` or `[C, H, W]`.
@@ -248,8 +120,8 @@ mod tests {
             json!({"type": "Linear", "in_features": 32, "out_features": 3, "bias": true}),
         ];
         let specs = list(&ms, "model.modules").unwrap();
-        assert_eq!(specs[0], LayerSpec::Conv2d { channels: 2, kernel: 3, stride: 1, padding: 1, bias: true });
-        assert_eq!(specs[2], LayerSpec::MaxPool2d { kernel: 2, stride: 2 });
+        assert_eq!(specs[0], LayerSpec::Conv2d(crate::model::layers::Conv2dSpec { channels: 2, kernel: 3, stride: 1, padding: 1, bias: true }));
+        assert_eq!(specs[2], LayerSpec::MaxPool2d(crate::model::layers::MaxPool2dSpec { kernel: 2, stride: 2 }));
         assert_eq!(outputs(Shape::Map(1, 8, 8), &specs).unwrap(), 3);
         let stack = Stack::resolve(Shape::Map(1, 8, 8), &specs, 3).unwrap();
         check_resolved(&ms, &stack).unwrap();

@@ -634,7 +634,7 @@ impl Architecture {
     /// MLP and the CNN are presets of the stack, and the stack engine computes their kernels
     /// too (the per-layer decomposition does; tests hold the presets' fast paths equal to it).
     pub fn as_stack(&self) -> Result<Architecture> {
-        use layers::{Act, LayerSpec};
+        use layers::{Act, Conv2dSpec, DenseSpec, FlattenSpec, LayerSpec, MaxPool2dSpec};
         let act = LayerSpec::Act(match self.activation {
             Activation::Relu => Act::Relu,
             Activation::Tanh => Act::Tanh,
@@ -647,10 +647,10 @@ impl Architecture {
                     if l > 0 {
                         specs.push(act.clone());
                     }
-                    specs.push(LayerSpec::Dense {
+                    specs.push(LayerSpec::Dense(DenseSpec {
                         features,
                         bias: self.bias,
-                    });
+                    }));
                 }
                 (
                     layers::Shape::Flat(widths[0]),
@@ -669,23 +669,23 @@ impl Architecture {
             } => (
                 layers::Shape::Map(image[0], image[1], image[2]),
                 vec![
-                    LayerSpec::Conv2d {
+                    LayerSpec::Conv2d(Conv2dSpec {
                         channels: *channels,
                         kernel: *kernel,
                         stride: *stride,
                         padding: *padding,
                         bias: self.bias,
-                    },
+                    }),
                     act,
-                    LayerSpec::MaxPool2d {
+                    LayerSpec::MaxPool2d(MaxPool2dSpec {
                         kernel: *pool,
                         stride: *pool,
-                    },
-                    LayerSpec::Flatten,
-                    LayerSpec::Dense {
+                    }),
+                    LayerSpec::Flatten(FlattenSpec),
+                    LayerSpec::Dense(DenseSpec {
                         features: *outputs,
                         bias: self.bias,
-                    },
+                    }),
                 ],
                 *outputs,
             ),

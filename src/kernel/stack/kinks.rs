@@ -95,7 +95,7 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
                     for (n, c) in nodes.iter().zip(c) {
                         match (&n.layer, c) {
                             (AnyLayer::Act(_), Cache::Input(z)) => v.extend(z.iter().map(|z| i64::from(*z > 0.0))),
-                            (AnyLayer::MaxPool(_), Cache::Arg(a)) => v.extend(a.iter().map(|&a| a as i64)),
+                            (AnyLayer::MaxPool2d(_), Cache::Arg(a)) => v.extend(a.iter().map(|&a| a as i64)),
                             (AnyLayer::Residual(r), Cache::Residual(inner, _)) => walk(inner, &r.body, v),
                             _ => {}
                         }

@@ -9,8 +9,12 @@ use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::autodiff::Activations;
-use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
-use super::{Cache, Grad};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, Along, At, Layer, Poly, Probe, Sweep};
+use super::recorded::{number, require};
+use super::spec::{err, no_options, options};
+use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
 /// An element-wise nonlinearity.
@@ -236,6 +240,73 @@ impl Layer for Activation {
             Activations::Flat(t) => Activations::Flat(act_on(self.act, t)),
             Activations::Map(t) => Activations::Map(act_on(self.act, t)),
         }
+    }
+}
+
+impl KindSpec for Act {
+    const NAMES: &'static [&'static str] = &["relu", "leaky_relu", "tanh", "sigmoid", "softplus", "gelu", "silu"];
+    const TORCH: &'static [&'static str] = &["ReLU", "LeakyReLU", "Tanh", "Sigmoid", "Softplus", "GELU", "SiLU"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        if name == "leaky_relu" {
+            let slope = match arg {
+                None => 0.01,
+                Some(Value::Object(m)) => {
+                    options(arg.expect("some"), at, name, &["slope"])?;
+                    m.get("slope").and_then(Value::as_f64).ok_or_else(|| err(at, "leaky_relu needs a number `slope`"))?
+                }
+                Some(a) => a.as_f64().ok_or_else(|| err(at, format!("leaky_relu's slope must be a number, got {a}")))?,
+            };
+            if !slope.is_finite() {
+                return Err(err(at, format!("leaky_relu's slope must be finite, got {slope}")));
+            }
+            return Ok(Act::LeakyRelu(slope));
+        }
+        no_options(arg, at, name)?;
+        Ok(match name {
+            "relu" => Act::Relu,
+            "tanh" => Act::Tanh,
+            "sigmoid" => Act::Sigmoid,
+            "softplus" => Act::Softplus,
+            "gelu" => Act::Gelu,
+            _ => Act::Silu,
+        })
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Act::LeakyRelu(s) => json!({ "leaky_relu": s }),
+            a => json!(a.name()),
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Act::LeakyRelu(s) => format!("leaky_relu({s})"),
+            a => a.name().into(),
+        }
+    }
+
+    fn from_torch(class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        Ok(match class {
+            "ReLU" => Act::Relu,
+            "Tanh" => Act::Tanh,
+            "Sigmoid" => Act::Sigmoid,
+            "SiLU" => Act::Silu,
+            "GELU" => {
+                require(m, "approximate", Value::from("none"), at, "only the exact (erf) GELU is supported")?;
+                Act::Gelu
+            }
+            "Softplus" => {
+                require(m, "beta", Value::from(1.0), at, "only Softplus(beta=1) is supported")?;
+                Act::Softplus
+            }
+            _ => Act::LeakyRelu(number(m, "negative_slope", at)?),
+        })
+    }
+
+    fn resolve(&self, input: Shape, _at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        Ok((AnyLayer::Act(Activation { act: *self, size: input.size() }), input))
     }
 }
 

@@ -4,9 +4,11 @@
 use dfdx::prelude::*;
 
 use super::autodiff::{map, pool_index, Activations};
-use super::contract::{At, Layer, Poly, Probe, Sweep};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
 use super::pool::Pool;
-use super::{Cache, Grad};
+use super::{pool, AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
 /// A resolved average-pooling layer.
@@ -47,5 +49,45 @@ impl Layer for AvgPool {
         let kk = pl.k * pl.k;
         let s: Tensor<(usize,), f64, D, T> = g.reshape_like(&(len / kk, kk)).sum::<(usize,), Axis<1>>();
         Activations::Map((s * (1.0 / kk as f64)).reshape_like(&(rows, pl.c, pl.ho, pl.wo)))
+    }
+}
+
+/// `{ avg_pool2d = k }` or `{ avg_pool2d = { kernel, stride } }`: `AvgPool2d(kernel, stride)` (stride
+/// defaults to the kernel).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AvgPool2dSpec {
+    /// Window size.
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+}
+
+impl KindSpec for AvgPool2dSpec {
+    const NAMES: &'static [&'static str] = &["avg_pool2d"];
+    const TORCH: &'static [&'static str] = &["AvgPool2d"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let (kernel, stride) = pool::parse_window(name, arg, at)?;
+        Ok(AvgPool2dSpec { kernel, stride })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "avg_pool2d": { "kernel": self.kernel, "stride": self.stride } })
+    }
+
+    fn label(&self) -> String {
+        format!("avg_pool2d({}, s{})", self.kernel, self.stride)
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        let (kernel, stride) = pool::torch_window(m, at)?;
+        super::recorded::require(m, "divisor_override", Value::Null, at, "a divisor override is not supported")?;
+        Ok(AvgPool2dSpec { kernel, stride })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let p = pool::resolve(input, self.kernel, self.stride, at, &self.label())?;
+        let out = Shape::Map(p.c, p.ho, p.wo);
+        Ok((AnyLayer::AvgPool2d(AvgPool(p)), out))
     }
 }

@@ -249,3 +249,29 @@ pub(crate) trait Layer {
         false
     }
 }
+
+/// A layer kind's configuration as written ([`super::LayerSpec`] holds one of them): its
+/// grammar in a layer list and in a PyTorch recording, and its resolution on an input shape.
+pub(crate) trait KindSpec: Sized {
+    /// The names it is written with in a layer list (`"dense"`, `"linear"`).
+    const NAMES: &'static [&'static str];
+    /// The PyTorch classes a recording names it by (`"Linear"`).
+    const TORCH: &'static [&'static str];
+
+    /// Parses `{ name = arg }` (or `"name"` without `arg`); `at` names the entry in errors.
+    fn parse(name: &str, arg: Option<&serde_json::Value>, at: &str) -> Result<Self, String>;
+
+    /// The canonical written form (what the run manifest records; `parse` reads it back).
+    fn to_value(&self) -> serde_json::Value;
+
+    /// A short label (`conv2d(6, k5, s1, p2)`) for tables and messages.
+    fn label(&self) -> String;
+
+    /// Reads a recorded module of class `class` (one of [`KindSpec::TORCH`]), or says in one
+    /// line why it cannot be this kind.
+    fn from_torch(class: &str, m: &serde_json::Value, at: &str) -> Result<Self, String>;
+
+    /// The layer on `input` and its output shape; a composite resolves its children and
+    /// counts their tensors in `tensors` itself, a plain layer leaves `tensors` alone.
+    fn resolve(&self, input: super::Shape, at: &str, prefix: &str, tensors: &mut usize) -> Result<(super::AnyLayer, super::Shape), String>;
+}

@@ -10,8 +10,12 @@
 use dfdx::prelude::*;
 
 use super::autodiff::{flat, Activations};
-use super::contract::{add_scaled_rows, At, Layer, Poly, Probe, Sweep};
-use super::{uniform, Cache, Grad};
+use serde_json::{json, Value};
+
+use super::contract::{add_scaled_rows, At, KindSpec, Layer, Poly, Probe, Sweep};
+use super::recorded::{boolean, uint};
+use super::spec::{as_bool, as_size, err, need, options};
+use super::{uniform, AnyLayer, Cache, Grad, Shape};
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::tensors::ParamTensor;
 
@@ -153,5 +157,50 @@ impl Layer for Dense {
 
     fn is_dense_with_bias(&self) -> bool {
         self.bias
+    }
+}
+
+/// `{ dense = features }` or `{ dense = { features, bias } }`: `Linear(in, features, bias)` on a
+/// flat input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseSpec {
+    /// Output features.
+    pub features: usize,
+    /// Whether it has a bias.
+    pub bias: bool,
+}
+
+impl KindSpec for DenseSpec {
+    const NAMES: &'static [&'static str] = &["dense", "linear"];
+    const TORCH: &'static [&'static str] = &["Linear"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let a = need(arg, at, name)?;
+        if a.is_number() {
+            return Ok(DenseSpec { features: as_size(a, at, "dense")?, bias: true });
+        }
+        let m = options(a, at, name, &["features", "bias"])?;
+        let features = as_size(m.get("features").ok_or_else(|| err(at, "dense needs `features`"))?, at, "dense.features")?;
+        let bias = m.get("bias").map_or(Ok(true), |b| as_bool(b, at, "dense.bias"))?;
+        Ok(DenseSpec { features, bias })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "dense": { "features": self.features, "bias": self.bias } })
+    }
+
+    fn label(&self) -> String {
+        format!("dense({})", self.features)
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        Ok(DenseSpec { features: uint(m, "out_features", at)?, bias: boolean(m, "bias", at)? })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let Shape::Flat(n_in) = input else {
+            return Err(format!("{at} {}: needs a flat input, got the map {input}: add \"flatten\" before it", self.label()));
+        };
+        Ok((AnyLayer::Dense(Dense { n_in, n_out: self.features, bias: self.bias }), Shape::Flat(self.features)))
     }
 }

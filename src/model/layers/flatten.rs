@@ -4,8 +4,12 @@
 use dfdx::prelude::*;
 
 use super::autodiff::Activations;
-use super::contract::{At, Layer, Poly, Probe, Sweep};
-use super::{Cache, Grad};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
+use super::recorded::require;
+use super::spec::no_options;
+use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
 /// The flatten layer.
@@ -41,5 +45,37 @@ impl Layer for Flatten {
             }
             f => f,
         }
+    }
+}
+
+/// `"flatten"`: `Flatten()`, a `[C, H, W]` map to `[C·H·W]` features.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlattenSpec;
+
+impl KindSpec for FlattenSpec {
+    const NAMES: &'static [&'static str] = &["flatten"];
+    const TORCH: &'static [&'static str] = &["Flatten"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        no_options(arg, at, name)?;
+        Ok(FlattenSpec)
+    }
+
+    fn to_value(&self) -> Value {
+        json!("flatten")
+    }
+
+    fn label(&self) -> String {
+        "flatten".into()
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        require(m, "start_dim", Value::from(1), at, "only Flatten() from dim 1 (one sample's features) is supported")?;
+        require(m, "end_dim", Value::from(-1), at, "only Flatten() to the last dim is supported")?;
+        Ok(FlattenSpec)
+    }
+
+    fn resolve(&self, input: Shape, _at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        Ok((AnyLayer::Flatten(Flatten), Shape::Flat(input.size())))
     }
 }

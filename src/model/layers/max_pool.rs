@@ -7,9 +7,11 @@
 use dfdx::prelude::*;
 
 use super::autodiff::{map, pool_index, Activations};
-use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, Along, At, Layer, Poly, Probe, Sweep};
 use super::pool::Pool;
-use super::{Cache, Grad};
+use super::{pool, AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
 /// A resolved max-pooling layer.
@@ -84,5 +86,47 @@ impl Layer for MaxPool {
         let idx = dev.tensor_from_vec(idx, (len,));
         let g = a.reshape_like(&(rows * pl.c * pl.h * pl.w,)).gather::<(usize,), (usize,)>(idx);
         Activations::Map(g.reshape_like(&(rows, pl.c, pl.ho, pl.wo)))
+    }
+}
+
+/// `{ max_pool2d = k }` or `{ max_pool2d = { kernel, stride } }`: `MaxPool2d(kernel, stride)` (stride
+/// defaults to the kernel).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaxPool2dSpec {
+    /// Window size.
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+}
+
+impl KindSpec for MaxPool2dSpec {
+    const NAMES: &'static [&'static str] = &["max_pool2d"];
+    const TORCH: &'static [&'static str] = &["MaxPool2d"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let (kernel, stride) = pool::parse_window(name, arg, at)?;
+        Ok(MaxPool2dSpec { kernel, stride })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "max_pool2d": { "kernel": self.kernel, "stride": self.stride } })
+    }
+
+    fn label(&self) -> String {
+        format!("max_pool2d({}, s{})", self.kernel, self.stride)
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        let (kernel, stride) = pool::torch_window(m, at)?;
+        if m.get("dilation").is_some() && super::recorded::square(m, "dilation", at)? != 1 {
+            return Err(super::recorded::refuse(at, m, "dilation is not supported"));
+        }
+        Ok(MaxPool2dSpec { kernel, stride })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let p = pool::resolve(input, self.kernel, self.stride, at, &self.label())?;
+        let out = Shape::Map(p.c, p.ho, p.wo);
+        Ok((AnyLayer::MaxPool2d(MaxPool(p)), out))
     }
 }

@@ -23,11 +23,18 @@ pub(crate) mod flatten;
 pub(crate) mod max_pool;
 pub(crate) mod norm;
 pub(crate) mod pool;
+pub(crate) mod recorded;
 pub(crate) mod residual;
 pub mod spec;
 
 pub use activation::Act;
-pub use spec::LayerSpec;
+pub use avg_pool::AvgPool2dSpec;
+pub use conv2d::Conv2dSpec;
+pub use dense::DenseSpec;
+pub use flatten::FlattenSpec;
+pub use max_pool::MaxPool2dSpec;
+pub use norm::LayerNormSpec;
+pub use residual::ResidualSpec;
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -35,14 +42,13 @@ use serde::{Deserialize, Serialize};
 use super::ParamSpec;
 use activation::Activation;
 use avg_pool::AvgPool;
-pub(crate) use contract::{At, Layer};
+pub(crate) use contract::{At, KindSpec, Layer};
 use contract::{Poly, Probe, Sweep};
 use conv2d::Conv;
 use dense::Dense;
 use flatten::Flatten;
 use max_pool::MaxPool;
 use norm::{Norm, NormCache};
-use pool::Pool;
 use residual::Residual;
 
 /// The shape of one sample's activations between layers.
@@ -74,10 +80,67 @@ impl std::fmt::Display for Shape {
     }
 }
 
-/// Generates [`AnyLayer`], one variant per layer kind, and its [`Layer`] impl that hands
-/// every method to the kind: the one place that lists the kinds.
+/// Generates [`LayerSpec`] and [`AnyLayer`], one variant per layer kind (its configuration and
+/// its resolved layer), and their impls that hand every method to the kind: the one place that
+/// lists the kinds.
 macro_rules! layer_kinds {
-    ($($kind:ident($ty:ty)),* $(,)?) => {
+    ($($kind:ident($ty:ty, $spec:ty)),* $(,)?) => {
+        /// One layer as configured (sizes of its input are resolved later, by chaining): one of
+        /// the kinds' specs ([`KindSpec`], each in its kind's file).
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum LayerSpec {
+            $(
+                #[allow(missing_docs)]
+                $kind($spec)
+            ),*
+        }
+
+        impl LayerSpec {
+            /// Every name a layer list accepts, in the kinds' order.
+            pub(crate) fn names() -> Vec<&'static str> {
+                let mut v = Vec::new();
+                $(v.extend_from_slice(<$spec as KindSpec>::NAMES);)*
+                v
+            }
+
+            /// Every PyTorch class a recording may name.
+            pub(crate) fn torch_names() -> Vec<&'static str> {
+                let mut v = Vec::new();
+                $(v.extend_from_slice(<$spec as KindSpec>::TORCH);)*
+                v
+            }
+
+            /// The kind written `name`, parsed (`None`: no kind has that name).
+            pub(crate) fn parse_kind(name: &str, arg: Option<&serde_json::Value>, at: &str) -> Option<Result<LayerSpec, String>> {
+                $(if <$spec as KindSpec>::NAMES.contains(&name) {
+                    return Some(<$spec as KindSpec>::parse(name, arg, at).map(LayerSpec::$kind));
+                })*
+                None
+            }
+
+            /// The kind a recorded PyTorch class is, read (`None`: no kind has that class).
+            pub(crate) fn from_torch_kind(class: &str, m: &serde_json::Value, at: &str) -> Option<Result<LayerSpec, String>> {
+                $(if <$spec as KindSpec>::TORCH.contains(&class) {
+                    return Some(<$spec as KindSpec>::from_torch(class, m, at).map(LayerSpec::$kind));
+                })*
+                None
+            }
+
+            /// The canonical written form (what the run manifest records; [`LayerSpec::parse`] reads it).
+            pub fn to_value(&self) -> serde_json::Value {
+                match self { $(LayerSpec::$kind(s) => KindSpec::to_value(s)),* }
+            }
+
+            /// A short label (`conv2d(6, k5, s1, p2)`, `relu`, `residual[…]`) for tables and messages.
+            pub fn label(&self) -> String {
+                match self { $(LayerSpec::$kind(s) => KindSpec::label(s)),* }
+            }
+
+            fn resolve_kind(&self, input: Shape, at: &str, prefix: &str, tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+                match self { $(LayerSpec::$kind(s) => KindSpec::resolve(s, input, at, prefix, tensors)),* }
+            }
+        }
+
         /// A resolved layer: one of the kinds, each implementing [`Layer`] in its own file.
         #[derive(Clone, Debug, PartialEq)]
         pub(crate) enum AnyLayer {
@@ -108,14 +171,14 @@ macro_rules! layer_kinds {
 }
 
 layer_kinds! {
-    Dense(Dense),
-    Conv(Conv),
-    MaxPool(MaxPool),
-    AvgPool(AvgPool),
-    Flatten(Flatten),
-    Act(Activation),
-    Norm(Norm),
-    Residual(Residual),
+    Dense(Dense, DenseSpec),
+    Conv2d(Conv, Conv2dSpec),
+    MaxPool2d(MaxPool, MaxPool2dSpec),
+    AvgPool2d(AvgPool, AvgPool2dSpec),
+    Flatten(Flatten, FlattenSpec),
+    Act(Activation, Act),
+    LayerNorm(Norm, LayerNormSpec),
+    Residual(Residual, ResidualSpec),
 }
 
 /// A resolved layer with its shapes and its parameter tensors `first..first + count`.
@@ -159,10 +222,6 @@ pub(crate) enum Cache {
     Arg(Vec<u32>),
     Norm(NormCache),
     Residual(Vec<Cache>, Box<Cache>),
-}
-
-fn resolve_err(at: &str, spec: &LayerSpec, msg: impl std::fmt::Display) -> String {
-    format!("{at} {}: {msg}", spec.label())
 }
 
 impl Stack {
@@ -356,59 +415,15 @@ pub(crate) fn resolve_list(input: Shape, specs: &[LayerSpec], at: &str, prefix: 
 
 fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors: &mut usize) -> Result<Node, String> {
     let first = *tensors;
-    let map_needed = |what: &str| resolve_err(at, spec, format!("needs a [C, H, W] map, got {shape}{what}"));
-    let (op, output, count) = match spec {
-        LayerSpec::Dense { features, bias } => {
-            let Shape::Flat(n_in) = shape else {
-                return Err(resolve_err(at, spec, format!("needs a flat input, got the map {shape}: add \"flatten\" before it")));
-            };
-            (AnyLayer::Dense(Dense { n_in, n_out: *features, bias: *bias }), Shape::Flat(*features), 1 + usize::from(*bias))
-        }
-        LayerSpec::Conv2d { channels, kernel, stride, padding, bias } => {
-            let Shape::Map(c, h, w) = shape else { return Err(map_needed(" (image data, or a conv layer's output)")) };
-            let (hp, wp) = (h + 2 * padding, w + 2 * padding);
-            if *kernel > hp || *kernel > wp {
-                return Err(resolve_err(at, spec, format!("the kernel {kernel} does not fit the input {shape} padded by {padding}")));
-            }
-            let (ho, wo) = ((hp - kernel) / stride + 1, (wp - kernel) / stride + 1);
-            let conv = Conv { c, h, w, co: *channels, k: *kernel, stride: *stride, padding: *padding, ho, wo, bias: *bias };
-            (AnyLayer::Conv(conv), Shape::Map(*channels, ho, wo), 1 + usize::from(*bias))
-        }
-        LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => {
-            let Shape::Map(c, h, w) = shape else { return Err(map_needed("")) };
-            if *kernel > h || *kernel > w {
-                return Err(resolve_err(at, spec, format!("the window {kernel} is larger than the input {shape}")));
-            }
-            let pool = Pool { c, h, w, k: *kernel, stride: *stride, ho: (h - kernel) / stride + 1, wo: (w - kernel) / stride + 1 };
-            let out = Shape::Map(c, pool.ho, pool.wo);
-            let op = if matches!(spec, LayerSpec::MaxPool2d { .. }) { AnyLayer::MaxPool(MaxPool(pool)) } else { AnyLayer::AvgPool(AvgPool(pool)) };
-            (op, out, 0)
-        }
-        LayerSpec::Flatten => (AnyLayer::Flatten(Flatten), Shape::Flat(shape.size()), 0),
-        LayerSpec::Act(a) => (AnyLayer::Act(Activation { act: *a, size: shape.size() }), shape, 0),
-        LayerSpec::LayerNorm { eps } => {
-            let norm = match shape {
-                Shape::Flat(f) => Norm { g: f, positions: 1, eps: *eps },
-                Shape::Map(c, h, w) => Norm { g: c, positions: h * w, eps: *eps },
-            };
-            if norm.g < 2 {
-                return Err(resolve_err(at, spec, format!("normalises over 1 value of {shape}: its output would be constant")));
-            }
-            (AnyLayer::Norm(norm), shape, 2)
-        }
-        LayerSpec::Residual { layers } => {
-            *tensors = first;
-            let res = Residual::resolve(shape, layers, at, &prefix, tensors)?;
-            let out = res.output(shape);
-            let count = *tensors - first;
-            return Ok(Node { layer: AnyLayer::Residual(res), input: shape, output: out, first, count, prefix });
-        }
-    };
-    if output.size() == 0 {
-        return Err(resolve_err(at, spec, format!("gives an empty output {output}")));
+    let (layer, output) = spec.resolve_kind(shape, at, &prefix, tensors)?;
+    if *tensors == first {
+        // A plain layer: its own tensors (a composite counted its children's).
+        *tensors += layer.tensors().len();
     }
-    *tensors += count;
-    Ok(Node { layer: op, input: shape, output, first, count, prefix })
+    if output.size() == 0 {
+        return Err(format!("{at} {}: gives an empty output {output}", spec.label()));
+    }
+    Ok(Node { layer, input: shape, output, first, count: *tensors - first, prefix })
 }
 
 /// PyTorch's default uniform initialisation of an `n`-number tensor with fan-in `fan_in`.

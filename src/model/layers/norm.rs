@@ -10,8 +10,12 @@
 use dfdx::prelude::*;
 
 use super::autodiff::Activations;
-use super::contract::{Along, At, Layer, Poly, Probe, Sweep};
-use super::{Cache, Grad};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, Along, At, Layer, Poly, Probe, Sweep};
+use super::recorded::{number, refuse, require};
+use super::spec::{err, options};
+use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
 /// A resolved layer norm: `groups` groups of `g` values each per sample, group j's value i at
@@ -214,5 +218,63 @@ impl Layer for Norm {
 
     fn gradient_floats(&self, k: u64) -> u64 {
         k * 2 * self.g as u64
+    }
+}
+
+/// `"layer_norm"` or `{ layer_norm = { eps } }`: layer norm over the features (flat) or the
+/// channels at each position (map).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormSpec {
+    /// ε (PyTorch's default 1e-5).
+    pub eps: f64,
+}
+
+impl KindSpec for LayerNormSpec {
+    const NAMES: &'static [&'static str] = &["layer_norm"];
+    const TORCH: &'static [&'static str] = &["LayerNorm", "ChannelLayerNorm"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let eps = match arg {
+            None => 1e-5,
+            Some(a) => {
+                let m = options(a, at, name, &["eps"])?;
+                m.get("eps").map_or(Ok(1e-5), |e| e.as_f64().ok_or_else(|| err(at, format!("layer_norm.eps must be a number, got {e}"))))?
+            }
+        };
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(err(at, format!("layer_norm.eps must be positive, got {eps}")));
+        }
+        Ok(LayerNormSpec { eps })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "layer_norm": { "eps": self.eps } })
+    }
+
+    fn label(&self) -> String {
+        "layer_norm".into()
+    }
+
+    fn from_torch(class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        if class == "LayerNorm" {
+            require(m, "elementwise_affine", Value::Bool(true), at, "a layer norm without its affine parameters is not supported")?;
+            require(m, "bias", Value::Bool(true), at, "a layer norm without its bias is not supported")?;
+            let shape = m.get("normalized_shape").and_then(Value::as_array).map(Vec::len).unwrap_or(0);
+            if shape != 1 {
+                return Err(refuse(at, m, "LayerNorm over more than the last dimension is not supported: normalise flat features, or the channels of a map with torch_model.ChannelLayerNorm"));
+            }
+        }
+        Ok(LayerNormSpec { eps: number(m, "eps", at)? })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let norm = match input {
+            Shape::Flat(f) => Norm { g: f, positions: 1, eps: self.eps },
+            Shape::Map(c, h, w) => Norm { g: c, positions: h * w, eps: self.eps },
+        };
+        if norm.g < 2 {
+            return Err(format!("{at} {}: normalises over 1 value of {input}: its output would be constant", self.label()));
+        }
+        Ok((AnyLayer::LayerNorm(norm), input))
     }
 }

@@ -8,6 +8,44 @@
 //! t cross (a kink of the path). Its derivative sends each window's sensitivity to its first
 //! maximal entry in row-major order, as PyTorch does.
 
+use serde_json::Value;
+
+use super::recorded::{refuse, require, square};
+use super::spec::{as_size, err, need, options};
+use super::Shape;
+
+/// A pooling entry's window: `{ kind = k }` (stride k) or `{ kind = { kernel, stride } }`.
+pub(crate) fn parse_window(name: &str, arg: Option<&Value>, at: &str) -> Result<(usize, usize), String> {
+    let a = need(arg, at, name)?;
+    if a.is_number() {
+        let k = as_size(a, at, name)?;
+        return Ok((k, k));
+    }
+    let m = options(a, at, name, &["kernel", "stride"])?;
+    let k = as_size(m.get("kernel").ok_or_else(|| err(at, format!("{name} needs `kernel`")))?, at, &format!("{name}.kernel"))?;
+    Ok((k, m.get("stride").map_or(Ok(k), |v| as_size(v, at, &format!("{name}.stride")))?))
+}
+
+/// A recorded `MaxPool2d` / `AvgPool2d`'s window, refusing padding and ceil mode.
+pub(crate) fn torch_window(m: &Value, at: &str) -> Result<(usize, usize), String> {
+    let kernel = square(m, "kernel_size", at)?;
+    let stride = if m.get("stride").is_some_and(|s| !s.is_null()) { square(m, "stride", at)? } else { kernel };
+    if square(m, "padding", at)? != 0 {
+        return Err(refuse(at, m, "pooling with padding is not supported"));
+    }
+    require(m, "ceil_mode", Value::Bool(false), at, "only floor mode is supported")?;
+    Ok((kernel, stride))
+}
+
+/// The windows of `kernel`, `stride` on `input` (a map); `label` names the entry in errors.
+pub(crate) fn resolve(input: Shape, kernel: usize, stride: usize, at: &str, label: &str) -> Result<Pool, String> {
+    let Shape::Map(c, h, w) = input else { return Err(format!("{at} {label}: needs a [C, H, W] map, got {input}")) };
+    if kernel > h || kernel > w {
+        return Err(format!("{at} {label}: the window {kernel} is larger than the input {input}"));
+    }
+    Ok(Pool { c, h, w, k: kernel, stride, ho: (h - kernel) / stride + 1, wo: (w - kernel) / stride + 1 })
+}
+
 /// A resolved pooling layer over `[C, H, W]` maps.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Pool {

@@ -8,10 +8,14 @@
 use dfdx::prelude::*;
 
 use super::autodiff::{self, Activations};
-use super::contract::{At, Layer, Poly, Probe, Sweep};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
 use super::conv2d::Conv;
 use super::dense::Dense;
-use super::{backward_nodes, forward_nodes, resolve_list, sweep_nodes, tangent_nodes, AnyLayer, Cache, Grad, Node, Shape};
+use super::recorded::refuse;
+use super::spec::{err, need, options};
+use super::{backward_nodes, forward_nodes, resolve_list, sweep_nodes, tangent_nodes, AnyLayer, Cache, Grad, LayerSpec, Node, Shape};
 use crate::model::tensors::ParamTensor;
 use crate::model::ParamSpec;
 
@@ -24,7 +28,7 @@ pub(crate) struct Residual {
 
 impl Residual {
     /// Resolves the body from `input` and the shortcut that brings `input` to its output.
-    pub(crate) fn resolve(input: Shape, layers: &[super::LayerSpec], at: &str, prefix: &str, tensors: &mut usize) -> Result<Residual, String> {
+    pub(crate) fn resolve(input: Shape, layers: &[LayerSpec], at: &str, prefix: &str, tensors: &mut usize) -> Result<Residual, String> {
         let body = resolve_list(input, layers, &format!("{at}.residual"), &format!("{prefix}body."), tensors)?;
         let out = body.last().map_or(input, |n| n.output);
         if out == input {
@@ -37,7 +41,7 @@ impl Residual {
                 let stride = (1..=h.max(w)).find(|&s| (h - 1) / s + 1 == ho && (w - 1) / s + 1 == wo).ok_or_else(|| {
                     format!("{at} residual: no 1×1 projection with a stride maps the input {input} to the body's output {out}")
                 })?;
-                AnyLayer::Conv(Conv { c, h, w, co, k: 1, stride, padding: 0, ho, wo, bias: true })
+                AnyLayer::Conv2d(Conv { c, h, w, co, k: 1, stride, padding: 0, ho, wo, bias: true })
             }
             _ => return Err(format!("{at} residual: the body turns the input {input} into {out}; a shortcut cannot project between a map and a flat vector")),
         };
@@ -155,5 +159,58 @@ impl Layer for Residual {
 
     fn branches(&self) -> Option<(&[Node], Option<&Node>)> {
         Some((&self.body, self.shortcut.as_deref()))
+    }
+}
+
+/// `{ residual = [layers] }`: `y = body(x) + shortcut(x)`, identity shortcut, or a projection
+/// (dense, or a 1×1 convolution with the stride that matches the body's output size) when shapes
+/// differ.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResidualSpec {
+    /// The body's layers.
+    pub layers: Vec<LayerSpec>,
+}
+
+impl KindSpec for ResidualSpec {
+    const NAMES: &'static [&'static str] = &["residual"];
+    const TORCH: &'static [&'static str] = &["Residual"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let a = need(arg, at, name)?;
+        let list = match a {
+            Value::Array(l) => l,
+            Value::Object(_) => {
+                let m = options(a, at, name, &["layers"])?;
+                m.get("layers").and_then(Value::as_array).ok_or_else(|| err(at, "residual needs `layers = [...]`"))?
+            }
+            _ => return Err(err(at, format!("residual takes a list of layers, got {a}"))),
+        };
+        if list.is_empty() {
+            return Err(err(at, "residual needs at least one layer"));
+        }
+        let layers = list.iter().enumerate().map(|(j, l)| LayerSpec::parse(l, &format!("{at}.residual[{j}]"))).collect::<Result<Vec<_>, _>>()?;
+        Ok(ResidualSpec { layers })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "residual": self.layers.iter().map(LayerSpec::to_value).collect::<Vec<_>>() })
+    }
+
+    fn label(&self) -> String {
+        format!("residual[{}]", self.layers.iter().map(LayerSpec::label).collect::<Vec<_>>().join(", "))
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        let body = m.get("body").and_then(Value::as_array).ok_or_else(|| refuse(at, m, "a Residual needs its `body` modules"))?;
+        if body.is_empty() {
+            return Err(refuse(at, m, "an empty Residual body"));
+        }
+        Ok(ResidualSpec { layers: LayerSpec::from_torch_list(body, &format!("{at}.body"))? })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, prefix: &str, tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let res = Residual::resolve(input, &self.layers, at, prefix, tensors)?;
+        let out = res.output(input);
+        Ok((AnyLayer::Residual(res), out))
     }
 }
