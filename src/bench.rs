@@ -499,7 +499,7 @@ pub(crate) struct ContractionRate {
     pub total_seconds: f64,
     /// Seconds of the contraction (node evaluations excluded).
     pub contraction_seconds: f64,
-    /// GEMM flops of the contraction, counted from the shapes (see `kernel::mlp::gram::GramAccumulator::contraction`).
+    /// GEMM flops of the contraction, counted from the shapes (see `kernel::gram::GramAccumulator::contraction`).
     pub contraction_flops: f64,
     /// `contraction_flops / contraction_seconds`, GFLOP/s.
     pub contraction_gflops: f64,

@@ -522,7 +522,7 @@ fn column_blocks_grow_when_a_tile_of_one_row_does_not_fit() {
     // (the recursion contracts without it).
     let (g, m) = (plan_with(&gd, 1 << 30, Tiling::Count(1)).unwrap(), plan_with(&mom, 1 << 30, Tiling::Count(1)).unwrap());
     let w = gd.manifest.num_params as u64;
-    let scratch = 12 * pathkernel::kernel::mlp::gram::scratch_bytes_per_point(&[2, 8, 3], gd.dataset.n_train(), 3) as u64;
+    let scratch = 12 * pathkernel::kernel::gram::scratch_bytes_per_point(&[2, 8, 3], gd.dataset.n_train(), 3) as u64;
     assert!(m.tiles[0].estimated_peak_bytes >= g.tiles[0].estimated_peak_bytes - scratch + 60 * w * 8 + 12 * 2 * 3 * w * 8, "{} vs {} (scratch {scratch})", m.tiles[0].estimated_peak_bytes, g.tiles[0].estimated_peak_bytes);
     // Explicit column blocks shrink each tile's estimate.
     let c1 = plan_with(&gd, 1 << 30, Tiling::Grid { rows: 1, cols: 1, steps: 1 }).unwrap();

@@ -30,6 +30,7 @@ pub mod backend;
 pub mod cnn;
 pub mod engine;
 pub mod generic;
+pub mod gram;
 pub mod layout;
 pub mod mlp;
 pub mod output;

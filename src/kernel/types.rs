@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::mlp::gram::Contraction;
+use super::gram::Contraction;
 use super::layout::Layout;
 use super::quadrature::Rule;
 use crate::error::{Error, Result};
@@ -520,4 +520,19 @@ pub(crate) fn parse_step_range(s: &str) -> Result<(usize, usize)> {
         return Err(bad());
     }
     Ok((a, b))
+}
+
+/// Gradient evaluations spent on one step, per row point.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NodeStats {
+    /// Gradient evaluations (quadrature nodes) per point `[P]`; for ReLU CNN rows integrated
+    /// between kinks (the auto rule), the two backward passes forming `∇z(t)`.
+    pub evaluations: Vec<usize>,
+    /// Forward-mode evaluations spent choosing the nodes (auto rule) `[P]`; for ReLU CNN rows
+    /// integrated between kinks, one forward pass (pattern and logits) per piece.
+    pub jvp_evaluations: Vec<usize>,
+    /// Smooth pieces per point `[P]`.
+    pub pieces: Vec<usize>,
+    /// Pieces that did not reach the tolerance.
+    pub unconverged: usize,
 }

@@ -13,7 +13,7 @@
 //!
 //! What the backend does not do: the element-wise passes after the products (the output layer's
 //! `2K` passes, layer 0's scale `x_p·x_i + 1` and fold into the Gram), the node evaluations, and
-//! the Gram itself stay on the CPU. Only the MLP's structured path (`kernel::mlp::gram`) takes a
+//! the Gram itself stay on the CPU. Only the MLP's structured path (`kernel::gram`) takes a
 //! backend; other paths refuse [`Device::Cuda`] (`check_path`).
 
 use std::fmt;
@@ -74,7 +74,7 @@ impl Device {
 /// Which training-side factor a [`Stamp`] names: one resident slot each on a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Site {
-    /// Layer 0's buffer of several steps' training sensitivities (`kernel::mlp::gram`'s `Layer0Sum`;
+    /// Layer 0's buffer of several steps' training sensitivities (`kernel::gram`'s `Layer0Sum`;
     /// `diag` holds one per class, `full` and `trace` use class 0).
     Layer0(usize),
     /// A deeper layer's training activations with the bias column, for one step (its index
@@ -229,7 +229,7 @@ fn cpu_abt(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize
 }
 
 /// Refuses [`Device::Cuda`] on a path that has no device backend: only the MLP's structured
-/// Gram path (`kernel::mlp::gram`) contracts through one.
+/// Gram path (`kernel::gram`) contracts through one.
 pub(crate) fn check_path(device: Device, structured_mlp: bool, what: &str) -> Result<()> {
     if device == Device::Cuda && !structured_mlp {
         return Err(Error::Config(format!("--device cuda contracts the MLP's structured Gram path only; this computation takes {what} (use --device cpu)")));

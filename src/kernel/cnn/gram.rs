@@ -18,7 +18,7 @@
 //!
 //! with `J̄c_p = Σ_r w_r G_r` (conv, formed: only `K·Co·(C·k·k+1)` numbers per point) and
 //! `J̄d_p[k, o, :] = Σ_r w_r δ_out,r[k, o] [a_r, 1]` (dense, formed per point, then contracted
-//! with the training activations by one GEMM as `kernel::mlp::gram` does for dense layers). Every sum over
+//! with the training activations by one GEMM as `kernel::gram` does for dense layers). Every sum over
 //! positions, nodes and points is a GEMM (faer); nothing of size `M·K·W` is formed.
 //!
 //! The output is exactly [`crate::kernel::generic::step_gram`]'s: the Gram `[P, M, K, K]` and the rows'
@@ -35,6 +35,7 @@ use super::pieces::{self, Measure};
 pub(crate) use crate::kernel::cnn::step::CnnStep;
 use crate::kernel::cnn::step::SideFactors;
 use crate::kernel::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
+use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
 use crate::model::{Architecture, Params};
@@ -254,21 +255,6 @@ fn step_into_at(
         }
     }
     pred
-}
-
-/// Gradient evaluations spent on one step, per row point.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct NodeStats {
-    /// Gradient evaluations (quadrature nodes) per point `[P]`; for ReLU CNN rows integrated
-    /// between kinks (the auto rule), the two backward passes forming `∇z(t)`.
-    pub evaluations: Vec<usize>,
-    /// Forward-mode evaluations spent choosing the nodes (auto rule) `[P]`; for ReLU CNN rows
-    /// integrated between kinks, one forward pass (pattern and logits) per piece.
-    pub jvp_evaluations: Vec<usize>,
-    /// Smooth pieces per point `[P]`.
-    pub pieces: Vec<usize>,
-    /// Pieces that did not reach the tolerance.
-    pub unconverged: usize,
 }
 
 /// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`

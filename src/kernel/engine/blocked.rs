@@ -86,11 +86,11 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
         Body::Layers { .. } => arch.stack()?.gradient_floats(k as usize),
     };
     // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
-    // ([`crate::kernel::mlp::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
+    // ([`crate::kernel::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
     let (per_point, cap) = match &arch.body {
         Body::Mlp { widths } => {
-            let pp = crate::kernel::mlp::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
-            (pp, (crate::kernel::mlp::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
+            let pp = crate::kernel::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
+            (pp, (crate::kernel::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
         }
         Body::Cnn { .. } | Body::Layers { .. } => (0, 1),
     };

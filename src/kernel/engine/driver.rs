@@ -3,7 +3,7 @@
 //! (nodes → contraction → accumulation → validation). Runs whose optimizer keeps state take
 //! [`crate::kernel::engine::stateful`] instead; [`crate::kernel::engine::entry::compute`] chooses.
 
-use crate::kernel::mlp::gram::{self, GramAccumulator};
+use crate::kernel::gram::{self, GramAccumulator};
 use crate::kernel::layout::Layout;
 use crate::kernel::engine::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
 use crate::kernel::engine::prepare::Prepared;

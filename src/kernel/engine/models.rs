@@ -14,11 +14,13 @@
 //! Runs with momentum or Adam(W) walk the path backwards instead ([`crate::kernel::engine::stateful`]); they use
 //! the same accumulator and contractions.
 
-use crate::kernel::cnn::gram::{self as cnn_gram, NodeStats};
+use crate::kernel::cnn::gram as cnn_gram;
+use crate::kernel::types::NodeStats;
 use crate::kernel::mlp::step::MlpStep;
-use crate::kernel::mlp::gram::{self, GramAccumulator, LayerFactors};
+use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
 use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
-use crate::kernel::quadrature::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes, NODE_CHUNK_POINTS};
+use crate::kernel::mlp::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes};
+use crate::kernel::quadrature::nodes::NODE_CHUNK_POINTS;
 use crate::kernel::generic;
 use crate::kernel::types::Points;
 use crate::error::Result;

@@ -3,6 +3,6 @@
 //! stack's dense layers), and the exact piecewise rule of one-hidden-layer ReLU networks
 //! (`pieces`).
 
-pub mod gram;
+pub(crate) mod nodes;
 pub(crate) mod pieces;
 pub(crate) mod step;

@@ -17,7 +17,7 @@
 //! `∫δ_0[k] = α m ⊙ (L W[k] + T ΔW[k] − Σ_o (S_0[o] W[o] + S_1[o] ΔW[o]))`,
 //! `Ā += L ã_0 + T ã_1`, `B̄[o] += S_0[o] ã_0 + S_1[o] ã_1`,
 //!
-//! the factors [`crate::kernel::mlp::gram::GramAccumulator::add_integrated`] contracts (layer 0 as
+//! the factors [`crate::kernel::gram::GramAccumulator::add_integrated`] contracts (layer 0 as
 //! `δ̄ ⊗ x`, the output layer as `α(e_k ⊗ Ā − Σ_o e_o ⊗ B̄[o])`). Only the scalars `S_m` need a
 //! quadrature, on the known quadratic logits ([`crate::kernel::quadrature::piece::Piece`], Gauss–Legendre 8
 //! against 16, bisected until they agree to `tol·(b − a)`). The self-kernel's integrand is
@@ -269,9 +269,9 @@ fn cosine_measure(step: &MlpStep, z: &[f64], xsq: f64, off: Option<&[f64]>, dbar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::quadrature::nodes::eval_rows;
+    use crate::kernel::mlp::nodes::eval_rows;
     use crate::kernel::quadrature::gauss_legendre_01;
-    use crate::kernel::quadrature::nodes::{dpk_cosine_error, RowNodes};
+    use crate::kernel::mlp::nodes::{dpk_cosine_error, RowNodes};
     use crate::model::{Architecture, Body};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

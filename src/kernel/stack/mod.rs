@@ -20,8 +20,8 @@ pub(crate) mod kinks;
 pub(crate) mod path;
 pub(crate) mod step;
 
-use super::cnn::gram::NodeStats;
-use super::mlp::gram::GramAccumulator;
+use super::types::NodeStats;
+use super::gram::GramAccumulator;
 use super::layout::{add_dense, add_formed, Layout, TrainDeltas};
 use super::engine::models::{StepInput, StepModel, StepOutput};
 use super::quadrature::nodes::{choose_auto_nodes, AlongPath};

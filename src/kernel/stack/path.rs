@@ -12,9 +12,9 @@ use std::borrow::Cow;
 use super::step::{RowGrad, StackStep};
 use super::{contract_formed, node_bytes, split_predictions, StackAlong, CHUNK_POINTS};
 use crate::error::{Error, Result};
-use crate::kernel::cnn::gram::NodeStats;
+use crate::kernel::types::NodeStats;
 use crate::kernel::engine::models::{StepInput, StepOutput};
-use crate::kernel::mlp::gram::GramAccumulator;
+use crate::kernel::gram::GramAccumulator;
 use crate::kernel::quadrature::nodes::choose_auto_nodes;
 use crate::linalg::gemm;
 

@@ -8,7 +8,7 @@
 //! - **Phase 2** walks backwards carrying `H_r` (`[P·K, W]`) for the row points:
 //!   `H_r = ε_r κ_r D_r ⊙ J̄_r + β H_{r+1}`, `ε_r F_r = γ_r H_r`. Each step's kernel is `K_r = ε_r F_r·∇f(x_i; w_r)ᵀ / ε_r`,
 //!   contracted per layer against the training points' factors (MLPs: `H_l·A_trainᵀ` then δ, as
-//!   in [`crate::kernel::mlp::gram`]; other architectures: dense Jacobians). (Dampening scales the step's
+//!   in [`crate::kernel::gram`]; other architectures: dense Jacobians). (Dampening scales the step's
 //!   row feature by `γ_r`; Nesterov forms `ε_r J̄_r + β γ_r H_r`: `UpdateRule::row_coefficients`.)
 //!   The machine's step-r term is
 //!   `Σ_i a_{i,r}·K_r = −H_r·g_r`, the weight-decay term `R = −λ_c Σ_r H_r·w_r − λ_d Σ_s ε_s J̄_s·w_s`,

@@ -2,7 +2,8 @@
 //! and the features `H_r` built from them, with an MLP's layer 0 kept in factor form.
 
 use crate::kernel::mlp::step::MlpStep;
-use crate::kernel::quadrature::nodes::{auto_nodes, choose_auto_nodes, fixed_nodes};
+use crate::kernel::mlp::nodes::{auto_nodes, fixed_nodes};
+use crate::kernel::quadrature::nodes::choose_auto_nodes;
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::stack::step::{RowGrad, StackStep};
 use crate::kernel::{cnn, generic};

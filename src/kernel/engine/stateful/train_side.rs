@@ -2,7 +2,7 @@
 //! their outputs, their data gradient and the contraction of a row feature against them.
 
 use crate::kernel::mlp::step::{Evals, MlpStep};
-use crate::kernel::mlp::gram::{train_acts_ext, LayerFactors};
+use crate::kernel::gram::{train_acts_ext, LayerFactors};
 use crate::kernel::layout::{add_dense, add_dense_scaled, add_formed, GramSink, TrainDeltas};
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::stack::step::{RowGrad, StackStep};
