@@ -160,32 +160,6 @@ impl Conv {
         y
     }
 
-    /// Per-sample parameter gradients: for each sample and class, `δ[k] U` (`[Co, C·k·k]`) then
-    /// the bias gradient `Σ_pos δ[k]` (`[Co]`).
-    ///
-    /// # Shapes
-    /// `u` `[n, P, C·k·k]`, `dy` `[n, K, Co, P]`; returns `[n, K, width]`.
-    pub(crate) fn param_grads(&self, u: &[f64], dy: &[f64], k: usize) -> Vec<f64> {
-        let (p, t, co, wd) = (self.positions(), self.taps(), self.co, self.width());
-        let n = u.len() / (p * t);
-        let mut out = vec![0.0; n * k * wd];
-        let mut tmp = vec![0.0; k * co * t];
-        for s in 0..n {
-            let d = &dy[s * k * co * p..(s + 1) * k * co * p];
-            gemm(&mut tmp, d, false, &u[s * p * t..(s + 1) * p * t], false, (k * co, t, p), 1.0, false);
-            for c in 0..k {
-                let dst = &mut out[(s * k + c) * wd..(s * k + c + 1) * wd];
-                dst[..co * t].copy_from_slice(&tmp[c * co * t..(c + 1) * co * t]);
-                if self.bias {
-                    for o in 0..co {
-                        dst[co * t + o] = sum4(&d[(c * co + o) * p..(c * co + o + 1) * p]);
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// Input sensitivities: `dU[k] = δ[k]ᵀ W(t_s)` (`[P, C·k·k]`, `W + t_s·ΔW` with `off` =
     /// `(ΔW, t)`) scattered back through im2col.
     ///
@@ -299,6 +273,106 @@ impl Conv {
     }
 }
 
+/// A batch's patches with one copy per run of identical consecutive samples: the node rows of a
+/// point share its input, so a first convolution's patches are formed once per point and its
+/// products are one GEMM against the run's stacked `W(t_s)`.
+///
+/// # Shapes
+/// `u` `[R, P, C·k·k]` (R runs); `runs[r]` = (first sample, samples) of run r.
+#[derive(Debug)]
+pub(crate) struct SharedPatches {
+    pub u: Vec<f64>,
+    pub runs: Vec<(usize, usize)>,
+}
+
+impl Conv {
+    /// [`Conv::patches`] once per run of equal consecutive samples of `x` (`[n, C, H, W]`).
+    pub(crate) fn shared_patches(&self, x: &[f64]) -> SharedPatches {
+        let size = self.c * self.h * self.w;
+        let n = x.len() / size;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for s in 0..n {
+            match runs.last_mut() {
+                Some((s0, len)) if x[*s0 * size..(*s0 + 1) * size] == x[s * size..(s + 1) * size] => *len += 1,
+                _ => runs.push((s, 1)),
+            }
+        }
+        let firsts: Vec<f64> = runs.iter().flat_map(|&(s0, _)| x[s0 * size..(s0 + 1) * size].iter().copied()).collect();
+        SharedPatches { u: self.patches(&firsts), runs }
+    }
+
+    /// [`Conv::apply_at`] on shared patches: per run, `[W(t_s)]_s U_runᵀ` as one GEMM (a run at
+    /// one point of the step is computed once and copied).
+    fn apply_shared(&self, first: usize, at: &At, sp: &SharedPatches, bias: bool) -> Vec<f64> {
+        let (p, t, co) = (self.positions(), self.taps(), self.co);
+        let n: usize = sp.runs.iter().map(|r| r.1).sum();
+        let mut y = vec![0.0; n * co * p];
+        let b = if bias { self.bias_at(at, first) } else { None };
+        let off = at.offset(first);
+        let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
+        let w = at.w(first);
+        let mut wbuf = Vec::new();
+        for (r, &(s0, len)) in sp.runs.iter().enumerate() {
+            let u = &sp.u[r * p * t..(r + 1) * p * t];
+            let ys = &mut y[s0 * co * p..(s0 + len) * co * p];
+            let t_of = |s: usize| off.map_or(0.0, |(_, ts)| ts[s]);
+            if (s0..s0 + len).all(|s| t_of(s) == t_of(s0)) {
+                // One point of the step for the whole run: once, then copied.
+                let y1 = self.apply_at(first, &At { w: at.w, dw: at.dw, t: off.map(|(_, ts)| &ts[s0..s0 + 1]) }, u, bias);
+                for chunk in ys.chunks_exact_mut(co * p) {
+                    chunk.copy_from_slice(&y1);
+                }
+                continue;
+            }
+            let (dw, ts) = off.expect("times differ only with a step");
+            wbuf.clear();
+            for s in s0..s0 + len {
+                wbuf.extend(w.iter().zip(dw).map(|(a, d)| a + ts[s] * d));
+            }
+            gemm(ys, &wbuf, false, u, true, (len * co, p, t), 1.0, false);
+            if let Some(b) = b {
+                for (j, s) in (s0..s0 + len).enumerate() {
+                    for o in 0..co {
+                        let bo = b[o] + db.map_or(0.0, |d| ts[s] * d[o]);
+                        ys[(j * co + o) * p..(j * co + o + 1) * p].iter_mut().for_each(|v| *v += bo);
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Per-sample parameter gradients on shared patches: for each sample and class, `δ[k] U`
+    /// (`[Co, C·k·k]`) then the bias gradient `Σ_pos δ[k]` (`[Co]`); per run of equal samples,
+    /// `[δ_s[k]]_{s,k} U_run` as one GEMM.
+    ///
+    /// # Shapes
+    /// `dy` `[n, K, Co, P]`; returns `[n, K, width]`.
+    fn param_grads_shared(&self, sp: &SharedPatches, dy: &[f64], k: usize) -> Vec<f64> {
+        let (p, t, co, wd) = (self.positions(), self.taps(), self.co, self.width());
+        let n: usize = sp.runs.iter().map(|r| r.1).sum();
+        let mut out = vec![0.0; n * k * wd];
+        let mut tmp = Vec::new();
+        for (r, &(s0, len)) in sp.runs.iter().enumerate() {
+            let u = &sp.u[r * p * t..(r + 1) * p * t];
+            tmp.resize(len * k * co * t, 0.0);
+            gemm(&mut tmp, &dy[s0 * k * co * p..(s0 + len) * k * co * p], false, u, false, (len * k * co, t, p), 1.0, false);
+            for j in 0..len * k {
+                let row = s0 * k + j;
+                let dst = &mut out[row * wd..(row + 1) * wd];
+                dst[..co * t].copy_from_slice(&tmp[j * co * t..(j + 1) * co * t]);
+                if self.bias {
+                    let d = &dy[row * co * p..(row + 1) * co * p];
+                    for o in 0..co {
+                        dst[co * t + o] = sum4(&d[o * p..(o + 1) * p]);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 impl Layer for Conv {
     fn torch(&self) -> String {
         format!("Conv2d({}, {}, {}, stride={}, padding={}{})", self.c, self.co, self.k, self.stride, self.padding, if self.bias { "" } else { ", bias=False" })
@@ -324,17 +398,18 @@ impl Layer for Conv {
     }
 
     fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
-        let u = self.patches(&x);
-        let y = self.apply_at(first, at, &u, true);
-        (y, if keep { Cache::Patches(u) } else { Cache::None })
+        let sp = self.shared_patches(&x);
+        let y = self.apply_shared(first, at, &sp, true);
+        (y, if keep { Cache::Patches(sp) } else { Cache::None })
     }
 
     /// `ẏ = U ΔWᵀ + Δb + U̇ W(t)ᵀ`.
     fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
-        let u = self.patches(&x);
-        let y = self.apply_at(first, at, &u, true);
-        let mut yd = match at.dw(first) {
-            Some(dw) => self.apply(&u, dw, if self.bias { at.dw(first + 1) } else { None }),
+        let sp = self.shared_patches(&x);
+        let y = self.apply_shared(first, at, &sp, true);
+        let mut yd = match at.dw {
+            // `U ΔWᵀ + Δb` does not depend on t: once per run.
+            Some(dirs) => self.apply_shared(first, &At::fixed(dirs), &sp, self.bias),
             None => vec![0.0; y.len()],
         };
         if let Some(xd) = xd {
@@ -346,8 +421,8 @@ impl Layer for Conv {
     }
 
     fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
-        let Cache::Patches(u) = cache else { unreachable!("a convolution's cache is its patches") };
-        grads.push((first, Grad::Formed { g: self.param_grads(u, &dy, k), width: self.width() }));
+        let Cache::Patches(sp) = cache else { unreachable!("a convolution's cache is its patches") };
+        grads.push((first, Grad::Formed { g: self.param_grads_shared(sp, &dy, k), width: self.width() }));
         if want_dx {
             self.input_grad(at.w(first), at.offset(first), &dy, k)
         } else {

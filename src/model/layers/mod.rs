@@ -217,7 +217,7 @@ pub(crate) enum Cache {
     /// The input (activations: pre-activations; dense: its acts).
     Input(Vec<f64>),
     /// A convolution's patches `[n, P, C·k·k]`.
-    Patches(Vec<f64>),
+    Patches(conv2d::SharedPatches),
     /// Max pooling's winners.
     Arg(Vec<u32>),
     Norm(NormCache),

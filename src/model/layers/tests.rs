@@ -214,16 +214,25 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         (json!([{ "conv2d": { "channels": 3, "kernel": 3, "stride": 2, "padding": 1 } }, "silu", { "max_pool2d": 2 }, "layer_norm",
                 { "residual": [{ "conv2d": { "channels": 4, "kernel": 3, "padding": 1 } }, "relu"] }, { "avg_pool2d": 1 }, "flatten", { "dense": 3 }]), 2 * 9 * 8, Some([2, 9, 8])),
     ];
-    for (layers, d, image) in stacks {
+    // Repeated samples too (a point's node rows share its input: a convolution forms their
+    // patches once and stacks their `W(t_s)`), with runs at different and at equal times.
+    for ((layers, d, image), dup) in stacks.iter().flat_map(|s| [(s.clone(), false), (s.clone(), true)]) {
         let a = arch(layers, d, image, 3);
         let st = a.stack().unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(21);
         let w: Vec<Vec<f64>> = a.init(2).data.iter().map(|v| v.iter().map(|x| x + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect();
         let dw: Vec<Vec<f64>> = w.iter().map(|v| v.iter().map(|_| 0.3 * rng.gen_range(-1.0..1.0)).collect()).collect();
-        let t = [0.0, 0.25, 0.7, 0.25, 1.0];
+        let t = if dup { [0.0, 0.25, 0.7, 0.7, 1.0] } else { [0.0, 0.25, 0.7, 0.25, 1.0] };
         let n = t.len();
         let k = 3;
-        let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        if dup {
+            // Samples 0 = 1 (different times), 2 = 3 = 4 (two at the same time).
+            let (s0, s2) = (x[..d].to_vec(), x[2 * d..3 * d].to_vec());
+            x[d..2 * d].copy_from_slice(&s0);
+            x[3 * d..4 * d].copy_from_slice(&s2);
+            x[4 * d..5 * d].copy_from_slice(&s2);
+        }
         let at = At { w: &w, dw: Some(&dw), t: Some(&t) };
         let (y, caches) = st.forward_cached_at(&at, x.clone());
         let seeds: Vec<f64> = (0..n * k * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -244,6 +253,6 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
             worst = worst.max(rel_diff(&jac[s * k * width..(s + 1) * k * width], &js));
             worst = worst.max(rel_diff(&yd[s * k..(s + 1) * k], &yds));
         }
-        assert!(worst < 1e-13, "{}: per-row points differ by {worst:e}", st.torch_description());
+        assert!(worst < 1e-13, "{} (repeated samples: {dup}): per-row points differ by {worst:e}", st.torch_description());
     }
 }
