@@ -6,7 +6,7 @@ full batch by `torch.optim.AdamW` in float64 (or float32), one torch thread by d
     OMP_NUM_THREADS=1 python scripts/grokking_torch.py [--p 31] [--d 64] [--heads 4] [--m 256]
         [--train-frac 0.5] [--seed 0] [--data-seed 0] [--epochs 5000] [--lr 1e-3] [--wd 1.0]
         [--beta2 0.98] [--init-scale 1.0] [--dtype float64|float32] [--eval-every 1]
-        [--stop-when-generalised N] [--print-every 100] [--json OUT.json] [--record DIR] [--threads 1]
+        [--stop-when-generalised N] [--max-seconds S] [--print-every 100] [--json OUT.json] [--history-every K] [--record DIR] [--threads 1]
     python scripts/grokking_torch.py --check-explaind     # needs explaind (Python >= 3.12)
 
 The task (ExPLAIND's `ModulusDataGenerator`, power 1, arithmetic tokens): every unordered pair
@@ -77,8 +77,10 @@ accuracy from the training forward itself, held-out loss and accuracy from a no-
 (every `--eval-every` epochs); the final state w_N is evaluated too (epoch N). Accuracy is the
 argmax of the logits. Printed every `--print-every` epochs; `--json` writes the configuration,
 every evaluated epoch, the epochs at which train and held-out accuracy first reached 0.5 / 0.99 /
-1.0, and the wall time (training only, and with evaluation). `--stop-when-generalised N` ends the
-run once held-out accuracy has been >= 0.99 at N consecutive evaluations (0: never).
+1.0 (from every evaluated epoch), the wall time (training only, and with evaluation) and the command;
+`--history-every K` keeps every K-th epoch's metrics in the JSON. `--stop-when-generalised N` ends the
+run once held-out accuracy has been >= 0.99 at N consecutive evaluations (0: never);
+`--max-seconds S` once S seconds have passed (the last state evaluated is then the one reached).
 
 `--record DIR` records every state with our recorder (python/pathkernel_recorder's
 TrajectoryRecorder; steps `step_00000.safetensors` ... with the state_dict names above, the token
@@ -235,8 +237,12 @@ def train(a, log=print):
                 f"{row.get('test_loss', float('nan')):.3e} acc {row.get('test_acc', float('nan')):.4f}  {time.time() - t0:7.1f} s", flush=True)
         if last:
             break
-        if a.stop_when_generalised and streak >= a.stop_when_generalised:
+        evaluated = "test_acc" in row
+        if evaluated and a.stop_when_generalised and streak >= a.stop_when_generalised:
             log(f"held-out accuracy >= 0.99 at {streak} consecutive evaluations: stopping at epoch {epoch}")
+            break
+        if evaluated and a.max_seconds and time.time() - t0 > a.max_seconds:
+            log(f"--max-seconds {a.max_seconds}: stopping at epoch {epoch}")
             break
         loss.backward()
         opt.step()
@@ -250,7 +256,9 @@ def train(a, log=print):
     out = {"config": {k: v for k, v in vars(a).items() if k not in ("json", "check_explaind")}, "parameters": n_par,
            "n_train": len(ytr), "n_test": len(yte), "epochs_run": fin["epoch"], "wall_s": wall, "eval_s": t_eval, "train_s": wall - t_eval,
            "s_per_epoch": (wall - t_eval) / max(fin["epoch"], 1), "first_epoch": marks, "final": fin,
-           "model": model.spec(), "torch": torch.__version__, "threads": torch.get_num_threads(), "history": hist}
+           "model": model.spec(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "command": "python scripts/grokking_torch.py " + " ".join(sys.argv[1:]), "history_every": a.history_every,
+           "history": [r for r in hist if r["epoch"] % a.history_every == 0 or r is fin]}
     m99, g99 = marks["train_0.99"], marks["test_0.99"]
     out["grokked"] = bool(g99 is not None and fin.get("test_acc", 0) >= 0.99 and m99 is not None)
     log(f"train acc >= 0.99 at epoch {m99}, 1.0 at {marks['train_1.0']}; held-out >= 0.5 at {marks['test_0.5']}, >= 0.99 at {g99}, "
@@ -315,9 +323,11 @@ def parser():
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--stop-when-generalised", type=int, default=0)
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop after this wall time (0: no limit)")
     ap.add_argument("--print-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--history-every", type=int, default=1, help="the JSON keeps every K-th epoch's metrics (and the last)")
     ap.add_argument("--record")
     ap.add_argument("--check-explaind", action="store_true")
     return ap
