@@ -7,12 +7,12 @@ transformer (the run is recorded for it with our recorder, OUT/rec).
 
     OMP_NUM_THREADS=1 /work/venv-explaind/bin/python scripts/compare_explaind_grokking.py
         [--p 31] [--d 32] [--heads 4] [--m 128] [--train-frac 0.5] [--seed 0] [--data-seed 0]
-        [--epochs 3000] [--lr 1e-3] [--wd 1.0] [--beta2 0.98] [--n-test 10]
+        [--epochs 3000] [--lr 1e-3] [--wd 1.0] [--beta2 0.98] [--init-scale 0.1] [--n-test 10]
         [--settings default,1,10,100,1000] [--budget-s 600] [--probe-steps 20] [--probe-evals 6000]
         [--out runs/explaind-grokking] [--report bench/explaind-grokking]
 
 The run. `GrokkingTransformer(p, d, heads, m)` (ExPLAIND's SingleLayerTransformerClassifier; see
-grokking_torch.py) under torch.manual_seed(seed), **float32** (ExPLAIND 0.1.0's feature map keeps
+grokking_torch.py) under torch.manual_seed(seed), its parameters scaled by `--init-scale`, **float32** (ExPLAIND 0.1.0's feature map keeps
 only the parameters whose dtype is `torch.float`: a float64 model gets no features), trained full
 batch by `torch.optim.AdamW(lr, betas=(0.9, beta2), eps=1e-8, weight_decay=wd)` on the mean
 cross-entropy of its logits, one step per epoch, on the same split as grokking_torch.py
@@ -111,9 +111,9 @@ def train(a, rec_dir, state_path):
     from pathkernel_recorder.recorder import TrajectoryRecorder
     from safetensors.torch import load_file
 
-    hp = {k: getattr(a, k) for k in ("p", "d", "heads", "m", "lr", "wd", "beta2", "seed", "data_seed", "train_frac", "epochs")}
+    hp = {k: getattr(a, k) for k in ("p", "d", "heads", "m", "lr", "wd", "beta2", "seed", "data_seed", "train_frac", "epochs", "init_scale")}
     xtr, ytr, xte, yte = modular_data(a.p, a.train_frac, a.data_seed)
-    model = build(a.p, a.d, a.heads, a.m, a.seed, 1.0, torch.float32)
+    model = build(a.p, a.d, a.heads, a.m, a.seed, a.init_scale, torch.float32)
     full, mp, op, dp = explaind_paths(model, hp, ytr)
     rec = TrajectoryRecorder(rec_dir, model, xtr, ytr, xte[: a.n_test], yte[: a.n_test], loss="cross_entropy", optimizer=op.optimizer,
                              description=f"compare_explaind_grokking.py: a + b mod {a.p}, d {a.d}, {a.heads} heads, m {a.m}, full-batch AdamW "
@@ -232,6 +232,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=1.0)
     ap.add_argument("--beta2", type=float, default=0.98)
+    ap.add_argument("--init-scale", type=float, default=0.1)
     ap.add_argument("--n-test", type=int, default=10)
     ap.add_argument("--settings", default="default,1,10,100,1000")
     ap.add_argument("--budget-s", type=float, default=600, help="run the whole path when the probe extrapolates to at most this")
