@@ -6,9 +6,10 @@ quadrature settings, timed and measured. The grokking counterpart of scripts/com
 transformer (the run is recorded for it with our recorder, OUT/rec).
 
     OMP_NUM_THREADS=1 /work/venv-explaind/bin/python scripts/compare_explaind_grokking.py
-        [--p 31] [--d 32] [--heads 4] [--m 128] [--train-frac 0.5] [--seed 0] [--data-seed 0]
-        [--epochs 3000] [--lr 1e-3] [--wd 1.0] [--beta2 0.98] [--init-scale 0.1] [--n-test 10]
-        [--settings default,1,10,100,1000] [--budget-s 600] [--probe-steps 20] [--probe-evals 6000]
+        [--p 31] [--d 64] [--heads 4] [--m 256] [--train-frac 0.8] [--seed 0] [--data-seed 0]
+        [--epochs 11300] [--lr 1e-3] [--wd 1.0] [--beta2 0.98] [--init-scale 0.1] [--n-test 10]
+        [--settings default,1,10,100,1000] [--budget-s 600] [--probe-steps 12] [--probe-evals 6000]
+        [--windows K:W,...] [--reuse]
         [--out runs/explaind-grokking] [--report bench/explaind-grokking]
 
 The run. `GrokkingTransformer(p, d, heads, m)` (ExPLAIND's SingleLayerTransformerClassifier; see
@@ -52,8 +53,12 @@ probe's early steps plus the mean of its later steps times the remaining steps. 
 extrapolated**, with its error at the end of the probe window (the reconstruction of f at
 w_probe from f_0, against the float64 network at w_probe) in place of the whole path's.
 
-Writes OUT/ (ExPLAIND's state, the recording, each worker's log and prediction) and
-REPORT/results.md, results.json.
+`--windows K:W,...` (after a run, reading OUT's state): ExPLAIND with K evaluations per step on
+the first W steps of the path, its error at w_W, wall time and peak RSS, appended to
+REPORT/results.json as `windows` (longer windows than the probe, each kept under ten minutes).
+
+Writes OUT/ (ExPLAIND's state, the recording, each worker's log and prediction, train.json) and
+REPORT/table.md, results.json (results.md is written by hand around them).
 """
 
 import argparse
@@ -222,13 +227,13 @@ def first(hist, key, level):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--p", type=int, default=31)
-    ap.add_argument("--d", type=int, default=32)
+    ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--m", type=int, default=128)
-    ap.add_argument("--train-frac", type=float, default=0.5)
+    ap.add_argument("--m", type=int, default=256)
+    ap.add_argument("--train-frac", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-seed", type=int, default=0)
-    ap.add_argument("--epochs", type=int, default=3000)
+    ap.add_argument("--epochs", type=int, default=11300)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=1.0)
     ap.add_argument("--beta2", type=float, default=0.98)
@@ -236,15 +241,20 @@ def main():
     ap.add_argument("--n-test", type=int, default=10)
     ap.add_argument("--settings", default="default,1,10,100,1000")
     ap.add_argument("--budget-s", type=float, default=600, help="run the whole path when the probe extrapolates to at most this")
-    ap.add_argument("--probe-steps", type=int, default=20)
+    ap.add_argument("--probe-steps", type=int, default=12)
     ap.add_argument("--probe-evals", type=int, default=6000, help="the probe's steps: min(probe-steps, probe-evals / K), at least 6")
     ap.add_argument("--reuse", action="store_true", help="reuse OUT's trained state (skip training)")
     ap.add_argument("--out", default=os.path.join(here, "..", "runs", "explaind-grokking"))
     ap.add_argument("--report", default=os.path.join(here, "..", "bench", "explaind-grokking"))
+    ap.add_argument("--windows", default="", help="K:W,... : after a run (its OUT), ExPLAIND with K evaluations per step on the first W steps, "
+                    "added to REPORT/results.json as `windows`")
     ap.add_argument("--worker", nargs=4, metavar=("STATE", "SETTING", "OUT_NPY", "WINDOW"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         explaind_worker(*a.worker)
+        return
+    if a.windows:
+        run_windows(a)
         return
     torch.set_num_threads(1)
     os.makedirs(a.out, exist_ok=True)
@@ -322,6 +332,41 @@ def main():
         rows.append(r)
         print(f"ExPLAIND {s}: {json.dumps(r)}", flush=True)
     write_report(a, rows, hist, marks, n_par, n_steps, acc, change, worst, float(np.abs(f32 - ref).max()), t_train)
+
+
+def run_windows(a):
+    """`--windows K:W,...`: ExPLAIND on the first W steps of OUT's run (K per step, or `default`),
+    its reconstruction of f at w_W against the float64 network at w_W; appended to results.json."""
+    torch.set_num_threads(1)
+    state = os.path.join(a.out, "explaind-state.pt")
+    st = torch.load(state, weights_only=False)
+    ckpts = st["model"]
+    del st
+    hp = {k: getattr(a, k) for k in ("p", "d", "heads", "m")}
+    _, _, xte, _ = modular_data(a.p, a.train_frac, a.data_seed)
+    xte = xte[: a.n_test]
+    path = os.path.join(a.report, "results.json")
+    with open(path) as f:
+        summary = json.load(f)
+    for spec in a.windows.split(","):
+        s, w = spec.split(":")
+        w = int(w)
+        out_npy = os.path.join(a.out, f"explaind-{s}-window{w}.npy")
+        wall, mb = measured([sys.executable, os.path.abspath(__file__), "--worker", state, s, out_npy, str(w)],
+                            os.path.join(a.out, f"explaind-{s}-window{w}.log"))
+        with open(out_npy + ".json") as f:
+            info = json.load(f)
+        with torch.no_grad():
+            ref_w = F.log_softmax(f64_net(hp, ckpts[w])(xte), -1).numpy()
+            f0 = F.log_softmax(f64_net(hp, ckpts[0])(xte), -1).numpy()
+        r = {"setting": s, "window_steps": w, **errors(np.load(out_npy), ref_w, float(np.abs(ref_w - f0).max())), "wall_s": wall,
+             "predict_s": info["predict_seconds"], "peak_mb": mb, "late_step_s": float(np.mean(info["step_seconds"][4:]))}
+        print(f"ExPLAIND {s} on the first {w} steps: {json.dumps(r)}", flush=True)
+        summary.setdefault("windows", []).append(r)
+        summary.setdefault("windows_commands", []).append("OMP_NUM_THREADS=1 /work/venv-explaind/bin/python scripts/compare_explaind_grokking.py "
+                                                          + " ".join(sys.argv[1:]))
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
 
 
 def write_report(a, rows, hist, marks, n_par, n_steps, acc, change, worst, f32err, t_train):
