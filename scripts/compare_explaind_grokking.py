@@ -7,7 +7,7 @@ transformer (the run is recorded for it with our recorder, OUT/rec).
 
     OMP_NUM_THREADS=1 /work/venv-explaind/bin/python scripts/compare_explaind_grokking.py
         [--p 31] [--d 64] [--heads 4] [--m 256] [--train-frac 0.8] [--seed 0] [--data-seed 0]
-        [--epochs 11300] [--lr 1e-3] [--wd 1.0] [--beta2 0.98] [--init-scale 0.1] [--n-test 10]
+        [--epochs 5840] [--lr 1e-3] [--wd 2.0] [--beta2 0.98] [--init-scale 0.1] [--n-test 10]
         [--settings default,1,10,100,1000] [--budget-s 600] [--probe-steps 12] [--probe-evals 6000]
         [--windows K:W,...] [--reuse]
         [--out runs/explaind-grokking] [--report bench/explaind-grokking]
@@ -233,9 +233,9 @@ def main():
     ap.add_argument("--train-frac", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-seed", type=int, default=0)
-    ap.add_argument("--epochs", type=int, default=11300)
+    ap.add_argument("--epochs", type=int, default=5840)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--wd", type=float, default=1.0)
+    ap.add_argument("--wd", type=float, default=2.0)
     ap.add_argument("--beta2", type=float, default=0.98)
     ap.add_argument("--init-scale", type=float, default=0.1)
     ap.add_argument("--n-test", type=int, default=10)
