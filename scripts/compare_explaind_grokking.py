@@ -1,4 +1,4 @@
-"""ExPLAIND (PyPI `explaind` 0.1.0, Python >= 3.12; outside CI) on a grokking run (issue #49): the
+"""ExPLAIND (PyPI `explaind` 0.1.0, Python >= 3.12; outside CI) on a grokking run: the
 modular-addition transformer of scripts/grokking_torch.py trained inside ExPLAIND's wrappers, then
 ExPLAIND's exact-path-kernel reconstruction of the final network on held-out pairs at several
 quadrature settings, timed and measured. The grokking counterpart of scripts/compare_explaind.py

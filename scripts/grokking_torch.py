@@ -1,4 +1,4 @@
-"""Grokking `a + b mod p` with ExPLAIND's one-layer transformer, in PyTorch (issue #49; torch
+"""Grokking `a + b mod p` with ExPLAIND's one-layer transformer, in PyTorch (torch
 outside CI, as scripts/compare_explaind.py). Our own implementation of the model of ExPLAIND's
 `explaind/modulo_model/model.py` (`SingleLayerTransformerClassifier`, explaind 0.1.0), trained
 full batch by `torch.optim.AdamW` in float64 (or float32), one torch thread by default.
