@@ -1,7 +1,7 @@
-//! The MLP preset's fast path: its step in the structured form the Gram needs (`step`), the
-//! Gram of dense layers from activations ⊗ back-propagated deltas ([`gram`], shared by the layer
-//! stack's dense layers), and the exact piecewise rule of one-hidden-layer ReLU networks
-//! (`pieces`).
+//! The MLP preset's fast path: its step in the structured form the Gram needs (`step`), its
+//! quadrature nodes (`nodes`), and the exact piecewise rule of one-hidden-layer ReLU networks
+//! (`pieces`). The Gram of dense layers from activations ⊗ back-propagated deltas is
+//! [`crate::kernel::gram`], shared with the layer stack's dense layers.
 
 pub(crate) mod nodes;
 pub(crate) mod pieces;

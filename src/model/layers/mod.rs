@@ -1,13 +1,15 @@
-//! Networks as a stack of layers: the layer kinds, how their shapes chain, and the plain-Rust
-//! forward pass, its tangent along a parameter direction and its per-sample backward pass.
+//! Networks as a stack of layers: the layer kinds, how their shapes chain, and the walks over a
+//! stack (forward, tangent along a parameter direction, per-sample backward, the kink sweep).
 //!
-//! One file per layer kind (`dense`, `conv2d`, `pool`, `activation`, `norm`, and the
-//! residual block in `residual`) holds its forward pass, its tangent (forward mode, for the
-//! quadrature's search along a step), its backward pass with the form of its per-sample
-//! parameter gradient (`Grad`: factored `δ ⊗ a` for dense layers, formed for the others) and
-//! whether it is piecewise linear along a step (`Stack::kinks_reachable`). The walk over the
-//! list is here; the autodiff forward of the same stack (training and the reference Jacobians)
-//! is `autodiff`; the kernel engine consumes `Grad`s.
+//! Every layer kind implements the layer contract (`contract::Layer` for what it computes,
+//! `contract::KindSpec` for how it is written and imported) in its own file: `dense`,
+//! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, and the composite
+//! `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
+//! (a layer as configured) and `AnyLayer` (as resolved) and their dispatch; nothing else
+//! matches on a kind. The walks run each row of a batch at its own point `w_s + t_r·Δw` of a
+//! step (`At`); the kernel engine consumes the per-sample gradients' forms (`Grad`: factored
+//! `δ ⊗ a` for dense layers, formed for the others); `autodiff` is the same stack on dfdx
+//! (training and the reference Jacobians).
 //!
 //! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`.
 //! Parameter names are those of an `nn.Sequential` of the same layers (`3.weight`); a residual
@@ -86,7 +88,7 @@ impl std::fmt::Display for Shape {
 macro_rules! layer_kinds {
     ($($kind:ident($ty:ty, $spec:ty)),* $(,)?) => {
         /// One layer as configured (sizes of its input are resolved later, by chaining): one of
-        /// the kinds' specs ([`KindSpec`], each in its kind's file).
+        /// the kinds' specs (each in its kind's file, with its grammar and PyTorch import).
         #[derive(Clone, Debug, PartialEq)]
         pub enum LayerSpec {
             $(

@@ -13,7 +13,7 @@
 //! `{ leaky_relu = 0.2 }`, `{ residual = [...] }`) or a table of options
 //! (`{ dense = { features = 120, bias = false } }`). Parsed by hand (not by serde's derive) so
 //! that every refusal names the layer and says why. Each kind's grammar is in its own file
-//! ([`super::contract::KindSpec`]); here are the entry's outer form, the helpers the kinds
+//! (its `KindSpec`); here are the entry's outer form, the helpers the kinds
 //! share, and the refusals of layers that are not kinds (batch norm, dropout).
 
 use serde::{Deserialize, Serialize};
