@@ -3,9 +3,9 @@
 
 For each row `| `NAME` | what | headline |`, every number in the headline (2.1e-14, 93.5 %, 0.742,
 4.51, 1 000) must equal, at the precision the headline writes it, some number in
-`reports/NAME/summary.md` (or, for the benchmark studies whose summary holds tables of tables,
-any file of `reports/NAME/` that is text). A quoted figure the report does not hold is printed
-with the row, and the script exits 1.
+`reports/NAME/summary.md`, the report the study writes (its other files are not searched: a
+figure that only a raw JSON holds is not a claim the report makes). A quoted figure the summary
+does not hold is printed with the row, and the script exits 1.
 
     python3 scripts/check_readme_figures.py [README.md]
 """
@@ -61,21 +61,20 @@ def main():
         if not m:
             continue
         name, headline = m.group(1), m.group(3)
-        report = ROOT / "reports" / name
-        if not report.is_dir():
-            bad.append(f"{name}: no reports/{name}/")
+        summary = ROOT / "reports" / name / "summary.md"
+        if not summary.is_file():
+            bad.append(f"{name}: no reports/{name}/summary.md")
             continue
-        texts = [report / "summary.md"] + sorted(p for p in report.rglob("*") if p.suffix in (".md", ".json") and p.name != "summary.md")
-        pool = [v for p in texts if p.is_file() for v, _ in numbers(p.read_text(errors="replace"))]
+        pool = [v for v, _ in numbers(summary.read_text(errors="replace"))]
         # Percentages in a report are often fractions (0.935 for 93.5 %).
         pool += [100 * v for v in pool]
         for value, written in numbers(re.sub(r"\(.*?\)", lambda g: g.group(0), headline)):
             checked += 1
             if not held(value, written, pool):
-                bad.append(f"{name}: `{written}` of \"{headline}\" is not in reports/{name}/")
+                bad.append(f"{name}: `{written}` of \"{headline}\" is not in reports/{name}/summary.md")
     for b in bad:
         print(b)
-    print(f"{checked} figures checked in {readme.name}'s study table, {len(bad)} not found in the reports")
+    print(f"{checked} figures checked in {readme.name}'s study table, {len(bad)} not found in the studies' summaries")
     return 1 if bad else 0
 
 
