@@ -76,7 +76,8 @@ import torch.nn.functional as F
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
-from grokking_torch import GrokkingTransformer, build, modular_data  # noqa: E402
+from compare_explaind import measured  # noqa: E402
+from grokking_torch import GrokkingTransformer, build, first, modular_data  # noqa: E402
 
 
 class Targets(torch.utils.data.Dataset):
@@ -202,26 +203,10 @@ def explaind_worker(state_path, setting, out_npy, window):
         json.dump({"predict_seconds": secs, "evaluations_per_step": evals, "steps": len(evals), "step_seconds": step_s, "window": window}, f)
 
 
-def measured(cmd, log):
-    """Runs cmd; (wall seconds, peak RSS MB of the process)."""
-    t = time.time()
-    with open(log, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(p.pid, 0)
-    wall = time.time() - t
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
-    return wall, ru.ru_maxrss / 1024.0
-
-
 def errors(pred, ref, change):
     d = np.abs(pred - ref)
     return {"max_abs": float(d.max()), "mean_abs": float(d.mean()), "max_rel": float(d.max() / change), "mean_rel": float(d.mean() / change),
             "change": change}
-
-
-def first(hist, key, level):
-    return next((r["epoch"] for r in hist if r[key] >= level), None)
 
 
 def main():
