@@ -83,11 +83,11 @@ impl<'a> StackStep<'a> {
         seeds
     }
 
-    /// The inputs (and output offsets) of rows `idx[pos]`.
-    fn gather(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], pos: &[usize]) -> (Vec<f64>, Option<Vec<f64>>) {
+    /// The inputs (and output offsets) of rows `idx`.
+    fn gather(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize]) -> (Vec<f64>, Option<Vec<f64>>) {
         let (d, k) = (self.d, self.k);
-        let xs: Vec<f64> = pos.iter().flat_map(|&j| x[idx[j] * d..(idx[j] + 1) * d].iter().copied()).collect();
-        let os = off.map(|o| pos.iter().flat_map(|&j| o[idx[j] * k..(idx[j] + 1) * k].iter().copied()).collect());
+        let xs: Vec<f64> = idx.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
+        let os = off.map(|o| idx.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
         (xs, os)
     }
 
@@ -105,8 +105,7 @@ impl<'a> StackStep<'a> {
         let mut f = Vec::with_capacity(idx.len() * k);
         let mut fd = Vec::with_capacity(idx.len() * k);
         for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
-            let pos: Vec<usize> = (0..ib.len()).collect();
-            let (xs, os) = self.gather(x, off, ib, &pos);
+            let (xs, os) = self.gather(x, off, ib);
             let (mut g, gd) = self.stack.tangent_at(&self.at(tb), xs);
             let seeds = self.output_map(&mut g, os.as_deref());
             f.extend_from_slice(&g);
@@ -229,8 +228,7 @@ impl<'a> StackStep<'a> {
         let k = self.k;
         let mut out: Vec<RowGrad> = Vec::new();
         for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
-            let pos: Vec<usize> = (0..ib.len()).collect();
-            let (xs, os) = self.gather(x, off, ib, &pos);
+            let (xs, os) = self.gather(x, off, ib);
             let at = self.at(tb);
             let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
             let seeds = self.output_map(&mut g, os.as_deref());

@@ -51,13 +51,19 @@ impl Dense {
         self.bias.then(|| at.w(first + 1))
     }
 
-    /// `x W(t)ᵀ (+ b(t))` with each sample at its own t.
-    fn apply(&self, first: usize, at: &At, x: &[f64], bias: bool) -> Vec<f64> {
+    /// `x W(t)ᵀ (+ b(t))` with each sample at its own t; `x1` is `x ΔWᵀ (+ Δb)` when the
+    /// caller has it already.
+    fn apply(&self, first: usize, at: &At, x: &[f64], bias: bool, x1: Option<&[f64]>) -> Vec<f64> {
         let b = if bias { self.bias(at, first) } else { None };
         let mut y = self.forward_at(at.w(first), b, x);
         if let Some((dw, t)) = at.offset(first) {
-            let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
-            let y1 = self.forward_at(dw, db, x);
+            let y1 = match x1 {
+                Some(y1) => std::borrow::Cow::Borrowed(y1),
+                None => {
+                    let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
+                    std::borrow::Cow::Owned(self.forward_at(dw, db, x))
+                }
+            };
             add_scaled_rows(&mut y, &y1, t, self.n_out);
         }
         y
@@ -89,20 +95,20 @@ impl Layer for Dense {
     }
 
     fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
-        let y = self.apply(first, at, &x, true);
+        let y = self.apply(first, at, &x, true, None);
         (y, if keep { Cache::Input(x) } else { Cache::None })
     }
 
     /// `ẏ = ẋ W(t)ᵀ + x ΔWᵀ + Δb`.
     fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
-        let y = self.apply(first, at, &x, true);
-        let n = x.len() / self.n_in;
+        // `x ΔWᵀ + Δb` is both the tangent's direction term and the per-row offset of `y`.
         let mut yd = match at.dw(first) {
             Some(dw) => self.forward_at(dw, if self.bias { at.dw(first + 1) } else { None }, &x),
-            None => vec![0.0; n * self.n_out],
+            None => vec![0.0; x.len() / self.n_in * self.n_out],
         };
+        let y = self.apply(first, at, &x, true, at.dw.map(|_| yd.as_slice()));
         if let Some(xd) = xd {
-            let t = self.apply(first, at, &xd, false);
+            let t = self.apply(first, at, &xd, false, None);
             yd.iter_mut().zip(&t).for_each(|(a, b)| *a += b);
         }
         (y, Some(yd))
