@@ -73,6 +73,20 @@ pub(crate) trait AlongPath {
     fn outputs(&self) -> usize;
     fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64>;
     fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>);
+    /// The kinks of point `p` in `(a, b)` (as [`AlongPath::kinks`]) and, where the network's raw
+    /// outputs are a known polynomial on every piece between them (a layer stack's sweep walks
+    /// the whole network), those polynomials, `[deg + 1, K]` each, one per piece: the node
+    /// search then reads `f` and `df/dt` off them through [`AlongPath::map_outputs`] instead of
+    /// running the network in forward mode.
+    fn pieces(&self, x: &[f64], p: usize, a: f64, b: f64) -> (Vec<f64>, Option<Vec<Vec<f64>>>) {
+        (self.kinks(x, p, a, b), None)
+    }
+    /// `f` and `df/dt` of rows from their raw outputs `g` and `dg/dt` and their offsets (all
+    /// `[R, K]`): the output map, asked only where [`AlongPath::pieces`] gives polynomials
+    /// (the identity unless the network says otherwise).
+    fn map_outputs(&self, g: Vec<f64>, gd: &[f64], _off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        (g, gd.to_vec())
+    }
     /// Whether a piece must also converge relative to its own integrand: two consecutive
     /// orders' quadratures of `df/dt` agree to [`RELATIVE_TOL`] of `∫|df/dt|`. The check against
     /// `f(b) − f(a)` alone is absolute (its floor is the rounding of f), which on a short step
@@ -93,6 +107,78 @@ pub(crate) trait AlongPath {
 /// asks for.
 pub(crate) const RELATIVE_TOL: f64 = 1e-14;
 
+/// Where the node search reads `f` and `df/dt`: the sweep's polynomials for the points that
+/// have them, the network in forward mode for the rest.
+struct Evaluator<'s, S: AlongPath> {
+    step: &'s S,
+    x: &'s [f64],
+    off: Option<&'s [f64]>,
+    k: usize,
+    /// Per point: the piece bounds `[0, kinks…, 1]` and each piece's raw-output polynomial.
+    polys: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>>,
+}
+
+impl<S: AlongPath> Evaluator<'_, S> {
+    /// `(f, df/dt)` `[R, K]` at rows `(point idx[r], time t[r])`.
+    fn eval(&self, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let k = self.k;
+        let (poly_rows, net_rows): (Vec<usize>, Vec<usize>) = (0..idx.len()).partition(|&r| self.polys[idx[r]].is_some());
+        if poly_rows.is_empty() {
+            return jvp_rows(self.step, self.x, self.off, idx, t);
+        }
+        let mut f = vec![0.0; idx.len() * k];
+        let mut fd = vec![0.0; idx.len() * k];
+        if !net_rows.is_empty() {
+            let ni: Vec<usize> = net_rows.iter().map(|&r| idx[r]).collect();
+            let nt: Vec<f64> = net_rows.iter().map(|&r| t[r]).collect();
+            let (a, b) = jvp_rows(self.step, self.x, self.off, &ni, &nt);
+            for (j, &r) in net_rows.iter().enumerate() {
+                f[r * k..(r + 1) * k].copy_from_slice(&a[j * k..(j + 1) * k]);
+                fd[r * k..(r + 1) * k].copy_from_slice(&b[j * k..(j + 1) * k]);
+            }
+        }
+        self.poly_into(idx, t, &poly_rows, &mut f, &mut fd);
+        (f, fd)
+    }
+
+    /// Rows `rows` of [`Evaluator::eval`] (points with polynomials only), read off the sweep's
+    /// polynomials into `f` and `fd`.
+    fn poly_into(&self, idx: &[usize], t: &[f64], rows: &[usize], f: &mut [f64], fd: &mut [f64]) {
+        let k = self.k;
+        let mut g = Vec::with_capacity(rows.len() * k);
+        let mut gd = Vec::with_capacity(rows.len() * k);
+        for &r in rows {
+            let (bounds, polys) = self.polys[idx[r]].as_ref().expect("a row of a point with polynomials");
+            let piece = bounds.partition_point(|&b| b <= t[r]).saturating_sub(1).min(polys.len() - 1);
+            let c = &polys[piece];
+            let deg = c.len() / k - 1;
+            for o in 0..k {
+                // Horner for the value and its derivative together.
+                let (mut v, mut dv) = (0.0, 0.0);
+                for i in (0..=deg).rev() {
+                    dv = dv * t[r] + v;
+                    v = v * t[r] + c[i * k + o];
+                }
+                g.push(v);
+                gd.push(dv);
+            }
+        }
+        let pi: Vec<usize> = rows.iter().map(|&r| idx[r]).collect();
+        let offs = gather_offsets(self.off, k, &pi);
+        let (a, b) = self.step.map_outputs(g, &gd, offs.as_deref());
+        for (j, &r) in rows.iter().enumerate() {
+            f[r * k..(r + 1) * k].copy_from_slice(&a[j * k..(j + 1) * k]);
+            fd[r * k..(r + 1) * k].copy_from_slice(&b[j * k..(j + 1) * k]);
+        }
+    }
+}
+
+/// How far the network's outputs at a point's piece bounds may stray from its sweep's
+/// polynomials (relative to their scale) before the point's node search runs the network
+/// instead: rounding in a deep walk reaches ~1e-14; a kink the sweep missed shows as a
+/// difference of the order of its slope change times the distance to it.
+const POLY_AGREEMENT: f64 = 1e-11;
+
 /// Nodes chosen by the auto rule: node j of point `point[j]` at `times[j]` with `weight[j]`.
 pub(crate) struct AutoNodes {
     pub(crate) point: Vec<usize>,
@@ -109,10 +195,13 @@ pub(crate) struct AutoNodes {
 pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
     let k = step.outputs();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
+    let mut polys = Vec::with_capacity(p);
     for pi in 0..p {
+        let (kinks, pp) = step.pieces(x, pi, 0.0, 1.0);
         let mut v = vec![0.0];
-        v.extend(step.kinks(x, pi, 0.0, 1.0));
+        v.extend(kinks);
         v.push(1.0);
+        polys.push(pp.map(|pp| (v.clone(), pp)));
         bps.push(v);
     }
     let mut idx = Vec::new();
@@ -123,7 +212,35 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             tt.push(t);
         }
     }
-    let fv = jvp_rows(step, x, off, &idx, &tt).0;
+    // The network at every piece bound; where a point's polynomials agree with it there, they
+    // stand in for the network in the rest of its search.
+    let fv_net = jvp_rows(step, x, off, &idx, &tt).0;
+    let mut ev = Evaluator { step, x, off, k, polys };
+    let fv = {
+        let poly_rows: Vec<usize> = (0..idx.len()).filter(|&r| ev.polys[idx[r]].is_some()).collect();
+        let mut fv_poly = fv_net.clone();
+        let mut scratch = vec![0.0; fv_net.len()];
+        ev.poly_into(&idx, &tt, &poly_rows, &mut fv_poly, &mut scratch);
+        let mut pos = 0;
+        for (pi, v) in bps.iter().enumerate() {
+            let rows = pos * k..(pos + v.len()) * k;
+            pos += v.len();
+            if ev.polys[pi].is_none() {
+                continue;
+            }
+            let scale = fv_net[rows.clone()].iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            let worst = fv_net[rows.clone()].iter().zip(&fv_poly[rows.clone()]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            if std::env::var_os("PK_DEBUG_POLY").is_some() {
+                eprintln!("poly agreement point {pi}: {:.3e} of {scale:.3e} over {} bounds", worst / scale, v.len());
+            }
+            if !(worst <= POLY_AGREEMENT * scale) {
+                // The network (and its bounds) for this point's whole search.
+                ev.polys[pi] = None;
+                fv_poly[rows.clone()].copy_from_slice(&fv_net[rows]);
+            }
+        }
+        fv_poly
+    };
     let mut pending: Vec<Piece> = Vec::new();
     let mut pos = 0;
     for (pi, v) in bps.iter().enumerate() {
@@ -162,9 +279,11 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 rt.push(tq);
                 rw.push(wq);
             }
-            jvp_evals[pc.p] += n;
+            if ev.polys[pc.p].is_none() {
+                jvp_evals[pc.p] += n;
+            }
         }
-        let (_, fdot) = jvp_rows(step, x, off, &rp, &rt);
+        let (_, fdot) = ev.eval(&rp, &rt);
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
@@ -236,7 +355,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 .collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
             let at: Vec<f64> = mids.iter().map(|m| m.0).collect();
-            let fm = jvp_rows(step, x, off, &pidx, &at).0;
+            let fm = ev.eval(&pidx, &at).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
                 let (t, located) = mids[j];

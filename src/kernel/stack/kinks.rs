@@ -21,24 +21,42 @@ const MAX_PIECES: usize = 4096;
 
 /// The kinks of the step's network at one input `x` (`[d]`) inside `(a, b)`, sorted.
 pub(crate) fn kinks(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> Vec<f64> {
-    let Some(dw) = step.dir.as_ref() else { return Vec::new() };
+    pieces(step, x, a, b).0
+}
+
+/// The kinks of the step's network at one input `x` (`[d]`) inside `(a, b)`, sorted, and, where
+/// the sweep walks the whole stack (no smooth layer) and follows every piece, the raw outputs
+/// on each piece as the polynomial the walk ends with: piece j, `[kinks[j−1], kinks[j]]`, has
+/// `g(t) = Σ_i c_j[i·K + k] t^i` (`[deg + 1, K]`, `kinks.len() + 1` of them).
+pub(crate) fn pieces(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> (Vec<f64>, Option<Vec<Vec<f64>>>) {
+    let Some(dw) = step.dir.as_ref() else { return (Vec::new(), None) };
     let w = &step.state.data;
     let mut out = Vec::new();
+    let mut polys = Some(Vec::new());
     let mut start = a;
-    while out.len() < MAX_PIECES {
+    loop {
+        if out.len() >= MAX_PIECES {
+            // The rest of the step is one piece only as far as the adaptive rule can tell.
+            polys = None;
+            break;
+        }
         // The pattern just after `start`: read a hair inside the piece (a root closer than that
         // to `start` is left to the adaptive rule).
         let tm = start + (b - start) * 1e-9;
         let mut sw = Sweep { tm, next: b };
         let p = Poly { c: x.to_vec(), size: x.len() };
-        sweep_nodes(&step.stack.nodes, w, dw, p, &mut sw);
+        let g = sweep_nodes(&step.stack.nodes, w, dw, p, &mut sw);
+        match (g, polys.as_mut()) {
+            (Some(g), Some(v)) => v.push(g.c),
+            _ => polys = None,
+        }
         if sw.next >= b {
             break;
         }
         out.push(sw.next);
         start = sw.next;
     }
-    out
+    (out, polys)
 }
 
 #[cfg(test)]

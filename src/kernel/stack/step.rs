@@ -106,16 +106,29 @@ impl<'a> StackStep<'a> {
         let mut fd = Vec::with_capacity(idx.len() * k);
         for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
             let (xs, os) = self.gather(x, off, ib);
-            let (mut g, gd) = self.stack.tangent_at(&self.at(tb), xs);
-            let seeds = self.output_map(&mut g, os.as_deref());
-            f.extend_from_slice(&g);
-            for r in 0..ib.len() {
-                for c in 0..k {
-                    fd.push((0..k).map(|o| seeds[(r * k + c) * k + o] * gd[r * k + o]).sum());
-                }
-            }
+            let (g, gd) = self.stack.tangent_at(&self.at(tb), xs);
+            let (a, b) = self.map_outputs(g, &gd, os.as_deref());
+            f.extend_from_slice(&a);
+            fd.extend_from_slice(&b);
         }
         (f, fd)
+    }
+
+    /// `f` and `df/dt` from the raw outputs `g` and their t-derivatives `gd` through the output
+    /// map (the forward mode's last step, and the node search's on the sweep's polynomials).
+    ///
+    /// # Shapes
+    /// `g`, `gd`, `off` `[R, K]`; returns `[R, K]` twice.
+    pub(crate) fn map_outputs(&self, mut g: Vec<f64>, gd: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        let k = self.k;
+        let seeds = self.output_map(&mut g, off);
+        let mut fd = Vec::with_capacity(g.len());
+        for r in 0..g.len() / k {
+            for c in 0..k {
+                fd.push((0..k).map(|o| seeds[(r * k + c) * k + o] * gd[r * k + o]).sum());
+            }
+        }
+        (g, fd)
     }
 
     /// [`StackStep::jvp`] in blocks of [`EVAL_CHUNK`] rows on every core (the node search of
