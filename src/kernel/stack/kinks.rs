@@ -10,8 +10,7 @@
 //! and not polynomial (tanh, sigmoid, softplus, GELU, SiLU, layer norm) end the search: kinks
 //! behind them are left to the adaptive quadrature's bisection.
 
-use crate::model::layers::contract::{Poly, Sweep};
-use crate::model::layers::sweep_nodes;
+use crate::model::layers::contract::{Layer, Poly, Sweep};
 
 use super::step::StackStep;
 
@@ -30,9 +29,16 @@ pub(crate) fn kinks(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> Vec<f64>
 /// `g(t) = Σ_i c_j[i·K + k] t^i` (`[deg + 1, K]`, `kinks.len() + 1` of them).
 pub(crate) fn pieces(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> (Vec<f64>, Option<Vec<Vec<f64>>>) {
     let Some(dw) = step.dir.as_ref() else { return (Vec::new(), None) };
-    let w = &step.state.data;
+    let (w, nodes) = (&step.state.data, &step.stack.nodes);
     let mut out = Vec::new();
     let mut polys = Some(Vec::new());
+    // The walk restarts at the layer whose root ended the last piece: the layers before it keep
+    // their pattern, so their output polynomials (`inputs[i]`, node i's input) and their
+    // earliest root (`ahead[i]`: the bound node i's walk starts with, and the node it is a
+    // root of) are still those of the last walk.
+    let mut inputs: Vec<Poly> = Vec::with_capacity(nodes.len());
+    let mut ahead: Vec<(f64, Option<usize>)> = Vec::with_capacity(nodes.len());
+    let mut restart = 0;
     let mut start = a;
     loop {
         if out.len() >= MAX_PIECES {
@@ -43,10 +49,28 @@ pub(crate) fn pieces(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> (Vec<f6
         // The pattern just after `start`: read a hair inside the piece (a root closer than that
         // to `start` is left to the adaptive rule).
         let tm = start + (b - start) * 1e-9;
-        let mut sw = Sweep { tm, next: b };
-        let p = Poly { c: x.to_vec(), size: x.len() };
-        let g = sweep_nodes(&step.stack.nodes, w, dw, p, &mut sw);
-        match (g, polys.as_mut()) {
+        // A root of the kept layers inside the hair changes their pattern too: walk them again.
+        if restart > 0 && ahead[restart].0 <= tm {
+            restart = 0;
+        }
+        let (mut p, (next, mut by)) = if restart == 0 { (Some(Poly { c: x.to_vec(), size: x.len() }), (b, None)) } else { (Some(inputs[restart].clone()), ahead[restart]) };
+        inputs.truncate(restart);
+        ahead.truncate(restart);
+        let mut sw = Sweep { tm, next };
+        for (i, n) in nodes.iter().enumerate().skip(restart) {
+            let q = p.take().expect("the walk goes on");
+            inputs.push(q.clone());
+            ahead.push((sw.next, by));
+            let before = sw.next;
+            p = n.layer.sweep(n.first, w, dw, q, &mut sw);
+            if sw.next < before {
+                by = Some(i);
+            }
+            if p.is_none() {
+                break;
+            }
+        }
+        match (p, polys.as_mut()) {
             (Some(g), Some(v)) => v.push(g.c),
             _ => polys = None,
         }
@@ -55,6 +79,7 @@ pub(crate) fn pieces(step: &StackStep<'_>, x: &[f64], a: f64, b: f64) -> (Vec<f6
         }
         out.push(sw.next);
         start = sw.next;
+        restart = by.expect("a root below b is some layer's");
     }
     (out, polys)
 }
@@ -64,6 +89,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::model::layers::sweep_nodes;
     use crate::model::{ModelConfig, OutputKind, Params};
 
     /// The sweep's kinks against a brute-force scan of the activation pattern on a fine grid,
@@ -144,6 +170,22 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
             }
             let missed: Vec<f64> = brute.iter().copied().filter(|b| !found.iter().any(|f| (f - b).abs() < 1e-9)).collect();
             assert!(missed.is_empty(), "found {} kinks, brute force {}; missed {missed:?}", found.len(), brute.len());
+            // Each piece's output polynomial (the walk restarted at the layer that ended the
+            // last piece) is the network on that piece.
+            let (ks, polys) = pieces(&step, &x, 0.0, 1.0);
+            let polys = polys.expect("the sweep walks this stack");
+            assert_eq!(polys.len(), ks.len() + 1);
+            let bounds: Vec<f64> = std::iter::once(0.0).chain(ks.iter().copied()).chain(std::iter::once(1.0)).collect();
+            for (j, c) in polys.iter().enumerate() {
+                for u in [0.1, 0.5, 0.9] {
+                    let t = bounds[j] + u * (bounds[j + 1] - bounds[j]);
+                    let want = step.stack.forward(&step.params_at(t), &x);
+                    let poly = Poly { c: c.clone(), size: 3 };
+                    for (o, w) in want.iter().enumerate() {
+                        assert!((poly.at(o, t) - w).abs() <= 1e-12 * w.abs().max(1.0), "piece {j} at {t}: {} vs {w}", poly.at(o, t));
+                    }
+                }
+            }
         }
     }
 

@@ -224,8 +224,7 @@ impl Layer for Activation {
         let size = p.size;
         let mut q = p.clone();
         for u in 0..size {
-            let cu = p.unit(u);
-            sw.roots(&cu);
+            sw.roots_of(&p, u, None);
             if p.at(u, sw.tm) <= 0.0 {
                 for j in 0..=p.deg() {
                     q.c[j * size + u] *= slope;

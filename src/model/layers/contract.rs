@@ -101,9 +101,6 @@ impl Poly {
     pub(crate) fn deg(&self) -> usize {
         self.c.len() / self.size - 1
     }
-    pub(crate) fn unit(&self, u: usize) -> Vec<f64> {
-        (0..=self.deg()).map(|j| self.c[j * self.size + u]).collect()
-    }
     pub(crate) fn at(&self, u: usize, t: f64) -> f64 {
         (0..=self.deg()).rev().fold(0.0, |acc, j| acc * t + self.c[j * self.size + u])
     }
@@ -141,9 +138,50 @@ pub(crate) struct Sweep {
 impl Sweep {
     /// Records the first root of `Σ_j c_j t^j` in `(tm, next)`.
     pub(crate) fn roots(&mut self, c: &[f64]) {
-        if let Some(&r) = crate::linalg::poly_roots_in(c, self.tm, self.next).first() {
-            self.next = r;
+        if self.may_have_root(c) {
+            if let Some(&r) = crate::linalg::poly_roots_in(c, self.tm, self.next).first() {
+                self.next = r;
+            }
         }
+    }
+
+    /// Records the first root in `(tm, next)` of unit `u` of `p` minus unit `v` (`None`: unit
+    /// `u` alone) — the ReLU's input, or a pool entry's difference to its window's winner —
+    /// without allocating where no root can lie there.
+    pub(crate) fn roots_of(&mut self, p: &Poly, u: usize, v: Option<usize>) {
+        const STACK: usize = 16;
+        let n = p.deg() + 1;
+        let coef = |j: usize| p.c[j * p.size + u] - v.map_or(0.0, |v| p.c[j * p.size + v]);
+        if n <= STACK {
+            let mut buf = [0.0; STACK];
+            buf.iter_mut().take(n).enumerate().for_each(|(j, b)| *b = coef(j));
+            self.roots(&buf[..n]);
+        } else {
+            let buf: Vec<f64> = (0..n).map(coef).collect();
+            self.roots(&buf);
+        }
+    }
+
+    /// False only where `Σ_j c_j t^j` has no root in `[tm, next]` (`0 ≤ tm`): its value at
+    /// `tm` exceeds what it can change by there, `Σ_{j≥1} |c_j| (next^j − tm^j)`, with a margin
+    /// for rounding. Most units of a walk are settled by this bound alone.
+    fn may_have_root(&self, c: &[f64]) -> bool {
+        let (a, b) = (self.tm, self.next);
+        if !(a >= 0.0 && b >= a) {
+            return true;
+        }
+        let (mut value, mut reach) = (0.0, 0.0);
+        let (mut pa, mut pb) = (1.0, 1.0);
+        for (j, &cj) in c.iter().enumerate() {
+            value += cj * pa;
+            if j > 0 {
+                reach += cj.abs() * (pb - pa);
+            }
+            pa *= a;
+            pb *= b;
+        }
+        let size = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        !(value.abs() > reach * (1.0 + 1e-12) + 64.0 * f64::EPSILON * size)
     }
 }
 

@@ -56,17 +56,14 @@ impl Layer for MaxPool {
         for ch in 0..pl.c {
             for oy in 0..pl.ho {
                 for ox in 0..pl.wo {
-                    let win: Vec<usize> = pl.window(ch, oy, ox).collect();
-                    let best = win.iter().copied().fold(usize::MAX, |b, q| if b == usize::MAX || p.at(q, sw.tm) > p.at(b, sw.tm) { q } else { b });
-                    let cb = p.unit(best);
-                    for &q in &win {
+                    let best = pl.window(ch, oy, ox).fold(usize::MAX, |b, q| if b == usize::MAX || p.at(q, sw.tm) > p.at(b, sw.tm) { q } else { b });
+                    for q in pl.window(ch, oy, ox) {
                         if q != best {
-                            let diff: Vec<f64> = p.unit(q).iter().zip(&cb).map(|(a, b)| a - b).collect();
-                            sw.roots(&diff);
+                            sw.roots_of(&p, q, Some(best));
                         }
                     }
-                    for (j, v) in cb.iter().enumerate() {
-                        c[j * out + o] = *v;
+                    for j in 0..=deg {
+                        c[j * out + o] = p.c[j * p.size + best];
                     }
                     o += 1;
                 }
