@@ -50,6 +50,8 @@ pub(crate) const AUTO_MAX_LOCATED: u32 = 4096;
 
 pub(crate) struct Piece {
     p: usize,
+    /// The sweep piece it lies in (where the point's search reads the sweep's polynomials).
+    j: usize,
     a: f64,
     b: f64,
     fa: Vec<f64>,
@@ -114,13 +116,15 @@ struct Evaluator<'s, S: AlongPath> {
     x: &'s [f64],
     off: Option<&'s [f64]>,
     k: usize,
-    /// Per point: the piece bounds `[0, kinks…, 1]` and each piece's raw-output polynomial.
-    polys: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>>,
+    /// Per point: each sweep piece's raw-output polynomial (`[deg + 1, K]`).
+    polys: Vec<Option<Vec<Vec<f64>>>>,
 }
 
 impl<S: AlongPath> Evaluator<'_, S> {
-    /// `(f, df/dt)` `[R, K]` at rows `(point idx[r], time t[r])`.
-    fn eval(&self, idx: &[usize], t: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    /// `(f, df/dt)` `[R, K]` at rows `(point idx[r], time t[r])`, a point with polynomials read
+    /// on its sweep piece `piece[r]` (the piece's own polynomial also at its ends, where the
+    /// next piece's differs by rounding: a piece's quadrature is checked against its own ends).
+    fn eval(&self, idx: &[usize], t: &[f64], piece: &[usize]) -> (Vec<f64>, Vec<f64>) {
         let k = self.k;
         let (poly_rows, net_rows): (Vec<usize>, Vec<usize>) = (0..idx.len()).partition(|&r| self.polys[idx[r]].is_some());
         if poly_rows.is_empty() {
@@ -137,20 +141,10 @@ impl<S: AlongPath> Evaluator<'_, S> {
                 fd[r * k..(r + 1) * k].copy_from_slice(&b[j * k..(j + 1) * k]);
             }
         }
-        self.poly_into(idx, t, &poly_rows, &mut f, &mut fd);
-        (f, fd)
-    }
-
-    /// Rows `rows` of [`Evaluator::eval`] (points with polynomials only), read off the sweep's
-    /// polynomials into `f` and `fd`.
-    fn poly_into(&self, idx: &[usize], t: &[f64], rows: &[usize], f: &mut [f64], fd: &mut [f64]) {
-        let k = self.k;
-        let mut g = Vec::with_capacity(rows.len() * k);
-        let mut gd = Vec::with_capacity(rows.len() * k);
-        for &r in rows {
-            let (bounds, polys) = self.polys[idx[r]].as_ref().expect("a row of a point with polynomials");
-            let piece = bounds.partition_point(|&b| b <= t[r]).saturating_sub(1).min(polys.len() - 1);
-            let c = &polys[piece];
+        let mut g = Vec::with_capacity(poly_rows.len() * k);
+        let mut gd = Vec::with_capacity(poly_rows.len() * k);
+        for &r in &poly_rows {
+            let c = &self.polys[idx[r]].as_ref().expect("a row of a point with polynomials")[piece[r]];
             let deg = c.len() / k - 1;
             for o in 0..k {
                 // Horner for the value and its derivative together.
@@ -163,13 +157,14 @@ impl<S: AlongPath> Evaluator<'_, S> {
                 gd.push(dv);
             }
         }
-        let pi: Vec<usize> = rows.iter().map(|&r| idx[r]).collect();
+        let pi: Vec<usize> = poly_rows.iter().map(|&r| idx[r]).collect();
         let offs = gather_offsets(self.off, k, &pi);
         let (a, b) = self.step.map_outputs(g, &gd, offs.as_deref());
-        for (j, &r) in rows.iter().enumerate() {
+        for (j, &r) in poly_rows.iter().enumerate() {
             f[r * k..(r + 1) * k].copy_from_slice(&a[j * k..(j + 1) * k]);
             fd[r * k..(r + 1) * k].copy_from_slice(&b[j * k..(j + 1) * k]);
         }
+        (f, fd)
     }
 }
 
@@ -201,7 +196,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         let mut v = vec![0.0];
         v.extend(kinks);
         v.push(1.0);
-        polys.push(pp.map(|pp| (v.clone(), pp)));
+        polys.push(pp);
         bps.push(v);
     }
     let mut idx = Vec::new();
@@ -212,51 +207,59 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             tt.push(t);
         }
     }
-    // The network at every piece bound; where a point's polynomials agree with it there, they
-    // stand in for the network in the rest of its search.
-    let fv_net = jvp_rows(step, x, off, &idx, &tt).0;
+    // The network at every piece bound; where a point's polynomials agree with it there (each
+    // piece's at both its ends), they stand in for the network in the rest of its search.
+    let fv = jvp_rows(step, x, off, &idx, &tt).0;
     let mut ev = Evaluator { step, x, off, k, polys };
-    let fv = {
-        let poly_rows: Vec<usize> = (0..idx.len()).filter(|&r| ev.polys[idx[r]].is_some()).collect();
-        let mut fv_poly = fv_net.clone();
-        let mut scratch = vec![0.0; fv_net.len()];
-        ev.poly_into(&idx, &tt, &poly_rows, &mut fv_poly, &mut scratch);
-        let mut pos = 0;
-        for (pi, v) in bps.iter().enumerate() {
-            let rows = pos * k..(pos + v.len()) * k;
-            pos += v.len();
-            if ev.polys[pi].is_none() {
-                continue;
-            }
-            let scale = fv_net[rows.clone()].iter().fold(1.0f64, |m, v| m.max(v.abs()));
-            let worst = fv_net[rows.clone()].iter().zip(&fv_poly[rows.clone()]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-            if std::env::var_os("PK_DEBUG_POLY").is_some() {
-                eprintln!("poly agreement point {pi}: {:.3e} of {scale:.3e} over {} bounds", worst / scale, v.len());
-            }
-            if !(worst <= POLY_AGREEMENT * scale) {
-                // The network (and its bounds) for this point's whole search.
-                ev.polys[pi] = None;
-                fv_poly[rows.clone()].copy_from_slice(&fv_net[rows]);
+    // Each piece's ends: rows (point, a_j, piece j) and (point, b_j, piece j).
+    let (mut ei, mut et, mut ej) = (Vec::new(), Vec::new(), Vec::new());
+    for (pi, v) in bps.iter().enumerate() {
+        if ev.polys[pi].is_some() {
+            for j in 0..v.len() - 1 {
+                ei.extend([pi, pi]);
+                et.extend([v[j], v[j + 1]]);
+                ej.extend([j, j]);
             }
         }
-        fv_poly
-    };
+    }
+    let fe = ev.eval(&ei, &et, &ej).0;
+    let mut ends: Vec<Option<usize>> = vec![None; p];
+    {
+        let (mut pos, mut epos) = (0, 0);
+        for (pi, v) in bps.iter().enumerate() {
+            let n = v.len();
+            if ev.polys[pi].is_some() {
+                let scale = fv[pos * k..(pos + n) * k].iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let mut worst: f64 = 0.0;
+                for j in 0..n - 1 {
+                    for (e, bound) in [(2 * j, j), (2 * j + 1, j + 1)] {
+                        let (pe, net) = (&fe[(epos + e) * k..(epos + e + 1) * k], &fv[(pos + bound) * k..(pos + bound + 1) * k]);
+                        worst = pe.iter().zip(net).fold(worst, |m, (a, b)| if (a - b).is_nan() { f64::NAN } else { m.max((a - b).abs()) });
+                    }
+                }
+                if std::env::var_os("PK_DEBUG_POLY").is_some() {
+                    eprintln!("poly agreement point {pi}: {:.3e} of {scale:.3e} over {n} bounds", worst / scale);
+                }
+                if worst <= POLY_AGREEMENT * scale {
+                    ends[pi] = Some(epos);
+                } else {
+                    // The network (and its bounds) for this point's whole search.
+                    ev.polys[pi] = None;
+                }
+                epos += 2 * (n - 1);
+            }
+            pos += n;
+        }
+    }
     let mut pending: Vec<Piece> = Vec::new();
     let mut pos = 0;
     for (pi, v) in bps.iter().enumerate() {
         for j in 0..v.len() - 1 {
-            pending.push(Piece {
-                p: pi,
-                a: v[j],
-                b: v[j + 1],
-                fa: fv[(pos + j) * k..(pos + j + 1) * k].to_vec(),
-                fb: fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec(),
-                order: 0,
-                depth: 0,
-                located: 0,
-                prev: None,
-                prev_ok: false,
-            });
+            let (fa, fb) = match ends[pi] {
+                Some(e) => (fe[(e + 2 * j) * k..(e + 2 * j + 1) * k].to_vec(), fe[(e + 2 * j + 1) * k..(e + 2 * j + 2) * k].to_vec()),
+                None => (fv[(pos + j) * k..(pos + j + 1) * k].to_vec(), fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec()),
+            };
+            pending.push(Piece { p: pi, j, a: v[j], b: v[j + 1], fa, fb, order: 0, depth: 0, located: 0, prev: None, prev_ok: false });
         }
         pos += v.len();
     }
@@ -270,6 +273,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         let mut rp = Vec::new();
         let mut rt = Vec::new();
         let mut rw = Vec::new();
+        let mut rj = Vec::new();
         let mut start = Vec::with_capacity(pending.len());
         for pc in &pending {
             start.push(rt.len());
@@ -278,12 +282,13 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 rp.push(pc.p);
                 rt.push(tq);
                 rw.push(wq);
+                rj.push(pc.j);
             }
             if ev.polys[pc.p].is_none() {
                 jvp_evals[pc.p] += n;
             }
         }
-        let (_, fdot) = ev.eval(&rp, &rt);
+        let (_, fdot) = ev.eval(&rp, &rt, &rj);
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
@@ -355,13 +360,14 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 .collect();
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
             let at: Vec<f64> = mids.iter().map(|m| m.0).collect();
-            let fm = ev.eval(&pidx, &at).0;
+            let pj: Vec<usize> = to_split.iter().map(|pc| pc.j).collect();
+            let fm = ev.eval(&pidx, &at, &pj).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
                 let (t, located) = mids[j];
                 let (depth, located) = if located { (pc.depth, pc.located + 1) } else { (pc.depth + 1, pc.located) };
-                next.push(Piece { p: pc.p, a: pc.a, b: t, fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth, located, prev: None, prev_ok: false });
-                next.push(Piece { p: pc.p, a: t, b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth, located, prev: None, prev_ok: false });
+                next.push(Piece { p: pc.p, j: pc.j, a: pc.a, b: t, fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth, located, prev: None, prev_ok: false });
+                next.push(Piece { p: pc.p, j: pc.j, a: t, b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth, located, prev: None, prev_ok: false });
             }
         }
         pending = next;

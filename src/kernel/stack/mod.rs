@@ -643,46 +643,50 @@ mod tests {
 zero_last = false
 layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_pool2d = 2 }, "flatten", { residual = [{ dense = 6 }, "relu"] }, { dense = 6 }, "relu", { dense = 3 }]"#;
         let cfg: ModelConfig = toml::from_str(text).unwrap();
-        let arch = cfg.resolve(64, Some([1, 8, 8]), 3, OutputKind::LogSoftmax).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-        let w0 = arch.init(2);
-        let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.4 * rng.gen_range(-1.0..1.0)).collect()).collect() };
-        let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
-        let p = 5;
-        let x: Vec<f64> = (0..p * 64).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let off: Vec<f64> = (0..p * 3).map(|_| rng.gen_range(-0.5..0.5)).collect();
-        let tol = 1e-13;
-        // The quadrature of the network's df/dt at the chosen nodes against f(1) − f(0).
-        let check = |an: &crate::kernel::quadrature::nodes::AutoNodes, what: &str| {
-            assert_eq!(an.unconverged, 0, "{what}");
-            let (_, fd) = step.jvp(&x, Some(&off), &an.point, &an.times);
-            let ends: Vec<usize> = (0..p).flat_map(|q| [q, q]).collect();
-            let te: Vec<f64> = (0..p).flat_map(|_| [0.0, 1.0]).collect();
-            let (fe, _) = step.jvp(&x, Some(&off), &ends, &te);
-            for q in 0..p {
-                for c in 0..3 {
-                    let quad: f64 = an.point.iter().enumerate().filter(|&(_, &pp)| pp == q).map(|(j, _)| an.weight[j] * fd[j * 3 + c]).sum();
-                    let exact = fe[(2 * q + 1) * 3 + c] - fe[2 * q * 3 + c];
-                    assert!((quad - exact).abs() <= 1e-12 * fe[2 * q * 3 + c].abs().max(1.0), "{what}: point {q} class {c}: {quad:e} vs {exact:e}");
+        for output in [OutputKind::LogSoftmax, OutputKind::Identity] {
+            let arch = cfg.resolve(64, Some([1, 8, 8]), 3, output).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+            let w0 = arch.init(2);
+            let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.4 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+            let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+            let p = 5;
+            let x: Vec<f64> = (0..p * 64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let off: Vec<f64> = (0..p * 3).map(|_| rng.gen_range(-0.5..0.5)).collect();
+            let tol = 1e-13;
+            // The quadrature of the network's df/dt at the chosen nodes against f(1) − f(0).
+            let check = |an: &crate::kernel::quadrature::nodes::AutoNodes, what: &str| {
+                assert_eq!(an.unconverged, 0, "{what}");
+                let (_, fd) = step.jvp(&x, Some(&off), &an.point, &an.times);
+                let ends: Vec<usize> = (0..p).flat_map(|q| [q, q]).collect();
+                let te: Vec<f64> = (0..p).flat_map(|_| [0.0, 1.0]).collect();
+                let (fe, _) = step.jvp(&x, Some(&off), &ends, &te);
+                for q in 0..p {
+                    for c in 0..3 {
+                        let quad: f64 = an.point.iter().enumerate().filter(|&(_, &pp)| pp == q).map(|(j, _)| an.weight[j] * fd[j * 3 + c]).sum();
+                        let exact = fe[(2 * q + 1) * 3 + c] - fe[2 * q * 3 + c];
+                        assert!((quad - exact).abs() <= 1e-12 * fe[2 * q * 3 + c].abs().max(1.0), "{what}: point {q} class {c}: {quad:e} vs {exact:e}");
+                    }
                 }
-            }
-        };
-        let along = StackAlong { step: &step };
-        assert!(along.pieces(&x, 0, 0.0, 1.0).1.is_some(), "the sweep walks this whole stack");
-        let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol);
-        let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol);
-        let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol);
-        assert!(poly.pieces.iter().sum::<usize>() > 2 * p, "too few pieces to test: {:?}", poly.pieces);
-        assert!(poly.jvp_evaluations.iter().all(|&e| e == 0), "forward-mode evaluations on the polynomials: {:?}", poly.jvp_evaluations);
-        assert!(net.jvp_evaluations.iter().all(|&e| e > 0));
-        assert!(skewed.jvp_evaluations.iter().all(|&e| e > 0), "skewed polynomials were used");
-        assert_eq!((skewed.times.clone(), skewed.weight.clone()), (net.times.clone(), net.weight.clone()), "skewed polynomials changed the network's search");
-        check(&poly, "polynomials");
-        check(&net, "network");
-        // Same pieces, so the same rule on each up to the order choice's rounding.
-        assert_eq!(poly.pieces, net.pieces);
-        let (np, nn) = (poly.times.len() as f64, net.times.len() as f64);
-        assert!((np - nn).abs() <= 0.1 * nn, "{np} nodes on the polynomials, {nn} on the network");
+            };
+            let along = StackAlong { step: &step };
+            assert!(along.pieces(&x, 0, 0.0, 1.0).1.is_some(), "the sweep walks this whole stack");
+            let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol);
+            let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol);
+            let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol);
+            assert!(poly.pieces.iter().sum::<usize>() > 2 * p, "too few pieces to test: {:?}", poly.pieces);
+            assert!(poly.jvp_evaluations.iter().all(|&e| e == 0), "forward-mode evaluations on the polynomials: {:?}", poly.jvp_evaluations);
+            assert!(net.jvp_evaluations.iter().all(|&e| e > 0));
+            assert!(skewed.jvp_evaluations.iter().all(|&e| e > 0), "skewed polynomials were used");
+            assert_eq!((skewed.times.clone(), skewed.weight.clone()), (net.times.clone(), net.weight.clone()), "skewed polynomials changed the network's search");
+            check(&poly, "polynomials");
+            check(&net, "network");
+            // Same pieces, so the same rule on each up to the order choice's rounding.
+            assert_eq!(poly.pieces, net.pieces);
+            // Each piece's quadrature is checked against its own polynomial's ends (the next
+            // piece's differs there by rounding, which made pieces bisect to the depth limit).
+            let (np, nn) = (poly.times.len() as f64, net.times.len() as f64);
+            assert!((np - nn).abs() <= 0.1 * nn, "{output:?}: {np} nodes on the polynomials, {nn} on the network");
+        }
     }
 
     /// The nodes' gradients taken one row at a time equal them taken all at once: Gram, self-kernel
