@@ -348,7 +348,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
     let m = &run.manifest;
     let _ = writeln!(s, "## Training\n");
     let _ = writeln!(s, "- data: {}", m.dataset.description);
-    let _ = writeln!(s, "- network: {:?}, {} parameters, activation {:?}, output {:?}", m.architecture.body, m.num_params, m.architecture.activation, m.architecture.output);
+    let _ = writeln!(s, "- network: {}, {} parameters, activation {:?}, output {:?}", network_label(&m.architecture.body), m.num_params, m.architecture.activation, m.architecture.output);
     let _ = writeln!(s, "- optimizer: {}, {} steps, loss {:?}", m.optimizer, m.steps, m.loss);
     let _ = writeln!(s, "- loss {:.6} → {:.6}", loss.first().copied().unwrap_or(f64::NAN), last(loss));
     if !acc.is_empty() && acc.iter().any(|v| v.is_finite()) {
@@ -440,4 +440,17 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
     }
     let _ = writeln!(s, "## Configuration\n\n```toml\n{}\n```", text.trim());
     s
+}
+
+/// The network as a summary names it: a layer stack by its layers' labels
+/// (`layers [conv2d(6, k5, s1, p2), relu, …] on Map(1, 28, 28), 10 outputs`), the presets by
+/// their fields.
+fn network_label(body: &crate::model::Body) -> String {
+    match body {
+        crate::model::Body::Layers { input, layers, outputs } => {
+            let labels: Vec<String> = layers.iter().map(crate::model::layers::LayerSpec::label).collect();
+            format!("layers [{}] on {input:?}, {outputs} outputs", labels.join(", "))
+        }
+        other => format!("{other:?}"),
+    }
 }
