@@ -386,6 +386,10 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
     match arch.body {
         Body::Cnn { image, .. } => ds.image_shape = Some(image),
         Body::Layers { input: Shape::Map(c, h, w), .. } => ds.image_shape = Some([c, h, w]),
+        Body::Layers { input: Shape::Tokens(_, v), .. } => {
+            ds.vocab = Some(v);
+            ds.validate().map_err(|e| Error::format(path, e.to_string()))?;
+        }
         _ => {}
     }
     Ok(ds)
@@ -818,6 +822,7 @@ fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manif
             description: data.description.clone(),
             dim: data.dim,
             image_shape: data.image_shape,
+            vocab: data.vocab,
             num_outputs: arch.outputs(),
             n_train: data.n_train(),
             n_test: data.n_test(),

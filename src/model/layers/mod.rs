@@ -61,6 +61,10 @@ pub enum Shape {
     Flat(usize),
     /// A map `[C, H, W]`.
     Map(usize, usize, usize),
+    /// A sequence of `T` token ids, each an integer in `0..vocab` stored as an `f64`: `(T, vocab)`.
+    Tokens(usize, usize),
+    /// A sequence of `T` positions of `d` features each, `[T, d]` row-major: `(T, d)`.
+    Seq(usize, usize),
 }
 
 impl Shape {
@@ -69,6 +73,8 @@ impl Shape {
         match self {
             Shape::Flat(f) => f,
             Shape::Map(c, h, w) => c * h * w,
+            Shape::Tokens(t, _) => t,
+            Shape::Seq(t, d) => t * d,
         }
     }
 }
@@ -78,7 +84,20 @@ impl std::fmt::Display for Shape {
         match self {
             Shape::Flat(n) => write!(f, "[{n}]"),
             Shape::Map(c, h, w) => write!(f, "[{c}, {h}, {w}]"),
+            Shape::Tokens(t, v) => write!(f, "[{t}] tokens of a vocabulary of {v}"),
+            Shape::Seq(t, d) => write!(f, "[{t}, {d}] (a sequence)"),
         }
+    }
+}
+
+/// Why a layer that needs a flat vector cannot take `input`, and what to put before it (for
+/// messages: `the map [4, 26, 26]: add "flatten" before it`).
+pub(crate) fn not_flat(input: Shape) -> String {
+    match input {
+        Shape::Flat(_) => format!("{input}"),
+        Shape::Map(..) => format!("the map {input}: add \"flatten\" before it"),
+        Shape::Tokens(..) => format!("{input}: token ids are not features; start with an \"embedding\""),
+        Shape::Seq(..) => format!("the sequence {input}: read it out with \"last_token\" (or \"flatten\") before it"),
     }
 }
 
@@ -238,7 +257,11 @@ impl Stack {
         if out != Shape::Flat(outputs) {
             return Err(format!(
                 "model.layers: the last layer gives {out} per sample; the data needs [{outputs}] (one output per class or target{})",
-                if matches!(out, Shape::Map(..)) { "; add \"flatten\" and a dense layer" } else { "" }
+                match out {
+                    Shape::Map(..) => "; add \"flatten\" and a dense layer",
+                    Shape::Seq(..) => "; add \"last_token\" and a dense layer",
+                    _ => "",
+                }
             ));
         }
         Ok(Stack { input, nodes, tensors })

@@ -206,6 +206,7 @@ impl Layer for Norm {
                 let b = p[first + 1].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&shape);
                 Activations::Flat(y * g + b)
             }
+            Activations::Seq(_) => unreachable!("layer norm on a sequence is refused at resolve"),
             Activations::Map(t) => {
                 let shape = *t.shape();
                 let y = t.normalize::<Axis<1>>(self.eps);
@@ -271,6 +272,9 @@ impl KindSpec for LayerNormSpec {
         let norm = match input {
             Shape::Flat(f) => Norm { g: f, positions: 1, eps: self.eps },
             Shape::Map(c, h, w) => Norm { g: c, positions: h * w, eps: self.eps },
+            Shape::Tokens(..) | Shape::Seq(..) => {
+                return Err(format!("{at} {}: layer norm on {input} is not supported (only on flat vectors and the channels of a map)", self.label()))
+            }
         };
         if norm.g < 2 {
             return Err(format!("{at} {}: normalises over 1 value of {input}: its output would be constant", self.label()));
