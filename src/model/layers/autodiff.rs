@@ -66,6 +66,13 @@ pub(crate) fn flat<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<(usize, us
     }
 }
 
+/// The activations as a sequence `[n, T, d]`.
+pub(crate) fn seq<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<(usize, usize, usize), f64, D, T> {
+    match a {
+        Activations::Seq(t) => t,
+        _ => panic!("expected a sequence (the stack was resolved)"),
+    }
+}
 
 /// The stack's layers applied to `x` with autodiff.
 ///

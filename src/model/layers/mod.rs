@@ -3,25 +3,29 @@
 //!
 //! Every layer kind implements the layer contract (`contract::Layer` for what it computes,
 //! `contract::KindSpec` for how it is written and imported) in its own file: `dense`,
-//! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, and the composite
-//! `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
+//! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, the sequence layers
+//! `embedding`, `attention` (`self_attention`) and `last_token`, and the composite `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
 //! (a layer as configured) and `AnyLayer` (as resolved) and their dispatch; nothing else
 //! matches on a kind. The walks run each row of a batch at its own point `w_s + t_r·Δw` of a
 //! step (`At`); the kernel engine consumes the per-sample gradients' forms (`Grad`: factored
 //! `δ ⊗ a` for dense layers, formed for the others); `autodiff` is the same stack on dfdx
 //! (training and the reference Jacobians).
 //!
-//! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`.
+//! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`, token
+//! ids `[T]` (integers stored as `f64`), sequences `[T, d]` row-major.
 //! Parameter names are those of an `nn.Sequential` of the same layers (`3.weight`); a residual
 //! block `i` holds `i.body.j.*` and, when it projects, `i.shortcut.*`.
 
 pub(crate) mod activation;
+pub(crate) mod attention;
 pub(crate) mod autodiff;
 pub(crate) mod avg_pool;
 pub(crate) mod contract;
 pub(crate) mod conv2d;
 pub(crate) mod dense;
+pub(crate) mod embedding;
 pub(crate) mod flatten;
+pub(crate) mod last_token;
 pub(crate) mod max_pool;
 pub(crate) mod norm;
 pub(crate) mod pool;
@@ -30,10 +34,13 @@ pub(crate) mod residual;
 pub mod spec;
 
 pub use activation::Act;
+pub use attention::SelfAttentionSpec;
 pub use avg_pool::AvgPool2dSpec;
 pub use conv2d::Conv2dSpec;
 pub use dense::DenseSpec;
+pub use embedding::EmbeddingSpec;
 pub use flatten::FlattenSpec;
+pub use last_token::LastTokenSpec;
 pub use max_pool::MaxPool2dSpec;
 pub use norm::LayerNormSpec;
 pub use residual::ResidualSpec;
@@ -43,6 +50,9 @@ use serde::{Deserialize, Serialize};
 
 use super::ParamSpec;
 use activation::Activation;
+use attention::{Attention, AttentionCache};
+use embedding::Embedding;
+use last_token::LastToken;
 use avg_pool::AvgPool;
 pub(crate) use contract::{At, KindSpec, Layer};
 use contract::{Poly, Probe, Sweep};
@@ -200,6 +210,9 @@ layer_kinds! {
     Act(Activation, Act),
     LayerNorm(Norm, LayerNormSpec),
     Residual(Residual, ResidualSpec),
+    Embedding(Embedding, EmbeddingSpec),
+    SelfAttention(Attention, SelfAttentionSpec),
+    LastToken(LastToken, LastTokenSpec),
 }
 
 /// A resolved layer with its shapes and its parameter tensors `first..first + count`.
@@ -243,6 +256,8 @@ pub(crate) enum Cache {
     Arg(Vec<u32>),
     Norm(NormCache),
     Residual(Vec<Cache>, Box<Cache>),
+    /// Self-attention's input and heads.
+    Attention(Box<AttentionCache>),
 }
 
 impl Stack {
@@ -250,6 +265,9 @@ impl Stack {
     pub fn resolve(input: Shape, specs: &[LayerSpec], outputs: usize) -> Result<Stack, String> {
         let mut tensors = 0;
         let nodes = resolve_list(input, specs, "model.layers", "", &mut tensors)?;
+        if matches!(input, Shape::Tokens(..)) && !matches!(nodes[0].layer, AnyLayer::Embedding(_)) {
+            return Err(format!("model.layers[0] {}: the data's rows are token ids {input}; the first layer must be an \"embedding\"", specs[0].label()));
+        }
         if tensors == 0 {
             return Err("model.layers: the stack has no parameters (nothing to train, no kernel to take); add a dense or conv2d layer".into());
         }

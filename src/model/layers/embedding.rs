@@ -1,0 +1,201 @@
+//! `embedding`: token ids to vectors, PyTorch's `Embedding(vocab, dim)` with its output scaled by
+//! a constant (ExPLAIND's transformer scales by √d).
+//!
+//! Parameter `weight [vocab, dim]` (initialised N(0, 1), PyTorch's default). On a sequence of T
+//! token ids `[T]` it gives `[T, dim]`: row t is `scale · weight[x_t]`. Linear in its parameter
+//! and constant in its input (token ids carry no tangent and no cotangent), so along a step's
+//! path its output's degree in t is one. Its per-sample gradient is formed (`vocab·dim` numbers
+//! per class, zero outside the rows of the sample's tokens).
+
+use dfdx::prelude::*;
+use rand_distr::{Distribution, StandardNormal};
+
+use super::autodiff::{flat, Activations};
+use serde_json::{json, Value};
+
+use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
+use super::recorded::{refuse, uint};
+use super::spec::{as_size, err, need, options};
+use super::{AnyLayer, Cache, Grad, Shape};
+use crate::model::tensors::ParamTensor;
+
+/// A resolved embedding on sequences of `t` tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Embedding {
+    pub vocab: usize,
+    pub dim: usize,
+    pub t: usize,
+    pub scale: f64,
+}
+
+impl Embedding {
+    /// The token id at `x`.
+    ///
+    /// # Panics
+    /// If `x` is not a token id in `0..vocab` (inputs are checked where they enter:
+    /// [`crate::data::Dataset`]'s validation and `Stack::check_input`).
+    fn token(&self, x: f64) -> usize {
+        assert!(x >= 0.0 && x.fract() == 0.0 && x < self.vocab as f64, "token id {x} is not in 0..{} (unchecked input)", self.vocab);
+        x as usize
+    }
+
+    /// `scale · w[x_t]` for every token of every sample, each sample's `w` its own
+    /// (`w + t_s·Δw` when `dw` is given).
+    ///
+    /// # Shapes
+    /// `w`, `dw` `[vocab, dim]`, `x` `[n, T]`; returns `[n, T, dim]`.
+    fn lookup(&self, w: &[f64], dw: Option<(&[f64], &[f64])>, x: &[f64]) -> Vec<f64> {
+        let d = self.dim;
+        let mut y = Vec::with_capacity(x.len() * d);
+        for (r, &v) in x.iter().enumerate() {
+            let tok = self.token(v);
+            let row = &w[tok * d..(tok + 1) * d];
+            match dw {
+                Some((dw, t)) if t[r / self.t] != 0.0 => {
+                    let ts = t[r / self.t];
+                    y.extend(row.iter().zip(&dw[tok * d..(tok + 1) * d]).map(|(a, b)| self.scale * (a + ts * b)));
+                }
+                _ => y.extend(row.iter().map(|a| self.scale * a)),
+            }
+        }
+        y
+    }
+}
+
+impl Layer for Embedding {
+    fn torch(&self) -> String {
+        format!("Embedding({}, {})", self.vocab, self.dim)
+    }
+
+    fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
+        vec![("weight", vec![self.vocab, self.dim])]
+    }
+
+    fn init(&self, rng: &mut dyn rand::RngCore, data: &mut Vec<Vec<f64>>) {
+        data.push((0..self.vocab * self.dim).map(|_| StandardNormal.sample(rng)).collect());
+    }
+
+    fn linear_in_params(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
+        let y = self.lookup(at.w(first), at.offset(first), &x);
+        (y, if keep { Cache::Input(x) } else { Cache::None })
+    }
+
+    /// `ẏ = scale · Δw[x_t]` (token ids have no tangent).
+    fn tangent(&self, first: usize, at: &At, x: Vec<f64>, _xd: Option<Vec<f64>>, _probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
+        let y = self.lookup(at.w(first), at.offset(first), &x);
+        let yd = at.dw(first).map(|dw| self.lookup(dw, None, &x));
+        (y, yd)
+    }
+
+    /// `∂f^k/∂w[v] = scale · Σ_{t: x_t = v} dy[k, t]`; token ids have no cotangent (zeros).
+    fn backward(&self, first: usize, _at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
+        let Cache::Input(x) = cache else { unreachable!("an embedding's cache is its token ids") };
+        let (d, t) = (self.dim, self.t);
+        let n = x.len() / t;
+        let width = self.vocab * d;
+        let mut g = vec![0.0; n * k * width];
+        for s in 0..n {
+            for c in 0..k {
+                let out = &mut g[(s * k + c) * width..(s * k + c + 1) * width];
+                let dys = &dy[(s * k + c) * t * d..(s * k + c + 1) * t * d];
+                for (pos, &v) in x[s * t..(s + 1) * t].iter().enumerate() {
+                    let tok = self.token(v);
+                    out[tok * d..(tok + 1) * d].iter_mut().zip(&dys[pos * d..(pos + 1) * d]).for_each(|(a, b)| *a += self.scale * b);
+                }
+            }
+        }
+        grads.push((first, Grad::Formed { g, width }));
+        if want_dx {
+            vec![0.0; n * k * t]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The input is constant in t (degree 0): `scale · (w + tΔw)[x_t]`, degree 1.
+    fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
+        let x = &p.c[..p.size];
+        let size = x.len() * self.dim;
+        let mut c = self.lookup(&w[first], None, x);
+        c.extend(self.lookup(&dw[first], None, x));
+        debug_assert_eq!(c.len(), 2 * size);
+        Some(Poly { c, size })
+    }
+
+    fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
+        // The token ids carry the tape (they are the traced input); it moves to the weight, the
+        // only thing here with a gradient.
+        let (ids, tape) = flat(x).split_tape();
+        let n = ids.shape().0;
+        let idx: Vec<usize> = ids.as_vec().into_iter().map(|v| self.token(v)).collect();
+        let idx = ids.device().tensor_from_vec(idx, (n, self.t));
+        let w = p[first].r2().clone().put_tape(tape);
+        let y: Tensor<(usize, usize, usize), f64, D, T> = w.gather(idx);
+        Activations::Seq(y * self.scale)
+    }
+
+    fn gradient_floats(&self, k: u64) -> u64 {
+        k * (self.vocab * self.dim) as u64
+    }
+}
+
+/// `{ embedding = { vocab, dim, scale } }`: `Embedding(vocab, dim)` on token ids, its output times
+/// `scale` (a number, or `"sqrt_dim"` for √dim; default 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbeddingSpec {
+    /// Vocabulary size (token ids `0..vocab`).
+    pub vocab: usize,
+    /// Output features per token.
+    pub dim: usize,
+    /// The output's constant factor.
+    pub scale: f64,
+}
+
+impl KindSpec for EmbeddingSpec {
+    const NAMES: &'static [&'static str] = &["embedding"];
+    const TORCH: &'static [&'static str] = &["Embedding"];
+
+    fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
+        let a = need(arg, at, name)?;
+        let m = options(a, at, name, &["vocab", "dim", "scale"])?;
+        let vocab = as_size(m.get("vocab").ok_or_else(|| err(at, "embedding needs `vocab`"))?, at, "embedding.vocab")?;
+        let dim = as_size(m.get("dim").ok_or_else(|| err(at, "embedding needs `dim`"))?, at, "embedding.dim")?;
+        let scale = match m.get("scale") {
+            None => 1.0,
+            Some(Value::String(s)) if s == "sqrt_dim" => (dim as f64).sqrt(),
+            Some(v) => v.as_f64().filter(|s| s.is_finite() && *s != 0.0).ok_or_else(|| err(at, format!("embedding.scale must be a finite non-zero number or \"sqrt_dim\", got {v}")))?,
+        };
+        Ok(EmbeddingSpec { vocab, dim, scale })
+    }
+
+    fn to_value(&self) -> Value {
+        json!({ "embedding": { "vocab": self.vocab, "dim": self.dim, "scale": self.scale } })
+    }
+
+    fn label(&self) -> String {
+        format!("embedding({}, {})", self.vocab, self.dim)
+    }
+
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        for key in ["padding_idx", "max_norm"] {
+            if m.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(refuse(at, m, format!("an Embedding with `{key}` is not supported")));
+            }
+        }
+        Ok(EmbeddingSpec { vocab: uint(m, "num_embeddings", at)?, dim: uint(m, "embedding_dim", at)?, scale: 1.0 })
+    }
+
+    fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
+        let Shape::Tokens(t, vocab) = input else {
+            return Err(format!("{at} {}: needs token ids (the first layer on token data, e.g. data.kind = \"modular\"), got {input}", self.label()));
+        };
+        if vocab > self.vocab {
+            return Err(format!("{at} {}: the data's tokens range over 0..{vocab}, more than its vocabulary of {}", self.label(), self.vocab));
+        }
+        Ok((AnyLayer::Embedding(Embedding { vocab: self.vocab, dim: self.dim, scale: self.scale, t }), Shape::Seq(t, self.dim)))
+    }
+}
