@@ -16,7 +16,8 @@
 //! when shared, else `head{h}_query`, `head{h}_key`, `head{h}_value`), then every head's
 //! `head{h}_decoder` (h = 1..H, ExPLAIND's names and order). Smooth and not polynomial along a
 //! step ([`Along::Smooth`]): the kink sweep stops here and kinks behind it are located by
-//! Newton's method on the probe. Its per-sample gradient is formed (every tensor, `[n, K, W]`).
+//! Newton's method on the probe. Its per-sample gradients are formed, one per linear map (a
+//! weight and its bias: a parameter layer of the kernel engine), `[n, K, W_j]`.
 //!
 //! The derivatives, per sample and head (`c = 1/√d_h`, `S = c·Q Kᵀ`, `O = P V`):
 //! tangent `Ṡ = c(Q̇ Kᵀ + Q K̇ᵀ)`, `Ṗ = P ⊙ (Ṡ − rowsum(P ⊙ Ṡ))`, `Ȯ = Ṗ V + P V̇`,
@@ -447,7 +448,15 @@ impl Layer for Attention {
                 }
             }
         }
-        grads.push((first, Grad::Formed { g, width }));
+        // One gradient per linear map (each `head{h}_*` weight with its bias): the kernel
+        // engine pairs them with the parameter layers, which are grouped by name.
+        let linears = self.heads * (self.projections() + 1);
+        for j in 0..linears {
+            let i = j * self.per_linear();
+            let (start, end) = (self.offset_of(i), self.offset_of(i + self.per_linear()));
+            let gj: Vec<f64> = g.chunks_exact(width).flat_map(|r| r[start..end].iter().copied()).collect();
+            grads.push((first + i, Grad::Formed { g: gj, width: end - start }));
+        }
         dx
     }
 
