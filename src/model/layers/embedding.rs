@@ -63,8 +63,14 @@ impl Embedding {
 }
 
 impl Layer for Embedding {
+    /// `Embedding(vocab, dim)`, or `scripts/torch_model.py`'s `ScaledEmbedding(vocab, dim,
+    /// scale=…)` when the scale is not 1.
     fn torch(&self) -> String {
-        format!("Embedding({}, {})", self.vocab, self.dim)
+        if self.scale == 1.0 {
+            format!("Embedding({}, {})", self.vocab, self.dim)
+        } else {
+            format!("ScaledEmbedding({}, {}, scale={})", self.vocab, self.dim, self.scale)
+        }
     }
 
     fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {

@@ -364,13 +364,22 @@ fn sequence_layers_match_finite_differences() {
 #[test]
 fn attention_tensors_carry_explainds_names() {
     let a = token_arch(json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token", { "dense": { "features": 9, "bias": false } }]), 4, 9, 9);
+    assert!(a.stack().unwrap().torch_description().starts_with("Sequential(ScaledEmbedding(9, 8, scale=2.8284271247461903), "));
     let names: Vec<(String, Vec<usize>)> = a.param_specs().into_iter().map(|s| (s.name, s.shape)).collect();
     let want = [("0.weight", vec![9, 8]), ("1.head1_encoder.weight", vec![4, 8]), ("1.head2_encoder.weight", vec![4, 8]), ("1.head1_decoder.weight", vec![8, 4]), ("1.head2_decoder.weight", vec![8, 4]), ("3.weight", vec![9, 8])];
     assert_eq!(names, want.iter().map(|(n, s)| (n.to_string(), s.clone())).collect::<Vec<_>>());
     let a = token_arch(json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 1, "bias": true } }, "last_token", { "dense": 3 }]), 4, 9, 3);
     let names: Vec<String> = a.param_specs().into_iter().map(|s| s.name).collect();
     assert_eq!(&names[1..9], ["1.head1_query.weight", "1.head1_query.bias", "1.head1_key.weight", "1.head1_key.bias", "1.head1_value.weight", "1.head1_value.bias", "1.head1_decoder.weight", "1.head1_decoder.bias"]);
-    let printed = a.stack().unwrap().torch_description();
+    // One gradient per parameter layer (the engine pairs them with the name-grouped layers).
+    let st = a.stack().unwrap();
+    let p = a.init(1);
+    let x = [1.0, 2.0, 3.0, 8.0];
+    let (_, caches) = st.forward_cached(&p.data, &x);
+    let grads = st.backward(&p.data, &caches, vec![1.0; 9], 3);
+    let layers = crate::model::param_layers(&p.specs);
+    assert_eq!(grads.iter().map(|g| g.0).collect::<Vec<_>>(), layers.iter().map(|l| l.tensors.start).collect::<Vec<_>>());
+    let printed = st.torch_description();
     assert!(printed.starts_with("Sequential(Embedding(9, 6), SelfAttention(6, heads=1, head_dim=6, shared_qkv=False, bias=True, causal=False), LastToken()"), "{printed}");
 }
 
