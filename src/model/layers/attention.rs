@@ -31,7 +31,7 @@ use super::autodiff::{seq, Activations};
 use serde_json::{json, Value};
 
 use super::contract::{add_scaled_rows, Along, At, KindSpec, Layer, Poly, Probe, Sweep};
-use super::recorded::refuse;
+use super::recorded::{boolean, uint};
 use super::spec::{as_bool, as_size, err, need, options};
 use super::{uniform, AnyLayer, Cache, Grad, Shape};
 use crate::linalg::{gemm, gemm_abt};
@@ -516,6 +516,10 @@ impl Layer for Attention {
         k * self.width() as u64
     }
 
+    fn torch_input(&self) -> Option<(&'static str, usize)> {
+        Some(("d", self.d))
+    }
+
     fn scratch_floats(&self) -> u64 {
         (self.heads * self.t * (4 * self.dh + self.t)) as u64
     }
@@ -549,9 +553,8 @@ pub struct SelfAttentionSpec {
 
 impl KindSpec for SelfAttentionSpec {
     const NAMES: &'static [&'static str] = &["self_attention"];
-    /// No PyTorch module is this layer as written (the importer would need the per-head
-    /// decomposition of a recording's `forward`).
-    const TORCH: &'static [&'static str] = &[];
+    /// `scripts/torch_model.py`'s `SelfAttention` (ExPLAIND's heads, `head{h}_*` children).
+    const TORCH: &'static [&'static str] = &["SelfAttention"];
 
     fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
         let a = need(arg, at, name)?;
@@ -577,14 +580,23 @@ impl KindSpec for SelfAttentionSpec {
         format!("self_attention({} heads{})", self.heads, if self.shared_qkv { ", shared qkv" } else { "" })
     }
 
-    fn from_torch(class: &str, m: &Value, at: &str) -> Result<Self, String> {
-        Err(refuse(at, m, format!("`{class}` is not read as self-attention")))
+    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+        Ok(SelfAttentionSpec {
+            heads: uint(m, "heads", at)?,
+            head_dim: Some(uint(m, "head_dim", at)?),
+            shared_qkv: boolean(m, "shared_qkv", at)?,
+            bias: boolean(m, "bias", at)?,
+            causal: boolean(m, "causal", at)?,
+        })
     }
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
         let Shape::Seq(t, d) = input else {
             return Err(format!("{at} {}: needs a sequence [T, d] (after an embedding), got {input}", self.label()));
         };
+        if self.heads == 0 || self.head_dim == Some(0) {
+            return Err(format!("{at} {}: needs at least one head of width at least 1", self.label()));
+        }
         let dh = match self.head_dim {
             Some(dh) => dh,
             None if d % self.heads == 0 => d / self.heads,

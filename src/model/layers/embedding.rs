@@ -14,7 +14,7 @@ use super::autodiff::{flat, Activations};
 use serde_json::{json, Value};
 
 use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
-use super::recorded::{refuse, uint};
+use super::recorded::{number, refuse, uint};
 use super::spec::{as_size, err, need, options};
 use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
@@ -163,7 +163,7 @@ pub struct EmbeddingSpec {
 
 impl KindSpec for EmbeddingSpec {
     const NAMES: &'static [&'static str] = &["embedding"];
-    const TORCH: &'static [&'static str] = &["Embedding"];
+    const TORCH: &'static [&'static str] = &["Embedding", "ScaledEmbedding"];
 
     fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
         let a = need(arg, at, name)?;
@@ -186,13 +186,17 @@ impl KindSpec for EmbeddingSpec {
         format!("embedding({}, {})", self.vocab, self.dim)
     }
 
-    fn from_torch(_class: &str, m: &Value, at: &str) -> Result<Self, String> {
+    fn from_torch(class: &str, m: &Value, at: &str) -> Result<Self, String> {
         for key in ["padding_idx", "max_norm"] {
             if m.get(key).is_some_and(|v| !v.is_null()) {
                 return Err(refuse(at, m, format!("an Embedding with `{key}` is not supported")));
             }
         }
-        Ok(EmbeddingSpec { vocab: uint(m, "num_embeddings", at)?, dim: uint(m, "embedding_dim", at)?, scale: 1.0 })
+        let scale = if class == "ScaledEmbedding" { number(m, "scale", at)? } else { 1.0 };
+        if !(scale.is_finite() && scale != 0.0) {
+            return Err(refuse(at, m, format!("scale = {scale}: it must be finite and non-zero")));
+        }
+        Ok(EmbeddingSpec { vocab: uint(m, "num_embeddings", at)?, dim: uint(m, "embedding_dim", at)?, scale })
     }
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {

@@ -9,7 +9,6 @@ use super::autodiff::{seq, Activations};
 use serde_json::{json, Value};
 
 use super::contract::{KindSpec, At, Layer, Poly, Probe, Sweep};
-use super::recorded::refuse;
 use super::spec::no_options;
 use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
@@ -78,8 +77,8 @@ pub struct LastTokenSpec;
 
 impl KindSpec for LastTokenSpec {
     const NAMES: &'static [&'static str] = &["last_token"];
-    /// No PyTorch module is this read-out (PyTorch writes `x[:, -1]` in a `forward`).
-    const TORCH: &'static [&'static str] = &[];
+    /// `scripts/torch_model.py`'s `LastToken` (`x[:, -1]`).
+    const TORCH: &'static [&'static str] = &["LastToken"];
 
     fn parse(name: &str, arg: Option<&Value>, at: &str) -> Result<Self, String> {
         no_options(arg, at, name)?;
@@ -94,8 +93,8 @@ impl KindSpec for LastTokenSpec {
         "last_token".into()
     }
 
-    fn from_torch(class: &str, m: &Value, at: &str) -> Result<Self, String> {
-        Err(refuse(at, m, format!("`{class}` is not a read-out of the last position")))
+    fn from_torch(_class: &str, _m: &Value, _at: &str) -> Result<Self, String> {
+        Ok(LastTokenSpec)
     }
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
