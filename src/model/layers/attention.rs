@@ -379,7 +379,6 @@ impl Layer for Attention {
             let mut dv = if self.shared { Vec::new() } else { vec![0.0; n * k * t * dh] };
             let mut dp = vec![0.0; t];
             for s in 0..n {
-                let row = |m: &[f64], i: usize| m[(s * t + i) * dh..(s * t + i + 1) * dh].to_vec();
                 for c_ in 0..k {
                     let r0 = (s * k + c_) * t;
                     let gs = &mut g[(s * k + c_) * width..(s * k + c_ + 1) * width];
@@ -402,7 +401,7 @@ impl Layer for Attention {
                             dp[j] = dot(doi, &hc.v[(s * t + j) * dh..(s * t + j + 1) * dh]);
                             mean += prow[j] * dp[j];
                         }
-                        let qi = row(&hc.q, i);
+                        let qi = &hc.q[(s * t + i) * dh..(s * t + i + 1) * dh];
                         for j in 0..t {
                             // dV_j += P_ij dO_i; dS_ij = P_ij (dP_ij − Σ_l P_il dP_il).
                             let target = if self.shared { &mut dq } else { &mut dv };
@@ -414,7 +413,7 @@ impl Layer for Attention {
                             let kj = &hc.k[(s * t + j) * dh..(s * t + j + 1) * dh];
                             dq[(r0 + i) * dh..(r0 + i + 1) * dh].iter_mut().zip(kj).for_each(|(a, b)| *a += c * ds * b);
                             let target = if self.shared { &mut dq } else { &mut dk };
-                            target[(r0 + j) * dh..(r0 + j + 1) * dh].iter_mut().zip(&qi).for_each(|(a, b)| *a += c * ds * b);
+                            target[(r0 + j) * dh..(r0 + j + 1) * dh].iter_mut().zip(qi).for_each(|(a, b)| *a += c * ds * b);
                         }
                     }
                 }
