@@ -29,7 +29,8 @@ identity) when the body keeps the shape, else `Linear(F, F')` (flat) or a 1x1
 bias. On token ids [n, T] (`data.kind = "modular"`): `embedding` -> `ScaledEmbedding(vocab, dim,
 scale)`, `self_attention` -> `SelfAttention` (ExPLAIND's heads: `head{h}_encoder` shared by
 query, key and value, or `head{h}_query/key/value`, and `head{h}_decoder`, the heads summed;
-`scaled_dot_product_attention`), `last_token` -> `LastToken()` (`x[:, -1]`), all below. Batch
+`scaled_dot_product_attention`), `last_token` -> `LastToken()` (`x[:, -1]`), `mean_tokens` ->
+`MeanTokens()` (`x.mean(dim=1)`), all below. Batch
 norm (a point's output depends on its batch) and dropout in training mode are not
 layers pathkernel can express; `describe_module` writes what `pathkernel import` reads (and
 refuses, naming the module).
@@ -226,6 +227,12 @@ if nn is not None:
         def forward(self, x):
             return x[:, -1]
 
+    class MeanTokens(nn.Module):
+        """`mean_tokens`: [n, T, d] -> [n, d], the mean over the positions."""
+
+        def forward(self, x):
+            return x.mean(dim=1)
+
 
 def _shape(shape):
     if "flat" in shape:
@@ -271,6 +278,9 @@ def _layer(spec, shape):
     if kind == "last_token":
         _, t, d = shape
         return LastToken(), ("flat", d)
+    if kind == "mean_tokens":
+        _, t, d = shape
+        return MeanTokens(), ("flat", d)
     acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "softplus": nn.Softplus, "gelu": nn.GELU, "silu": nn.SiLU}
     if kind in acts:
         return acts[kind](), shape

@@ -52,7 +52,7 @@ def describe_module(m):
         enc = m.head1_encoder if m.shared else m.head1_query
         d.update(d=enc.in_features, heads=int(m.heads), head_dim=enc.out_features, shared_qkv=bool(m.shared), bias=enc.bias is not None,
                  causal=bool(m.causal))
-    elif kind == "LastToken":
+    elif kind in ("LastToken", "MeanTokens"):
         pass
     elif isinstance(m, nn.modules.dropout._DropoutNd):
         d.update(p=float(m.p), training=bool(m.training))

@@ -4,7 +4,8 @@
 //! Every layer kind implements the layer contract (`contract::Layer` for what it computes,
 //! `contract::KindSpec` for how it is written and imported) in its own file: `dense`,
 //! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, the sequence layers
-//! `embedding`, `attention` (`self_attention`) and `last_token`, and the composite `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
+//! `embedding`, `attention` (`self_attention`), `last_token` and `mean_tokens`, and the composite
+//! `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
 //! (a layer as configured) and `AnyLayer` (as resolved) and their dispatch; nothing else
 //! matches on a kind. The walks run each row of a batch at its own point `w_s + t_r·Δw` of a
 //! step (`At`); the kernel engine consumes the per-sample gradients' forms (`Grad`: factored
@@ -27,6 +28,7 @@ pub(crate) mod embedding;
 pub(crate) mod flatten;
 pub(crate) mod last_token;
 pub(crate) mod max_pool;
+pub(crate) mod mean_tokens;
 pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod recorded;
@@ -42,6 +44,7 @@ pub use embedding::EmbeddingSpec;
 pub use flatten::FlattenSpec;
 pub use last_token::LastTokenSpec;
 pub use max_pool::MaxPool2dSpec;
+pub use mean_tokens::MeanTokensSpec;
 pub use norm::LayerNormSpec;
 pub use residual::ResidualSpec;
 
@@ -60,6 +63,7 @@ use conv2d::Conv;
 use dense::Dense;
 use flatten::Flatten;
 use max_pool::MaxPool;
+use mean_tokens::MeanTokens;
 use norm::{Norm, NormCache};
 use residual::Residual;
 
@@ -213,6 +217,7 @@ layer_kinds! {
     Embedding(Embedding, EmbeddingSpec),
     SelfAttention(Attention, SelfAttentionSpec),
     LastToken(LastToken, LastTokenSpec),
+    MeanTokens(MeanTokens, MeanTokensSpec),
 }
 
 /// A resolved layer with its shapes and its parameter tensors `first..first + count`.

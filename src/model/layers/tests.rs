@@ -289,6 +289,7 @@ fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
         ("causal, head_dim", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 4, "head_dim": 2, "causal": true, "shared_qkv": true } }, "tanh", "flatten", { "dense": 3 }])),
         ("residual attention", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": [{ "self_attention": { "heads": 2, "bias": true } }, "gelu"] },
             { "self_attention": 1 }, "last_token", { "dense": 3 }])),
+        ("mean_tokens", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", "relu", { "dense": 3 }])),
     ]
 }
 
@@ -405,6 +406,7 @@ fn bad_sequence_stacks_are_one_line_config_errors() {
         (json!([emb, "layer_norm", "last_token", { "dense": 3 }]), tokens, vec!["model.layers[1] layer_norm", "not supported"]),
         (json!([emb, { "self_attention": 2 }]), tokens, vec!["[4, 8]", "last_token"]),
         (json!(["flatten", "last_token", { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[1] last_token", "needs a sequence"]),
+        (json!([emb, "mean_tokens", "mean_tokens", { "dense": 3 }]), tokens, vec!["model.layers[2] mean_tokens", "needs a sequence", "[8]"]),
         (json!([emb, { "self_attention": { "heads": 2, "mask": true } }, "last_token", { "dense": 3 }]), tokens, vec!["no option `mask`"]),
         (json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt" } }, "last_token", { "dense": 3 }]), tokens, vec!["embedding.scale"]),
     ] {
