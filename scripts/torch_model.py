@@ -287,8 +287,8 @@ def _layer(spec, shape):
     if kind == "leaky_relu":
         return nn.LeakyReLU(arg), shape
     if kind == "layer_norm":
-        if shape[0] == "flat":
-            return nn.LayerNorm(shape[1], eps=arg["eps"], **f64), shape
+        if shape[0] in ("flat", "seq"):
+            return nn.LayerNorm(shape[-1], eps=arg["eps"], **f64), shape
         return ChannelLayerNorm(shape[1], eps=arg["eps"]), shape
     if kind == "residual":
         body, out = _build_list(arg, shape)

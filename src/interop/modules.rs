@@ -68,7 +68,7 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
                 (Some("LayerNorm"), Shape::Map(..)) => {
                     return Err(refuse(&at, m, format!("nn.LayerNorm on the map {} normalises its last dimension; pathkernel's layer norm on a map is over the channels at each position: use torch_model.ChannelLayerNorm", n.input)))
                 }
-                (Some("ChannelLayerNorm"), Shape::Flat(_)) => return Err(refuse(&at, m, format!("ChannelLayerNorm needs a [C, H, W] map, its input is {}: use nn.LayerNorm", n.input))),
+                (Some("ChannelLayerNorm"), Shape::Flat(_) | Shape::Seq(..)) => return Err(refuse(&at, m, format!("ChannelLayerNorm needs a [C, H, W] map, its input is {}: use nn.LayerNorm", n.input))),
                 _ => {}
             }
             if let Some((key, want)) = want_in {

@@ -231,7 +231,7 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         // Token sequences (`d` = T = 4 ids from a vocabulary of 9): embedding, both attentions.
         (json!([{ "embedding": { "vocab": 9, "dim": 6, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token",
                 { "residual": [{ "dense": 7 }, "relu", { "dense": 6 }, "relu"] }, { "dense": { "features": 3, "bias": false } }]), 4, None),
-        (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu",
+        (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu", "layer_norm",
                 { "residual": [{ "self_attention": { "heads": 3 } }] }, "last_token", { "dense": 3 }]), 4, None),
     ];
     // Repeated samples too (a point's node rows share its input: a convolution forms their
@@ -289,6 +289,8 @@ fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
         ("causal, head_dim", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 4, "head_dim": 2, "causal": true, "shared_qkv": true } }, "tanh", "flatten", { "dense": 3 }])),
         ("residual attention", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": [{ "self_attention": { "heads": 2, "bias": true } }, "gelu"] },
             { "self_attention": 1 }, "last_token", { "dense": 3 }])),
+        ("pre-norm block", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": ["layer_norm", { "self_attention": { "heads": 2, "causal": true } }] },
+            "layer_norm", "last_token", { "dense": 3 }])),
         ("mean_tokens", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", "relu", { "dense": 3 }])),
     ]
 }
@@ -403,7 +405,7 @@ fn bad_sequence_stacks_are_one_line_config_errors() {
         (json!([emb, "last_token", { "dense": 3 }]), Shape::Flat(4), vec!["model.layers[0] embedding(9, 8)", "needs token ids"]),
         (json!([{ "embedding": { "vocab": 5, "dim": 8 } }, "last_token", { "dense": 3 }]), tokens, vec!["0..9", "vocabulary of 5"]),
         (json!([emb, { "dense": 3 }]), tokens, vec!["model.layers[1] dense(3)", "sequence", "last_token"]),
-        (json!([emb, "layer_norm", "last_token", { "dense": 3 }]), tokens, vec!["model.layers[1] layer_norm", "not supported"]),
+        (json!(["layer_norm", emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] layer_norm", "token ids", "embedding"]),
         (json!([emb, { "self_attention": 2 }]), tokens, vec!["[4, 8]", "last_token"]),
         (json!(["flatten", "last_token", { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[1] last_token", "needs a sequence"]),
         (json!([emb, "mean_tokens", "mean_tokens", { "dense": 3 }]), tokens, vec!["model.layers[2] mean_tokens", "needs a sequence", "[8]"]),
