@@ -182,18 +182,22 @@ if nn is not None:
 
     class ScaledEmbedding(nn.Module):
         """`embedding`: token ids [n, T] (floats holding integers, or integers) -> `scale *
-        weight[x]` [n, T, dim]; parameter `weight` [vocab, dim] (nn.Embedding's)."""
+        weight[x] (+ position)` [n, T, dim]; parameters `weight` [vocab, dim] (nn.Embedding's) and,
+        with `positions` = T, a learned position embedding `position` [T, dim]."""
 
-        def __init__(self, vocab, dim, scale=1.0, dtype=torch.float64):
+        def __init__(self, vocab, dim, scale=1.0, positions=None, dtype=torch.float64):
             super().__init__()
-            self.vocab, self.dim, self.scale = vocab, dim, scale
+            self.vocab, self.dim, self.scale, self.positions = vocab, dim, scale, positions
             self.weight = nn.Parameter(torch.randn(vocab, dim, dtype=dtype))
+            if positions:
+                self.position = nn.Parameter(torch.randn(positions, dim, dtype=dtype))
 
         def forward(self, x):
-            return torch.nn.functional.embedding(x.long(), self.weight) * self.scale
+            y = torch.nn.functional.embedding(x.long(), self.weight) * self.scale
+            return y + self.position if self.positions else y
 
         def extra_repr(self):
-            return f"{self.vocab}, {self.dim}, scale={self.scale}"
+            return f"{self.vocab}, {self.dim}, scale={self.scale}" + (f", positions={self.positions}" if self.positions else "")
 
     class SelfAttention(nn.Module):
         """`self_attention` (ExPLAIND's heads): on [n, T, d], `sum_h head{h}_decoder(SDPA(q, k,
@@ -270,7 +274,7 @@ def _layer(spec, shape):
         return nn.Flatten(), ("flat", n)
     if kind == "embedding":
         _, t, _ = shape
-        return ScaledEmbedding(arg["vocab"], arg["dim"], arg["scale"]), ("seq", t, arg["dim"])
+        return ScaledEmbedding(arg["vocab"], arg["dim"], arg["scale"], t if arg.get("positions") else None), ("seq", t, arg["dim"])
     if kind == "self_attention":
         _, t, d = shape
         dh = arg.get("head_dim") or d // arg["heads"]

@@ -176,7 +176,7 @@ mod tests {
         ];
         let specs = list(&ms, "model.modules").unwrap();
         let written: Vec<serde_json::Value> = specs.iter().map(LayerSpec::to_value).collect();
-        assert_eq!(written[0], json!({ "embedding": { "vocab": 9, "dim": 8, "scale": 2.5 } }));
+        assert_eq!(written[0], json!({ "embedding": { "vocab": 9, "dim": 8, "scale": 2.5, "positions": false } }));
         assert_eq!(written[1], json!({ "self_attention": { "heads": 2, "head_dim": 4, "shared_qkv": true, "bias": false, "causal": false } }));
         assert_eq!(written[2], json!("last_token"));
         let input = input_shape(&[4], Some(9)).unwrap();
@@ -187,6 +187,15 @@ mod tests {
         assert!(input_shape(&[4, 2], Some(9)).unwrap_err().contains("token rows must be [T]"));
         let e = list(&[json!({"type": "Embedding", "repr": "Embedding(9, 8, padding_idx=0)", "num_embeddings": 9, "embedding_dim": 8, "padding_idx": 0})], "m").unwrap_err();
         assert!(e.contains("Embedding(9, 8, padding_idx=0): an Embedding with `padding_idx` is not supported"), "{e}");
+        // A position embedding recorded for another length than the rows'.
+        let mut pos = ms.clone();
+        pos[0]["positions"] = json!(5);
+        let specs = list(&pos, "model.modules").unwrap();
+        let stack = Stack::resolve(input, &specs, 9).unwrap();
+        let e = check_resolved(&pos, &stack).unwrap_err();
+        assert!(e.contains("positions = 5") && e.contains("[4]"), "{e}");
+        pos[0]["positions"] = json!(4);
+        check_resolved(&pos, &stack).unwrap();
         let mut wide = ms.clone();
         wide[1]["d"] = json!(6);
         let e = check_resolved(&wide, &stack).unwrap_err();

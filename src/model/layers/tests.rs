@@ -231,7 +231,7 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         // Token sequences (`d` = T = 4 ids from a vocabulary of 9): embedding, both attentions.
         (json!([{ "embedding": { "vocab": 9, "dim": 6, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token",
                 { "residual": [{ "dense": 7 }, "relu", { "dense": 6 }, "relu"] }, { "dense": { "features": 3, "bias": false } }]), 4, None),
-        (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu", "layer_norm",
+        (json!([{ "embedding": { "vocab": 9, "dim": 6, "positions": true } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu", "layer_norm",
                 { "residual": [{ "self_attention": { "heads": 3 } }] }, "last_token", { "dense": 3 }]), 4, None),
     ];
     // Repeated samples too (a point's node rows share its input: a convolution forms their
@@ -283,6 +283,7 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
 fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
     vec![
         ("embedding", json!([{ "embedding": { "vocab": 9, "dim": 5, "scale": 2.5 } }, "last_token", { "dense": 3 }])),
+        ("positions", json!([{ "embedding": { "vocab": 9, "dim": 6, "scale": 1.5, "positions": true } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", { "dense": 3 }])),
         ("explaind block", json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token",
             { "residual": [{ "dense": 16 }, "relu", { "dense": 8 }, "relu"] }, { "dense": { "features": 3, "bias": false } }])),
         ("separate qkv, bias", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 3, "bias": true } }, "last_token", { "dense": 3 }])),
