@@ -191,6 +191,10 @@ def rel(a, b):
 
 def check_run(run, binary, steps, workdir):
     manifest, arch, net, shape, data = load_run(run)
+    opt = manifest["optimizer"]
+    if opt.get("kind") != "gd" or set(opt) - {"kind", "lr"}:
+        # The EPK reference below integrates plain full-batch gradient steps.
+        raise SystemExit(f"{run}: trained by {opt}; the EPK reference needs plain full-batch gradient descent (optimizer = \"gd\", no momentum or weight decay)")
     n = manifest["steps"]
     init = state(run, 0)
     f = make_f(arch, net, shape, init)
