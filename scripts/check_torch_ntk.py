@@ -27,7 +27,9 @@ largest relative difference max|ours - torch| / max|torch| of each Gram and exit
 
 `--suite DIR` trains, in DIR, one small run per layer kind alone and LeNet-5 and a residual CNN
 (on real MNIST images when --mnist points at the IDX files, as `bash data/fetch-mnist.sh` puts
-them), checks each, and prints the table the guide quotes.
+them) and the sequence layers (embedding, self-attention, ExPLAIND's transformer block) on
+`a + b mod 5`, checks each, and prints the table the guide quotes. `--only NAME ...` runs some
+rows of the suite.
 """
 
 import argparse
@@ -189,6 +191,10 @@ def rel(a, b):
 
 def check_run(run, binary, steps, workdir):
     manifest, arch, net, shape, data = load_run(run)
+    opt = manifest["optimizer"]
+    if opt.get("kind") != "gd" or set(opt) - {"kind", "lr"}:
+        # The EPK reference below integrates plain full-batch gradient steps.
+        raise SystemExit(f"{run}: trained by {opt}; the EPK reference needs plain full-batch gradient descent (optimizer = \"gd\", no momentum or weight decay)")
     n = manifest["steps"]
     init = state(run, 0)
     f = make_f(arch, net, shape, init)
@@ -228,18 +234,30 @@ SUITE = {
     "avg_pool2d": ("mnist", '[{ conv2d = { channels = 2, kernel = 5, stride = 2 } }, { avg_pool2d = { kernel = 3, stride = 2 } }, "flatten", { dense = 10 }]'),
     "channel layer_norm": ("mnist", '[{ conv2d = { channels = 3, kernel = 4, stride = 4 } }, "layer_norm", "flatten", { dense = 10 }]'),
     "LeNet-5": ("mnist", '[{ conv2d = { channels = 6, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 16, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 120 }, "relu", { dense = 84 }, "relu", { dense = 10 }]'),
+    # Sequence layers on `a + b mod 5` (tokens [a, 5, b, 6], vocabulary and classes 7).
+    "embedding": ("modular", '[{ embedding = { vocab = 7, dim = 6, scale = 2.0 } }, "last_token", { dense = 7 }]'),
+    "self_attention shared": ("modular", '[{ embedding = { vocab = 7, dim = 8, scale = "sqrt_dim" } }, { self_attention = { heads = 2, shared_qkv = true } }, "last_token", { dense = { features = 7, bias = false } }]'),
+    "self_attention qkv": ("modular", '[{ embedding = { vocab = 7, dim = 6 } }, { self_attention = { heads = 3, bias = true, causal = true } }, "gelu", "last_token", { dense = 7 }]'),
+    "mean_tokens": ("modular", '[{ embedding = { vocab = 7, dim = 6 } }, { self_attention = { heads = 2, causal = true } }, "mean_tokens", "relu", { dense = 7 }]'),
+    "pre-norm block": ("modular", '[{ embedding = { vocab = 7, dim = 6, positions = true } }, { residual = ["layer_norm", { self_attention = { heads = 2, causal = true } }] }, "layer_norm", "last_token", { dense = 7 }]'),
+    "ExPLAIND block": ("modular", '[{ embedding = { vocab = 7, dim = 8, scale = "sqrt_dim" } }, { self_attention = { heads = 2, shared_qkv = true } }, "last_token", { residual = [{ dense = 16 }, "relu", { dense = 8 }, "relu"] }, { dense = { features = 7, bias = false } }]'),
     "residual CNN": ("mnist", '[{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "gelu", { residual = [{ conv2d = { channels = 4, kernel = 3, padding = 1 } }, "layer_norm", "gelu", { conv2d = { channels = 4, kernel = 3, padding = 1 } }] }, { residual = [{ conv2d = { channels = 8, kernel = 3, stride = 2, padding = 1 } }, "relu"] }, { avg_pool2d = 2 }, "flatten", { dense = 10 }]'),
 }
 
 
-def suite(directory, binary, mnist):
+def suite(directory, binary, mnist, only=None):
     os.makedirs(directory, exist_ok=True)
     rows = []
     for name, (data, layers) in SUITE.items():
+        if only and name not in only:
+            continue
         slug = name.replace(" ", "-").replace("_", "-").lower()
         if data == "mixture":
             data_toml = '[data]\nkind = "gaussian-mixture"\ndim = 2\nper_class = 8\nn_test = 4\nseed = 3\n'
             train = "lr = 0.5\nsteps = 3"
+        elif data == "modular":
+            data_toml = '[data]\nkind = "modular"\np = 5\ntrain_frac = 0.5\nseed = 1\n'
+            train = "lr = 0.2\nsteps = 3"
         else:
             data_toml = f'[data]\nkind = "mnist"\npath = {json.dumps(os.path.abspath(mnist))}\nn_train = 12\nn_test = 3\n'
             train = "lr = 0.02\nsteps = 2"
@@ -263,9 +281,10 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-12)
     ap.add_argument("--suite")
     ap.add_argument("--mnist", default="data/mnist")
+    ap.add_argument("--only", nargs="*", help="suite rows to run (names as printed)")
     a = ap.parse_args()
     if a.suite:
-        rows = suite(a.suite, a.pathkernel, a.mnist)
+        rows = suite(a.suite, a.pathkernel, a.mnist, a.only)
         worst = max(v for _, r in rows for v in r.values())
     else:
         if not a.run:

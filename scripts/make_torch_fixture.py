@@ -39,6 +39,15 @@
   `rmsprop-f32` RMSprop centred (lr 0.01, alpha 0.9, wd 1e-3) in float32 with
   CosineAnnealingLR(T_max=19): lr 0 at the last step.
 
+- tests/data/torch-transformer-adamw: ExPLAIND's one-layer transformer block as torch_model's
+  modules (`nn.Sequential(ScaledEmbedding(9, 8, scale=sqrt(8)), SelfAttention(8, heads=2,
+  shared q = k = v), LastToken(), Residual(Linear(8, 16), ReLU, Linear(16, 8), ReLU),
+  Linear(8, 9, bias=False))`) on `a + b mod 7` as token ids `[a, 7, b, 8]` (14 of the 28 pairs
+  a >= b for training, the rest held out), float64, AdamW (lr 0.01, betas 0.9/0.98, weight decay
+  1), full batch, 10 steps; `logits.safetensors` beside it holds the recorded model's logits at
+  its last state on the held-out pairs (`logits` [14, 9]): the imported run's network must be
+  them (tests/transformer.rs).
+
 Each recording is written by the recorder package (python/pathkernel_recorder).
 
     python scripts/make_torch_fixture.py [--only torch-stack-adamw] [--pathkernel BIN]
@@ -59,7 +68,7 @@ from safetensors.torch import save_file
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 from record_torch_trajectory import _moons, train_and_record  # noqa: E402
-from torch_model import ChannelLayerNorm, Residual, load, read_safetensors  # noqa: E402
+from torch_model import ChannelLayerNorm, Residual, build_stack, load, read_safetensors  # noqa: E402
 
 data_dir = os.path.join(here, "..", "tests", "data")
 
@@ -179,6 +188,29 @@ def stack_adamw():
         return model(xte).contiguous()
 
 
+def transformer_adamw():
+    p, d = 7, 8
+    torch.manual_seed(7)
+    arch = {"body": {"kind": "layers", "input": {"tokens": [4, p + 2]}, "outputs": p + 2, "layers": [
+        {"embedding": {"vocab": p + 2, "dim": d, "scale": d ** 0.5}},
+        {"self_attention": {"heads": 2, "shared_qkv": True, "bias": False, "causal": False}},
+        "last_token",
+        {"residual": [{"dense": {"features": 16, "bias": True}}, "relu", {"dense": {"features": d, "bias": True}}, "relu"]},
+        {"dense": {"features": p + 2, "bias": False}}]}}
+    model, _ = build_stack(arch)
+    pairs = [(a, b) for b in range(p) for a in range(b, p)]
+    x = torch.tensor([[a, p, b, p + 1] for a, b in pairs], dtype=torch.float64)
+    y = torch.tensor([(a + b) % p for a, b in pairs], dtype=torch.int64)
+    perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(7))
+    tr, te = perm[:14].sort().values, perm[14:].sort().values
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.98), weight_decay=1.0)
+    out = fresh("torch-transformer-adamw")
+    train_and_record(out, model, x[tr], y[tr], x[te], y[te], opt, 10, 0, None, seed=7,
+                     description="make_torch_fixture.py: ExPLAIND's transformer block on a + b mod 7, AdamW lr 0.01 betas 0.9/0.98 wd 1, full batch")
+    with torch.no_grad():
+        save_file({"logits": model(x[te]).contiguous()}, os.path.join(out, "logits.safetensors"))
+
+
 ROUNDTRIP_TOML = f"""# PyTorch -> init -> train -> export -> PyTorch (scripts/make_torch_fixture.py, tests/torch.rs).
 # Paths relative to a directory holding the recording as rec/.
 [data]
@@ -236,13 +268,15 @@ if __name__ == "__main__":
         recipes()
     if a.only in (None, "torch-stack-adamw"):
         roundtrip(a.pathkernel, stack_adamw())
+    if a.only in (None, "torch-transformer-adamw"):
+        transformer_adamw()
     if a.only is None:
         init_mlp()
         adamw("torch-adamw", torch.float64, 40)
         adamw("torch-adamw-f32", torch.float32, 20)
         nesterov()
         cnn_momentum()
-    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack"]
+    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack", "torch-transformer-adamw"]
     for name in names + [os.path.join("torch-recipes", r) for r in sorted(os.listdir(os.path.join(data_dir, "torch-recipes")))]:
         d = os.path.join(data_dir, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

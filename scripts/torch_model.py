@@ -26,7 +26,12 @@ the activations -> `ReLU()`, `LeakyReLU(slope)`, `Tanh()`, `Sigmoid()`, `Softplu
 -> `Residual(body, shortcut)` below: `y = body(x) + shortcut(x)`, the shortcut `None` (the
 identity) when the body keeps the shape, else `Linear(F, F')` (flat) or a 1x1
 `Conv2d(C, C', 1, stride=s)` whose stride s gives the body's output size (maps), both with a
-bias. Batch norm (a point's output depends on its batch) and dropout in training mode are not
+bias. On token ids [n, T] (`data.kind = "modular"`): `embedding` -> `ScaledEmbedding(vocab, dim,
+scale)`, `self_attention` -> `SelfAttention` (ExPLAIND's heads: `head{h}_encoder` shared by
+query, key and value, or `head{h}_query/key/value`, and `head{h}_decoder`, the heads summed;
+`scaled_dot_product_attention`), `last_token` -> `LastToken()` (`x[:, -1]`), `mean_tokens` ->
+`MeanTokens()` (`x.mean(dim=1)`), all below. Batch
+norm (a point's output depends on its batch) and dropout in training mode are not
 layers pathkernel can express; `describe_module` writes what `pathkernel import` reads (and
 refuses, naming the module).
 - alpha is already folded into the last layer by the exporter.
@@ -175,10 +180,71 @@ if nn is not None:
         def forward(self, x):
             return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
 
+    class ScaledEmbedding(nn.Module):
+        """`embedding`: token ids [n, T] (floats holding integers, or integers) -> `scale *
+        weight[x] (+ position)` [n, T, dim]; parameters `weight` [vocab, dim] (nn.Embedding's) and,
+        with `positions` = T, a learned position embedding `position` [T, dim]."""
+
+        def __init__(self, vocab, dim, scale=1.0, positions=None, dtype=torch.float64):
+            super().__init__()
+            self.vocab, self.dim, self.scale, self.positions = vocab, dim, scale, positions
+            self.weight = nn.Parameter(torch.randn(vocab, dim, dtype=dtype))
+            if positions:
+                self.position = nn.Parameter(torch.randn(positions, dim, dtype=dtype))
+
+        def forward(self, x):
+            y = torch.nn.functional.embedding(x.long(), self.weight) * self.scale
+            return y + self.position if self.positions else y
+
+        def extra_repr(self):
+            return f"{self.vocab}, {self.dim}, scale={self.scale}" + (f", positions={self.positions}" if self.positions else "")
+
+    class SelfAttention(nn.Module):
+        """`self_attention` (ExPLAIND's heads): on [n, T, d], `sum_h head{h}_decoder(SDPA(q, k,
+        v))` with `q = k = v = head{h}_encoder(x)` when shared, else `head{h}_query/key/value(x)`;
+        scale 1/sqrt(d_h), causal mask when asked. Parameters named and ordered as pathkernel's:
+        every head's encoders, then every head's decoder."""
+
+        def __init__(self, d, heads, head_dim, shared_qkv, bias, causal, dtype=torch.float64):
+            super().__init__()
+            self.heads, self.shared, self.causal = heads, shared_qkv, causal
+            for h in range(1, heads + 1):
+                for p in (["encoder"] if shared_qkv else ["query", "key", "value"]):
+                    setattr(self, f"head{h}_{p}", nn.Linear(d, head_dim, bias=bias, dtype=dtype))
+            for h in range(1, heads + 1):
+                setattr(self, f"head{h}_decoder", nn.Linear(head_dim, d, bias=bias, dtype=dtype))
+
+        def forward(self, x):
+            out = 0
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            for h in range(1, self.heads + 1):
+                if self.shared:
+                    q = k = v = getattr(self, f"head{h}_encoder")(x)
+                else:
+                    q, k, v = (getattr(self, f"head{h}_{p}")(x) for p in ("query", "key", "value"))
+                out = out + getattr(self, f"head{h}_decoder")(sdpa(q, k, v, is_causal=self.causal))
+            return out
+
+    class LastToken(nn.Module):
+        """`last_token`: [n, T, d] -> [n, d], the last position."""
+
+        def forward(self, x):
+            return x[:, -1]
+
+    class MeanTokens(nn.Module):
+        """`mean_tokens`: [n, T, d] -> [n, d], the mean over the positions."""
+
+        def forward(self, x):
+            return x.mean(dim=1)
+
 
 def _shape(shape):
     if "flat" in shape:
         return ("flat", shape["flat"])
+    if "tokens" in shape:
+        return ("tokens", *shape["tokens"])
+    if "seq" in shape:
+        return ("seq", *shape["seq"])
     c, h, w = shape["map"]
     return ("map", c, h, w)
 
@@ -204,16 +270,29 @@ def _layer(spec, shape):
         m = nn.MaxPool2d(k, stride=s) if kind == "max_pool2d" else nn.AvgPool2d(k, stride=s)
         return m, ("map", c, (h - k) // s + 1, (w - k) // s + 1)
     if kind == "flatten":
-        n = shape[1] if shape[0] == "flat" else shape[1] * shape[2] * shape[3]
+        n = int(np.prod(shape[1:])) if shape[0] != "tokens" else shape[1]
         return nn.Flatten(), ("flat", n)
+    if kind == "embedding":
+        _, t, _ = shape
+        return ScaledEmbedding(arg["vocab"], arg["dim"], arg["scale"], t if arg.get("positions") else None), ("seq", t, arg["dim"])
+    if kind == "self_attention":
+        _, t, d = shape
+        dh = arg.get("head_dim") or d // arg["heads"]
+        return SelfAttention(d, arg["heads"], dh, arg["shared_qkv"], arg["bias"], arg["causal"]), shape
+    if kind == "last_token":
+        _, t, d = shape
+        return LastToken(), ("flat", d)
+    if kind == "mean_tokens":
+        _, t, d = shape
+        return MeanTokens(), ("flat", d)
     acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "softplus": nn.Softplus, "gelu": nn.GELU, "silu": nn.SiLU}
     if kind in acts:
         return acts[kind](), shape
     if kind == "leaky_relu":
         return nn.LeakyReLU(arg), shape
     if kind == "layer_norm":
-        if shape[0] == "flat":
-            return nn.LayerNorm(shape[1], eps=arg["eps"], **f64), shape
+        if shape[0] in ("flat", "seq"):
+            return nn.LayerNorm(shape[-1], eps=arg["eps"], **f64), shape
         return ChannelLayerNorm(shape[1], eps=arg["eps"]), shape
     if kind == "residual":
         body, out = _build_list(arg, shape)

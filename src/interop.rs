@@ -137,10 +137,13 @@ pub(crate) enum RecordedModel {
     /// Any `nn.Sequential` of the layers a stack has: the children as the recording script
     /// describes them (`modules`: class, `repr` and attributes; see `interop::modules`).
     Layers {
-        /// One sample's shape: `[F]` or `[C, H, W]`.
+        /// One sample's shape: `[F]`, `[C, H, W]`, or `[T]` token ids with `vocab`.
         input: Vec<usize>,
         /// The children of the `nn.Sequential`, in order.
         modules: Vec<serde_json::Value>,
+        /// When rows are token ids: the vocabulary (the first module's, an embedding).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
     },
 }
 
@@ -326,7 +329,7 @@ fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) 
             let body = Body::Cnn { image: *image, channels: cw[0], kernel: cw[2], stride: *stride, padding: *padding, pool: *pool, outputs: dw[0] };
             (body, *activation, names.iter().any(|n| n == "0.bias"))
         }
-        RecordedModel::Layers { input, modules: ms } => return stack_architecture(dir, input, ms, output),
+        RecordedModel::Layers { input, modules: ms, vocab } => return stack_architecture(dir, input, *vocab, ms, output),
     };
     let arch = Architecture { body, activation, bias, zero_last: false, alpha: 1.0, zero_output: false, output };
     arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
@@ -336,9 +339,9 @@ fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) 
 /// The architecture of a recorded layer stack (`RecordedModel::Layers`): every module read as
 /// a layer or refused (named, with the reason), the shapes chained from `input`, and each
 /// residual's shortcut the one the stack resolves. Errors name `DIR/trajectory.json`.
-fn stack_architecture(dir: &Path, input: &[usize], ms: &[serde_json::Value], output: OutputKind) -> Result<Architecture> {
+fn stack_architecture(dir: &Path, input: &[usize], vocab: Option<usize>, ms: &[serde_json::Value], output: OutputKind) -> Result<Architecture> {
     let bad = |msg: String| Error::format(dir.join("trajectory.json"), msg);
-    let input = modules::input_shape(input).map_err(bad)?;
+    let input = modules::input_shape(input, vocab).map_err(bad)?;
     let layers = modules::list(ms, "model.modules").map_err(bad)?;
     let outputs = modules::outputs(input, &layers).map_err(bad)?;
     let arch = Architecture { body: Body::Layers { input, layers, outputs }, activation: Activation::Relu, bias: true, zero_last: false, alpha: 1.0, zero_output: false, output };
@@ -386,6 +389,10 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
     match arch.body {
         Body::Cnn { image, .. } => ds.image_shape = Some(image),
         Body::Layers { input: Shape::Map(c, h, w), .. } => ds.image_shape = Some([c, h, w]),
+        Body::Layers { input: Shape::Tokens(_, v), .. } => {
+            ds.vocab = Some(v);
+            ds.validate().map_err(|e| Error::format(path, e.to_string()))?;
+        }
         _ => {}
     }
     Ok(ds)
@@ -818,6 +825,7 @@ fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manif
             description: data.description.clone(),
             dim: data.dim,
             image_shape: data.image_shape,
+            vocab: data.vocab,
             num_outputs: arch.outputs(),
             n_train: data.n_train(),
             n_test: data.n_test(),

@@ -470,7 +470,7 @@ pub fn resolve(cfg: &RunConfig, data: &Dataset) -> Result<(LossKind, Architectur
         LossKind::CrossEntropy => OutputKind::LogSoftmax,
         LossKind::Mse => OutputKind::Identity,
     };
-    let mut arch = cfg.model.resolve(data.dim, data.image_shape, data.num_outputs, output)?;
+    let mut arch = cfg.model.resolve_for(data, output)?;
     if cfg.init.is_some() {
         // w_0 is the file's, whatever its last layer holds.
         arch.zero_last = false;
@@ -761,6 +761,7 @@ fn run_manifest(cfg: &RunConfig, data: &Dataset, loss: LossKind, arch: &Architec
             description: data.description.clone(),
             dim: data.dim,
             image_shape: data.image_shape,
+            vocab: data.vocab,
             num_outputs: data.num_outputs,
             n_train: data.n_train(),
             n_test: data.n_test(),

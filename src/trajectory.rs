@@ -46,6 +46,9 @@ pub struct DatasetInfo {
     pub dim: usize,
     /// `[C, H, W]` for images.
     pub image_shape: Option<[usize; 3]>,
+    /// The vocabulary size when rows are token sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
     /// Classes or regression outputs K.
     pub num_outputs: usize,
     /// Training rows M.
@@ -668,5 +671,9 @@ pub fn read_dataset(path: &Path, manifest: &Manifest) -> Result<Dataset> {
     let mut ds = Dataset::from_arrays(info.name.clone(), info.description.clone(), d, k, x_train, y_train, x_test, y_test)
         .map_err(|e| Error::trajectory(path, e.to_string()))?;
     ds.image_shape = info.image_shape;
+    ds.vocab = info.vocab;
+    if ds.vocab.is_some() {
+        ds.validate().map_err(|e| Error::trajectory(path, e.to_string()))?;
+    }
     Ok(ds)
 }

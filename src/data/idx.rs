@@ -622,6 +622,7 @@ impl IdxConfig {
             ),
             dim: h * w,
             image_shape: Some([1, h, w]),
+            vocab: None,
             num_outputs: k,
             x_train,
             y_train: Targets::Labels(y_train),

@@ -22,11 +22,13 @@ use crate::error::{Error, Result};
 pub mod arrays;
 pub mod idx;
 pub(crate) mod mixtures;
+pub mod modular;
 pub mod prep;
 pub mod table;
 
 pub use arrays::ArraysConfig;
 pub use idx::IdxConfig;
+pub use modular::ModOp;
 pub use prep::Task;
 pub use table::TableConfig;
 
@@ -75,6 +77,9 @@ pub struct Dataset {
     pub dim: usize,
     /// `[C, H, W]` when rows are images (MNIST: `[1, 28, 28]`); its product equals `dim`.
     pub image_shape: Option<[usize; 3]>,
+    /// The vocabulary size V when rows are sequences of `dim` token ids (each an integer in
+    /// `0..V` stored as an `f64`; the `modular` kind), else `None`.
+    pub vocab: Option<usize>,
     /// `K`: the number of classes, or the regression output dimension.
     pub num_outputs: usize,
     /// Training inputs, `[M, dim]` row-major.
@@ -163,6 +168,17 @@ impl Dataset {
         }
         if self.x_train.is_empty() {
             return Err(what("the training set is empty".into()));
+        }
+        if let Some(v) = self.vocab {
+            if self.image_shape.is_some() {
+                return Err(what("rows are either images or token sequences, not both".into()));
+            }
+            let splits = [("train", &self.x_train), ("test", &self.x_test)].into_iter().chain(self.validation.as_ref().map(|s| ("val", &s.x)));
+            for (split, x) in splits {
+                if let Some(i) = x.iter().position(|&t| !(t >= 0.0 && t < v as f64 && t.fract() == 0.0)) {
+                    return Err(what(format!("x_{split}[{}, {}] = {} is not a token id in 0..{v}", i / self.dim, i % self.dim, x[i])));
+                }
+            }
         }
         match (&self.y_train, &self.y_test) {
             (Targets::Labels(_), Targets::Labels(_)) | (Targets::Values(_), Targets::Values(_)) => {
@@ -278,6 +294,7 @@ impl Dataset {
             description: description.into(),
             dim,
             image_shape: None,
+            vocab: None,
             num_outputs,
             x_train,
             y_train,
@@ -326,6 +343,15 @@ fn default_mnist_n_test() -> usize {
 }
 fn default_true() -> bool {
     true
+}
+fn default_mod_p() -> usize {
+    7
+}
+fn default_mod_op() -> ModOp {
+    ModOp::Add
+}
+fn default_train_frac() -> f64 {
+    0.5
 }
 
 /// The `[data]` section of a TOML config, selected by `kind`.
@@ -436,6 +462,30 @@ pub enum DataConfig {
     /// Any IDX image set in MNIST's format (Fashion-MNIST, KMNIST, EMNIST, ...), with `mnist`'s
     /// selection (see [`idx::IdxConfig`]).
     Idx(IdxConfig),
+    /// Modular arithmetic `a ∘ b mod p` as token sequences `[a, p, b, p + 1]` (ExPLAIND's grokking
+    /// task; see [`modular`]): `vocab = K = p + 2`, a seeded split by `train_frac`.
+    /// ```toml
+    /// [data]
+    /// kind = "modular"
+    /// p = 7
+    /// op = "+"            # or "-", "*"
+    /// train_frac = 0.5
+    /// seed = 0
+    /// ```
+    Modular {
+        /// The modulus p (default 7).
+        #[serde(default = "default_mod_p")]
+        p: usize,
+        /// The operation (default `+`).
+        #[serde(default = "default_mod_op")]
+        op: ModOp,
+        /// The fraction of the examples used for training (default 0.5); the rest are the test set.
+        #[serde(default = "default_train_frac")]
+        train_frac: f64,
+        /// Seed of the split (default 0).
+        #[serde(default)]
+        seed: u64,
+    },
 }
 
 impl Default for DataConfig {
@@ -466,6 +516,7 @@ impl DataConfig {
             DataConfig::Table(_) => "table",
             DataConfig::Arrays(_) => "arrays",
             DataConfig::Idx(_) => "idx",
+            DataConfig::Modular { .. } => "modular",
         }
     }
 
@@ -588,6 +639,9 @@ impl DataConfig {
             DataConfig::Table(ref c) => c.validate()?,
             DataConfig::Arrays(ref c) => c.validate()?,
             DataConfig::Idx(ref c) => c.validate()?,
+            DataConfig::Modular { p, op, train_frac, seed: _ } => {
+                modular::validate(p, op, train_frac)?;
+            }
         }
         Ok(())
     }
@@ -628,6 +682,7 @@ impl DataConfig {
             DataConfig::Table(ref c) => c.load(base_dir)?,
             DataConfig::Arrays(ref c) => c.load(base_dir)?,
             DataConfig::Idx(ref c) => c.load(base_dir)?,
+            DataConfig::Modular { p, op, train_frac, seed } => modular::modular(p, op, train_frac, seed)?,
         };
         ds.validate()?;
         Ok(ds)

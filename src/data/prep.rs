@@ -323,6 +323,7 @@ pub(super) fn assemble(
         description,
         dim,
         image_shape: None,
+        vocab: None,
         num_outputs: k,
         x_train: train.0,
         y_train: train.1,

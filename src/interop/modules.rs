@@ -19,7 +19,9 @@
 //! a flat input, `ChannelLayerNorm` (`scripts/torch_model.py`: over the channels of a map),
 //! `ReLU`, `LeakyReLU`, `Tanh`, `Sigmoid`, `Softplus` (β = 1), `GELU` (exact), `SiLU`, and
 //! `scripts/torch_model.py`'s `Residual` (body `nn.Sequential`, shortcut `None`, `Linear` or a
-//! 1×1 `Conv2d`, as the stack resolves it). Refused with the reason: batch norm (a point's output
+//! 1×1 `Conv2d`, as the stack resolves it); on token rows (`vocab` beside `input`) `Embedding` and
+//! `torch_model.ScaledEmbedding` (no `padding_idx`, no `max_norm`), `torch_model.SelfAttention`
+//! and `torch_model.LastToken`. Refused with the reason: batch norm (a point's output
 //! depends on its batch), dropout in training mode, and any other module (named by its class).
 
 use serde_json::Value;
@@ -32,11 +34,14 @@ pub(crate) fn list(modules: &[Value], at: &str) -> Result<Vec<LayerSpec>, String
     LayerSpec::from_torch_list(modules, at)
 }
 
-/// The input shape of one recorded sample: `[F]` or `[C, H, W]`.
-pub(crate) fn input_shape(input: &[usize]) -> Result<Shape, String> {
-    match *input {
-        [f] if f > 0 => Ok(Shape::Flat(f)),
-        [c, h, w] if c * h * w > 0 => Ok(Shape::Map(c, h, w)),
+/// The input shape of one recorded sample: `[F]`, `[C, H, W]`, or `[T]` token ids of a
+/// vocabulary of `vocab`.
+pub(crate) fn input_shape(input: &[usize], vocab: Option<usize>) -> Result<Shape, String> {
+    match (input, vocab) {
+        (&[t], Some(v)) if t > 0 && v > 0 => Ok(Shape::Tokens(t, v)),
+        (_, Some(v)) => Err(format!("model.input {input:?} with model.vocab = {v}: token rows must be [T], T ≥ 1, from a vocabulary ≥ 1")),
+        (&[f], None) if f > 0 => Ok(Shape::Flat(f)),
+        (&[c, h, w], None) if c * h * w > 0 => Ok(Shape::Map(c, h, w)),
         _ => Err(format!("model.input {input:?}: a sample must be [features] or [C, H, W]")),
     }
 }
@@ -63,7 +68,7 @@ pub(crate) fn check_resolved(modules: &[Value], stack: &Stack) -> Result<(), Str
                 (Some("LayerNorm"), Shape::Map(..)) => {
                     return Err(refuse(&at, m, format!("nn.LayerNorm on the map {} normalises its last dimension; pathkernel's layer norm on a map is over the channels at each position: use torch_model.ChannelLayerNorm", n.input)))
                 }
-                (Some("ChannelLayerNorm"), Shape::Flat(_)) => return Err(refuse(&at, m, format!("ChannelLayerNorm needs a [C, H, W] map, its input is {}: use nn.LayerNorm", n.input))),
+                (Some("ChannelLayerNorm"), Shape::Flat(_) | Shape::Seq(..)) => return Err(refuse(&at, m, format!("ChannelLayerNorm needs a [C, H, W] map, its input is {}: use nn.LayerNorm", n.input))),
                 _ => {}
             }
             if let Some((key, want)) = want_in {
@@ -152,5 +157,48 @@ mod tests {
         let stack = Stack::resolve(Shape::Map(2, 2, 2), &specs, 2).unwrap();
         let e = check_resolved(&ln, &stack).unwrap_err();
         assert!(e.contains("normalises its last dimension") && e.contains("ChannelLayerNorm"), "{e}");
+    }
+
+    /// ExPLAIND's block as `torch_model` modules describe it (`ScaledEmbedding`, `SelfAttention`,
+    /// `LastToken`, `Residual`, `Linear`) on token rows: read back as the stack that trains it,
+    /// and the refusals (no vocabulary for token rows, a padding index, a width that is not the
+    /// input's).
+    #[test]
+    fn sequence_modules_map_to_layers() {
+        let ms = vec![
+            json!({"type": "ScaledEmbedding", "repr": "ScaledEmbedding(9, 8, scale=2.8)", "num_embeddings": 9, "embedding_dim": 8, "padding_idx": null, "max_norm": null, "scale": 2.5}),
+            json!({"type": "SelfAttention", "repr": "SelfAttention()", "d": 8, "heads": 2, "head_dim": 4, "shared_qkv": true, "bias": false, "causal": false}),
+            json!({"type": "LastToken", "repr": "LastToken()"}),
+            json!({"type": "Residual", "repr": "Residual", "body": [
+                {"type": "Linear", "in_features": 8, "out_features": 16, "bias": true}, {"type": "ReLU"},
+                {"type": "Linear", "in_features": 16, "out_features": 8, "bias": true}, {"type": "ReLU"}], "shortcut": null}),
+            json!({"type": "Linear", "in_features": 8, "out_features": 9, "bias": false}),
+        ];
+        let specs = list(&ms, "model.modules").unwrap();
+        let written: Vec<serde_json::Value> = specs.iter().map(LayerSpec::to_value).collect();
+        assert_eq!(written[0], json!({ "embedding": { "vocab": 9, "dim": 8, "scale": 2.5, "positions": false } }));
+        assert_eq!(written[1], json!({ "self_attention": { "heads": 2, "head_dim": 4, "shared_qkv": true, "bias": false, "causal": false } }));
+        assert_eq!(written[2], json!("last_token"));
+        let input = input_shape(&[4], Some(9)).unwrap();
+        assert_eq!(input, Shape::Tokens(4, 9));
+        assert_eq!(outputs(input, &specs).unwrap(), 9);
+        let stack = Stack::resolve(input, &specs, 9).unwrap();
+        check_resolved(&ms, &stack).unwrap();
+        assert!(input_shape(&[4, 2], Some(9)).unwrap_err().contains("token rows must be [T]"));
+        let e = list(&[json!({"type": "Embedding", "repr": "Embedding(9, 8, padding_idx=0)", "num_embeddings": 9, "embedding_dim": 8, "padding_idx": 0})], "m").unwrap_err();
+        assert!(e.contains("Embedding(9, 8, padding_idx=0): an Embedding with `padding_idx` is not supported"), "{e}");
+        // A position embedding recorded for another length than the rows'.
+        let mut pos = ms.clone();
+        pos[0]["positions"] = json!(5);
+        let specs = list(&pos, "model.modules").unwrap();
+        let stack = Stack::resolve(input, &specs, 9).unwrap();
+        let e = check_resolved(&pos, &stack).unwrap_err();
+        assert!(e.contains("positions = 5") && e.contains("[4]"), "{e}");
+        pos[0]["positions"] = json!(4);
+        check_resolved(&pos, &stack).unwrap();
+        let mut wide = ms.clone();
+        wide[1]["d"] = json!(6);
+        let e = check_resolved(&wide, &stack).unwrap_err();
+        assert!(e.contains("model.modules[1]") && e.contains("d = 6"), "{e}");
     }
 }

@@ -443,7 +443,31 @@ impl ModelConfig {
     /// Resolves the architecture for inputs of `dim` features (`image` when rows are images)
     /// and `outputs` network outputs K.
     pub fn resolve(&self, dim: usize, image: Option<[usize; 3]>, outputs: usize, output: OutputKind) -> Result<Architecture> {
+        let input = match image {
+            Some([c, h, w]) => layers::Shape::Map(c, h, w),
+            None => layers::Shape::Flat(dim),
+        };
+        self.resolve_on(input, outputs, output)
+    }
+
+    /// Resolves the architecture for the rows of `data` (features, images, or token sequences:
+    /// [`input_shape`]) and its K outputs.
+    pub fn resolve_for(&self, data: &crate::data::Dataset, output: OutputKind) -> Result<Architecture> {
+        self.resolve_on(input_shape(data), data.num_outputs, output)
+    }
+
+    /// Resolves the architecture for inputs of shape `input` and `outputs` network outputs K.
+    /// Token sequences need a layer stack (that starts with an embedding).
+    pub fn resolve_on(&self, input: layers::Shape, outputs: usize, output: OutputKind) -> Result<Architecture> {
         self.validate()?;
+        let dim = input.size();
+        if matches!(input, layers::Shape::Tokens(..)) && !matches!(self, ModelConfig::Layers { .. }) {
+            return Err(Error::Config(format!("the data's rows are token sequences {input}: they need model.kind = \"layers\" starting with an \"embedding\"")));
+        }
+        let image = match input {
+            layers::Shape::Map(c, h, w) => Some([c, h, w]),
+            _ => None,
+        };
         match self {
             ModelConfig::Mlp { hidden, activation, bias, zero_last, alpha, zero_output } => {
                 let mut widths = vec![dim];
@@ -462,10 +486,6 @@ impl ModelConfig {
                 Ok(arch)
             }
             ModelConfig::Layers { layers, zero_last, alpha, zero_output } => {
-                let input = match image {
-                    Some([c, h, w]) => layers::Shape::Map(c, h, w),
-                    None => layers::Shape::Flat(dim),
-                };
                 let arch = Architecture {
                     body: Body::Layers { input, layers: layers.clone(), outputs },
                     activation: Activation::Relu,
@@ -503,6 +523,16 @@ impl ModelConfig {
                 Ok(arch)
             }
         }
+    }
+}
+
+/// The shape of one row of `data` as a network's input: `[T]` token ids (`data.vocab`), a
+/// `[C, H, W]` image (`data.image_shape`), or `[d]` features.
+pub fn input_shape(data: &crate::data::Dataset) -> layers::Shape {
+    match (data.vocab, data.image_shape) {
+        (Some(v), _) => layers::Shape::Tokens(data.dim, v),
+        (None, Some([c, h, w])) => layers::Shape::Map(c, h, w),
+        (None, None) => layers::Shape::Flat(data.dim),
     }
 }
 
@@ -898,6 +928,17 @@ impl Architecture {
         }
     }
 
+    /// On token inputs, that every value of `x` is a token id of the input's vocabulary (a
+    /// one-line [`Error::Data`] naming the first that is not).
+    pub(crate) fn check_tokens(&self, x: &[f64]) -> Result<()> {
+        if let Body::Layers { input: layers::Shape::Tokens(t, v), .. } = self.body {
+            if let Some(i) = x.iter().position(|&a| !(a >= 0.0 && a < v as f64 && a.fract() == 0.0)) {
+                return Err(Error::Data(format!("input row {}, position {}: {} is not a token id in 0..{v}", i / t, i % t, x[i])));
+            }
+        }
+        Ok(())
+    }
+
     /// The network function `f(x) = out(α (g_w(x) − [zero_output] g_{w_0}(x)))`, plain Rust.
     /// `init` (the step-0 parameters) is required when `zero_output` is set.
     ///
@@ -912,6 +953,7 @@ impl Architecture {
                 got: vec![x.len()],
             });
         }
+        self.check_tokens(x)?;
         let mut z = self.raw_forward(params, x);
         if self.zero_output {
             let init = init.ok_or_else(|| Error::Data("zero_output needs the initial parameters".into()))?;
@@ -1054,5 +1096,21 @@ mod tests {
         assert_eq!(specs[2].shape, vec![10, 4 * 12 * 12]);
         let cnn3 = ModelConfig::Cnn { channels: 4, kernel: 4, stride: 1, padding: 0, pool: 2, activation: Activation::Relu, bias: true, zero_last: true, alpha: 1.0, zero_output: false };
         assert!(cnn3.resolve(784, Some([1, 28, 28]), 10, OutputKind::LogSoftmax).unwrap_err().to_string().contains("pool"));
+    }
+
+    /// Token rows (the `modular` data) are the input `[T]` of a layer stack; an MLP or a CNN
+    /// refuses them in one line, and token ids outside the vocabulary are refused by the data.
+    #[test]
+    fn token_rows_resolve_only_as_a_layer_stack() {
+        let ds = crate::data::DataConfig::Modular { p: 5, op: crate::data::ModOp::Add, train_frac: 0.5, seed: 0 }.load(std::path::Path::new(".")).unwrap();
+        assert_eq!(input_shape(&ds), layers::Shape::Tokens(4, 7));
+        for cfg in [ModelConfig::default(), toml::from_str("kind = \"cnn\"").unwrap()] {
+            let e = cfg.resolve_for(&ds, OutputKind::LogSoftmax).unwrap_err().to_string();
+            assert!(e.contains("token sequences") && e.contains("\"layers\"") && !e.contains('\n'), "{e}");
+        }
+        let mut bad = ds.clone();
+        bad.x_test[5] = 7.0;
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("x_test[1, 1] = 7 is not a token id in 0..7"), "{e}");
     }
 }

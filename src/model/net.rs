@@ -37,12 +37,13 @@ pub fn raw_forward<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>
             use super::layers::{autodiff, Shape};
             let stack = arch.stack().expect("validated architecture");
             let a = match *input {
-                Shape::Flat(_) => autodiff::Activations::Flat(x),
+                Shape::Flat(_) | Shape::Tokens(..) => autodiff::Activations::Flat(x),
+                Shape::Seq(t, d) => autodiff::Activations::Seq(x.reshape_like(&(n, t, d))),
                 Shape::Map(c, h, w) => autodiff::Activations::Map(x.reshape_like(&(n, c, h, w))),
             };
             match autodiff::forward_nodes(&stack.nodes, p, a) {
                 autodiff::Activations::Flat(y) => y,
-                autodiff::Activations::Map(_) => unreachable!("a resolved stack ends flat"),
+                _ => unreachable!("a resolved stack ends flat"),
             }
         }
         Body::Mlp { widths } => {

@@ -44,6 +44,17 @@ def describe_module(m):
     elif kind == "Residual" and isinstance(getattr(m, "body", None), nn.Sequential):
         d["repr"] = "Residual"
         d.update(body=[describe_module(c) for c in m.body], shortcut=None if m.shortcut is None else describe_module(m.shortcut))
+    elif isinstance(m, nn.Embedding):
+        d.update(num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim, padding_idx=m.padding_idx, max_norm=m.max_norm, scale=1.0)
+    elif kind == "ScaledEmbedding":
+        d.update(num_embeddings=int(m.vocab), embedding_dim=int(m.dim), padding_idx=None, max_norm=None, scale=float(m.scale),
+                 positions=int(m.positions) if m.positions else None)
+    elif kind == "SelfAttention":
+        enc = m.head1_encoder if m.shared else m.head1_query
+        d.update(d=enc.in_features, heads=int(m.heads), head_dim=enc.out_features, shared_qkv=bool(m.shared), bias=enc.bias is not None,
+                 causal=bool(m.causal))
+    elif kind in ("LastToken", "MeanTokens"):
+        pass
     elif isinstance(m, nn.modules.dropout._DropoutNd):
         d.update(p=float(m.p), training=bool(m.training))
     elif isinstance(m, nn.Sequential):

@@ -95,12 +95,19 @@ def describe_model(model, sample_shape):
     Linear`) or the one-conv CNN is written as such (`mlp`, `cnn`: pathkernel imports them as its
     MLP and CNN, whose kernels have factored fast paths); any other module as a layer stack
     (`layers`: the sample shape and every child of the nn.Sequential, torch_model.describe_module),
-    which `pathkernel import` builds or refuses, naming the module."""
+    which `pathkernel import` builds or refuses, naming the module. A stack whose first child is an
+    embedding (`nn.Embedding`, torch_model.ScaledEmbedding) takes rows of token ids: `vocab` (its
+    number of embeddings) is written beside `input` [T]."""
     try:
         return _describe(model)
     except ValueError:
         children = list(model.children()) if isinstance(model, nn.Sequential) else [model]
-        return {"kind": "layers", "input": [int(v) for v in sample_shape], "modules": [describe_module(c) for c in children]}
+        out = {"kind": "layers", "input": [int(v) for v in sample_shape], "modules": [describe_module(c) for c in children]}
+        first = out["modules"][0] if out["modules"] else {}
+        if "num_embeddings" in first:
+            # Rows of token ids: the first module's vocabulary.
+            out["vocab"] = first["num_embeddings"]
+        return out
 
 
 def _scalar(v):

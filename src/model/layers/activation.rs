@@ -238,6 +238,7 @@ impl Layer for Activation {
         match x {
             Activations::Flat(t) => Activations::Flat(act_on(self.act, t)),
             Activations::Map(t) => Activations::Map(act_on(self.act, t)),
+            Activations::Seq(t) => Activations::Seq(act_on(self.act, t)),
         }
     }
 }

@@ -19,6 +19,8 @@ pub(crate) enum Activations<D: Device<f64>, T> {
     Flat(Tensor<(usize, usize), f64, D, T>),
     /// `[n, C, H, W]`.
     Map(Tensor<Shape4, f64, D, T>),
+    /// A sequence `[n, T, d]`.
+    Seq(Tensor<(usize, usize, usize), f64, D, T>),
 }
 
 /// Winner (max) or all-window (avg) gather indices of a pooling layer for a batch.
@@ -52,7 +54,7 @@ pub(crate) fn pool_index(p: &super::pool::Pool, n: usize, values: Option<&[f64]>
 pub(crate) fn map<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<Shape4, f64, D, T> {
     match a {
         Activations::Map(t) => t,
-        Activations::Flat(_) => panic!("expected a map (the stack was resolved)"),
+        _ => panic!("expected a map (the stack was resolved)"),
     }
 }
 
@@ -60,7 +62,15 @@ pub(crate) fn map<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<Shape4, f64
 pub(crate) fn flat<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<(usize, usize), f64, D, T> {
     match a {
         Activations::Flat(t) => t,
-        Activations::Map(_) => panic!("expected a flat input (the stack was resolved)"),
+        _ => panic!("expected a flat input (the stack was resolved)"),
+    }
+}
+
+/// The activations as a sequence `[n, T, d]`.
+pub(crate) fn seq<D: Device<f64>, T>(a: Activations<D, T>) -> Tensor<(usize, usize, usize), f64, D, T> {
+    match a {
+        Activations::Seq(t) => t,
+        _ => panic!("expected a sequence (the stack was resolved)"),
     }
 }
 

@@ -243,7 +243,10 @@ pub(crate) trait Layer {
     fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>);
 
     /// Backward pass from the output cotangents `dy` `[n, K, out]`: pushes its parameter
-    /// gradient (with `first`) to `grads`; returns the input cotangents when `want_dx`.
+    /// gradient (with `first`) to `grads`, one per parameter layer as
+    /// [`crate::model::param_layers`] groups the names (the tensors sharing the prefix before the
+    /// last dot: a weight and its bias; the kernel engine pairs them in order), each with the
+    /// index of its first tensor; returns the input cotangents when `want_dx`.
     #[allow(clippy::too_many_arguments)]
     fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64>;
 

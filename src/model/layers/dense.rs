@@ -205,7 +205,7 @@ impl KindSpec for DenseSpec {
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
         let Shape::Flat(n_in) = input else {
-            return Err(format!("{at} {}: needs a flat input, got the map {input}: add \"flatten\" before it", self.label()));
+            return Err(format!("{at} {}: needs a flat input, got {}", self.label(), super::not_flat(input)));
         };
         Ok((AnyLayer::Dense(Dense { n_in, n_out: self.features, bias: self.bias }), Shape::Flat(self.features)))
     }

@@ -43,6 +43,10 @@ impl Layer for Flatten {
                 let (b, c, h, w) = *t.shape();
                 Activations::Flat(t.reshape_like(&(b, c * h * w)))
             }
+            Activations::Seq(t) => {
+                let (b, n, d) = *t.shape();
+                Activations::Flat(t.reshape_like(&(b, n * d)))
+            }
             f => f,
         }
     }

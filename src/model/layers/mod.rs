@@ -3,7 +3,8 @@
 //!
 //! Every layer kind implements the layer contract (`contract::Layer` for what it computes,
 //! `contract::KindSpec` for how it is written and imported) in its own file: `dense`,
-//! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, and the composite
+//! `conv2d`, `max_pool`, `avg_pool`, `flatten`, `activation`, `norm`, the sequence layers
+//! `embedding`, `attention` (`self_attention`), `last_token` and `mean_tokens`, and the composite
 //! `residual`. The kinds are listed once, in `layer_kinds!` below, which generates [`LayerSpec`]
 //! (a layer as configured) and `AnyLayer` (as resolved) and their dispatch; nothing else
 //! matches on a kind. The walks run each row of a batch at its own point `w_s + t_r·Δw` of a
@@ -11,18 +12,23 @@
 //! `δ ⊗ a` for dense layers, formed for the others); `autodiff` is the same stack on dfdx
 //! (training and the reference Jacobians).
 //!
-//! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`.
+//! Data layout per sample is PyTorch's: `[C, H, W]` maps row-major, flat vectors `[F]`, token
+//! ids `[T]` (integers stored as `f64`), sequences `[T, d]` row-major.
 //! Parameter names are those of an `nn.Sequential` of the same layers (`3.weight`); a residual
 //! block `i` holds `i.body.j.*` and, when it projects, `i.shortcut.*`.
 
 pub(crate) mod activation;
+pub(crate) mod attention;
 pub(crate) mod autodiff;
 pub(crate) mod avg_pool;
 pub(crate) mod contract;
 pub(crate) mod conv2d;
 pub(crate) mod dense;
+pub(crate) mod embedding;
 pub(crate) mod flatten;
+pub(crate) mod last_token;
 pub(crate) mod max_pool;
+pub(crate) mod mean_tokens;
 pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod recorded;
@@ -30,11 +36,15 @@ pub(crate) mod residual;
 pub mod spec;
 
 pub use activation::Act;
+pub use attention::SelfAttentionSpec;
 pub use avg_pool::AvgPool2dSpec;
 pub use conv2d::Conv2dSpec;
 pub use dense::DenseSpec;
+pub use embedding::EmbeddingSpec;
 pub use flatten::FlattenSpec;
+pub use last_token::LastTokenSpec;
 pub use max_pool::MaxPool2dSpec;
+pub use mean_tokens::MeanTokensSpec;
 pub use norm::LayerNormSpec;
 pub use residual::ResidualSpec;
 
@@ -43,6 +53,9 @@ use serde::{Deserialize, Serialize};
 
 use super::ParamSpec;
 use activation::Activation;
+use attention::{Attention, AttentionCache};
+use embedding::Embedding;
+use last_token::LastToken;
 use avg_pool::AvgPool;
 pub(crate) use contract::{At, KindSpec, Layer};
 use contract::{Poly, Probe, Sweep};
@@ -50,6 +63,7 @@ use conv2d::Conv;
 use dense::Dense;
 use flatten::Flatten;
 use max_pool::MaxPool;
+use mean_tokens::MeanTokens;
 use norm::{Norm, NormCache};
 use residual::Residual;
 
@@ -61,6 +75,10 @@ pub enum Shape {
     Flat(usize),
     /// A map `[C, H, W]`.
     Map(usize, usize, usize),
+    /// A sequence of `T` token ids, each an integer in `0..vocab` stored as an `f64`: `(T, vocab)`.
+    Tokens(usize, usize),
+    /// A sequence of `T` positions of `d` features each, `[T, d]` row-major: `(T, d)`.
+    Seq(usize, usize),
 }
 
 impl Shape {
@@ -69,6 +87,8 @@ impl Shape {
         match self {
             Shape::Flat(f) => f,
             Shape::Map(c, h, w) => c * h * w,
+            Shape::Tokens(t, _) => t,
+            Shape::Seq(t, d) => t * d,
         }
     }
 }
@@ -78,7 +98,20 @@ impl std::fmt::Display for Shape {
         match self {
             Shape::Flat(n) => write!(f, "[{n}]"),
             Shape::Map(c, h, w) => write!(f, "[{c}, {h}, {w}]"),
+            Shape::Tokens(t, v) => write!(f, "[{t}] tokens of a vocabulary of {v}"),
+            Shape::Seq(t, d) => write!(f, "[{t}, {d}] (a sequence)"),
         }
+    }
+}
+
+/// Why a layer that needs a flat vector cannot take `input`, and what to put before it (for
+/// messages: `the map [4, 26, 26]: add "flatten" before it`).
+pub(crate) fn not_flat(input: Shape) -> String {
+    match input {
+        Shape::Flat(_) => format!("{input}"),
+        Shape::Map(..) => format!("the map {input}: add \"flatten\" before it"),
+        Shape::Tokens(..) => format!("{input}: token ids are not features; start with an \"embedding\""),
+        Shape::Seq(..) => format!("the sequence {input}: read it out with \"last_token\" (or \"flatten\") before it"),
     }
 }
 
@@ -181,6 +214,10 @@ layer_kinds! {
     Act(Activation, Act),
     LayerNorm(Norm, LayerNormSpec),
     Residual(Residual, ResidualSpec),
+    Embedding(Embedding, EmbeddingSpec),
+    SelfAttention(Attention, SelfAttentionSpec),
+    LastToken(LastToken, LastTokenSpec),
+    MeanTokens(MeanTokens, MeanTokensSpec),
 }
 
 /// A resolved layer with its shapes and its parameter tensors `first..first + count`.
@@ -224,6 +261,8 @@ pub(crate) enum Cache {
     Arg(Vec<u32>),
     Norm(NormCache),
     Residual(Vec<Cache>, Box<Cache>),
+    /// Self-attention's input and heads.
+    Attention(Box<AttentionCache>),
 }
 
 impl Stack {
@@ -231,6 +270,9 @@ impl Stack {
     pub fn resolve(input: Shape, specs: &[LayerSpec], outputs: usize) -> Result<Stack, String> {
         let mut tensors = 0;
         let nodes = resolve_list(input, specs, "model.layers", "", &mut tensors)?;
+        if matches!(input, Shape::Tokens(..)) && !matches!(nodes[0].layer, AnyLayer::Embedding(_)) {
+            return Err(format!("model.layers[0] {}: the data's rows are token ids {input}; the first layer must be an \"embedding\"", specs[0].label()));
+        }
         if tensors == 0 {
             return Err("model.layers: the stack has no parameters (nothing to train, no kernel to take); add a dense or conv2d layer".into());
         }
@@ -238,7 +280,11 @@ impl Stack {
         if out != Shape::Flat(outputs) {
             return Err(format!(
                 "model.layers: the last layer gives {out} per sample; the data needs [{outputs}] (one output per class or target{})",
-                if matches!(out, Shape::Map(..)) { "; add \"flatten\" and a dense layer" } else { "" }
+                match out {
+                    Shape::Map(..) => "; add \"flatten\" and a dense layer",
+                    Shape::Seq(..) => "; add \"last_token\" and a dense layer",
+                    _ => "",
+                }
             ));
         }
         Ok(Stack { input, nodes, tensors })

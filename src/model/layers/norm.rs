@@ -1,5 +1,6 @@
 //! `layer_norm`: normalisation over the features of a flat vector (PyTorch's
-//! `LayerNorm(features)`) or over the channels at each position of a `[C, H, W]` map (the
+//! `LayerNorm(features)`), over the features at each position of a sequence `[T, d]` (PyTorch's
+//! `LayerNorm(d)` on `[n, T, d]`) or over the channels at each position of a `[C, H, W]` map (the
 //! channels-last layer norm of ConvNeXt; `scripts/torch_model.py`'s `ChannelLayerNorm`), with its
 //! affine parameters `weight [G]` and `bias [G]` (G the normalised group's size, initialised to
 //! 1 and 0).
@@ -18,17 +19,20 @@ use super::spec::{err, options};
 use super::{AnyLayer, Cache, Grad, Shape};
 use crate::model::tensors::ParamTensor;
 
-/// A resolved layer norm: `groups` groups of `g` values each per sample, group j's value i at
-/// offset `j·inner_stride…`: flat vectors have one group (stride 1), maps one group per position
-/// (values `c·P + pos`).
+/// A resolved layer norm: `positions` groups of `g` values each per sample: flat vectors have
+/// one group, maps one group per position (values `c·P + pos`), sequences one per position
+/// (values `pos·G + c`).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Norm {
     /// Normalised group size G (features, or channels).
     pub g: usize,
-    /// Positions per sample (1 for a flat vector, `H·W` for a map).
+    /// Positions per sample (1 for a flat vector, `H·W` for a map, T for a sequence).
     pub positions: usize,
     /// ε.
     pub eps: f64,
+    /// A sequence `[T, d]`: group `pos` is the row `pos` (values `pos·G + c`), not a map's
+    /// channel column.
+    pub seq: bool,
 }
 
 /// What the backward pass needs: `x̂` `[n, size]` and `1/√(σ²+ε)` `[n, positions]`.
@@ -39,6 +43,15 @@ pub(crate) struct NormCache {
 }
 
 impl Norm {
+    /// Offset of value `c` of group `pos` in one sample.
+    fn at(&self, c: usize, pos: usize) -> usize {
+        if self.seq {
+            pos * self.g + c
+        } else {
+            c * self.positions + pos
+        }
+    }
+
     fn size(&self) -> usize {
         self.g * self.positions
     }
@@ -58,12 +71,12 @@ impl Norm {
             let (gamma, beta) = (at.at_sample(first, s), at.at_sample(first + 1, s));
             let xs = &x[s * size..(s + 1) * size];
             for pos in 0..np {
-                let mean = (0..g).map(|c| xs[c * np + pos]).sum::<f64>() / g as f64;
-                let var = (0..g).map(|c| (xs[c * np + pos] - mean).powi(2)).sum::<f64>() / g as f64;
+                let mean = (0..g).map(|c| xs[self.at(c, pos)]).sum::<f64>() / g as f64;
+                let var = (0..g).map(|c| (xs[self.at(c, pos)] - mean).powi(2)).sum::<f64>() / g as f64;
                 let r = 1.0 / (var + self.eps).sqrt();
                 rstd[s * np + pos] = r;
                 for c in 0..g {
-                    let q = s * size + c * np + pos;
+                    let q = s * size + self.at(c, pos);
                     xhat[q] = (x[q] - mean) * r;
                     y[q] = gamma[c] * xhat[q] + beta[c];
                 }
@@ -89,14 +102,14 @@ impl Norm {
                 let r = cache.rstd[s * np + pos];
                 let (m1, m2) = match xdot {
                     Some(xd) => {
-                        let m1 = (0..g).map(|c| xd[s * size + c * np + pos]).sum::<f64>() / g as f64;
-                        let m2 = (0..g).map(|c| xd[s * size + c * np + pos] * cache.xhat[s * size + c * np + pos]).sum::<f64>() / g as f64;
+                        let m1 = (0..g).map(|c| xd[s * size + self.at(c, pos)]).sum::<f64>() / g as f64;
+                        let m2 = (0..g).map(|c| xd[s * size + self.at(c, pos)] * cache.xhat[s * size + self.at(c, pos)]).sum::<f64>() / g as f64;
                         (m1, m2)
                     }
                     None => (0.0, 0.0),
                 };
                 for c in 0..g {
-                    let q = s * size + c * np + pos;
+                    let q = s * size + self.at(c, pos);
                     let xh = cache.xhat[q];
                     let xhd = xdot.map_or(0.0, |xd| r * (xd[q] - m1 - xh * m2));
                     yd[q] = gamma[c] * xhd + dgamma[c] * xh + dbeta[c];
@@ -124,7 +137,7 @@ impl Norm {
                 let out = &mut pg[(s * k + c) * 2 * g..(s * k + c + 1) * 2 * g];
                 for ch in 0..g {
                     for pos in 0..np {
-                        let q = ch * np + pos;
+                        let q = self.at(ch, pos);
                         out[ch] += d[q] * xh[q];
                         out[g + ch] += d[q];
                     }
@@ -133,10 +146,10 @@ impl Norm {
                     let dxs = &mut dx[(s * k + c) * size..(s * k + c + 1) * size];
                     for pos in 0..np {
                         let r = cache.rstd[s * np + pos];
-                        let m1 = (0..g).map(|ch| d[ch * np + pos] * gamma[ch]).sum::<f64>() / g as f64;
-                        let m2 = (0..g).map(|ch| d[ch * np + pos] * gamma[ch] * xh[ch * np + pos]).sum::<f64>() / g as f64;
+                        let m1 = (0..g).map(|ch| d[self.at(ch, pos)] * gamma[ch]).sum::<f64>() / g as f64;
+                        let m2 = (0..g).map(|ch| d[self.at(ch, pos)] * gamma[ch] * xh[self.at(ch, pos)]).sum::<f64>() / g as f64;
                         for ch in 0..g {
-                            let q = ch * np + pos;
+                            let q = self.at(ch, pos);
                             dxs[q] = r * (d[q] * gamma[ch] - m1 - xh[q] * m2);
                         }
                     }
@@ -151,7 +164,7 @@ impl Layer for Norm {
     fn torch(&self) -> String {
         // PyTorch prints `eps` only when it is not its default 1e-5.
         let eps = if self.eps == 1e-5 { String::new() } else { format!(", eps={}", self.eps) };
-        if self.positions == 1 {
+        if self.positions == 1 || self.seq {
             format!("LayerNorm({}{eps})", self.g)
         } else {
             format!("ChannelLayerNorm({}{eps})", self.g)
@@ -205,6 +218,13 @@ impl Layer for Norm {
                 let g = p[first].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&shape);
                 let b = p[first + 1].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&shape);
                 Activations::Flat(y * g + b)
+            }
+            Activations::Seq(t) => {
+                let shape = *t.shape();
+                let y = t.normalize::<Axis<2>>(self.eps);
+                let g = p[first].r1().clone().broadcast_like::<(usize, usize, usize), Axes2<0, 1>>(&shape);
+                let b = p[first + 1].r1().clone().broadcast_like::<(usize, usize, usize), Axes2<0, 1>>(&shape);
+                Activations::Seq(y * g + b)
             }
             Activations::Map(t) => {
                 let shape = *t.shape();
@@ -269,8 +289,10 @@ impl KindSpec for LayerNormSpec {
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
         let norm = match input {
-            Shape::Flat(f) => Norm { g: f, positions: 1, eps: self.eps },
-            Shape::Map(c, h, w) => Norm { g: c, positions: h * w, eps: self.eps },
+            Shape::Flat(f) => Norm { g: f, positions: 1, eps: self.eps, seq: false },
+            Shape::Map(c, h, w) => Norm { g: c, positions: h * w, eps: self.eps, seq: false },
+            Shape::Seq(t, d) => Norm { g: d, positions: t, eps: self.eps, seq: true },
+            Shape::Tokens(..) => return Err(format!("{at} {}: layer norm on token ids {input}: start with an \"embedding\"", self.label())),
         };
         if norm.g < 2 {
             return Err(format!("{at} {}: normalises over 1 value of {input}: its output would be constant", self.label()));

@@ -139,12 +139,14 @@ impl Layer for Residual {
         let shared = match &x {
             Activations::Flat(t) => Activations::Flat(t.retaped::<T>()),
             Activations::Map(t) => Activations::Map(t.retaped::<T>()),
+            Activations::Seq(t) => Activations::Seq(t.retaped::<T>()),
         };
         let body = autodiff::forward_nodes(&self.body, p, x);
         let short = if self.shortcut.is_some() { autodiff::forward_nodes(self.shortcut_slice(), p, shared) } else { shared };
         match (body, short) {
             (Activations::Flat(a), Activations::Flat(b)) => Activations::Flat(a + b),
             (Activations::Map(a), Activations::Map(b)) => Activations::Map(a + b),
+            (Activations::Seq(a), Activations::Seq(b)) => Activations::Seq(a + b),
             _ => panic!("residual branches of different ranks (the stack was resolved)"),
         }
     }

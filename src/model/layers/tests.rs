@@ -26,6 +26,21 @@ fn arch(layers: serde_json::Value, dim: usize, image: Option<[usize; 3]>, k: usi
     cfg.resolve(dim, image, k, OutputKind::Identity).unwrap()
 }
 
+/// A stack on sequences of `t` token ids from a vocabulary of `vocab`.
+fn token_arch(layers: serde_json::Value, t: usize, vocab: usize, k: usize) -> Architecture {
+    let text = format!("kind = \"layers\"\nzero_last = false\nlayers = {}\n", inline(&layers));
+    let cfg: ModelConfig = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    cfg.resolve_on(Shape::Tokens(t, vocab), k, OutputKind::Identity).unwrap()
+}
+
+/// `n` random input rows for the stack: token ids on a token input, else uniform in [−1, 1].
+fn sample_rows(st: &Stack, n: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
+    match st.input {
+        Shape::Tokens(t, v) => (0..n * t).map(|_| rng.gen_range(0..v) as f64).collect(),
+        s => (0..n * s.size()).map(|_| rng.gen_range(-1.0..1.0)).collect(),
+    }
+}
+
 fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
@@ -40,8 +55,8 @@ fn check(a: &Architecture, n: usize, seed: u64) -> f64 {
     let p = Params { specs: p.specs.clone(), data: p.data.iter().map(|d| d.iter().map(|v| v + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect() };
     let d = a.input_dim();
     let k = a.outputs();
-    let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let st = a.stack().unwrap();
+    let x = sample_rows(&st, n, &mut rng);
     // Forward: plain vs autodiff (through the Jacobian's reference forward).
     let y = st.forward(&p.data, &x);
     let (y2, caches) = st.forward_cached(&p.data, &x);
@@ -213,11 +228,16 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         (json!([{ "dense": 6 }, "gelu", "layer_norm", { "dense": 5 }, "relu", { "residual": [{ "dense": 4 }, "tanh"] }, { "dense": 3 }]), 5, None),
         (json!([{ "conv2d": { "channels": 3, "kernel": 3, "stride": 2, "padding": 1 } }, "silu", { "max_pool2d": 2 }, "layer_norm",
                 { "residual": [{ "conv2d": { "channels": 4, "kernel": 3, "padding": 1 } }, "relu"] }, { "avg_pool2d": 1 }, "flatten", { "dense": 3 }]), 2 * 9 * 8, Some([2, 9, 8])),
+        // Token sequences (`d` = T = 4 ids from a vocabulary of 9): embedding, both attentions.
+        (json!([{ "embedding": { "vocab": 9, "dim": 6, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token",
+                { "residual": [{ "dense": 7 }, "relu", { "dense": 6 }, "relu"] }, { "dense": { "features": 3, "bias": false } }]), 4, None),
+        (json!([{ "embedding": { "vocab": 9, "dim": 6, "positions": true } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu", "layer_norm",
+                { "residual": [{ "self_attention": { "heads": 3 } }] }, "last_token", { "dense": 3 }]), 4, None),
     ];
     // Repeated samples too (a point's node rows share its input: a convolution forms their
     // patches once and stacks their `W(t_s)`), with runs at different and at equal times.
     for ((layers, d, image), dup) in stacks.iter().flat_map(|s| [(s.clone(), false), (s.clone(), true)]) {
-        let a = arch(layers, d, image, 3);
+        let a = if layers[0].get("embedding").is_some() { token_arch(layers, d, 9, 3) } else { arch(layers, d, image, 3) };
         let st = a.stack().unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(21);
         let w: Vec<Vec<f64>> = a.init(2).data.iter().map(|v| v.iter().map(|x| x + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect();
@@ -225,7 +245,7 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         let t = if dup { [0.0, 0.25, 0.7, 0.7, 1.0] } else { [0.0, 0.25, 0.7, 0.25, 1.0] };
         let n = t.len();
         let k = 3;
-        let mut x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut x = sample_rows(&st, n, &mut rng);
         if dup {
             // Samples 0 = 1 (different times), 2 = 3 = 4 (two at the same time).
             let (s0, s2) = (x[..d].to_vec(), x[2 * d..3 * d].to_vec());
@@ -254,5 +274,159 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
             worst = worst.max(rel_diff(&yd[s * k..(s + 1) * k], &yds));
         }
         assert!(worst < 1e-13, "{} (repeated samples: {dup}): per-row points differ by {worst:e}", st.torch_description());
+    }
+}
+
+/// The sequence stacks: ExPLAIND's block and its variants (separate q/k/v, biases, causal
+/// masks, heads that do not divide the width with `head_dim`, attention inside a residual,
+/// activations and flatten on sequences).
+fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
+    vec![
+        ("embedding", json!([{ "embedding": { "vocab": 9, "dim": 5, "scale": 2.5 } }, "last_token", { "dense": 3 }])),
+        ("positions", json!([{ "embedding": { "vocab": 9, "dim": 6, "scale": 1.5, "positions": true } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", { "dense": 3 }])),
+        ("explaind block", json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token",
+            { "residual": [{ "dense": 16 }, "relu", { "dense": 8 }, "relu"] }, { "dense": { "features": 3, "bias": false } }])),
+        ("separate qkv, bias", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 3, "bias": true } }, "last_token", { "dense": 3 }])),
+        ("causal, head_dim", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 4, "head_dim": 2, "causal": true, "shared_qkv": true } }, "tanh", "flatten", { "dense": 3 }])),
+        ("residual attention", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": [{ "self_attention": { "heads": 2, "bias": true } }, "gelu"] },
+            { "self_attention": 1 }, "last_token", { "dense": 3 }])),
+        ("pre-norm block", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": ["layer_norm", { "self_attention": { "heads": 2, "causal": true } }] },
+            "layer_norm", "last_token", { "dense": 3 }])),
+        ("mean_tokens", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", "relu", { "dense": 3 }])),
+    ]
+}
+
+#[test]
+fn sequence_layers_match_autodiff() {
+    for (name, layers) in sequence_stacks() {
+        let a = token_arch(layers, 4, 9, 3);
+        let e = check(&a, 3, 11);
+        eprintln!("{name}: {e:e}");
+        assert!(e < 1e-12, "{name}: largest relative difference {e:e}");
+        // The forward values against dfdx's.
+        let p = a.init(4);
+        let st = a.stack().unwrap();
+        let x = sample_rows(&st, 5, &mut ChaCha8Rng::seed_from_u64(5));
+        let dev = dfdx::tensor::Cpu::default();
+        use dfdx::tensor::TensorFromVec;
+        let y = net::raw_forward(&a, &crate::model::tensors::upload(&dev, &p), dev.tensor_from_vec(x.clone(), (5, 4))).as_vec();
+        let e = rel_diff(&st.forward(&p.data, &x), &y);
+        assert!(e < 1e-13, "{name}: forward vs dfdx {e:e}");
+    }
+}
+
+/// The per-sample gradients (backward pass) against central differences of the forward pass in
+/// every parameter, and the tangent against central differences along a random direction.
+#[test]
+fn sequence_layers_match_finite_differences() {
+    for (name, layers) in sequence_stacks() {
+        let a = token_arch(layers, 4, 9, 3);
+        let st = a.stack().unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let w: Vec<Vec<f64>> = a.init(3).data.iter().map(|v| v.iter().map(|x| x + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect();
+        let (n, k) = (2, 3);
+        let x = sample_rows(&st, n, &mut rng);
+        let (_, caches) = st.forward_cached(&w, &x);
+        let mut seeds = vec![0.0; n * k * k];
+        for s in 0..n {
+            for c in 0..k {
+                seeds[(s * k + c) * k + c] = 1.0;
+            }
+        }
+        let jac = dense_jacobian(&a.param_specs(), &st.backward(&w, &caches, seeds, k), n, k);
+        let width = jac.len() / (n * k);
+        let h = 1e-5;
+        let mut fd = vec![0.0; jac.len()];
+        let mut col = 0;
+        for i in 0..w.len() {
+            for j in 0..w[i].len() {
+                let mut wp = w.clone();
+                wp[i][j] += h;
+                let mut wm = w.clone();
+                wm[i][j] -= h;
+                let (yp, ym) = (st.forward(&wp, &x), st.forward(&wm, &x));
+                for r in 0..n * k {
+                    fd[r * width + col] = (yp[r] - ym[r]) / (2.0 * h);
+                }
+                col += 1;
+            }
+        }
+        let e_back = rel_diff(&jac, &fd);
+        assert!(e_back < 1e-7, "{name}: backward vs central differences {e_back:e}");
+        let dir: Vec<Vec<f64>> = w.iter().map(|v| v.iter().map(|_| rng.gen_range(-1.0..1.0)).collect()).collect();
+        let (_, yd) = st.tangent(&w, &dir, &x);
+        let step = |sign: f64| -> Vec<Vec<f64>> { w.iter().zip(&dir).map(|(a, b)| a.iter().zip(b).map(|(u, v)| u + sign * h * v).collect()).collect() };
+        let (yp, ym) = (st.forward(&step(1.0), &x), st.forward(&step(-1.0), &x));
+        let fd: Vec<f64> = yp.iter().zip(&ym).map(|(p, m)| (p - m) / (2.0 * h)).collect();
+        let e = rel_diff(&yd, &fd);
+        assert!(e < 1e-7, "{name}: tangent vs central differences {e:e}");
+        eprintln!("{name}: central differences: backward {e_back:e}, tangent {e:e}");
+    }
+}
+
+/// ExPLAIND's names and order: the embedding, every head's encoder, every head's decoder.
+#[test]
+fn attention_tensors_carry_explainds_names() {
+    let a = token_arch(json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt_dim" } }, { "self_attention": { "heads": 2, "shared_qkv": true } }, "last_token", { "dense": { "features": 9, "bias": false } }]), 4, 9, 9);
+    assert!(a.stack().unwrap().torch_description().starts_with("Sequential(ScaledEmbedding(9, 8, scale=2.8284271247461903), "));
+    let names: Vec<(String, Vec<usize>)> = a.param_specs().into_iter().map(|s| (s.name, s.shape)).collect();
+    let want = [("0.weight", vec![9, 8]), ("1.head1_encoder.weight", vec![4, 8]), ("1.head2_encoder.weight", vec![4, 8]), ("1.head1_decoder.weight", vec![8, 4]), ("1.head2_decoder.weight", vec![8, 4]), ("3.weight", vec![9, 8])];
+    assert_eq!(names, want.iter().map(|(n, s)| (n.to_string(), s.clone())).collect::<Vec<_>>());
+    let a = token_arch(json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 1, "bias": true } }, "last_token", { "dense": 3 }]), 4, 9, 3);
+    let names: Vec<String> = a.param_specs().into_iter().map(|s| s.name).collect();
+    assert_eq!(&names[1..9], ["1.head1_query.weight", "1.head1_query.bias", "1.head1_key.weight", "1.head1_key.bias", "1.head1_value.weight", "1.head1_value.bias", "1.head1_decoder.weight", "1.head1_decoder.bias"]);
+    // One gradient per parameter layer (the engine pairs them with the name-grouped layers).
+    let st = a.stack().unwrap();
+    let p = a.init(1);
+    let x = [1.0, 2.0, 3.0, 8.0];
+    let (_, caches) = st.forward_cached(&p.data, &x);
+    let grads = st.backward(&p.data, &caches, vec![1.0; 9], 3);
+    let layers = crate::model::param_layers(&p.specs);
+    assert_eq!(grads.iter().map(|g| g.0).collect::<Vec<_>>(), layers.iter().map(|l| l.tensors.start).collect::<Vec<_>>());
+    let printed = st.torch_description();
+    assert!(printed.starts_with("Sequential(Embedding(9, 6), SelfAttention(6, heads=1, head_dim=6, shared_qkv=False, bias=True, causal=False), LastToken()"), "{printed}");
+}
+
+#[test]
+fn bad_sequence_stacks_are_one_line_config_errors() {
+    let resolve = |layers: serde_json::Value, input: Shape| -> String {
+        let text = format!("kind = \"layers\"\nlayers = {}\n", inline(&layers));
+        match toml::from_str::<ModelConfig>(&text) {
+            Err(e) => e.to_string(),
+            Ok(cfg) => cfg.resolve_on(input, 3, OutputKind::LogSoftmax).err().map(|e| e.to_string()).unwrap_or_default(),
+        }
+    };
+    let tokens = Shape::Tokens(4, 9);
+    let emb = json!({ "embedding": { "vocab": 9, "dim": 8 } });
+    for (layers, input, needles) in [
+        (json!([emb, { "self_attention": 3 }, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[1]", "3 heads do not divide the width 8", "head_dim"]),
+        (json!([{ "self_attention": 2 }, { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[0]", "needs a sequence", "[8]"]),
+        (json!([{ "dense": 8 }, emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] dense(8)", "token ids are not features", "embedding"]),
+        (json!(["relu", emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] relu", "first layer must be an \"embedding\""]),
+        (json!([emb, "last_token", { "dense": 3 }]), Shape::Flat(4), vec!["model.layers[0] embedding(9, 8)", "needs token ids"]),
+        (json!([{ "embedding": { "vocab": 5, "dim": 8 } }, "last_token", { "dense": 3 }]), tokens, vec!["0..9", "vocabulary of 5"]),
+        (json!([emb, { "dense": 3 }]), tokens, vec!["model.layers[1] dense(3)", "sequence", "last_token"]),
+        (json!(["layer_norm", emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] layer_norm", "token ids", "embedding"]),
+        (json!([emb, { "self_attention": 2 }]), tokens, vec!["[4, 8]", "last_token"]),
+        (json!(["flatten", "last_token", { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[1] last_token", "needs a sequence"]),
+        (json!([emb, "mean_tokens", "mean_tokens", { "dense": 3 }]), tokens, vec!["model.layers[2] mean_tokens", "needs a sequence", "[8]"]),
+        (json!([emb, { "self_attention": { "heads": 2, "mask": true } }, "last_token", { "dense": 3 }]), tokens, vec!["no option `mask`"]),
+        (json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt" } }, "last_token", { "dense": 3 }]), tokens, vec!["embedding.scale"]),
+    ] {
+        let e = resolve(layers.clone(), input);
+        assert!(!e.is_empty() && !e.trim_end().contains('\n'), "{layers}: {e:?}");
+        for n in needles {
+            assert!(e.contains(n), "{layers}: `{n}` not in {e}");
+        }
+    }
+    // An MLP on token ids, and token ids outside the vocabulary at the network's front door.
+    let e = ModelConfig::default().resolve_on(tokens, 3, OutputKind::LogSoftmax).unwrap_err().to_string();
+    assert!(e.contains("token sequences") && e.contains("embedding"), "{e}");
+    let a = token_arch(json!([emb, "last_token", { "dense": 3 }]), 4, 9, 3);
+    let p = a.init(0);
+    assert!(a.forward(&p, None, &[0.0, 8.0, 3.0, 1.0]).is_ok());
+    for bad in [9.0, -1.0, 2.5, f64::NAN] {
+        let e = a.forward(&p, None, &[0.0, 1.0, bad, 1.0]).unwrap_err().to_string();
+        assert!(e.contains("position 2") && e.contains("not a token id in 0..9"), "{e}");
     }
 }
