@@ -225,7 +225,15 @@ fn add_dense_layer(out: &mut GramSink, h: &[f64], w: usize, start: usize, (ni, n
 /// # Shapes
 /// `c` `[M·K]`; each factor's rows are the M points.
 fn stack_gradient(grads: &[RowGrad], layers: &[StackLayer], c: &[f64], g: &mut [f64]) {
+    // The layer contract: `backward` pushes one gradient per name-grouped parameter layer, in
+    // storage order; a kind that breaks it would otherwise fail deep inside a GEMM.
+    assert_eq!(grads.len(), layers.len(), "the stack's backward pass gave {} parameter-layer gradients for {} parameter layers", grads.len(), layers.len());
     for (rg, l) in grads.iter().zip(layers) {
+        let width = match rg {
+            RowGrad::Factor { ne, out, .. } => out * l.n_in + if *ne > l.n_in { *out } else { 0 },
+            RowGrad::Formed { width, .. } => *width,
+        };
+        assert_eq!(width, l.flat.len(), "a parameter layer's gradient has {width} entries for its {} parameters", l.flat.len());
         match rg {
             RowGrad::Factor { acts, deltas, ne, out } => {
                 let (ne, no, ni) = (*ne, *out, l.n_in);
