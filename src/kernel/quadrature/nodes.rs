@@ -237,9 +237,6 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                         worst = pe.iter().zip(net).fold(worst, |m, (a, b)| if (a - b).is_nan() { f64::NAN } else { m.max((a - b).abs()) });
                     }
                 }
-                if std::env::var_os("PK_DEBUG_POLY").is_some() {
-                    eprintln!("poly agreement point {pi}: {:.3e} of {scale:.3e} over {n} bounds", worst / scale);
-                }
                 if worst <= POLY_AGREEMENT * scale {
                     ends[pi] = Some(epos);
                 } else {

@@ -6,9 +6,12 @@
 //! ReLU and max pooling select or scale polynomials, average pooling, flatten and residual sums
 //! are linear. So the pieces are found by a sweep: at the start of a piece, the pattern just
 //! after it is read, every ReLU input and every window's difference to its winner is a
-//! polynomial, and the piece ends at the smallest root of any of them. Layers that are smooth
-//! and not polynomial (tanh, sigmoid, softplus, GELU, SiLU, layer norm) end the search: kinks
-//! behind them are left to the adaptive quadrature's bisection.
+//! polynomial, and the piece ends at the smallest root of any of them; the next walk restarts at
+//! the layer whose root that was. Where the walk reaches the output, it ends with the piece's
+//! outputs as polynomials, which the node search reads instead of running the network
+//! ([`pieces`]). Layers that are smooth and not polynomial (tanh, sigmoid, softplus, GELU, SiLU,
+//! layer norm, attention) end the walk: kinks behind them are left to the adaptive rule, which
+//! locates them by Newton's method where a piece fails.
 
 use crate::model::layers::contract::{Layer, Poly, Sweep};
 
