@@ -76,21 +76,8 @@ import torch.nn.functional as F
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
-from compare_explaind import measured  # noqa: E402
+from compare_explaind import Targets, measured  # noqa: E402
 from grokking_torch import GrokkingTransformer, build, first, modular_data  # noqa: E402
-
-
-class Targets(torch.utils.data.Dataset):
-    """What explaind.data_paths.DataPath needs of a data set: `targets` and a length."""
-
-    def __init__(self, y):
-        self.targets = [t.clone() for t in y]
-
-    def __len__(self):
-        return len(self.targets)
-
-    def __getitem__(self, i):
-        return self.targets[i]
 
 
 def explaind_paths(model, hp, y, ckpts=None, opt_ckpts=None):
