@@ -132,17 +132,23 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
         for _ in 0..4 {
             let x: Vec<f64> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let found = kinks(&step, &x, 0.0, 1.0);
-            // Brute force: the pattern (every ReLU input's sign, every pool's winner).
+            // Brute force: the pattern (every ReLU input's sign, every pool's winner — where a
+            // ReLU follows the pool, only the winners of windows whose maximum is positive: the
+            // others give 0 whichever entry wins).
             let pattern = |t: f64| -> Vec<i64> {
                 let p = step.params_at(t);
                 let (_, caches) = step.stack.forward_cached(&p, &x);
                 let mut v = Vec::new();
-                fn walk(c: &[crate::model::layers::Cache], nodes: &[crate::model::layers::Node], v: &mut Vec<i64>) {
+                fn walk(cs: &[crate::model::layers::Cache], nodes: &[crate::model::layers::Node], v: &mut Vec<i64>) {
                     use crate::model::layers::{AnyLayer, Cache};
-                    for (n, c) in nodes.iter().zip(c) {
+                    for (j, (n, c)) in nodes.iter().zip(cs).enumerate() {
                         match (&n.layer, c) {
                             (AnyLayer::Act(_), Cache::Input(z)) => v.extend(z.iter().map(|z| i64::from(*z > 0.0))),
-                            (AnyLayer::MaxPool2d(_), Cache::Arg(a)) => v.extend(a.iter().map(|&a| a as i64)),
+                            (AnyLayer::MaxPool2d(m), Cache::Arg(a)) if m.relu_after => {
+                                let Cache::Input(pooled) = &cs[j + 1] else { panic!("a ReLU follows the pool") };
+                                v.extend(a.iter().zip(pooled).map(|(&a, &z)| if z > 0.0 { i64::from(a) } else { -1 }));
+                            }
+                            (AnyLayer::MaxPool2d(_), Cache::Arg(a)) => v.extend(a.iter().map(|&a| i64::from(a))),
                             (AnyLayer::Residual(r), Cache::Residual(inner, _)) => walk(inner, &r.body, v),
                             _ => {}
                         }

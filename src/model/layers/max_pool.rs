@@ -16,11 +16,17 @@ use crate::model::tensors::ParamTensor;
 
 /// A resolved max-pooling layer.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct MaxPool(pub Pool);
+pub(crate) struct MaxPool {
+    pub pool: Pool,
+    /// A ReLU follows (the pool runs ahead of it, see `pool_ahead_of_activations`): the kink
+    /// sweep then follows `max(0, window)`, on which a change of winner among negative entries
+    /// is no kink.
+    pub relu_after: bool,
+}
 
 impl Layer for MaxPool {
     fn torch(&self) -> String {
-        format!("MaxPool2d({}, stride={})", self.0.k, self.0.stride)
+        format!("MaxPool2d({}, stride={})", self.pool.k, self.pool.stride)
     }
 
     fn along(&self) -> Along {
@@ -28,27 +34,30 @@ impl Layer for MaxPool {
     }
 
     fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) {
-        let (y, arg) = self.0.max_forward(&x);
+        let (y, arg) = self.pool.max_forward(&x);
         (y, if keep { Cache::Arg(arg) } else { Cache::None })
     }
 
     fn tangent(&self, _first: usize, _at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) {
         if let (Some(pr), Some(xd)) = (probe, xd.as_deref()) {
-            self.0.max_margins(&x, xd, pr);
+            self.pool.max_margins(&x, xd, pr);
         }
-        let (y, arg) = self.0.max_forward(&x);
-        (y, xd.as_deref().map(|xd| self.0.max_gather(xd, &arg)))
+        let (y, arg) = self.pool.max_forward(&x);
+        (y, xd.as_deref().map(|xd| self.pool.max_gather(xd, &arg)))
     }
 
     fn backward(&self, _first: usize, _at: &At, cache: &Cache, dy: Vec<f64>, k: usize, _want_dx: bool, _grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
         let Cache::Arg(arg) = cache else { unreachable!("a max-pool's cache is its winners") };
-        self.0.max_backward(&dy, arg, k)
+        self.pool.max_backward(&dy, arg, k)
     }
 
     /// Each window follows its winner at `sw.tm`; every other entry's difference to it is a
-    /// polynomial whose roots are kinks.
+    /// polynomial whose roots are kinks. With a ReLU after it, a window whose winner is not
+    /// positive at `sw.tm` gives 0 until one of its entries turns positive: then each entry's
+    /// own roots are the kinks, and its entries' crossings below zero are not (the winner
+    /// still goes on, so that the ReLU finds its root).
     fn sweep(&self, _first: usize, _w: &[Vec<f64>], _dw: &[Vec<f64>], p: Poly, sw: &mut Sweep) -> Option<Poly> {
-        let pl = &self.0;
+        let pl = &self.pool;
         let out = pl.c * pl.ho * pl.wo;
         let deg = p.deg();
         let mut c = vec![0.0; (deg + 1) * out];
@@ -57,8 +66,11 @@ impl Layer for MaxPool {
             for oy in 0..pl.ho {
                 for ox in 0..pl.wo {
                     let best = pl.window(ch, oy, ox).fold(usize::MAX, |b, q| if b == usize::MAX || p.at(q, sw.tm) > p.at(b, sw.tm) { q } else { b });
+                    let floored = self.relu_after && p.at(best, sw.tm) <= 0.0;
                     for q in pl.window(ch, oy, ox) {
-                        if q != best {
+                        if floored {
+                            sw.roots_of(&p, q, None);
+                        } else if q != best {
                             sw.roots_of(&p, q, Some(best));
                         }
                     }
@@ -73,7 +85,7 @@ impl Layer for MaxPool {
     }
 
     fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, _first: usize, _p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
-        let pl = &self.0;
+        let pl = &self.pool;
         let a = map(x);
         let rows = a.shape().0;
         let dev = a.device().clone();
@@ -124,6 +136,6 @@ impl KindSpec for MaxPool2dSpec {
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
         let p = pool::resolve(input, self.kernel, self.stride, at, &self.label())?;
         let out = Shape::Map(p.c, p.ho, p.wo);
-        Ok((AnyLayer::MaxPool2d(MaxPool(p)), out))
+        Ok((AnyLayer::MaxPool2d(MaxPool { pool: p, relu_after: false }), out))
     }
 }

@@ -230,6 +230,9 @@ pub(crate) struct Node {
     pub count: usize,
     /// The parameter name prefix (`3.`, `2.body.0.`).
     pub prefix: String,
+    /// A max-pool that runs ahead of the activation written just before it
+    /// ([`pool_ahead_of_activations`]); printed in the written order.
+    pub ahead: bool,
 }
 
 /// A resolved stack: the layers with their shapes, in order.
@@ -431,7 +434,7 @@ impl Stack {
 
     /// The module as PyTorch prints it, e.g. `Sequential(Conv2d(1, 6, 5, stride=1, padding=2), ReLU(), …)`.
     pub(crate) fn torch_description(&self) -> String {
-        format!("Sequential({})", self.nodes.iter().map(|n| n.layer.torch()).collect::<Vec<_>>().join(", "))
+        format!("Sequential({})", describe(&self.nodes))
     }
 
     /// Floats of one sample's per-sample gradient in the kernel engine's form for `k` outputs:
@@ -449,6 +452,13 @@ impl Stack {
 
 /// Resolves `specs` from `input`; `at` names the list in errors, `prefix` the parameters.
 pub(crate) fn resolve_list(input: Shape, specs: &[LayerSpec], at: &str, prefix: &str, tensors: &mut usize) -> Result<Vec<Node>, String> {
+    let mut nodes = resolve_as_written(input, specs, at, prefix, tensors)?;
+    pool_ahead_of_activations(&mut nodes);
+    Ok(nodes)
+}
+
+/// [`resolve_list`] in the written order (the reference the reordered stack is tested against).
+pub(crate) fn resolve_as_written(input: Shape, specs: &[LayerSpec], at: &str, prefix: &str, tensors: &mut usize) -> Result<Vec<Node>, String> {
     let mut shape = input;
     let mut nodes = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
@@ -461,6 +471,45 @@ pub(crate) fn resolve_list(input: Shape, specs: &[LayerSpec], at: &str, prefix: 
     Ok(nodes)
 }
 
+/// Runs each max-pool ahead of the ReLU or leaky ReLU (slope ≥ 0) written just before it:
+/// a nondecreasing activation commutes with the max (`max σ(z_i) = σ(max z_i)`, the same
+/// numbers bit for bit), and after the swap the activation works on a quarter of the numbers
+/// and the kink sweep no longer splits a step where an entry that does not win its window
+/// crosses zero (a kink of the ReLU's input that the pool discards), nor, behind a ReLU, where
+/// two negative entries cross ([`max_pool::MaxPool::relu_after`]).
+fn pool_ahead_of_activations(nodes: &mut [Node]) {
+    let mut i = 0;
+    while i + 1 < nodes.len() {
+        let monotone = matches!(&nodes[i].layer, AnyLayer::Act(a) if matches!(a.act, Act::Relu) || matches!(a.act, Act::LeakyRelu(s) if s >= 0.0));
+        if monotone && matches!(nodes[i + 1].layer, AnyLayer::MaxPool2d(_)) {
+            let AnyLayer::Act(a) = &nodes[i].layer else { unreachable!("checked above") };
+            let pooled = nodes[i + 1].output;
+            let act = Node { layer: AnyLayer::Act(activation::Activation { act: a.act, size: pooled.size() }), input: pooled, output: pooled, ..nodes[i].clone() };
+            let mut pool = Node { input: nodes[i].input, ahead: true, ..nodes[i + 1].clone() };
+            if let AnyLayer::MaxPool2d(m) = &mut pool.layer {
+                m.relu_after = a.act == Act::Relu;
+            }
+            nodes[i] = pool;
+            nodes[i + 1] = act;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// The modules as PyTorch prints them, in the written order (a max-pool run ahead of its
+/// activation printed after it).
+pub(crate) fn describe(nodes: &[Node]) -> String {
+    let mut out: Vec<String> = nodes.iter().map(|n| n.layer.torch()).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        if n.ahead {
+            out.swap(i, i + 1);
+        }
+    }
+    out.join(", ")
+}
+
 fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors: &mut usize) -> Result<Node, String> {
     let first = *tensors;
     let (layer, output) = spec.resolve_kind(shape, at, &prefix, tensors)?;
@@ -471,7 +520,7 @@ fn resolve_one(shape: Shape, spec: &LayerSpec, at: &str, prefix: String, tensors
     if output.size() == 0 {
         return Err(format!("{at} {}: gives an empty output {output}", spec.label()));
     }
-    Ok(Node { layer, input: shape, output, first, count: *tensors - first, prefix })
+    Ok(Node { layer, input: shape, output, first, count: *tensors - first, prefix, ahead: false })
 }
 
 /// PyTorch's default uniform initialisation of an `n`-number tensor with fan-in `fan_in`.

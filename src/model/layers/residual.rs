@@ -46,7 +46,7 @@ impl Residual {
             _ => return Err(format!("{at} residual: the body turns the input {input} into {out}; a shortcut cannot project between a map and a flat vector")),
         };
         *tensors += 2;
-        let shortcut = Node { layer, input, output: out, first, count: 2, prefix: format!("{prefix}shortcut.") };
+        let shortcut = Node { layer, input, output: out, first, count: 2, prefix: format!("{prefix}shortcut."), ahead: false };
         Ok(Residual { body, shortcut: Some(Box::new(shortcut)) })
     }
 
@@ -68,7 +68,7 @@ fn walk_specs(nodes: &[Node], out: &mut Vec<ParamSpec>) {
 
 impl Layer for Residual {
     fn torch(&self) -> String {
-        let body = self.body.iter().map(|n| n.layer.torch()).collect::<Vec<_>>().join(", ");
+        let body = super::describe(&self.body);
         match &self.shortcut {
             Some(sc) => format!("Residual(Sequential({body}), shortcut={})", sc.layer.torch()),
             None => format!("Residual(Sequential({body}))"),

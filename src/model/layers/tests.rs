@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use super::*;
-use crate::model::{net, Architecture, ModelConfig, OutputKind, Params};
+use crate::model::{net, Architecture, Body, ModelConfig, OutputKind, Params};
 
 /// A JSON value as TOML inline syntax (how a study file writes a layer list).
 pub(crate) fn inline(v: &serde_json::Value) -> String {
@@ -140,6 +140,57 @@ fn lenet_and_residual_cnn_match_autodiff() {
     let a = arch(resnet, 200, Some([2, 10, 10]), 5);
     let e = check(&a, 2, 5);
     assert!(e < 1e-12, "residual CNN: {e:e}");
+}
+
+/// A max-pool runs ahead of the ReLU or leaky ReLU (slope ≥ 0) written before it: the same
+/// function, gradients and tangents as the stack in its written order, the same PyTorch
+/// printout and parameters; a ReLU's pool knows it (the sweep's floor); other activations and
+/// a negative slope keep their place.
+#[test]
+fn a_max_pool_runs_ahead_of_its_relu_with_the_same_function() {
+    let layers = json!([
+        { "conv2d": { "channels": 3, "kernel": 3, "padding": 1 } }, "relu", { "max_pool2d": 2 },
+        { "conv2d": { "channels": 4, "kernel": 3 } }, { "leaky_relu": 0.1 }, { "max_pool2d": { "kernel": 2, "stride": 1 } },
+        { "conv2d": { "channels": 2, "kernel": 1 } }, { "leaky_relu": -0.5 }, { "max_pool2d": { "kernel": 1, "stride": 1 } },
+        "tanh", { "max_pool2d": { "kernel": 1, "stride": 1 } },
+        "flatten", { "dense": 5 }, "relu", { "dense": 3 }
+    ]);
+    let a = arch(layers, 64, Some([1, 8, 8]), 3);
+    let Body::Layers { input, layers: specs, .. } = &a.body else { unreachable!("a stack") };
+    let fused = a.stack().unwrap();
+    let mut tensors = 0;
+    let written = Stack { input: *input, nodes: resolve_as_written(*input, specs, "model.layers", "", &mut tensors).unwrap(), tensors };
+    let kinds: Vec<String> = fused.nodes.iter().map(|n| match &n.layer {
+        AnyLayer::MaxPool2d(m) => format!("pool{}", if m.relu_after { "+floor" } else { "" }),
+        AnyLayer::Act(x) => x.act.name().to_string(),
+        AnyLayer::Conv2d(_) => "conv".into(),
+        AnyLayer::Dense(_) => "dense".into(),
+        AnyLayer::Flatten(_) => "flatten".into(),
+        other => panic!("unexpected {other:?}"),
+    }).collect();
+    assert_eq!(kinds, ["conv", "pool+floor", "relu", "conv", "pool", "leaky_relu", "conv", "leaky_relu", "pool", "tanh", "pool", "flatten", "dense", "relu", "dense"]);
+    assert_eq!(fused.torch_description(), written.torch_description());
+    assert!(fused.torch_description().starts_with("Sequential(Conv2d(1, 3, 3, stride=1, padding=1), ReLU(), MaxPool2d(2, stride=2), "), "{}", fused.torch_description());
+    assert_eq!(fused.param_specs(), written.param_specs());
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let p = a.init(3);
+    let p = Params { specs: p.specs.clone(), data: p.data.iter().map(|d| d.iter().map(|v| v + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+    let (n, k) = (5, 3);
+    let x = sample_rows(&fused, n, &mut rng);
+    assert_eq!(fused.forward(&p.data, &x), written.forward(&p.data, &x), "the same numbers bit for bit");
+    let mut dy = vec![0.0; n * k * k];
+    (0..n * k).for_each(|r| dy[r * k + r % k] = 1.0);
+    let jac = |st: &Stack| {
+        let (_, caches) = st.forward_cached(&p.data, &x);
+        dense_jacobian(&p.specs, &st.backward(&p.data, &caches, dy.clone(), k), n, k)
+    };
+    assert!(rel_diff(&jac(&fused), &jac(&written)) <= 1e-15);
+    let dir: Vec<Vec<f64>> = p.data.iter().map(|t| t.iter().map(|_| rng.gen_range(-1.0..1.0)).collect()).collect();
+    let ((y, yd), (y2, yd2)) = (fused.tangent(&p.data, &dir, &x), written.tangent(&p.data, &dir, &x));
+    assert_eq!(y, y2);
+    assert!(rel_diff(&yd, &yd2) <= 1e-15);
+    // And against autodiff, as every stack.
+    assert!(check(&a, 4, 11) < 1e-12);
 }
 
 #[test]
