@@ -29,7 +29,7 @@ use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::Architecture;
 use rayon::prelude::*;
-use step::{RowGrad, StackStep};
+use step::{RowGrad, StackStep, EVAL_CHUNK};
 
 /// Row points whose nodes are evaluated and contracted together.
 pub(crate) const CHUNK_POINTS: usize = 32;
@@ -394,21 +394,30 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         let b1 = (b0 + block).min(point.len());
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
         // On every core: with few row points the chunks alone do not fill them.
-        let rgrads = step.par_grads(xc, offc, bp, &times[b0..b1]);
+        let parts = step.par_grads(xc, offc, bp, &times[b0..b1]);
         let started = std::time::Instant::now();
-        for (li, (rg, tr)) in rgrads.iter().zip(train).enumerate() {
+        for (li, tr) in train.iter().enumerate() {
             let pred = &mut preds[pred_of(li)];
-            match (rg, tr) {
-                (RowGrad::Factor { acts, deltas, ne, out: no }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
+            match (&parts[0][li], tr) {
+                (RowGrad::Factor { ne, out: no, .. }, TrainSide::Factor { acts: ta, deltas: td, v, .. }) => {
+                    let (ne, no) = (*ne, *no);
+                    // The block's rows together (small next to the formed layers' rows; the
+                    // dense GEMMs want them all).
+                    let (mut acts, mut deltas) = (Vec::with_capacity(bp.len() * ne), Vec::with_capacity(bp.len() * k * no));
+                    for part in &parts {
+                        let RowGrad::Factor { acts: a, deltas: d, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
+                        acts.extend_from_slice(a);
+                        deltas.extend_from_slice(d);
+                    }
                     if jbars[li].is_empty() {
-                        flops += fold_dense(layout, outs[target(li)], bp, bw, acts, deltas, ta, td, *ne, *no, m, k);
+                        flops += fold_dense(layout, outs[target(li)], bp, bw, &acts, &deltas, ta, td, ne, no, m, k);
                     } else {
-                        flops += sum_dense_jbar(&mut jbars[li], bp, bw, acts, deltas, *ne, k * no, &mut scratch);
+                        flops += sum_dense_jbar(&mut jbars[li], bp, bw, &acts, &deltas, ne, k * no, &mut scratch);
                     }
                     // The prediction's `V a_r` for every node row of the block at once.
                     let rb = bp.len();
                     let mut va = vec![0.0; rb * no];
-                    gemm_abt(&mut va, acts, v, rb, *no, *ne, 1.0, false);
+                    gemm_abt(&mut va, &acts, v, rb, no, ne, 1.0, false);
                     for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
                         let dr = &deltas[r * k * no..(r + 1) * k * no];
                         let var = &va[r * no..(r + 1) * no];
@@ -417,20 +426,24 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         }
                         if input.self_kernel {
                             let ar = &acts[r * ne..(r + 1) * ne];
-                            gemm_abt(&mut dd, dr, dr, k, k, *no, w * dot(ar, ar), false);
+                            gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
                             diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
                         }
                     }
                 }
-                (RowGrad::Formed { g, width }, TrainSide::Formed { .. }) => {
+                (RowGrad::Formed { width, .. }, TrainSide::Formed { .. }) => {
+                    // Part by part, as the engine formed them (no copy of the block's rows).
                     let wd = *width;
                     let jbar = &mut jbars[li];
-                    for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                        let gr = &g[r * k * wd..(r + 1) * k * wd];
-                        jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
-                        if input.self_kernel {
-                            gemm_abt(&mut dd, gr, gr, k, k, wd, w, false);
-                            diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                    for (part, (pp, pw)) in parts.iter().zip(bp.chunks(EVAL_CHUNK).zip(bw.chunks(EVAL_CHUNK))) {
+                        let RowGrad::Formed { g, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
+                        for (r, (&q, &w)) in pp.iter().zip(pw).enumerate() {
+                            let gr = &g[r * k * wd..(r + 1) * k * wd];
+                            jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
+                            if input.self_kernel {
+                                gemm_abt(&mut dd, gr, gr, k, k, wd, w, false);
+                                diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                            }
                         }
                     }
                 }

@@ -198,10 +198,11 @@ impl<'a> StackStep<'a> {
         ((t - a > hair && b - t > hair).then_some(t), evals)
     }
 
-    /// [`StackStep::grads`] in blocks of [`EVAL_CHUNK`] rows on every core, concatenated (the
-    /// training side: all M points at t = 0).
-    pub(crate) fn par_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
-        self.par_grads_in(x, off, idx, t, &mut |n| Vec::with_capacity(n))
+    /// [`StackStep::grads`] in blocks of [`EVAL_CHUNK`] rows on every core, block by block (rows
+    /// `EVAL_CHUNK·b..` in block b; not concatenated: the node rows are summed as they are).
+    pub(crate) fn par_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<Vec<RowGrad>> {
+        use rayon::prelude::*;
+        idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect()
     }
 
     /// [`StackStep::par_grads`] into buffers from `take(capacity)` (a pool reused across steps:
@@ -209,7 +210,7 @@ impl<'a> StackStep<'a> {
     /// size are mapped and zero-faulted by the kernel every time).
     pub(crate) fn par_grads_in(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], take: &mut dyn FnMut(usize) -> Vec<f64>) -> Vec<RowGrad> {
         use rayon::prelude::*;
-        let parts: Vec<Vec<RowGrad>> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.grads(x, off, i, tt)).collect();
+        let parts: Vec<Vec<RowGrad>> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect();
         let Some(first) = parts.first() else { return Vec::new() };
         // One allocation per layer for all rows (growing by doubling would map and fault the
         // training side's hundreds of MB several times per step).
@@ -238,45 +239,63 @@ impl<'a> StackStep<'a> {
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
     /// layer (storage order), rows in `idx` order.
     pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
-        let k = self.k;
+        if idx.len() <= EVAL_CHUNK {
+            return self.block_grads(x, off, idx, t);
+        }
         let mut out: Vec<RowGrad> = Vec::new();
         for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
-            let (xs, os) = self.gather(x, off, ib);
-            let at = self.at(tb);
-            let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
-            let seeds = self.output_map(&mut g, os.as_deref());
-            let grads = self.stack.backward_at(&at, &caches, seeds, k);
+            let block = self.block_grads(x, off, ib, tb);
             if out.is_empty() {
                 let n = idx.len();
-                out = grads
+                out = block
                     .iter()
-                    .map(|(_, gr)| match gr {
-                        Grad::Factor { n_in, n_out, bias, .. } => {
-                            let ne = n_in + usize::from(*bias);
-                            RowGrad::Factor { acts: Vec::with_capacity(n * ne), deltas: Vec::with_capacity(n * k * n_out), ne, out: *n_out }
-                        }
-                        Grad::Formed { width, .. } => RowGrad::Formed { g: Vec::with_capacity(n * k * width), width: *width },
+                    .map(|g| match g {
+                        RowGrad::Factor { ne, out, .. } => RowGrad::Factor { acts: Vec::with_capacity(n * ne), deltas: Vec::with_capacity(n * self.k * out), ne: *ne, out: *out },
+                        RowGrad::Formed { width, .. } => RowGrad::Formed { g: Vec::with_capacity(n * self.k * width), width: *width },
                     })
                     .collect();
             }
-            for ((_, gr), dst) in grads.into_iter().zip(out.iter_mut()) {
-                match (gr, dst) {
-                    (Grad::Factor { acts, deltas, n_in, bias, .. }, RowGrad::Factor { acts: da, deltas: dd, .. }) => {
-                        if bias {
-                            for row in acts.chunks_exact(n_in) {
-                                da.extend_from_slice(row);
-                                da.push(1.0);
-                            }
-                        } else {
-                            da.extend_from_slice(&acts);
-                        }
+            for (src, dst) in block.into_iter().zip(out.iter_mut()) {
+                match (src, dst) {
+                    (RowGrad::Factor { acts, deltas, .. }, RowGrad::Factor { acts: da, deltas: dd, .. }) => {
+                        da.extend_from_slice(&acts);
                         dd.extend_from_slice(&deltas);
                     }
-                    (Grad::Formed { g, .. }, RowGrad::Formed { g: dg, .. }) => dg.extend_from_slice(&g),
+                    (RowGrad::Formed { g, .. }, RowGrad::Formed { g: dg, .. }) => dg.extend_from_slice(&g),
                     _ => unreachable!("the same stack gives the same layer kinds"),
                 }
             }
         }
         out
+    }
+
+    /// [`StackStep::grads`] of one block of at most [`EVAL_CHUNK`] rows, the layers' buffers
+    /// moved, not copied (a dense layer's acts get their bias column).
+    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        let (xs, os) = self.gather(x, off, idx);
+        let at = self.at(t);
+        let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
+        let seeds = self.output_map(&mut g, os.as_deref());
+        drop(g);
+        self.stack
+            .backward_at(&at, &caches, seeds, self.k)
+            .into_iter()
+            .map(|(_, gr)| match gr {
+                Grad::Factor { acts, deltas, n_in, n_out, bias } => {
+                    let acts = if bias {
+                        let mut a = Vec::with_capacity(acts.len() / n_in.max(1) * (n_in + 1));
+                        for row in acts.chunks_exact(n_in) {
+                            a.extend_from_slice(row);
+                            a.push(1.0);
+                        }
+                        a
+                    } else {
+                        acts
+                    };
+                    RowGrad::Factor { acts, deltas, ne: n_in + usize::from(bias), out: n_out }
+                }
+                Grad::Formed { g, width } => RowGrad::Formed { g, width },
+            })
+            .collect()
     }
 }
