@@ -11,6 +11,9 @@ use super::layout::{add_dense, GramSink, Layout};
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::{Error, Result};
 use crate::model::{net, Architecture, Params};
+use crate::kernel::gram::GramAccumulator;
+use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
+use crate::kernel::types::NodeStats;
 
 /// Largest Jacobian block the reference path materialises.
 const MAX_JACOBIAN_BYTES: u64 = 4 << 30;
@@ -203,4 +206,29 @@ fn columns<'a>(a: &'a [f64], w: usize, r: &Range<usize>) -> std::borrow::Cow<'a,
         return std::borrow::Cow::Borrowed(a);
     }
     std::borrow::Cow::Owned(a.chunks_exact(w).flat_map(|row| row[r.clone()].iter().copied()).collect())
+}
+
+/// Any architecture through dfdx per-sample Jacobians (fixed rules only).
+pub(crate) struct GenericModel<'a> {
+    pub arch: &'a Architecture,
+    /// `w_0` (the frozen network of `zero_output`).
+    pub init: &'a Params,
+    /// With the per-layer decomposition: each parameter layer's entries of the flat `[W]`.
+    pub layers: Option<Vec<std::ops::Range<usize>>>,
+}
+
+impl StepModel for GenericModel<'_> {
+    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
+        let nodes = input.fixed.expect("the driver rejects the auto rule on the generic path");
+        let p = input.rows.len();
+        let split = match (self.layers.as_deref(), acc.layer_sinks()) {
+            (Some(ranges), Some(sinks)) => Some((ranges, sinks)),
+            _ => None,
+        };
+        let (pred, layer_pred) = match split {
+            Some((ranges, sinks)) => step_into_layers(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, ranges, sinks, diag, input.a, input.colw, input.train_integrated)?,
+            None => (step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw, input.train_integrated)?, Vec::new()),
+        };
+        Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN, layer_pred })
+    }
 }

@@ -38,6 +38,7 @@ pub mod quadrature;
 mod request;
 mod rows;
 pub(crate) mod stack;
+pub(crate) mod step_model;
 mod types;
 
 pub use backend::Device;

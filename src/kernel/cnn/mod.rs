@@ -3,5 +3,6 @@
 //! kinks (`pieces`).
 
 pub mod gram;
+pub(crate) mod model;
 pub(crate) mod pieces;
 pub(crate) mod step;

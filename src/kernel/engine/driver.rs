@@ -5,7 +5,10 @@
 
 use crate::kernel::gram::{self, GramAccumulator};
 use crate::kernel::layout::Layout;
-use crate::kernel::engine::models::{CnnModel, GenericModel, MlpModel, StepInput, StepModel, StepOutput};
+use crate::kernel::cnn::model::CnnModel;
+use crate::kernel::generic::GenericModel;
+use crate::kernel::mlp::model::MlpModel;
+use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::types::{
     max_abs_diff, nan_max, ColumnShare, KernelForm, KernelKind, KernelOutput, LayerShares,

@@ -3,6 +3,7 @@
 //! (`pieces`). The Gram of dense layers from activations ⊗ back-propagated deltas is
 //! [`crate::kernel::gram`], shared with the layer stack's dense layers.
 
+pub(crate) mod model;
 pub(crate) mod nodes;
 pub(crate) mod pieces;
 pub(crate) mod step;

@@ -23,7 +23,7 @@ pub(crate) mod step;
 use super::types::NodeStats;
 use super::gram::GramAccumulator;
 use super::layout::{add_dense, add_formed, Layout, TrainDeltas};
-use super::engine::models::{StepInput, StepModel, StepOutput};
+use super::step_model::{StepInput, StepModel, StepOutput};
 use super::quadrature::nodes::{choose_auto_nodes, AlongPath};
 use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};

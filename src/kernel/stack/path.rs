@@ -13,7 +13,7 @@ use super::step::{RowGrad, StackStep};
 use super::{contract_formed, node_bytes, split_predictions, StackAlong, CHUNK_POINTS};
 use crate::error::{Error, Result};
 use crate::kernel::types::NodeStats;
-use crate::kernel::engine::models::{StepInput, StepOutput};
+use crate::kernel::step_model::{StepInput, StepOutput};
 use crate::kernel::gram::GramAccumulator;
 use crate::kernel::quadrature::nodes::choose_auto_nodes;
 use crate::linalg::gemm;

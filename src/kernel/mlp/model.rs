@@ -1,79 +1,16 @@
-//! The step models: what the driver asks of a network for one training step. Each adds the
-//! step's Gram (only the entries of the accumulator's layout) for all row points, the rows'
-//! self-kernel, and returns the kernel machine's predicted change of the outputs over the step
-//! (contracted from the factors, so no layout needs the off-diagonal blocks for it) with the
-//! quadrature's statistics. The driver ([`crate::kernel::engine::driver`]) owns the loop over steps, the
-//! per-step validation and the outputs; the accumulator ([`GramAccumulator`], over a
-//! [`crate::kernel::layout::GramSink`]) owns the one permutation into the output layout.
-//!
-//! - [`MlpModel`]: structured factors (`δ ⊗ a` per layer), row points in chunks, layer 0 once
-//!   per point, any quadrature rule (the kink-aware `auto` included).
-//! - [`CnnModel`]: formed conv-layer gradients and dense factors ([`crate::kernel::cnn::gram`]), any rule.
-//! - [`GenericModel`]: dfdx per-sample Jacobians ([`crate::kernel::generic`], the reference), fixed rules.
-//!
-//! Runs with momentum or Adam(W) walk the path backwards instead ([`crate::kernel::engine::stateful`]); they use
-//! the same accumulator and contractions.
+//! The MLP preset's step model: structured factors (`δ ⊗ a` per layer), row points in chunks,
+//! layer 0 once per point, any quadrature rule (the kink-aware `auto` included, and the
+//! one-hidden-layer ReLU closed form of [`super::pieces`]).
 
-use crate::kernel::cnn::gram as cnn_gram;
-use crate::kernel::types::NodeStats;
-use crate::kernel::mlp::step::MlpStep;
-use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
-use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
-use crate::kernel::mlp::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes};
-use crate::kernel::quadrature::nodes::NODE_CHUNK_POINTS;
-use crate::kernel::generic;
-use crate::kernel::types::Points;
 use crate::error::Result;
-use crate::model::{Architecture, Params};
-
-/// One step's inputs.
-pub(crate) struct StepInput<'a> {
-    /// `w_s`.
-    pub state: &'a Params,
-    /// `w_{s+1}` when the rows are integrated over the step, else `None` (t = 0).
-    pub next: Option<&'a Params>,
-    /// Row points `[P, d]` and their `zero_output` offsets `[P, K]`.
-    pub rows: &'a Points,
-    pub off_rows: Option<&'a [f64]>,
-    /// Training inputs `[M, d]` and offsets `[M, K]`.
-    pub x_train: &'a [f64],
-    pub off_train: Option<&'a [f64]>,
-    /// A fixed rule's `(t, weight)` nodes, or `None` for the adaptive rule with `tol_step`.
-    pub fixed: Option<&'a [(f64, f64)]>,
-    pub tol_step: f64,
-    /// The training weights of the prediction `Σ_i a[i, k'] K_s[p, i, k, k']` `[M, K]`.
-    pub a: &'a [f64],
-    /// Scales the stored Gram's training gradients (Chen's kernel) `[M, K]`.
-    pub colw: Option<&'a [f64]>,
-    /// Whether to compute the paper's Fig. 2 cosine measure (integrated rows).
-    pub cosine: bool,
-    /// Whether to accumulate the rows' self-kernel.
-    pub self_kernel: bool,
-    /// The path-averaged kernel ([`crate::kernel::KernelKind::Path`]): the training side integrated over
-    /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`: the
-    /// [`mlp_pieces`] closed form (one-hidden-layer ReLU, identity outputs, auto rule), the layer
-    /// stacks' [`crate::kernel::stack::path`] (any rule) and the generic reference (fixed rules).
-    pub train_integrated: bool,
-}
-
-/// One step's outputs.
-pub(crate) struct StepOutput {
-    /// Predicted change of the outputs `[P, K]`.
-    pub pred: Vec<f64>,
-    /// Gradient evaluations, forward-mode evaluations, pieces per point.
-    pub stats: NodeStats,
-    /// The Fig. 2 cosine measure (NaN when not computed).
-    pub cosine: f64,
-    /// With the per-layer decomposition, each parameter layer's share of `pred` (`L` arrays
-    /// `[P, K]`); empty otherwise.
-    pub layer_pred: Vec<Vec<f64>>,
-}
-
-/// A network on one training step, as the driver needs it.
-pub(crate) trait StepModel {
-    /// Adds the step into `acc` (its layout) and the rows' self-kernel into `diag` (`[P, K, K]`).
-    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput>;
-}
+use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
+use crate::kernel::mlp::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes};
+use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
+use crate::kernel::mlp::step::MlpStep;
+use crate::kernel::quadrature::nodes::NODE_CHUNK_POINTS;
+use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
+use crate::kernel::types::NodeStats;
+use crate::model::Architecture;
 
 /// Row points integrated at once on the [`mlp_pieces`] path (their factors are `K·h + (K+1)·(h+1)`
 /// numbers each).
@@ -253,56 +190,5 @@ fn add_path_self_kernel(diag: &mut [f64], dbar: &[f64], ab: &[f64], x: &[f64], h
                 diag[(p * k + kt) * k + ks] += l0 + l1;
             }
         }
-    }
-}
-
-/// CNNs on the structured path.
-pub(crate) struct CnnModel<'a> {
-    pub arch: &'a Architecture,
-}
-
-impl StepModel for CnnModel<'_> {
-    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
-        let (pred, stats) = cnn_gram::step_into(
-            self.arch,
-            input.state,
-            input.next,
-            &input.rows.x,
-            input.off_rows,
-            input.fixed,
-            input.tol_step,
-            input.x_train,
-            input.off_train,
-            acc.sink_mut(),
-            diag,
-            input.a,
-            input.colw,
-        )?;
-        Ok(StepOutput { pred, stats, cosine: f64::NAN, layer_pred: Vec::new() })
-    }
-}
-
-/// Any architecture through dfdx per-sample Jacobians (fixed rules only).
-pub(crate) struct GenericModel<'a> {
-    pub arch: &'a Architecture,
-    /// `w_0` (the frozen network of `zero_output`).
-    pub init: &'a Params,
-    /// With the per-layer decomposition: each parameter layer's entries of the flat `[W]`.
-    pub layers: Option<Vec<std::ops::Range<usize>>>,
-}
-
-impl StepModel for GenericModel<'_> {
-    fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
-        let nodes = input.fixed.expect("the driver rejects the auto rule on the generic path");
-        let p = input.rows.len();
-        let split = match (self.layers.as_deref(), acc.layer_sinks()) {
-            (Some(ranges), Some(sinks)) => Some((ranges, sinks)),
-            _ => None,
-        };
-        let (pred, layer_pred) = match split {
-            Some((ranges, sinks)) => generic::step_into_layers(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, ranges, sinks, diag, input.a, input.colw, input.train_integrated)?,
-            None => (generic::step_into(self.arch, input.state, input.next, self.init, &input.rows.x, nodes, input.x_train, acc.sink_mut(), diag, input.a, input.colw, input.train_integrated)?, Vec::new()),
-        };
-        Ok(StepOutput { pred, stats: NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 }, cosine: f64::NAN, layer_pred })
     }
 }
