@@ -198,6 +198,36 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
         }
     }
 
+    /// The stack's walk runs each max-pool ahead of the ReLU written before it, and the sweep
+    /// follows `max(0, window)`: its kinks are a subset of the written order's (which also splits
+    /// where a non-winning entry crosses zero, or two negative entries swap), and fewer.
+    #[test]
+    fn a_pool_ahead_of_its_relu_splits_steps_less() {
+        use crate::model::layers::{resolve_as_written, Stack};
+        use crate::model::Body;
+        let text = r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 4, kernel = 3 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 3 }]"#;
+        let cfg: ModelConfig = toml::from_str(text).unwrap();
+        let arch = cfg.resolve(64, Some([1, 8, 8]), 3, OutputKind::LogSoftmax).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let w0 = arch.init(2);
+        let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.3 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+        let fused = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+        let mut written = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+        let Body::Layers { input, layers, .. } = &arch.body else { unreachable!("a stack") };
+        let mut tensors = 0;
+        written.stack = Stack { input: *input, nodes: resolve_as_written(*input, layers, "model.layers", "", &mut tensors).unwrap(), tensors };
+        let (mut nf, mut nw) = (0, 0);
+        for _ in 0..6 {
+            let x: Vec<f64> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (kf, kw) = (kinks(&fused, &x, 0.0, 1.0), kinks(&written, &x, 0.0, 1.0));
+            assert!(kf.iter().all(|f| kw.iter().any(|w| (f - w).abs() < 1e-9)), "{kf:?} not within {kw:?}");
+            (nf, nw) = (nf + kf.len(), nw + kw.len());
+        }
+        assert!(nf < nw, "{nf} kinks, the written order {nw}");
+    }
+
     /// Behind a smooth layer the sweep stops; `StackStep::locate_kink` finds a ReLU kink by
     /// Newton's method: the located time has that ReLU input at zero to rounding, with opposite
     /// signs 1e-9 before and after, and a bracket without a sign change gives none.

@@ -72,6 +72,11 @@ impl Layer for MaxPool {
                             sw.roots_of(&p, q, None);
                         } else if q != best {
                             sw.roots_of(&p, q, Some(best));
+                        } else if self.relu_after {
+                            // Where the winner falls to zero the window turns to the floor (the
+                            // ReLU's kink too): ending the piece here makes the next walk start
+                            // at this layer, whose roots are then the floor's.
+                            sw.roots_of(&p, q, None);
                         }
                     }
                     for j in 0..=deg {
