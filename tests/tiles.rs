@@ -636,6 +636,28 @@ fn cli_tiles_merge_to_the_one_process_output_and_rerun_bit_identically() {
     fails(&["tile", "compare", "gauss2", "one-full"], d, "relative (tolerance 1e-13)");
 }
 
+/// A merged kernel whose adaptive rule missed its tolerance says so, as `pathkernel kernel`
+/// does: one warning line on stderr, or with `--strict` exit 2 with the merged outputs kept; a
+/// met tolerance prints nothing there.
+#[test]
+fn cli_tile_merge_says_when_the_rule_missed_its_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    train_bin(d, "run", &toy2d("[6]", "relu", 6, 0.5, 6, 5));
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--quadrature", "auto:1e-300", "--tiles", "2x2", "--out", "miss"], d);
+    ok(&["tile", "run", "miss", "--all", "-q"], d);
+    let o = pk(&["tile", "merge", "miss"], d);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.starts_with("warning: the epk kernel's rule auto:1e-300 missed its tolerance") && err.trim().lines().count() == 1, "{err}");
+    fails(&["tile", "merge", "miss", "--force", "--strict"], d, "missed its tolerance: max |machine - network|");
+    assert!(d.join("miss/merged/exactness.json").is_file());
+    ok(&["kernel", "-q", "--run", "run", "--kind", "epk", "--tiles", "2x2", "--out", "met"], d);
+    ok(&["tile", "run", "met", "--all", "-q"], d);
+    let o = pk(&["tile", "merge", "met", "--strict"], d);
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn cli_tile_faults_are_one_line_errors_that_overwrite_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,10 @@ struct MergeArgs {
     /// Memory for the merge (the merged output is held in memory), e.g. 8G.
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     memory: String,
+    /// Exit with status 2 when the merged kernel's adaptive rule missed its tolerance (the
+    /// merged outputs are still written, for inspection); without it the miss is a warning.
+    #[arg(long)]
+    strict: bool,
 }
 
 /// `tile status`
@@ -186,6 +190,12 @@ fn merge(a: MergeArgs) -> Result<()> {
     let (dir, o) = tile::merge(&a.out, a.force, budget)?;
     println!("{o}");
     println!("wrote {}", dir.display());
+    if let Some(miss) = o.inexactness() {
+        if a.strict {
+            return Err(Error::Numerical(format!("{miss} (--strict; the merged outputs are in {})", dir.display())));
+        }
+        eprintln!("warning: {miss} (exactness.json; --strict makes this an error)");
+    }
     Ok(())
 }
 
