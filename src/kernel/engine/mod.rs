@@ -1,7 +1,7 @@
 //! The engine: how one kernel computation runs, from the one entry ([`compute`](crate::kernel::compute)) through
 //! the checks every computation shares (`prepare`) to the plain driver of GD/SGD runs
 //! (`driver`) or the backward recursion of momentum, Adam(W) and weight-decay runs
-//! (`stateful`), over the step models of each network ([`crate::kernel::step_model`]), in row blocks under a
+//! (`stateful`), over the step models of each network (`kernel::step_model`), in row blocks under a
 //! memory budget ([`blocked`]) or column blocks of the training points ([`columns`]).
 
 pub mod blocked;
