@@ -30,7 +30,9 @@ changing any other hyper-parameter is refused at that step. The optimizer must h
 parameter group holding every parameter of the model and must not have stepped yet.
 
 Requirements (checked here, and again by `pathkernel import` on the numbers):
-- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention, in
+- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention, or a
+  module computing a pathkernel layer stack under its own tensor names that says so with a
+  method `pathkernel_stack()` (the layers and the name mapping; see `describe_model`), in
   float64 or float32 (half precision is refused: its rounding is as large as the updates);
   `describe_model` writes it;
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
