@@ -472,6 +472,11 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 /// `DIR/step_00000.safetensors` … one `state_dict` per state, `DIR/data.safetensors`) as a run
 /// directory `out` that `kernel`, `gp`, `svm` and `attribute` read like one written by `train`.
 ///
+/// The model is the recording's `model` entry: an MLP, the one-conv CNN, an `nn.Sequential` of
+/// layers described module by module, or a layer stack in pathkernel's syntax with the recorded
+/// name of each of its parameters (`stack`: a module with its own tensor names, such as
+/// ExPLAIND's transformer), the mapping checked to name every parameter once.
+///
 /// Everything is checked before anything is written: the optimizer (plain `gd`/`sgd` in a
 /// version-1 recording; `SGD` with momentum, dampening, Nesterov and weight decay, `Adam` or
 /// `AdamW` with every hyper-parameter in version 2; amsgrad, maximize and half precision
