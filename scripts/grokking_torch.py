@@ -7,6 +7,7 @@ full batch by `torch.optim.AdamW` in float64 (or float32), one torch thread by d
         [--train-frac 0.5] [--seed 0] [--data-seed 0] [--epochs 5000] [--lr 1e-3] [--wd 1.0]
         [--beta2 0.98] [--init-scale 1.0] [--dtype float64|float32] [--eval-every 1]
         [--stop-when-generalised N] [--max-seconds S] [--print-every 100] [--json OUT.json] [--history-every K] [--record DIR] [--threads 1]
+    python scripts/grokking_torch.py --restack REC OUT     # an older recording's model as a pathkernel stack
     python scripts/grokking_torch.py --check-explaind     # needs explaind (Python >= 3.12)
 
 The setting that groks on one thread in about a minute (bench/grokking/sweep.md; the defaults
@@ -92,11 +93,27 @@ run once held-out accuracy has been >= 0.99 at N consecutive evaluations (0: nev
 `--record DIR` records every state with our recorder (python/pathkernel_recorder's
 TrajectoryRecorder; steps `step_00000.safetensors` ... with the state_dict names above, the token
 ids as x (float64, exact integers), targets as int64 labels, the held-out pairs as the test set,
-the AdamW hyper-parameters and the learning rate of every step; full batch). The recorder takes
-any nn.Module; it describes this one as a single module of type `GrokkingTransformer` with its
-repr, which `pathkernel import` should refuse, naming it, until the importer knows the
-transformer (not checked here: no pathkernel binary was built).
-`DIR/grokking_model.json` holds the architecture (p, d, heads, m, the forward above).
+the AdamW hyper-parameters and the learning rate of every step; full batch). The model is written
+as a pathkernel layer stack with a mapping of its tensor names (model kind `stack`, from
+`GrokkingTransformer.pathkernel_stack()`):
+
+    [embedding{vocab = p + 2, dim = d, scale = sqrt_dim}, self_attention{heads, head_dim = d/H,
+     shared_qkv, bias = false}, last_token, residual[dense m, relu, dense d, relu],
+     dense{p + 2, bias = false}]
+    0.weight <- input_emb.weight, 1.head{h}_encoder.weight <- head{h}_encoder.weight,
+    1.head{h}_decoder.weight <- head{h}_decoder.weight, 3.body.0.* <- linear1.*,
+    3.body.2.* <- linear2.*, 4.weight <- decoder.weight
+
+so that `pathkernel import --from torch DIR --out RUN` reads it (the import checks the mapping and
+every tensor's shape). `DIR/grokking_model.json` holds the architecture (p, d, heads, m, the
+forward above).
+
+    python scripts/grokking_torch.py --restack REC OUT
+
+rewrites a recording made before the recorder knew `pathkernel_stack()` (its model one module of
+type `GrokkingTransformer`, which the import refuses, naming it): OUT gets a trajectory.json whose
+model is the stack of REC/grokking_model.json (everything else unchanged) and symbolic links to
+REC's step files and data.safetensors.
 """
 
 import argparse
@@ -150,6 +167,24 @@ class GrokkingTransformer(nn.Module):
         z = self.attention(e)[:, -1, :]
         r = z + F.relu(self.linear2(F.relu(self.linear1(z))))
         return self.decoder(r)
+
+    def pathkernel_stack(self):
+        """This module as a pathkernel layer stack (the recorder writes it as model kind `stack`):
+        the layers in pathkernel's syntax and the name in this module's state_dict of each of the
+        stack's parameters."""
+        n, d, dh, m, heads = self.n_token, self.d, self.d // self.heads, self.m, self.heads
+        layers = [{"embedding": {"vocab": n, "dim": d, "scale": "sqrt_dim"}},
+                  {"self_attention": {"heads": heads, "head_dim": dh, "shared_qkv": True, "bias": False, "causal": False}},
+                  "last_token",
+                  {"residual": [{"dense": m}, "relu", {"dense": d}, "relu"]},
+                  {"dense": {"features": n, "bias": False}}]
+        names = {"0.weight": "input_emb.weight"}
+        for h in range(1, heads + 1):
+            names[f"1.head{h}_encoder.weight"] = f"head{h}_encoder.weight"
+            names[f"1.head{h}_decoder.weight"] = f"head{h}_decoder.weight"
+        names.update({"3.body.0.weight": "linear1.weight", "3.body.0.bias": "linear1.bias", "3.body.2.weight": "linear2.weight",
+                      "3.body.2.bias": "linear2.bias", "4.weight": "decoder.weight"})
+        return {"layers": layers, "names": names, "vocab": n}
 
     def spec(self):
         return {"kind": "explaind-modulo-transformer", "p": self.p, "n_token": self.n_token, "d": self.d, "heads": self.heads,
@@ -314,6 +349,38 @@ def check_explaind(seed=3):
     print(f"ok: our GrokkingTransformer is ExPLAIND's SingleLayerTransformerClassifier (largest difference {worst:.3g})")
 
 
+def restack(rec, out):
+    """`--restack REC OUT`: REC's recording with its model entry replaced by the stack of
+    REC/grokking_model.json (see the module docstring); the states and data linked, not copied."""
+    sys.path.insert(0, os.path.join(here, "..", "python", "pathkernel_recorder"))
+    from pathkernel_recorder.recorder import describe_model
+
+    rec = os.path.abspath(rec)
+    with open(os.path.join(rec, "grokking_model.json")) as f:
+        spec = json.load(f)
+    if spec.get("kind") != "explaind-modulo-transformer":
+        raise SystemExit(f"{rec}/grokking_model.json: kind {spec.get('kind')!r}, expected explaind-modulo-transformer")
+    with open(os.path.join(rec, "trajectory.json")) as f:
+        traj = json.load(f)
+    model = GrokkingTransformer(spec["p"], spec["d"], spec["heads"], spec["m"])
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+    if shapes != spec["parameters"]:
+        raise SystemExit(f"{rec}/grokking_model.json: parameters {spec['parameters']} are not GrokkingTransformer's {shapes}")
+    was = traj["model"]
+    if not (was.get("kind") == "stack" or (was.get("kind") == "layers" and [m.get("type") for m in was.get("modules", [])] == ["GrokkingTransformer"])):
+        raise SystemExit(f"{rec}/trajectory.json: model {was} is not the one GrokkingTransformer module")
+    traj["model"] = describe_model(model, was.get("input", [4]))
+    os.makedirs(out, exist_ok=True)
+    if os.listdir(out):
+        raise SystemExit(f"{out} is not empty")
+    for name in sorted(os.listdir(rec)):
+        if name.endswith(".safetensors"):
+            os.symlink(os.path.join(rec, name), os.path.join(out, name))
+    with open(os.path.join(out, "trajectory.json"), "w") as f:
+        json.dump(traj, f)
+    print(f"{out}: {rec}'s recording with model {json.dumps(traj['model'])[:200]}...")
+
+
 def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--p", type=int, default=31)
@@ -338,6 +405,7 @@ def parser():
     ap.add_argument("--history-every", type=int, default=1, help="the JSON keeps every K-th epoch's metrics (and the last)")
     ap.add_argument("--record")
     ap.add_argument("--check-explaind", action="store_true")
+    ap.add_argument("--restack", nargs=2, metavar=("REC", "OUT"), help="REC's recording with the model written as a pathkernel stack, in OUT")
     return ap
 
 
@@ -345,6 +413,9 @@ def main():
     a = parser().parse_args()
     if a.check_explaind:
         check_explaind()
+        return
+    if a.restack:
+        restack(*a.restack)
         return
     train(a)
 

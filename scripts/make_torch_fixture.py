@@ -48,6 +48,15 @@
   its last state on the held-out pairs (`logits` [14, 9]): the imported run's network must be
   them (tests/transformer.rs).
 
+- tests/data/torch-grokking and torch-grokking-f32: ExPLAIND's transformer as one module
+  (scripts/grokking_torch.py's GrokkingTransformer, its own tensor names `input_emb.weight`,
+  `head{h}_encoder.weight`, …, `decoder.weight`) recorded by `grokking_torch.py --record`:
+  `a + b mod 5`, d 8, 2 heads, m 16, 9 of the 15 pairs for training, AdamW lr 0.01 betas
+  (0.9, 0.98) wd 1, init scale 1, 8 steps, float64 and float32. The recording's model is the
+  layer stack with the name mapping (`pathkernel_stack()`); `logits.safetensors` holds the
+  module's logits, run in float64 on the recorded last state, on the 6 held-out pairs (`logits`
+  [6, 7]): the imported run's network must be them (tests/transformer.rs).
+
 Each recording is written by the recorder package (python/pathkernel_recorder).
 
     python scripts/make_torch_fixture.py [--only torch-stack-adamw] [--pathkernel BIN]
@@ -211,6 +220,23 @@ def transformer_adamw():
         save_file({"logits": model(x[te]).contiguous()}, os.path.join(out, "logits.safetensors"))
 
 
+def grokking(name, dtype):
+    """`grokking_torch.py --record` on a tiny grokking task (the module docstring)."""
+    out = fresh(name)
+    cmd = [sys.executable, os.path.join(here, "grokking_torch.py"), "--p", "5", "--d", "8", "--heads", "2", "--m", "16", "--train-frac", "0.6",
+           "--seed", "5", "--data-seed", "5", "--epochs", "8", "--lr", "0.01", "--wd", "1", "--init-scale", "1", "--dtype", dtype,
+           "--print-every", "0", "--record", out]
+    subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    from grokking_torch import GrokkingTransformer
+    from safetensors.torch import load_file
+
+    model = GrokkingTransformer(5, 8, 2, 16).double()
+    model.load_state_dict({k: v.double() for k, v in load_file(os.path.join(out, "step_00008.safetensors")).items()})
+    x = load_file(os.path.join(out, "data.safetensors"))["x_test"]
+    with torch.no_grad():
+        save_file({"logits": model(x).contiguous()}, os.path.join(out, "logits.safetensors"))
+
+
 ROUNDTRIP_TOML = f"""# PyTorch -> init -> train -> export -> PyTorch (scripts/make_torch_fixture.py, tests/torch.rs).
 # Paths relative to a directory holding the recording as rec/.
 [data]
@@ -270,13 +296,17 @@ if __name__ == "__main__":
         roundtrip(a.pathkernel, stack_adamw())
     if a.only in (None, "torch-transformer-adamw"):
         transformer_adamw()
+    for name, dtype in (("torch-grokking", "float64"), ("torch-grokking-f32", "float32")):
+        if a.only in (None, name):
+            grokking(name, dtype)
     if a.only is None:
         init_mlp()
         adamw("torch-adamw", torch.float64, 40)
         adamw("torch-adamw-f32", torch.float32, 20)
         nesterov()
         cnn_momentum()
-    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack", "torch-transformer-adamw"]
+    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack", "torch-transformer-adamw", "torch-grokking",
+             "torch-grokking-f32"]
     for name in names + [os.path.join("torch-recipes", r) for r in sorted(os.listdir(os.path.join(data_dir, "torch-recipes")))]:
         d = os.path.join(data_dir, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

@@ -145,6 +145,23 @@ pub(crate) enum RecordedModel {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vocab: Option<usize>,
     },
+    /// A module that is not an `nn.Sequential` of layers but computes a layer stack (ExPLAIND's
+    /// transformer: one module with its own tensor names): the stack in pathkernel's own syntax
+    /// (the `layers` of a `[model] kind = "layers"` configuration, as JSON) and the recording's
+    /// name of every one of its parameters.
+    Stack {
+        /// One sample's shape: `[F]`, `[C, H, W]`, or `[T]` token ids with `vocab`.
+        input: Vec<usize>,
+        /// When rows are token ids: the vocabulary.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
+        /// The layers, e.g. `[{"embedding": {"vocab": 33, "dim": 64, "scale": "sqrt_dim"}}, …]`.
+        layers: Vec<serde_json::Value>,
+        /// Our parameter name (`0.weight`, `1.head1_encoder.weight`, …) → the recording's
+        /// `state_dict` name (`input_emb.weight`, …): every parameter of the stack exactly once,
+        /// each recorded name once.
+        names: std::collections::BTreeMap<String, String>,
+    },
 }
 
 /// `DIR/trajectory.json` of a recording (written by `scripts/record_torch_trajectory.py`).
@@ -330,6 +347,7 @@ fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) 
             (body, *activation, names.iter().any(|n| n == "0.bias"))
         }
         RecordedModel::Layers { input, modules: ms, vocab } => return stack_architecture(dir, input, *vocab, ms, output),
+        RecordedModel::Stack { input, vocab, layers, .. } => return named_stack_architecture(dir, input, *vocab, layers, output),
     };
     let arch = Architecture { body, activation, bias, zero_last: false, alpha: 1.0, zero_output: false, output };
     arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
@@ -342,12 +360,64 @@ fn recorded_architecture(dir: &Path, model: &RecordedModel, output: OutputKind) 
 fn stack_architecture(dir: &Path, input: &[usize], vocab: Option<usize>, ms: &[serde_json::Value], output: OutputKind) -> Result<Architecture> {
     let bad = |msg: String| Error::format(dir.join("trajectory.json"), msg);
     let input = modules::input_shape(input, vocab).map_err(bad)?;
-    let layers = modules::list(ms, "model.modules").map_err(bad)?;
+    let layers = modules::list(ms, "model.modules").map_err(|e| {
+        if ms.len() == 1 {
+            // One module that is not a layer: it may still compute a stack.
+            bad(format!("{e}; a module that computes a layer stack under its own tensor names is recorded as model kind `stack` (the layers and a `names` mapping; python/pathkernel_recorder reads them from the module's `pathkernel_stack()`)"))
+        } else {
+            bad(e)
+        }
+    })?;
     let outputs = modules::outputs(input, &layers).map_err(bad)?;
     let arch = Architecture { body: Body::Layers { input, layers, outputs }, activation: Activation::Relu, bias: true, zero_last: false, alpha: 1.0, zero_output: false, output };
     arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
     modules::check_resolved(ms, &arch.stack()?).map_err(bad)?;
     Ok(arch)
+}
+
+/// The architecture of a stack written in pathkernel's syntax (`RecordedModel::Stack`): the
+/// layers parsed as a configuration's, the shapes chained from `input`. Errors name
+/// `DIR/trajectory.json`.
+fn named_stack_architecture(dir: &Path, input: &[usize], vocab: Option<usize>, layers: &[serde_json::Value], output: OutputKind) -> Result<Architecture> {
+    let bad = |msg: String| Error::format(dir.join("trajectory.json"), msg);
+    let input = modules::input_shape(input, vocab).map_err(bad)?;
+    if layers.is_empty() {
+        return Err(bad("model.layers is empty".into()));
+    }
+    let layers = layers.iter().enumerate().map(|(i, l)| crate::model::layers::LayerSpec::parse(l, &format!("model.layers[{i}]"))).collect::<std::result::Result<Vec<_>, _>>().map_err(bad)?;
+    let outputs = modules::outputs(input, &layers).map_err(|e| bad(e.replace("model.modules", "model.layers")))?;
+    let arch = Architecture { body: Body::Layers { input, layers, outputs }, activation: Activation::Relu, bias: true, zero_last: false, alpha: 1.0, zero_output: false, output };
+    arch.validate().map_err(|e| bad(format!("the recorded model is not one pathkernel has: {e}")))?;
+    Ok(arch)
+}
+
+/// The names and shapes under which a recording holds `arch`'s parameters, in our order: PyTorch's
+/// names of the module ([`torch::torch_specs`]), or for a `Stack` its `names` mapping, checked to
+/// name every parameter of the stack exactly once (no unknown name, no recorded name twice).
+fn recorded_specs(jpath: &Path, model: &RecordedModel, arch: &Architecture) -> Result<Vec<crate::model::ParamSpec>> {
+    let RecordedModel::Stack { names, .. } = model else { return Ok(torch::torch_specs(arch)) };
+    let ours = arch.param_specs();
+    let missing: Vec<&str> = ours.iter().filter(|s| !names.contains_key(&s.name)).map(|s| s.name.as_str()).collect();
+    let unknown: Vec<&str> = names.keys().filter(|k| !ours.iter().any(|s| &s.name == *k)).map(String::as_str).collect();
+    let mut seen = std::collections::BTreeMap::new();
+    let twice: Vec<String> = names.iter().filter_map(|(k, v)| seen.insert(v.as_str(), k.as_str()).map(|other| format!("`{v}` (for `{other}` and `{k}`)"))).collect();
+    if !(missing.is_empty() && unknown.is_empty() && twice.is_empty()) {
+        let mut what = Vec::new();
+        if !missing.is_empty() {
+            what.push(format!("no recorded name for {}", missing.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+        }
+        if !unknown.is_empty() {
+            what.push(format!("{} not a parameter of the stack", unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+        }
+        if !twice.is_empty() {
+            what.push(format!("recorded name used twice: {}", twice.join(", ")));
+        }
+        return Err(Error::format(
+            jpath,
+            format!("model.names must map each parameter of the stack ({}) to one recorded tensor: {}", ours.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "), what.join("; ")),
+        ));
+    }
+    Ok(ours.into_iter().map(|s| crate::model::ParamSpec { name: names[&s.name].clone(), shape: s.shape }).collect())
 }
 
 /// Reads `data.safetensors` of a recording: `x_train [M, d]` and `x_test [P, d]` f64 (images
@@ -401,6 +471,11 @@ fn read_recorded_data(path: &Path, arch: &Architecture, loss: LossKind) -> Resul
 /// Imports a trajectory recorded by a PyTorch training loop (`DIR/trajectory.json`,
 /// `DIR/step_00000.safetensors` … one `state_dict` per state, `DIR/data.safetensors`) as a run
 /// directory `out` that `kernel`, `gp`, `svm` and `attribute` read like one written by `train`.
+///
+/// The model is the recording's `model` entry: an MLP, the one-conv CNN, an `nn.Sequential` of
+/// layers described module by module, or a layer stack in pathkernel's syntax with the recorded
+/// name of each of its parameters (`stack`: a module with its own tensor names, such as
+/// ExPLAIND's transformer), the mapping checked to name every parameter once.
 ///
 /// Everything is checked before anything is written: the optimizer (plain `gd`/`sgd` in a
 /// version-1 recording; `SGD` with momentum, dampening, Nesterov and weight decay, `Adam` or
@@ -482,6 +557,8 @@ struct LoadedRecording {
     loss: LossKind,
     /// The module, from `json.model` and the shapes of step 0.
     arch: Architecture,
+    /// The recorded names (and our shapes) of `arch`'s parameters, in our order.
+    specs: Vec<crate::model::ParamSpec>,
     /// `data.safetensors`.
     data: Dataset,
     /// The training rows of every update, sorted; `None` for full batch. # Shapes `N × [B_s]`.
@@ -506,6 +583,7 @@ fn load_recording(dir: &Path) -> Result<LoadedRecording> {
     check_step_files(dir, n)?;
     let output = if loss == LossKind::CrossEntropy { OutputKind::LogSoftmax } else { OutputKind::Identity };
     let arch = recorded_architecture(dir, &json.model, output)?;
+    let specs = recorded_specs(&jpath, &json.model, &arch)?;
     let data = read_recorded_data(&dir.join("data.safetensors"), &arch, loss)?;
     let batches = recorded_batches(&jpath, &json, data.n_train())?;
     // Every state, checked against the architecture (names, shapes, dtypes, finite, order).
@@ -514,7 +592,7 @@ fn load_recording(dir: &Path) -> Result<LoadedRecording> {
     let mut precision = None;
     for s in 0..=n {
         let path = recording_step_path(dir, s);
-        let st = states::read_state(&path, &arch, s).map_err(|e| match e {
+        let st = states::read_state(&path, &arch, &specs, s).map_err(|e| match e {
             Error::Format { path, msg } => Error::trajectory(path, format!("step {s}: {msg}")),
             other => other,
         })?;
@@ -538,7 +616,7 @@ fn load_recording(dir: &Path) -> Result<LoadedRecording> {
         },
     };
     let optimizer = recorded.record(json.learning_rates[0], batches.as_deref(), precision == Precision::Float32, per_step);
-    Ok(LoadedRecording { json, loss, arch, data, batches, optimizer, precision, states, hashes })
+    Ok(LoadedRecording { json, loss, arch, specs, data, batches, optimizer, precision, states, hashes })
 }
 
 /// Parses `trajectory.json` (`bytes`, read from `jpath`) and checks its format, optimizer
@@ -739,7 +817,7 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
                     s + 1,
                     rec.optimizer,
                     d.abs,
-                    step_check::coordinate(&torch::torch_specs(arch), d.at),
+                    step_check::coordinate(&rec.specs, d.at),
                     d.rel,
                     d.update,
                     d.ulps,
@@ -808,6 +886,10 @@ fn imported_manifest(dir: &Path, rec: &LoadedRecording, run_id: String) -> Manif
         "precision": rec.precision,
         "sha256": hashes,
     });
+    let mut import = import;
+    if let RecordedModel::Stack { names, .. } = &json.model {
+        import["names"] = serde_json::json!(names);
+    }
     Manifest {
         format: trajectory::FORMAT.into(),
         version: trajectory::VERSION,

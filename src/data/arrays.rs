@@ -12,6 +12,19 @@
 //! `[C, H, W]` shape for the CNN. `y` is `[n]` class labels `0..K` (any integer or float dtype
 //! holding non-negative integers), or with `task = "regression"` `[n]` or `[n, K]` targets.
 //!
+//! With `vocab = V` the rows are sequences of token ids: `x` is `[n, T]`, every entry an integer
+//! in `0..V` (any dtype holding exact integers; a token outside the vocabulary is one error naming
+//! the array, row and position), read by a stack that starts with an `embedding` of `vocab = V`
+//! (`[model] kind = "layers"`); `scale` and `standardize` do not apply to token ids and are
+//! refused with it.
+//!
+//! ```toml
+//! [data]
+//! kind = "arrays"
+//! path = "data/sequences.safetensors"   # x_train [n, T] token ids, y_train [n] labels, ...
+//! vocab = 33
+//! ```
+//!
 //! The `.npy` reader is deliberately strict: format versions 1 and 2, C order, and the dtypes
 //! `<f8`, `<f4`, `<i8`, `<i4` and `|u1` only. An `.npz` must be uncompressed (`np.savez`, not
 //! `np.savez_compressed`): no zip/deflate library is in the dependency tree, so the archive is read
@@ -51,6 +64,9 @@ pub struct ArraysConfig {
     /// Choose the kept training rows by a seeded shuffle (default: the first ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subset_seed: Option<u64>,
+    /// Rows are sequences of token ids in `0..vocab` (`x` `[n, T]`), not features.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
 }
 
 /// An array read from a file, converted to `f64`.
@@ -83,6 +99,14 @@ impl ArraysConfig {
         if self.per_class.is_some() && self.task == Task::Regression {
             return Err(Error::Config("data.per_class needs task = \"classification\"".into()));
         }
+        if let Some(v) = self.vocab {
+            if v == 0 {
+                return Err(Error::Config("data.vocab must be at least 1".into()));
+            }
+            if self.scale.is_some() || self.standardize {
+                return Err(Error::Config("data.scale and data.standardize do not apply to token ids (data.vocab is set): remove them".into()));
+            }
+        }
         self.prep().validate()
     }
 
@@ -102,7 +126,11 @@ impl ArraysConfig {
         };
         // Row shape shared by every x.
         let row = row_shape(&x_train, "x_train", &file)?;
+        if let (Some(v), false) = (self.vocab, row.len() == 1) {
+            return Err(Error::format(&file, format!("x_train has shape {:?}; with data.vocab = {v} the rows are token sequences [n, T]", x_train.shape)));
+        }
         let image_shape = match row.as_slice() {
+            _ if self.vocab.is_some() => None,
             [h, w] => Some([1, *h, *w]),
             [c, h, w] => Some([*c, *h, *w]),
             _ => None,
@@ -132,6 +160,9 @@ impl ArraysConfig {
                 (s, Task::Regression) => return Err(Error::format(&file, format!("y_{split} has shape {s:?}; targets must be [{n}] or [{n}, K]"))),
             };
             check_finite(&x.data, dim, |j| format!("{j} ({})", index_in(&row, j)), &file, &format!("x_{split}"))?;
+            if let Some(v) = self.vocab {
+                check_tokens(&x.data, dim, v, &file, &format!("x_{split}"))?;
+            }
             parts.push((x.data, y.data, ky));
         }
         let kys: Vec<usize> = parts.iter().map(|p| p.2).collect();
@@ -176,10 +207,24 @@ impl ArraysConfig {
             val.as_ref().map_or(0, n),
             n(&test)
         );
+        let desc = match self.vocab {
+            Some(v) => format!("{desc}; token ids of a vocabulary of {v}"),
+            None => desc,
+        };
         let mut ds = prep::assemble(name, desc, dim, k, train, val, test);
         ds.image_shape = image_shape;
+        ds.vocab = self.vocab;
         self.prep().apply(&mut ds, &file)?;
         Ok(ds)
+    }
+}
+
+/// Checks that every entry of `x` (rows of `t` tokens) is an integer token id in `0..vocab`;
+/// the first one that is not is named by array, row and position.
+fn check_tokens(x: &[f64], t: usize, vocab: usize, file: &Path, name: &str) -> Result<()> {
+    match x.iter().position(|&v| !(v >= 0.0 && v < vocab as f64 && v.fract() == 0.0)) {
+        None => Ok(()),
+        Some(i) => Err(Error::format(file, format!("{name}[{}, {}] = {} is not a token id of the vocabulary 0..{vocab} (data.vocab)", i / t, i % t, x[i]))),
     }
 }
 
@@ -679,6 +724,54 @@ mod tests {
         for k in 0..z.len() {
             let _ = read_stored_zip(&z[..k], p());
         }
+    }
+
+    /// Token rows (`vocab`): read as given with the vocabulary set, integer dtypes and floats
+    /// holding integers alike; a token outside the vocabulary, a fraction, rows that are not
+    /// `[n, T]`, and `scale` / `standardize` with it are refused, each naming the place.
+    #[test]
+    fn token_rows_with_a_vocabulary() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, x_test: Vec<f64>, shape: Vec<usize>| {
+            let path = dir.path().join(name);
+            let tokens: Vec<i64> = vec![0, 5, 1, 6, 2, 5, 3, 6, 4, 5, 0, 6];
+            write_safetensors(
+                &path,
+                &[
+                    NamedArray::i64("x_train", vec![3, 4], tokens),
+                    NamedArray::i64("y_train", vec![3], vec![1, 0, 2]),
+                    NamedArray::f64("x_test", shape, x_test),
+                    NamedArray::i64("y_test", vec![1], vec![2]),
+                ],
+                None,
+            )
+            .unwrap();
+        };
+        let cfg = |name: &str, extra: &str| -> DataConfig { toml::from_str(&format!("kind = \"arrays\"\npath = \"{name}\"\nvocab = 7\n{extra}")).unwrap() };
+        write("ok.safetensors", vec![2.0, 5.0, 0.0, 6.0], vec![1, 4]);
+        let ds = cfg("ok.safetensors", "").load(dir.path()).unwrap();
+        assert_eq!((ds.dim, ds.vocab, ds.image_shape, ds.num_outputs), (4, Some(7), None, 3));
+        assert_eq!(ds.x_train, vec![0.0, 5.0, 1.0, 6.0, 2.0, 5.0, 3.0, 6.0, 4.0, 5.0, 0.0, 6.0]);
+        assert_eq!(ds.x_test, vec![2.0, 5.0, 0.0, 6.0]);
+        write("big.safetensors", vec![2.0, 5.0, 7.0, 6.0], vec![1, 4]);
+        let e = cfg("big.safetensors", "").load(dir.path()).unwrap_err().to_string();
+        assert!(e.ends_with("x_test[0, 2] = 7 is not a token id of the vocabulary 0..7 (data.vocab)"), "{e}");
+        write("frac.safetensors", vec![2.0, 5.5, 0.0, 6.0], vec![1, 4]);
+        let e = cfg("frac.safetensors", "").load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("x_test[0, 1] = 5.5 is not a token id"), "{e}");
+        write("neg.safetensors", vec![-1.0, 5.0, 0.0, 6.0], vec![1, 4]);
+        assert!(cfg("neg.safetensors", "").load(dir.path()).unwrap_err().to_string().contains("x_test[0, 0] = -1 is not a token id"));
+        write("img.safetensors", vec![2.0, 5.0, 0.0, 6.0], vec![1, 2, 2]);
+        let bad: DataConfig = toml::from_str("kind = \"arrays\"\npath = \"img.safetensors\"\nvocab = 7").unwrap();
+        let e = bad.load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("x_test rows have shape [2, 2] but x_train rows have [4]"), "{e}");
+        assert!(cfg("ok.safetensors", "standardize = true").validate().unwrap_err().to_string().contains("do not apply to token ids"));
+        assert!(cfg("ok.safetensors", "scale = 0.5").validate().unwrap_err().to_string().contains("do not apply to token ids"));
+        let zero: DataConfig = toml::from_str("kind = \"arrays\"\npath = \"ok.safetensors\"\nvocab = 0").unwrap();
+        assert!(zero.validate().unwrap_err().to_string().contains("data.vocab must be at least 1"));
+        // Without the vocabulary the same file is plain features.
+        let plain: DataConfig = toml::from_str("kind = \"arrays\"\npath = \"ok.safetensors\"").unwrap();
+        assert_eq!(plain.load(dir.path()).unwrap().vocab, None);
     }
 
     /// Archives written by CPython's zipfile as numpy's `savez` writes them (zip64 local extra

@@ -8,8 +8,8 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
 use crate::io;
-use crate::model::torch::{self, torch_specs};
-use crate::model::{Architecture, Params};
+use crate::model::torch;
+use crate::model::{Architecture, ParamSpec, Params};
 
 /// The floating-point precision a recording's states were trained and saved in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -56,10 +56,17 @@ pub(crate) struct RecordedState {
     pub precision: Precision,
 }
 
-/// Reads step `s` of a recording from `path` and checks it against `arch`: the file's `step`
-/// metadata (when present) is `s`, every tensor is float64 or float32 (half precision refused),
-/// and the names and shapes are the module's ([`torch::read_state_dict`] for float64).
-pub(crate) fn read_state(path: &Path, arch: &Architecture, s: usize) -> Result<RecordedState> {
+/// Reads step `s` of a recording from `path` and checks it against `arch`, whose parameters the
+/// file holds under the names of `specs` (PyTorch's names of the module, or a recording's own
+/// names mapped onto the stack; our order): the file's `step` metadata (when present) is `s`,
+/// every tensor is float64 or float32, all of one precision (half precision refused), the names
+/// and shapes are `specs`' and nothing else, every value finite. All mismatches are listed in the
+/// one error. A file exported by pathkernel with α folded into its last layer is refused (not raw
+/// weights).
+///
+/// # Shapes
+/// `specs` are `arch`'s parameters in order (recorded names, our shapes).
+pub(crate) fn read_state(path: &Path, arch: &Architecture, specs: &[ParamSpec], s: usize) -> Result<RecordedState> {
     let bytes = io::read_file(path)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
     let meta = SafeTensors::read_metadata(&bytes).ok().and_then(|(_, m)| m.metadata().clone()).unwrap_or_default();
@@ -68,22 +75,26 @@ pub(crate) fn read_state(path: &Path, arch: &Architecture, s: usize) -> Result<R
             return Err(Error::format(path, format!("holds step {recorded} (its metadata), not step {s}: the steps are out of order")));
         }
     }
+    if meta.get("format").map(String::as_str) == Some(torch::FORMAT) {
+        if let Some(a) = meta.get("alpha_folded").and_then(|a| a.parse::<f64>().ok()).filter(|a| *a != 1.0) {
+            return Err(Error::format(
+                path,
+                format!("exported by pathkernel with alpha = {a} folded into the last layer; it is the scaled network, not raw weights to start from"),
+            ));
+        }
+    }
     let dtypes: Vec<Dtype> = st.tensors().iter().map(|(_, v)| v.dtype()).collect();
     if dtypes.iter().any(|d| matches!(d, Dtype::F16 | Dtype::BF16)) {
         return Err(Error::format(path, HALF_REFUSED));
     }
-    if !dtypes.contains(&Dtype::F32) {
-        let sd = torch::read_state_dict(path, arch)?;
-        return Ok(RecordedState { params: sd.params, sha256: sd.sha256, precision: Precision::Float64 });
-    }
-    let specs = torch_specs(arch);
+    let (precision, dtype) = if dtypes.contains(&Dtype::F32) { (Precision::Float32, Dtype::F32) } else { (Precision::Float64, Dtype::F64) };
     let found: BTreeMap<String, _> = st.tensors().into_iter().collect();
     let mut problems: Vec<String> = Vec::new();
-    for sp in &specs {
+    for sp in specs {
         match found.get(&sp.name) {
             None => problems.push(format!("missing `{}` {:?}", sp.name, sp.shape)),
             Some(v) if v.shape() != sp.shape.as_slice() => problems.push(format!("`{}` has shape {:?}, expected {:?}", sp.name, v.shape(), sp.shape)),
-            Some(v) if v.dtype() != Dtype::F32 => problems.push(format!("`{}` is {:?} while others are F32 (one precision per state)", sp.name, v.dtype())),
+            Some(v) if v.dtype() != dtype => problems.push(format!("`{}` is {:?} while others are {dtype:?} (one precision per state: F64 or F32)", sp.name, v.dtype())),
             Some(_) => {}
         }
     }
@@ -96,12 +107,16 @@ pub(crate) fn read_state(path: &Path, arch: &Architecture, s: usize) -> Result<R
         return Err(Error::format(path, format!("does not match {} ({}): {}", torch::module_description(arch), problems.len(), problems.join("; "))));
     }
     let mut data = Vec::with_capacity(specs.len());
-    for sp in &specs {
-        let v: Vec<f64> = found[&sp.name].data().chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")))).collect();
+    for sp in specs {
+        let raw = found[&sp.name].data();
+        let v: Vec<f64> = match precision {
+            Precision::Float32 => raw.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")))).collect(),
+            Precision::Float64 => raw.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+        };
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             return Err(Error::format(path, format!("`{}` has a non-finite value at index {i}", sp.name)));
         }
         data.push(v);
     }
-    Ok(RecordedState { params: Params { specs: arch.param_specs(), data }, sha256: torch::sha256_hex(&bytes), precision: Precision::Float32 })
+    Ok(RecordedState { params: Params { specs: arch.param_specs(), data }, sha256: torch::sha256_hex(&bytes), precision })
 }

@@ -30,7 +30,9 @@ changing any other hyper-parameter is refused at that step. The optimizer must h
 parameter group holding every parameter of the model and must not have stepped yet.
 
 Requirements (checked here, and again by `pathkernel import` on the numbers):
-- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention, in
+- the model is an `nn.Sequential` of the layers of `scripts/torch_model.py`'s convention, or a
+  module computing a pathkernel layer stack under its own tensor names that says so with a
+  method `pathkernel_stack()` (the layers and the name mapping; see `describe_model`), in
   float64 or float32 (half precision is refused: its rounding is as large as the updates);
   `describe_model` writes it;
 - the loss is the *mean* `F.cross_entropy` on the logits (class labels, int64) or `F.mse_loss`;
@@ -97,7 +99,28 @@ def describe_model(model, sample_shape):
     (`layers`: the sample shape and every child of the nn.Sequential, torch_model.describe_module),
     which `pathkernel import` builds or refuses, naming the module. A stack whose first child is an
     embedding (`nn.Embedding`, torch_model.ScaledEmbedding) takes rows of token ids: `vocab` (its
-    number of embeddings) is written beside `input` [T]."""
+    number of embeddings) is written beside `input` [T].
+
+    A module that is not an nn.Sequential of layers but computes a pathkernel layer stack under
+    its own tensor names (ExPLAIND's transformer, scripts/grokking_torch.py) says so with a method
+    `pathkernel_stack()` returning `{"layers": [...], "names": {...}, "vocab": V}` (`vocab` only for
+    token rows): the layers in pathkernel's syntax (the `layers` of a `[model] kind = "layers"`
+    configuration, as JSON), `names` mapping each of the stack's parameter names (`0.weight`,
+    `1.head1_encoder.weight`, ...) to the module's `state_dict` name. It is written as kind
+    `stack`; the import checks the mapping against the stack's parameters and every recorded
+    tensor's shape against the stack's."""
+    stack = getattr(model, "pathkernel_stack", None)
+    if callable(stack):
+        st = stack()
+        sd = model.state_dict()
+        names = dict(st["names"])
+        if sorted(names.values()) != sorted(sd):
+            raise ValueError(f"pathkernel_stack()['names'] must name every state_dict tensor once: "
+                             f"missing {sorted(set(sd) - set(names.values()))}, unknown {sorted(set(names.values()) - set(sd))}")
+        out = {"kind": "stack", "input": [int(v) for v in sample_shape], "layers": list(st["layers"]), "names": names}
+        if st.get("vocab") is not None:
+            out["vocab"] = int(st["vocab"])
+        return out
     try:
         return _describe(model)
     except ValueError:

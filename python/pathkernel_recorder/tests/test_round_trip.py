@@ -100,3 +100,55 @@ def test_a_scheduler_changing_another_hyper_parameter_is_refused(tmp_path):
     torch.nn.functional.cross_entropy(net(xtr), ytr).backward()
     with pytest.raises(ValueError, match="eps changed from 1e-08 to 1e-06"):
         opt.step()
+
+
+class _Named(torch.nn.Module):
+    """Not an nn.Sequential: two linear maps under their own names, which compute the stack
+    [dense 6, tanh, dense 3] (`pathkernel_stack()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(2, 6)
+        self.readout = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.readout(torch.tanh(self.encoder(x)))
+
+    def pathkernel_stack(self):
+        return {"layers": [{"dense": 6}, "tanh", {"dense": 3}],
+                "names": {"0.weight": "encoder.weight", "0.bias": "encoder.bias", "2.weight": "readout.weight", "2.bias": "readout.bias"}}
+
+
+def test_a_module_with_its_own_names_is_recorded_as_a_stack_and_imports(pathkernel, tmp_path):
+    torch.manual_seed(0)
+    net = _Named().double()
+    xtr, ytr, xte, yte = recipes.data(dim=2, classes=3)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
+    rec = TrajectoryRecorder(str(tmp_path / "rec"), net, xtr, ytr, xte, yte, optimizer=opt)
+    rec.start()
+    for _ in range(6):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(xtr), ytr).backward()
+        opt.step()
+        rec.step(batch=None)
+    rec.finish()
+    with open(tmp_path / "rec" / "trajectory.json") as f:
+        model = json.load(f)["model"]
+    assert model["kind"] == "stack" and model["names"]["2.bias"] == "readout.bias", model
+    ok = subprocess.run([pathkernel, "import", "--from", "torch", str(tmp_path / "rec"), "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "Sequential(Linear(2, 6), Tanh(), Linear(6, 3))" in ok.stdout, ok.stdout
+    k = subprocess.run([pathkernel, "kernel", "-q", "--run", str(tmp_path / "run"), "--kind", "epk", "--strict", "--out", str(tmp_path / "k")],
+                       capture_output=True, text=True)
+    assert k.returncode == 0, k.stderr
+    with open(tmp_path / "k" / "exactness.json") as f:
+        assert json.load(f)["max_abs_error"] <= 1e-12
+
+
+def test_a_stack_mapping_that_misses_a_tensor_is_refused_by_the_recorder(tmp_path):
+    net = _Named().double()
+    net.pathkernel_stack = lambda: {"layers": [{"dense": 6}, "tanh", {"dense": 3}], "names": {"0.weight": "encoder.weight"}}
+    xtr, ytr, xte, yte = recipes.data(dim=2, classes=3)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    with pytest.raises(ValueError, match="must name every state_dict tensor once"):
+        TrajectoryRecorder(str(tmp_path / "a"), net, xtr, ytr, xte, yte, optimizer=opt)
