@@ -12,7 +12,7 @@
 //! `Δw_g` (the direction zero outside layer g) at quadrature nodes of the step, no training-side
 //! gradient and no contraction. The shares sum to the network's own change over the step; that
 //! sum is the exactness check (a fundamental-theorem-of-calculus check against two forward
-//! passes), and a step whose check fails is split where a point's ReLU changes sign
+//! passes), and a point whose check fails is integrated alone, split where its ReLUs change sign
 //! ([`StackStep::locate_kink`]) and then bisected until every piece passes.
 
 use rayon::prelude::*;
@@ -22,10 +22,12 @@ use crate::error::{Error, Result};
 use crate::kernel::quadrature::gauss_legendre_01;
 use crate::kernel::stack::step::StackStep;
 use crate::model::layers::At;
-use crate::model::{Architecture, Body, Params};
+use crate::model::{Architecture, Body, OutputKind, Params};
 
 /// Gauss–Legendre nodes per piece.
 const ORDER: usize = 4;
+/// The least tolerance a short piece is held to (the rounding of the outputs' differences).
+const ROUNDING: f64 = 1e-14;
 /// Bisections of a piece before its check is given up (the miss is then reported).
 const MAX_DEPTH: usize = 40;
 
@@ -55,6 +57,32 @@ pub fn layer_groups(arch: &Architecture, params: &Params) -> Result<Vec<(String,
     Ok(out)
 }
 
+/// `f = out(α(g − off))` and its derivative `α(ġ − Σ_o p_o ġ_o)` (log-softmax) or `αġ`
+/// (identity), in place on raw outputs `g` and their derivatives `gd` (`[R, K]`; one
+/// exponential per output).
+fn output_map(arch: &Architecture, g: &mut [f64], gd: Option<&mut [f64]>, off: Option<&[f64]>) {
+    let (k, alpha) = (arch.outputs(), arch.alpha);
+    if let Some(off) = off {
+        g.iter_mut().zip(off).for_each(|(a, b)| *a -= b);
+    }
+    g.iter_mut().for_each(|v| *v *= alpha);
+    let mut gd = gd;
+    if let Some(gd) = gd.as_deref_mut() {
+        gd.iter_mut().for_each(|v| *v *= alpha);
+    }
+    if arch.output == OutputKind::LogSoftmax {
+        for r in 0..g.len() / k {
+            let z = &mut g[r * k..(r + 1) * k];
+            crate::model::log_softmax_rows(z, k);
+            if let Some(gd) = gd.as_deref_mut() {
+                let zd = &mut gd[r * k..(r + 1) * k];
+                let mean: f64 = z.iter().zip(zd.iter()).map(|(l, d)| l.exp() * d).sum();
+                zd.iter_mut().for_each(|d| *d -= mean);
+            }
+        }
+    }
+}
+
 /// One step split by layer at `P` points.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepSplit {
@@ -64,9 +92,11 @@ pub struct StepSplit {
     pub change: Vec<f64>,
     /// `max |Σ_g share − change|` over the points and outputs.
     pub residual: f64,
-    /// Quadrature nodes used (each costs one forward-mode pass per layer).
+    /// Quadrature nodes used: `ORDER` for all points together, then those of each point whose
+    /// check failed and that was integrated alone (each node costs one forward-mode pass per
+    /// layer).
     pub nodes: usize,
-    /// Pieces the step was integrated in (1 when no split was needed).
+    /// Pieces integrated: 1 for all points together, plus each refined point's pieces.
     pub pieces: usize,
 }
 
@@ -90,71 +120,75 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
         .map(|(_, idx)| dir.iter().enumerate().map(|(i, t)| if idx.contains(&i) { t.clone() } else { vec![0.0; t.len()] }).collect())
         .collect();
     let at_t = |t: f64| -> Vec<Vec<f64>> { w.data.iter().zip(dir).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + t * y).collect()).collect() };
-    // f at a time t (raw forward, then the output map).
-    let value = |t: f64| -> Vec<f64> {
-        let wt = at_t(t);
-        let g = step.stack.forward(&wt, x);
-        step.map_outputs(g, &vec![0.0; p * k], off.as_deref()).0
+    // f at time t at the rows `xs` (raw forward, then the output map).
+    let value = |t: f64, xs: &[f64], off: Option<&[f64]>| -> Vec<f64> {
+        let mut g = step.stack.forward(&at_t(t), xs);
+        output_map(arch, &mut g, None, off);
+        g
     };
-    // Σ_nodes weight · d/du f(w(t) + uΔw_g) for every group: [G, P, K].
-    let integrate = |a: f64, b: f64| -> Vec<f64> {
-        let mut acc = vec![0.0; groups.len() * p * k];
+    // Σ_nodes weight · d/du f(w(t) + uΔw_g) at the rows `xs` for every group: [G, R, K].
+    let integrate = |a: f64, b: f64, xs: &[f64], off: Option<&[f64]>| -> Vec<f64> {
+        let rk = xs.len() / d * k;
+        let mut acc = vec![0.0; groups.len() * rk];
         for (t, wt) in gauss_legendre_01(ORDER, a, b) {
             let params = at_t(t);
             for (gi, dg) in masked.iter().enumerate() {
                 let at = At { w: &params, dw: Some(dg), t: None };
-                let (g, gd) = step.stack.tangent_at(&at, x.to_vec());
-                let (_, fd) = step.map_outputs(g, &gd, off.as_deref());
-                acc[gi * p * k..(gi + 1) * p * k].iter_mut().zip(&fd).for_each(|(s, v)| *s += wt * v);
+                let (mut g, mut fd) = step.stack.tangent_at(&at, xs.to_vec());
+                output_map(arch, &mut g, Some(&mut fd), off);
+                acc[gi * rk..(gi + 1) * rk].iter_mut().zip(&fd).for_each(|(s, v)| *s += wt * v);
             }
         }
         acc
     };
-    let misfit = |shares: &[f64], fa: &[f64], fb: &[f64]| -> f64 {
-        (0..p * k).map(|j| ((0..groups.len()).map(|gi| shares[gi * p * k + j]).sum::<f64>() - (fb[j] - fa[j])).abs()).fold(0.0, f64::max)
+    // max over a row's outputs of |Σ_g share − (f(b) − f(a))|, for each of the R rows.
+    let misfits = |shares: &[f64], fa: &[f64], fb: &[f64]| -> Vec<f64> {
+        let r = fa.len() / k;
+        (0..r).map(|i| (0..k).map(|c| ((0..groups.len()).map(|gi| shares[gi * r * k + i * k + c]).sum::<f64>() - (fb[i * k + c] - fa[i * k + c])).abs()).fold(0.0, f64::max)).collect()
     };
-    let (f0, f1) = (value(0.0), value(1.0));
+    let (f0, f1) = (value(0.0, x, off.as_deref()), value(1.0, x, off.as_deref()));
     let change: Vec<f64> = f1.iter().zip(&f0).map(|(b, a)| b - a).collect();
-    // Pieces: [0, 1] first; where it fails, the points' kinks, then bisection.
-    let mut todo: Vec<(f64, f64, Vec<f64>, Vec<f64>, usize)> = vec![(0.0, 1.0, f0.clone(), f1.clone(), 0)];
-    let mut split_at_kinks = false;
-    let (mut shares, mut nodes, mut pieces, mut worst) = (vec![0.0; groups.len() * p * k], 0, 0, 0.0f64);
-    while let Some((a, b, fa, fb, depth)) = todo.pop() {
-        let part = integrate(a, b);
-        nodes += ORDER;
-        let miss = misfit(&part, &fa, &fb);
-        if miss <= tol || depth >= MAX_DEPTH {
-            worst = worst.max(miss);
-            shares.iter_mut().zip(&part).for_each(|(s, v)| *s += v);
-            pieces += 1;
+    // All rows on [0, 1] together; a row that fails its check alone, split at its own kinks,
+    // then bisected.
+    let mut shares = integrate(0.0, 1.0, x, off.as_deref());
+    let (mut nodes, mut pieces) = (ORDER, 1);
+    let first = misfits(&shares, &f0, &f1);
+    for (r, &miss) in first.iter().enumerate() {
+        if miss <= tol {
             continue;
         }
-        let mut cuts: Vec<f64> = Vec::new();
-        if !split_at_kinks && a == 0.0 && b == 1.0 {
-            split_at_kinks = true;
-            for r in 0..p {
-                let xp = &x[r * d..(r + 1) * d];
-                let mut lo = 0.0;
-                while let (Some(t), _) = step.locate_kink(xp, lo, 1.0) {
-                    cuts.push(t);
-                    lo = t;
-                }
+        let xr = &x[r * d..(r + 1) * d];
+        let offr = off.as_ref().map(|o| &o[r * k..(r + 1) * k]);
+        let mut bounds = vec![0.0];
+        let mut lo = 0.0;
+        while let (Some(t), _) = step.locate_kink(xr, lo, 1.0) {
+            bounds.push(t);
+            lo = t;
+        }
+        bounds.push(1.0);
+        let vals: Vec<Vec<f64>> = bounds.iter().map(|&t| value(t, xr, offr)).collect();
+        let mut todo: Vec<(f64, f64, Vec<f64>, Vec<f64>, usize)> = (0..bounds.len() - 1).map(|i| (bounds[i], bounds[i + 1], vals[i].clone(), vals[i + 1].clone(), 0)).collect();
+        let mut own = vec![0.0; groups.len() * k];
+        while let Some((a, b, fa, fb, depth)) = todo.pop() {
+            let part = integrate(a, b, xr, offr);
+            nodes += ORDER;
+            // Each piece's share of the tolerance (by its length, above the rounding of f), so
+            // that the pieces' misses add up to `tol` at most.
+            if misfits(&part, &fa, &fb)[0] <= (tol * (b - a)).max(ROUNDING) || depth >= MAX_DEPTH {
+                own.iter_mut().zip(&part).for_each(|(s, v)| *s += v);
+                pieces += 1;
+                continue;
             }
-            cuts.sort_by(f64::total_cmp);
-            cuts.dedup_by(|u, v| (*u - *v).abs() <= 1e-12);
+            let mid = 0.5 * (a + b);
+            let fm = value(mid, xr, offr);
+            todo.push((a, mid, fa, fm.clone(), depth + 1));
+            todo.push((mid, b, fm, fb, depth + 1));
         }
-        if cuts.is_empty() {
-            cuts.push(0.5 * (a + b));
-        }
-        let mut bounds = vec![a];
-        bounds.extend(cuts);
-        bounds.push(b);
-        let vals: Vec<Vec<f64>> = bounds.iter().enumerate().map(|(i, &t)| if i == 0 { fa.clone() } else if i + 1 == bounds.len() { fb.clone() } else { value(t) }).collect();
-        for i in 0..bounds.len() - 1 {
-            todo.push((bounds[i], bounds[i + 1], vals[i].clone(), vals[i + 1].clone(), depth + 1));
+        for gi in 0..groups.len() {
+            shares[gi * p * k + r * k..gi * p * k + (r + 1) * k].copy_from_slice(&own[gi * k..(gi + 1) * k]);
         }
     }
-    let residual = misfit(&shares, &f0, &f1).max(worst);
+    let residual = misfits(&shares, &f0, &f1).into_iter().fold(0.0, f64::max);
     Ok(StepSplit { shares, change, residual, nodes, pieces })
 }
 
