@@ -732,7 +732,17 @@ fn record_inner<D: dfdx::tensor_ops::Device<f64>>(
 /// when it names one, else the architecture's seeded initialisation.
 fn initial_state(cfg: &RunConfig, arch: &Architecture, opts: &TrainOptions) -> Result<(Params, Option<trajectory::InitRecord>)> {
     Ok(match &cfg.init {
-        None => (arch.init(cfg.train.seed), None),
+        None => {
+            let mut w = arch.init(cfg.train.seed);
+            let scale = cfg.model.init_scale();
+            if scale != 1.0 {
+                w.data.iter_mut().flatten().for_each(|v| *v *= scale);
+            }
+            (w, None)
+        }
+        Some(_) if cfg.model.init_scale() != 1.0 => {
+            return Err(Error::Config("model.init_scale scales the seeded initialisation; a run that starts from `init` (a state_dict) takes it as it is: leave init_scale out".into()));
+        }
         Some(path) => {
             let sd = crate::model::torch::read_state_dict(&opts.base_dir.join(path), arch)?;
             let record = trajectory::InitRecord { path: path.display().to_string(), sha256: sd.sha256, format: crate::model::torch::FORMAT.into() };

@@ -87,6 +87,9 @@ fn default_true() -> bool {
 fn default_alpha() -> f64 {
     1.0
 }
+fn is_one(v: &f64) -> bool {
+    *v == 1.0
+}
 fn default_relu() -> Activation {
     Activation::Relu
 }
@@ -145,6 +148,11 @@ pub enum ModelConfig {
         /// Subtract the frozen initial network from the output.
         #[serde(default)]
         zero_output: bool,
+        /// Every initial parameter times this factor (after `zero_last`; ExPLAIND's
+        /// `scale_weights`: 0.1 keeps a transformer's attention from saturating at
+        /// initialisation). Default 1 (PyTorch's initialisation as it is).
+        #[serde(default = "default_alpha", skip_serializing_if = "is_one")]
+        init_scale: f64,
     },
     /// conv(k×k, `channels`, stride, padding) → activation → max-pool(`pool`) → dense(K).
     Cnn {
@@ -395,6 +403,15 @@ impl Params {
 }
 
 impl ModelConfig {
+    /// The factor every initial parameter is multiplied by (`init_scale` of a layer stack; 1
+    /// otherwise).
+    pub fn init_scale(&self) -> f64 {
+        match self {
+            ModelConfig::Layers { init_scale, .. } => *init_scale,
+            _ => 1.0,
+        }
+    }
+
     /// Checks the configuration values.
     pub(crate) fn validate(&self) -> Result<()> {
         let (alpha, activation_ok) = match self {
@@ -410,9 +427,12 @@ impl ModelConfig {
                 }
                 (*alpha, true)
             }
-            ModelConfig::Layers { layers, alpha, .. } => {
+            ModelConfig::Layers { layers, alpha, init_scale, .. } => {
                 if layers.is_empty() {
                     return Err(Error::Config("model.layers is empty: list at least the output layer, e.g. [{ dense = 10 }]".into()));
+                }
+                if !(init_scale.is_finite() && *init_scale > 0.0) {
+                    return Err(Error::Config(format!("model.init_scale = {init_scale}: it must be a finite number > 0")));
                 }
                 (*alpha, true)
             }
@@ -485,7 +505,7 @@ impl ModelConfig {
                 arch.validate()?;
                 Ok(arch)
             }
-            ModelConfig::Layers { layers, zero_last, alpha, zero_output } => {
+            ModelConfig::Layers { layers, zero_last, alpha, zero_output, .. } => {
                 let arch = Architecture {
                     body: Body::Layers { input, layers: layers.clone(), outputs },
                     activation: Activation::Relu,

@@ -56,7 +56,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     // else one computed (and cached) here.
     let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
     let computed = if needs_train && listed.is_none() {
-        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, label: Some("train-train".into()), blocks: None, per_layer: false, outputs: Default::default() };
+        let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, steps: None, test_points: Vec::new(), label: Some("train-train".into()), blocks: None, per_layer: false, outputs: Default::default() };
         Some(cached_kernel(net, &spec, cache, progress)?.1)
     } else {
         None
@@ -92,8 +92,20 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
             notes.extend(fsl(&cx, k)?);
         }
     }
-    if !a.attribution_points.is_empty() {
+    if !a.attribution_points.is_empty() && a.windows.is_empty() {
         notes.extend(attribution(&cx)?);
+    }
+    if !a.windows.is_empty() {
+        notes.extend(super::along::windows_analysis(net, &a.windows, kernels, out)?);
+        if !a.attribution_points.is_empty() {
+            notes.extend(super::along::window_attribution(net, &a.windows, kernels, &a.attribution_points, out)?);
+        }
+    }
+    if a.layer_shares {
+        if a.charts {
+            notes.push(super::along::accuracy_chart(&cx.charts, log)?);
+        }
+        notes.extend(super::along::layer_shares_analysis(net, log, cache, out, a.charts.then_some(cx.charts.as_path()), progress)?);
     }
     notes.extend(fig6(&cx)?);
     if a.interpolation >= 2 {
@@ -186,6 +198,8 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
         points: Rows::Train,
         side: Side::Train,
         step: spec.step,
+        steps: spec.steps,
+        test_points: Vec::new(),
         label: Some(format!("train-train-logits-{train_kind}{}", spec.step.map(|s| format!("-{s}")).unwrap_or_default())),
         blocks: Some(crate::kernel::Layout::Diag),
         per_layer: false,

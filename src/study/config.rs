@@ -41,6 +41,14 @@ pub struct KernelSpec {
     /// NTK: the state S.
     #[serde(default)]
     pub step: Option<usize>,
+    /// The steps `[A, B)` summed (default: all): the machine predicts `f_{w_B}` from the bias
+    /// `f_{w_A}` (a window of a long run; `[analysis] windows` puts windows together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<[usize; 2]>,
+    /// With `points = "test"`: only these held-out points (indices into the test set), in
+    /// this order (default: all). The cost of a kernel grows with its row points.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub test_points: Vec<usize>,
     /// Label used for the output folder (default `kind-points`).
     #[serde(default)]
     pub label: Option<String>,
@@ -67,6 +75,17 @@ impl KernelSpec {
         if self.step.is_some() && self.kind != KernelKind::Ntk {
             return Err(Error::Config("kernel.step only applies to kind = \"ntk\"".into()));
         }
+        if !self.test_points.is_empty() && self.points != Rows::Test {
+            return Err(Error::Config("kernel.test_points chooses held-out points: it needs points = \"test\"".into()));
+        }
+        if let Some([a, b]) = self.steps {
+            if self.kind == KernelKind::Ntk {
+                return Err(Error::Config("kernel.steps does not apply to kind = \"ntk\" (it is taken at one state: kernel.step)".into()));
+            }
+            if a >= b {
+                return Err(Error::Config(format!("kernel.steps = [{a}, {b}]: the window [A, B) needs A < B")));
+            }
+        }
         Ok(())
     }
     /// The layout of the Gram (`blocks`, default full).
@@ -78,15 +97,30 @@ impl KernelSpec {
         self.label.clone().unwrap_or_else(|| format!("{}-{}", self.kind, self.points.to_string().replace(':', "")))
     }
     /// The kernel request of this entry on `net`.
-    pub fn builder<'a>(&self, net: &'a Trained) -> KernelBuilder<'a> {
+    pub fn builder<'a>(&self, net: &'a Trained) -> Result<KernelBuilder<'a>> {
         let b = net.kernel(self.kind).rule(self.quadrature).layout(self.layout());
-        let b = b.rows(self.points).side(self.side);
+        let b = if self.test_points.is_empty() {
+            b.rows(self.points)
+        } else {
+            let ds = &net.run().dataset;
+            let d = ds.dim;
+            if let Some(&bad) = self.test_points.iter().find(|&&q| q >= ds.n_test()) {
+                return Err(Error::Config(format!("kernel.test_points: {bad} is out of range ({} test points)", ds.n_test())));
+            }
+            let x: Vec<f64> = self.test_points.iter().flat_map(|&q| ds.x_test[q * d..(q + 1) * d].iter().copied()).collect();
+            b.inputs(&x)
+        };
+        let b = b.side(self.side);
         let b = if self.per_layer { b.per_layer() } else { b };
         let b = if self.outputs == Outputs::Logits { b.logits() } else { b };
-        match self.step {
+        let b = match self.steps {
+            Some([lo, hi]) => b.steps(lo, hi),
+            None => b,
+        };
+        Ok(match self.step {
             Some(s) => b.at_step(s),
             None => b,
-        }
+        })
     }
 }
 
@@ -133,6 +167,17 @@ pub struct AnalysisSpec {
     /// accuracy and ECE of the probit predictive beside the network's softmax.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fsl: bool,
+    /// Labels of `[[kernel]]` entries, each an EPK on the same test points with its `steps`
+    /// window, in step order and not overlapping: the machine of the whole run put together
+    /// from these windows' kernel sums and the network's own change over the gaps between them
+    /// ([`super::windows`]), checked against the network at the last state; each window's
+    /// attribution when `attribution_points` is set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<String>,
+    /// Every step's change of the held-out outputs split by the stack's top-level layers
+    /// ([`super::shares`]): a table of the training phases and charts across training.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layer_shares: bool,
     /// Write PNG charts.
     #[serde(default = "default_true")]
     pub charts: bool,
@@ -140,7 +185,7 @@ pub struct AnalysisSpec {
 
 impl Default for AnalysisSpec {
     fn default() -> Self {
-        AnalysisSpec { gp: false, svm: false, svm_c: Vec::new(), stationarity: false, far_field_points: 0, attribution_points: Vec::new(), interpolation: 0, similarity: 0, fsl: false, charts: true }
+        AnalysisSpec { gp: false, svm: false, svm_c: Vec::new(), stationarity: false, far_field_points: 0, attribution_points: Vec::new(), interpolation: 0, similarity: 0, fsl: false, windows: Vec::new(), layer_shares: false, charts: true }
     }
 }
 
@@ -236,6 +281,15 @@ impl StudyConfig {
             k.validate()?;
             if !labels.insert(k.label()) {
                 return Err(Error::Config(format!("two [[kernel]] entries share the label `{}`; set `label`", k.label())));
+            }
+        }
+        for w in &cfg.analysis.windows {
+            match cfg.kernels.iter().find(|k| &k.label() == w) {
+                None => return Err(Error::Config(format!("analysis.windows: no [[kernel]] is labelled `{w}`"))),
+                Some(k) if k.kind != KernelKind::Epk || k.steps.is_none() || k.points != Rows::Test || k.side != Side::Test => {
+                    return Err(Error::Config(format!("analysis.windows: `{w}` must be an epk kernel on the test points (side test) with steps = [A, B]")));
+                }
+                Some(_) => {}
             }
         }
         if cfg.analysis.fsl && !cfg.kernels.iter().any(|k| k.outputs == Outputs::Logits && k.points != Rows::Train && k.side == Side::Test) {

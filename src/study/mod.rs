@@ -52,14 +52,17 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+mod along;
 mod analyses;
 mod attribution;
 pub mod cache;
 mod config;
 pub mod selection;
+pub mod shares;
 mod sweep;
 mod text;
 pub mod uncertainty;
+pub mod windows;
 
 pub use config::{AnalysisSpec, KernelSpec, SelectionSpec, StudyConfig, SweepSpec};
 pub(crate) use selection::Candidate;
@@ -301,7 +304,7 @@ fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool)
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let gram = spec.builder(net).progress(&show).compute()?;
+    let gram = spec.builder(net)?.progress(&show).compute()?;
     bar.finish_and_clear();
     gram.save(&kdir)?;
     cache::stamp(&kdir, &key)?;

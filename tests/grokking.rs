@@ -1,0 +1,163 @@
+//! What the grokking study needs, on ExPLAIND's block at a toy size (`a + b mod 7`, AdamW with
+//! weight decay): the initial scale of the parameters, the whole run's machine put together
+//! from windows and gaps (against the plain every-step EPK), and every step's split by layer
+//! (against the network's own change and a finite-difference reference).
+
+mod common;
+
+use common::*;
+use pathkernel::api::Trained;
+use pathkernel::study::{shares, windows};
+
+const CONFIG: &str = include_str!("data/transformer/modular-addition.toml");
+
+fn trained(dir: &std::path::Path, extra_model: &str, steps: usize) -> Trained {
+    trained_with(dir, extra_model, steps, "relu")
+}
+
+fn trained_with(dir: &std::path::Path, extra_model: &str, steps: usize, activation: &str) -> Trained {
+    let toml = CONFIG.replace("zero_last = false", &format!("zero_last = false\n{extra_model}")).replace("steps = 12", &format!("steps = {steps}")).replace("\"relu\"", &format!("\"{activation}\""));
+    Trained::train_toml(&toml, dir.join("run")).unwrap()
+}
+
+/// `init_scale` multiplies every initial parameter (the seeded initialisation as it is
+/// otherwise); a non-positive scale is a one-line configuration error.
+#[test]
+fn init_scale_multiplies_every_initial_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = trained(&dir.path().join("a"), "", 1);
+    let scaled = trained(&dir.path().join("b"), "init_scale = 0.1", 1);
+    let (w, v) = (&plain.states()[0], &scaled.states()[0]);
+    assert_eq!(w.specs, v.specs);
+    let mut nonzero = 0;
+    for (a, b) in w.data.iter().flatten().zip(v.data.iter().flatten()) {
+        assert_eq!(*b, 0.1 * a, "every parameter times 0.1");
+        nonzero += usize::from(*a != 0.0);
+    }
+    assert!(nonzero > 100, "the initialisation has nonzero parameters");
+    for bad in ["0", "-1", "nan"] {
+        let toml = CONFIG.replace("zero_last = false", &format!("zero_last = false\ninit_scale = {bad}"));
+        let err = Trained::train_toml(&toml, dir.path().join("bad")).unwrap_err().to_string();
+        assert!(err.contains("init_scale") && !err.contains('\n'), "{bad}: {err}");
+    }
+}
+
+/// Windows of the EPK with the gaps' own changes give the machine of the whole run: equal to the
+/// plain every-step EPK's machine to 1e-12, and both equal to the network.
+#[test]
+fn windows_and_gaps_equal_the_every_step_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "", 10);
+    let all = net.epk().compute().unwrap();
+    let w1 = net.epk().steps(2, 4).compute().unwrap();
+    let w2 = net.epk().steps(6, 9).compute().unwrap();
+    let c = windows::compose(&net, &[("w1".into(), (2, 4), &w1), ("w2".into(), (6, 9), &w2)]).unwrap();
+    let labels: Vec<(&str, (usize, usize))> = c.segments.iter().map(|s| (s.label.as_str(), s.steps)).collect();
+    assert_eq!(labels, [("gap", (0, 2)), ("w1", (2, 4)), ("gap", (4, 6)), ("w2", (6, 9)), ("gap", (9, 10))]);
+    let (p, _, k) = all.shape();
+    let m = all.machine();
+    let every: Vec<f64> = (0..p).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| m[(i, j)]).collect();
+    let d = max_abs_diff(&c.machine, &every);
+    eprintln!("windows + gaps vs every-step EPK: {d:e}; vs network {:e}; every-step vs network {:e}", c.max_abs_error, all.max_abs_error());
+    assert!(d <= 1e-12, "composed vs every-step machine {d:e}");
+    assert!(c.max_abs_error <= 1e-12 && all.max_abs_error() <= 1e-12);
+    assert!(max_abs(&c.segments[1].term) > 1e-4, "the window's term is not trivial");
+    // Out of order, overlapping or beyond the run: one-line errors.
+    for bad in [vec![("w2".to_string(), (6, 9), &w2), ("w1".to_string(), (2, 4), &w1)], vec![("w1".to_string(), (2, 11), &w1)]] {
+        let e = windows::compose(&net, &bad).unwrap_err().to_string();
+        assert!(e.contains("window") && !e.contains('\n'), "{e}");
+    }
+}
+
+/// Each step's layer shares sum to the network's own change over the step (1e-12), on the
+/// ReLU block (whose steps cross kinks) and on the same block with GELU; on the smooth one each
+/// share also equals a slow reference: the central finite difference of f along that layer's
+/// step at 16 Gauss–Legendre nodes (h = 1e-4: to 1e-8 relative; measured ~1e-12 absolute).
+#[test]
+fn layer_shares_sum_to_the_step_and_match_finite_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    let relu = trained(&dir.path().join("relu"), "init_scale = 0.5", 12);
+    let (run, states) = (relu.run(), relu.states());
+    let arch = &run.manifest.architecture;
+    let groups = shares::layer_groups(arch, &states[0]).unwrap();
+    let (mut worst, mut pieces) = (0.0f64, 0);
+    for s in 0..12 {
+        let sp = shares::split_step(arch, &states[0], &states[s], &states[s + 1], &run.dataset.x_test, &groups, 1e-12).unwrap();
+        worst = worst.max(sp.residual);
+        pieces += sp.pieces;
+    }
+    eprintln!("ReLU block: Σ shares vs change {worst:e} over 12 steps, {pieces} pieces");
+    assert!(worst <= 1e-12, "{worst:e}");
+    let net = trained_with(&dir.path().join("gelu"), "init_scale = 0.5", 4, "gelu");
+    let (run, states) = (net.run(), net.states());
+    let arch = &run.manifest.architecture;
+    let groups = shares::layer_groups(arch, &states[0]).unwrap();
+    let names: Vec<&str> = groups.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(names.len(), 4, "embedding, attention, residual MLP, unembedding: {names:?}");
+    assert!(names[0].contains("embedding") && names[1].contains("attention") && names[2].contains("residual") && names[3].contains("dense"), "{names:?}");
+    let x = &run.dataset.x_test;
+    let (k, p) = (run.dataset.num_outputs, run.dataset.n_test());
+    for s in 0..4 {
+        let sp = shares::split_step(arch, &states[0], &states[s], &states[s + 1], x, &groups, 1e-12).unwrap();
+        let fa = arch.forward(&states[s], Some(&states[0]), x).unwrap();
+        let fb = arch.forward(&states[s + 1], Some(&states[0]), x).unwrap();
+        let change: Vec<f64> = fb.iter().zip(&fa).map(|(b, a)| b - a).collect();
+        assert!(max_abs_diff(&change, &sp.change) <= 1e-15);
+        let sum: Vec<f64> = (0..p * k).map(|j| (0..groups.len()).map(|g| sp.shares[g * p * k + j]).sum()).collect();
+        let d = max_abs_diff(&sum, &change);
+        assert!(d <= 1e-12 && sp.residual <= 1e-12, "step {s}: Σ shares vs change {d:e} (reported {:e})", sp.residual);
+        // The reference: f(w(t) ± hΔw_g) at 16 Gauss–Legendre nodes.
+        let h = 1e-4;
+        let (nodes, weights) = gauss_legendre_16();
+        for (g, (_, idx)) in groups.iter().enumerate() {
+            let mut reference = vec![0.0; p * k];
+            for (t, wt) in nodes.iter().zip(&weights) {
+                let at = |u: f64| {
+                    let mut w = states[s].clone();
+                    for (i, (a, b)) in w.data.iter_mut().zip(&states[s + 1].data).enumerate() {
+                        let own = idx.contains(&i);
+                        for (v, n) in a.iter_mut().zip(b) {
+                            let dv = n - *v;
+                            *v += t * dv + if own { u * dv } else { 0.0 };
+                        }
+                    }
+                    arch.forward(&w, Some(&states[0]), x).unwrap()
+                };
+                let (up, dn) = (at(h), at(-h));
+                reference.iter_mut().zip(up.iter().zip(&dn)).for_each(|(r, (a, b))| *r += wt * (a - b) / (2.0 * h));
+            }
+            let share = &sp.shares[g * p * k..(g + 1) * p * k];
+            let d = max_abs_diff(share, &reference);
+            eprintln!("step {s}, {}: share vs finite differences {d:e} (share up to {:e})", groups[g].0, max_abs(share));
+            assert!(d <= 1e-8 * max_abs(&reference).max(1e-3), "step {s}, layer {g}: {d:e} against {:e}", max_abs(&reference));
+            assert!(max_abs(share) > 0.0);
+        }
+    }
+}
+
+/// Gauss–Legendre nodes and weights on [0, 1], 16 points (Golub–Welsch by Newton on P_16).
+fn gauss_legendre_16() -> (Vec<f64>, Vec<f64>) {
+    let n = 16;
+    let (mut x, mut w) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let mut z = (std::f64::consts::PI * (i as f64 + 0.75) / (n as f64 + 0.5)).cos();
+        let mut dp = 0.0;
+        for _ in 0..100 {
+            let (mut p0, mut p1) = (1.0, z);
+            for j in 2..=n {
+                let p2 = ((2 * j - 1) as f64 * z * p1 - (j - 1) as f64 * p0) / j as f64;
+                p0 = p1;
+                p1 = p2;
+            }
+            dp = n as f64 * (z * p1 - p0) / (z * z - 1.0);
+            let dz = p1 / dp;
+            z -= dz;
+            if dz.abs() < 1e-16 {
+                break;
+            }
+        }
+        x.push(0.5 * (z + 1.0));
+        w.push(1.0 / ((1.0 - z * z) * dp * dp));
+    }
+    (x, w)
+}
