@@ -71,9 +71,11 @@ impl<'a> StackStep<'a> {
             let s = &mut seeds[r * k * k..(r + 1) * k * k];
             if self.arch.output == OutputKind::LogSoftmax {
                 crate::model::log_softmax_rows(z, k);
+                // The softmax once per row (K exponentials, not K²).
+                let p: Vec<f64> = z.iter().map(|v| v.exp()).collect();
                 for c in 0..k {
                     for o in 0..k {
-                        s[c * k + o] = alpha * (f64::from(c == o) - z[o].exp());
+                        s[c * k + o] = alpha * (f64::from(c == o) - p[o]);
                     }
                 }
             } else {
