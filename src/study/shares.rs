@@ -13,7 +13,7 @@
 //! gradient and no contraction. The shares sum to the network's own change over the step; that
 //! sum is the exactness check (a fundamental-theorem-of-calculus check against two forward
 //! passes), and a point whose check fails is integrated alone, split where its ReLUs change sign
-//! ([`StackStep::locate_kink`]) and then bisected until every piece passes.
+//! (`StackStep::locate_kink`) and then bisected until every piece passes.
 
 use rayon::prelude::*;
 
