@@ -10,30 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
 use pathkernel::io::SafeFile;
 use pathkernel::kernel::{self, KernelKind, Request, Rows, Rule};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
-}
-
-fn copy_fixture(name: &str, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-    }
-}
-
-fn run_ok(args: &[&str], cwd: &Path) -> String {
-    let o = Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// Exit 2, one line holding every needle, no panic, `run` not created.
 fn import_fails(rec: &str, cwd: &Path, needles: &[&str]) {

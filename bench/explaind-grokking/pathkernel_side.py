@@ -47,19 +47,8 @@ from safetensors.torch import load_file
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.normpath(os.path.join(here, "..", ".."))
 sys.path.insert(0, os.path.join(root, "scripts"))
+from compare_explaind import measured  # noqa: E402
 from grokking_torch import GrokkingTransformer  # noqa: E402
-
-
-def measured(cmd, log):
-    """Runs cmd; (wall seconds, peak RSS MB of the process)."""
-    t = time.time()
-    with open(log, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(p.pid, 0)
-    wall = time.time() - t
-    if status != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed (status {status}); see {log}")
-    return wall, ru.ru_maxrss / 1024
 
 
 def forward(spec, state, x, dtype):

@@ -111,3 +111,24 @@ pub fn write_square_mnist(dir: &Path, n_train: usize, n_test: usize) {
         std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), idx_bytes(&[n as u32], &labels)).unwrap();
     }
 }
+
+/// `tests/data/REL` of this checkout.
+pub fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+}
+
+/// Copies the files of the fixture folder `tests/data/NAME` into `dst`.
+pub fn copy_fixture(name: &str, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// Runs the binary with `args` in `cwd`; asserts success and returns stdout.
+pub fn run_ok(args: &[&str], cwd: &Path) -> String {
+    let o = std::process::Command::new(bin()).args(args).current_dir(cwd).output().unwrap();
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
