@@ -79,6 +79,7 @@ pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod datamodels;
+pub(crate) mod device;
 pub mod error;
 pub mod gp;
 pub mod interop;

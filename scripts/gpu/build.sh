@@ -9,6 +9,8 @@
 #   bundle/lib-tests     the library's unit tests (stripped): run.sh runs the #[ignore]d
 #                        kernel::backend::tests::cuda_backend_matches_cpu there.
 #   bundle/device-tests  tests/device.rs (stripped): run.sh runs the #[ignore]d cuda_gram_equals_cpu_gram.
+#   bundle/epk.ptx       the node evaluation's kernels (kernels/epk.cu) compiled by NVRTC 13.0 to
+#                        PTX 9.0 for sm_90 (scripts/gpu/ptx.py); run.sh points PATHKERNEL_PTX at it.
 #   bundle/mnist/*.gz    the four MNIST IDX files (data/mnist), gzipped.
 #   bundle/MANIFEST      commit, build date, sizes, sha256 of every file.
 #
@@ -58,6 +60,10 @@ for f in train-images.idx3-ubyte train-labels.idx1-ubyte t10k-images.idx3-ubyte 
     [ -f "data/mnist/$f" ] || { say "build.sh: error: data/mnist/$f missing (bash data/fetch-mnist.sh)"; exit 1; }
     gzip -c -6 "data/mnist/$f" > "$B/mnist/$f.gz"
 done
+
+# 2b. The device kernels as PTX (NVRTC 13.0 from its wheel; checked against the declarations).
+say "== python3 scripts/gpu/ptx.py --out bundle/epk.ptx"
+python3 scripts/gpu/ptx.py --out "$B/epk.ptx" 2>&1 | tee -a "$LOG"
 
 # 3. Optionally the dfdx `cuda` training binary, by the recipe in ../shared/notes/gpu-build.sh.
 if [ "$WITH_DFDX_CUDA" = 1 ]; then

@@ -677,6 +677,15 @@ impl Architecture {
         layers::Stack::resolve(*input, layers, *outputs).map_err(Error::Config)
     }
 
+    /// The network lowered for a backend's GEMMs and kernels (`crate::device`): the ops of its
+    /// stack ([`Architecture::as_stack`]) and its output map; one line naming the first layer
+    /// the device program has no op for.
+    pub(crate) fn device_program(&self) -> Result<crate::device::program::Program> {
+        let stack = self.as_stack()?.stack()?;
+        let ops = stack.device_ops().map_err(Error::Config)?;
+        Ok(crate::device::program::Program { ops, input: stack.input.size(), k: self.outputs(), log_softmax: self.output == OutputKind::LogSoftmax, alpha: self.alpha })
+    }
+
     /// The same network as a layer stack: an MLP as `dense, act, …, dense`, the CNN as
     /// `conv2d, act, max_pool2d, flatten, dense` (the activation, the biases, α, zero-output and
     /// the output map kept). Its parameters are the same tensors in the same storage order, under

@@ -273,7 +273,7 @@ impl<'a> StackStep<'a> {
 
     /// [`StackStep::grads`] of one block of at most [`EVAL_CHUNK`] rows, the layers' buffers
     /// moved, not copied (a dense layer's acts get their bias column).
-    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+    pub(crate) fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
         let (xs, os) = self.gather(x, off, idx);
         let at = self.at(t);
         let (mut g, caches) = self.stack.forward_cached_at(&at, xs);

@@ -176,6 +176,14 @@ impl Layer for Activation {
         }
     }
 
+    fn device(&self) -> Option<crate::device::program::Op> {
+        let slope = match self.act {
+            Act::LeakyRelu(s) => s,
+            _ => 0.0,
+        };
+        crate::device::program::act_code(self.act.name()).map(|kind| crate::device::program::Op::Act { kind, slope })
+    }
+
     fn along(&self) -> Along {
         if self.act.piecewise_linear() {
             Along::Kinked

@@ -20,6 +20,10 @@ impl Layer for AvgPool {
         format!("AvgPool2d({}, stride={})", self.0.k, self.0.stride)
     }
 
+    fn device(&self) -> Option<crate::device::program::Op> {
+        Some(crate::device::program::Op::AvgPool(self.0.device_window()))
+    }
+
     fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, _keep: bool) -> (Vec<f64>, Cache) {
         (self.0.avg_forward(&x), Cache::None)
     }

@@ -289,6 +289,12 @@ pub(crate) trait Layer {
     fn is_dense_with_bias(&self) -> bool {
         false
     }
+
+    /// What it is on a backend's GEMMs and kernels (`crate::device`), `None` where the device
+    /// program has no op for it yet.
+    fn device(&self) -> Option<crate::device::program::Op> {
+        None
+    }
 }
 
 /// A layer kind's configuration as written ([`super::LayerSpec`] holds one of them): its

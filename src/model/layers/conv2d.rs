@@ -378,6 +378,11 @@ impl Layer for Conv {
         format!("Conv2d({}, {}, {}, stride={}, padding={}{})", self.c, self.co, self.k, self.stride, self.padding, if self.bias { "" } else { ", bias=False" })
     }
 
+    fn device(&self) -> Option<crate::device::program::Op> {
+        let Conv { c, h, w, co, k, stride, padding, ho, wo, bias } = self.clone();
+        Some(crate::device::program::Op::Conv { c, h, w, co, k, stride, padding, ho, wo, bias })
+    }
+
     fn tensors(&self) -> Vec<(&'static str, Vec<usize>)> {
         let mut v = vec![("weight", vec![self.co, self.c, self.k, self.k])];
         if self.bias {

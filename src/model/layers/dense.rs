@@ -164,6 +164,10 @@ impl Layer for Dense {
     fn is_dense_with_bias(&self) -> bool {
         self.bias
     }
+
+    fn device(&self) -> Option<crate::device::program::Op> {
+        Some(crate::device::program::Op::Dense { n_in: self.n_in, n_out: self.n_out, bias: self.bias })
+    }
 }
 
 /// `{ dense = features }` or `{ dense = { features, bias } }`: `Linear(in, features, bias)` on a

@@ -21,6 +21,10 @@ impl Layer for Flatten {
         "Flatten()".into()
     }
 
+    fn device(&self) -> Option<crate::device::program::Op> {
+        Some(crate::device::program::Op::Reshape)
+    }
+
     fn forward(&self, _first: usize, _at: &At, x: Vec<f64>, _keep: bool) -> (Vec<f64>, Cache) {
         (x, Cache::None)
     }

@@ -29,6 +29,11 @@ impl Layer for MaxPool {
         format!("MaxPool2d({}, stride={})", self.pool.k, self.pool.stride)
     }
 
+    /// The winners as here (a following ReLU changes only the kink sweep).
+    fn device(&self) -> Option<crate::device::program::Op> {
+        Some(crate::device::program::Op::MaxPool(self.pool.device_window()))
+    }
+
     fn along(&self) -> Along {
         Along::Kinked
     }

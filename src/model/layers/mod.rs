@@ -201,6 +201,7 @@ macro_rules! layer_kinds {
             fn is_recorded_projection(&self, m: &serde_json::Value) -> bool { match self { $(AnyLayer::$kind(l) => Layer::is_recorded_projection(l, m)),* } }
             fn branches(&self) -> Option<(&[Node], Option<&Node>)> { match self { $(AnyLayer::$kind(l) => Layer::branches(l)),* } }
             fn is_dense_with_bias(&self) -> bool { match self { $(AnyLayer::$kind(l) => Layer::is_dense_with_bias(l)),* } }
+            fn device(&self) -> Option<crate::device::program::Op> { match self { $(AnyLayer::$kind(l) => Layer::device(l)),* } }
         }
     };
 }
@@ -405,6 +406,15 @@ impl Stack {
         backward_nodes(&self.nodes, at, caches, dy, k, false, &mut grads);
         grads.sort_by_key(|g| g.0);
         grads
+    }
+
+    /// The stack's ops on a backend (`crate::device`), each with its first tensor; the reason in
+    /// one line where a layer has none yet.
+    pub(crate) fn device_ops(&self) -> Result<Vec<(usize, crate::device::program::Op)>, String> {
+        self.nodes
+            .iter()
+            .map(|n| n.layer.device().map(|op| (n.first, op)).ok_or_else(|| format!("{} (parameters {}*) does not run on a device yet", n.layer.torch(), n.prefix)))
+            .collect()
     }
 
     /// The last layer's parameter name prefix (`11.`).

@@ -59,6 +59,11 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
+    /// The window as the device program takes it.
+    pub(crate) fn device_window(&self) -> crate::device::program::Window {
+        crate::device::program::Window { c: self.c, h: self.h, w: self.w, k: self.k, stride: self.stride, ho: self.ho, wo: self.wo }
+    }
+
     fn in_size(&self) -> usize {
         self.c * self.h * self.w
     }

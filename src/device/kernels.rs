@@ -1,0 +1,140 @@
+//! The kernels of `kernels/epk.cu`, declared once: their arguments, and the length each buffer
+//! argument must have for the `n` work items of a call (checked before every launch, on every
+//! backend, so that no call reads or writes outside a buffer).
+//!
+//! Each entry names its item count first (`n;`, the kernel's first parameter), then its
+//! arguments. Argument kinds: `i` an `i64`, `f` an `f64`, `r` a buffer read, `w` a buffer written.
+//! `scripts/gpu/ptx.py` reads this list too and checks that the PTX of every kernel takes these
+//! parameters; the host's are the C functions of the same names (`build.rs`).
+
+use super::Backend;
+use crate::error::{Error, Result};
+
+/// One argument of a launch, in the kernel's order (after `n`).
+pub(crate) enum Arg<'a, B> {
+    I(i64),
+    F(f64),
+    R(&'a B),
+    W(&'a mut B),
+}
+
+/// The length a buffer argument needs, or the one-line reason a call is refused.
+fn need(kernel: &str, arg: &str, have: usize, want: i64) -> Result<()> {
+    if want < 0 || (have as u64) < want as u64 {
+        return Err(Error::Backend(format!("device kernel {kernel}: buffer `{arg}` holds {have} numbers, the call needs {want}")));
+    }
+    Ok(())
+}
+
+macro_rules! arg_ty {
+    (i, $b:ty) => { i64 };
+    (f, $b:ty) => { f64 };
+    (r, $b:ty) => { &$b };
+    (w, $b:ty) => { &mut $b };
+}
+
+macro_rules! wrap {
+    (i, $v:ident) => { Arg::I($v) };
+    (f, $v:ident) => { Arg::F($v) };
+    (r, $v:ident) => { Arg::R($v) };
+    (w, $v:ident) => { Arg::W($v) };
+}
+
+macro_rules! c_ty {
+    (i) => { i64 };
+    (f) => { f64 };
+    (r) => { *const f64 };
+    (w) => { *mut f64 };
+}
+
+macro_rules! unwrap_host {
+    (i, $a:expr, $k:expr) => { match $a { Some(Arg::I(v)) => *v, _ => return Err(mismatch($k)) } };
+    (f, $a:expr, $k:expr) => { match $a { Some(Arg::F(v)) => *v, _ => return Err(mismatch($k)) } };
+    (r, $a:expr, $k:expr) => { match $a { Some(Arg::R(b)) => b.as_ptr(), _ => return Err(mismatch($k)) } };
+    (w, $a:expr, $k:expr) => { match $a { Some(Arg::W(b)) => b.as_mut_ptr(), _ => return Err(mismatch($k)) } };
+}
+
+fn mismatch(kernel: &str) -> Error {
+    Error::Backend(format!("device kernel {kernel}: arguments do not match its declaration"))
+}
+
+macro_rules! kernels {
+    ($( $(#[$doc:meta])* $name:ident ( $n:ident; $($arg:ident : $kind:ident $([$len:expr])?),* ); )*) => {
+        /// Every kernel's name and its arguments' kinds (after `n`), in declaration order.
+        pub(crate) const KERNELS: &[(&str, &[&str])] = &[$((stringify!($name), &[$(stringify!($kind)),*])),*];
+
+        /// The kernels, with their arguments checked, on any backend that can launch them.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) trait Kernels: Backend {
+            /// Runs kernel `name` on `n` work items with `args` (checked by the callers below).
+            fn launch(&self, name: &'static str, n: usize, args: &mut [Arg<'_, Self::Buf>]) -> Result<()>;
+
+            $(
+                $(#[$doc])*
+                #[allow(unused_variables, clippy::identity_op)]
+                fn $name(&self, $n: usize, $($arg: arg_ty!($kind, Self::Buf)),*) -> Result<()> {
+                    if $n == 0 {
+                        return Ok(());
+                    }
+                    let items = $n;
+                    {
+                        let $n = $n as i64;
+                        $($( need(stringify!($name), stringify!($arg), self.len($arg), $len)?; )?)*
+                    }
+                    self.launch(stringify!($name), items, &mut [$(wrap!($kind, $arg)),*])
+                }
+            )*
+        }
+
+        mod ffi {
+            extern "C" {
+                $( pub(super) fn $name(n: i64, $($arg: c_ty!($kind)),*); )*
+            }
+        }
+
+        /// Runs kernel `name` compiled for the host (one thread, a plain loop over the items).
+        pub(crate) fn host_launch(name: &str, n: usize, args: &mut [Arg<'_, Vec<f64>>]) -> Result<()> {
+            match name {
+                $(stringify!($name) => {
+                    let mut it = args.iter_mut();
+                    $( let $arg = unwrap_host!($kind, it.next(), stringify!($name)); )*
+                    // SAFETY: the typed callers of `Kernels` checked every buffer's length against
+                    // what the kernel reads and writes for `n` items, and the pointers come from
+                    // distinct live `Vec`s (a `W` argument is a unique borrow).
+                    unsafe { ffi::$name(n as i64, $($arg),*) };
+                    Ok(())
+                })*
+                other => Err(Error::Backend(format!("no device kernel named {other}"))),
+            }
+        }
+    };
+}
+
+kernels! {
+    /// `y0[i] += t[i / per]·y1[i]`: the combine by t of a layer linear in its parameters.
+    pk_combine(n; per: i, t: r[n / per], y1: r[n], y0: w[n]);
+    /// `y[r, j, q] += b[j]` for `y` `[rows, out, inner]`.
+    pk_add_bias(n; out: i, inner: i, b: r[out], y: w[n]);
+    /// `y = σ(x)` (`kind` as `program::act_code` numbers them).
+    pk_act(n; kind: i, slope: f, x: r[n], y: w[n]);
+    /// `dy[s, c, j] *= σ'(x[s, j])`, `per` numbers and `k` rows per sample.
+    pk_act_back(n; per: i, k: i, kind: i, slope: f, x: r[n / k], dy: w[n]);
+    /// im2col: `x` `[n_s, c, h, w]` to patches `u` `[n_s, ho·wo, c·kk·kk]`.
+    pk_im2col(n; c: i, h: i, w: i, kk: i, stride: i, pad: i, ho: i, wo: i, x: r[n / (ho * wo * c * kk * kk) * c * h * w], u: w[n]);
+    /// col2im as a gather: patch sensitivities `[rows, ho·wo, c·kk·kk]` to `[rows, c, h, w]`.
+    pk_col2im(n; c: i, h: i, w: i, kk: i, stride: i, pad: i, ho: i, wo: i, du: r[n / (c * h * w) * ho * wo * c * kk * kk], dx: w[n]);
+    /// Max pooling with each window's winner (its offset in the sample).
+    pk_maxpool(n; c: i, h: i, w: i, kk: i, stride: i, ho: i, wo: i, x: r[n / (c * ho * wo) * c * h * w], y: w[n], arg: w[n]);
+    /// Max pooling's input sensitivities (`k` rows per sample) as a gather.
+    pk_maxpool_back(n; k: i, c: i, h: i, w: i, kk: i, stride: i, ho: i, wo: i, arg: r[n / (c * h * w * k) * c * ho * wo], dy: r[n / (c * h * w) * c * ho * wo], dx: w[n]);
+    /// Average pooling.
+    pk_avgpool(n; c: i, h: i, w: i, kk: i, stride: i, ho: i, wo: i, x: r[n / (c * ho * wo) * c * h * w], y: w[n]);
+    /// Average pooling's input sensitivities as a gather.
+    pk_avgpool_back(n; c: i, h: i, w: i, kk: i, stride: i, ho: i, wo: i, dy: r[n / (c * h * w) * c * ho * wo], dx: w[n]);
+    /// The output map of `n` rows of `k` raw outputs in place, and its seeds `[n, k, k]`.
+    pk_output_seeds(n; k: i, log_softmax: i, alpha: f, has_off: i, off: r[if has_off != 0 { n * k } else { 0 }], g: w[n * k], seeds: w[n * k * k]);
+    /// `y[r] = [x[r], 1]` with `m` numbers a row of `x`.
+    pk_append_one(n; m: i, x: r[n / (m + 1) * m], y: w[n]);
+    /// `dst[r·stride + offset + o] = Σ_q dy[r, o, q]` for `dy` `[rows, out, inner]`.
+    pk_row_sums(n; out: i, inner: i, stride: i, offset: i, dy: r[n * inner], dst: w[(n / out - 1) * stride + offset + out]);
+}

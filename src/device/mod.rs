@@ -1,0 +1,102 @@
+//! The node evaluation of a layer stack on a backend: what a GPU runs, exercised on the host.
+//!
+//! A block of node rows (each a point at its own time `t` of a step, `w_s + t·Δw`) goes through
+//! every layer as GEMMs against `W_s` and `ΔW` combined by `t` per row, plus a small set of
+//! kernels (`kernels/epk.cu`: combine by t, im2col / col2im, activations and their derivatives,
+//! pooling with its winners, the output seeds, row sums, gathers). [`program`] lowers a stack to
+//! those calls; a [`Backend`] runs them:
+//!
+//! - [`host::Host`]: the kernels compiled for the host as C (`build.rs`, the `cc` crate), faer
+//!   for the GEMMs. The ordinary tests run every kernel and every lowered layer kind through it
+//!   against the CPU engine's layers (`tests.rs`), so the device's code is tested before a GPU is
+//!   lent.
+//! - a CUDA backend (the same source compiled to PTX by NVRTC, cuBLAS for the GEMMs) runs the
+//!   same program on the device; it is tested only on a GPU.
+//!
+//! Data flows one way: `model::layers` says what each layer kind is on a backend
+//! ([`program::Op`], one method of the layer contract), this module knows nothing of the kinds.
+
+pub(crate) mod host;
+pub(crate) mod kernels;
+pub(crate) mod program;
+#[cfg(test)]
+mod tests;
+
+use crate::error::Result;
+
+/// One GEMM operand: row-major at `offset`, rows `ld` apart, batch entries `stride` apart (0: the
+/// same matrix for every entry), read transposed when `trans`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Operand {
+    pub offset: usize,
+    pub ld: usize,
+    pub stride: usize,
+    pub trans: bool,
+}
+
+impl Operand {
+    /// A dense row-major matrix with `ld` columns, the same for every batch entry.
+    pub(crate) fn shared(ld: usize, trans: bool) -> Operand {
+        Operand { offset: 0, ld, stride: 0, trans }
+    }
+}
+
+/// `C_b = α·op(A_b)·op(B_b) + β·C_b` for `b < batch`, row-major: `op(A_b)` `[m, k]`, `op(B_b)`
+/// `[k, n]`, `C_b` `[m, n]` (its `trans` ignored). `β` is 0 (overwrite) or 1 (accumulate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub alpha: f64,
+    pub accumulate: bool,
+    pub a: Operand,
+    pub b: Operand,
+    pub c: Operand,
+}
+
+/// Where the node evaluation runs: buffers of `f64` and the two kinds of work on them, GEMMs and
+/// the kernels of [`kernels::Kernels`].
+pub(crate) trait Backend {
+    /// A buffer of `f64` on the backend.
+    type Buf;
+    /// A buffer holding `x`.
+    fn upload(&self, x: &[f64]) -> Result<Self::Buf>;
+    /// A buffer of `n` zeros.
+    fn zeros(&self, n: usize) -> Result<Self::Buf>;
+    /// A buffer's numbers.
+    fn download(&self, b: &Self::Buf) -> Result<Vec<f64>>;
+    /// Its length.
+    fn len(&self, b: &Self::Buf) -> usize;
+    /// A copy.
+    fn copy(&self, b: &Self::Buf) -> Result<Self::Buf>;
+    /// [`Gemm`] on `a`, `b` into `c`; the extents it reads and writes must lie in the buffers
+    /// (checked).
+    fn gemm(&self, g: &Gemm, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf) -> Result<()>;
+}
+
+/// The last index a batched operand reaches, plus one: `offset + (batch−1)·stride + (rows−1)·ld
+/// + cols` for a stored `[rows, cols]` (0 for an empty one).
+pub(crate) fn extent(op: &Operand, batch: usize, rows: usize, cols: usize) -> usize {
+    if batch == 0 || rows == 0 || cols == 0 {
+        return 0;
+    }
+    op.offset + (batch - 1) * op.stride + (rows - 1) * op.ld + cols
+}
+
+/// Checks a [`Gemm`]'s operands against the lengths of its buffers (a backend calls it before
+/// it runs one): every read and write inside its buffer, `ld` at least a stored row.
+pub(crate) fn check_gemm(g: &Gemm, a: usize, b: usize, c: usize) -> Result<()> {
+    let stored = |op: &Operand, rows: usize, cols: usize| if op.trans { (cols, rows) } else { (rows, cols) };
+    let (ar, ac) = stored(&g.a, g.m, g.k);
+    let (br, bc) = stored(&g.b, g.k, g.n);
+    let bad = |what: &str| Err(crate::error::Error::Backend(format!("device GEMM {what}: {g:?} with buffers of {a}, {b}, {c}")));
+    if g.a.ld < ac || g.b.ld < bc || g.c.ld < g.n {
+        return bad("leading dimension below a row");
+    }
+    if extent(&g.a, g.batch, ar, ac) > a || extent(&g.b, g.batch, br, bc) > b || extent(&g.c, g.batch, g.m, g.n) > c {
+        return bad("beyond its buffer");
+    }
+    Ok(())
+}
