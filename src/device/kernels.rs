@@ -40,6 +40,7 @@ macro_rules! wrap {
     (w, $v:ident) => { Arg::W($v) };
 }
 
+#[cfg(test)]
 macro_rules! c_ty {
     (i) => { i64 };
     (f) => { f64 };
@@ -47,6 +48,7 @@ macro_rules! c_ty {
     (w) => { *mut f64 };
 }
 
+#[cfg(test)]
 macro_rules! unwrap_host {
     (i, $a:expr, $k:expr) => { match $a { Some(Arg::I(v)) => *v, _ => return Err(mismatch($k)) } };
     (f, $a:expr, $k:expr) => { match $a { Some(Arg::F(v)) => *v, _ => return Err(mismatch($k)) } };
@@ -54,6 +56,7 @@ macro_rules! unwrap_host {
     (w, $a:expr, $k:expr) => { match $a { Some(Arg::W(b)) => b.as_mut_ptr(), _ => return Err(mismatch($k)) } };
 }
 
+#[cfg(test)]
 fn mismatch(kernel: &str) -> Error {
     Error::Backend(format!("device kernel {kernel}: arguments do not match its declaration"))
 }
@@ -86,6 +89,7 @@ macro_rules! kernels {
             )*
         }
 
+        #[cfg(test)]
         mod ffi {
             extern "C" {
                 $( pub(super) fn $name(n: i64, $($arg: c_ty!($kind)),*); )*
@@ -93,6 +97,7 @@ macro_rules! kernels {
         }
 
         /// Runs kernel `name` compiled for the host (one thread, a plain loop over the items).
+        #[cfg(test)]
         pub(crate) fn host_launch(name: &str, n: usize, args: &mut [Arg<'_, Vec<f64>>]) -> Result<()> {
             match name {
                 $(stringify!($name) => {

@@ -16,13 +16,19 @@
 //! Data flows one way: `model::layers` says what each layer kind is on a backend
 //! ([`program::Op`], one method of the layer contract), this module knows nothing of the kinds.
 
+pub(crate) mod cuda;
+#[cfg(test)]
 pub(crate) mod host;
 pub(crate) mod kernels;
 pub(crate) mod program;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
 use crate::error::Result;
+use kernels::Kernels;
+use program::{DeviceGrad, Program, Weights};
 
 /// One GEMM operand: row-major at `offset`, rows `ld` apart, batch entries `stride` apart (0: the
 /// same matrix for every entry), read transposed when `trans`.
@@ -69,11 +75,82 @@ pub(crate) trait Backend {
     fn download(&self, b: &Self::Buf) -> Result<Vec<f64>>;
     /// Its length.
     fn len(&self, b: &Self::Buf) -> usize;
-    /// A copy.
-    fn copy(&self, b: &Self::Buf) -> Result<Self::Buf>;
     /// [`Gemm`] on `a`, `b` into `c`; the extents it reads and writes must lie in the buffers
     /// (checked).
     fn gemm(&self, g: &Gemm, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf) -> Result<()>;
+}
+
+/// One parameter layer's per-row gradients brought back to the host (the CPU engine's form).
+pub(crate) enum Downloaded {
+    /// `acts` `[n, ne]` (with the bias column), `deltas` `[n, K, out]`.
+    Factor { acts: Vec<f64>, deltas: Vec<f64>, ne: usize, out: usize },
+    /// `[n, K, width]`.
+    Formed { g: Vec<f64>, width: usize },
+}
+
+/// One step's node evaluation on a backend, as the kernel engine uses it: the step's weights
+/// resident there, blocks of node rows in, their gradients out.
+pub(crate) trait StepNodes: Send + Sync {
+    /// The per-row gradients (each parameter layer's, storage order) of rows `idx` of `x`
+    /// (`[·, d]`, output offsets `off` `[·, K]`) at times `t`.
+    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Result<Vec<Downloaded>>;
+    /// Rows per call that keep the backend busy (a GPU wants thousands, the host few).
+    fn block_rows(&self) -> usize;
+}
+
+/// A backend that evaluates a program's nodes step by step.
+pub(crate) trait NodeBackend: Send + Sync {
+    /// The step at `w` (`[tensor][·]`) with direction `dw` (absent at t = 0 only steps).
+    fn step(&self, program: &Program, w: &[Vec<f64>], dw: Option<&[Vec<f64>]>) -> Result<Box<dyn StepNodes>>;
+}
+
+/// [`NodeBackend`] on any backend of [`Kernels`].
+pub(crate) struct OnBackend<B> {
+    pub be: Arc<B>,
+    pub rows: usize,
+}
+
+struct OnStep<B: Kernels> {
+    be: Arc<B>,
+    program: Program,
+    wts: Weights<B>,
+    rows: usize,
+}
+
+impl<B> NodeBackend for OnBackend<B>
+where
+    B: Kernels + Send + Sync + 'static,
+    B::Buf: Send + Sync,
+{
+    fn step(&self, program: &Program, w: &[Vec<f64>], dw: Option<&[Vec<f64>]>) -> Result<Box<dyn StepNodes>> {
+        Ok(Box::new(OnStep { be: self.be.clone(), program: program.clone(), wts: Weights::upload(&*self.be, w, dw)?, rows: self.rows }))
+    }
+}
+
+impl<B> StepNodes for OnStep<B>
+where
+    B: Kernels + Send + Sync,
+    B::Buf: Send + Sync,
+{
+    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Result<Vec<Downloaded>> {
+        let (d, k, be) = (self.program.input, self.program.k, &*self.be);
+        let xs: Vec<f64> = idx.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
+        let os: Option<Vec<f64>> = off.map(|o| idx.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
+        let os = os.map(|o| be.upload(&o)).transpose()?;
+        let (grads, _) = self.program.block_grads(be, &self.wts, &be.upload(t)?, be.upload(&xs)?, os.as_ref(), idx.len())?;
+        grads
+            .into_iter()
+            .map(|g| {
+                Ok(match g {
+                    DeviceGrad::Factor { acts, deltas, ne, out } => Downloaded::Factor { acts: be.download(&acts)?, deltas: be.download(&deltas)?, ne, out },
+                    DeviceGrad::Formed { g, width } => Downloaded::Formed { g: be.download(&g)?, width },
+                })
+            })
+            .collect()
+    }
+    fn block_rows(&self) -> usize {
+        self.rows
+    }
 }
 
 /// The last index a batched operand reaches, plus one: `offset + (batch−1)·stride + (rows−1)·ld

@@ -228,11 +228,12 @@ fn cpu_abt(c: &mut [f64], a: &[f64], lda: usize, b: &[f64], ldb: usize, m: usize
     }
 }
 
-/// Refuses [`Device::Cuda`] on a path that has no device backend: only the MLP's structured
-/// Gram path (`kernel::gram`) contracts through one.
-pub(crate) fn check_path(device: Device, structured_mlp: bool, what: &str) -> Result<()> {
-    if device == Device::Cuda && !structured_mlp {
-        return Err(Error::Config(format!("--device cuda contracts the MLP's structured Gram path only; this computation takes {what} (use --device cpu)")));
+/// Refuses [`Device::Cuda`] on a path that has no device backend: the MLP's structured Gram
+/// path (`kernel::gram`) contracts through one, the layer stack's path evaluates its nodes on one
+/// (`crate::device`); `supported` says whether the computation takes either.
+pub(crate) fn check_path(device: Device, supported: bool, what: &str) -> Result<()> {
+    if device == Device::Cuda && !supported {
+        return Err(Error::Config(format!("--device cuda runs the MLP's structured Gram path and the layer stack's path only; this computation takes {what} (use --device cpu)")));
     }
     Ok(())
 }

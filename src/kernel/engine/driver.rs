@@ -206,12 +206,12 @@ fn accumulate_steps(
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else if prep.stack_fast {
-        Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default() })
+        Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default(), device: node_backend(req.device)? })
     } else {
         Box::new(GenericModel { arch, init: &states[0], layers: split.as_ref().map(|ls| ls.iter().map(|l| l.flat.clone()).collect()) })
     };
     let what = if prep.conv_fast { "the CNN's structured path" } else if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
-    crate::kernel::backend::check_path(req.device, prep.structured, what)?;
+    crate::kernel::backend::check_path(req.device, prep.structured || prep.stack_fast, what)?;
     let backend = crate::kernel::backend::Backend::open(req.device)?;
     let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
@@ -407,4 +407,31 @@ fn add_into(dst: &mut Option<Vec<f64>>, src: &[f64]) {
         Some(d) => d.iter_mut().zip(src).for_each(|(a, b)| *a += b),
         None => *dst = Some(src.to_vec()),
     }
+}
+
+/// Where a layer stack's gradient evaluations run: on the GPU with `--device cuda` (the device
+/// program, `crate::device`), else here. The tests route them through the same program on the
+/// host backend ([`NODES_ON_HOST`]).
+fn node_backend(device: crate::kernel::backend::Device) -> Result<Option<std::sync::Arc<dyn crate::device::NodeBackend>>> {
+    #[cfg(test)]
+    if NODES_ON_HOST.with(|c| c.get()) {
+        return Ok(Some(std::sync::Arc::new(crate::device::OnBackend { be: std::sync::Arc::new(crate::device::host::Host), rows: 13 })));
+    }
+    Ok(match device {
+        crate::kernel::backend::Device::Cpu => None,
+        crate::kernel::backend::Device::Cuda => {
+            Some(std::sync::Arc::new(crate::device::OnBackend { be: crate::device::cuda::Cuda::shared()?, rows: DEVICE_ROWS }))
+        }
+    })
+}
+
+/// Node rows per device call: enough to fill a GPU with GEMMs (LeNet-5 holds ~200 000 numbers per
+/// row and its K = 10 cotangents at the first convolution's patches: ~1.6 GB a call).
+const DEVICE_ROWS: usize = 1024;
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: this thread's layer-stack kernels evaluate their nodes through the device
+    /// program on the host backend.
+    pub(crate) static NODES_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

@@ -41,6 +41,10 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     if req.kind == KernelKind::Path && req.path == GramPath::Fast && !path_closed_form(run, req) && !matches!(run.manifest.architecture.body, Body::Layers { .. }) {
         return on_stack(run, states, rows, req, progress);
     }
+    // The CNN preset on a GPU: its layer stack's nodes go to the device.
+    if req.device == crate::kernel::backend::Device::Cuda && req.path == GramPath::Fast && matches!(run.manifest.architecture.body, Body::Cnn { .. }) {
+        return on_stack(run, states, rows, req, progress);
+    }
     compute_plain(run, states, rows, req, progress)
 }
 

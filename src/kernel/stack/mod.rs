@@ -29,7 +29,7 @@ use crate::error::Result;
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::Architecture;
 use rayon::prelude::*;
-use step::{RowGrad, StackStep, EVAL_CHUNK};
+use step::{RowGrad, StackStep};
 
 /// Row points whose nodes are evaluated and contracted together.
 pub(crate) const CHUNK_POINTS: usize = 32;
@@ -116,6 +116,8 @@ pub(crate) struct StackModel<'a> {
     pub per_layer: bool,
     /// The training side's buffers, handed back after each step and reused by the next.
     pub pool: BufferPool,
+    /// Where the gradient evaluations run (`None`: here; `--device cuda`: the GPU's).
+    pub device: Option<std::sync::Arc<dyn crate::device::NodeBackend>>,
 }
 
 /// Large `f64` buffers kept across steps (already faulted in) and handed out by capacity.
@@ -435,8 +437,12 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     // Part by part, as the engine formed them (no copy of the block's rows).
                     let wd = *width;
                     let jbar = &mut jbars[li];
-                    for (part, (pp, pw)) in parts.iter().zip(bp.chunks(EVAL_CHUNK).zip(bw.chunks(EVAL_CHUNK))) {
+                    let mut r0 = 0;
+                    for part in &parts {
                         let RowGrad::Formed { g, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
+                        let nr = g.len() / (k * wd).max(1);
+                        let (pp, pw) = (&bp[r0..r0 + nr], &bw[r0..r0 + nr]);
+                        r0 += nr;
                         for (r, (&q, &w)) in pp.iter().zip(pw).enumerate() {
                             let gr = &g[r * k * wd..(r + 1) * k * wd];
                             jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
@@ -475,6 +481,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     ChunkOut { preds, diag, stats, seconds, flops }
 }
 
+/// `st` with its gradient evaluations on `device` when there is one.
+fn on_device<'s>(device: &Option<std::sync::Arc<dyn crate::device::NodeBackend>>, st: StackStep<'s>) -> Result<StackStep<'s>> {
+    match device {
+        Some(dev) => st.on_device(&**dev),
+        None => Ok(st),
+    }
+}
+
 impl StepModel for StackModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
         let arch = self.arch;
@@ -484,12 +498,13 @@ impl StepModel for StackModel<'_> {
         let rows = input.rows;
         let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
         let m = input.x_train.len() / d;
-        let at_ws = StackStep::new(arch, input.state, None)?;
+        let at_ws = on_device(&self.device, StackStep::new(arch, input.state, None)?)?;
         let all: Vec<usize> = (0..m).collect();
         let tgrads = at_ws.par_grads_in(input.x_train, input.off_train, &all, &vec![0.0; m], &mut |n| self.pool.take(n));
+        at_ws.device_result()?;
         let layout = acc.sink_mut().layout();
         let train = train_side(tgrads, input.a, input.colw, layout, m, k);
-        let step = StackStep::new(arch, input.state, input.next)?;
+        let step = on_device(&self.device, StackStep::new(arch, input.state, input.next)?)?;
         // Numbers one node row's gradients hold, over all parameter layers.
         let row_numbers: usize = train
             .iter()
@@ -526,6 +541,7 @@ impl StepModel for StackModel<'_> {
                 row_chunk(&step, input, &train, layout, &rows_of, &mut outs, npred, row_numbers, m, k)
             })
             .collect();
+        step.device_result()?;
         let (mut seconds, mut flops) = (0.0, 0.0);
         for (ci, co) in chunk_out.into_iter().enumerate() {
             let c0 = ci * chunk;
@@ -746,6 +762,76 @@ seed = 7
             assert!(rel(a, b) <= 1e-13, "{rule}: self-kernel {:e}", rel(a, b));
             if let Rule::Auto(_) = rule {
                 assert!(whole.max_abs_error() <= 1e-11, "machine vs network {:e}", whole.max_abs_error());
+            }
+        }
+    }
+
+    /// Seeded random 28×28 "MNIST" IDX files (sparse pixels) in `dir`.
+    fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let idx = |dims: &[u32], data: Vec<u8>| -> Vec<u8> {
+            let mut b = vec![0u8, 0, 8, dims.len() as u8];
+            dims.iter().for_each(|d| b.extend_from_slice(&d.to_be_bytes()));
+            b.extend(data);
+            b
+        };
+        for (prefix, n) in [("train", n_train), ("t10k", n_test)] {
+            let pixels: Vec<u8> = (0..n * 784).map(|_| if rng.gen_bool(0.3) { rng.gen_range(1..=255) } else { 0 }).collect();
+            let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+            std::fs::write(dir.join(format!("{prefix}-images.idx3-ubyte")), idx(&[n, 28, 28], pixels)).unwrap();
+            std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(&[n], labels)).unwrap();
+        }
+    }
+
+    /// The gradient evaluations through the device program (`crate::device`, on the host
+    /// backend: what a GPU runs, blocks of 13 rows) give the CPU engine's kernel — Gram,
+    /// machine, self-kernel and node counts — on a LeNet-shaped stack (padded convolutions, ReLU
+    /// ahead of max-pools, no-bias layers, average pooling, smooth activations), the CNN preset
+    /// and an MLP preset, under the adaptive and a fixed rule.
+    #[test]
+    fn device_program_nodes_give_the_cpu_engine_s_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("mnist");
+        std::fs::create_dir_all(&data).unwrap();
+        tiny_mnist(&data, 10, 3);
+        let models = [
+            ("lenet", r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 4, kernel = 5, bias = false } }, "relu", { max_pool2d = { kernel = 3, stride = 2 } }, "flatten", { dense = 12 }, "tanh", { dense = 10 }]"#, false),
+            ("smooth", r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 2, kernel = 3, stride = 2, padding = 1 } }, "silu", { avg_pool2d = 2 }, { conv2d = { channels = 3, kernel = 3 } }, { leaky_relu = 0.05 }, "flatten", { dense = 8 }, "gelu", { dense = { features = 10, bias = false } }]"#, false),
+            ("cnn", "kind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npool = 2\nzero_last = false", true),
+            ("mlp", "kind = \"mlp\"\nhidden = [6]\nzero_last = false", true),
+        ];
+        for (name, model, per_layer) in models {
+            let toml = format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 3\n\n[model]\n{model}\n\n[train]\nlr = 0.3\nsteps = 2\nseed = 4\n", data.to_str().unwrap());
+            let cfg = RunConfig::from_toml(&toml, Path::new("test.toml")).unwrap();
+            let out = dir.path().join(name);
+            train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
+            let run = Run::open(&out).unwrap();
+            let states = run.load_all().unwrap();
+            let pts = Rows::Test.resolve(&run.dataset).unwrap();
+            for (rule, layout) in [(Rule::Auto(1e-12), Layout::Diag), (Rule::Gauss(3), Layout::Full)] {
+                let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).per_layer(per_layer);
+                let cpu = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+                crate::kernel::engine::driver::NODES_ON_HOST.with(|c| c.set(true));
+                let dev = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                crate::kernel::engine::driver::NODES_ON_HOST.with(|c| c.set(false));
+                let dev = dev.unwrap();
+                let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+                let what = format!("{name} {rule} {layout:?}");
+                assert!(rel(&dev.gram, &cpu.gram) <= 1e-12, "{what}: Gram {:e}", rel(&dev.gram, &cpu.gram));
+                assert!(rel(&dev.machine, &cpu.machine) <= 1e-12, "{what}: machine {:e}", rel(&dev.machine, &cpu.machine));
+                if matches!(rule, Rule::Auto(_)) {
+                    assert!(dev.max_abs_error() <= 1e-10, "{what}: machine vs network {:e}", dev.max_abs_error());
+                }
+                if let (Some(a), Some(b)) = (&dev.diag, &cpu.diag) {
+                    assert!(rel(a, b) <= 1e-12, "{what}: self-kernel {:e}", rel(a, b));
+                }
+                let evals = |o: &crate::kernel::KernelOutput| o.records.iter().map(|s| s.mean_evaluations).sum::<f64>();
+                assert_eq!(evals(&dev), evals(&cpu), "{what}: node evaluations");
             }
         }
     }

@@ -22,6 +22,11 @@ pub(crate) struct StackStep<'a> {
     pub(crate) dir: Option<Vec<Vec<f64>>>,
     pub(crate) k: usize,
     pub(crate) d: usize,
+    /// The node evaluations on a device backend ([`StackStep::on_device`]); `None`: here.
+    pub(crate) nodes: Option<Box<dyn crate::device::StepNodes>>,
+    /// The first error of a device evaluation (the rows were then computed here, and the step
+    /// fails at [`StackStep::device_result`]).
+    device_error: std::sync::Mutex<Option<Error>>,
 }
 
 /// One parameter layer's gradients for a set of rows, in row order.
@@ -44,7 +49,29 @@ impl<'a> StackStep<'a> {
             }
             None => None,
         };
-        Ok(StackStep { arch, k: arch.outputs(), d: arch.input_dim(), stack, state, dir })
+        Ok(StackStep { arch, k: arch.outputs(), d: arch.input_dim(), stack, state, dir, nodes: None, device_error: Default::default() })
+    }
+
+    /// The step with its gradient evaluations on `backend` (the stack lowered by
+    /// [`Architecture::device_program`], the step's weights uploaded once). Forward-mode
+    /// evaluations (the node search) and the kink sweep stay here.
+    pub(crate) fn on_device(mut self, backend: &dyn crate::device::NodeBackend) -> Result<Self> {
+        let program = self.arch.device_program()?;
+        self.nodes = Some(backend.step(&program, &self.state.data, self.dir.as_deref())?);
+        Ok(self)
+    }
+
+    /// The first device error of the step, if any (its rows were computed here instead).
+    pub(crate) fn device_result(&self) -> Result<()> {
+        match self.device_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Rows per block of a gradient evaluation: the device's, else [`EVAL_CHUNK`].
+    fn block_rows(&self) -> usize {
+        self.nodes.as_ref().map_or(EVAL_CHUNK, |n| n.block_rows().max(1))
     }
 
     /// `w_s + t·Δw` (the tests' reference for the per-row points).
@@ -204,6 +231,10 @@ impl<'a> StackStep<'a> {
     /// `EVAL_CHUNK·b..` in block b; not concatenated: the node rows are summed as they are).
     pub(crate) fn par_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<Vec<RowGrad>> {
         use rayon::prelude::*;
+        if self.nodes.is_some() {
+            let b = self.block_rows();
+            return idx.chunks(b).zip(t.chunks(b)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect();
+        }
         idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect()
     }
 
@@ -211,8 +242,7 @@ impl<'a> StackStep<'a> {
     /// the training side of a LeNet-5 on 2 000 images is ~0.5 GB a step, and fresh buffers that
     /// size are mapped and zero-faulted by the kernel every time).
     pub(crate) fn par_grads_in(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], take: &mut dyn FnMut(usize) -> Vec<f64>) -> Vec<RowGrad> {
-        use rayon::prelude::*;
-        let parts: Vec<Vec<RowGrad>> = idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect();
+        let parts = self.par_grads(x, off, idx, t);
         let Some(first) = parts.first() else { return Vec::new() };
         // One allocation per layer for all rows (growing by doubling would map and fault the
         // training side's hundreds of MB several times per step).
@@ -241,11 +271,12 @@ impl<'a> StackStep<'a> {
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
     /// layer (storage order), rows in `idx` order.
     pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
-        if idx.len() <= EVAL_CHUNK {
+        let rows = self.block_rows();
+        if idx.len() <= rows {
             return self.block_grads(x, off, idx, t);
         }
         let mut out: Vec<RowGrad> = Vec::new();
-        for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
+        for (ib, tb) in idx.chunks(rows).zip(t.chunks(rows)) {
             let block = self.block_grads(x, off, ib, tb);
             if out.is_empty() {
                 let n = idx.len();
@@ -274,6 +305,27 @@ impl<'a> StackStep<'a> {
     /// [`StackStep::grads`] of one block of at most [`EVAL_CHUNK`] rows, the layers' buffers
     /// moved, not copied (a dense layer's acts get their bias column).
     pub(crate) fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        if let Some(nodes) = &self.nodes {
+            match nodes.block_grads(x, off, idx, t) {
+                Ok(grads) => {
+                    return grads
+                        .into_iter()
+                        .map(|g| match g {
+                            crate::device::Downloaded::Factor { acts, deltas, ne, out } => RowGrad::Factor { acts, deltas, ne, out },
+                            crate::device::Downloaded::Formed { g, width } => RowGrad::Formed { g, width },
+                        })
+                        .collect()
+                }
+                Err(e) => {
+                    self.device_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                }
+            }
+        }
+        self.cpu_block_grads(x, off, idx, t)
+    }
+
+    /// [`StackStep::block_grads`] here (the CPU engine).
+    pub(crate) fn cpu_block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
         let (xs, os) = self.gather(x, off, idx);
         let at = self.at(t);
         let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
