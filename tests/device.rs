@@ -93,3 +93,40 @@ fn cuda_gram_equals_cpu_gram() {
         }
     }
 }
+
+/// Layer stacks with their node evaluations on the GPU (the device program: the PTX kernels and
+/// cuBLAS) against the CPU engine: a LeNet-shaped stack, a smooth one with average pooling and
+/// no-bias layers, and the CNN preset; the Gram to 1e-12 of its largest entry, the node counts
+/// equal, the machine equal to the network. The same program runs on the host backend in the
+/// ordinary tests (`kernel::stack::tests::device_program_nodes_give_the_cpu_engine_s_kernel`).
+#[test]
+#[ignore = "needs a CUDA GPU with driver 580+, libcublas.so.13 on the library path and PATHKERNEL_PTX (run by scripts/gpu/run.sh)"]
+fn cuda_nodes_equal_cpu_nodes_on_stacks() {
+    assert!(gpu(), "no usable GPU: {:?}", Device::Cuda.probe());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    fake_mnist(&data, 20, 6);
+    let models = [
+        ("lenet", "kind = \"layers\"\nzero_last = false\nlayers = [{ conv2d = { channels = 6, kernel = 5, padding = 2 } }, \"relu\", { max_pool2d = 2 }, { conv2d = { channels = 16, kernel = 5 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 120 }, \"relu\", { dense = 84 }, \"relu\", { dense = 10 }]"),
+        ("smooth", "kind = \"layers\"\nzero_last = false\nlayers = [{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, \"silu\", { avg_pool2d = 2 }, { conv2d = { channels = 6, kernel = 3, bias = false } }, { leaky_relu = 0.05 }, { max_pool2d = { kernel = 3, stride = 2 } }, \"flatten\", { dense = 16 }, \"tanh\", { dense = { features = 10, bias = false } }]"),
+        ("cnn", "kind = \"cnn\"\nchannels = 4\nkernel = 5\nstride = 2\npool = 2\nzero_last = false"),
+    ];
+    for (name, model) in models {
+        let toml = format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 20\nn_test = 6\n\n[model]\n{model}\n\n[train]\nlr = 0.3\nsteps = 3\nseed = 1\n", data.to_str().unwrap());
+        let run = train(dir.path(), name, &toml);
+        let states = run.load_all().unwrap();
+        let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
+        for layout in [Layout::Diag, Layout::Full] {
+            let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).layout(layout);
+            let cpu = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+            let gpu = kernel::compute(&run, &states, &pts, &req.clone().device(Device::Cuda), &|_, _| {}).unwrap();
+            let scale = max_abs(&cpu.gram);
+            let diff = cpu.gram.iter().zip(&gpu.gram).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff <= 1e-12 * scale, "{name} {layout:?}: Gram {diff} of {scale}");
+            assert!(gpu.max_abs_error() < 1e-10, "{name} {layout:?}: machine vs network {}", gpu.max_abs_error());
+            let evals = |o: &kernel::KernelOutput| o.records.iter().map(|r| r.mean_evaluations).sum::<f64>();
+            assert_eq!(evals(&gpu), evals(&cpu), "{name} {layout:?}: node evaluations");
+        }
+    }
+}

@@ -52,8 +52,10 @@ fi
 [ -n "${CUDA_LIBDIR:-}" ] && export LD_LIBRARY_PATH=$CUDA_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 GPU=cuda
 [ "$DRY" = 1 ] && GPU=cpu
-# ONLY="group ..." runs only those groups (a short rerun on a warm machine): tests train-gpu dgemm
-# compare epk epk-full ladder. MNIST 2 000 is trained whenever any group needs it. Default: all.
+# The node evaluation's kernels (scripts/gpu/ptx.py, in the bundle).
+export PATHKERNEL_PTX=$BIN/epk.ptx
+# ONLY="group ..." runs only those groups (a short rerun on a warm machine): tests lenet train-gpu
+# dgemm compare epk epk-full ladder. MNIST 2 000 is trained whenever any group needs it. Default: all.
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 {
@@ -127,6 +129,44 @@ elif [ "$DRY" = 1 ]; then
 else
     step test-backend 60 "$BIN/lib-tests" --include-ignored --exact kernel::backend::tests::cuda_backend_matches_cpu kernel::backend::tests::cuda_probe_is_one_line
     step test-gram 90 "$BIN/device-tests" --ignored --exact cuda_gram_equals_cpu_gram
+    step test-stacks 120 "$BIN/device-tests" --ignored --exact cuda_nodes_equal_cpu_nodes_on_stacks
+fi
+
+# 1b. LeNet-5 (bench/epk_engine.sh's run: 2 000 MNIST images, SGD batches of 100, lr 0.3, 100
+#     steps), its exact EPK (auto:1e-12, diag) with the node evaluations on the GPU and on this
+#     machine's CPU: LENET_IMAGES held-out images over LENET_STEPS, seconds, evaluations, the
+#     machine's error, and the two Grams' difference.
+if [ "$DRY" = 1 ]; then LP=20; LI=4; LS=8:10; LT=10; else LP=200; LI=${LENET_IMAGES:-64}; LS=${LENET_STEPS:-90:92}; LT=100; fi
+if want lenet; then
+    cat > "$W/lenet.toml" <<EOF
+[data]
+kind = "mnist"
+path = "$W/mnist"
+per_class = $LP
+n_test = $LI
+normalize = true
+
+[model]
+kind = "layers"
+zero_last = false
+layers = [
+  { conv2d = { channels = 6, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 },
+  { conv2d = { channels = 16, kernel = 5 } }, "relu", { max_pool2d = 2 },
+  "flatten", { dense = 120 }, "relu", { dense = 84 }, "relu", { dense = 10 },
+]
+
+[train]
+optimizer = "sgd"
+batch_size = 100
+lr = 0.3
+steps = $LT
+seed = 0
+EOF
+    if step lenet-train 120 "$PK" train -q --config "$W/lenet.toml" --out "$W/runs/lenet"; then
+        step lenet-gpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device $GPU --out "$W/lenet-gpu"
+        step lenet-cpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device cpu --out "$W/lenet-cpu"
+        step lenet-diff 30 python3 "$ROOT/scripts/gpu/gram_diff.py" "$W/lenet-gpu" "$W/lenet-cpu" --name lenet_diff
+    fi
 fi
 
 # 2. MNIST 2 000 (the run of reports/mnist-mlp), trained on the CPU.
@@ -243,6 +283,10 @@ for lay in ("diag", "full", "trace"):
 for s in ("traj-mnist", "traj-toy"):
     r = one(s, "trajectory_diff")
     if r: print(f"- trajectory GPU vs CPU training, {s[5:]}: max over steps of max |Δw| / max |w| = **{r['max_rel']:.2e}** over {r['steps']} steps (tolerance {r['tol']:.0e}; largest |Δ| {r.get('max_abs', float('nan')):.1e} in {r['worst_tensor']} at {r['worst_step']}); worst single tensor against its own scale {r.get('tensor_max_rel', float('nan')):.2e} ({r.get('tensor_worst', '')}, scale {r.get('tensor_worst_scale', float('nan')):.1e})")
+r = one("lenet-diff", "lenet_diff")
+if r:
+    sg, sc = one("lenet-gpu", "status"), one("lenet-cpu", "status")
+    print(f"- LeNet-5 EPK (2 000 images, 100 steps; diag, auto:1e-12), nodes on the GPU vs this machine's CPU: Gram max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['a_max_abs_error']:.1e} / {r['b_max_abs_error']:.1e}; evaluations per point and step {r['a_evaluations']:.1f} / {r['b_evaluations']:.1f}; wall {sg['seconds']} s / {sc['seconds']} s (**{sc['seconds'] / max(sg['seconds'], 1):.2f}×**)")
 print()
 print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
 print("|---|---|---|---|---|---|---|---|")

@@ -104,10 +104,19 @@ pub(crate) trait NodeBackend: Send + Sync {
     fn step(&self, program: &Program, w: &[Vec<f64>], dw: Option<&[Vec<f64>]>) -> Result<Box<dyn StepNodes>>;
 }
 
-/// [`NodeBackend`] on any backend of [`Kernels`].
+/// [`NodeBackend`] on any backend of [`Kernels`]: one call at a time (the engine's threads
+/// share one device, and a call's buffers are sized for the whole device).
 pub(crate) struct OnBackend<B> {
     pub be: Arc<B>,
     pub rows: usize,
+    pub gate: Arc<std::sync::Mutex<()>>,
+}
+
+impl<B> OnBackend<B> {
+    /// `be` with `rows` node rows per call.
+    pub(crate) fn new(be: Arc<B>, rows: usize) -> Self {
+        OnBackend { be, rows, gate: Default::default() }
+    }
 }
 
 struct OnStep<B: Kernels> {
@@ -115,6 +124,7 @@ struct OnStep<B: Kernels> {
     program: Program,
     wts: Weights<B>,
     rows: usize,
+    gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl<B> NodeBackend for OnBackend<B>
@@ -123,7 +133,8 @@ where
     B::Buf: Send + Sync,
 {
     fn step(&self, program: &Program, w: &[Vec<f64>], dw: Option<&[Vec<f64>]>) -> Result<Box<dyn StepNodes>> {
-        Ok(Box::new(OnStep { be: self.be.clone(), program: program.clone(), wts: Weights::upload(&*self.be, w, dw)?, rows: self.rows }))
+        let _one = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(Box::new(OnStep { be: self.be.clone(), program: program.clone(), wts: Weights::upload(&*self.be, w, dw)?, rows: self.rows, gate: self.gate.clone() }))
     }
 }
 
@@ -134,6 +145,7 @@ where
 {
     fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Result<Vec<Downloaded>> {
         let (d, k, be) = (self.program.input, self.program.k, &*self.be);
+        let _one = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         let xs: Vec<f64> = idx.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
         let os: Option<Vec<f64>> = off.map(|o| idx.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
         let os = os.map(|o| be.upload(&o)).transpose()?;

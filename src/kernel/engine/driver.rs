@@ -415,19 +415,20 @@ fn add_into(dst: &mut Option<Vec<f64>>, src: &[f64]) {
 fn node_backend(device: crate::kernel::backend::Device) -> Result<Option<std::sync::Arc<dyn crate::device::NodeBackend>>> {
     #[cfg(test)]
     if NODES_ON_HOST.with(|c| c.get()) {
-        return Ok(Some(std::sync::Arc::new(crate::device::OnBackend { be: std::sync::Arc::new(crate::device::host::Host), rows: 13 })));
+        return Ok(Some(std::sync::Arc::new(crate::device::OnBackend::new(std::sync::Arc::new(crate::device::host::Host), 13))));
     }
     Ok(match device {
         crate::kernel::backend::Device::Cpu => None,
         crate::kernel::backend::Device::Cuda => {
-            Some(std::sync::Arc::new(crate::device::OnBackend { be: crate::device::cuda::Cuda::shared()?, rows: DEVICE_ROWS }))
+            Some(std::sync::Arc::new(crate::device::OnBackend::new(crate::device::cuda::Cuda::shared()?, DEVICE_ROWS)))
         }
     })
 }
 
-/// Node rows per device call: enough to fill a GPU with GEMMs (LeNet-5 holds ~200 000 numbers per
-/// row and its K = 10 cotangents at the first convolution's patches: ~1.6 GB a call).
-const DEVICE_ROWS: usize = 1024;
+/// Node rows per device call: enough to fill a GPU with GEMMs (LeNet-5's K = 10 cotangents of
+/// the first convolution's patches are 196 000 numbers a row, twice with the `ΔW` product:
+/// ~1.6 GB a call).
+const DEVICE_ROWS: usize = 512;
 
 #[cfg(test)]
 thread_local! {
