@@ -293,3 +293,88 @@ PK_KERNEL pk_row_sums(i64 n, i64 out, i64 inner, i64 stride, i64 offset, const d
         dst[r * stride + offset + o] = acc;
     }
 }
+
+/* y += x. n = numbers. */
+PK_KERNEL pk_add(i64 n, const double *x, double *y) {
+    PK_LOOP(i, n) {
+        y[i] += x[i];
+    }
+}
+
+/* Offset of value c of group pos in one sample of a layer norm: a sequence's row pos
+ * (pos·g + c), else a map's channel column (c·positions + pos; a flat vector has one group). */
+PK_DEVFN i64 pk_norm_at(i64 seq, i64 g, i64 positions, i64 c, i64 pos) {
+    return seq ? pos * g + c : c * positions + pos;
+}
+
+/* Layer norm forward, one item per group (s, pos): x̂ = (x − μ)/√(σ² + ε) (biased variance),
+ * y = γ(t_s) ⊙ x̂ + β(t_s) with γ(t) = γ + t·Δγ; keeps x̂ and 1/√(σ² + ε).
+ * n = samples·positions. */
+PK_KERNEL pk_norm(i64 n, i64 g, i64 positions, i64 seq, double eps, const double *t, const double *gamma, const double *dgamma, const double *beta, const double *dbeta, const double *x, double *y, double *xhat, double *rstd) {
+    PK_LOOP(i, n) {
+        i64 s = i / positions, pos = i % positions, size = g * positions;
+        double ts = t[s];
+        const double *xs = x + s * size;
+        double mean = 0.0, var = 0.0;
+        for (i64 c = 0; c < g; c++) {
+            mean += xs[pk_norm_at(seq, g, positions, c, pos)];
+        }
+        mean /= (double)g;
+        for (i64 c = 0; c < g; c++) {
+            double d = xs[pk_norm_at(seq, g, positions, c, pos)] - mean;
+            var += d * d;
+        }
+        var /= (double)g;
+        double r = 1.0 / sqrt(var + eps);
+        rstd[i] = r;
+        for (i64 c = 0; c < g; c++) {
+            i64 q = s * size + pk_norm_at(seq, g, positions, c, pos);
+            double gm = ts != 0.0 ? gamma[c] + ts * dgamma[c] : gamma[c];
+            double bt = ts != 0.0 ? beta[c] + ts * dbeta[c] : beta[c];
+            xhat[q] = (x[q] - mean) * r;
+            y[q] = gm * xhat[q] + bt;
+        }
+    }
+}
+
+/* Layer norm's input sensitivities, one item per group of a cotangent row (r, pos), r = s·k + c:
+ * dx = r_s (dy⊙γ − mean(dy⊙γ) − x̂·mean(dy⊙γ⊙x̂)). n = rows·positions. */
+PK_KERNEL pk_norm_back(i64 n, i64 k, i64 g, i64 positions, i64 seq, const double *t, const double *gamma, const double *dgamma, const double *xhat, const double *rstd, const double *dy, double *dx) {
+    PK_LOOP(i, n) {
+        i64 row = i / positions, pos = i % positions, s = row / k, size = g * positions;
+        double ts = t[s];
+        const double *d = dy + row * size;
+        const double *xh = xhat + s * size;
+        double m1 = 0.0, m2 = 0.0;
+        for (i64 c = 0; c < g; c++) {
+            i64 q = pk_norm_at(seq, g, positions, c, pos);
+            double gm = ts != 0.0 ? gamma[c] + ts * dgamma[c] : gamma[c];
+            m1 += d[q] * gm;
+            m2 += d[q] * gm * xh[q];
+        }
+        m1 /= (double)g;
+        m2 /= (double)g;
+        double r = rstd[s * positions + pos];
+        for (i64 c = 0; c < g; c++) {
+            i64 q = pk_norm_at(seq, g, positions, c, pos);
+            double gm = ts != 0.0 ? gamma[c] + ts * dgamma[c] : gamma[c];
+            dx[row * size + q] = r * (d[q] * gm - m1 - xh[q] * m2);
+        }
+    }
+}
+
+/* Layer norm's parameter gradients per cotangent row: pg[r, c] = Σ_pos dy·x̂ (γ), pg[r, g + c] =
+ * Σ_pos dy (β), positions in order. n = rows·g. */
+PK_KERNEL pk_norm_grads(i64 n, i64 k, i64 g, i64 positions, i64 seq, const double *xhat, const double *dy, double *pg) {
+    PK_LOOP(i, n) {
+        i64 row = i / g, c = i % g, s = row / k, size = g * positions;
+        double a = 0.0, b = 0.0;
+        for (i64 pos = 0; pos < positions; pos++) {
+            i64 q = pk_norm_at(seq, g, positions, c, pos);
+            a += dy[row * size + q] * xhat[s * size + q];
+            b += dy[row * size + q];
+        }
+        pg[row * 2 * g + c] = a;
+        pg[row * 2 * g + g + c] = b;
+    }
+}

@@ -96,7 +96,7 @@ fn cuda_gram_equals_cpu_gram() {
 
 /// Layer stacks with their node evaluations on the GPU (the device program: the PTX kernels and
 /// cuBLAS) against the CPU engine: a LeNet-shaped stack, a smooth one with average pooling and
-/// no-bias layers, and the CNN preset; the Gram to 1e-12 of its largest entry, the node counts
+/// no-bias layers, a residual stack with layer norms, and the CNN preset; the Gram to 1e-12 of its largest entry, the node counts
 /// equal, the machine equal to the network. The same program runs on the host backend in the
 /// ordinary tests (`kernel::stack::tests::device_program_nodes_give_the_cpu_engine_s_kernel`).
 #[test]
@@ -110,6 +110,7 @@ fn cuda_nodes_equal_cpu_nodes_on_stacks() {
     let models = [
         ("lenet", "kind = \"layers\"\nzero_last = false\nlayers = [{ conv2d = { channels = 6, kernel = 5, padding = 2 } }, \"relu\", { max_pool2d = 2 }, { conv2d = { channels = 16, kernel = 5 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 120 }, \"relu\", { dense = 84 }, \"relu\", { dense = 10 }]"),
         ("smooth", "kind = \"layers\"\nzero_last = false\nlayers = [{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, \"silu\", { avg_pool2d = 2 }, { conv2d = { channels = 6, kernel = 3, bias = false } }, { leaky_relu = 0.05 }, { max_pool2d = { kernel = 3, stride = 2 } }, \"flatten\", { dense = 16 }, \"tanh\", { dense = { features = 10, bias = false } }]"),
+        ("resnorm", "kind = \"layers\"\nzero_last = false\nlayers = [{ conv2d = { channels = 4, kernel = 5, stride = 3 } }, { layer_norm = {} }, { residual = [{ conv2d = { channels = 4, kernel = 3, padding = 1 } }, \"relu\", { conv2d = { channels = 4, kernel = 3, padding = 1 } }] }, { residual = [{ conv2d = { channels = 6, kernel = 3, stride = 2, padding = 1 } }, \"relu\"] }, \"flatten\", { residual = [{ layer_norm = {} }, { dense = 16 }, \"relu\", { dense = 16 }] }, { layer_norm = {} }, { dense = 10 }]"),
         ("cnn", "kind = \"cnn\"\nchannels = 4\nkernel = 5\nstride = 2\npool = 2\nzero_last = false"),
     ];
     for (name, model) in models {

@@ -98,6 +98,12 @@ impl Backend for Cuda {
     fn len(&self, b: &CudaSlice<f64>) -> usize {
         b.len()
     }
+    fn copy(&self, b: &CudaSlice<f64>) -> Result<CudaSlice<f64>> {
+        if b.len() == 0 {
+            return self.zeros(0);
+        }
+        self.stream.clone_dtod(b).map_err(|e| err("copy", e))
+    }
 
     /// Row-major `C = op(A)·op(B)` is column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`: cuBLAS gets `(n, m, k)`,
     /// B first (transposed when stored untransposed is not what it needs), `ldc`.

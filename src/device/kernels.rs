@@ -142,4 +142,13 @@ kernels! {
     pk_append_one(n; m: i, x: r[n / (m + 1) * m], y: w[n]);
     /// `dst[r·stride + offset + o] = Σ_q dy[r, o, q]` for `dy` `[rows, out, inner]`.
     pk_row_sums(n; out: i, inner: i, stride: i, offset: i, dy: r[n * inner], dst: w[(n / out - 1) * stride + offset + out]);
+    /// `y += x`.
+    pk_add(n; x: r[n], y: w[n]);
+    /// Layer norm over `g` values at each of `positions` per sample (`seq`: a sequence's rows),
+    /// γ and β at each sample's `t`; keeps `x̂` and `1/√(σ² + ε)`.
+    pk_norm(n; g: i, positions: i, seq: i, eps: f, t: r[n / positions], gamma: r[g], dgamma: r[g], beta: r[g], dbeta: r[g], x: r[n * g], y: w[n * g], xhat: w[n * g], rstd: w[n]);
+    /// Layer norm's input sensitivities for `k` rows per sample.
+    pk_norm_back(n; k: i, g: i, positions: i, seq: i, t: r[n / positions / k], gamma: r[g], dgamma: r[g], xhat: r[n / k * g], rstd: r[n / k], dy: r[n * g], dx: w[n * g]);
+    /// Layer norm's parameter gradients `[rows, 2g]` (γ then β).
+    pk_norm_grads(n; k: i, g: i, positions: i, seq: i, xhat: r[n / g / k * g * positions], dy: r[n * positions], pg: w[n * 2]);
 }

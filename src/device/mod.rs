@@ -75,6 +75,8 @@ pub(crate) trait Backend {
     fn download(&self, b: &Self::Buf) -> Result<Vec<f64>>;
     /// Its length.
     fn len(&self, b: &Self::Buf) -> usize;
+    /// A copy (a residual block's two branches each take the input).
+    fn copy(&self, b: &Self::Buf) -> Result<Self::Buf>;
     /// [`Gemm`] on `a`, `b` into `c`; the extents it reads and writes must lie in the buffers
     /// (checked).
     fn gemm(&self, g: &Gemm, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf) -> Result<()>;

@@ -111,6 +111,9 @@ layers = [{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "s
         r#"kind = "layers"
 zero_last = false
 layers = [{ conv2d = { channels = 2, kernel = 3 } }, "gelu", { max_pool2d = { kernel = 3, stride = 2 } }, "flatten", { dense = 4 }, "sigmoid", { dense = 4 }, "softplus", { dense = 3 }]"#,
+        r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, { layer_norm = {} }, { residual = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { conv2d = { channels = 3, kernel = 3, padding = 1 } }] }, { residual = [{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "tanh"] }, "relu", "flatten", { residual = [{ layer_norm = { eps = 0.5 } }, { dense = 6 }, "gelu", { dense = 5 }] }, { layer_norm = {} }, { dense = 3 }]"#,
     ];
     for (i, text) in stacks.iter().enumerate() {
         for out in [OutputKind::LogSoftmax, OutputKind::Identity] {
@@ -124,9 +127,14 @@ layers = [{ conv2d = { channels = 2, kernel = 3 } }, "gelu", { max_pool2d = { ke
 fn a_layer_without_a_device_op_is_named() {
     let text = r#"kind = "layers"
 zero_last = false
-layers = [{ dense = 4 }, { layer_norm = {} }, { dense = 3 }]"#;
-    let e = arch(text, 5, None, 3, OutputKind::LogSoftmax).device_program().unwrap_err().to_string();
-    assert!(e.contains("LayerNorm") && e.contains("does not run on a device") && !e.contains('\n'), "{e}");
+layers = [{ dense = 8 }, { residual = [{ dense = 8 }, "relu"] }, { dense = 3 }]"#;
+    assert!(arch(text, 5, None, 3, OutputKind::LogSoftmax).device_program().is_ok());
+    let cfg: ModelConfig = toml::from_str(r#"kind = "layers"
+zero_last = false
+layers = [{ embedding = { vocab = 7, dim = 8 } }, { self_attention = { heads = 2 } }, "last_token", { dense = 3 }]"#).unwrap();
+    let a = cfg.resolve_on(crate::model::layers::Shape::Tokens(4, 7), 3, OutputKind::LogSoftmax).unwrap();
+    let e = a.device_program().unwrap_err().to_string();
+    assert!(e.contains("does not run on a device") && e.contains("Embedding") && !e.contains('\n'), "{e}");
 }
 
 /// The host GEMM (faer on strided, offset, transposed, batched views) against the triple loop.

@@ -802,6 +802,9 @@ layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_
             ("smooth", r#"kind = "layers"
 zero_last = false
 layers = [{ conv2d = { channels = 2, kernel = 3, stride = 2, padding = 1 } }, "silu", { avg_pool2d = 2 }, { conv2d = { channels = 3, kernel = 3 } }, { leaky_relu = 0.05 }, "flatten", { dense = 8 }, "gelu", { dense = { features = 10, bias = false } }]"#, false),
+            ("resnorm", r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 5, stride = 3 } }, { layer_norm = {} }, { residual = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { conv2d = { channels = 3, kernel = 3, padding = 1 } }] }, { residual = [{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "relu"] }, "flatten", { residual = [{ layer_norm = {} }, { dense = 8 }, "relu", { dense = 8 }] }, { layer_norm = { eps = 0.5 } }, { dense = 10 }]"#, false),
             ("cnn", "kind = \"cnn\"\nchannels = 2\nkernel = 5\nstride = 2\npool = 2\nzero_last = false", true),
             ("mlp", "kind = \"mlp\"\nhidden = [6]\nzero_last = false", true),
         ];

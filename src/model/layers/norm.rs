@@ -184,6 +184,10 @@ impl Layer for Norm {
         Along::Smooth
     }
 
+    fn device(&self) -> Option<crate::device::program::Op> {
+        Some(crate::device::program::Op::Norm { g: self.g, positions: self.positions, seq: self.seq, eps: self.eps })
+    }
+
     fn linear_in_params(&self) -> bool {
         true
     }

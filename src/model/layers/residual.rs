@@ -75,6 +75,16 @@ impl Layer for Residual {
         }
     }
 
+    /// Its body's ops and its shortcut's (`None` where one of them has none).
+    fn device(&self) -> Option<crate::device::program::Op> {
+        let body = self.body.iter().map(|n| n.layer.device().map(|op| (n.first, op))).collect::<Option<Vec<_>>>()?;
+        let shortcut = match &self.shortcut {
+            Some(sc) => Some((sc.first, Box::new(sc.layer.device()?))),
+            None => None,
+        };
+        Some(crate::device::program::Op::Residual { body, shortcut })
+    }
+
     fn param_specs(&self, _prefix: &str, out: &mut Vec<ParamSpec>) {
         walk_specs(&self.body, out);
         walk_specs(self.shortcut_slice(), out);
