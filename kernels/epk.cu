@@ -378,3 +378,20 @@ PK_KERNEL pk_norm_grads(i64 n, i64 k, i64 g, i64 positions, i64 seq, const doubl
         pg[row * 2 * g + g + c] = b;
     }
 }
+
+/* The weighted sum of each segment of rows: out[p, c] = Σ_j wt[j]·g[j, c] over the rows j of
+ * segment p, [start[p], start[p+1]) clamped to [0, rows), in order (a point's node rows into
+ * its integral). n = segments·width. */
+PK_KERNEL pk_segment_sum(i64 n, i64 width, i64 rows, const double *start, const double *wt, const double *g, double *out) {
+    PK_LOOP(i, n) {
+        i64 p = i / width, c = i % width;
+        i64 j0 = (i64)start[p], j1 = (i64)start[p + 1];
+        j0 = j0 < 0 ? 0 : (j0 > rows ? rows : j0);
+        j1 = j1 < j0 ? j0 : (j1 > rows ? rows : j1);
+        double acc = 0.0;
+        for (i64 j = j0; j < j1; j++) {
+            acc += wt[j] * g[j * width + c];
+        }
+        out[i] = acc;
+    }
+}

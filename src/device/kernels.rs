@@ -151,4 +151,6 @@ kernels! {
     pk_norm_back(n; k: i, g: i, positions: i, seq: i, t: r[n / positions / k], gamma: r[g], dgamma: r[g], xhat: r[n / k * g], rstd: r[n / k], dy: r[n * g], dx: w[n * g]);
     /// Layer norm's parameter gradients `[rows, 2g]` (γ then β).
     pk_norm_grads(n; k: i, g: i, positions: i, seq: i, xhat: r[n / g / k * g * positions], dy: r[n * positions], pg: w[n * 2]);
+    /// The weighted sum of each segment of rows (`start` `[segments + 1]`, clamped to `rows`).
+    pk_segment_sum(n; width: i, rows: i, start: r[n / width + 1], wt: r[rows], g: r[rows * width], out: w[n]);
 }

@@ -88,14 +88,33 @@ pub(crate) enum Downloaded {
     Factor { acts: Vec<f64>, deltas: Vec<f64>, ne: usize, out: usize },
     /// `[n, K, width]`.
     Formed { g: Vec<f64>, width: usize },
+    /// A formed layer's rows summed with their weights over each run of equal consecutive
+    /// points ([`runs`]): `[runs, K, width]`; with the self-kernel, also `Σ_r w_r g_r g_rᵀ` per
+    /// run, `[runs, K, K]`.
+    Summed { g: Vec<f64>, width: usize, gram: Option<Vec<f64>> },
+}
+
+/// The runs of equal consecutive entries of `idx`: `(first, length)` each.
+pub(crate) fn runs(idx: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (j, &q) in idx.iter().enumerate() {
+        match out.last_mut() {
+            Some((s, len)) if idx[*s] == q => *len += 1,
+            _ => out.push((j, 1)),
+        }
+    }
+    out
 }
 
 /// One step's node evaluation on a backend, as the kernel engine uses it: the step's weights
 /// resident there, blocks of node rows in, their gradients out.
 pub(crate) trait StepNodes: Send + Sync {
     /// The per-row gradients (each parameter layer's, storage order) of rows `idx` of `x`
-    /// (`[·, d]`, output offsets `off` `[·, K]`) at times `t`.
-    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Result<Vec<Downloaded>>;
+    /// (`[·, d]`, output offsets `off` `[·, K]`) at times `t`. With `weights` (`[rows]`), formed
+    /// layers come back summed on the backend over each run of equal points, each row times its
+    /// weight ([`Downloaded::Summed`]): a point's nodes leave the device as one row; with
+    /// `self_kernel`, with their weighted `g gᵀ` summed the same way.
+    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], weights: Option<&[f64]>, self_kernel: bool) -> Result<Vec<Downloaded>>;
     /// Rows per call that keep the backend busy (a GPU wants thousands, the host few).
     fn block_rows(&self) -> usize;
 }
@@ -145,19 +164,55 @@ where
     B: Kernels + Send + Sync,
     B::Buf: Send + Sync,
 {
-    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Result<Vec<Downloaded>> {
+    fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], weights: Option<&[f64]>, self_kernel: bool) -> Result<Vec<Downloaded>> {
         let (d, k, be) = (self.program.input, self.program.k, &*self.be);
         let _one = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         let xs: Vec<f64> = idx.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
         let os: Option<Vec<f64>> = off.map(|o| idx.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
         let os = os.map(|o| be.upload(&o)).transpose()?;
         let (grads, _) = self.program.block_grads(be, &self.wts, &be.upload(t)?, be.upload(&xs)?, os.as_ref(), idx.len())?;
+        // The runs' row ranges and the weights, uploaded once for every formed layer.
+        let segments = match weights {
+            Some(w) => {
+                let r = runs(idx);
+                let start: Vec<f64> = r.iter().map(|&(s, _)| s as f64).chain(std::iter::once(idx.len() as f64)).collect();
+                Some((r.len(), be.upload(&start)?, be.upload(w)?))
+            }
+            None => None,
+        };
         grads
             .into_iter()
             .map(|g| {
-                Ok(match g {
-                    DeviceGrad::Factor { acts, deltas, ne, out } => Downloaded::Factor { acts: be.download(&acts)?, deltas: be.download(&deltas)?, ne, out },
-                    DeviceGrad::Formed { g, width } => Downloaded::Formed { g: be.download(&g)?, width },
+                Ok(match (g, &segments) {
+                    (DeviceGrad::Factor { acts, deltas, ne, out }, _) => Downloaded::Factor { acts: be.download(&acts)?, deltas: be.download(&deltas)?, ne, out },
+                    (DeviceGrad::Formed { g, width }, None) => Downloaded::Formed { g: be.download(&g)?, width },
+                    (DeviceGrad::Formed { g, width }, Some((nseg, start, wt))) => {
+                        let (per, rows) = (k * width, idx.len());
+                        let mut sum = be.zeros(nseg * per)?;
+                        be.pk_segment_sum(nseg * per, per as i64, rows as i64, start, wt, &g, &mut sum)?;
+                        let gram = if self_kernel {
+                            // g_r g_rᵀ per row, [rows, K, K], then summed per run with the weights.
+                            let mut gg = be.zeros(rows * k * k)?;
+                            let gm = Gemm {
+                                m: k,
+                                n: k,
+                                k: width,
+                                batch: rows,
+                                alpha: 1.0,
+                                accumulate: false,
+                                a: Operand { offset: 0, ld: width, stride: per, trans: false },
+                                b: Operand { offset: 0, ld: width, stride: per, trans: true },
+                                c: Operand { offset: 0, ld: k, stride: k * k, trans: false },
+                            };
+                            be.gemm(&gm, &g, &g, &mut gg)?;
+                            let mut gs = be.zeros(nseg * k * k)?;
+                            be.pk_segment_sum(nseg * k * k, (k * k) as i64, rows as i64, start, wt, &gg, &mut gs)?;
+                            Some(be.download(&gs)?)
+                        } else {
+                            None
+                        };
+                        Downloaded::Summed { g: be.download(&sum)?, width, gram }
+                    }
                 })
             })
             .collect()

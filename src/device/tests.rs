@@ -218,3 +218,30 @@ fn the_kernel_list_matches_the_source() {
         assert_eq!(params, kinds.len() + 1, "{name}: parameters in the source vs the list");
     }
 }
+
+/// The segmented sum against the loop, and its row ranges clamped to the rows it was given (a
+/// wrong range reads nothing outside the buffer).
+#[test]
+fn segment_sums_equal_the_loop_and_stay_inside() {
+    let mut r = rng(9);
+    let (rows, width) = (7, 3);
+    let g: Vec<f64> = (0..rows * width).map(|_| r.gen_range(-1.0..1.0)).collect();
+    let wt: Vec<f64> = (0..rows).map(|_| r.gen_range(0.0..1.0)).collect();
+    let idx = [4usize, 4, 1, 1, 1, 4, 2];
+    let runs = super::runs(&idx);
+    assert_eq!(runs, vec![(0, 2), (2, 3), (5, 1), (6, 1)]);
+    let start: Vec<f64> = runs.iter().map(|&(s, _)| s as f64).chain([rows as f64]).collect();
+    let mut out = vec![0.0; runs.len() * width];
+    Host.pk_segment_sum(out.len(), width as i64, rows as i64, &start, &wt, &g, &mut out).unwrap();
+    for (p, &(s, len)) in runs.iter().enumerate() {
+        for c in 0..width {
+            let want: f64 = (s..s + len).map(|j| wt[j] * g[j * width + c]).sum();
+            assert!((out[p * width + c] - want).abs() <= 1e-15, "segment {p}");
+        }
+    }
+    let bad = vec![-3.0, 2.0, 99.0];
+    let mut out = vec![0.0; 2 * width];
+    Host.pk_segment_sum(out.len(), width as i64, rows as i64, &bad, &wt, &g, &mut out).unwrap();
+    let want: f64 = (2..rows).map(|j| wt[j] * g[j * width]).sum();
+    assert!((out[width] - want).abs() <= 1e-15);
+}

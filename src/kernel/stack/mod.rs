@@ -396,7 +396,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         let b1 = (b0 + block).min(point.len());
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
         // On every core: with few row points the chunks alone do not fill them.
-        let parts = step.par_grads(xc, offc, bp, &times[b0..b1]);
+        // On a device, formed layers come back summed per point (with their self-kernel terms).
+        let (parts, grams) = match step.par_grads_weighted(xc, offc, bp, &times[b0..b1], bw, input.self_kernel) {
+            Some(p) => {
+                let (parts, grams): (Vec<_>, Vec<_>) = p.into_iter().unzip();
+                (parts, Some(grams))
+            }
+            None => (step.par_grads(xc, offc, bp, &times[b0..b1]), None),
+        };
         let started = std::time::Instant::now();
         for (li, tr) in train.iter().enumerate() {
             let pred = &mut preds[pred_of(li)];
@@ -437,6 +444,23 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     // Part by part, as the engine formed them (no copy of the block's rows).
                     let wd = *width;
                     let jbar = &mut jbars[li];
+                    if let Some(grams) = &grams {
+                        // Each part's runs of equal points, summed with their weights already.
+                        let b = step.block_rows();
+                        for (pi, part) in parts.iter().enumerate() {
+                            let RowGrad::Formed { g, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
+                            let lo = pi * b;
+                            let rows = &bp[lo..(lo + b).min(bp.len())];
+                            for (ri, &(s0, _)) in crate::device::runs(rows).iter().enumerate() {
+                                let q = rows[s0];
+                                jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(&g[ri * k * wd..(ri + 1) * k * wd]).for_each(|(a, b)| *a += b);
+                                if let Some(gg) = &grams[pi][li] {
+                                    diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&gg[ri * k * k..(ri + 1) * k * k]).for_each(|(a, b)| *a += b);
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     let mut r0 = 0;
                     for part in &parts {
                         let RowGrad::Formed { g, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };

@@ -70,7 +70,7 @@ impl<'a> StackStep<'a> {
     }
 
     /// Rows per block of a gradient evaluation: the device's, else [`EVAL_CHUNK`].
-    fn block_rows(&self) -> usize {
+    pub(crate) fn block_rows(&self) -> usize {
         self.nodes.as_ref().map_or(EVAL_CHUNK, |n| n.block_rows().max(1))
     }
 
@@ -238,6 +238,30 @@ impl<'a> StackStep<'a> {
         idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect()
     }
 
+    /// [`StackStep::par_grads`] on the device with each formed layer's rows summed there, times
+    /// their weights `w`, over each run of equal points of each block of [`StackStep::block_rows`]
+    /// rows (`crate::device::runs`): a part's `RowGrad::Formed` then holds `[runs, K, width]`, the
+    /// dense layers' factors stay per row; with `self_kernel`, each formed layer's `Σ w g gᵀ` per
+    /// run (`[runs, K, K]`, `None` for the dense layers). `None` without a device, or after a
+    /// device error (the caller then takes [`StackStep::par_grads`]; the step fails at
+    /// [`StackStep::device_result`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn par_grads_weighted(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], w: &[f64], self_kernel: bool) -> Option<Vec<(Vec<RowGrad>, Vec<Option<Vec<f64>>>)>> {
+        let nodes = self.nodes.as_ref()?;
+        let b = self.block_rows();
+        let mut parts = Vec::with_capacity(idx.len().div_ceil(b));
+        for ((i, tt), ww) in idx.chunks(b).zip(t.chunks(b)).zip(w.chunks(b)) {
+            match nodes.block_grads(x, off, i, tt, Some(ww), self_kernel) {
+                Ok(g) => parts.push(g.into_iter().map(row_grad).unzip()),
+                Err(e) => {
+                    self.device_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    return None;
+                }
+            }
+        }
+        Some(parts)
+    }
+
     /// [`StackStep::par_grads`] into buffers from `take(capacity)` (a pool reused across steps:
     /// the training side of a LeNet-5 on 2 000 images is ~0.5 GB a step, and fresh buffers that
     /// size are mapped and zero-faulted by the kernel every time).
@@ -306,16 +330,8 @@ impl<'a> StackStep<'a> {
     /// moved, not copied (a dense layer's acts get their bias column).
     pub(crate) fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
         if let Some(nodes) = &self.nodes {
-            match nodes.block_grads(x, off, idx, t) {
-                Ok(grads) => {
-                    return grads
-                        .into_iter()
-                        .map(|g| match g {
-                            crate::device::Downloaded::Factor { acts, deltas, ne, out } => RowGrad::Factor { acts, deltas, ne, out },
-                            crate::device::Downloaded::Formed { g, width } => RowGrad::Formed { g, width },
-                        })
-                        .collect()
-                }
+            match nodes.block_grads(x, off, idx, t, None, false) {
+                Ok(grads) => return grads.into_iter().map(|g| row_grad(g).0).collect(),
                 Err(e) => {
                     self.device_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
                 }
@@ -351,5 +367,15 @@ impl<'a> StackStep<'a> {
                 Grad::Formed { g, width } => RowGrad::Formed { g, width },
             })
             .collect()
+    }
+}
+
+/// A device's gradients in the engine's form (a run-summed formed layer as a formed one, with
+/// its runs' self-kernel terms; see [`StackStep::par_grads_weighted`]).
+fn row_grad(g: crate::device::Downloaded) -> (RowGrad, Option<Vec<f64>>) {
+    match g {
+        crate::device::Downloaded::Factor { acts, deltas, ne, out } => (RowGrad::Factor { acts, deltas, ne, out }, None),
+        crate::device::Downloaded::Formed { g, width } => (RowGrad::Formed { g, width }, None),
+        crate::device::Downloaded::Summed { g, width, gram } => (RowGrad::Formed { g, width }, gram),
     }
 }
