@@ -286,7 +286,7 @@ for s in ("traj-mnist", "traj-toy"):
 r = one("lenet-diff", "lenet_diff")
 if r:
     sg, sc = one("lenet-gpu", "status"), one("lenet-cpu", "status")
-    print(f"- LeNet-5 EPK (2 000 images, 100 steps; diag, auto:1e-12), nodes on the GPU vs this machine's CPU: Gram max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['a_max_abs_error']:.1e} / {r['b_max_abs_error']:.1e}; evaluations per point and step {r['a_evaluations']:.1f} / {r['b_evaluations']:.1f}; wall {sg['seconds']} s / {sc['seconds']} s (**{sc['seconds'] / max(sg['seconds'], 1):.2f}×**)")
+    print(f"- LeNet-5 EPK ({'dry-run sizes' if dry else '2 000 images, 100 steps'}; diag, auto:1e-12), nodes on the GPU vs this machine's CPU: Gram max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['a_max_abs_error']:.1e} / {r['b_max_abs_error']:.1e}; evaluations per point and step {r['a_evaluations']:.1f} / {r['b_evaluations']:.1f}; wall {sg['seconds']} s / {sc['seconds']} s (**{sc['seconds'] / max(sg['seconds'], 1):.2f}×**)")
 print()
 print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
 print("|---|---|---|---|---|---|---|---|")
