@@ -90,7 +90,7 @@ impl Backend for Cuda {
         self.stream.alloc_zeros::<f64>(n).map_err(|e| err(&format!("allocation of {n} numbers"), e))
     }
     fn download(&self, b: &CudaSlice<f64>) -> Result<Vec<f64>> {
-        if b.len() == 0 {
+        if b.is_empty() {
             return Ok(Vec::new());
         }
         self.stream.clone_dtoh(b).map_err(|e| err("download", e))
@@ -99,7 +99,7 @@ impl Backend for Cuda {
         b.len()
     }
     fn copy(&self, b: &CudaSlice<f64>) -> Result<CudaSlice<f64>> {
-        if b.len() == 0 {
+        if b.is_empty() {
             return self.zeros(0);
         }
         self.stream.clone_dtod(b).map_err(|e| err("copy", e))
