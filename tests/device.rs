@@ -96,8 +96,8 @@ fn cuda_gram_equals_cpu_gram() {
 
 /// Layer stacks with their node evaluations on the GPU (the device program: the PTX kernels and
 /// cuBLAS) against the CPU engine: a LeNet-shaped stack, a smooth one with average pooling and
-/// no-bias layers, a residual stack with layer norms, and the CNN preset; the Gram to 1e-12 of its largest entry, the node counts
-/// equal, the machine equal to the network. The same program runs on the host backend in the
+/// no-bias layers, a residual stack with layer norms, and the CNN preset; the Gram to 1e-12 of
+/// its largest entry, the machine equal to the network, the stacks' node counts equal. The same program runs on the host backend in the
 /// ordinary tests (`kernel::stack::tests::device_program_nodes_give_the_cpu_engine_s_kernel`).
 #[test]
 #[ignore = "needs a CUDA GPU with driver 580+, libcublas.so.13 on the library path and PATHKERNEL_PTX (run by scripts/gpu/run.sh)"]
@@ -126,8 +126,12 @@ fn cuda_nodes_equal_cpu_nodes_on_stacks() {
             let diff = cpu.gram.iter().zip(&gpu.gram).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
             assert!(diff <= 1e-12 * scale, "{name} {layout:?}: Gram {diff} of {scale}");
             assert!(gpu.max_abs_error() < 1e-10, "{name} {layout:?}: machine vs network {}", gpu.max_abs_error());
-            let evals = |o: &kernel::KernelOutput| o.records.iter().map(|r| r.mean_evaluations).sum::<f64>();
-            assert_eq!(evals(&gpu), evals(&cpu), "{name} {layout:?}: node evaluations");
+            // The stacks' nodes are the same on both (the node search runs on the CPU); the CNN
+            // preset takes its own closed-form path on the CPU and its stack on the GPU.
+            if name != "cnn" {
+                let evals = |o: &kernel::KernelOutput| o.records.iter().map(|r| r.mean_evaluations).sum::<f64>();
+                assert_eq!(evals(&gpu), evals(&cpu), "{name} {layout:?}: node evaluations");
+            }
         }
     }
 }

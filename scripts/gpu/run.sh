@@ -162,7 +162,7 @@ lr = 0.3
 steps = $LT
 seed = 0
 EOF
-    if step lenet-train 120 "$PK" train -q --config "$W/lenet.toml" --out "$W/runs/lenet"; then
+    if step lenet-train ${LENET_TRAIN_S:-330} "$PK" train -q --config "$W/lenet.toml" --out "$W/runs/lenet"; then
         step lenet-gpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device $GPU --out "$W/lenet-gpu"
         step lenet-cpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device cpu --out "$W/lenet-cpu"
         step lenet-diff 30 python3 "$ROOT/scripts/gpu/gram_diff.py" "$W/lenet-gpu" "$W/lenet-cpu" --name lenet_diff
