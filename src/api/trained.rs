@@ -366,9 +366,9 @@ impl<'a> KernelBuilder<'a> {
         self
     }
 
-    /// Where the Gram contraction's GEMMs run ([`crate::kernel::Device::Cuda`]: cuBLAS on GPU 0,
-    /// the MLP's structured path only; without a GPU [`KernelBuilder::compute`] returns a
-    /// one-line [`Error::Backend`]).
+    /// Where the work runs ([`crate::kernel::Device::Cuda`]: GPU 0 — the MLP's Gram contraction
+    /// on cuBLAS, a layer stack's or the CNN's node gradients on the device; without a GPU
+    /// [`KernelBuilder::compute`] returns a one-line [`Error::Backend`]).
     pub fn device(mut self, device: crate::kernel::Device) -> Self {
         self.req.device = device;
         self

@@ -68,9 +68,10 @@ pub struct Args {
     /// x S step ranges), each within --memory; see `pathkernel tile --help`.
     #[arg(long, value_name = "N|RxS|RxCxS")]
     tiles: Option<String>,
-    /// Where the Gram contraction's GEMMs run: cpu (faer) or cuda (cuBLAS on GPU 0; the MLP's
-    /// structured path only). Without a GPU, its driver or libcublas.so.13, cuda is one line and
-    /// exit 2, and nothing is written.
+    /// Where the work runs: cpu, or cuda (GPU 0: the MLP's Gram contraction on cuBLAS; a layer
+    /// stack's or the CNN's node gradients on the device, its kernels' PTX from $PATHKERNEL_PTX or
+    /// epk.ptx beside the binary). Without a GPU, its driver or libcublas.so.13, cuda is one line
+    /// and exit 2, and nothing is written.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: kernel::Device,
     /// Output directory.

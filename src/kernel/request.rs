@@ -62,8 +62,9 @@ pub struct Request {
     /// Also return each parameter layer's share of the Gram and of the machine's change per
     /// step ([`super::LayerShares`]); any optimizer, all columns.
     pub per_layer: bool,
-    /// Where the contraction's GEMMs run (default: the CPU). [`Device::Cuda`] takes the MLP's
-    /// structured path only; other paths refuse it.
+    /// Where the work runs (default: the CPU). [`Device::Cuda`]: the MLP's structured path
+    /// contracts on cuBLAS, layer stacks and the CNN evaluate their node gradients on the GPU;
+    /// the generic path and the optimizer replay refuse it.
     pub device: Device,
 }
 
@@ -144,7 +145,7 @@ impl Request {
         self.per_layer = per_layer;
         self
     }
-    /// Where the contraction's GEMMs run.
+    /// Where the work runs: the MLP's contraction GEMMs, a layer stack's node gradients.
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
         self

@@ -14,7 +14,8 @@
 //! What the backend does not do: the element-wise passes after the products (the output layer's
 //! `2K` passes, layer 0's scale `x_p·x_i + 1` and fold into the Gram), the node evaluations, and
 //! the Gram itself stay on the CPU. Only the MLP's structured path (`kernel::gram`) takes a
-//! backend; other paths refuse [`Device::Cuda`] (`check_path`).
+//! backend here; a layer stack's path (and the CNN's, as its stack) evaluates its node gradients
+//! on the GPU instead (`crate::device`); other paths refuse [`Device::Cuda`] (`check_path`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -35,7 +36,8 @@ pub enum Device {
     /// faer on the CPU (the default).
     #[default]
     Cpu,
-    /// cuBLAS on CUDA device 0; an error (one line) when no GPU, driver or cuBLAS is found.
+    /// CUDA device 0 (cuBLAS, and the node evaluations' kernels for layer stacks); an error (one
+    /// line) when no GPU, driver or cuBLAS is found.
     Cuda,
 }
 
