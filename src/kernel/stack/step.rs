@@ -326,8 +326,8 @@ impl<'a> StackStep<'a> {
         out
     }
 
-    /// [`StackStep::grads`] of one block of at most [`EVAL_CHUNK`] rows, the layers' buffers
-    /// moved, not copied (a dense layer's acts get their bias column).
+    /// [`StackStep::grads`] of one block of at most [`StackStep::block_rows`] rows: on the device
+    /// when the step has one, else here ([`StackStep::cpu_block_grads`]).
     pub(crate) fn block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
         if let Some(nodes) = &self.nodes {
             match nodes.block_grads(x, off, idx, t, None, false) {
@@ -340,7 +340,8 @@ impl<'a> StackStep<'a> {
         self.cpu_block_grads(x, off, idx, t)
     }
 
-    /// [`StackStep::block_grads`] here (the CPU engine).
+    /// [`StackStep::block_grads`] here (the CPU engine), the layers' buffers moved, not copied (a
+    /// dense layer's acts get their bias column).
     pub(crate) fn cpu_block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
         let (xs, os) = self.gather(x, off, idx);
         let at = self.at(t);
