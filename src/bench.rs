@@ -512,6 +512,10 @@ pub(crate) struct ContractionRate {
     pub ratio: f64,
     /// max |kernel machine − network| of the computation.
     pub max_abs_error: f64,
+    /// Layer stacks: seconds of gradient evaluations (see `kernel::gram::Contraction`).
+    pub gradient_seconds: f64,
+    /// Layer stacks: seconds choosing the nodes (see `kernel::gram::Contraction`).
+    pub node_search_seconds: f64,
 }
 
 /// Times a kernel computation (the run's test points against its training set, the given
@@ -519,8 +523,8 @@ pub(crate) struct ContractionRate {
 /// GEMM rate on a square product of similar size (`n` = the larger of P and M, rounded up to a
 /// multiple of 64), measured right after it in the same process.
 pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: kernel::Layout, steps: Option<(usize, usize)>, device: kernel::Device) -> Result<ContractionRate> {
-    if !matches!(run.manifest.architecture.body, crate::model::Body::Mlp { .. }) {
-        return Err(Error::Config("--contraction times the MLP path's contraction; this run is not an MLP".into()));
+    if matches!(run.manifest.architecture.body, crate::model::Body::Cnn { .. }) {
+        return Err(Error::Config("--contraction times the MLP's and the layer stacks' paths; this run is the CNN preset (write it as a layer stack)".into()));
     }
     let states = run.load_all()?;
     let pts = Points { x: run.dataset.x_test.clone(), dim: run.dataset.dim };
@@ -553,6 +557,8 @@ pub(crate) fn contraction_rate(run: &Run, kind: KernelKind, rule: Rule, layout: 
         gemm_gflops: gemm,
         ratio: c.gflops() / gemm,
         max_abs_error: o.max_abs_error(),
+        gradient_seconds: c.gradient_seconds,
+        node_search_seconds: c.node_search_seconds,
     })
 }
 

@@ -168,6 +168,9 @@ EOF
         step lenet-gpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device $GPU --out "$W/lenet-gpu"
         step lenet-cpu 200 "$PK" kernel -q --run "$W/runs/lenet" --kind epk --quadrature auto:1e-12 --layout diag --steps $LS --device cpu --out "$W/lenet-cpu"
         step lenet-diff 30 python3 "$ROOT/scripts/gpu/gram_diff.py" "$W/lenet-gpu" "$W/lenet-cpu" --name lenet_diff
+        # Where the time goes: the seconds of gradient evaluations and of the node search.
+        step lenet-split-gpu 120 "$PK" bench --run "$W/runs/lenet" --contraction diag --steps $LS --device $GPU
+        step lenet-split-cpu 120 "$PK" bench --run "$W/runs/lenet" --contraction diag --steps $LS --device cpu
     fi
 fi
 
@@ -290,12 +293,12 @@ if r:
     sg, sc = one("lenet-gpu", "status"), one("lenet-cpu", "status")
     print(f"- LeNet-5 EPK ({'dry-run sizes' if dry else '2 000 images, 100 steps'}; diag, auto:1e-12), nodes on the GPU vs this machine's CPU: Gram max |Δ| / max |G| = **{r['rel_diff']:.2e}** (≤ 1e-12 required); machine vs network {r['a_max_abs_error']:.1e} / {r['b_max_abs_error']:.1e}; evaluations per point and step {r['a_evaluations']:.1f} / {r['b_evaluations']:.1f}; wall {sg['seconds']} s / {sc['seconds']} s (**{sc['seconds'] / max(sg['seconds'], 1):.2f}×**)")
 print()
-print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | machine vs network |")
-print("|---|---|---|---|---|---|---|---|")
+print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | gradients s | node search s | machine vs network |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for s in by:
     r = one(s, "contraction")
     if r:
-        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2g} | {r['max_abs_error']:.1e} |")
+        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2g} | {r.get('gradient_seconds', 0):.1f} | {r.get('node_search_seconds', 0):.1f} | {r['max_abs_error']:.1e} |")
 gp, cp = one("epk-gpu", "contraction"), one("epk-cpu", "contraction")
 if gp and cp:
     print(); print(f"GPU vs this machine's CPU, whole EPK: {cp['total_seconds'] / gp['total_seconds']:.2f}× ({gp['total_seconds']:.1f} s vs {cp['total_seconds']:.1f} s); contraction alone {cp['contraction_seconds'] / max(gp['contraction_seconds'], 1e-9):.2f}×.")

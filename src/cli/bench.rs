@@ -58,18 +58,19 @@ pub struct Args {
     /// autodiff Gram path and the structured CNN path, and print their speed-up.
     #[arg(long, value_name = "RULE")]
     conv_compare: Option<crate::kernel::Rule>,
-    /// MLP runs: compute the EPK (auto quadrature, --tol) of the test points against the
-    /// training set in this layout (full, diag or trace) over --steps, and print the
+    /// MLP and layer-stack runs: compute the EPK (auto quadrature, --tol) of the test points
+    /// against the training set in this layout (full, diag or trace) over --steps, and print the
     /// contraction's GFLOP/s (flops counted from the product shapes) next to faer's GEMM rate on
-    /// a square product of similar size, measured in the same run.
+    /// a square product of similar size, measured in the same run; for a stack also the seconds
+    /// of its gradient evaluations and of its node search.
     #[arg(long, value_name = "LAYOUT")]
     contraction: Option<crate::kernel::Layout>,
     /// Steps A:B of the --contraction computation (default: all).
     #[arg(long, value_name = "A:B")]
     steps: Option<String>,
-    /// Where --contraction's GEMMs run: cpu or cuda (cuBLAS; a GPU, its driver and
-    /// libcublas.so.13 are needed, else one line and exit 2). With cuda the GEMM rate printed is
-    /// cuBLAS's.
+    /// Where --contraction's work runs: cpu or cuda (an MLP's GEMMs on cuBLAS, a stack's node
+    /// gradients on the GPU; a GPU, its driver and libcublas.so.13 are needed, else one line
+    /// and exit 2). With cuda the GEMM rate printed is cuBLAS's.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: crate::kernel::Device,
     /// With --contraction LAYOUT and --device cuda: compute the Gram with its GEMMs on the CPU

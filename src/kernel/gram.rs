@@ -421,6 +421,12 @@ impl GramAccumulator {
         self.stats.flops += flops;
     }
 
+    /// Adds a step's node work: thread-seconds of gradient evaluations and of the node search.
+    pub(crate) fn add_node_work(&mut self, gradient_seconds: f64, node_search_seconds: f64) {
+        self.stats.gradient_seconds += gradient_seconds;
+        self.stats.node_search_seconds += node_search_seconds;
+    }
+
     /// Wall time and GEMM flops of the contraction so far (not the node evaluations): the
     /// flops are counted from the shapes of the products, `2·m·n·k` each — per step and row
     /// point, `2·M·K·out_0` for layer 0 (`diag`; `full` K times more), `2·M·(K + 1)·(h + 1)`
@@ -463,16 +469,32 @@ impl GramAccumulator {
     }
 }
 
-/// Wall time and GEMM flops of a Gram contraction.
+/// Wall time and GEMM flops of a Gram contraction, and (layer stacks) the thread-seconds of the
+/// node work around it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Contraction {
     /// Seconds spent contracting (node evaluations excluded).
     pub seconds: f64,
     /// Flops of the products, counted from their shapes.
     pub flops: f64,
+    /// Layer stacks: seconds in the gradient evaluations — the training points' (wall) plus the
+    /// nodes' summed over the point chunks that run side by side (so up to the cores' count
+    /// times the wall); device calls and their transfers included with `--device cuda`.
+    pub gradient_seconds: f64,
+    /// Layer stacks: seconds choosing the nodes (the kink sweep and the forward-mode acceptance
+    /// tests), summed over the point chunks as `gradient_seconds`.
+    pub node_search_seconds: f64,
 }
 
 impl Contraction {
+    /// Adds another part's seconds, flops and node work.
+    pub(crate) fn add(&mut self, o: &Contraction) {
+        self.seconds += o.seconds;
+        self.flops += o.flops;
+        self.gradient_seconds += o.gradient_seconds;
+        self.node_search_seconds += o.node_search_seconds;
+    }
+
     /// GFLOP/s (0 when nothing was timed).
     pub(crate) fn gflops(&self) -> f64 {
         if self.seconds > 0.0 {

@@ -304,8 +304,7 @@ impl Assembly {
         if let (Some(r), Some(q)) = (a.decomposition_residual.as_mut(), o.decomposition_residual) {
             *r = nan_max(*r, q);
         }
-        a.contraction.seconds += o.contraction.seconds;
-        a.contraction.flops += o.contraction.flops;
+        a.contraction.add(&o.contraction);
         let (w0, w1) = (self.rows_seen as f64, nb as f64);
         for (r, s) in a.records.iter_mut().zip(&o.records) {
             combine(r, s, w0, w1);

@@ -74,9 +74,7 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
     let mut a = vec![0.0; n_a * m * k];
     let whole = first.columns.as_ref().is_some_and(|c| c.machine_whole);
     let mut pred: Option<Vec<f64>> = None;
-    let mut contraction = first.contraction;
-    contraction.seconds = 0.0;
-    contraction.flops = 0.0;
+    let mut contraction = crate::kernel::gram::Contraction::default();
     let mut seconds = 0.0;
     for o in &parts {
         let (lo, mc) = (o.columns.as_ref().expect("checked").range.0, o.m);
@@ -101,8 +99,7 @@ pub fn assemble(parts: Vec<KernelOutput>) -> Result<KernelOutput> {
                 Some(acc) => acc.iter_mut().zip(sp).for_each(|(x, y)| *x += y),
             }
         }
-        contraction.seconds += o.contraction.seconds;
-        contraction.flops += o.contraction.flops;
+        contraction.add(&o.contraction);
         seconds += o.seconds;
     }
     let mut records = first.records.clone();

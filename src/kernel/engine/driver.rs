@@ -261,8 +261,7 @@ fn accumulate_steps(
         if let Some(mut one) = one {
             one.flush();
             one.check()?;
-            contraction.seconds += one.contraction().seconds;
-            contraction.flops += one.contraction().flops;
+            contraction.add(&one.contraction());
             let (gs, ls) = one.finish_layers();
             add_layers(&mut layer_grams, ls);
             add_into(&mut extra, &gs);
@@ -275,8 +274,7 @@ fn accumulate_steps(
     if let Some(a) = acc.as_mut() {
         a.flush();
         a.check()?;
-        contraction.seconds += a.contraction().seconds;
-        contraction.flops += a.contraction().flops;
+        contraction.add(&a.contraction());
     }
     let gram = match (acc, extra) {
         (Some(acc), None) => {

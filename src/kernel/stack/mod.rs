@@ -339,6 +339,9 @@ struct ChunkOut {
     stats: NodeStats,
     seconds: f64,
     flops: f64,
+    /// Thread-seconds of the gradient evaluations and of the node search.
+    gradient_seconds: f64,
+    search_seconds: f64,
 }
 
 /// The nodes of one chunk of row points, their gradients a block at a time, folded into the
@@ -349,6 +352,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let mut preds = vec![vec![0.0; pc * k]; npred];
     let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
     let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
+    let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
     let (point, weight, times) = match input.fixed {
         Some(nodes) => {
             // Time-major, so that a block of node rows holds whole groups of equal t
@@ -360,7 +364,9 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             (point, nodes.iter().flat_map(|n| std::iter::repeat_n(n.1, pc)).collect::<Vec<_>>(), nodes.iter().flat_map(|n| std::iter::repeat_n(n.0, pc)).collect::<Vec<_>>())
         }
         None => {
+            let searched = std::time::Instant::now();
             let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step);
+            search_seconds += searched.elapsed().as_secs_f64();
             stats.evaluations.extend_from_slice(&an.evaluations);
             stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
             stats.pieces.extend_from_slice(&an.pieces);
@@ -397,6 +403,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
         // On every core: with few row points the chunks alone do not fill them.
         // On a device, formed layers come back summed per point (with their self-kernel terms).
+        let evaluated = std::time::Instant::now();
         let (parts, grams) = match step.par_grads_weighted(xc, offc, bp, &times[b0..b1], bw, input.self_kernel) {
             Some(p) => {
                 let (parts, grams): (Vec<_>, Vec<_>) = p.into_iter().unzip();
@@ -404,6 +411,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             }
             None => (step.par_grads(xc, offc, bp, &times[b0..b1]), None),
         };
+        gradient_seconds += evaluated.elapsed().as_secs_f64();
         let started = std::time::Instant::now();
         for (li, tr) in train.iter().enumerate() {
             let pred = &mut preds[pred_of(li)];
@@ -502,7 +510,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         }
     }
     seconds += started.elapsed().as_secs_f64();
-    ChunkOut { preds, diag, stats, seconds, flops }
+    ChunkOut { preds, diag, stats, seconds, flops, gradient_seconds, search_seconds }
 }
 
 /// `st` with its gradient evaluations on `device` when there is one.
@@ -524,7 +532,9 @@ impl StepModel for StackModel<'_> {
         let m = input.x_train.len() / d;
         let at_ws = on_device(&self.device, StackStep::new(arch, input.state, None)?)?;
         let all: Vec<usize> = (0..m).collect();
+        let evaluated = std::time::Instant::now();
         let tgrads = at_ws.par_grads_in(input.x_train, input.off_train, &all, &vec![0.0; m], &mut |n| self.pool.take(n));
+        let train_seconds = evaluated.elapsed().as_secs_f64();
         at_ws.device_result()?;
         let layout = acc.sink_mut().layout();
         let train = train_side(tgrads, input.a, input.colw, layout, m, k);
@@ -567,6 +577,7 @@ impl StepModel for StackModel<'_> {
             .collect();
         step.device_result()?;
         let (mut seconds, mut flops) = (0.0, 0.0);
+        let (mut gradient_seconds, mut search_seconds) = (train_seconds, 0.0);
         for (ci, co) in chunk_out.into_iter().enumerate() {
             let c0 = ci * chunk;
             for (dst, src) in preds.iter_mut().zip(&co.preds) {
@@ -581,8 +592,11 @@ impl StepModel for StackModel<'_> {
             stats.unconverged += co.stats.unconverged;
             seconds += co.seconds;
             flops += co.flops;
+            gradient_seconds += co.gradient_seconds;
+            search_seconds += co.search_seconds;
         }
         acc.add_contraction(seconds, flops);
+        acc.add_node_work(gradient_seconds, search_seconds);
         for tr in train {
             match tr {
                 TrainSide::Factor { acts, deltas, .. } => {
