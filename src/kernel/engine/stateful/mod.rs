@@ -235,6 +235,13 @@ struct Replay {
 fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<f64>)> {
     let (k, w) = (d.k, d.w);
     let Some(batch) = s.batches.as_ref().map(|b| &b[r]).filter(|b| b.len() < d.m_all) else {
+        if s.stack_fast {
+            // One backward pass per point with ∂L/∂f folded in (the loss gradient needs the
+            // outputs only for MSE or logits, and then computes them itself).
+            let lg = s.loss_gradient(r, None)?;
+            let g = train_side::stack_data_gradient(s, &s.states[r], &s.train.x_train, s.off_train.as_deref(), &lg, w)?;
+            return Ok((lg, g));
+        }
         let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
         let lg = s.loss_gradient(r, Some(ts.f()))?;
         let g = ts.gradient(&lg, w);
@@ -246,6 +253,10 @@ fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<
     let x: Vec<f64> = batch.iter().flat_map(|&i| s.train.x_train[i * dim..(i + 1) * dim].iter().copied()).collect();
     let off: Option<Vec<f64>> = s.off_train.as_deref().map(|o| batch.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
     let c: Vec<f64> = batch.iter().flat_map(|&i| lg[i * k..(i + 1) * k].iter().copied()).collect();
+    if s.stack_fast {
+        let g = train_side::stack_data_gradient(s, &s.states[r], &x, off.as_deref(), &c, w)?;
+        return Ok((lg, g));
+    }
     let ts = TrainSide::of(s, &s.states[r], &x, off.as_deref())?;
     Ok((lg, ts.gradient(&c, w)))
 }
