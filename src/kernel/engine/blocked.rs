@@ -250,6 +250,7 @@ impl Assembly {
             single_machine: first.single_machine.as_deref().map(|v| grow(v, k)),
             reg: first.reg.as_deref().map(|v| grow(v, k)),
             rounding: first.rounding.as_deref().map(|v| grow(v, k)),
+            carried: first.carried.as_deref().map(|v| grow(v, k)),
             p,
             ..first
         };
@@ -296,7 +297,7 @@ impl Assembly {
         }
         // The non-data terms are per row point; the replay residual is a max over steps (the
         // same for every block, taken as the max to stay loud).
-        for (dst, src) in [(a.reg.as_mut(), o.reg.as_ref()), (a.rounding.as_mut(), o.rounding.as_ref())] {
+        for (dst, src) in [(a.reg.as_mut(), o.reg.as_ref()), (a.rounding.as_mut(), o.rounding.as_ref()), (a.carried.as_mut(), o.carried.as_ref())] {
             if let (Some(d), Some(s)) = (dst, src) {
                 put(d, s, k);
             }
