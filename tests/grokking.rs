@@ -133,6 +133,25 @@ fn carried_in_window_equals_the_full_replay() {
     assert!(e.contains("carried-in") && !e.contains('\n'), "{e}");
 }
 
+/// A tolerance below the rounding of the check (1e-17, under one ulp of the outputs) ends at
+/// pieces at rounding instead of halving every piece down to the depth limit (2^40 pieces a
+/// point): a bounded number of nodes, and the shares still sum to the step's change to rounding.
+#[test]
+fn layer_shares_stop_at_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "init_scale = 0.5", 4);
+    let (run, states) = (net.run(), net.states());
+    let arch = &run.manifest.architecture;
+    let groups = shares::layer_groups(arch, &states[0]).unwrap();
+    let p = run.dataset.n_test();
+    for s in 0..4 {
+        let sp = shares::split_step(arch, &states[0], &states[s], &states[s + 1], &run.dataset.x_test, &groups, 1e-17).unwrap();
+        eprintln!("step {s}: {} nodes, {} pieces, residual {:e}", sp.nodes, sp.pieces, sp.residual);
+        assert!(sp.nodes <= 4 * 200 * p, "step {s}: {} nodes for {p} points", sp.nodes);
+        assert!(sp.residual <= 1e-12, "step {s}: {:e}", sp.residual);
+    }
+}
+
 /// Each step's layer shares sum to the network's own change over the step (1e-12), on the
 /// ReLU block (whose steps cross kinks) and on the same block with GELU; on the smooth one each
 /// share also equals a slow reference: the central finite difference of f along that layer's
