@@ -103,7 +103,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     // Per row: its Gram rows in the block (and per-step rows), the accumulator's scratch, the
     // layer-0 scale, its nodes' factors, its network values at every state, and a column
     // block's per-step predicted and actual changes.
-    let steps_kept = if req.per_step { n } else { 0 };
+    let steps_kept = if req.per_step { crate::kernel::engine::prepare::steps_kept(manifest, req) as u64 } else { 0 };
     let shares = if mc < m { 2 * n * k * 8 } else { 0 };
     // MLPs: layer 0's step buffers take at most another Gram (`gram::Layer0Sum`).
     let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) {
