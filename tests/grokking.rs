@@ -133,6 +133,41 @@ fn carried_in_window_equals_the_full_replay() {
     assert!(e.contains("carried-in") && !e.contains('\n'), "{e}");
 }
 
+/// The per-step Grams a request is sized for are the steps it keeps: a budget that holds the
+/// window's own 3 per-step Grams (and far fewer than the 10 of the run) admits the carried-in
+/// window, and refuses the full replay, which keeps the 7 from step 0.
+#[test]
+fn per_step_memory_is_sized_for_the_steps_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "", 10);
+    let (a, b) = (4, 7);
+    let x = &net.run().dataset.x_test[..2 * 4];
+    let own = net.epk().inputs(x).steps(a, b).per_step().carry_in().compute().unwrap();
+    let (p, m, k) = own.shape();
+    let g = (p * m * k * k * 8) as u64;
+    // What the carried-in window needs, from its refusal at 1 byte; the full replay keeps 4
+    // per-step Grams more.
+    // (Each estimate on the way refuses in turn: the outputs, then the recursion's work.)
+    let need = |carry: bool| -> u64 {
+        let mut budget = 1;
+        for _ in 0..8 {
+            let b = net.epk().inputs(x).steps(a, b).per_step().memory_budget(budget);
+            match if carry { b.carry_in() } else { b }.compute() {
+                Err(pathkernel::Error::OutOfMemoryBudget { needed_bytes, .. }) => budget = needed_bytes,
+                Ok(_) => return budget,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no budget found");
+    };
+    let (own_need, full_need) = (need(true), need(false));
+    assert!(full_need >= own_need + 4 * g, "{own_need} {full_need} {g}");
+    let budget = own_need;
+    net.epk().inputs(x).steps(a, b).per_step().carry_in().memory_budget(budget).compute().unwrap();
+    let e = net.epk().inputs(x).steps(a, b).per_step().memory_budget(budget).compute().unwrap_err().to_string();
+    assert!(e.contains("per-step"), "{e}");
+}
+
 /// A tolerance below the rounding of the check (1e-17, under one ulp of the outputs) ends at
 /// pieces at rounding instead of halving every piece down to the depth limit (2^40 pieces a
 /// point): a bounded number of nodes, and the shares still sum to the step's change to rounding.
