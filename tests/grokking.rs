@@ -69,6 +69,124 @@ fn windows_and_gaps_equal_the_every_step_machine() {
     }
 }
 
+/// A window whose earlier steps are one carried-in term (`carry_in`) against the same window
+/// whose earlier steps are steps of its Gram (the full replay, the slow obvious reference), on
+/// the AdamW block: the same machine (and both the network, 1e-12); the window's per-step Grams
+/// are the reference's for the window's steps; `a` is zero before the window; and the
+/// carried-in term is the reference's sum over the earlier steps of `Σ_i a_{i,r}·K_r` (1e-12
+/// relative), formed from its per-step Grams. The windows put together with carried-in terms
+/// give the whole run's machine.
+#[test]
+fn carried_in_window_equals_the_full_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "", 10);
+    let (a, b) = (4, 7);
+    let full = net.epk().steps(a, b).per_step().compute().unwrap();
+    let own = net.epk().steps(a, b).per_step().carry_in().compute().unwrap();
+    let (fo, oo) = (full.output(), own.output());
+    let (p, m, k) = own.shape();
+    assert_eq!(fo.steps, (0..b).collect::<Vec<_>>(), "the reference's Gram holds every step from 0");
+    assert_eq!(oo.steps, (a..b).collect::<Vec<_>>(), "the carried-in window's Gram holds its own steps");
+    assert!(fo.carried.is_none());
+    let carried = oo.carried.as_ref().expect("a carried-in term");
+    assert!(max_abs(carried) > 1e-6, "the carried-in term is not trivial: {:e}", max_abs(carried));
+    // The same machine, equal to the network.
+    let rel = |x: &[f64], y: &[f64]| max_abs_diff(x, y) / max_abs(y).max(1e-300);
+    assert!(max_abs_diff(&oo.machine, &fo.machine) <= 1e-12, "machines {:e}", max_abs_diff(&oo.machine, &fo.machine));
+    assert!(own.max_abs_error() <= 1e-12 && full.max_abs_error() <= 1e-12, "{:e} {:e}", own.max_abs_error(), full.max_abs_error());
+    // The window's per-step Grams are the reference's last b − a.
+    let per = p * m * k * k;
+    let (fps, ops) = (fo.per_step.as_ref().unwrap(), oo.per_step.as_ref().unwrap());
+    assert_eq!(ops.len(), (b - a) * per);
+    assert!(rel(ops, &fps[a * per..]) <= 1e-12, "per-step Grams {:e}", rel(ops, &fps[a * per..]));
+    assert!(rel(&oo.gram, &fps[a * per..].chunks_exact(per).fold(vec![0.0; per], |mut s, g| { s.iter_mut().zip(g).for_each(|(x, y)| *x += y); s })) <= 1e-12);
+    assert!(oo.a[..a * m * k].iter().all(|&v| v == 0.0), "no coefficients before the window");
+    assert!(rel(&oo.a[a * m * k..b * m * k], &fo.a[a * m * k..b * m * k]) <= 1e-12);
+    // Σ_i a_{i,r}·K_r[p, c, i, ·] of the reference's steps in [from, to).
+    let terms = |from: usize, to: usize| -> Vec<f64> {
+        let mut t = vec![0.0; p * k];
+        for r in from..to {
+            for (pi, row) in t.chunks_exact_mut(k).enumerate() {
+                for (c, v) in row.iter_mut().enumerate() {
+                    for i in 0..m {
+                        for c2 in 0..k {
+                            *v += fo.a[(r * m + i) * k + c2] * fps[r * per + ((pi * m + i) * k + c) * k + c2];
+                        }
+                    }
+                }
+            }
+        }
+        t
+    };
+    // The reference's own check of the slow sum: all its steps are its machine less its baseline.
+    let base = pathkernel::attribution::baseline(fo);
+    let change: Vec<f64> = fo.machine.iter().zip(&base).map(|(x, y)| x - y).collect();
+    assert!(rel(&terms(0, b), &change) <= 1e-12, "the slow sum over every step {:e}", rel(&terms(0, b), &change));
+    let before = terms(0, a);
+    assert!(rel(carried, &before) <= 1e-12, "carried-in term vs the earlier steps' kernel terms {:e}", rel(carried, &before));
+    // Put together with the gaps, a carried-in window still gives the whole run.
+    let c = windows::compose(&net, &[("w".into(), (a, b), &own)]).unwrap();
+    assert!(c.max_abs_error <= 1e-12, "{:e}", c.max_abs_error);
+    assert_eq!(c.segments[1].carried.as_deref(), Some(&carried[..]));
+    // Not with the per-layer split (one term, not split by layer).
+    let e = net.epk().steps(a, b).carry_in().per_layer().compute().unwrap_err().to_string();
+    assert!(e.contains("carried-in") && !e.contains('\n'), "{e}");
+}
+
+/// The per-step Grams a request is sized for are the steps it keeps: a budget that holds the
+/// window's own 3 per-step Grams (and far fewer than the 10 of the run) admits the carried-in
+/// window, and refuses the full replay, which keeps the 7 from step 0.
+#[test]
+fn per_step_memory_is_sized_for_the_steps_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "", 10);
+    let (a, b) = (4, 7);
+    let x = &net.run().dataset.x_test[..2 * 4];
+    let own = net.epk().inputs(x).steps(a, b).per_step().carry_in().compute().unwrap();
+    let (p, m, k) = own.shape();
+    let g = (p * m * k * k * 8) as u64;
+    // What the carried-in window needs, from its refusal at 1 byte; the full replay keeps 4
+    // per-step Grams more.
+    // (Each estimate on the way refuses in turn: the outputs, then the recursion's work.)
+    let need = |carry: bool| -> u64 {
+        let mut budget = 1;
+        for _ in 0..8 {
+            let b = net.epk().inputs(x).steps(a, b).per_step().memory_budget(budget);
+            match if carry { b.carry_in() } else { b }.compute() {
+                Err(pathkernel::Error::OutOfMemoryBudget { needed_bytes, .. }) => budget = needed_bytes,
+                Ok(_) => return budget,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no budget found");
+    };
+    let (own_need, full_need) = (need(true), need(false));
+    assert!(full_need >= own_need + 4 * g, "{own_need} {full_need} {g}");
+    let budget = own_need;
+    net.epk().inputs(x).steps(a, b).per_step().carry_in().memory_budget(budget).compute().unwrap();
+    let e = net.epk().inputs(x).steps(a, b).per_step().memory_budget(budget).compute().unwrap_err().to_string();
+    assert!(e.contains("per-step"), "{e}");
+}
+
+/// A tolerance below the rounding of the check (1e-17, under one ulp of the outputs) ends at
+/// pieces at rounding instead of halving every piece down to the depth limit (2^40 pieces a
+/// point): a bounded number of nodes, and the shares still sum to the step's change to rounding.
+#[test]
+fn layer_shares_stop_at_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = trained(dir.path(), "init_scale = 0.5", 4);
+    let (run, states) = (net.run(), net.states());
+    let arch = &run.manifest.architecture;
+    let groups = shares::layer_groups(arch, &states[0]).unwrap();
+    let p = run.dataset.n_test();
+    for s in 0..4 {
+        let sp = shares::split_step(arch, &states[0], &states[s], &states[s + 1], &run.dataset.x_test, &groups, 1e-17).unwrap();
+        eprintln!("step {s}: {} nodes, {} pieces, residual {:e}", sp.nodes, sp.pieces, sp.residual);
+        assert!(sp.nodes <= 4 * 200 * p, "step {s}: {} nodes for {p} points", sp.nodes);
+        assert!(sp.residual <= 1e-12, "step {s}: {:e}", sp.residual);
+    }
+}
+
 /// Each step's layer shares sum to the network's own change over the step (1e-12), on the
 /// ReLU block (whose steps cross kinks) and on the same block with GELU; on the smooth one each
 /// share also equals a slow reference: the central finite difference of f along that layer's

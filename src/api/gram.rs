@@ -177,6 +177,16 @@ impl Gram {
     pub fn machine(&self) -> MatRef<'_, f64> {
         MatRef::from_row_major_slice(&self.out.machine, self.out.p, self.out.k)
     }
+    /// A window's carried-in term ([`crate::kernel::KernelOutput::carried`]): what the
+    /// gradients of the steps before it, carried by the momentum, change inside it (included in
+    /// the machine); `None` without [`super::KernelBuilder::carry_in`].
+    ///
+    /// # Shapes
+    /// `[P, K]`.
+    pub fn carried(&self) -> Option<MatRef<'_, f64>> {
+        let (p, _, k) = self.shape();
+        self.out.carried.as_deref().map(|c| MatRef::from_row_major_slice(c, p, k))
+    }
     /// The bias `b = f_{w_0}(x_p)`. # Shapes `[P, K]`.
     pub fn bias(&self) -> MatRef<'_, f64> {
         MatRef::from_row_major_slice(&self.out.bias, self.out.p, self.out.k)

@@ -360,6 +360,14 @@ impl<'a> KernelBuilder<'a> {
         self.req.per_layer = true;
         self
     }
+    /// With [`KernelBuilder::steps`] on a run with momentum or Adam: the gradients of the
+    /// steps before the window enter the machine as one carried-in term
+    /// ([`crate::kernel::KernelOutput::carried`], [`Gram::carried`]) instead of with their own
+    /// kernels, so the Gram, `a` and the per-step Grams are the window's only.
+    pub fn carry_in(mut self) -> Self {
+        self.req.carry_in = true;
+        self
+    }
     /// For the NTK: the step `s` it is taken at (default: the last state).
     pub fn at_step(mut self, s: usize) -> Self {
         self.req.ntk_step = Some(s);

@@ -113,12 +113,16 @@ pub fn machine_contributions(out: &KernelOutput) -> Result<Vec<f64>> {
 }
 
 /// The network output minus what belongs to no training point: the bias `f_{w_0}(x_p)` plus
-/// the weight-decay and rounding terms when present. # Shapes `[P, K]`.
+/// the weight-decay, rounding and carried-in terms when present. # Shapes `[P, K]`.
 pub fn baseline(out: &KernelOutput) -> Vec<f64> {
-    let non_data: Option<Vec<f64>> = match (&out.reg, &out.rounding) {
-        (Some(r), Some(d)) => Some(r.iter().zip(d).map(|(r, d)| r + d).collect()),
-        (r, d) => r.clone().or_else(|| d.clone()),
-    };
+    // The non-data terms summed first, then added to the bias.
+    let mut non_data: Option<Vec<f64>> = None;
+    for t in [&out.reg, &out.rounding, &out.carried].into_iter().flatten() {
+        match non_data.as_mut() {
+            Some(n) => n.iter_mut().zip(t).for_each(|(n, t)| *n += t),
+            None => non_data = Some(t.clone()),
+        }
+    }
     match non_data {
         Some(t) => out.bias.iter().zip(&t).map(|(b, t)| b + t).collect(),
         None => out.bias.clone(),

@@ -52,6 +52,13 @@ pub struct Args {
     /// `layer` column); the shares sum to the whole. Any optimizer; no tiles.
     #[arg(long)]
     per_layer: bool,
+    /// With --steps A:B on a run with momentum or Adam: the earlier steps' gradients that the
+    /// momentum carries into the window are one carried-in term of the machine (gram.safetensors
+    /// `carried` [P,K], exactness.json carried_term_max_abs) instead of steps of their own in
+    /// the Gram and in `a`; the window's cost then no longer grows with A beyond one data
+    /// gradient per earlier step. No tiles.
+    #[arg(long)]
+    carry_in: bool,
     /// The Gram's layout, i.e. which blocks to compute and store: full ([P,M,K,K]), diag (the
     /// class-diagonal blocks K^cc, [P,M,K]: per-class GPs, the SVM) or trace (sum_c K^cc, [P,M]:
     /// stationarity). Work and memory scale with the layout; the kernel machine is checked for
@@ -111,8 +118,11 @@ pub fn exec(a: Args) -> Result<()> {
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs).per_layer(a.per_layer).device(a.device);
+    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs).per_layer(a.per_layer).device(a.device).carry_in(a.carry_in);
     if let Some(tiles) = &a.tiles {
+        if a.carry_in {
+            return Err(crate::Error::Config("--carry-in is not available with --tiles".into()));
+        }
         if a.per_layer {
             return Err(crate::Error::Config("--per-layer is not available with --tiles".into()));
         }

@@ -8,7 +8,8 @@
 //!                        points [P, d], diag [P, K, K] (K(x_p, x_p) on the rows' side; ntk/dpk/epk);
 //!                        gram_steps [S, P, M, K, K] with --per-step, steps [S] (the steps summed),
 //!                        reg [P, K] (weight-decay term), rounding [P, K] (what the per-point split
-//!                        does not carry); both included in the machine; metadata `form`
+//!                        does not carry), carried [P, K] (a window's carried-in term); all
+//!                        included in the machine; metadata `form`
 //! OUT/predictions.parquet point, class, network, kernel_machine, abs_error (+ single_machine, reg_term)
 //! OUT/exactness.json     max_abs_error, mean_abs_error, quadrature, evaluations per step, steps, seconds, …
 //! OUT/steps.parquet      per step: predicted vs actual change of the output (ExPLAIND-style)
@@ -98,6 +99,9 @@ pub struct Exactness {
     /// (included in the machine; large only where Adam amplifies gradient rounding by 1/eps).
     #[serde(default)]
     pub rounding_term_max_abs: Option<f64>,
+    /// max |carried-in term| of a window computed with `carry_in` (included in the machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_term_max_abs: Option<f64>,
     /// Which blocks `gram.safetensors` holds (`full` `[P, M, K, K]`, `diag` `[P, M, K]`,
     /// `trace` `[P, M]`).
     #[serde(default)]
@@ -187,6 +191,7 @@ impl Exactness {
             decomposition_residual: o.decomposition_residual,
             reg_term_max_abs: o.reg.as_deref().map(max_abs),
             rounding_term_max_abs: o.rounding.as_deref().map(max_abs),
+            carried_term_max_abs: o.carried.as_deref().map(max_abs),
             layout: o.layout,
         }
     }
@@ -219,6 +224,9 @@ pub fn write(dir: &Path, o: &KernelOutput, points: &Points, rows: Rows, run_id: 
     }
     if let Some(r) = &o.rounding {
         arrays.push(NamedArray::f64("rounding", vec![p, k], r.clone()));
+    }
+    if let Some(c) = &o.carried {
+        arrays.push(NamedArray::f64("carried", vec![p, k], c.clone()));
     }
     let mut meta = HashMap::new();
     if let Some(l) = &o.layers {
@@ -431,7 +439,7 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
             None
         })
     };
-    let (reg, rounding) = (optional("reg")?, optional("rounding")?);
+    let (reg, rounding, carried) = (optional("reg")?, optional("rounding")?, optional("carried")?);
     // Side and form are written with their serde names.
     let named = |key: &str, default: &str| serde_json::Value::String(meta.get(key).cloned().unwrap_or_else(|| default.into()));
     let side: Side = serde_json::from_value(named("side", "")).map_err(|_| unknown("side", &get("side")))?;
@@ -486,6 +494,7 @@ pub fn read(dir: &Path, run: &Run) -> Result<GramFile> {
         reg,
         decomposition_residual: exactness.decomposition_residual,
         rounding,
+        carried,
         columns: None,
         layers,
     };

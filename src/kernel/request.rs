@@ -66,6 +66,12 @@ pub struct Request {
     /// contracts on cuBLAS, layer stacks and the CNN evaluate their node gradients on the GPU;
     /// the generic path and the optimizer replay refuse it.
     pub device: Device,
+    /// With momentum or Adam and `steps = [A, B)`, `A > 0`: the gradients of the steps before A
+    /// that still move the weights inside the window enter the machine as one carried-in term
+    /// ([`super::KernelOutput::carried`]) instead of with their own kernels in the Gram and in
+    /// `a`, so the Gram, `a` and the per-step Grams are the window's own and its cost no longer
+    /// grows with A beyond one data gradient per earlier step (default: off).
+    pub carry_in: bool,
 }
 
 impl Request {
@@ -88,7 +94,14 @@ impl Request {
             block_rows: None,
             per_layer: false,
             device: Device::Cpu,
+            carry_in: false,
         }
+    }
+    /// Whether the steps before a window's first step are one carried-in term
+    /// ([`Request::carry_in`]).
+    pub fn carry_in(mut self, carry_in: bool) -> Self {
+        self.carry_in = carry_in;
+        self
     }
     /// The quadrature rule.
     pub fn rule(mut self, rule: Rule) -> Self {

@@ -269,6 +269,11 @@ pub struct KernelOutput {
     /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` `[P, K]` (included in `machine`):
     /// what the per-point split does not carry (momentum/Adam/weight-decay runs).
     pub rounding: Option<Vec<f64>>,
+    /// The carried-in term `[P, K]` (included in `machine`) of a window `[A, B)` computed with
+    /// [`super::Request::carry_in`] on a run with momentum or Adam: what the gradients of the
+    /// steps before A, carried by the optimizer's momentum, change of the outputs inside the
+    /// window. It belongs to no training point of the window.
+    pub carried: Option<Vec<f64>>,
     /// Set when the Gram's columns are a proper range of the training points
     /// ([`super::Request::columns`]): the output is then one column block's share, assembled
     /// with the others by [`super::engine::columns::assemble`].
@@ -427,6 +432,9 @@ impl std::fmt::Display for KernelOutput {
         }
         if let Some(r) = &self.reg {
             write!(f, "; weight-decay term max |R| {:.3e}", max_abs(r))?;
+        }
+        if let Some(c) = &self.carried {
+            write!(f, "; carried-in term max |C| {:.3e}", max_abs(c))?;
         }
         if let (Some(res), Some(r)) = (self.decomposition_residual, &self.rounding) {
             write!(f, "; optimizer replay residual {res:.1e}, rounding term max {:.1e}", max_abs(r))?;

@@ -89,7 +89,7 @@ pub(super) fn windows_analysis(net: &Trained, labels: &[String], kernels: &[Stud
     let dir = out.join("analysis");
     io::create_dir_all(&dir)?;
     let stat = |t: &[f64]| (t.iter().map(|v| v.abs()).fold(0.0, f64::max), t.iter().map(|v| v.abs()).sum::<f64>() / t.len().max(1) as f64);
-    let mut tab = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut tab = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for s in &c.segments {
         let (mx, mean) = stat(&s.term);
         tab.0.push(s.label.clone());
@@ -98,6 +98,7 @@ pub(super) fn windows_analysis(net: &Trained, labels: &[String], kernels: &[Stud
         tab.3.push(mx);
         tab.4.push(mean);
         tab.5.push(s.window_error.unwrap_or(f64::NAN));
+        tab.6.push(s.carried.as_deref().map_or(f64::NAN, |c| stat(c).0));
     }
     Table::new()
         .with("segment", Column::Str(tab.0))
@@ -106,6 +107,7 @@ pub(super) fn windows_analysis(net: &Trained, labels: &[String], kernels: &[Stud
         .with("max_abs_term", Column::F64(tab.3))
         .with("mean_abs_term", Column::F64(tab.4))
         .with("window_max_abs_error", Column::F64(tab.5))
+        .with("max_abs_carried_in", Column::F64(tab.6))
         .write_parquet(&dir.join("windows.parquet"))?;
     let (p, _, k) = ws[0].2.shape();
     let mut notes = vec![format!(
@@ -113,11 +115,24 @@ pub(super) fn windows_analysis(net: &Trained, labels: &[String], kernels: &[Stud
         c.max_abs_error,
         if c.max_abs_error <= 1e-10 { "within 1e-10" } else { "ABOVE the 1e-10 tolerance" }
     )];
-    notes.push("| segment | steps | max abs term | mean abs term | window machine max err |".into());
-    notes.push("|---|---|---|---|---|".into());
+    let carry = c.segments.iter().any(|s| s.carried.is_some());
+    if carry {
+        notes.push("A window's term includes its **carried-in** term: the change inside the window made by the gradients of the steps before it, which the optimizer's momentum carries in (one exact term, `carry_in = true`; it belongs to no training point of the window and is left out of its attribution).\n".into());
+        notes.push("| segment | steps | max abs term | mean abs term | of which carried in (max abs) | window machine max err |".into());
+        notes.push("|---|---|---|---|---|---|".into());
+    } else {
+        notes.push("| segment | steps | max abs term | mean abs term | window machine max err |".into());
+        notes.push("|---|---|---|---|---|".into());
+    }
     for s in &c.segments {
         let (mx, mean) = stat(&s.term);
-        notes.push(format!("| {} | [{}, {}) | {mx:.3e} | {mean:.3e} | {} |", s.label, s.steps.0, s.steps.1, s.window_error.map_or("—".to_string(), |e| format!("{e:.3e}"))));
+        let err = s.window_error.map_or("—".to_string(), |e| format!("{e:.3e}"));
+        if carry {
+            let cin = s.carried.as_deref().map_or("—".to_string(), |t| format!("{:.3e}", stat(t).0));
+            notes.push(format!("| {} | [{}, {}) | {mx:.3e} | {mean:.3e} | {cin} | {err} |", s.label, s.steps.0, s.steps.1));
+        } else {
+            notes.push(format!("| {} | [{}, {}) | {mx:.3e} | {mean:.3e} | {err} |", s.label, s.steps.0, s.steps.1));
+        }
     }
     notes.push(String::new());
     Ok(notes)
@@ -144,9 +159,12 @@ pub(super) fn window_attribution(net: &Trained, labels: &[String], kernels: &[St
         let x = &g.points().x;
         let chosen: Vec<f64> = points.iter().flat_map(|&q| x[q * d..(q + 1) * d].iter().copied()).collect();
         // a_{i,s} varies by step: the window's per-step Grams for the chosen points only.
-        let pg = net.epk().inputs(&chosen).steps(a, b).per_step().memory_budget(4 << 30).compute()?;
-        let (np, m, k) = pg.shape();
         let spec = &kernels.iter().find(|k| k.label == label).expect("validated").spec;
+        // With carry_in the per-step Grams are the window's steps only (the earlier steps'
+        // gradients are one carried-in term of the baseline).
+        let builder = net.epk().inputs(&chosen).steps(a, b).per_step().memory_budget(4 << 30);
+        let pg = if spec.carry_in { builder.carry_in() } else { builder }.compute()?;
+        let (np, m, k) = pg.shape();
         let test_index = |q: usize| if spec.test_points.is_empty() { q } else { spec.test_points[q] };
         let contrib = pg.contributions()?;
         let at_b = net.run().manifest.architecture.forward(&net.states()[b], Some(&net.states()[0]), &chosen)?;

@@ -63,6 +63,12 @@ pub struct KernelSpec {
     /// log-softmax) or `logits` (plain gradient steps; what `[analysis] fsl` fits on).
     #[serde(default, skip_serializing_if = "is_network")]
     pub outputs: Outputs,
+    /// With `steps = [A, B]` on a run with momentum or Adam: the earlier steps' gradients that
+    /// the momentum carries into the window are one carried-in term of the machine, not steps
+    /// of the Gram ([`crate::kernel::Request::carry_in`]); the window then costs its own steps
+    /// and one data gradient per earlier step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub carry_in: bool,
 }
 
 fn is_network(o: &Outputs) -> bool {
@@ -112,6 +118,7 @@ impl KernelSpec {
         };
         let b = b.side(self.side);
         let b = if self.per_layer { b.per_layer() } else { b };
+        let b = if self.carry_in { b.carry_in() } else { b };
         let b = if self.outputs == Outputs::Logits { b.logits() } else { b };
         let b = match self.steps {
             Some([lo, hi]) => b.steps(lo, hi),

@@ -28,6 +28,17 @@ use crate::model::{Architecture, Body, OutputKind, Params};
 const ORDER: usize = 4;
 /// The least tolerance a short piece is held to (the rounding of the outputs' differences).
 const ROUNDING: f64 = 1e-14;
+/// The rounding of a piece's check `|Σ_g share − (f(b) − f(a))|` in units of `ε·max(|f(a)|,
+/// |f(b)|)`: `f(b) − f(a)` of log-probabilities of size |f| (tens, once the training points are
+/// memorised) is only known to a few ulps of |f|, far above [`ROUNDING`].
+const ROUNDING_ULPS: f64 = 32.0;
+/// A piece that misses by less than `ROUNDING_ZONE·ε·max|f|` and whose halves together miss by
+/// more than [`STALLED`] of its own miss is at rounding, not at a kink or a quadrature error
+/// (those shrink per halving): it is kept (its miss is in the step's residual) instead of being
+/// halved down to [`MAX_DEPTH`], which doubles the pieces at every level.
+const ROUNDING_ZONE: f64 = 1024.0;
+/// See [`ROUNDING_ZONE`].
+const STALLED: f64 = 0.5;
 /// Bisections of a piece before its check is given up (the miss is then reported).
 const MAX_DEPTH: usize = 40;
 
@@ -167,22 +178,48 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
         }
         bounds.push(1.0);
         let vals: Vec<Vec<f64>> = bounds.iter().map(|&t| value(t, xr, offr)).collect();
-        let mut todo: Vec<(f64, f64, Vec<f64>, Vec<f64>, usize)> = (0..bounds.len() - 1).map(|i| (bounds[i], bounds[i + 1], vals[i].clone(), vals[i + 1].clone(), 0)).collect();
-        let mut own = vec![0.0; groups.len() * k];
-        while let Some((a, b, fa, fb, depth)) = todo.pop() {
+        // A piece: its ends, f there, its depth and its integral (computed when it is made).
+        type Piece = (f64, f64, Vec<f64>, Vec<f64>, usize, Vec<f64>);
+        let make = |a: f64, b: f64, fa: Vec<f64>, fb: Vec<f64>, depth: usize| -> Piece {
             let part = integrate(a, b, xr, offr);
-            nodes += ORDER;
-            // Each piece's share of the tolerance (by its length, above the rounding of f), so
-            // that the pieces' misses add up to `tol` at most.
-            if misfits(&part, &fa, &fb)[0] <= (tol * (b - a)).max(ROUNDING) || depth >= MAX_DEPTH {
-                own.iter_mut().zip(&part).for_each(|(s, v)| *s += v);
-                pieces += 1;
-                continue;
+            (a, b, fa, fb, depth, part)
+        };
+        let mut todo: Vec<Piece> = (0..bounds.len() - 1).map(|i| make(bounds[i], bounds[i + 1], vals[i].clone(), vals[i + 1].clone(), 0)).collect();
+        nodes += ORDER * todo.len();
+        let mut own = vec![0.0; groups.len() * k];
+        while let Some((a, b, fa, fb, depth, part)) = todo.pop() {
+            // Each piece's share of the tolerance (by its length, above the rounding of the
+            // check), so that the pieces' misses add up to `tol` at most.
+            let miss = misfits(&part, &fa, &fb)[0];
+            let scale = fa.iter().chain(&fb).fold(0.0f64, |m, v| m.max(v.abs()));
+            let floor = (ROUNDING_ULPS * f64::EPSILON * scale).max(ROUNDING);
+            let mut accept = miss <= (tol * (b - a)).max(floor) || depth >= MAX_DEPTH;
+            let mut halves = None;
+            if !accept {
+                let mid = 0.5 * (a + b);
+                let fm = value(mid, xr, offr);
+                let (l, r) = (make(a, mid, fa.clone(), fm.clone(), depth + 1), make(mid, b, fm, fb.clone(), depth + 1));
+                nodes += 2 * ORDER;
+                let split_miss = misfits(&l.5, &l.2, &l.3)[0] + misfits(&r.5, &r.2, &r.3)[0];
+                // Halving that does not shrink a miss near rounding: the piece is at rounding;
+                // the halves are kept where they miss less.
+                accept = miss <= ROUNDING_ZONE * f64::EPSILON * scale && split_miss > STALLED * miss;
+                halves = Some((l, r, split_miss < miss));
             }
-            let mid = 0.5 * (a + b);
-            let fm = value(mid, xr, offr);
-            todo.push((a, mid, fa, fm.clone(), depth + 1));
-            todo.push((mid, b, fm, fb, depth + 1));
+            match (accept, halves) {
+                (false, Some((l, r, _))) => {
+                    todo.push(l);
+                    todo.push(r);
+                }
+                (true, Some((l, r, true))) => {
+                    own.iter_mut().zip(l.5.iter().zip(&r.5)).for_each(|(s, (u, v))| *s += u + v);
+                    pieces += 2;
+                }
+                _ => {
+                    own.iter_mut().zip(&part).for_each(|(s, v)| *s += v);
+                    pieces += 1;
+                }
+            }
         }
         for gi in 0..groups.len() {
             shares[gi * p * k + r * k..gi * p * k + (r + 1) * k].copy_from_slice(&own[gi * k..(gi + 1) * k]);

@@ -10,6 +10,10 @@
 //!
 //! the gaps being `[0, A_1)`, `[B_1, A_2)`, …, `[B_n, N)` (empty ones left out): each window's
 //! kernel sum is attributed to its training points, and the rest of the run is one term per gap.
+//! A window computed with [`crate::api::KernelBuilder::carry_in`] (momentum, Adam) holds in its
+//! term the carried-in change `C` of the earlier steps' gradients inside it
+//! ([`crate::kernel::KernelOutput::carried`]), reported as [`Segment::carried`]: that part is the
+//! gap's (or earlier window's) gradients, not the window's training points.
 
 use crate::api::{Gram, Trained};
 use crate::error::{Error, Result};
@@ -25,6 +29,9 @@ pub struct Segment {
     pub term: Vec<f64>,
     /// A window's own `max |machine − f(w_b)|` (`None` for a gap).
     pub window_error: Option<f64>,
+    /// A window's carried-in term, included in `term` (`None` for a gap and for a window
+    /// whose earlier steps are steps of its Gram). # Shapes `[P, K]`.
+    pub carried: Option<Vec<f64>>,
 }
 
 /// The whole run's machine put together from windows and gaps.
@@ -72,7 +79,8 @@ pub fn compose(net: &Trained, windows: &[(String, (usize, usize), &Gram)]) -> Re
         }
         let (m, bias) = (g.machine(), g.bias());
         let term: Vec<f64> = (0..p).flat_map(|i| (0..k).map(move |c| (i, c))).map(|(i, c)| m[(i, c)] - bias[(i, c)]).collect();
-        segments.push(Segment { label: label.clone(), steps: (*a, *b), term, window_error: Some(g.max_abs_error()) });
+        let carried = g.output().carried.clone();
+        segments.push(Segment { label: label.clone(), steps: (*a, *b), term, window_error: Some(g.max_abs_error()), carried });
         at = *b;
     }
     if at < n {
@@ -89,5 +97,5 @@ pub fn compose(net: &Trained, windows: &[(String, (usize, usize), &Gram)]) -> Re
 
 fn gap(a: usize, b: usize, f_at: &dyn Fn(usize) -> Result<Vec<f64>>) -> Result<Segment> {
     let (fa, fb) = (f_at(a)?, f_at(b)?);
-    Ok(Segment { label: "gap".into(), steps: (a, b), term: fb.iter().zip(&fa).map(|(y, x)| y - x).collect(), window_error: None })
+    Ok(Segment { label: "gap".into(), steps: (a, b), term: fb.iter().zip(&fa).map(|(y, x)| y - x).collect(), window_error: None, carried: None })
 }

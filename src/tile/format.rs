@@ -132,6 +132,9 @@ pub(crate) fn write_tile(out_dir: &Path, plan: &Plan, entry: &TileEntry, o: &Ker
     if let Some(r) = &o.rounding {
         arrays.push(f64a("rounding", vec![p, k], r));
     }
+    if let Some(c) = &o.carried {
+        arrays.push(f64a("carried", vec![p, k], c));
+    }
     if let Some(c) = &o.columns {
         let s_n = o.records.len();
         if let (Some(pred), Some(actual)) = (&c.step_pred, &c.step_actual) {
@@ -537,6 +540,7 @@ fn decode(path: &Path, bytes: Vec<u8>, meta: &BTreeMap<String, String>, plan: &P
         reg: opt("reg", &[p, k])?,
         decomposition_residual: opt("decomposition_residual", &[1])?.map(|v| v[0]),
         rounding: opt("rounding", &[p, k])?,
+        carried: opt("carried", &[p, k])?,
         layers: None,
     };
     Ok(Tile { out, a })

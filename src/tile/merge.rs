@@ -102,7 +102,7 @@ fn combine_row_block(out: &Path, plan: &Plan, b: usize) -> Result<(KernelOutput,
         for ((mv, m1), b1) in acc.machine.iter_mut().zip(&o.machine).zip(&o.bias) {
             *mv += m1 - b1;
         }
-        for (dst, src) in [(&mut acc.reg, &o.reg), (&mut acc.rounding, &o.rounding)] {
+        for (dst, src) in [(&mut acc.reg, &o.reg), (&mut acc.rounding, &o.rounding), (&mut acc.carried, &o.carried)] {
             if let (Some(dst), Some(src)) = (dst.as_mut(), src.as_ref()) {
                 sum_in_order(dst, src);
             }
@@ -145,6 +145,7 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     // are concatenated (and maximised) here.
     let mut reg: Vec<Option<Vec<f64>>> = Vec::new();
     let mut rounding: Vec<Option<Vec<f64>>> = Vec::new();
+    let mut carried: Vec<Option<Vec<f64>>> = Vec::new();
     let mut residual: Option<f64> = None;
     let mut merged = kernel::engine::blocked::in_blocks(points, plan.block_rows, &|_, _| {}, &mut |pts, _| {
         let (o, slices) = combine_row_block(out, plan, b)?;
@@ -165,6 +166,7 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
         seconds += o.seconds;
         reg.push(o.reg.clone());
         rounding.push(o.rounding.clone());
+        carried.push(o.carried.clone());
         residual = match (residual, o.decomposition_residual) {
             (Some(x), Some(y)) => Some(kernel::nan_max(x, y)),
             (x, y) => x.or(y),
@@ -180,6 +182,7 @@ pub fn merge_output(out: &Path, plan: &Plan, points: &kernel::Points) -> Result<
     let concat = |parts: Vec<Option<Vec<f64>>>| -> Option<Vec<f64>> { parts.into_iter().collect::<Option<Vec<Vec<f64>>>>().map(|v| v.concat()) };
     merged.reg = concat(reg);
     merged.rounding = concat(rounding);
+    merged.carried = concat(carried);
     merged.decomposition_residual = residual;
     if plan.step_ranges.len() > 1 || plan.col_blocks > 1 {
         merged.single_machine = kernel::engine::columns::single_machine(&merged);

@@ -103,7 +103,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     // Per row: its Gram rows in the block (and per-step rows), the accumulator's scratch, the
     // layer-0 scale, its nodes' factors, its network values at every state, and a column
     // block's per-step predicted and actual changes.
-    let steps_kept = if req.per_step { n } else { 0 };
+    let steps_kept = if req.per_step { crate::kernel::engine::prepare::steps_kept(manifest, req) as u64 } else { 0 };
     let shares = if mc < m { 2 * n * k * 8 } else { 0 };
     // MLPs: layer 0's step buffers take at most another Gram (`gram::Layer0Sum`).
     let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) {
@@ -250,6 +250,7 @@ impl Assembly {
             single_machine: first.single_machine.as_deref().map(|v| grow(v, k)),
             reg: first.reg.as_deref().map(|v| grow(v, k)),
             rounding: first.rounding.as_deref().map(|v| grow(v, k)),
+            carried: first.carried.as_deref().map(|v| grow(v, k)),
             p,
             ..first
         };
@@ -296,7 +297,7 @@ impl Assembly {
         }
         // The non-data terms are per row point; the replay residual is a max over steps (the
         // same for every block, taken as the max to stay loud).
-        for (dst, src) in [(a.reg.as_mut(), o.reg.as_ref()), (a.rounding.as_mut(), o.rounding.as_ref())] {
+        for (dst, src) in [(a.reg.as_mut(), o.reg.as_ref()), (a.rounding.as_mut(), o.rounding.as_ref()), (a.carried.as_mut(), o.carried.as_ref())] {
             if let (Some(d), Some(s)) = (dst, src) {
                 put(d, s, k);
             }

@@ -93,6 +93,7 @@ pub(in crate::kernel) fn compute(prep: &Prepared<'_>, progress: &dyn Fn(usize, u
         reg: None,
         decomposition_residual: None,
         rounding: None,
+        carried: None,
         columns: share.then(|| ColumnShare {
             range: (c0, c1),
             of: m_all,

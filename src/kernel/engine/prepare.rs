@@ -115,7 +115,9 @@ impl<'a> Prepared<'a> {
         };
         let (layout, memory_budget) = (req.layout, req.memory_budget);
         let m = cols.1 - cols.0;
-        let out_bytes = output_bytes_in(layout, p, m, k, n, req.per_step);
+        // The per-step Grams are those of the steps kept ([`steps_kept`]), `a` is `[N, M, K]`.
+        let g_bytes = (p * m * layout.per_pair(k)) as u64 * 8;
+        let out_bytes = output_bytes_in(layout, p, m, k, n, false) + if req.per_step { g_bytes * steps_kept(&manifest, req) as u64 } else { 0 };
         if out_bytes > memory_budget {
             let shape = layout.shape(p, m, k).iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
             let blocks = if layout == crate::kernel::layout::Layout::Full { String::new() } else { format!(" ({layout} blocks)") };
@@ -240,6 +242,18 @@ impl<'a> Prepared<'a> {
         } else {
             loss_gradient(self.manifest.loss, ft, &self.train.y_train, m, k, batch)
         }
+    }
+}
+
+/// How many per-step Grams a request keeps: its range's steps, and with momentum (without
+/// [`super::super::Request::carry_in`]) every step from 0, whose gradients reach the range.
+pub(crate) fn steps_kept(manifest: &Manifest, req: &Request) -> usize {
+    let (lo, hi) = req.steps.unwrap_or((0, manifest.steps));
+    let rule = UpdateRule::of(&manifest.optimizer);
+    if !rule.is_plain() && rule.beta != 0.0 && !req.carry_in {
+        hi
+    } else {
+        hi.saturating_sub(lo)
     }
 }
 

@@ -348,26 +348,122 @@ impl<'a> StackStep<'a> {
         let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
         let seeds = self.output_map(&mut g, os.as_deref());
         drop(g);
-        self.stack
-            .backward_at(&at, &caches, seeds, self.k)
-            .into_iter()
-            .map(|(_, gr)| match gr {
-                Grad::Factor { acts, deltas, n_in, n_out, bias } => {
-                    let acts = if bias {
-                        let mut a = Vec::with_capacity(acts.len() / n_in.max(1) * (n_in + 1));
-                        for row in acts.chunks_exact(n_in) {
-                            a.extend_from_slice(row);
-                            a.push(1.0);
-                        }
-                        a
-                    } else {
-                        acts
-                    };
-                    RowGrad::Factor { acts, deltas, ne: n_in + usize::from(bias), out: n_out }
+        row_grads(self.stack.backward_at(&at, &caches, seeds, self.k))
+    }
+
+    /// The gradients of `Σ_k c[i, k] f^k(x_i)` (one cotangent per row instead of K) at rows
+    /// `idx` at `w_s`, one [`RowGrad`] per parameter layer with `K = 1`: the cotangent is
+    /// contracted into the output map's sensitivities before the backward pass, so it costs one
+    /// backward pass per row where [`StackStep::grads`] costs K (what a data gradient
+    /// `Σ_i ∂L/∂f(x_i)·∇f(x_i)` needs).
+    ///
+    /// # Shapes
+    /// `c` `[R, K]` in `idx` order (`R = idx.len()`); each factor's rows are the R rows.
+    pub(crate) fn contracted_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], c: &[f64]) -> Vec<RowGrad> {
+        let k = self.k;
+        assert_eq!(c.len(), idx.len() * k, "one cotangent of K outputs per row");
+        let (xs, os) = self.gather(x, off, idx);
+        let t = vec![0.0; idx.len()];
+        let at = self.at(&t);
+        let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
+        let seeds = self.output_map(&mut g, os.as_deref());
+        drop(g);
+        // dy[i, o] = Σ_k c[i, k] ∂f^k/∂g_o.
+        let mut dy = vec![0.0; idx.len() * k];
+        for (i, row) in dy.chunks_exact_mut(k).enumerate() {
+            for kk in 0..k {
+                let ci = c[i * k + kk];
+                if ci != 0.0 {
+                    row.iter_mut().zip(&seeds[(i * k + kk) * k..(i * k + kk + 1) * k]).for_each(|(a, b)| *a += ci * b);
                 }
-                Grad::Formed { g, width } => RowGrad::Formed { g, width },
-            })
-            .collect()
+            }
+        }
+        row_grads(self.stack.backward_at(&at, &caches, dy, 1))
+    }
+}
+
+/// A backward pass's per-layer gradients as [`RowGrad`]s (a dense layer's acts get their bias
+/// column), the buffers moved, not copied.
+fn row_grads(grads: Vec<(usize, Grad)>) -> Vec<RowGrad> {
+    grads
+        .into_iter()
+        .map(|(_, gr)| match gr {
+            Grad::Factor { acts, deltas, n_in, n_out, bias } => {
+                let acts = if bias {
+                    let mut a = Vec::with_capacity(acts.len() / n_in.max(1) * (n_in + 1));
+                    for row in acts.chunks_exact(n_in) {
+                        a.extend_from_slice(row);
+                        a.push(1.0);
+                    }
+                    a
+                } else {
+                    acts
+                };
+                RowGrad::Factor { acts, deltas, ne: n_in + usize::from(bias), out: n_out }
+            }
+            Grad::Formed { g, width } => RowGrad::Formed { g, width },
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::{RowGrad, StackStep};
+    use crate::train::{train_to_dir, RunConfig, TrainOptions};
+    use crate::trajectory::Run;
+
+    /// One cotangent per row folded in before the backward pass gives, per row and layer, the
+    /// K per-output gradients contracted with it afterwards (the slow obvious reference), to
+    /// rounding: ExPLAIND's transformer block (embedding, shared-qkv attention, residual MLP).
+    #[test]
+    fn contracted_grads_are_the_per_output_grads_contracted() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = include_str!("../../../tests/data/transformer/modular-addition.toml").replace("steps = 12", "steps = 3");
+        let cfg = RunConfig::from_toml(&toml, Path::new("test.toml")).unwrap();
+        train_to_dir(&cfg, dir.path(), &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
+        let run = Run::open(dir.path()).unwrap();
+        let states = run.load_all().unwrap();
+        let arch = &run.manifest.architecture;
+        let x = &run.dataset.x_train;
+        let st = StackStep::new(arch, &states[2], None).unwrap();
+        let k = st.k;
+        let idx: Vec<usize> = (0..x.len() / st.d).collect();
+        let c: Vec<f64> = (0..idx.len() * k).map(|j| ((j * 7 + 3) as f64).sin()).collect();
+        let full = st.grads(x, None, &idx, &vec![0.0; idx.len()]);
+        let one = st.contracted_grads(x, None, &idx, &c);
+        assert_eq!(full.len(), one.len());
+        let mut worst: f64 = 0.0;
+        let mut compared = 0;
+        for (a, b) in full.iter().zip(&one) {
+            match (a, b) {
+                (RowGrad::Factor { acts, deltas, ne, out }, RowGrad::Factor { acts: a1, deltas: d1, ne: n1, out: o1 }) => {
+                    assert_eq!((ne, out), (n1, o1));
+                    assert_eq!(acts, a1, "the forward pass is the same");
+                    for i in 0..idx.len() {
+                        for o in 0..*out {
+                            let want: f64 = (0..k).map(|kk| c[i * k + kk] * deltas[(i * k + kk) * out + o]).sum();
+                            worst = worst.max((want - d1[i * out + o]).abs() / want.abs().max(1.0));
+                            compared += 1;
+                        }
+                    }
+                }
+                (RowGrad::Formed { g, width }, RowGrad::Formed { g: g1, width: w1 }) => {
+                    assert_eq!(width, w1);
+                    for i in 0..idx.len() {
+                        for j in 0..*width {
+                            let want: f64 = (0..k).map(|kk| c[i * k + kk] * g[(i * k + kk) * width + j]).sum();
+                            worst = worst.max((want - g1[i * width + j]).abs() / want.abs().max(1.0));
+                            compared += 1;
+                        }
+                    }
+                }
+                _ => panic!("the same layer kinds"),
+            }
+        }
+        assert!(compared > 1000, "{compared} entries compared");
+        assert!(worst <= 1e-13, "contracted vs per-output gradients: {worst:e}");
     }
 }
 

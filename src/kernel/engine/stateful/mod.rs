@@ -20,7 +20,14 @@
 //!
 //! With momentum the gradients of steps before a `--steps A:B` range still move the weights
 //! inside it; those steps then appear in the Gram and in `a` with their own `K_r` (the row side
-//! carries only the steps of the range).
+//! carries only the steps of the range). With [`crate::kernel::Request::carry_in`] they are one
+//! term of their own instead, the **carried-in term** `C = −H_A·U_A` (`[P·K]`, in the machine,
+//! reported as [`KernelOutput::carried`]): below A the recursion only scales,
+//! `H_r = (Π_{j=r+1}^{A} β_j) H_A`, so the steps before A contribute
+//! `−Σ_{r<A} b_r H_r·(c_r g_r + λ_c w_r) = −H_A·U_A` with
+//! `U_{r+1} = β_{r+1}(U_r + b_r(c_r g_r + λ_c w_r))`, `U_0 = 0`, summed in the replay. Phase 2 then
+//! walks the range only, and the Gram, `a` and the per-step Grams are the range's; the replay
+//! still walks from step 0, at the cost of one data gradient per step.
 //!
 //! Cost per step: `P·K·W·M` multiply-adds for the contraction (every layer is formed), against
 //! `P·K·M·Σ_l K·out_l` for plain gradient steps; that is the price of a row side which no longer
@@ -92,8 +99,11 @@ struct Dims {
     n: usize,
     /// Whether the columns are a share of the training points.
     share: bool,
-    /// The first step whose gradients reach the range (`lo` without momentum, else 0).
+    /// The first step whose gradients reach the range with their own kernel (`lo` without
+    /// momentum or with the carried-in term, else 0).
     first: usize,
+    /// Whether the steps before the range are one carried-in term (`first = lo > 0`).
+    carry: bool,
     /// Progress units: the replay to `hi`, then the recursion back to `first`.
     total_work: usize,
 }
@@ -103,7 +113,9 @@ pub(in crate::kernel) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usiz
     let req = s.req;
     let (m_all, cols) = (s.train.n_train(), s.cols);
     let (lo, hi) = (s.lo, s.hi);
-    let first = if s.rule.beta == 0.0 { lo } else { 0 };
+    let reached = if s.rule.beta == 0.0 { lo } else { 0 };
+    let carry = s.req.carry_in && reached < lo;
+    let first = if carry { lo } else { reached };
     let d = Dims {
         p: s.rows.len(),
         m: cols.1 - cols.0,
@@ -113,6 +125,7 @@ pub(in crate::kernel) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usiz
         n: s.manifest.steps,
         share: cols != (0, m_all),
         first,
+        carry,
         total_work: 2 * hi - first,
     };
     check_request(s, &d)?;
@@ -120,7 +133,7 @@ pub(in crate::kernel) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usiz
     let network = s.values(&s.states[hi], &s.rows.x, s.off_rows.as_deref())?;
     let mut replay = replay(s, &d, progress)?;
     let back = backward(s, &d, &mut replay, &bias, progress)?;
-    let (gram, mut per_step, machine, reg, rounding, mut records) = (back.gram, back.per_step, back.machine, back.reg, back.rounding, back.records);
+    let (gram, mut per_step, machine, reg, rounding, carried, mut records) = (back.gram, back.per_step, back.machine, back.reg, back.rounding, back.carried, back.records);
     let layers = back.layers.map(|(gram, change)| {
         let names: Vec<String> = param_layers(&s.states[0].specs).into_iter().map(|l| l.name).collect();
         // The NTK: one change over the whole range (its terms summed over the steps).
@@ -175,6 +188,7 @@ pub(in crate::kernel) fn compute(s: &Prepared<'_>, progress: &dyn Fn(usize, usiz
         reg: if s.rule.wd_coupled != 0.0 || s.rule.wd_decoupled != 0.0 { Some(reg) } else { None },
         decomposition_residual: Some(replay.residual),
         rounding: Some(rounding),
+        carried,
         // The machine and the per-step check J̄_s·Δw_s are the whole computation's.
         columns: d.share.then_some(ColumnShare { range: cols, of: m_all, machine_whole: true, step_pred: None, step_actual: None }),
         layers,
@@ -195,6 +209,12 @@ fn check_request(s: &Prepared<'_>, d: &Dims) -> Result<()> {
         return Err(Error::Config(
             "this run was trained with Adam: its kernel needs the recorded preconditioners (compute it from the run directory: kernel::compute loads them)".into(),
         ));
+    }
+    if d.carry && (s.ntk_step.is_some() || req.per_layer) {
+        return Err(Error::Config(format!(
+            "the carried-in term of a window's earlier steps is one term of the machine, not split by layer or frozen at a step: {} without carry_in",
+            if req.per_layer { "split a window by layer" } else { "compute the NTK" }
+        )));
     }
     let (p, m, k) = (d.p, d.m, d.k);
     let kept = s.hi - d.first;
@@ -227,6 +247,9 @@ struct Replay {
     path_lg: Vec<Vec<f64>>,
     /// With a column share (not the NTK), the replay's whole data gradients `g_r`.
     path_g: Vec<Vec<f64>>,
+    /// With the carried-in term: `U_A = Σ_{r<A} (Π_{j=r+1}^{A} β_j) b_r (c_r g_r + λ_c w_r)`
+    /// (`[W]`, module docs).
+    carry: Option<Vec<f64>>,
 }
 
 /// Step r's `∂L/∂f` of all M training points (`[M, K]`) and the whole data gradient `g_r`
@@ -235,6 +258,13 @@ struct Replay {
 fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<f64>)> {
     let (k, w) = (d.k, d.w);
     let Some(batch) = s.batches.as_ref().map(|b| &b[r]).filter(|b| b.len() < d.m_all) else {
+        if s.stack_fast {
+            // One backward pass per point with ∂L/∂f folded in (the loss gradient needs the
+            // outputs only for MSE or logits, and then computes them itself).
+            let lg = s.loss_gradient(r, None)?;
+            let g = train_side::stack_data_gradient(s, &s.states[r], &s.train.x_train, s.off_train.as_deref(), &lg, w)?;
+            return Ok((lg, g));
+        }
         let ts = TrainSide::at(s, &s.states[r], (0, d.m_all))?;
         let lg = s.loss_gradient(r, Some(ts.f()))?;
         let g = ts.gradient(&lg, w);
@@ -246,6 +276,10 @@ fn data_gradient(s: &Prepared<'_>, r: usize, d: &Dims) -> Result<(Vec<f64>, Vec<
     let x: Vec<f64> = batch.iter().flat_map(|&i| s.train.x_train[i * dim..(i + 1) * dim].iter().copied()).collect();
     let off: Option<Vec<f64>> = s.off_train.as_deref().map(|o| batch.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
     let c: Vec<f64> = batch.iter().flat_map(|&i| lg[i * k..(i + 1) * k].iter().copied()).collect();
+    if s.stack_fast {
+        let g = train_side::stack_data_gradient(s, &s.states[r], &x, off.as_deref(), &c, w)?;
+        return Ok((lg, g));
+    }
     let ts = TrainSide::of(s, &s.states[r], &x, off.as_deref())?;
     Ok((lg, ts.gradient(&c, w)))
 }
@@ -277,6 +311,7 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
     // of phase 2 then covers the columns only).
     let mut path_lg: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut path_g: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut carry = d.carry.then(|| vec![0.0; w]);
     for r in 0..hi {
         progress(r, d.total_work);
         // The replay needs the whole data gradient: all M training points.
@@ -285,6 +320,13 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
             path_g[r] = g.clone();
         }
         let wr = s.states[r].flat();
+        if let (Some(u), true) = (carry.as_mut(), r < lo) {
+            // U_{r+1} = β_{r+1}(U_r + b_r(c_r g_r + λ_c w_r)): the coefficients phase 2 gives
+            // step r below the range.
+            let (b, cg, lc) = (s.rule.row_coefficients(r).1, s.rule.grad_scale_at(r), s.rule.wd_coupled);
+            let beta = s.rule.beta_at(r + 1);
+            u.iter_mut().zip(&g).zip(&wr).for_each(|((u, g), w)| *u = beta * (*u + b * (cg * g + lc * w)));
+        }
         let dw = opt.step_with(lrs[r], &wr, &g, s.precond.map(|pc| pc[r].as_slice()));
         let actual: Vec<f64> = s.states[r + 1].flat().iter().zip(&wr).map(|(a, b)| a - b).collect();
         let scale_dw = actual.iter().fold(0.0f64, |acc, v| acc.max(v.abs())).max(f64::MIN_POSITIVE);
@@ -306,7 +348,7 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
             scale[r] = opt.last_scale().map(<[f64]>::to_vec);
         }
     }
-    Ok(Replay { a, unsplit, scale, residual, path_lg, path_g })
+    Ok(Replay { a, unsplit, scale, residual, path_lg, path_g, carry })
 }
 
 /// What phase 2, the backward recursion, produces.
@@ -321,6 +363,8 @@ struct Backward {
     reg: Vec<f64>,
     /// The rounding term `Σ_s J̄_s·(Δw_s − Σ_i u_{i,s} − r_s)` (`[P·K]`).
     rounding: Vec<f64>,
+    /// The carried-in term `−H_A·U_A` (`[P·K]`), with [`Dims::carry`].
+    carried: Option<Vec<f64>>,
     /// One record per step of the range, in step order.
     records: Vec<StepRecord>,
     /// With the per-layer decomposition: each layer's Gram and `[S, L, P·K]` terms.
@@ -480,6 +524,11 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
             }
         }
     }
+    // The steps before the range as one term: H is now H_lo.
+    let carried = replay.carry.as_ref().map(|u| h.dot(u, l0).into_iter().map(|v| -v).collect::<Vec<f64>>());
+    if let Some(c) = &carried {
+        machine.iter_mut().zip(c).for_each(|(x, y)| *x += y);
+    }
     machine.iter_mut().zip(&reg).zip(&rounding).for_each(|((x, y), z)| *x += y + z);
     records.reverse();
     per_step.reverse();
@@ -489,7 +538,7 @@ fn backward(s: &Prepared<'_>, d: &Dims, replay: &mut Replay, bias: &[f64], progr
         None => gram.finish(),
     };
     let layers = split.map(|sp| (sp.grams.into_iter().map(GramSink::finish).collect(), sp.change));
-    Ok(Backward { gram, per_step, machine, reg, rounding, records, layers })
+    Ok(Backward { gram, per_step, machine, reg, rounding, carried, records, layers })
 }
 
 /// One step's Gram `c·⟨F, ∇f(x_i)⟩` (`F` the row feature `[P·K, W]`) against the training side

@@ -220,6 +220,36 @@ fn add_dense_layer(out: &mut GramSink, h: &[f64], w: usize, start: usize, (ni, n
     }
 }
 
+/// A layer stack's data gradient `Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i; w)` at `state`, flat `[W]`,
+/// with one backward pass per point ([`StackStep::contracted_grads`]: the cotangent `c` folded
+/// in before the backward pass) instead of the K of [`TrainSide::gradient`]; blocks of
+/// [`crate::kernel::stack::step::EVAL_CHUNK`] points on every core, summed.
+///
+/// # Shapes
+/// `x` `[M', d]`, `off` and `c` `[M', K]`; returns `[W]`.
+pub(super) fn stack_data_gradient(s: &Prepared<'_>, state: &Params, x: &[f64], off: Option<&[f64]>, c: &[f64], w: usize) -> Result<Vec<f64>> {
+    use rayon::prelude::*;
+    let st = StackStep::new(s.arch(), state, None)?;
+    let (k, d) = (st.k, st.d);
+    let idx: Vec<usize> = (0..x.len() / d.max(1)).collect();
+    let layers = stack_layers(state);
+    let chunk = crate::kernel::stack::step::EVAL_CHUNK;
+    let g = idx
+        .par_chunks(chunk)
+        .map(|ib| {
+            let cb = &c[ib[0] * k..(ib[0] + ib.len()) * k];
+            let grads = st.contracted_grads(x, off, ib, cb);
+            let mut g = vec![0.0; w];
+            stack_gradient(&grads, &layers, &vec![1.0; ib.len()], &mut g);
+            g
+        })
+        .reduce(|| vec![0.0; w], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        });
+    Ok(g)
+}
+
 /// `g += Σ_i Σ_k' c[i, k'] ∇f^{k'}(x_i)` from a stack's per-layer factors, flat `[W]`.
 ///
 /// # Shapes
