@@ -3,15 +3,15 @@
 //! A block of node rows (each a point at its own time `t` of a step, `w_s + t·Δw`) goes through
 //! every layer as GEMMs against `W_s` and `ΔW` combined by `t` per row, plus a small set of
 //! kernels (`kernels/epk.cu`: combine by t, im2col / col2im, activations and their derivatives,
-//! pooling with its winners, the output seeds, row sums, gathers). [`program`] lowers a stack to
-//! those calls; a [`Backend`] runs them:
+//! pooling with its winners, layer norm, the output seeds, row and segment sums). [`program`]
+//! lowers a stack to those calls; a [`Backend`] runs them:
 //!
 //! - [`host::Host`]: the kernels compiled for the host as C (`build.rs`, the `cc` crate), faer
 //!   for the GEMMs. The ordinary tests run every kernel and every lowered layer kind through it
 //!   against the CPU engine's layers (`tests.rs`), so the device's code is tested before a GPU is
 //!   lent.
-//! - a CUDA backend (the same source compiled to PTX by NVRTC, cuBLAS for the GEMMs) runs the
-//!   same program on the device; it is tested only on a GPU.
+//! - [`cuda::Cuda`]: the same source compiled to PTX by NVRTC, cuBLAS for the GEMMs; the same
+//!   program on the device, tested on a GPU (`tests/device.rs`, `#[ignore]`d without one).
 //!
 //! Data flows one way: `model::layers` says what each layer kind is on a backend
 //! ([`program::Op`], one method of the layer contract), this module knows nothing of the kinds.
