@@ -33,6 +33,13 @@ pub(crate) struct Window {
     pub wo: usize,
 }
 
+impl Window {
+    /// The pooling kernels' geometry arguments, in their order: `c, h, w, kk, stride, ho, wo`.
+    fn args(&self) -> [i64; 7] {
+        [self.c, self.h, self.w, self.k, self.stride, self.ho, self.wo].map(|v| v as i64)
+    }
+}
+
 /// What a layer computes on a backend (its parameters are the stack's tensors from its `first`).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Op {
@@ -213,14 +220,14 @@ fn forward_op<B: Kernels>(be: &B, wts: &Weights<B>, t: &B::Buf, first: usize, op
         Op::MaxPool(wd) => {
             let out = n * wd.c * wd.ho * wd.wo;
             let (mut y, mut arg) = (be.zeros(out)?, be.zeros(out)?);
-            let g = [wd.c, wd.h, wd.w, wd.k, wd.stride, wd.ho, wd.wo].map(|v| v as i64);
+            let g = wd.args();
             be.pk_maxpool(out, g[0], g[1], g[2], g[3], g[4], g[5], g[6], &x, &mut y, &mut arg)?;
             (y, Saved::Arg(arg))
         }
         Op::AvgPool(wd) => {
             let out = n * wd.c * wd.ho * wd.wo;
             let mut y = be.zeros(out)?;
-            let g = [wd.c, wd.h, wd.w, wd.k, wd.stride, wd.ho, wd.wo].map(|v| v as i64);
+            let g = wd.args();
             be.pk_avgpool(out, g[0], g[1], g[2], g[3], g[4], g[5], g[6], &x, &mut y)?;
             (y, Saved::None)
         }
@@ -367,14 +374,14 @@ fn backward_op<B: Kernels>(be: &B, wts: &Weights<B>, t: &B::Buf, first: usize, o
         (Op::MaxPool(wd), Saved::Arg(arg)) => {
             let size = wd.c * wd.h * wd.w;
             let mut dx = be.zeros(rows * size)?;
-            let g = [wd.c, wd.h, wd.w, wd.k, wd.stride, wd.ho, wd.wo].map(|v| v as i64);
+            let g = wd.args();
             be.pk_maxpool_back(rows * size, kk as i64, g[0], g[1], g[2], g[3], g[4], g[5], g[6], &arg, &dy, &mut dx)?;
             Some(dx)
         }
         (Op::AvgPool(wd), Saved::None) => {
             let size = wd.c * wd.h * wd.w;
             let mut dx = be.zeros(rows * size)?;
-            let g = [wd.c, wd.h, wd.w, wd.k, wd.stride, wd.ho, wd.wo].map(|v| v as i64);
+            let g = wd.args();
             be.pk_avgpool_back(rows * size, g[0], g[1], g[2], g[3], g[4], g[5], g[6], &dy, &mut dx)?;
             Some(dx)
         }

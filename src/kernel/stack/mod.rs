@@ -624,6 +624,17 @@ mod tests {
     use crate::train::{train_to_dir, RunConfig, TrainOptions};
     use crate::trajectory::Run;
 
+    /// A run trained from `toml` into `dir/name`: the run, its states and its test rows.
+    fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::model::Params>, crate::kernel::Points) {
+        let cfg = RunConfig::from_toml(toml, Path::new("test.toml")).unwrap();
+        let out = dir.join(name);
+        train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
+        let run = Run::open(&out).unwrap();
+        let states = run.load_all().unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        (run, states, pts)
+    }
+
     /// The dense layers' two routes — folded node by node, or `J̄_p` formed per point and
     /// contracted once — give the same Gram, self-kernel, machine and per-layer shares in every
     /// layout, to rounding (a dense-only stack and one with a formed layer norm between).
@@ -633,12 +644,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for (name, layers) in [("mlp", r#"[{ dense = 9 }, "relu", { dense = 7 }, "tanh", { dense = 3 }]"#), ("norm", r#"[{ dense = 8 }, "relu", "layer_norm", { dense = 3 }]"#)] {
             let toml = format!("[data]\nkind = \"gaussian-mixture\"\ndim = 3\nper_class = 4\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = {layers}\n\n[train]\nlr = 0.7\nsteps = 3\nseed = 5\n");
-            let cfg = RunConfig::from_toml(&toml, Path::new("test.toml")).unwrap();
-            let out = dir.path().join(name);
-            train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
-            let run = Run::open(&out).unwrap();
-            let states = run.load_all().unwrap();
-            let pts = Rows::Test.resolve(&run.dataset).unwrap();
+            let (run, states, pts) = trained(dir.path(), name, &toml);
             for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
                 for rule in [Rule::Auto(1e-12), Rule::Gauss(4)] {
                     let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).per_layer(true);
@@ -848,12 +854,7 @@ layers = [{ conv2d = { channels = 3, kernel = 5, stride = 3 } }, { layer_norm = 
         ];
         for (name, model, per_layer) in models {
             let toml = format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 3\n\n[model]\n{model}\n\n[train]\nlr = 0.3\nsteps = 2\nseed = 4\n", data.to_str().unwrap());
-            let cfg = RunConfig::from_toml(&toml, Path::new("test.toml")).unwrap();
-            let out = dir.path().join(name);
-            train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
-            let run = Run::open(&out).unwrap();
-            let states = run.load_all().unwrap();
-            let pts = Rows::Test.resolve(&run.dataset).unwrap();
+            let (run, states, pts) = trained(dir.path(), name, &toml);
             for (rule, layout) in [(Rule::Auto(1e-12), Layout::Diag), (Rule::Gauss(3), Layout::Full)] {
                 let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).per_layer(per_layer);
                 let cpu = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
