@@ -7,7 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // %% md
     // # MNIST uncertainty: calibration and rotation shift, read from the benchmark's report
     //
-    // The benchmark (`data/studies/mnist-uncertainty.toml`, issue #21) trains a 784-128-10 ReLU MLP on
+    // The benchmark (`data/studies/mnist-uncertainty.toml`) trains a 784-128-10 ReLU MLP on
     // 2 000 MNIST images and scores every method's predicted probabilities on the clean test set,
     // on the first 1 000 test images rotated by 15° … 180°, and on two out-of-distribution sets.
     // Its report keeps every per-point probability (`predictions.parquet`) and every metric

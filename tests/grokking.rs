@@ -184,6 +184,13 @@ fn layer_shares_stop_at_rounding() {
         eprintln!("step {s}: {} nodes, {} pieces, residual {:e}", sp.nodes, sp.pieces, sp.residual);
         assert!(sp.nodes <= 4 * 200 * p, "step {s}: {} nodes for {p} points", sp.nodes);
         assert!(sp.residual <= 1e-12, "step {s}: {:e}", sp.residual);
+        // Every piece passed its check or was kept at rounding; none gave up, and the outputs'
+        // size the rounding is relative to is the largest |f| at the step's ends.
+        assert_eq!(sp.gave_up, 0, "step {s}");
+        let f: Vec<f64> = [s, s + 1].iter().flat_map(|&i| arch.forward(&states[i], Some(&states[0]), &run.dataset.x_test).unwrap()).collect();
+        // (f at the step's end is taken at w_s + 1·(w_{s+1} − w_s), equal to w_{s+1} to rounding.)
+        let scale = f.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!((sp.scale - scale).abs() <= 1e-12 * scale, "step {s}: {} vs {scale}", sp.scale);
     }
 }
 
@@ -278,4 +285,48 @@ fn gauss_legendre_16() -> (Vec<f64>, Vec<f64>) {
         w.push(1.0 / ((1.0 - z * z) * dp * dp));
     }
     (x, w)
+}
+
+/// A study's window attribution: a window whose every row point is attributed reuses the
+/// window's own kernel (its per-step Grams kept with it in the cache); one attributed at some of
+/// its points computes them for those points alone. Both give the same supporters and
+/// opponents with the same contributions (to 1e-12 of the largest).
+#[test]
+fn window_attribution_reuses_the_window_s_kernel() {
+    use pathkernel::io::Table;
+    use pathkernel::study::{self, StudyOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let window = |label: &str, a: usize, b: usize| format!("[[kernel]]\nkind = \"epk\"\nlabel = \"{label}\"\nsteps = [{a}, {b}]\ntest_points = [0, 1, 2]\ncarry_in = true\n\n");
+    // Each study's attribution tables of held-out point 1, per window: (role, rank, training point, contribution).
+    let run = |name: &str, points: &str| -> Vec<Vec<(String, i64, i64, f64)>> {
+        let text = format!("name = \"{name}\"\n{CONFIG}\n{}{}[analysis]\ncharts = false\nwindows = [\"w1\", \"w2\"]\nattribution_points = [{points}]\n", window("w1", 2, 5), window("w2", 7, 10));
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let opts = StudyOptions { out: Some(dir.path().join(name)), cache: Some(dir.path().join(format!("{name}-cache"))), base_dir: ".".into(), progress: false, command: "test".into() };
+        study::run(&file, &opts).unwrap();
+        ["w1", "w2"]
+            .iter()
+            .map(|w| {
+                let t = Table::read_parquet(&dir.path().join(name).join(format!("analysis/attribution/{w}/attribution.parquet"))).unwrap();
+                let (pt, role, rank, idx, c) = (t.i64("point").unwrap(), t.str("role").unwrap(), t.i64("rank").unwrap(), t.i64("train_index").unwrap(), t.f64("contribution").unwrap());
+                (0..pt.len()).filter(|&r| pt[r] == 1).map(|r| (role[r].clone(), rank[r], idx[r], c[r])).collect()
+            })
+            .collect()
+    };
+    let (all, one) = (run("all", "0, 1, 2"), run("one", "1"));
+    for (w, (a, o)) in all.iter().zip(&one).enumerate() {
+        assert!(!a.is_empty() && a.len() == o.len(), "window {w}: {} vs {} rows", a.len(), o.len());
+        let scale = a.iter().map(|r| r.3.abs()).fold(0.0, f64::max);
+        for (x, y) in a.iter().zip(o) {
+            assert_eq!((&x.0, x.1, x.2), (&y.0, y.1, y.2), "window {w}: the same training points in the same order");
+            assert!((x.3 - y.3).abs() <= 1e-12 * scale, "window {w}: {} vs {}", x.3, y.3);
+        }
+    }
+    // The window attributed at all its points keeps its per-step Grams in the cache; the other's
+    // kernel does not (its attribution computed its own).
+    let has_steps = |name: &str| {
+        let net = Trained::open(dir.path().join(format!("{name}-cache/run"))).unwrap();
+        pathkernel::api::Gram::open(dir.path().join(format!("{name}-cache/kernels/w1")), &net).unwrap().output().per_step.is_some()
+    };
+    assert!(has_steps("all") && !has_steps("one"));
 }

@@ -276,18 +276,20 @@ fn notebook_programs_run() {
     let nb = dir.path().join("nb");
     std::fs::create_dir_all(&nb).unwrap();
     // `your-data` imports the committed PyTorch recordings `../tests/data/torch-trajectory` and
-    // `../tests/data/torch-stack-adamw`; `mnist-uncertainty` reads the committed report
-    // `../reports/mnist-uncertainty`.
+    // `../tests/data/torch-stack-adamw`; `mnist-uncertainty` and `grokking` read the committed
+    // reports `../reports/mnist-uncertainty` and `../reports/grokking`.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(dir.path().join("tests/data")).unwrap();
     for rec in ["torch-trajectory", "torch-stack-adamw"] {
         std::os::unix::fs::symlink(root.join("tests/data").join(rec), dir.path().join("tests/data").join(rec)).unwrap();
     }
     std::fs::create_dir_all(dir.path().join("reports")).unwrap();
-    std::os::unix::fs::symlink(root.join("reports/mnist-uncertainty"), dir.path().join("reports/mnist-uncertainty")).unwrap();
+    for report in ["mnist-uncertainty", "grokking"] {
+        std::os::unix::fs::symlink(root.join("reports").join(report), dir.path().join("reports").join(report)).unwrap();
+    }
     // `mnist` needs the MNIST files (`bash data/fetch-mnist.sh`); it runs when they are here.
     let mnist = root.join("data/mnist");
-    let mut names = vec!["quickstart", "uncertainty", "attribution", "your-data", "mnist-uncertainty"];
+    let mut names = vec!["quickstart", "uncertainty", "attribution", "your-data", "mnist-uncertainty", "grokking"];
     if mnist.join("train-images.idx3-ubyte").exists() {
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
         std::os::unix::fs::symlink(&mnist, dir.path().join("data/mnist")).unwrap();

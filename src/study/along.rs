@@ -18,25 +18,30 @@ use crate::train::TrainLog;
 pub(crate) const SHARES_TOL: f64 = 1e-12;
 
 /// The first steps at which training accuracy reached 0.99 (memorisation) and held-out
-/// accuracy reached 0.5 and 0.99 (generalisation).
+/// accuracy reached 0.5, 0.9 and 0.99 (generalisation).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Milestones {
     pub memorised: Option<usize>,
     pub half: Option<usize>,
+    pub most: Option<usize>,
     pub generalised: Option<usize>,
 }
 
 impl Milestones {
     pub(crate) fn of(log: &TrainLog) -> Self {
         let first = |v: &[f64], th: f64| v.iter().position(|&a| a >= th);
-        Milestones { memorised: first(&log.acc, 0.99), half: first(&log.test_acc, 0.5), generalised: first(&log.test_acc, 0.99) }
+        Milestones { memorised: first(&log.acc, 0.99), half: first(&log.test_acc, 0.5), most: first(&log.test_acc, 0.9), generalised: first(&log.test_acc, 0.99) }
+    }
+    /// Each milestone with its name in the summary and the chart.
+    fn named(&self) -> [(&'static str, Option<usize>); 4] {
+        [("training accuracy ≥ 0.99", self.memorised), ("held-out ≥ 0.5", self.half), ("held-out ≥ 0.9", self.most), ("held-out ≥ 0.99", self.generalised)]
     }
     /// The phases `(name, [a, b))` of a run of `n` steps: before memorisation, the plateau up
-    /// to held-out 0.5, the jump up to held-out 0.99, after it (where a milestone is missing,
-    /// the phases it would bound are one).
+    /// to held-out 0.5, the jump up to held-out 0.9, the late rise up to 0.99, after it (where a
+    /// milestone is missing, or not after the one before, the phases it would bound are one).
     pub(crate) fn phases(&self, n: usize) -> Vec<(&'static str, usize, usize)> {
         let mut cuts: Vec<(&'static str, usize)> = vec![("memorisation", 0)];
-        for (name, at) in [("plateau", self.memorised), ("jump", self.half), ("after", self.generalised)] {
+        for (name, at) in [("plateau", self.memorised), ("jump", self.half), ("late", self.most), ("after", self.generalised)] {
             if let Some(s) = at {
                 if s > cuts.last().expect("one").1 && s < n {
                     cuts.push((name, s));
@@ -47,7 +52,7 @@ impl Milestones {
     }
     fn line(&self) -> String {
         let s = |v: Option<usize>| v.map_or("never".to_string(), |s| format!("step {s}"));
-        format!("training accuracy ≥ 0.99 at {}, held-out ≥ 0.5 at {}, held-out ≥ 0.99 at {}", s(self.memorised), s(self.half), s(self.generalised))
+        self.named().iter().map(|(name, at)| format!("{name} at {}", s(*at))).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -61,9 +66,9 @@ pub(super) fn accuracy_chart(charts: &Path, log: &TrainLog) -> Result<String> {
     let m = Milestones::of(log);
     let steps: Vec<f64> = log.step.iter().map(|&v| v as f64).collect();
     let mut series = vec![Series::new("train", steps.clone(), log.acc.clone()), Series::new("held-out", steps, log.test_acc.clone())];
-    for (name, at) in [("train ≥ 0.99", m.memorised), ("held-out ≥ 0.5", m.half), ("held-out ≥ 0.99", m.generalised)] {
+    for (name, at) in m.named() {
         if let Some(s) = at {
-            series.push(marker(&format!("{name} (step {s})"), s));
+            series.push(marker(&format!("{} (step {s})", name.replace("training accuracy", "train")), s));
         }
     }
     plot::line_chart(&charts.join("grokking.png"), "Accuracy during training (full batch: one step per epoch)", "step", "accuracy (fraction)", &series, Scale::Linear, Scale::Linear)?;
@@ -158,12 +163,20 @@ pub(super) fn window_attribution(net: &Trained, labels: &[String], kernels: &[St
         }
         let x = &g.points().x;
         let chosen: Vec<f64> = points.iter().flat_map(|&q| x[q * d..(q + 1) * d].iter().copied()).collect();
-        // a_{i,s} varies by step: the window's per-step Grams for the chosen points only.
         let spec = &kernels.iter().find(|k| k.label == label).expect("validated").spec;
-        // With carry_in the per-step Grams are the window's steps only (the earlier steps'
-        // gradients are one carried-in term of the baseline).
-        let builder = net.epk().inputs(&chosen).steps(a, b).per_step().memory_budget(4 << 30);
-        let pg = if spec.carry_in { builder.carry_in() } else { builder }.compute()?;
+        // a_{i,s} varies by step: the window's per-step Grams. The study keeps them with the
+        // window's kernel; for some of its points only they are computed here (with carry_in,
+        // the window's steps only: the earlier steps' gradients are one carried-in term of the
+        // baseline).
+        let whole = points.iter().copied().eq(0..p) && g.output().per_step.is_some() && g.output().layout == crate::kernel::Layout::Full;
+        let computed;
+        let pg = if whole {
+            g
+        } else {
+            let builder = net.kernel(spec.kind).rule(spec.quadrature).inputs(&chosen).steps(a, b).per_step().memory_budget(4 << 30);
+            computed = if spec.carry_in { builder.carry_in() } else { builder }.compute()?;
+            &computed
+        };
         let (np, m, k) = pg.shape();
         let test_index = |q: usize| if spec.test_points.is_empty() { q } else { spec.test_points[q] };
         let contrib = pg.contributions()?;
@@ -210,15 +223,19 @@ pub(super) fn window_attribution(net: &Trained, labels: &[String], kernels: &[St
 
 /// What one step's split is reduced to: per group the RMS of its share over points and
 /// outputs and its share of the change of the mean held-out target log-output; the step's
-/// change of that mean, its residual, nodes and pieces.
+/// change of that mean, its residual and the outputs' size, nodes and pieces (those kept at
+/// rounding, those given up).
 #[derive(Clone, Debug, PartialEq)]
 struct StepRow {
     rms: Vec<f64>,
     target: Vec<f64>,
     change: f64,
     residual: f64,
+    scale: f64,
     nodes: usize,
     pieces: usize,
+    at_rounding: usize,
+    gave_up: usize,
 }
 
 /// `[analysis] layer_shares`: every step split by layer at the held-out points (cached in
@@ -235,7 +252,7 @@ pub(super) fn layer_shares_analysis(net: &Trained, log: &TrainLog, cache: &Path,
     let phases = ms.phases(n);
     let groups = shares::layer_groups(&run.manifest.architecture, &net.states()[0])?;
     let g = groups.len();
-    let key = Key::of_bytes(format!("{}|layer-shares|{SHARES_TOL:e}|{}|{:?}", run.manifest.run_id, run.manifest.created_by, phases).as_bytes());
+    let key = Key::of_bytes(format!("{}|layer-shares-v2|{SHARES_TOL:e}|{}|{:?}", run.manifest.run_id, run.manifest.created_by, phases).as_bytes());
     let cdir = cache.join("layer_shares");
     let (per_step, phase_sums) = if reusable(&cdir, &key) {
         read_cached(&cdir, g, n, p * k, phases.len())?
@@ -255,8 +272,11 @@ pub(super) fn layer_shares_analysis(net: &Trained, log: &TrainLog, cache: &Path,
                 target: (0..g).map(|gi| (0..p).map(|i| sp.shares[gi * pk + i * k + y[i]]).sum::<f64>() / p as f64).collect(),
                 change: (0..p).map(|i| sp.change[i * k + y[i]]).sum::<f64>() / p as f64,
                 residual: sp.residual,
+                scale: sp.scale,
                 nodes: sp.nodes,
                 pieces: sp.pieces,
+                at_rounding: sp.at_rounding,
+                gave_up: sp.gave_up,
             }
         };
         let tick = |done: usize| bar.set_position(done as u64);
@@ -290,15 +310,35 @@ pub(super) fn layer_shares_analysis(net: &Trained, log: &TrainLog, cache: &Path,
         .with("step", Column::I64((0..n as i64).collect()))
         .with("target_change", Column::F64(per_step.iter().map(|r| r.change).collect()))
         .with("residual", Column::F64(per_step.iter().map(|r| r.residual).collect()))
+        .with("max_abs_output", Column::F64(per_step.iter().map(|r| r.scale).collect()))
         .with("nodes", Column::I64(per_step.iter().map(|r| r.nodes as i64).collect()))
         .with("pieces", Column::I64(per_step.iter().map(|r| r.pieces as i64).collect()))
+        .with("pieces_at_rounding", Column::I64(per_step.iter().map(|r| r.at_rounding as i64).collect()))
+        .with("pieces_given_up", Column::I64(per_step.iter().map(|r| r.gave_up as i64).collect()))
         .write_parquet(&dir.join("layer_shares_steps.parquet"))?;
     let worst = per_step.iter().map(|r| r.residual).fold(0.0, f64::max);
+    let worst_rel = per_step.iter().map(|r| r.residual / r.scale.max(f64::MIN_POSITIVE)).fold(0.0, f64::max);
     let nodes = per_step.iter().map(|r| r.nodes).sum::<usize>() as f64 / n.max(1) as f64;
     let split = per_step.iter().filter(|r| r.pieces > 1).count();
+    let rounded: usize = per_step.iter().map(|r| r.at_rounding).sum();
+    let rounded_steps = per_step.iter().filter(|r| r.at_rounding > 0).count();
+    let gave_up: usize = per_step.iter().map(|r| r.gave_up).sum();
+    let gave_up_steps: Vec<usize> = per_step.iter().enumerate().filter(|(_, r)| r.gave_up > 0).map(|(s, _)| s).collect();
+    let verdict = if gave_up == 0 {
+        format!(
+            "met: every piece passed its check (a miss ≤ {SHARES_TOL:e} × its length, or ≤ {} ulps of the outputs' size, the rounding of f(b) − f(a)), {rounded} pieces in {rounded_steps} steps at rounding (a miss ≤ {} ulps of the outputs that halving did not reduce)",
+            shares::ROUNDING_ULPS,
+            shares::ROUNDING_ZONE
+        )
+    } else {
+        let shown: Vec<String> = gave_up_steps.iter().take(8).map(usize::to_string).collect();
+        format!("MISSED: {gave_up} pieces in {} steps (steps {}{}) still failed their check after {} bisections", gave_up_steps.len(), shown.join(", "), if gave_up_steps.len() > 8 { ", …" } else { "" }, shares::MAX_DEPTH)
+    };
+    if gave_up > 0 {
+        eprintln!("warning: layer shares: {verdict}");
+    }
     let mut notes = vec![format!(
-        "- Layer shares at every step ({n} steps, {p} held-out points × {k} outputs; `analysis/layer_shares.parquet`, `analysis/layer_shares_steps.parquet`): each top-level layer's ∫₀¹ ∇_g f·Δw_g dt, Gauss–Legendre order 4 per piece, {nodes:.2} nodes per step on average ({split} steps split at kinks or bisected); the shares sum to the network's own change over each step to **{worst:.2e}** at most ({}, tolerance {SHARES_TOL:e} per piece).\n",
-        if worst <= SHARES_TOL { "met" } else { "MISSED" }
+        "- Layer shares at every step ({n} steps, {p} held-out points × {k} outputs; `analysis/layer_shares.parquet`, `analysis/layer_shares_steps.parquet`): each top-level layer's ∫₀¹ ∇_g f·Δw_g dt, Gauss–Legendre order 4 per piece, {nodes:.2} nodes per step on average ({split} steps split at kinks or bisected); the shares sum to the network's own change over each step to **{worst:.2e}** at most, **{worst_rel:.1e}** of the outputs' size (max |f| at the step's ends; {verdict}).\n"
     )];
     // The phase table: the change of the mean held-out target log-output, and the RMS over
     // points and outputs of each layer's summed share.
@@ -357,7 +397,7 @@ fn write_cached(dir: &Path, rows: &[StepRow], sums: &[Vec<f64>], g: usize) -> Re
         &[
             io::NamedArray::f64("rms", vec![rows.len(), g], flat(&|r| r.rms.clone())),
             io::NamedArray::f64("target", vec![rows.len(), g], flat(&|r| r.target.clone())),
-            io::NamedArray::f64("step", vec![rows.len(), 4], flat(&|r| vec![r.change, r.residual, r.nodes as f64, r.pieces as f64])),
+            io::NamedArray::f64("step", vec![rows.len(), 7], flat(&|r| vec![r.change, r.residual, r.scale, r.nodes as f64, r.pieces as f64, r.at_rounding as f64, r.gave_up as f64])),
             io::NamedArray::f64("phase_sums", vec![sums.len(), sums.first().map_or(0, Vec::len)], sums.concat()),
         ],
         None,
@@ -374,9 +414,50 @@ fn read_cached(dir: &Path, g: usize, n: usize, pk: usize, phases: usize) -> Resu
         }
         Ok(v)
     };
-    let (rms, target, step, sums) = (get("rms", n * g)?, get("target", n * g)?, get("step", n * 4)?, get("phase_sums", phases * g * pk)?);
+    let (rms, target, step, sums) = (get("rms", n * g)?, get("target", n * g)?, get("step", n * 7)?, get("phase_sums", phases * g * pk)?);
     let rows = (0..n)
-        .map(|s| StepRow { rms: rms[s * g..(s + 1) * g].to_vec(), target: target[s * g..(s + 1) * g].to_vec(), change: step[s * 4], residual: step[s * 4 + 1], nodes: step[s * 4 + 2] as usize, pieces: step[s * 4 + 3] as usize })
+        .map(|s| StepRow {
+            rms: rms[s * g..(s + 1) * g].to_vec(),
+            target: target[s * g..(s + 1) * g].to_vec(),
+            change: step[s * 7],
+            residual: step[s * 7 + 1],
+            scale: step[s * 7 + 2],
+            nodes: step[s * 7 + 3] as usize,
+            pieces: step[s * 7 + 4] as usize,
+            at_rounding: step[s * 7 + 5] as usize,
+            gave_up: step[s * 7 + 6] as usize,
+        })
         .collect();
     Ok((rows, sums.chunks(g * pk).map(<[f64]>::to_vec).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log whose accuracies are given per step (loss and norms unused).
+    fn log(acc: &[f64], test_acc: &[f64]) -> TrainLog {
+        let n = acc.len();
+        TrainLog { step: (0..n as i64).collect(), loss: vec![0.0; n], acc: acc.to_vec(), test_acc: test_acc.to_vec(), grad_norm: vec![0.0; n], weight_norm: vec![0.0; n] }
+    }
+
+    /// The phases follow the first crossings of 0.99 (training), then 0.5, 0.9 and 0.99 (held
+    /// out); a milestone never reached, or reached at the same step as the one before it,
+    /// leaves the phases it would bound as one, and the phases always cover `[0, n)`.
+    #[test]
+    fn phases_follow_the_milestones() {
+        let acc = [0.1, 0.5, 0.995, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let grokked = log(&acc, &[0.0, 0.1, 0.2, 0.3, 0.6, 0.8, 0.95, 0.99]);
+        let m = Milestones::of(&grokked);
+        assert_eq!((m.memorised, m.half, m.most, m.generalised), (Some(2), Some(4), Some(6), Some(7)));
+        assert_eq!(m.phases(8), vec![("memorisation", 0, 2), ("plateau", 2, 4), ("jump", 4, 6), ("late", 6, 7), ("after", 7, 8)]);
+        assert!(m.line().contains("held-out ≥ 0.9 at step 6") && m.line().contains("held-out ≥ 0.99 at step 7"), "{}", m.line());
+        // Held out never at 0.99, and 0.5 and 0.9 crossed at the same step.
+        let levelled = log(&acc, &[0.0, 0.1, 0.2, 0.3, 0.92, 0.95, 0.96, 0.96]);
+        let m = Milestones::of(&levelled);
+        assert_eq!(m.phases(8), vec![("memorisation", 0, 2), ("plateau", 2, 4), ("jump", 4, 8)]);
+        assert!(m.line().ends_with("held-out ≥ 0.99 at never"), "{}", m.line());
+        // A milestone at or after the run's end bounds nothing.
+        assert_eq!(m.phases(4), vec![("memorisation", 0, 2), ("plateau", 2, 4)]);
+    }
 }

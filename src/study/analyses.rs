@@ -57,7 +57,7 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
     let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
     let computed = if needs_train && listed.is_none() {
         let spec = KernelSpec { kind: KernelKind::Epk, quadrature: Rule::Auto(1e-12), points: Rows::Train, side: Side::Train, step: None, steps: None, test_points: Vec::new(), label: Some("train-train".into()), blocks: None, per_layer: false, outputs: Default::default(), carry_in: false };
-        Some(cached_kernel(net, &spec, cache, progress)?.1)
+        Some(cached_kernel(net, &spec, false, cache, progress)?.1)
     } else {
         None
     };
@@ -206,7 +206,7 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
         outputs: Outputs::Logits,
         carry_in: false,
     };
-    let (_, train, _) = cached_kernel(net, &tspec, cx.cache, cx.progress)?;
+    let (_, train, _) = cached_kernel(net, &tspec, false, cx.cache, cx.progress)?;
     let model = FslModel::fit(net, &train, Curvature::ClassDiagonal, Prior::Evidence)?;
     let pred = model.predict(net, &k.gram)?;
     let probs = pred.probit();

@@ -206,7 +206,15 @@ fn run_plain(ctx: &StudyContext, cfg: &StudyConfig, opts: &StudyOptions) -> Resu
 
     let mut kernels = Vec::new();
     for spec in &cfg.kernels {
-        let (reused, gram, kdir) = cached_kernel(&net, spec, &ctx.cache, ctx.progress)?;
+        // A window the analysis attributes at all its row points keeps its per-step Grams (the
+        // attribution's a_{i,s} vary by step), so that it is computed once.
+        let rows = match (spec.test_points.len(), spec.points) {
+            (0, crate::kernel::Rows::Test) => net.run().dataset.n_test(),
+            (n, _) => n,
+        };
+        let attributed = &cfg.analysis.attribution_points;
+        let per_step = !attributed.is_empty() && attributed.iter().copied().eq(0..rows) && cfg.analysis.windows.contains(&spec.label()) && spec.layout() == crate::kernel::Layout::Full;
+        let (reused, gram, kdir) = cached_kernel(&net, spec, per_step, &ctx.cache, ctx.progress)?;
         let label = spec.label();
         let dst = staged.path().join("kernels").join(&label);
         io::create_dir_all(&dst)?;
@@ -287,13 +295,15 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// The Gram of `spec` on `net`: read from the cache when its inputs are unchanged, else
-/// computed and written there (the report copies its tables from that directory).
-fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool) -> Result<(bool, Gram, PathBuf)> {
+/// The Gram of `spec` on `net` (with its per-step Grams when `per_step`): read from the cache
+/// when its inputs are unchanged, else computed and written there (the report copies its tables
+/// from that directory).
+fn cached_kernel(net: &Trained, spec: &KernelSpec, per_step: bool, cache: &Path, progress: bool) -> Result<(bool, Gram, PathBuf)> {
     let run = net.run();
     let label = spec.label();
     // The run (its id hashes its whole configuration), every kernel setting and the Gram file's version.
-    let key = Key::of_bytes(format!("{}|{}|{}|{}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by, crate::kernel::output::VERSION).as_bytes());
+    let steps = if per_step { "|per-step" } else { "" };
+    let key = Key::of_bytes(format!("{}|{}|{}|{}{steps}", run.manifest.run_id, serde_json::to_string(spec).expect("serialisable"), run.manifest.created_by, crate::kernel::output::VERSION).as_bytes());
     let kdir = cache.join("kernels").join(&label);
     if cache::reusable(&kdir, &key) {
         return Ok((true, Gram::open(&kdir, net)?, kdir));
@@ -304,7 +314,8 @@ fn cached_kernel(net: &Trained, spec: &KernelSpec, cache: &Path, progress: bool)
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let gram = spec.builder(net)?.progress(&show).compute()?;
+    let builder = spec.builder(net)?.progress(&show);
+    let gram = if per_step { builder.per_step() } else { builder }.compute()?;
     bar.finish_and_clear();
     gram.save(&kdir)?;
     cache::stamp(&kdir, &key)?;

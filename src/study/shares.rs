@@ -31,16 +31,16 @@ const ROUNDING: f64 = 1e-14;
 /// The rounding of a piece's check `|Σ_g share − (f(b) − f(a))|` in units of `ε·max(|f(a)|,
 /// |f(b)|)`: `f(b) − f(a)` of log-probabilities of size |f| (tens, once the training points are
 /// memorised) is only known to a few ulps of |f|, far above [`ROUNDING`].
-const ROUNDING_ULPS: f64 = 32.0;
+pub(crate) const ROUNDING_ULPS: f64 = 32.0;
 /// A piece that misses by less than `ROUNDING_ZONE·ε·max|f|` and whose halves together miss by
 /// more than [`STALLED`] of its own miss is at rounding, not at a kink or a quadrature error
 /// (those shrink per halving): it is kept (its miss is in the step's residual) instead of being
 /// halved down to [`MAX_DEPTH`], which doubles the pieces at every level.
-const ROUNDING_ZONE: f64 = 1024.0;
+pub(crate) const ROUNDING_ZONE: f64 = 1024.0;
 /// See [`ROUNDING_ZONE`].
 const STALLED: f64 = 0.5;
 /// Bisections of a piece before its check is given up (the miss is then reported).
-const MAX_DEPTH: usize = 40;
+pub(crate) const MAX_DEPTH: usize = 40;
 
 /// The top-level layers of a stack that hold parameters: their labels and, for each, the
 /// parameter tensors (indices in storage order) that belong to it.
@@ -109,6 +109,15 @@ pub struct StepSplit {
     pub nodes: usize,
     /// Pieces integrated: 1 for all points together, plus each refined point's pieces.
     pub pieces: usize,
+    /// Pieces kept at rounding: their miss was within `ROUNDING_ZONE` ulps of their outputs'
+    /// size and halving them did not reduce it (their misses are in `residual`).
+    pub at_rounding: usize,
+    /// Pieces whose check still failed after `MAX_DEPTH` bisections (their misses are in
+    /// `residual`): the split did not meet its rule.
+    pub gave_up: usize,
+    /// `max |f|` over the points and outputs at both ends of the step: the size the rounding
+    /// of the check `f(w_{s+1}) − f(w_s)` is relative to.
+    pub scale: f64,
 }
 
 /// The step from `w` to `next` of `arch` at the points `x` (`[P, d]`), split by the `groups` of
@@ -162,7 +171,7 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
     // All rows on [0, 1] together; a row that fails its check alone, split at its own kinks,
     // then bisected.
     let mut shares = integrate(0.0, 1.0, x, off.as_deref());
-    let (mut nodes, mut pieces) = (ORDER, 1);
+    let (mut nodes, mut pieces, mut at_rounding, mut gave_up) = (ORDER, 1, 0, 0);
     let first = misfits(&shares, &f0, &f1);
     for (r, &miss) in first.iter().enumerate() {
         if miss <= tol {
@@ -193,7 +202,9 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
             let miss = misfits(&part, &fa, &fb)[0];
             let scale = fa.iter().chain(&fb).fold(0.0f64, |m, v| m.max(v.abs()));
             let floor = (ROUNDING_ULPS * f64::EPSILON * scale).max(ROUNDING);
-            let mut accept = miss <= (tol * (b - a)).max(floor) || depth >= MAX_DEPTH;
+            let met = miss <= (tol * (b - a)).max(floor);
+            let mut accept = met || depth >= MAX_DEPTH;
+            gave_up += usize::from(!met && depth >= MAX_DEPTH);
             let mut halves = None;
             if !accept {
                 let mid = 0.5 * (a + b);
@@ -204,6 +215,7 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
                 // Halving that does not shrink a miss near rounding: the piece is at rounding;
                 // the halves are kept where they miss less.
                 accept = miss <= ROUNDING_ZONE * f64::EPSILON * scale && split_miss > STALLED * miss;
+                at_rounding += usize::from(accept);
                 halves = Some((l, r, split_miss < miss));
             }
             match (accept, halves) {
@@ -226,7 +238,8 @@ pub fn split_step(arch: &Architecture, w0: &Params, w: &Params, next: &Params, x
         }
     }
     let residual = misfits(&shares, &f0, &f1).into_iter().fold(0.0, f64::max);
-    Ok(StepSplit { shares, change, residual, nodes, pieces })
+    let scale = f0.iter().chain(&f1).fold(0.0f64, |m, v| m.max(v.abs()));
+    Ok(StepSplit { shares, change, residual, nodes, pieces, at_rounding, gave_up, scale })
 }
 
 /// Every step of a run split by layer at the points `x`, reduced step by step by `reduce`
