@@ -173,7 +173,7 @@ pub(super) fn window_attribution(net: &Trained, labels: &[String], kernels: &[St
         let pg = if whole {
             g
         } else {
-            let builder = net.kernel(spec.kind).rule(spec.quadrature).inputs(&chosen).steps(a, b).per_step().memory_budget(4 << 30);
+            let builder = net.kernel(spec.kind).rule(spec.quadrature).inputs(&chosen).steps(a, b).per_step();
             computed = if spec.carry_in { builder.carry_in() } else { builder }.compute()?;
             &computed
         };
