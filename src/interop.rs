@@ -804,10 +804,11 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
             check_clip_factor(dir, s, &g, *max_norm, clip_norm_order(norm_type).unwrap_or(2.0), factors[s], u)?;
         }
         let replayed = opt.step(json.learning_rates[s], &w, &g);
+        let slack = opt.last_scale().map(|scale| step_check::vanishing_gradient_slack(&g, json.learning_rates[s], scale, u));
         if let Some(scale) = opt.last_scale() {
             precond.push(scale.to_vec());
         }
-        let d = StepDiff::of(&w, &states[s + 1].flat(), &replayed, u);
+        let d = StepDiff::of(&w, &states[s + 1].flat(), &replayed, u, slack.as_deref());
         if !d.accepted(tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),

@@ -19,6 +19,14 @@
 //! LinearLR from a factor of 1e-6: their difference is one ulp of the weights, however large
 //! relative to the update) and refuses an edit of one weight as soon as it exceeds the rounding
 //! that weight and that update can carry.
+//!
+//! One exception to the unit: a coordinate whose recomputed gradient is itself rounding,
+//! `|ĝ_j| ≤ UPDATE_ULPS · u · ‖ĝ‖_∞`, under a preconditioned optimizer ([`vanishing_gradient_slack`]).
+//! The loss does not depend on such a coordinate in exact arithmetic (attention's key bias: every
+//! softmax row ignores a shift shared by its scores), so both gradients there are rounding of
+//! different sums; Adam divides them by `√v̂ + ε`, as small as ε, and the two updates differ by
+//! that rounding times up to `ε_s κ_s D_{s,j}` (an `nn.MultiheadAttention` with biases under
+//! AdamW: 1e5 of the usual units). Its unit gains `UPDATE_ULPS · u · ‖ĝ‖_∞ · ε_s κ_s D_{s,j}`.
 
 use crate::model::ParamSpec;
 
@@ -45,18 +53,30 @@ pub(crate) struct StepDiff {
     pub update: f64,
 }
 
+/// The extra unit of each coordinate whose recomputed gradient `g` is rounding
+/// (`|g_j| ≤ UPDATE_ULPS · u · ‖g‖_∞`) under the preconditioner `scale` = `κ_s D_s` of a step of
+/// learning rate `lr`: `UPDATE_ULPS · u · ‖g‖_∞ · lr · scale_j` there, 0 elsewhere (module docs).
+///
+/// # Shapes
+/// `g`, `scale` and the result `[W]`.
+pub(crate) fn vanishing_gradient_slack(g: &[f64], lr: f64, scale: &[f64], u: f64) -> Vec<f64> {
+    let noise = UPDATE_ULPS * u * g.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    g.iter().zip(scale).map(|(gj, sj)| if gj.abs() <= noise { noise * lr * sj } else { 0.0 }).collect()
+}
+
 impl StepDiff {
     /// Measures the recorded update `w1 − w0` against the replayed `replayed`, with the unit
-    /// roundoff `u` of the recording's precision.
+    /// roundoff `u` of the recording's precision and, under a preconditioner, each coordinate's
+    /// [`vanishing_gradient_slack`] added to its unit.
     ///
     /// # Shapes
     /// All `[W]`.
-    pub(crate) fn of(w0: &[f64], w1: &[f64], replayed: &[f64], u: f64) -> StepDiff {
+    pub(crate) fn of(w0: &[f64], w1: &[f64], replayed: &[f64], u: f64, slack: Option<&[f64]>) -> StepDiff {
         let update = replayed.iter().fold(0.0f64, |m, d| m.max(d.abs()));
         let mut out = StepDiff { update, ..StepDiff::default() };
         for (j, ((a, b), want)) in w0.iter().zip(w1).zip(replayed).enumerate() {
             let d = ((b - a) - want).abs();
-            let unit = u * (a.abs() + b.abs() + UPDATE_ULPS * update);
+            let unit = u * (a.abs() + b.abs() + UPDATE_ULPS * update) + slack.map_or(0.0, |s| s[j]);
             let ulps = if d == 0.0 {
                 0.0
             } else if unit == 0.0 {
@@ -109,7 +129,7 @@ mod tests {
         let w0 = [0.3, -0.7, 1.1];
         let replayed = [1e-9, -2e-9, 5e-10];
         let w1: Vec<f64> = w0.iter().zip(&replayed).map(|(a, d)| a + d).collect();
-        let d = StepDiff::of(&w0, &w1, &replayed, U64);
+        let d = StepDiff::of(&w0, &w1, &replayed, U64, None);
         assert!(d.abs > 0.0 && d.abs <= 2.3e-16, "{d:?}");
         assert!(d.rel > 1e-9, "relative to the update it is large: {d:?}");
         assert!(d.accepted(TOLERANCE_ULPS) && d.ulps <= 1.0, "{d:?}");
@@ -121,14 +141,14 @@ mod tests {
         let w0: Vec<f64> = (0..50).map(|i| f64::from((0.2 + 0.01 * i as f64) as f32)).collect();
         let replayed: Vec<f64> = (0..50).map(|i| if i % 2 == 0 { 1e-3 } else { -1e-3 }).collect();
         let mut w1: Vec<f64> = w0.iter().zip(&replayed).map(|(a, d)| f64::from((a + d) as f32)).collect();
-        let genuine = StepDiff::of(&w0, &w1, &replayed, U32);
+        let genuine = StepDiff::of(&w0, &w1, &replayed, U32, None);
         assert!(genuine.accepted(TOLERANCE_ULPS) && genuine.ulps <= 1.0, "{genuine:?}");
         // Rounding of the update of 200 ulps of its size is accepted too.
         let mut noisy = w1.clone();
         noisy[3] += 200.0 * U32 * 1e-3;
-        assert!(StepDiff::of(&w0, &noisy, &replayed, U32).accepted(TOLERANCE_ULPS));
+        assert!(StepDiff::of(&w0, &noisy, &replayed, U32, None).accepted(TOLERANCE_ULPS));
         w1[17] += 5e-5;
-        let edited = StepDiff::of(&w0, &w1, &replayed, U32);
+        let edited = StepDiff::of(&w0, &w1, &replayed, U32, None);
         assert!(!edited.accepted(TOLERANCE_ULPS), "{edited:?}");
         assert_eq!(edited.at, 17);
         assert!((edited.abs - 5e-5).abs() < 1e-7, "{edited:?}");
@@ -136,14 +156,35 @@ mod tests {
         let big: Vec<f64> = w0.iter().map(|w| w + 3e3).collect();
         let mut big1: Vec<f64> = big.iter().zip(&replayed).map(|(a, d)| a + d).collect();
         big1[17] += 5e-5;
-        assert!(StepDiff::of(&big, &big1, &replayed, U32).accepted(TOLERANCE_ULPS));
+        assert!(StepDiff::of(&big, &big1, &replayed, U32, None).accepted(TOLERANCE_ULPS));
+    }
+
+    /// A coordinate whose gradient is rounding (attention's key bias) under Adam: its update is
+    /// that rounding over ε, the two sides' differ by 1e-12 and are accepted there; the same
+    /// difference on a coordinate with a gradient, or without a preconditioner, is not.
+    #[test]
+    fn a_vanishing_gradient_under_adam_carries_its_rounding_over_epsilon() {
+        let w0 = [0.3, 0.0, -0.2];
+        let g = [0.5, 3e-17, -0.1];
+        let (lr, scale) = (5e-3, [20.0, 1e9, 100.0]);
+        let replayed: Vec<f64> = g.iter().zip(&scale).map(|(gj, sj)| -lr * sj * gj).collect();
+        let mut w1: Vec<f64> = w0.iter().zip(&replayed).map(|(a, d)| a + d).collect();
+        w1[1] += 1.4e-12;
+        let slack = vanishing_gradient_slack(&g, lr, &scale, U64);
+        assert_eq!((slack[0], slack[2]), (0.0, 0.0));
+        assert!(!StepDiff::of(&w0, &w1, &replayed, U64, None).accepted(TOLERANCE_ULPS));
+        let d = StepDiff::of(&w0, &w1, &replayed, U64, Some(&slack));
+        assert!(d.accepted(TOLERANCE_ULPS) && d.ulps < 1.0, "{d:?}");
+        let mut w1 = w1.clone();
+        w1[2] += 1.4e-12;
+        assert!(!StepDiff::of(&w0, &w1, &replayed, U64, Some(&slack)).accepted(TOLERANCE_ULPS));
     }
 
     #[test]
     fn zero_updates_and_names() {
-        let d = StepDiff::of(&[0.0, 1.0], &[0.0, 1.0], &[0.0, 0.0], U64);
+        let d = StepDiff::of(&[0.0, 1.0], &[0.0, 1.0], &[0.0, 0.0], U64, None);
         assert_eq!((d.abs, d.rel, d.ulps), (0.0, 0.0, 0.0));
-        let moved = StepDiff::of(&[0.0, 1.0], &[1e-300, 1.0], &[0.0, 0.0], U64);
+        let moved = StepDiff::of(&[0.0, 1.0], &[1e-300, 1.0], &[0.0, 0.0], U64, None);
         assert!(!moved.accepted(TOLERANCE_ULPS) && moved.rel.is_infinite(), "{moved:?}");
         let specs = vec![ParamSpec { name: "0.weight".into(), shape: vec![2, 3] }, ParamSpec { name: "0.bias".into(), shape: vec![2] }];
         assert_eq!(coordinate(&specs, 4), "0.weight[4]");
