@@ -232,7 +232,8 @@ if nn is not None:
         attribute `attn`) used as self-attention on [n, T, d], `attn(x, x, x)[0]`, with the causal
         mask j <= i when asked. Parameters `attn.in_proj_weight` [3d, d], `attn.in_proj_bias`
         [3d], `attn.out_proj.weight` [d, d], `attn.out_proj.bias` [d] (PyTorch's names, as
-        pathkernel's). `batch_first=False` takes [T, n, d] like the module it holds."""
+        pathkernel's). It takes [n, T, d] whatever the held module's `batch_first` (a
+        `batch_first=False` one is given the sequence first and its output turned back)."""
 
         def __init__(self, embed_dim, num_heads, bias=True, causal=False, batch_first=True, dropout=0.0, dtype=torch.float64, **kw):
             super().__init__()
@@ -242,9 +243,12 @@ if nn is not None:
         def forward(self, x):
             mask = None
             if self.causal:
-                t = x.shape[1] if self.attn.batch_first else x.shape[0]
+                t = x.shape[1]
                 mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            return self.attn(x, x, x, need_weights=False, attn_mask=mask, is_causal=self.causal)[0]
+            if not self.attn.batch_first:
+                x = x.transpose(0, 1)
+            y = self.attn(x, x, x, need_weights=False, attn_mask=mask, is_causal=self.causal)[0]
+            return y if self.attn.batch_first else y.transpose(0, 1)
 
         def extra_repr(self):
             a = self.attn

@@ -172,3 +172,38 @@ fn import_refuses_what_packed_attention_cannot_express_naming_module_and_attribu
     });
     run_ok(&["import", "--from", "torch", "eval", "--out", "run"], d);
 }
+
+/// The Python that has torch: `PATHKERNEL_TORCH_PYTHON` (default `python3`).
+fn torch_python() -> String {
+    std::env::var("PATHKERNEL_TORCH_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Live against PyTorch: stacks with packed attention trained here (no biases and three heads;
+/// biases, causal and inside a residual), exported, and run by `scripts/torch_model.py` (the
+/// export loaded into `MHSelfAttention`'s `nn.MultiheadAttention`) on the kernel's rows: PyTorch's
+/// f equals ours.
+#[test]
+#[ignore = "needs a Python with torch, numpy and pyarrow: PATHKERNEL_TORCH_PYTHON (default python3)"]
+fn export_of_packed_attention_runs_in_pytorch_as_our_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/torch_model.py");
+    for (name, attention) in [
+        ("plain", r#"{ self_attention = { heads = 3, layout = "packed" } }"#),
+        ("block", r#"{ residual = ["layer_norm", { self_attention = { heads = 2, bias = true, causal = true, layout = "packed" } }] }"#),
+    ] {
+        let toml = format!(
+            "[data]\nkind = \"modular\"\np = 5\ntrain_frac = 0.5\nseed = 1\n\n[model]\nkind = \"layers\"\nzero_last = false\nlayers = [{{ embedding = {{ vocab = 7, dim = 6 }} }}, {attention}, \"last_token\", {{ dense = 7 }}]\n\n[train]\noptimizer = \"adamw\"\nlr = 0.02\nsteps = 5\nseed = 2\n"
+        );
+        std::fs::write(d.join(format!("{name}.toml")), toml).unwrap();
+        run_ok(&["train", "-q", "--config", &format!("{name}.toml"), "--out", name], d);
+        run_ok(&["export", "--run", name, "--format", "torch", "--out", &format!("{name}.safetensors")], d);
+        run_ok(&["kernel", "-q", "--run", name, "--kind", "ntk", "--out", &format!("{name}-k")], d);
+        let o = Command::new(torch_python()).arg(&script).arg(d.join(format!("{name}.safetensors"))).arg(d.join(format!("{name}-k"))).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{name}: {out} {}", String::from_utf8_lossy(&o.stderr));
+        let e: f64 = out.split("max |torch f - pathkernel f| = ").nth(1).unwrap().trim().parse().unwrap();
+        eprintln!("{name}: PyTorch's forward of the export vs ours {e:.3e}");
+        assert!(e <= 1e-12, "{name}: {e:e}");
+    }
+}
