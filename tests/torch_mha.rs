@@ -54,7 +54,8 @@ fn multihead_attention_adamw_recording_imports_with_pytorchs_names_and_an_exact_
         "{printed}"
     );
     // AdamW's updates replayed within the default tolerance (the key biases, whose gradient is
-    // rounding, carry it over Adam's ε: `interop::step_check`).
+    // rounding, carry it over Adam's ε: the check's unit includes the update's sensitivity to the
+    // gradient's rounding, `interop::step_check`).
     let ulps: f64 = printed.split(" ulps of the weights").next().unwrap().rsplit("max ").next().unwrap().parse().unwrap();
     let abs = figure(&printed, "max absolute ");
     assert!(ulps <= 4.0 && abs <= 1e-10, "replay: {ulps} ulps, {abs:e} absolute");

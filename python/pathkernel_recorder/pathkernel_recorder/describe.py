@@ -55,6 +55,8 @@ def describe_module(m):
                  causal=bool(m.causal))
     elif kind == "MHSelfAttention" and isinstance(getattr(m, "attn", None), nn.MultiheadAttention):
         a = m.attn
+        d["repr"] = f"MHSelfAttention({a.embed_dim}, num_heads={a.num_heads}, bias={a.in_proj_bias is not None}, causal={bool(m.causal)})" + (
+            "" if a.batch_first else ", batch_first=False")
         d.update(embed_dim=int(a.embed_dim), num_heads=int(a.num_heads), bias=a.in_proj_bias is not None, causal=bool(m.causal),
                  batch_first=bool(a.batch_first), kdim=int(a.kdim), vdim=int(a.vdim), add_bias_kv=a.bias_k is not None,
                  add_zero_attn=bool(a.add_zero_attn), dropout=float(a.dropout), training=bool(m.training))
