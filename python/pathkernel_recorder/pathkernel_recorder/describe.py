@@ -55,6 +55,8 @@ def describe_module(m):
                  causal=bool(m.causal))
     elif kind == "MHSelfAttention" and isinstance(getattr(m, "attn", None), nn.MultiheadAttention):
         a = m.attn
+        if not isinstance(getattr(m, "causal", None), bool):
+            raise ValueError(f"{kind}: the attribute `causal` (True/False) says whether its forward masks j > i (scripts/torch_model.py's MHSelfAttention)")
         d["repr"] = f"MHSelfAttention({a.embed_dim}, num_heads={a.num_heads}, bias={a.in_proj_bias is not None}, causal={bool(m.causal)})" + (
             "" if a.batch_first else ", batch_first=False")
         d.update(embed_dim=int(a.embed_dim), num_heads=int(a.num_heads), bias=a.in_proj_bias is not None, causal=bool(m.causal),
