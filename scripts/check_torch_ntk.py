@@ -27,8 +27,8 @@ largest relative difference max|ours - torch| / max|torch| of each Gram and exit
 
 `--suite DIR` trains, in DIR, one small run per layer kind alone and LeNet-5 and a residual CNN
 (on real MNIST images when --mnist points at the IDX files, as `bash data/fetch-mnist.sh` puts
-them) and the sequence layers (embedding, self-attention, ExPLAIND's transformer block) on
-`a + b mod 5`, checks each, and prints the table the guide quotes. `--only NAME ...` runs some
+them) and the sequence layers (embedding, self-attention, a pre-norm transformer block on PyTorch's
+`nn.MultiheadAttention`, ExPLAIND's transformer block) on `a + b mod 5`, checks each, and prints the table the guide quotes. `--only NAME ...` runs some
 rows of the suite.
 """
 
@@ -240,6 +240,7 @@ SUITE = {
     "self_attention qkv": ("modular", '[{ embedding = { vocab = 7, dim = 6 } }, { self_attention = { heads = 3, bias = true, causal = true } }, "gelu", "last_token", { dense = 7 }]'),
     "mean_tokens": ("modular", '[{ embedding = { vocab = 7, dim = 6 } }, { self_attention = { heads = 2, causal = true } }, "mean_tokens", "relu", { dense = 7 }]'),
     "pre-norm block": ("modular", '[{ embedding = { vocab = 7, dim = 6, positions = true } }, { residual = ["layer_norm", { self_attention = { heads = 2, causal = true } }] }, "layer_norm", "last_token", { dense = 7 }]'),
+    "MHA pre-norm block": ("modular", '[{ embedding = { vocab = 7, dim = 8, positions = true } }, { residual = ["layer_norm", { self_attention = { heads = 2, bias = true, causal = true, layout = "packed" } }] }, "last_token", { residual = ["layer_norm", { dense = 16 }, "relu", { dense = 8 }] }, { dense = 7 }]'),
     "ExPLAIND block": ("modular", '[{ embedding = { vocab = 7, dim = 8, scale = "sqrt_dim" } }, { self_attention = { heads = 2, shared_qkv = true } }, "last_token", { residual = [{ dense = 16 }, "relu", { dense = 8 }, "relu"] }, { dense = { features = 7, bias = false } }]'),
     "residual CNN": ("mnist", '[{ conv2d = { channels = 4, kernel = 3, stride = 2, padding = 1 } }, "gelu", { residual = [{ conv2d = { channels = 4, kernel = 3, padding = 1 } }, "layer_norm", "gelu", { conv2d = { channels = 4, kernel = 3, padding = 1 } }] }, { residual = [{ conv2d = { channels = 8, kernel = 3, stride = 2, padding = 1 } }, "relu"] }, { avg_pool2d = 2 }, "flatten", { dense = 10 }]'),
 }

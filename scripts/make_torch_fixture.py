@@ -48,6 +48,21 @@
   its last state on the held-out pairs (`logits` [14, 9]): the imported run's network must be
   them (tests/transformer.rs).
 
+- tests/data/torch-mha-adamw: a pre-norm transformer block on PyTorch's own
+  nn.MultiheadAttention (`MHA_STACK` below: torch_model.ScaledEmbedding with a learned position
+  embedding, Residual(LayerNorm, MHSelfAttention(6, 2 heads, bias, causal)), LastToken,
+  Residual(LayerNorm, Linear, ReLU, Linear), Linear(6, 7)) on `a + b mod 7` as token ids
+  `[a, 7, b, 8]` (2 of the 4 pairs a >= b of each class for training, the 14 others held
+  out), float64, AdamW
+  (lr 0.02, betas 0.9/0.98, weight decay 0.1) under a linear warm-up (4 steps) then cosine
+  decay (LambdaLR), 30 steps of mini-batches of 8; `logits.safetensors` holds the recorded
+  model's logits at its last state on the held-out pairs (`logits` [14, 7]).
+- tests/data/torch-mha: the round trip PyTorch -> `[model] init` -> train -> export -> PyTorch
+  of the same block (`roundtrip.toml`: the recording's w_0, 12 AdamW steps with a cosine
+  schedule here); `roundtrip-logits.safetensors` holds PyTorch's forward (torch_model.load, the
+  export loaded into MHSelfAttention's nn.MultiheadAttention by load_state_dict) of pathkernel's
+  export of its last state, on the held-out pairs (`logits` [14, 7]) (tests/torch_mha.rs).
+
 - tests/data/torch-grokking and torch-grokking-f32: ExPLAIND's transformer as one module
   (scripts/grokking_torch.py's GrokkingTransformer, its own tensor names `input_emb.weight`,
   `head{h}_encoder.weight`, …, `decoder.weight`) recorded by `grokking_torch.py --record`:
@@ -60,6 +75,8 @@
 Each recording is written by the recorder package (python/pathkernel_recorder).
 
     python scripts/make_torch_fixture.py [--only torch-stack-adamw] [--pathkernel BIN]
+
+(`--only torch-mha-adamw` also writes torch-mha.)
 """
 
 import argparse
@@ -77,7 +94,7 @@ from safetensors.torch import save_file
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 from record_torch_trajectory import _moons, train_and_record  # noqa: E402
-from torch_model import ChannelLayerNorm, Residual, build_stack, load, read_safetensors  # noqa: E402
+from torch_model import ChannelLayerNorm, LastToken, MHSelfAttention, Residual, ScaledEmbedding, build_stack, load, read_safetensors  # noqa: E402
 
 data_dir = os.path.join(here, "..", "tests", "data")
 
@@ -220,6 +237,105 @@ def transformer_adamw():
         save_file({"logits": model(x[te]).contiguous()}, os.path.join(out, "logits.safetensors"))
 
 
+# The transformer block on nn.MultiheadAttention as pathkernel's `[model] layers`.
+MHA_STACK_TOML = """layers = [
+  { embedding = { vocab = 9, dim = 6, positions = true } },
+  { residual = ["layer_norm", { self_attention = { heads = 2, bias = true, causal = true, layout = "packed" } }] },
+  "last_token",
+  { residual = ["layer_norm", { dense = 12 }, "relu", { dense = 6 }] },
+  { dense = 7 },
+]"""
+
+
+def modular_pairs(p, per_class, seed):
+    """Token rows [a, p, b, p + 1] of the pairs a >= b and their labels (a + b) mod p: a seeded
+    `per_class` pairs of every class for training, the rest held out."""
+    pairs = [(a, b) for b in range(p) for a in range(b, p)]
+    x = torch.tensor([[a, p, b, p + 1] for a, b in pairs], dtype=torch.float64)
+    y = torch.tensor([(a + b) % p for a, b in pairs], dtype=torch.int64)
+    perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
+    tr = torch.cat([perm[y[perm] == c][:per_class] for c in range(p)]).sort().values
+    te = torch.tensor([i for i in range(len(pairs)) if i not in set(tr.tolist())])
+    return x[tr], y[tr], x[te], y[te]
+
+
+def mha_block():
+    """MHA_STACK_TOML as PyTorch modules (nn.MultiheadAttention inside MHSelfAttention)."""
+    return nn.Sequential(
+        ScaledEmbedding(9, 6, 1.0, positions=4),
+        Residual(nn.Sequential(nn.LayerNorm(6), MHSelfAttention(6, 2, bias=True, causal=True))),
+        LastToken(),
+        Residual(nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6))),
+        nn.Linear(6, 7),
+    ).double()
+
+
+MHA_ROUNDTRIP_TOML = f"""# PyTorch (nn.MultiheadAttention) -> init -> train -> export -> PyTorch (scripts/make_torch_fixture.py,
+# tests/torch_mha.rs). Paths relative to a directory holding the recording as rec/.
+[data]
+kind = "arrays"
+path = "rec/data.safetensors"
+vocab = 9
+
+[model]
+kind = "layers"
+init = "rec/step_00000.safetensors"
+zero_last = false
+{MHA_STACK_TOML}
+
+[train]
+optimizer = "adamw"
+lr = 0.02
+betas = [0.9, 0.98]
+weight_decay = 0.1
+batch_size = 8
+steps = 12
+seed = 13
+schedule = {{ kind = "cosine", min_lr = 0.002 }}
+"""
+
+
+def mha_adamw(pathkernel):
+    import math
+
+    torch.manual_seed(12)
+    xtr, ytr, xte, yte = modular_pairs(7, 2, 12)
+    model = mha_block()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, betas=(0.9, 0.98), weight_decay=0.1)
+    steps = 30
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 4 if s < 4 else 0.5 * (1 + math.cos(math.pi * (s - 4) / (steps - 4))))
+    out = fresh("torch-mha-adamw")
+    train_and_record(out, model, xtr, ytr, xte, yte, opt, steps, 8, sched, seed=12,
+                     description="make_torch_fixture.py: pre-norm transformer block on nn.MultiheadAttention (2 heads, bias, causal) on a + b mod 7, "
+                                 "AdamW lr 0.02 betas 0.9/0.98 wd 0.1, warm-up 4 then cosine, batch 8 of 14")
+    with torch.no_grad():
+        save_file({"logits": model(xte).contiguous()}, os.path.join(out, "logits.safetensors"))
+    # The round trip through pathkernel's trainer and export.
+    rt = fresh("torch-mha")
+    os.makedirs(rt)
+    with open(os.path.join(rt, "roundtrip.toml"), "w") as f:
+        f.write(MHA_ROUNDTRIP_TOML)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(out, os.path.join(tmp, "rec"))
+        shutil.copy(os.path.join(rt, "roundtrip.toml"), tmp)
+        run = lambda *a: subprocess.run([pathkernel, *a], cwd=tmp, check=True, capture_output=True, text=True).stdout.strip()
+        print(run("train", "-q", "--config", "roundtrip.toml", "--out", "run"))
+        print(run("export", "--run", "run", "--format", "torch", "--out", "trained.safetensors"))
+        net = load(os.path.join(tmp, "trained.safetensors"))
+        assert any(isinstance(m, nn.MultiheadAttention) for m in net.modules())
+        with torch.no_grad():
+            logits = net(xte).contiguous()
+        save_file({"logits": logits}, os.path.join(rt, "roundtrip-logits.safetensors"))
+        print(run("kernel", "--run", "run", "--kind", "ntk", "--out", "k", "-q"))
+        import pyarrow.parquet as pq
+
+        pred = pq.read_table(os.path.join(tmp, "k", "predictions.parquet")).to_pydict()
+        ours = np.zeros(tuple(logits.shape))
+        ours[np.array(pred["point"]), np.array(pred["class"])] = pred["network"]
+        f = torch.log_softmax(logits, 1).numpy()
+        print(f"MHA round trip: PyTorch forward of pathkernel's export vs pathkernel's network (log-softmax): max |diff| {np.abs(f - ours).max():.3e}")
+
+
 def grokking(name, dtype):
     """`grokking_torch.py --record` on a tiny grokking task (the module docstring)."""
     out = fresh(name)
@@ -296,6 +412,8 @@ if __name__ == "__main__":
         roundtrip(a.pathkernel, stack_adamw())
     if a.only in (None, "torch-transformer-adamw"):
         transformer_adamw()
+    if a.only in (None, "torch-mha-adamw"):
+        mha_adamw(a.pathkernel)
     for name, dtype in (("torch-grokking", "float64"), ("torch-grokking-f32", "float32")):
         if a.only in (None, name):
             grokking(name, dtype)
@@ -305,8 +423,8 @@ if __name__ == "__main__":
         adamw("torch-adamw-f32", torch.float32, 20)
         nesterov()
         cnn_momentum()
-    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack", "torch-transformer-adamw", "torch-grokking",
-             "torch-grokking-f32"]
+    names = ["torch-adamw", "torch-adamw-f32", "torch-nesterov", "torch-cnn-momentum", "torch-stack-adamw", "torch-stack", "torch-transformer-adamw", "torch-mha-adamw",
+             "torch-mha", "torch-grokking", "torch-grokking-f32"]
     for name in names + [os.path.join("torch-recipes", r) for r in sorted(os.listdir(os.path.join(data_dir, "torch-recipes")))]:
         d = os.path.join(data_dir, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

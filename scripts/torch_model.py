@@ -29,7 +29,9 @@ identity) when the body keeps the shape, else `Linear(F, F')` (flat) or a 1x1
 bias. On token ids [n, T] (`data.kind = "modular"`): `embedding` -> `ScaledEmbedding(vocab, dim,
 scale)`, `self_attention` -> `SelfAttention` (ExPLAIND's heads: `head{h}_encoder` shared by
 query, key and value, or `head{h}_query/key/value`, and `head{h}_decoder`, the heads summed;
-`scaled_dot_product_attention`), `last_token` -> `LastToken()` (`x[:, -1]`), `mean_tokens` ->
+`scaled_dot_product_attention`; with `layout = "packed"` -> `MHSelfAttention(d, heads, bias,
+causal)`, PyTorch's `nn.MultiheadAttention` as its attribute `attn`, names `attn.in_proj_weight`,
+`attn.in_proj_bias`, `attn.out_proj.weight`, `attn.out_proj.bias`), `last_token` -> `LastToken()` (`x[:, -1]`), `mean_tokens` ->
 `MeanTokens()` (`x.mean(dim=1)`), all below. Batch
 norm (a point's output depends on its batch) and dropout in training mode are not
 layers pathkernel can express; `describe_module` writes what `pathkernel import` reads (and
@@ -225,6 +227,33 @@ if nn is not None:
                 out = out + getattr(self, f"head{h}_decoder")(sdpa(q, k, v, is_causal=self.causal))
             return out
 
+    class MHSelfAttention(nn.Module):
+        """`self_attention` with `layout = "packed"`: PyTorch's own `nn.MultiheadAttention` (the
+        attribute `attn`) used as self-attention on [n, T, d], `attn(x, x, x)[0]`, with the causal
+        mask j <= i when asked. Parameters `attn.in_proj_weight` [3d, d], `attn.in_proj_bias`
+        [3d], `attn.out_proj.weight` [d, d], `attn.out_proj.bias` [d] (PyTorch's names, as
+        pathkernel's). It takes [n, T, d] whatever the held module's `batch_first` (a
+        `batch_first=False` one is given the sequence first and its output turned back)."""
+
+        def __init__(self, embed_dim, num_heads, bias=True, causal=False, batch_first=True, dropout=0.0, dtype=torch.float64, **kw):
+            super().__init__()
+            self.causal = causal
+            self.attn = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, bias=bias, batch_first=batch_first, dtype=dtype, **kw)
+
+        def forward(self, x):
+            mask = None
+            if self.causal:
+                t = x.shape[1]
+                mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            if not self.attn.batch_first:
+                x = x.transpose(0, 1)
+            y = self.attn(x, x, x, need_weights=False, attn_mask=mask, is_causal=self.causal)[0]
+            return y if self.attn.batch_first else y.transpose(0, 1)
+
+        def extra_repr(self):
+            a = self.attn
+            return f"{a.embed_dim}, num_heads={a.num_heads}, bias={a.in_proj_bias is not None}, causal={self.causal}" + ("" if a.batch_first else ", batch_first=False")
+
     class LastToken(nn.Module):
         """`last_token`: [n, T, d] -> [n, d], the last position."""
 
@@ -277,6 +306,8 @@ def _layer(spec, shape):
         return ScaledEmbedding(arg["vocab"], arg["dim"], arg["scale"], t if arg.get("positions") else None), ("seq", t, arg["dim"])
     if kind == "self_attention":
         _, t, d = shape
+        if arg.get("layout") == "packed":
+            return MHSelfAttention(d, arg["heads"], bias=arg["bias"], causal=arg["causal"]), shape
         dh = arg.get("head_dim") or d // arg["heads"]
         return SelfAttention(d, arg["heads"], dh, arg["shared_qkv"], arg["bias"], arg["causal"]), shape
     if kind == "last_token":

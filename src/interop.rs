@@ -803,11 +803,13 @@ fn replay_updates(dir: &Path, rec: &LoadedRecording, tolerance: f64) -> Result<R
         if let Some(RecordedClip::Norm { max_norm, norm_type, factors }) = &json.clip {
             check_clip_factor(dir, s, &g, *max_norm, clip_norm_order(norm_type).unwrap_or(2.0), factors[s], u)?;
         }
+        let before = opt.clone();
         let replayed = opt.step(json.learning_rates[s], &w, &g);
+        let slack = opt.last_scale().is_some().then(|| step_check::gradient_rounding_slack(&before, json.learning_rates[s], &w, &g, &replayed, u));
         if let Some(scale) = opt.last_scale() {
             precond.push(scale.to_vec());
         }
-        let d = StepDiff::of(&w, &states[s + 1].flat(), &replayed, u);
+        let d = StepDiff::of(&w, &states[s + 1].flat(), &replayed, u, slack.as_deref());
         if !d.accepted(tolerance) {
             return Err(Error::trajectory(
                 recording_step_path(dir, s + 1),

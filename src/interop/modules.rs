@@ -21,8 +21,16 @@
 //! `scripts/torch_model.py`'s `Residual` (body `nn.Sequential`, shortcut `None`, `Linear` or a
 //! 1×1 `Conv2d`, as the stack resolves it); on token rows (`vocab` beside `input`) `Embedding` and
 //! `torch_model.ScaledEmbedding` (no `padding_idx`, no `max_norm`), `torch_model.SelfAttention`
-//! and `torch_model.LastToken`. Refused with the reason: batch norm (a point's output
-//! depends on its batch), dropout in training mode, and any other module (named by its class).
+//! (ExPLAIND's heads), `torch_model.MHSelfAttention` (PyTorch's `nn.MultiheadAttention` as its
+//! attribute `attn`, used as self-attention `attn(x, x, x)[0]`, causal mask or none, either
+//! `batch_first`: the layer `self_attention` with `layout = "packed"`, whose parameters are
+//! `attn.in_proj_weight`, `attn.in_proj_bias`, `attn.out_proj.weight`, `attn.out_proj.bias`
+//! under PyTorch's names), `torch_model.LastToken` and `torch_model.MeanTokens`. Refused with the
+//! reason: batch norm (a point's output depends on its batch), dropout in training mode (a
+//! `Dropout` module, or an `nn.MultiheadAttention` with `dropout` > 0), an
+//! `nn.MultiheadAttention` with `kdim`/`vdim` other than `embed_dim`, `add_bias_kv` or
+//! `add_zero_attn`, a bare `nn.MultiheadAttention` child (it takes query, key and value and
+//! returns a tuple), and any other module (named by its class).
 
 use serde_json::Value;
 
@@ -200,5 +208,51 @@ mod tests {
         wide[1]["d"] = json!(6);
         let e = check_resolved(&wide, &stack).unwrap_err();
         assert!(e.contains("model.modules[1]") && e.contains("d = 6"), "{e}");
+    }
+
+    /// `torch_model.MHSelfAttention` as `describe_module` writes it: `self_attention` with
+    /// `layout = "packed"` (PyTorch's tensor names), and each attribute our layer cannot express
+    /// refused in one line naming the module and the attribute.
+    #[test]
+    fn multihead_attention_maps_to_packed_attention_or_is_refused() {
+        let mha = json!({"type": "MHSelfAttention", "repr": "MHSelfAttention(8, num_heads=2, bias=True, causal=True)", "embed_dim": 8, "num_heads": 2, "bias": true,
+                         "causal": true, "batch_first": true, "kdim": 8, "vdim": 8, "add_bias_kv": false, "add_zero_attn": false, "dropout": 0.0, "training": true});
+        let ms = vec![
+            json!({"type": "Embedding", "repr": "Embedding(9, 8)", "num_embeddings": 9, "embedding_dim": 8, "padding_idx": null, "max_norm": null, "scale": 1.0}),
+            mha.clone(),
+            json!({"type": "LastToken", "repr": "LastToken()"}),
+            json!({"type": "Linear", "in_features": 8, "out_features": 9, "bias": true}),
+        ];
+        let specs = list(&ms, "model.modules").unwrap();
+        assert_eq!(specs[1].to_value(), json!({ "self_attention": { "heads": 2, "shared_qkv": false, "bias": true, "causal": true, "layout": "packed" } }));
+        let input = input_shape(&[4], Some(9)).unwrap();
+        let stack = Stack::resolve(input, &specs, 9).unwrap();
+        check_resolved(&ms, &stack).unwrap();
+        assert!(stack.torch_description().contains("MHSelfAttention(8, num_heads=2, bias=True, causal=True)"), "{}", stack.torch_description());
+        // embed_dim is checked against the width the stack gives it.
+        let mut wide = ms.clone();
+        wide[1]["embed_dim"] = json!(6);
+        let e = check_resolved(&wide, &stack).unwrap_err();
+        assert!(e.starts_with("model.modules[1] MHSelfAttention(8, num_heads=2, bias=True, causal=True): embed_dim = 6"), "{e}");
+        let refused = |key: &str, v: serde_json::Value, needle: &str| {
+            let mut m = mha.clone();
+            m[key] = v;
+            let e = list(&[m], "model.modules").unwrap_err();
+            assert!(e.starts_with("model.modules[0] MHSelfAttention(8, num_heads=2, bias=True, causal=True): ") && e.contains(needle) && !e.contains('\n'), "{key}: {e}");
+        };
+        refused("kdim", json!(4), "kdim = 4: keys and values of another width");
+        refused("vdim", json!(5), "vdim = 5:");
+        refused("add_bias_kv", json!(true), "add_bias_kv = true: learned key/value biases");
+        refused("add_zero_attn", json!(true), "add_zero_attn = true: a zero key/value position");
+        refused("dropout", json!(0.1), "dropout = 0.1 in training mode: its random mask");
+        // Dropout that is off (evaluation mode) is the same function; batch_first either way.
+        let mut m = mha.clone();
+        m["dropout"] = json!(0.1);
+        m["training"] = json!(false);
+        m["batch_first"] = json!(false);
+        assert!(list(&[m], "m").is_ok());
+        // nn.MultiheadAttention itself: not a layer of an nn.Sequential.
+        let e = list(&[json!({"type": "MultiheadAttention", "repr": "MultiheadAttention(8, num_heads=2)", "embed_dim": 8, "num_heads": 2})], "model.modules").unwrap_err();
+        assert!(e.starts_with("model.modules[0] MultiheadAttention(8, num_heads=2): nn.MultiheadAttention takes (query, key, value)") && e.contains("torch_model.MHSelfAttention"), "{e}");
     }
 }

@@ -53,6 +53,17 @@ def describe_module(m):
         enc = m.head1_encoder if m.shared else m.head1_query
         d.update(d=enc.in_features, heads=int(m.heads), head_dim=enc.out_features, shared_qkv=bool(m.shared), bias=enc.bias is not None,
                  causal=bool(m.causal))
+    elif kind == "MHSelfAttention" and isinstance(getattr(m, "attn", None), nn.MultiheadAttention):
+        a = m.attn
+        if not isinstance(getattr(m, "causal", None), bool):
+            raise ValueError(f"{kind}: the attribute `causal` (True/False) says whether its forward masks j > i (scripts/torch_model.py's MHSelfAttention)")
+        d["repr"] = f"MHSelfAttention({a.embed_dim}, num_heads={a.num_heads}, bias={a.in_proj_bias is not None}, causal={bool(m.causal)})" + (
+            "" if a.batch_first else ", batch_first=False")
+        d.update(embed_dim=int(a.embed_dim), num_heads=int(a.num_heads), bias=a.in_proj_bias is not None, causal=bool(m.causal),
+                 batch_first=bool(a.batch_first), kdim=int(a.kdim), vdim=int(a.vdim), add_bias_kv=a.bias_k is not None,
+                 add_zero_attn=bool(a.add_zero_attn), dropout=float(a.dropout), training=bool(m.training))
+    elif isinstance(m, nn.MultiheadAttention):
+        d.update(repr=f"MultiheadAttention({m.embed_dim}, num_heads={m.num_heads})", embed_dim=int(m.embed_dim), num_heads=int(m.num_heads))
     elif kind in ("LastToken", "MeanTokens"):
         pass
     elif isinstance(m, nn.modules.dropout._DropoutNd):

@@ -152,3 +152,77 @@ def test_a_stack_mapping_that_misses_a_tensor_is_refused_by_the_recorder(tmp_pat
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
     with pytest.raises(ValueError, match="must name every state_dict tensor once"):
         TrajectoryRecorder(str(tmp_path / "a"), net, xtr, ytr, xte, yte, optimizer=opt)
+
+
+class MHSelfAttention(torch.nn.Module):
+    """scripts/torch_model.py's convention: an nn.MultiheadAttention as `attn`, used as
+    self-attention on [n, T, d]."""
+
+    def __init__(self, d, heads, **kw):
+        super().__init__()
+        self.causal = False
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True, dtype=torch.float64, **kw)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class ScaledEmbedding(torch.nn.Module):
+    """torch_model.ScaledEmbedding without scale or positions: token ids [n, T] (floats) -> a
+    learned embedding [n, T, d]."""
+
+    def __init__(self, vocab, d):
+        super().__init__()
+        self.vocab, self.dim, self.scale, self.positions = vocab, d, 1.0, None
+        self.weight = torch.nn.Parameter(torch.randn(vocab, d, dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.nn.functional.embedding(x.long(), self.weight)
+
+
+class LastToken(torch.nn.Module):
+    """torch_model.LastToken: [n, T, d] -> [n, d]."""
+
+    def forward(self, x):
+        return x[:, -1]
+
+
+def _mha_net(**kw):
+    return torch.nn.Sequential(ScaledEmbedding(5, 4), MHSelfAttention(4, 2, **kw), LastToken(), torch.nn.Linear(4, 3, dtype=torch.float64))
+
+
+def _record_mha(path, net, steps=8):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 5, (12, 3), generator=g).double()
+    y = torch.randint(0, 3, (12,), generator=g)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=steps)
+    rec = TrajectoryRecorder(str(path), net, x[:8], y[:8], x[8:], y[8:], optimizer=opt)
+    rec.start()
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[:8]), y[:8]).backward()
+        opt.step()
+        rec.step(batch=None)
+        sched.step()
+    rec.finish()
+
+
+def test_an_nn_multiheadattention_block_under_adamw_imports_as_packed_attention(pathkernel, tmp_path):
+    torch.manual_seed(2)
+    _record_mha(tmp_path / "rec", _mha_net())
+    ok = subprocess.run([pathkernel, "import", "--from", "torch", str(tmp_path / "rec"), "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "MHSelfAttention(4, num_heads=2, bias=True, causal=False)" in ok.stdout, ok.stdout
+    with open(tmp_path / "run" / "manifest.json") as f:
+        layers = json.load(f)["architecture"]["body"]["layers"]
+    assert layers[1] == {"self_attention": {"heads": 2, "shared_qkv": False, "bias": True, "causal": False, "layout": "packed"}}, layers
+
+
+def test_an_nn_multiheadattention_with_a_zero_attention_position_is_refused_naming_the_attribute(pathkernel, tmp_path):
+    torch.manual_seed(2)
+    net = _mha_net(add_zero_attn=True)
+    _record_mha(tmp_path / "rec", net, steps=2)
+    bad = subprocess.run([pathkernel, "import", "--from", "torch", str(tmp_path / "rec"), "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "model.modules[1] MHSelfAttention(4, num_heads=2, bias=True, causal=False): add_zero_attn = true" in bad.stderr, bad.stderr

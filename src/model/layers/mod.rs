@@ -36,7 +36,7 @@ pub(crate) mod residual;
 pub mod spec;
 
 pub use activation::Act;
-pub use attention::SelfAttentionSpec;
+pub use attention::{AttentionLayout, SelfAttentionSpec};
 pub use avg_pool::AvgPool2dSpec;
 pub use conv2d::Conv2dSpec;
 pub use dense::DenseSpec;

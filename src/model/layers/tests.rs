@@ -284,6 +284,8 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
                 { "residual": [{ "dense": 7 }, "relu", { "dense": 6 }, "relu"] }, { "dense": { "features": 3, "bias": false } }]), 4, None),
         (json!([{ "embedding": { "vocab": 9, "dim": 6, "positions": true } }, { "self_attention": { "heads": 2, "head_dim": 4, "bias": true, "causal": true } }, "gelu", "layer_norm",
                 { "residual": [{ "self_attention": { "heads": 3 } }] }, "last_token", { "dense": 3 }]), 4, None),
+        (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }, "gelu",
+                { "residual": [{ "self_attention": { "heads": 3, "layout": "packed" } }] }, "last_token", { "dense": 3 }]), 4, None),
     ];
     // Repeated samples too (a point's node rows share its input: a convolution forms their
     // patches once and stacks their `W(t_s)`), with runs at different and at equal times.
@@ -344,6 +346,12 @@ fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
         ("pre-norm block", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "residual": ["layer_norm", { "self_attention": { "heads": 2, "causal": true } }] },
             "layer_norm", "last_token", { "dense": 3 }])),
         ("mean_tokens", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "causal": true } }, "mean_tokens", "relu", { "dense": 3 }])),
+        // nn.MultiheadAttention's tensors: one in- and one out-projection, one output bias.
+        ("packed, bias", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 3, "bias": true, "layout": "packed" } }, "last_token", { "dense": 3 }])),
+        ("packed pre-norm transformer block", json!([{ "embedding": { "vocab": 9, "dim": 6, "positions": true } },
+            { "residual": ["layer_norm", { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }] },
+            "last_token", { "residual": ["layer_norm", { "dense": 8 }, "relu", { "dense": 6 }] }, { "dense": 3 }])),
+        ("packed, no bias", json!([{ "embedding": { "vocab": 9, "dim": 4 } }, { "self_attention": { "heads": 1, "layout": "packed" } }, "mean_tokens", { "dense": 3 }])),
     ]
 }
 
@@ -438,6 +446,55 @@ fn attention_tensors_carry_explainds_names() {
     assert!(printed.starts_with("Sequential(Embedding(9, 6), SelfAttention(6, heads=1, head_dim=6, shared_qkv=False, bias=True, causal=False), LastToken()"), "{printed}");
 }
 
+/// `layout = "packed"`: PyTorch's `nn.MultiheadAttention` names and shapes under `attn`, two
+/// parameter layers (`1.attn`: the in-projection's weight and bias; `1.attn.out_proj`), one
+/// gradient each; the same function as the per-head layout with head h's maps cut out of the
+/// packed tensors and the output bias on head 1 only; PyTorch's initialisation.
+#[test]
+fn packed_attention_carries_pytorchs_names_and_is_the_per_head_function() {
+    let packed = json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }, "last_token", { "dense": 3 }]);
+    let a = token_arch(packed, 4, 9, 3);
+    let names: Vec<(String, Vec<usize>)> = a.param_specs().into_iter().map(|s| (s.name, s.shape)).collect();
+    let want = [("1.attn.in_proj_weight", vec![18, 6]), ("1.attn.in_proj_bias", vec![18]), ("1.attn.out_proj.weight", vec![6, 6]), ("1.attn.out_proj.bias", vec![6])];
+    assert_eq!(&names[1..5], want.iter().map(|(n, s)| (n.to_string(), s.clone())).collect::<Vec<_>>());
+    let st = a.stack().unwrap();
+    assert!(st.torch_description().contains("MHSelfAttention(6, num_heads=2, bias=True, causal=True)"), "{}", st.torch_description());
+    let p = a.init(1);
+    let layers = crate::model::param_layers(&p.specs);
+    assert_eq!(layers.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["0", "1.attn", "1.attn.out_proj", "3"]);
+    let x = [1.0, 2.0, 3.0, 8.0];
+    let (_, caches) = st.forward_cached(&p.data, &x);
+    let grads = st.backward(&p.data, &caches, vec![1.0; 9], 3);
+    assert_eq!(grads.iter().map(|g| g.0).collect::<Vec<_>>(), layers.iter().map(|l| l.tensors.start).collect::<Vec<_>>());
+    // PyTorch's initialisation: Xavier-uniform in-projection, zero biases.
+    let bound = (6.0f64 / 24.0).sqrt();
+    assert!(p.data[1].iter().all(|v| v.abs() <= bound) && p.data[1].iter().any(|v| v.abs() > 1.0 / 6f64.sqrt()));
+    assert!(p.data[2].iter().chain(&p.data[4]).all(|&v| v == 0.0));
+    // The per-head stack with head h's query/key/value rows and decoder columns cut out of the
+    // packed tensors, the output bias on head 1 and zero on head 2: the same network.
+    let heads = token_arch(json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "bias": true, "causal": true } }, "last_token", { "dense": 3 }]), 4, 9, 3);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let w: Vec<Vec<f64>> = p.data.iter().map(|v| v.iter().map(|x| x + 0.2 * rng.gen_range(-1.0..1.0)).collect()).collect();
+    let (d, dh) = (6, 3);
+    let mut hw = vec![w[0].clone()];
+    for h in 0..2 {
+        for which in 0..3 {
+            let row = which * d + h * dh;
+            hw.push(w[1][row * d..(row + dh) * d].to_vec());
+            hw.push(w[2][row..row + dh].to_vec());
+        }
+    }
+    for h in 0..2 {
+        hw.push((0..d).flat_map(|r| w[3][r * d + h * dh..r * d + (h + 1) * dh].to_vec()).collect());
+        hw.push(if h == 0 { w[4].clone() } else { vec![0.0; d] });
+    }
+    hw.extend_from_slice(&w[5..]);
+    assert_eq!(hw.iter().map(Vec::len).collect::<Vec<_>>(), heads.param_specs().iter().map(|s| s.numel()).collect::<Vec<_>>());
+    let xs = sample_rows(&st, 5, &mut rng);
+    let e = rel_diff(&st.forward(&w, &xs), &heads.stack().unwrap().forward(&hw, &xs));
+    assert!(e < 1e-14, "packed vs per head: {e:e}");
+}
+
 #[test]
 fn bad_sequence_stacks_are_one_line_config_errors() {
     let resolve = |layers: serde_json::Value, input: Shape| -> String {
@@ -462,6 +519,10 @@ fn bad_sequence_stacks_are_one_line_config_errors() {
         (json!(["flatten", "last_token", { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[1] last_token", "needs a sequence"]),
         (json!([emb, "mean_tokens", "mean_tokens", { "dense": 3 }]), tokens, vec!["model.layers[2] mean_tokens", "needs a sequence", "[8]"]),
         (json!([emb, { "self_attention": { "heads": 2, "mask": true } }, "last_token", { "dense": 3 }]), tokens, vec!["no option `mask`"]),
+        (json!([emb, { "self_attention": { "heads": 2, "layout": "torch" } }, "last_token", { "dense": 3 }]), tokens, vec!["self_attention.layout", "\"packed\"", "\"torch\""]),
+        (json!([emb, { "self_attention": { "heads": 2, "shared_qkv": true, "layout": "packed" } }, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[1]", "shared_qkv"]),
+        (json!([emb, { "self_attention": { "heads": 2, "head_dim": 3, "layout": "packed" } }, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[1]", "2 heads of width 3", "layout = \"heads\""]),
+        (json!([emb, { "self_attention": { "heads": 3, "layout": "packed" } }, "last_token", { "dense": 3 }]), tokens, vec!["3 heads do not divide the width 8"]),
         (json!([{ "embedding": { "vocab": 9, "dim": 8, "scale": "sqrt" } }, "last_token", { "dense": 3 }]), tokens, vec!["embedding.scale"]),
     ] {
         let e = resolve(layers.clone(), input);
