@@ -47,11 +47,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     //
     // Five windows of 8 steps are exact EPK machines (the start, memorisation, the plateau, the jump,
     // the end); between them the network's own change is one term per gap. With AdamW the momentum
-    // carries earlier gradients into a window: those are one exact term of their own. Put together,
-    // the machine must equal the network at the end of training:
+    // carries earlier gradients into a window: those are one exact term of their own. Each
+    // segment's largest term at the four held-out pairs, each window's machine against the network
+    // at its end, and what the window's carried-in term was (the summary puts them together and
+    // checks the sum against the network at step 10 000):
     // %%
     let windows = Table::read_parquet("../reports/grokking/analysis/windows.parquet".as_ref())?;
-    show(&windows_summary(&windows)?);
+    show(&windows_table(&windows)?);
     // %% md
     // ## One window, rebuilt here
     //
@@ -95,6 +97,17 @@ seed = 5
     };
     let window = net.epk().inputs(&x).steps(802, 810).carry_in().rule("auto:1e-11".parse()?).compute()?;
     show(&window);
+    // %% md
+    // The study computed the same window from the same states; its machine, from the report:
+    // %%
+    let report = Table::read_parquet("../reports/grokking/kernels/epk-memorise/predictions.parquet".as_ref())?;
+    let there: Vec<f64> = report.f64("kernel_machine").ok_or("no kernel_machine column")?.to_vec();
+    let here: Vec<f64> = {
+        let m = window.machine();
+        (0..m.nrows()).flat_map(|i| (0..m.ncols()).map(move |j| m[(i, j)])).collect()
+    };
+    let apart = here.iter().zip(&there).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    println!("{} outputs here, {} in the report; max |machine here − machine in the report| = {apart:.1e}", here.len(), there.len());
     Ok(())
 }
 
@@ -127,11 +140,16 @@ fn cumulative_by_layer(t: &Table) -> Result<Vec<Series>, Box<dyn std::error::Err
     Ok(series)
 }
 
-/// The windows table's segments and the machine of the whole run against the network.
-fn windows_summary(t: &Table) -> Result<String, Box<dyn std::error::Error>> {
-    let mut out = String::new();
-    for (name, col) in &t.columns {
-        out.push_str(&format!("{name}: {col:?}\n"));
+/// The report's `windows.parquet` as a table: each segment, its steps, its largest term, the
+/// window's machine error and its carried-in term.
+fn windows_table(t: &Table) -> Result<String, Box<dyn std::error::Error>> {
+    let seg = t.str("segment").ok_or("no segment column")?;
+    let (from, to) = (t.i64("from_step").ok_or("no from_step column")?, t.i64("to_step").ok_or("no to_step column")?);
+    let (term, err, carried) = (t.f64("max_abs_term").ok_or("no max_abs_term column")?, t.f64("window_max_abs_error").ok_or("no window_max_abs_error column")?, t.f64("max_abs_carried_in").ok_or("no max_abs_carried_in column")?);
+    let opt = |v: f64| if v.is_nan() { "—".to_string() } else { format!("{v:.2e}") };
+    let mut out = format!("{:<14} {:>14} {:>12} {:>16} {:>12}\n", "segment", "steps", "max |term|", "machine vs net", "carried in");
+    for i in 0..seg.len() {
+        out.push_str(&format!("{:<14} {:>14} {:>12.3e} {:>16} {:>12}\n", seg[i], format!("[{}, {})", from[i], to[i]), term[i], opt(err[i]), opt(carried[i])));
     }
     Ok(out)
 }
