@@ -17,6 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // layer. This notebook reads that report (no network is trained for these charts), then
     // trains the run's first 810 steps here and rebuilds one window exactly.
     // %%
+    /// The first index at which `v` reaches `th`.
+    fn first_at(v: &[f64], th: f64) -> Option<usize> {
+        v.iter().position(|&a| a >= th)
+    }
     let log = Table::read_parquet("../reports/grokking/train_log.parquet".as_ref())?;
     let steps: Vec<f64> = log.i64("step").ok_or("no step column")?.iter().map(|&s| s as f64).collect();
     let acc: Vec<f64> = log.f64("accuracy").ok_or("no accuracy column")?.to_vec();
@@ -38,6 +42,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // change of the mean held-out log-probability of the target class; summed over steps, the layers
     // add up to the network's own change.
     // %%
+    /// Per layer of the report's `layer_shares.parquet` (rows: step, layer), its target shares
+    /// summed from step 0; and the network, the layers' sum.
+    fn cumulative_by_layer(t: &Table) -> Result<Vec<Series>, Box<dyn std::error::Error>> {
+        let (layer, target) = (t.str("layer").ok_or("no layer column")?, t.f64("target_share").ok_or("no target_share column")?);
+        let mut names: Vec<String> = Vec::new();
+        for l in layer {
+            if !names.contains(l) {
+                names.push(l.clone());
+            }
+        }
+        let mut series: Vec<Series> = Vec::new();
+        for name in &names {
+            let mut c = 0.0;
+            let ys: Vec<f64> = layer.iter().zip(target).filter(|(l, _)| *l == name).map(|(_, v)| {
+                c += v;
+                c
+            }).collect();
+            series.push(Series::new(name.clone(), (0..ys.len()).map(|s| s as f64).collect(), ys));
+        }
+        let total: Vec<f64> = (0..series[0].y.len()).map(|s| series.iter().map(|se| se.y[s]).sum()).collect();
+        series.push(Series::new("network (sum)", (0..total.len()).map(|s| s as f64).collect(), total));
+        Ok(series)
+    }
     let shares = Table::read_parquet("../reports/grokking/analysis/layer_shares.parquet".as_ref())?;
     let series: Vec<Series> = cumulative_by_layer(&shares)?;
     let cumulative = Chart::line("Change of the mean held-out log p(target) since step 0, by layer", "step", "cumulative change", &series).draw()?;
@@ -52,6 +79,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // at its end, and what the window's carried-in term was (the summary puts them together and
     // checks the sum against the network at step 10 000):
     // %%
+    /// The report's `windows.parquet` as a table: each segment, its steps, its largest term, the
+    /// window's machine error and its carried-in term.
+    fn windows_table(t: &Table) -> Result<String, Box<dyn std::error::Error>> {
+        let seg = t.str("segment").ok_or("no segment column")?;
+        let (from, to) = (t.i64("from_step").ok_or("no from_step column")?, t.i64("to_step").ok_or("no to_step column")?);
+        let (term, err, carried) = (t.f64("max_abs_term").ok_or("no max_abs_term column")?, t.f64("window_max_abs_error").ok_or("no window_max_abs_error column")?, t.f64("max_abs_carried_in").ok_or("no max_abs_carried_in column")?);
+        let opt = |v: f64| if v.is_nan() { "—".to_string() } else { format!("{v:.2e}") };
+        let mut out = format!("{:<14} {:>14} {:>12} {:>16} {:>12}\n", "segment", "steps", "max |term|", "machine vs net", "carried in");
+        for i in 0..seg.len() {
+            out.push_str(&format!("{:<14} {:>14} {:>12.3e} {:>16} {:>12}\n", seg[i], format!("[{}, {})", from[i], to[i]), term[i], opt(err[i]), opt(carried[i])));
+        }
+        Ok(out)
+    }
     let windows = Table::read_parquet("../reports/grokking/analysis/windows.parquet".as_ref())?;
     show(&windows_table(&windows)?);
     // %% md
@@ -109,49 +149,6 @@ seed = 5
     let apart = here.iter().zip(&there).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     println!("{} outputs here, {} in the report; max |machine here − machine in the report| = {apart:.1e}", here.len(), there.len());
     Ok(())
-}
-
-/// The first index at which `v` reaches `th`.
-fn first_at(v: &[f64], th: f64) -> Option<usize> {
-    v.iter().position(|&a| a >= th)
-}
-
-/// Per layer of the report's `layer_shares.parquet` (rows: step, layer), its target shares
-/// summed from step 0; and the network, the layers' sum.
-fn cumulative_by_layer(t: &Table) -> Result<Vec<Series>, Box<dyn std::error::Error>> {
-    let (layer, target) = (t.str("layer").ok_or("no layer column")?, t.f64("target_share").ok_or("no target_share column")?);
-    let mut names: Vec<String> = Vec::new();
-    for l in layer {
-        if !names.contains(l) {
-            names.push(l.clone());
-        }
-    }
-    let mut series: Vec<Series> = Vec::new();
-    for name in &names {
-        let mut c = 0.0;
-        let ys: Vec<f64> = layer.iter().zip(target).filter(|(l, _)| *l == name).map(|(_, v)| {
-            c += v;
-            c
-        }).collect();
-        series.push(Series::new(name.clone(), (0..ys.len()).map(|s| s as f64).collect(), ys));
-    }
-    let total: Vec<f64> = (0..series[0].y.len()).map(|s| series.iter().map(|se| se.y[s]).sum()).collect();
-    series.push(Series::new("network (sum)", (0..total.len()).map(|s| s as f64).collect(), total));
-    Ok(series)
-}
-
-/// The report's `windows.parquet` as a table: each segment, its steps, its largest term, the
-/// window's machine error and its carried-in term.
-fn windows_table(t: &Table) -> Result<String, Box<dyn std::error::Error>> {
-    let seg = t.str("segment").ok_or("no segment column")?;
-    let (from, to) = (t.i64("from_step").ok_or("no from_step column")?, t.i64("to_step").ok_or("no to_step column")?);
-    let (term, err, carried) = (t.f64("max_abs_term").ok_or("no max_abs_term column")?, t.f64("window_max_abs_error").ok_or("no window_max_abs_error column")?, t.f64("max_abs_carried_in").ok_or("no max_abs_carried_in column")?);
-    let opt = |v: f64| if v.is_nan() { "—".to_string() } else { format!("{v:.2e}") };
-    let mut out = format!("{:<14} {:>14} {:>12} {:>16} {:>12}\n", "segment", "steps", "max |term|", "machine vs net", "carried in");
-    for i in 0..seg.len() {
-        out.push_str(&format!("{:<14} {:>14} {:>12.3e} {:>16} {:>12}\n", seg[i], format!("[{}, {})", from[i], to[i]), term[i], opt(err[i]), opt(carried[i])));
-    }
-    Ok(out)
 }
 
 /// In the notebook, `show(&x);` is the cell's last expression `x` (rendered by evcxr: a table, or

@@ -286,8 +286,9 @@ def _layer(spec, shape):
         ((kind, arg),) = spec.items()
     f64 = dict(dtype=torch.float64)
     if kind == "dense":
-        m = nn.Linear(shape[1], arg["features"], bias=arg["bias"], **f64)
-        return m, ("flat", arg["features"])
+        # On a sequence `Linear` maps the last dimension: the same map at every position.
+        m = nn.Linear(shape[-1], arg["features"], bias=arg["bias"], **f64)
+        return m, shape[:-1] + (arg["features"],)
     if kind == "conv2d":
         _, c, h, w = shape
         k, s, p = arg["kernel"], arg["stride"], arg["padding"]
@@ -329,8 +330,8 @@ def _layer(spec, shape):
         body, out = _build_list(arg, shape)
         shortcut = None
         if out != shape:
-            if shape[0] == "flat":
-                shortcut = nn.Linear(shape[1], out[1], **f64)
+            if shape[0] in ("flat", "seq"):
+                shortcut = nn.Linear(shape[-1], out[-1], **f64)
             else:
                 _, c, h, w = shape
                 s = next(s for s in range(1, max(h, w) + 1) if (h - 1) // s + 1 == out[2] and (w - 1) // s + 1 == out[3])

@@ -378,7 +378,7 @@ fn train_rejects_bad_layer_stacks_without_writing() {
         format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 4\nn_test = 2\n\n[model]\nkind = \"layers\"\nlayers = [{{ conv2d = {{ channels = 2, kernel = 5 }} }}, {{ dense = 10 }}]\n\n[train]\nlr = 0.1\nsteps = 1\n", mnist.to_str().unwrap()),
     )
     .unwrap();
-    run_fail(&["train", "-q", "--config", "img.toml", "--out", "run"], d, "model.layers[1] dense(10): needs a flat input, got the map [2, 24, 24]: add \"flatten\" before it");
+    run_fail(&["train", "-q", "--config", "img.toml", "--out", "run"], d, "model.layers[1] dense(10): needs a flat input or a sequence of feature vectors, got the map [2, 24, 24]: add \"flatten\" before it");
     let mut now = before;
     now.push("img.toml".into());
     now.sort();

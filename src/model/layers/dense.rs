@@ -1,11 +1,15 @@
-//! `dense`: a fully connected layer on a flat feature vector, PyTorch's `Linear(in, out)`.
+//! `dense`: a fully connected layer, PyTorch's `Linear(in, out)`, on a flat feature vector or
+//! position-wise on a sequence `[T, in]` (the same map at every position, as `Linear` applies
+//! to the last dimension).
 //!
 //! Parameters `weight [out, in]` and `bias [out]` (optional). Linear in its input and in its
 //! parameters, so along a step's path `w_s(t)` its output's degree in t rises by one, and a
-//! batch of rows each at its own `t` is two GEMMs (`X W_sᵀ` and `X ΔWᵀ`) and a combine by `t`.
-//! Its per-sample gradient factors as `δ[k] ⊗ [a, 1]` (input activations `a`, output
-//! sensitivities `δ`): the kernel engine contracts the two factors separately, never the
-//! `out × in` product.
+//! batch of rows each at its own `t` is two GEMMs (`X W_sᵀ` and `X ΔWᵀ`, a sequence's positions
+//! as rows) and a combine by `t`. On a flat input its per-sample gradient factors as
+//! `δ[k] ⊗ [a, 1]` (input activations `a`, output sensitivities `δ`): the kernel engine
+//! contracts the two factors separately, never the `out × in` product. On a sequence it is a
+//! sum over positions, `Σ_τ δ_τ[k] ⊗ [a_τ, 1]`, no longer one outer product: it is formed,
+//! `[n, K, out·in (+ out)]`.
 
 use dfdx::prelude::*;
 
@@ -25,6 +29,8 @@ pub(crate) struct Dense {
     pub n_in: usize,
     pub n_out: usize,
     pub bias: bool,
+    /// Positions of the sequence it applies to each of (1: a flat vector).
+    pub positions: usize,
 }
 
 fn add_bias(y: &mut [f64], b: &[f64]) {
@@ -64,9 +70,34 @@ impl Dense {
                     std::borrow::Cow::Owned(self.forward_at(dw, db, x))
                 }
             };
-            add_scaled_rows(&mut y, &y1, t, self.n_out);
+            add_scaled_rows(&mut y, &y1, t, self.positions * self.n_out);
         }
         y
+    }
+
+    /// The per-sample gradient on a sequence, `Σ_τ δ_τ[k] ⊗ [a_τ, 1]`, formed.
+    ///
+    /// # Shapes
+    /// `a` `[n, T, in]`, `dy` `[n, K, T, out]`; returns `[n, K, out·in (+ out)]`.
+    fn formed(&self, a: &[f64], dy: &[f64], k: usize) -> Grad {
+        let (t, ni, no) = (self.positions, self.n_in, self.n_out);
+        let width = no * ni + if self.bias { no } else { 0 };
+        let n = a.len() / (t * ni);
+        let mut g = vec![0.0; n * k * width];
+        for s in 0..n {
+            let acts = &a[s * t * ni..(s + 1) * t * ni];
+            for c in 0..k {
+                let d = &dy[(s * k + c) * t * no..(s * k + c + 1) * t * no];
+                let out = &mut g[(s * k + c) * width..(s * k + c + 1) * width];
+                gemm(&mut out[..no * ni], d, true, acts, false, (no, ni, t), 1.0, false);
+                if self.bias {
+                    for row in d.chunks_exact(no) {
+                        out[no * ni..].iter_mut().zip(row).for_each(|(b, v)| *b += v);
+                    }
+                }
+            }
+        }
+        Grad::Formed { g, width }
     }
 }
 
@@ -124,33 +155,50 @@ impl Layer for Dense {
             if let Some((dw, t)) = at.offset(first) {
                 let mut d1 = vec![0.0; rows * self.n_in];
                 gemm(&mut d1, &dy, false, dw, false, (rows, self.n_in, self.n_out), 1.0, false);
-                add_scaled_rows(&mut dx, &d1, t, k * self.n_in);
+                add_scaled_rows(&mut dx, &d1, t, k * self.positions * self.n_in);
             }
             dx
         } else {
             Vec::new()
         };
-        grads.push((first, Grad::Factor { acts: a.clone(), deltas: dy, n_in: self.n_in, n_out: self.n_out, bias: self.bias }));
+        let grad = if self.positions == 1 { Grad::Factor { acts: a.clone(), deltas: dy, n_in: self.n_in, n_out: self.n_out, bias: self.bias } } else { self.formed(a, &dy, k) };
+        grads.push((first, grad));
         dx
     }
 
     fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
-        let b = self.bias.then(|| (w[first + 1].as_slice(), dw[first + 1].as_slice()));
-        Some(p.linear(self.n_out, &|wt, x| self.forward_at(wt, None, x), &w[first], &dw[first], b))
+        // The bias at every position.
+        let tile = |b: &[f64]| -> Vec<f64> { b.iter().copied().cycle().take(self.positions * b.len()).collect() };
+        let b = self.bias.then(|| (tile(&w[first + 1]), tile(&dw[first + 1])));
+        Some(p.linear(self.positions * self.n_out, &|wt, x| self.forward_at(wt, None, x), &w[first], &dw[first], b.as_ref().map(|(b0, db)| (b0.as_slice(), db.as_slice()))))
     }
 
     fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
-        let a = flat(x);
+        // A sequence's positions as rows.
+        let (a, n) = match x {
+            Activations::Seq(s) => {
+                let (n, t, d) = *s.shape();
+                (s.reshape_like(&(n * t, d)), Some(n))
+            }
+            other => (flat(other), None),
+        };
         let rows = a.shape().0;
         let mut z = a.matmul(p[first].r2().clone().permute::<(usize, usize), Axes2<1, 0>>());
         if self.bias {
             z = z + p[first + 1].r1().clone().broadcast_like::<(usize, usize), Axis<0>>(&(rows, self.n_out));
         }
-        Activations::Flat(z)
+        match n {
+            Some(n) => Activations::Seq(z.reshape_like(&(n, self.positions, self.n_out))),
+            None => Activations::Flat(z),
+        }
     }
 
     fn gradient_floats(&self, k: u64) -> u64 {
-        (self.n_in + 1) as u64 + k * self.n_out as u64
+        if self.positions == 1 {
+            (self.n_in + 1) as u64 + k * self.n_out as u64
+        } else {
+            k * (self.n_out * (self.n_in + usize::from(self.bias))) as u64
+        }
     }
 
     fn torch_input(&self) -> Option<(&'static str, usize)> {
@@ -166,12 +214,13 @@ impl Layer for Dense {
     }
 
     fn device(&self) -> Option<crate::device::program::Op> {
-        Some(crate::device::program::Op::Dense { n_in: self.n_in, n_out: self.n_out, bias: self.bias })
+        // The device program has no position-wise form (nor the attention it would follow).
+        (self.positions == 1).then_some(crate::device::program::Op::Dense { n_in: self.n_in, n_out: self.n_out, bias: self.bias })
     }
 }
 
 /// `{ dense = features }` or `{ dense = { features, bias } }`: `Linear(in, features, bias)` on a
-/// flat input.
+/// flat input, or at every position of a sequence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DenseSpec {
     /// Output features.
@@ -208,9 +257,10 @@ impl KindSpec for DenseSpec {
     }
 
     fn resolve(&self, input: Shape, at: &str, _prefix: &str, _tensors: &mut usize) -> Result<(AnyLayer, Shape), String> {
-        let Shape::Flat(n_in) = input else {
-            return Err(format!("{at} {}: needs a flat input, got {}", self.label(), super::not_flat(input)));
-        };
-        Ok((AnyLayer::Dense(Dense { n_in, n_out: self.features, bias: self.bias }), Shape::Flat(self.features)))
+        match input {
+            Shape::Flat(n_in) => Ok((AnyLayer::Dense(Dense { n_in, n_out: self.features, bias: self.bias, positions: 1 }), Shape::Flat(self.features))),
+            Shape::Seq(t, d) => Ok((AnyLayer::Dense(Dense { n_in: d, n_out: self.features, bias: self.bias, positions: t }), Shape::Seq(t, self.features))),
+            _ => Err(format!("{at} {}: needs a flat input or a sequence of feature vectors, got {}", self.label(), super::not_flat(input))),
+        }
     }
 }

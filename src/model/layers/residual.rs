@@ -36,7 +36,8 @@ impl Residual {
         }
         let first = *tensors;
         let layer = match (input, out) {
-            (Shape::Flat(a), Shape::Flat(b)) => AnyLayer::Dense(Dense { n_in: a, n_out: b, bias: true }),
+            (Shape::Flat(a), Shape::Flat(b)) => AnyLayer::Dense(Dense { n_in: a, n_out: b, bias: true, positions: 1 }),
+            (Shape::Seq(t, a), Shape::Seq(u, b)) if t == u => AnyLayer::Dense(Dense { n_in: a, n_out: b, bias: true, positions: t }),
             (Shape::Map(c, h, w), Shape::Map(co, ho, wo)) => {
                 let stride = (1..=h.max(w)).find(|&s| (h - 1) / s + 1 == ho && (w - 1) / s + 1 == wo).ok_or_else(|| {
                     format!("{at} residual: no 1×1 projection with a stride maps the input {input} to the body's output {out}")

@@ -286,6 +286,9 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
                 { "residual": [{ "self_attention": { "heads": 3 } }] }, "last_token", { "dense": 3 }]), 4, None),
         (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }, "gelu",
                 { "residual": [{ "self_attention": { "heads": 3, "layout": "packed" } }] }, "last_token", { "dense": 3 }]), 4, None),
+        // Dense layers at every position (their rows combined by each sample's t over T rows).
+        (json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "dense": 5 }, "relu", { "residual": ["layer_norm", { "dense": 7 }, "relu", { "dense": 4 }] },
+                { "self_attention": 2 }, "last_token", { "dense": 3 }]), 4, None),
     ];
     // Repeated samples too (a point's node rows share its input: a convolution forms their
     // patches once and stacks their `W(t_s)`), with runs at different and at equal times.
@@ -352,6 +355,13 @@ fn sequence_stacks() -> Vec<(&'static str, serde_json::Value)> {
             { "residual": ["layer_norm", { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }] },
             "last_token", { "residual": ["layer_norm", { "dense": 8 }, "relu", { "dense": 6 }] }, { "dense": 3 }])),
         ("packed, no bias", json!([{ "embedding": { "vocab": 9, "dim": 4 } }, { "self_attention": { "heads": 1, "layout": "packed" } }, "mean_tokens", { "dense": 3 }])),
+        // Dense layers at every position: a pre-norm transformer block's MLP, a projection
+        // without bias, and a residual whose body changes the width (a position-wise shortcut).
+        ("position-wise MLP", json!([{ "embedding": { "vocab": 9, "dim": 6, "positions": true } },
+            { "residual": ["layer_norm", { "self_attention": { "heads": 2, "bias": true, "causal": true, "layout": "packed" } }] },
+            { "residual": ["layer_norm", { "dense": 8 }, "relu", { "dense": 6 }] }, "mean_tokens", { "dense": 3 }])),
+        ("position-wise projection", json!([{ "embedding": { "vocab": 9, "dim": 6 } }, { "dense": { "features": 4, "bias": false } }, "gelu",
+            { "residual": [{ "dense": 5 }, "tanh"] }, { "self_attention": 1 }, "mean_tokens", { "dense": 3 }])),
     ]
 }
 
@@ -513,7 +523,7 @@ fn bad_sequence_stacks_are_one_line_config_errors() {
         (json!(["relu", emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] relu", "first layer must be an \"embedding\""]),
         (json!([emb, "last_token", { "dense": 3 }]), Shape::Flat(4), vec!["model.layers[0] embedding(9, 8)", "needs token ids"]),
         (json!([{ "embedding": { "vocab": 5, "dim": 8 } }, "last_token", { "dense": 3 }]), tokens, vec!["0..9", "vocabulary of 5"]),
-        (json!([emb, { "dense": 3 }]), tokens, vec!["model.layers[1] dense(3)", "sequence", "last_token"]),
+        (json!([emb, { "dense": 3 }]), tokens, vec!["[4, 3]", "last_token"]),
         (json!(["layer_norm", emb, "last_token", { "dense": 3 }]), tokens, vec!["model.layers[0] layer_norm", "token ids", "embedding"]),
         (json!([emb, { "self_attention": 2 }]), tokens, vec!["[4, 8]", "last_token"]),
         (json!(["flatten", "last_token", { "dense": 3 }]), Shape::Flat(8), vec!["model.layers[1] last_token", "needs a sequence"]),
