@@ -111,3 +111,36 @@ fn pytorch_transformer_recording_imports_with_an_exact_epk_machine() {
     };
     assert_eq!(params_of(&d.join("last.safetensors")), params_of(&d.join("rec/step_00010.safetensors")));
 }
+
+/// A pre-norm transformer block whose MLP runs at every position (`dense` on the sequence, its
+/// per-sample gradient formed; a position-wise projection shortcut), read out by the mean over
+/// positions, trained by AdamW: the EPK machine equals the network (strict, every piece
+/// converged), and the structured path equals the generic dfdx path for the EPK and the NTK.
+#[test]
+fn position_wise_block_is_exact_and_equals_the_generic_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = r#"layers = [
+  { embedding = { vocab = 9, dim = 8, positions = true } },
+  { residual = ["layer_norm", { self_attention = { heads = 2, causal = true } }] },
+  { residual = ["layer_norm", { dense = 12 }, "relu", { dense = 6 }, "gelu"] },
+  "mean_tokens",
+  { dense = { features = 9, bias = false } },
+]"#;
+    let start = CONFIG.find("layers = [").unwrap();
+    let end = start + CONFIG[start..].find("\n]").unwrap() + 2;
+    let toml = format!("{}{layers}{}", &CONFIG[..start], &CONFIG[end..]).replace("steps = 12", "steps = 6");
+    let run = train(dir.path(), "pw", &toml);
+    let states = run.load_all().unwrap();
+    let pts = Rows::Test.resolve(&run.dataset).unwrap();
+    let epk = kernel::compute(&run, &states, &pts, &Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)), &|_, _| {}).unwrap();
+    let err = max_abs_diff(&epk.machine, &epk.network);
+    eprintln!("position-wise block EPK: machine vs network {err:e}");
+    assert!(err <= 1e-11 && max_abs_diff(&epk.network, &epk.bias) > 1e-3, "machine vs network {err:e}");
+    for (kind, rule) in [(KernelKind::Epk, Rule::Gauss(3)), (KernelKind::Ntk, Rule::Gauss(1))] {
+        let req = Request::new(kind).rule(rule);
+        let [fast, slow] = [kernel::GramPath::Fast, kernel::GramPath::Generic].map(|path| kernel::compute(&run, &states, &pts, &req.clone().path(path), &|_, _| {}).unwrap());
+        let rel = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
+        eprintln!("position-wise block {kind}: fast vs generic {rel:e}");
+        assert!(rel <= 1e-12, "{kind}: Gram relative difference {rel:e}");
+    }
+}
