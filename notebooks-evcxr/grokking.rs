@@ -17,16 +17,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // layer. This notebook reads that report (no network is trained for these charts), then
     // trains the run's first 810 steps here and rebuilds one window exactly.
     // %%
-    /// The first index at which `v` reaches `th`.
-    fn first_at(v: &[f64], th: f64) -> Option<usize> {
-        v.iter().position(|&a| a >= th)
+    /// The first step at which `v` reaches `th`, or "never".
+    fn first_at(v: &[f64], th: f64) -> String {
+        v.iter().position(|&a| a >= th).map_or("never".to_string(), |s| format!("step {s}"))
     }
     let log = Table::read_parquet("../reports/grokking/train_log.parquet".as_ref())?;
     let steps: Vec<f64> = log.i64("step").ok_or("no step column")?.iter().map(|&s| s as f64).collect();
     let acc: Vec<f64> = log.f64("accuracy").ok_or("no accuracy column")?.to_vec();
     let held: Vec<f64> = log.f64("test_accuracy").ok_or("no test_accuracy column")?.to_vec();
-    println!("training accuracy ≥ 0.99 at step {:?}", first_at(&acc, 0.99));
-    println!("held-out accuracy ≥ 0.5 at step {:?}, ≥ 0.9 at {:?}, ≥ 0.99 at {:?}; {:.3} at the end", first_at(&held, 0.5), first_at(&held, 0.9), first_at(&held, 0.99), held[held.len() - 1]);
+    println!("training accuracy ≥ 0.99 at {}", first_at(&acc, 0.99));
+    println!("held-out accuracy ≥ 0.5 at {}, ≥ 0.9 at {}, ≥ 0.99 at {}; {:.3} at the end", first_at(&held, 0.5), first_at(&held, 0.9), first_at(&held, 0.99), held[held.len() - 1]);
     let curve = Chart::line("Accuracy during training (full batch: one step per epoch)", "step", "accuracy", &[
         Series::new("train", steps.clone(), acc.clone()),
         Series::new("held-out", steps.clone(), held.clone()),
@@ -93,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(out)
     }
     let windows = Table::read_parquet("../reports/grokking/analysis/windows.parquet".as_ref())?;
-    show(&windows_table(&windows)?);
+    println!("{}", windows_table(&windows)?);
     // %% md
     // ## One window, rebuilt here
     //
