@@ -27,12 +27,14 @@
 //! `−Σ_{r<A} b_r H_r·(c_r g_r + λ_c w_r) = −H_A·U_A` with
 //! `U_{r+1} = β_{r+1}(U_r + b_r(c_r g_r + λ_c w_r))`, `U_0 = 0`, summed in the replay. Phase 2 then
 //! walks the range only, and the Gram, `a` and the per-step Grams are the range's; the replay
-//! still walks from step 0, at the cost of one data gradient per step.
+//! walks from step 0, at the cost of one data gradient per step, or from the latest checkpoint
+//! an earlier window of the same run left in this process ([`checkpoints`]).
 //!
 //! Cost per step: `P·K·W·M` multiply-adds for the contraction (every layer is formed), against
 //! `P·K·M·Σ_l K·out_l` for plain gradient steps; that is the price of a row side which no longer
 //! factors per layer. Memory: two `[P·K, W]` arrays besides the outputs.
 
+pub(crate) mod checkpoints;
 mod row_side;
 mod train_side;
 
@@ -300,19 +302,27 @@ fn replay(s: &Prepared<'_>, d: &Dims, progress: &dyn Fn(usize, usize)) -> Result
     let (m, k, w, n, first) = (d.m, d.k, d.w, d.n, d.first);
     let (cols, lo, hi) = (s.cols, s.lo, s.hi);
     let lrs = &s.manifest.learning_rates;
-    let mut opt = OptimizerState::new(s.rule.clone(), w);
+    // Below a carried-in window only the optimizer's state, `U` and the residual move: start
+    // from the latest checkpoint a window of this run left at or before `lo`.
+    let key = d.carry.then(|| checkpoints::key(s));
+    let resumed = key.as_deref().and_then(|key| checkpoints::latest(key, lo));
+    let start = resumed.as_ref().map_or(0, |c| c.step);
+    let mut opt = resumed.as_ref().map_or_else(|| OptimizerState::new(s.rule.clone(), w), |c| c.opt.clone());
     let mut a = vec![0.0; n * m * k];
     // Δw_r − (Σ_i u_{i,r} + r_r): what the per-point split does not carry (rounding).
     let mut unsplit: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut scale: Vec<Option<Vec<f64>>> = vec![None; n];
-    let mut residual: f64 = 0.0;
+    let mut residual: f64 = resumed.as_ref().map_or(0.0, |c| c.residual);
     // For phase 2's machine −Σ_r H_r·g_r, which always takes the whole data gradient g_r: the
     // path's ∂L/∂f (all M), or with a column share the replay's g_r itself (the training side
     // of phase 2 then covers the columns only).
     let mut path_lg: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut path_g: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut carry = d.carry.then(|| vec![0.0; w]);
-    for r in 0..hi {
+    let mut carry = d.carry.then(|| resumed.map_or_else(|| vec![0.0; w], |c| c.carry));
+    for r in start..hi {
+        if let (Some(key), Some(u), true) = (key.as_deref(), carry.as_ref(), r == lo) {
+            checkpoints::keep(key, checkpoints::Checkpoint { step: lo, opt: opt.clone(), carry: u.clone(), residual });
+        }
         progress(r, d.total_work);
         // The replay needs the whole data gradient: all M training points.
         let (lg, g) = data_gradient(s, r, d)?;
