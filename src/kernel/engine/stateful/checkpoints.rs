@@ -31,9 +31,10 @@ const KEPT: usize = 16;
 static CHECKPOINTS: Mutex<Vec<(String, Checkpoint)>> = Mutex::new(Vec::new());
 
 /// What a checkpoint of `s`'s replay depends on: the run (its id hashes its configuration, so
-/// its states), the update rule and preconditioners, and the path computing the gradients.
+/// its states), the update rule and preconditioners, and the path and device computing the
+/// gradients.
 pub(super) fn key(s: &Prepared<'_>) -> String {
-    format!("{}|{}|{:?}|{}|{}|{}|{}", s.manifest.run_id, s.manifest.created_by, s.rule, s.precond.is_some(), s.stack_fast, s.structured, s.states.len())
+    format!("{}|{}|{:?}|{}|{}|{}|{}|{}", s.manifest.run_id, s.manifest.created_by, s.rule, s.precond.is_some(), s.stack_fast, s.structured, s.req.device, s.states.len())
 }
 
 /// The latest checkpoint of `key` at or before `step`.
