@@ -167,10 +167,16 @@ impl Layer for Dense {
     }
 
     fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {
-        // The bias at every position.
-        let tile = |b: &[f64]| -> Vec<f64> { b.iter().copied().cycle().take(self.positions * b.len()).collect() };
-        let b = self.bias.then(|| (tile(&w[first + 1]), tile(&dw[first + 1])));
-        Some(p.linear(self.positions * self.n_out, &|wt, x| self.forward_at(wt, None, x), &w[first], &dw[first], b.as_ref().map(|(b0, db)| (b0.as_slice(), db.as_slice()))))
+        // The bias at every position (borrowed as it is on a flat input).
+        fn tile(b: &[f64], positions: usize) -> std::borrow::Cow<'_, [f64]> {
+            if positions == 1 {
+                b.into()
+            } else {
+                b.iter().copied().cycle().take(positions * b.len()).collect::<Vec<f64>>().into()
+            }
+        }
+        let b = self.bias.then(|| (tile(&w[first + 1], self.positions), tile(&dw[first + 1], self.positions)));
+        Some(p.linear(self.positions * self.n_out, &|wt, x| self.forward_at(wt, None, x), &w[first], &dw[first], b.as_ref().map(|(b0, db)| (&**b0, &**db))))
     }
 
     fn autodiff<D: Device<f64>, T: Tape<f64, D> + Merge<T> + Merge<NoneTape>>(&self, first: usize, p: &[ParamTensor<D>], x: Activations<D, T>) -> Activations<D, T> {
