@@ -45,7 +45,23 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     if req.device == crate::kernel::backend::Device::Cuda && req.path == GramPath::Fast && matches!(run.manifest.architecture.body, Body::Cnn { .. }) {
         return on_stack(run, states, rows, req, progress);
     }
+    if mlp_on_stack(run, req) {
+        return on_stack(run, states, rows, req, progress);
+    }
     compute_plain(run, states, rows, req, progress)
+}
+
+/// Whether an MLP preset runs as its layer stack: every MLP but the one-hidden-layer ReLU
+/// network (whose rows the preset integrates in closed form, [`crate::kernel::mlp::pieces`]),
+/// under plain gradient steps, on the structured path. Measured on MNIST (2 000 training
+/// images, 64 held-out, 20 steps, two cores; `docs/src/performance.md`): the stack engine takes
+/// 3.2 s where the preset's node path took 9.9 s on a 784-128-64-10 ReLU MLP, 3.8 s against
+/// 11.6 s on a one-hidden-layer tanh MLP.
+fn mlp_on_stack(run: &Run, req: &Request) -> bool {
+    let arch = &run.manifest.architecture;
+    let Body::Mlp { widths } = &arch.body else { return false };
+    let closed_form = widths.len() == 3 && arch.activation == crate::model::Activation::Relu;
+    !closed_form && widths.len() > 2 && req.path == GramPath::Fast && crate::optim::UpdateRule::of(&run.manifest.optimizer).is_plain()
 }
 
 /// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form

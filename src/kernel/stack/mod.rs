@@ -22,7 +22,7 @@ pub(crate) mod step;
 
 use super::types::NodeStats;
 use super::gram::GramAccumulator;
-use super::layout::{add_dense, add_formed, Layout, TrainDeltas};
+use super::layout::{add_dense, add_formed, add_output_layer, Layout, TrainDeltas};
 use super::step_model::{StepInput, StepModel, StepOutput};
 use super::quadrature::nodes::{choose_auto_nodes, AlongPath};
 use crate::error::Result;
@@ -51,7 +51,8 @@ pub(crate) fn node_bytes() -> usize {
     NODE_BYTES_TEST.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The tests' choice of the dense layers' route: 0 by flops, 1 always folded, 2 always formed.
+/// The tests' choice of the dense layers' route: 0 by flops (and the first layer's nodes summed
+/// per point, [`SharedInput`]), 1 always folded node by node, 2 always formed.
 #[cfg(test)]
 static DENSE_ROUTE_TEST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -305,6 +306,108 @@ fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], 
     flops
 }
 
+/// A dense first parameter layer of a chunk of row points: nothing with parameters runs ahead of
+/// it, so its input does not depend on t and a point's node rows share it (`a_p`), and its
+/// contribution folds once per point from the weighted sum of the nodes' sensitivities:
+/// `Σ_r w_r (a_p·a_i + 1)⟨δ_r, δ_i⟩ = (a_p·a_i + 1)⟨Σ_r w_r δ_r, δ_i⟩` (one fold per point
+/// instead of one per node: on an MNIST MLP the first layer's fold, `M·(785 + K·128)` per
+/// row, is most of a node's work).
+struct SharedInput {
+    /// `a_p` with the bias column `[pc, ne]`.
+    acts: Vec<f64>,
+    /// `Σ_r w_r δ_r` `[pc, K, out]`.
+    dbar: Vec<f64>,
+    ne: usize,
+    no: usize,
+}
+
+impl SharedInput {
+    /// For a stack whose first parameter layer is dense on a flat input (`None` otherwise, and
+    /// under the tests' forced routes).
+    fn new(train: &[TrainSide], pc: usize, m: usize, k: usize) -> Option<SharedInput> {
+        #[cfg(test)]
+        if DENSE_ROUTE_TEST.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            return None;
+        }
+        let TrainSide::Factor { acts, deltas, .. } = train.first()? else { return None };
+        let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
+        Some(SharedInput { acts: vec![0.0; pc * ne], dbar: vec![0.0; pc * k * no], ne, no })
+    }
+
+    /// Adds a block of node rows (`point` indexes the chunk's points, `weight` their weights).
+    ///
+    /// # Shapes
+    /// `acts` `[R, ne]`, `deltas` `[R, K, out]`.
+    fn add(&mut self, point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64]) {
+        let (ne, kno) = (self.ne, self.dbar.len() / (self.acts.len() / self.ne.max(1)).max(1));
+        for (r, (&q, &w)) in point.iter().zip(weight).enumerate() {
+            let a = &acts[r * ne..(r + 1) * ne];
+            let held = &mut self.acts[q * ne..(q + 1) * ne];
+            // Every node row of a point carries the same input: held once.
+            debug_assert!(held.iter().all(|&v| v == 0.0) || held == a, "the first layer's input depends on t");
+            held.copy_from_slice(a);
+            self.dbar[q * kno..(q + 1) * kno].iter_mut().zip(&deltas[r * kno..(r + 1) * kno]).for_each(|(s, d)| *s += w * d);
+        }
+    }
+}
+
+/// The stack's last layer when it is dense on a flat input: its sensitivities are the output
+/// map's seeds, `δ_r[k, o] = α(δ_ko − q_{r,o})` (log-softmax: `q` the softmax; identity: 0), so
+/// a point's node rows sum to `K + 1` distinct rows, `Ā = Σ_r w_r [a_r, 1]` and
+/// `B̄[o] = Σ_r w_r q_{r,o} [a_r, 1]`, contracted once per point
+/// ([`crate::kernel::layout::add_output_layer`], as the MLP preset's output layer) instead of
+/// folded node by node.
+struct OutputRows {
+    /// The layer's index among the parameter layers.
+    layer: usize,
+    /// `[pc, K + 1, ne]`.
+    ab: Vec<f64>,
+    ne: usize,
+    k: usize,
+    alpha: f64,
+    softmax: bool,
+}
+
+impl OutputRows {
+    fn new(step: &StackStep<'_>, train: &[TrainSide], pc: usize, m: usize, k: usize) -> Option<OutputRows> {
+        #[cfg(test)]
+        if DENSE_ROUTE_TEST.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            return None;
+        }
+        let arch = step.arch;
+        let last = step.stack.nodes.last()?;
+        let dense_last = matches!(&last.layer, crate::model::layers::AnyLayer::Dense(d) if d.positions == 1);
+        let map_ok = matches!(arch.output, crate::model::OutputKind::LogSoftmax | crate::model::OutputKind::Identity);
+        if !dense_last || !map_ok || arch.alpha == 0.0 || k < 2 {
+            return None;
+        }
+        let layer = train.len().checked_sub(1)?;
+        let TrainSide::Factor { acts, deltas, .. } = &train[layer] else { return None };
+        let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
+        (no == k).then(|| OutputRows { layer, ab: vec![0.0; pc * (k + 1) * ne], ne, k, alpha: arch.alpha, softmax: arch.output == crate::model::OutputKind::LogSoftmax })
+    }
+
+    /// Adds a block of node rows: `q_{r,o} = −δ_r[(o + 1) mod K, o]/α`.
+    ///
+    /// # Shapes
+    /// `acts` `[R, ne]`, `deltas` `[R, K, K]`.
+    fn add(&mut self, point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64]) {
+        let (ne, k) = (self.ne, self.k);
+        for (r, (&q, &w)) in point.iter().zip(weight).enumerate() {
+            let a = &acts[r * ne..(r + 1) * ne];
+            let ab = &mut self.ab[q * (k + 1) * ne..(q + 1) * (k + 1) * ne];
+            ab[..ne].iter_mut().zip(a).for_each(|(s, v)| *s += w * v);
+            if self.softmax {
+                let d = &deltas[r * k * k..(r + 1) * k * k];
+                for o in 0..k {
+                    let c = -w * d[((o + 1) % k) * k + o] / self.alpha;
+                    ab[(1 + o) * ne..(2 + o) * ne].iter_mut().zip(a).for_each(|(s, v)| *s += c * v);
+                }
+            }
+        }
+    }
+}
+
 /// Row points per parallel task: at most [`CHUNK_POINTS`], and at least four tasks per thread
 /// where the points allow (points differ in their kinks, so smaller tasks balance the cores).
 fn chunk_points(p: usize) -> usize {
@@ -395,6 +498,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             }
         })
         .collect();
+    let mut shared = SharedInput::new(train, pc, m, k);
+    if shared.is_some() {
+        jbars[0] = Vec::new();
+    }
+    let mut output = OutputRows::new(step, train, pc, m, k).filter(|o| o.layer > 0 || shared.is_none());
+    if let Some(o) = &output {
+        jbars[o.layer] = Vec::new();
+    }
     let mut scratch: Vec<f64> = Vec::new();
     let (mut seconds, mut flops) = (0.0, 0.0);
     let mut dd = vec![0.0; k * k];
@@ -425,6 +536,28 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         let RowGrad::Factor { acts: a, deltas: d, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
                         acts.extend_from_slice(a);
                         deltas.extend_from_slice(d);
+                    }
+                    if let Some(sh) = shared.as_mut().filter(|_| li == 0) {
+                        sh.add(bp, bw, &acts, &deltas);
+                        if input.self_kernel {
+                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                                let (ar, dr) = (&acts[r * ne..(r + 1) * ne], &deltas[r * k * no..(r + 1) * k * no]);
+                                gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
+                                diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                            }
+                        }
+                        continue;
+                    }
+                    if let Some(o) = output.as_mut().filter(|o| o.layer == li) {
+                        o.add(bp, bw, &acts, &deltas);
+                        if input.self_kernel {
+                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                                let (ar, dr) = (&acts[r * ne..(r + 1) * ne], &deltas[r * k * no..(r + 1) * k * no]);
+                                gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
+                                diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
+                            }
+                        }
+                        continue;
                     }
                     if jbars[li].is_empty() {
                         flops += fold_dense(layout, outs[target(li)], bp, bw, &acts, &deltas, ta, td, ne, no, m, k);
@@ -491,6 +624,35 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         seconds += started.elapsed().as_secs_f64();
     }
     let started = std::time::Instant::now();
+    if let (Some(sh), Some(TrainSide::Factor { acts: ta, deltas: td, v, .. })) = (&shared, train.first()) {
+        let ones = vec![1.0; pc];
+        let points: Vec<usize> = (0..pc).collect();
+        flops += fold_dense(layout, outs[target(0)], &points, &ones, &sh.acts, &sh.dbar, ta, td, sh.ne, sh.no, m, k);
+        // The prediction `⟨Σ_r w_r δ_r[c], V a_p⟩`.
+        let mut va = vec![0.0; pc * sh.no];
+        gemm_abt(&mut va, &sh.acts, v, pc, sh.no, sh.ne, 1.0, false);
+        let pred = &mut preds[pred_of(0)];
+        for q in 0..pc {
+            for c in 0..k {
+                pred[q * k + c] += dot(&sh.dbar[(q * k + c) * sh.no..(q * k + c + 1) * sh.no], &va[q * sh.no..(q + 1) * sh.no]);
+            }
+        }
+    }
+    if let Some(o) = &output {
+        let TrainSide::Factor { acts: ta, dt, v, .. } = &train[o.layer] else { unreachable!("an output layer is dense") };
+        add_output_layer(outs[target(o.layer)], &o.ab, ta, dt, pc, o.ne, o.alpha, &mut scratch);
+        flops += 2.0 * (pc * (k + 1) * o.ne * m) as f64 + 2.0 * (pc * m * layout.per_pair(k) * (k + 1)) as f64;
+        // The prediction `α(Ā·V[c] − Σ_o B̄[o]·V[o])`.
+        let pred = &mut preds[pred_of(o.layer)];
+        let (k1, ne) = (k + 1, o.ne);
+        for q in 0..pc {
+            let ab = &o.ab[q * k1 * ne..(q + 1) * k1 * ne];
+            let bv: f64 = (0..k).map(|c| dot(&ab[(1 + c) * ne..(2 + c) * ne], &v[c * ne..(c + 1) * ne])).sum();
+            for c in 0..k {
+                pred[q * k + c] += o.alpha * (dot(&ab[..ne], &v[c * ne..(c + 1) * ne]) - bv);
+            }
+        }
+    }
     for (li, (jbar, tr)) in jbars.iter().zip(train).enumerate() {
         match tr {
             TrainSide::Formed { g: tg, v } => flops += contract_formed(layout, outs[target(li)], &mut preds[pred_of(li)], jbar, tg, v, 0, m, k),
@@ -620,7 +782,7 @@ impl StepModel for StackModel<'_> {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use crate::kernel::{self, KernelKind, Layout, Request, Rows, Rule};
+    use crate::kernel::{self, KernelKind, Layout, Outputs, Request, Rows, Rule};
     use crate::train::{train_to_dir, RunConfig, TrainOptions};
     use crate::trajectory::Run;
 
@@ -635,9 +797,12 @@ mod tests {
         (run, states, pts)
     }
 
-    /// The dense layers' two routes — folded node by node, or `J̄_p` formed per point and
-    /// contracted once — give the same Gram, self-kernel, machine and per-layer shares in every
-    /// layout, to rounding (a dense-only stack and one with a formed layer norm between).
+    /// The dense layers' routes — folded node by node, `J̄_p` formed per point and contracted
+    /// once, and the default (the first layer's nodes summed per point, [`super::SharedInput`];
+    /// the output layer as `K + 1` rows per point, [`super::OutputRows`]) — give the same Gram,
+    /// self-kernel, machine and per-layer shares in every layout, on the network's log-softmax
+    /// outputs and on the logits, to rounding (a dense-only stack and one with a formed layer
+    /// norm between).
     #[test]
     fn dense_routes_agree() {
         use std::sync::atomic::Ordering::Relaxed;
@@ -645,25 +810,28 @@ mod tests {
         for (name, layers) in [("mlp", r#"[{ dense = 9 }, "relu", { dense = 7 }, "tanh", { dense = 3 }]"#), ("norm", r#"[{ dense = 8 }, "relu", "layer_norm", { dense = 3 }]"#)] {
             let toml = format!("[data]\nkind = \"gaussian-mixture\"\ndim = 3\nper_class = 4\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = {layers}\n\n[train]\nlr = 0.7\nsteps = 3\nseed = 5\n");
             let (run, states, pts) = trained(dir.path(), name, &toml);
-            for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
+            for (layout, outputs) in [Layout::Full, Layout::Diag, Layout::Trace].into_iter().flat_map(|l| [(l, Outputs::Network), (l, Outputs::Logits)]) {
                 for rule in [Rule::Auto(1e-12), Rule::Gauss(4)] {
-                    let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).per_layer(true);
+                    let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).outputs(outputs).per_layer(true);
                     super::DENSE_ROUTE_TEST.store(1, Relaxed);
                     let folded = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
                     super::DENSE_ROUTE_TEST.store(2, Relaxed);
                     let formed = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
                     super::DENSE_ROUTE_TEST.store(0, Relaxed);
-                    let (folded, formed) = (folded.unwrap(), formed.unwrap());
+                    let default = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                    let (folded, formed, default) = (folded.unwrap(), formed.unwrap(), default.unwrap());
                     let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
-                    let what = format!("{name} {layout:?} {rule}");
-                    assert!(rel(&formed.gram, &folded.gram) <= 1e-13, "{what}: Gram {:e}", rel(&formed.gram, &folded.gram));
-                    assert!(rel(&formed.machine, &folded.machine) <= 1e-13, "{what}: machine");
-                    assert!(rel(formed.diag.as_ref().unwrap(), folded.diag.as_ref().unwrap()) <= 1e-13, "{what}: self-kernel");
-                    let (lf, lo) = (formed.layers.as_ref().unwrap(), folded.layers.as_ref().unwrap());
-                    for (a, b) in lf.gram.iter().zip(&lo.gram) {
-                        assert!(rel(a, b) <= 1e-13, "{what}: a layer's Gram {:e}", rel(a, b));
+                    for (route, other) in [("formed", &formed), ("default", &default)] {
+                        let what = format!("{name} {layout:?} {outputs:?} {rule} {route}");
+                        assert!(rel(&other.gram, &folded.gram) <= 1e-13, "{what}: Gram {:e}", rel(&other.gram, &folded.gram));
+                        assert!(rel(&other.machine, &folded.machine) <= 1e-13, "{what}: machine");
+                        assert!(rel(other.diag.as_ref().unwrap(), folded.diag.as_ref().unwrap()) <= 1e-13, "{what}: self-kernel");
+                        let (lf, lo) = (other.layers.as_ref().unwrap(), folded.layers.as_ref().unwrap());
+                        for (a, b) in lf.gram.iter().zip(&lo.gram) {
+                            assert!(rel(a, b) <= 1e-13, "{what}: a layer's Gram {:e}", rel(a, b));
+                        }
+                        assert!(other.max_abs_error() <= 1e-11 || !matches!(rule, Rule::Auto(_)), "{what}: machine vs network {:e}", other.max_abs_error());
                     }
-                    assert!(formed.max_abs_error() <= 1e-11 || !matches!(rule, Rule::Auto(_)), "{what}: machine vs network {:e}", formed.max_abs_error());
                 }
             }
         }

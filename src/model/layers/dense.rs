@@ -61,6 +61,15 @@ impl Dense {
     /// caller has it already.
     fn apply(&self, first: usize, at: &At, x: &[f64], bias: bool, x1: Option<&[f64]>) -> Vec<f64> {
         let b = if bias { self.bias(at, first) } else { None };
+        let per = self.positions * self.n_in;
+        if x1.is_none() {
+            // A point's node rows enter the first layer with one input: its products once
+            // per run of equal consecutive samples, combined by each sample's t.
+            let runs = sample_runs(x, per);
+            if 2 * runs.len() <= x.len() / per.max(1) {
+                return self.apply_runs(first, at, x, b, bias, &runs);
+            }
+        }
         let mut y = self.forward_at(at.w(first), b, x);
         if let Some((dw, t)) = at.offset(first) {
             let y1 = match x1 {
@@ -71,6 +80,29 @@ impl Dense {
                 }
             };
             add_scaled_rows(&mut y, &y1, t, self.positions * self.n_out);
+        }
+        y
+    }
+
+    /// [`Dense::apply`] with `x W_sᵀ` and `x ΔWᵀ` formed once per run of equal samples.
+    fn apply_runs(&self, first: usize, at: &At, x: &[f64], b: Option<&[f64]>, bias: bool, runs: &[(usize, usize)]) -> Vec<f64> {
+        let (per, out) = (self.positions * self.n_in, self.positions * self.n_out);
+        let firsts: Vec<f64> = runs.iter().flat_map(|&(s0, _)| x[s0 * per..(s0 + 1) * per].iter().copied()).collect();
+        let y0 = self.forward_at(at.w(first), b, &firsts);
+        let step = at.offset(first).map(|(dw, t)| {
+            let db = if bias && self.bias { at.offset(first + 1).map(|o| o.0) } else { None };
+            (self.forward_at(dw, db, &firsts), t)
+        });
+        let n: usize = runs.iter().map(|r| r.1).sum();
+        let mut y = Vec::with_capacity(n * out);
+        for (r, &(s0, len)) in runs.iter().enumerate() {
+            let base = &y0[r * out..(r + 1) * out];
+            for s in s0..s0 + len {
+                match &step {
+                    Some((y1, t)) if t[s] != 0.0 => y.extend(base.iter().zip(&y1[r * out..(r + 1) * out]).map(|(a, b)| a + t[s] * b)),
+                    _ => y.extend_from_slice(base),
+                }
+            }
         }
         y
     }
@@ -99,6 +131,18 @@ impl Dense {
         }
         Grad::Formed { g, width }
     }
+}
+
+/// The runs of equal consecutive samples of `x` (`per` numbers each): `(first sample, samples)`.
+pub(crate) fn sample_runs(x: &[f64], per: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (s, row) in x.chunks_exact(per.max(1)).enumerate() {
+        match runs.last_mut() {
+            Some((s0, len)) if x[*s0 * per..(*s0 + 1) * per] == *row => *len += 1,
+            _ => runs.push((s, 1)),
+        }
+    }
+    runs
 }
 
 impl Layer for Dense {
