@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The MLP and CNN presets against the layer-stack engine, as a researcher runs them: for each
+# network and quadrature rule, the EPK's wall seconds, CPU share, gradient evaluations per point
+# and step and the machine's exactness, for one or more pathkernel binaries in one run (the
+# machine's load moves every figure: compare within a run), beside faer's DGEMM rate.
+#
+#   bash bench/families.sh                                    # this checkout's release binary
+#   BINS="before:/tmp/pathkernel-old after:target/release/pathkernel" bash bench/families.sh
+#
+# The networks, trained once each on MNIST (2 000 training images, 200 per digit, pixels x/255;
+# IMAGES held-out images, default 64): the MNIST MLP of data/studies/mnist-mlp.toml (784-128-10
+# ReLU, full-batch GD lr 0.5, 200 steps), the same network written as a layer stack, a
+# 784-128-64-10 ReLU MLP, a 784-128-10 tanh MLP, and the CNN preset of data/studies/mnist-cnn.toml
+# (1 000 images, lr 0.1, 100 steps) and the same CNN written as a layer stack. The EPK (class-diagonal) over STEPS (default 0:20) with
+# RULES (default "auto:1e-12 left:10"). Needs the MNIST files (bash data/fetch-mnist.sh).
+# Environment: OUT (default bench/out/families), CARGO_TARGET_DIR, NETS (a subset of the names
+# below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IMAGES="${IMAGES:-64}"
+STEPS="${STEPS:-0:20}"
+RULES="${RULES:-auto:1e-12 left:10}"
+OUT="${OUT:-bench/out/families}"
+TARGET="${CARGO_TARGET_DIR:-target}"
+BINS="${BINS:-this:$TARGET/release/pathkernel}"
+NETS="${NETS:-mlp mlp-as-stack mlp-2-hidden mlp-tanh cnn cnn-as-stack}"
+mkdir -p "$OUT"
+first_bin="${BINS%% *}"
+first_bin="${first_bin#*:}"
+
+config() {
+    local data="[data]
+kind = \"mnist\"
+per_class = 200
+n_test = $IMAGES
+normalize = false
+"
+    local gd="[train]
+optimizer = \"gd\"
+lr = 0.5
+steps = 200
+seed = 0"
+    case "$1" in
+        mlp) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
+        mlp-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 128 }, "relu", { dense = 10 }]\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
+        mlp-2-hidden) printf '%s\n[model]\nkind = "mlp"\nhidden = [128, 64]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
+        mlp-tanh) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "tanh"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
+        cnn-as-stack) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "layers"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]\n\n[train]\nlr = 0.1\nsteps = 100\n' "$IMAGES" ;;
+        cnn) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "cnn"\nchannels = 4\nkernel = 5\npool = 2\n\n[train]\nlr = 0.1\nsteps = 100\n' "$IMAGES" ;;
+        *) echo "families: unknown network $1" >&2; exit 2 ;;
+    esac
+}
+
+for net in $NETS; do
+    config "$net" > "$OUT/$net.toml"
+    if [ ! -f "$OUT/run-$net/manifest.json" ] || ! cmp -s "$OUT/$net.toml" "$OUT/run-$net.toml"; then
+        "$first_bin" train -q --config "$OUT/$net.toml" --out "$OUT/run-$net" --force
+        cp "$OUT/$net.toml" "$OUT/run-$net.toml"
+    fi
+done
+
+gemm() { "$first_bin" bench --run "$OUT/run-${NETS%% *}" --dgemm 2048 --repeat 3 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gflops"])'; }
+
+echo "| network | rule | binary | wall s | CPU % | CPU s | evaluations/point/step | max abs err | tolerance met | faer DGEMM GFLOP/s (before, after) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for net in $NETS; do
+    for rule in $RULES; do
+        for entry in $BINS; do
+            name="${entry%%:*}"
+            bin="${entry#*:}"
+            g0=$(gemm)
+            k="$OUT/k-$net-$rule-$name"
+            /usr/bin/time -v -o "$k.time" "$bin" kernel -q --run "$OUT/run-$net" --kind epk --quadrature "$rule" --layout diag --steps "$STEPS" --out "$k" --force > "$k.stdout" 2> "$k.stderr" || { cat "$k.stderr" >&2; exit 1; }
+            g1=$(gemm)
+            python3 - "$k" "$net" "$rule" "$name" "$g0" "$g1" <<'PY'
+import json, re, sys
+k, net, rule, name, g0, g1 = sys.argv[1:]
+t = open(f"{k}.time").read()
+def field(label):
+    return re.search(re.escape(label) + r":\s*(.+)", t).group(1).strip()
+parts = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
+secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))
+e = json.load(open(f"{k}/exactness.json"))
+print(f"| {net} | {rule} | {name} | {secs:.2f} | {field('Percent of CPU this job got')} | {cpu:.2f} | "
+      f"{e['evaluations_per_step']['mean']:.1f} | {e['max_abs_error']:.2e} | {e['tolerance_met']} | {float(g0):.0f}, {float(g1):.0f} |")
+PY
+        done
+    done
+done
