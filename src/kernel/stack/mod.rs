@@ -306,6 +306,17 @@ fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], 
     flops
 }
 
+/// The self-kernel of a block of a dense layer's node rows, node by node:
+/// `diag[p(r)] += w_r |a_r|² δ_r δ_rᵀ` (`[K, K]` per point).
+#[allow(clippy::too_many_arguments)]
+fn add_dense_self_kernel(diag: &mut [f64], dd: &mut [f64], point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], ne: usize, no: usize, k: usize) {
+    for (r, (&q, &w)) in point.iter().zip(weight).enumerate() {
+        let (ar, dr) = (&acts[r * ne..(r + 1) * ne], &deltas[r * k * no..(r + 1) * k * no]);
+        gemm_abt(dd, dr, dr, k, k, no, w * dot(ar, ar), false);
+        diag[q * k * k..(q + 1) * k * k].iter_mut().zip(dd.iter()).for_each(|(a, b)| *a += b);
+    }
+}
+
 /// A dense first parameter layer of a chunk of row points: nothing with parameters runs ahead of
 /// it, so its input does not depend on t and a point's node rows share it (`a_p`), and its
 /// contribution folds once per point from the weighted sum of the nodes' sensitivities:
@@ -540,22 +551,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     if let Some(sh) = shared.as_mut().filter(|_| li == 0) {
                         sh.add(bp, bw, &acts, &deltas);
                         if input.self_kernel {
-                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                                let (ar, dr) = (&acts[r * ne..(r + 1) * ne], &deltas[r * k * no..(r + 1) * k * no]);
-                                gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
-                                diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
-                            }
+                            add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
                         }
                         continue;
                     }
                     if let Some(o) = output.as_mut().filter(|o| o.layer == li) {
                         o.add(bp, bw, &acts, &deltas);
                         if input.self_kernel {
-                            for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
-                                let (ar, dr) = (&acts[r * ne..(r + 1) * ne], &deltas[r * k * no..(r + 1) * k * no]);
-                                gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
-                                diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
-                            }
+                            add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
                         }
                         continue;
                     }
