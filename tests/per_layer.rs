@@ -229,7 +229,8 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
             (KernelKind::Dpk, Rule::Gauss(1)),
         ] {
             let req = Request::new(kind).rule(rule);
-            // The preset's own fast path, and the stack engine per layer.
+            // The preset's own path (the two-hidden-layer MLP's is its stack, `mlp_on_stack`),
+            // and the stack engine per layer.
             let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
             let split = kernel::compute(
                 &run,
@@ -280,6 +281,34 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
             .unwrap();
             check_layers("cnn generic", &fast, &slow);
         }
+    }
+}
+
+/// A layer stack that is the one-hidden-layer ReLU MLP (with `flatten` ahead or not) or the ReLU
+/// CNN takes its preset's closed form under the auto rule (two gradient evaluations' worth per
+/// point and step, no node), equal to the stack engine's kernel; one that is not (a leaky ReLU)
+/// stays on the stack engine.
+#[test]
+fn relu_stacks_of_the_presets_take_their_closed_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("dense-relu-dense", mixture_run(dir.path(), "drd", "kind = \"layers\"\nlayers = [{ dense = 6 }, \"relu\", { dense = 3 }]", "lr = 0.5\nsteps = 6"), true),
+        ("flatten first", image_run(dir.path(), "fdrd", "kind = \"layers\"\nzero_last = false\nlayers = [\"flatten\", { dense = 7 }, \"relu\", { dense = 10 }]", "lr = 0.5\nsteps = 4"), true),
+        ("relu cnn", image_run(dir.path(), "rcnn", "kind = \"layers\"\nlayers = [{ conv2d = { channels = 2, kernel = 5, stride = 2 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 10 }]", "lr = 0.5\nsteps = 3"), true),
+        ("leaky", mixture_run(dir.path(), "leaky", "kind = \"layers\"\nlayers = [{ dense = 6 }, { leaky_relu = 0.1 }, { dense = 3 }]", "lr = 0.5\nsteps = 6"), false),
+    ];
+    for (name, run, closed) in cases {
+        let states = run.load_all().unwrap();
+        let pts = Rows::Test.resolve(&run.dataset).unwrap();
+        let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).layout(Layout::Full);
+        let whole = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+        // The stack engine (the per-layer decomposition always runs there).
+        let split = kernel::compute(&run, &states, &pts, &req.clone().per_layer(true), &|_, _| {}).unwrap();
+        let two = whole.records.iter().all(|r| r.mean_evaluations == 2.0);
+        assert_eq!(two, closed, "{name}: closed form taken: {two}");
+        let gap = check_sums(name, &split, &whole, 1e-11);
+        assert!(whole.max_abs_error() <= 1e-11 * max_abs(&whole.network).max(1.0), "{name}: machine vs network {:e}", whole.max_abs_error());
+        eprintln!("{name}: closed form {two}, against the stack engine {gap:e}");
     }
 }
 
