@@ -11,7 +11,8 @@
 # IMAGES held-out images, default 64): the MNIST MLP of data/studies/mnist-mlp.toml (784-128-10
 # ReLU, full-batch GD lr 0.5, 200 steps), the same network written as a layer stack, a
 # 784-128-64-10 ReLU MLP, a 784-128-10 tanh MLP, and the CNN preset of data/studies/mnist-cnn.toml
-# (1 000 images, lr 0.1, 100 steps) and the same CNN written as a layer stack. The EPK (class-diagonal) over STEPS (default 0:20) with
+# (1 000 images, lr 0.1, 100 steps) and the same CNN written as a layer stack, and a linear
+# model (hidden = [], GD lr 0.1) as the MLP preset and as a layer stack. The EPK (class-diagonal) over STEPS (default 0:20) with
 # RULES (default "auto:1e-12 left:10"). Needs the MNIST files (bash data/fetch-mnist.sh).
 # Environment: OUT (default bench/out/families), CARGO_TARGET_DIR, NETS (a subset of the names
 # below).
@@ -23,7 +24,7 @@ RULES="${RULES:-auto:1e-12 left:10}"
 OUT="${OUT:-bench/out/families}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 BINS="${BINS:-this:$TARGET/release/pathkernel}"
-NETS="${NETS:-mlp mlp-as-stack mlp-2-hidden mlp-tanh cnn cnn-as-stack}"
+NETS="${NETS:-mlp mlp-as-stack mlp-2-hidden mlp-tanh cnn cnn-as-stack linear linear-as-stack}"
 mkdir -p "$OUT"
 first_bin="${BINS%% *}"
 first_bin="${first_bin#*:}"
@@ -43,6 +44,8 @@ seed = 0"
     case "$1" in
         mlp) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         mlp-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 128 }, "relu", { dense = 10 }]\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
+        linear) printf '%s\n[model]\nkind = "mlp"\nhidden = []\nzero_last = false\n\n%s\n' "$data" "${gd/lr = 0.5/lr = 0.1}" ;;
+        linear-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 10 }]\nzero_last = false\n\n%s\n' "$data" "${gd/lr = 0.5/lr = 0.1}" ;;
         mlp-2-hidden) printf '%s\n[model]\nkind = "mlp"\nhidden = [128, 64]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         mlp-tanh) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "tanh"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         cnn-as-stack) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "layers"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]\n\n[train]\nlr = 0.1\nsteps = 100\n' "$IMAGES" ;;
