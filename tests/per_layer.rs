@@ -307,6 +307,12 @@ fn relu_stacks_of_the_presets_take_their_closed_forms() {
         let two = whole.records.iter().all(|r| r.mean_evaluations == 2.0);
         assert_eq!(two, closed, "{name}: closed form taken: {two}");
         let gap = check_sums(name, &split, &whole, 1e-11);
+        // A fixed rule on the MLP's shape takes the preset's node path: the same nodes, so the
+        // same kernel to rounding.
+        let fixed = Request::new(KernelKind::Epk).rule(Rule::Gauss(3)).layout(Layout::Full);
+        let preset = kernel::compute(&run, &states, &pts, &fixed, &|_, _| {}).unwrap();
+        let stack = kernel::compute(&run, &states, &pts, &fixed.clone().per_layer(true), &|_, _| {}).unwrap();
+        check_sums(&format!("{name} gauss:3"), &stack, &preset, 1e-13);
         assert!(whole.max_abs_error() <= 1e-11 * max_abs(&whole.network).max(1.0), "{name}: machine vs network {:e}", whole.max_abs_error());
         eprintln!("{name}: closed form {two}, against the stack engine {gap:e}");
     }
