@@ -84,10 +84,10 @@ fn on_preset(run: &Run, preset: &crate::model::Architecture, states: &[Params], 
 
 /// Whether an MLP preset runs as its layer stack: every MLP but the one-hidden-layer ReLU
 /// network (whose rows the preset integrates in closed form, [`crate::kernel::mlp::pieces`]),
-/// under plain gradient steps, on the structured path. Measured on MNIST (2 000 training
-/// images, 64 held-out, 20 steps, two cores; `docs/src/performance.md`): the stack engine takes
-/// 3.2 s where the preset's node path took 9.9 s on a 784-128-64-10 ReLU MLP, 3.8 s against
-/// 11.6 s on a one-hidden-layer tanh MLP.
+/// under plain gradient steps, on the structured path. Measured on MNIST (`bench/families.sh`:
+/// 2 000 training images, 64 held-out, 20 steps, two cores): 3.77 s where the preset's node path
+/// took 11.10 s on a 784-128-64-10 ReLU MLP, 3.75 s against 12.70 s on a one-hidden-layer tanh
+/// MLP. (Under momentum the preset's optimizer replay is the faster one: it stays.)
 fn mlp_on_stack(run: &Run, req: &Request) -> bool {
     let arch = &run.manifest.architecture;
     let Body::Mlp { widths } = &arch.body else { return false };

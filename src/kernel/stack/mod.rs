@@ -330,6 +330,8 @@ struct SharedInput {
     dbar: Vec<f64>,
     ne: usize,
     no: usize,
+    /// `K·out`.
+    kno: usize,
 }
 
 impl SharedInput {
@@ -342,7 +344,7 @@ impl SharedInput {
         }
         let TrainSide::Factor { acts, deltas, .. } = train.first()? else { return None };
         let (ne, no) = (acts.len() / m.max(1), deltas.len() / (m * k).max(1));
-        Some(SharedInput { acts: vec![0.0; pc * ne], dbar: vec![0.0; pc * k * no], ne, no })
+        Some(SharedInput { acts: vec![0.0; pc * ne], dbar: vec![0.0; pc * k * no], ne, no, kno: k * no })
     }
 
     /// Adds a block of node rows (`point` indexes the chunk's points, `weight` their weights).
@@ -350,7 +352,7 @@ impl SharedInput {
     /// # Shapes
     /// `acts` `[R, ne]`, `deltas` `[R, K, out]`.
     fn add(&mut self, point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64]) {
-        let (ne, kno) = (self.ne, self.dbar.len() / (self.acts.len() / self.ne.max(1)).max(1));
+        let (ne, kno) = (self.ne, self.kno);
         for (r, (&q, &w)) in point.iter().zip(weight).enumerate() {
             let a = &acts[r * ne..(r + 1) * ne];
             let held = &mut self.acts[q * ne..(q + 1) * ne];

@@ -76,6 +76,18 @@ pub(crate) fn add_scaled_rows(y0: &mut [f64], y1: &[f64], t: &[f64], per: usize)
     }
 }
 
+/// The runs of equal consecutive samples of `x` (`per` numbers each): `(first sample, samples)`.
+pub(crate) fn sample_runs(x: &[f64], per: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (s, row) in x.chunks_exact(per.max(1)).enumerate() {
+        match runs.last_mut() {
+            Some((s0, len)) if x[*s0 * per..(*s0 + 1) * per] == *row => *len += 1,
+            _ => runs.push((s, 1)),
+        }
+    }
+    runs
+}
+
 /// How a layer behaves along a step `w_s + tΔw` with its input a polynomial in t.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Along {

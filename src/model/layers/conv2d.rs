@@ -289,14 +289,7 @@ impl Conv {
     /// [`Conv::patches`] once per run of equal consecutive samples of `x` (`[n, C, H, W]`).
     pub(crate) fn shared_patches(&self, x: &[f64]) -> SharedPatches {
         let size = self.c * self.h * self.w;
-        let n = x.len() / size;
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for s in 0..n {
-            match runs.last_mut() {
-                Some((s0, len)) if x[*s0 * size..(*s0 + 1) * size] == x[s * size..(s + 1) * size] => *len += 1,
-                _ => runs.push((s, 1)),
-            }
-        }
+        let runs = super::contract::sample_runs(x, size);
         let firsts: Vec<f64> = runs.iter().flat_map(|&(s0, _)| x[s0 * size..(s0 + 1) * size].iter().copied()).collect();
         SharedPatches { u: self.patches(&firsts), runs }
     }

@@ -16,7 +16,7 @@ use dfdx::prelude::*;
 use super::autodiff::{flat, Activations};
 use serde_json::{json, Value};
 
-use super::contract::{add_scaled_rows, At, KindSpec, Layer, Poly, Probe, Sweep};
+use super::contract::{add_scaled_rows, sample_runs, At, KindSpec, Layer, Poly, Probe, Sweep};
 use super::recorded::{boolean, uint};
 use super::spec::{as_bool, as_size, err, need, options};
 use super::{uniform, AnyLayer, Cache, Grad, Shape};
@@ -131,18 +131,6 @@ impl Dense {
         }
         Grad::Formed { g, width }
     }
-}
-
-/// The runs of equal consecutive samples of `x` (`per` numbers each): `(first sample, samples)`.
-pub(crate) fn sample_runs(x: &[f64], per: usize) -> Vec<(usize, usize)> {
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for (s, row) in x.chunks_exact(per.max(1)).enumerate() {
-        match runs.last_mut() {
-            Some((s0, len)) if x[*s0 * per..(*s0 + 1) * per] == *row => *len += 1,
-            _ => runs.push((s, 1)),
-        }
-    }
-    runs
 }
 
 impl Layer for Dense {
