@@ -211,3 +211,60 @@ fn fsl_analysis_fits_on_the_logits_kernels() {
     assert!(err.contains("outputs = \"logits\""), "{err}");
     assert!(!dir.path().join("bad-report").exists() && !dir.path().join("bad-cache").exists());
 }
+
+/// `[analysis] gp` on a kernel of the logits: the GP regresses the logits' change
+/// (`z_{w_N} − z_{w_0}` at the training points, the engine's own copy of them agreeing to
+/// 1e-12) over the logits' train × train Gram (the one function-space Laplace uses), and the
+/// network it is compared with is the softmax of the logits; a GP asked to pair Grams on
+/// different outputs is refused.
+#[test]
+fn gp_analysis_on_a_kernel_of_the_logits() {
+    use pathkernel::api::Trained;
+    use pathkernel::gp::GpParams;
+    use pathkernel::kernel::Layout;
+    use pathkernel::report::{gp_report, GpTargets};
+    let dir = tempfile::tempdir().unwrap();
+    let text = toml(3, 6, 0.5, 12, "auto:1e-12")
+        .replace("kind = \"dpk\"\npoints = \"test\"\n", "kind = \"dpk\"\npoints = \"test\"\noutputs = \"logits\"\nlabel = \"dpk-logits\"\nblocks = \"diag\"\n")
+        .replace("quadrature = \"auto:1e-12\"\npoints = \"test\"", "quadrature = \"auto:1e-12\"\npoints = \"test\"\noutputs = \"logits\"\nlabel = \"epk-logits\"\nblocks = \"diag\"")
+        .replace("charts = false", "charts = false\ngp = true\nfsl = true");
+    run(dir.path(), &text);
+    let report = dir.path().join("report");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("analysis/gp-epk-logits/gp.json")).unwrap()).unwrap();
+    assert_eq!(json["outputs"], "logits", "{json}");
+    let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
+    assert!(summary.contains("GP on `epk-logits` (targets: the logits minus bias"), "{summary}");
+    assert!(summary.contains("Function-space Laplace on `epk-logits`"), "{summary}");
+    // The DPK's rows take function-space Laplace on the EPK's training-side Gram (the DPK's own
+    // train × train Gram); only EPK kernels get the GP.
+    assert!(summary.contains("Function-space Laplace on `dpk-logits`"), "{summary}");
+    assert!(report.join("analysis/fsl-dpk-logits/fsl.json").exists() && !report.join("analysis/gp-dpk-logits").exists());
+    // The targets the GP was fitted to, against the engine's logits at w_N and w_0.
+    let bytes = std::fs::read(dir.path().join("cache/analysis/gp-epk-logits/gp.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let targets: Vec<f64> = st.tensor("targets").unwrap().data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    let net = Trained::open(dir.path().join("cache/run")).unwrap();
+    let train = net.epk().train_side().logits().layout(Layout::Diag).compute().unwrap();
+    let out = train.output();
+    let change: Vec<f64> = out.network.iter().zip(&out.bias).map(|(f, b)| f - b).collect();
+    assert_eq!(targets.len(), change.len());
+    let scale = change.iter().fold(1.0f64, |a, v| a.max(v.abs()));
+    let gap = targets.iter().zip(&change).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+    assert!(gap <= 1e-12 * scale, "GP targets vs the logits' change {gap:e}");
+    // The network's outputs are not the logits here: a log-softmax train Gram is a different
+    // target, and pairing it with rows on the logits is refused.
+    assert!(out.network.iter().any(|v| *v > 0.0), "logits, not log-probabilities");
+    let rows = net.epk().test().logits().layout(Layout::Diag).compute().unwrap();
+    let train_net = net.epk().train_side().layout(Layout::Diag).compute().unwrap();
+    let e = gp_report(&net, &train_net, &rows, &GpParams::new(), GpTargets::Network, 10, 0, dir.path()).unwrap_err().to_string();
+    assert!(e.contains("same --outputs"), "{e}");
+    // Function-space Laplace: DPK rows from the EPK's training-side fit, NTK rows refused.
+    use pathkernel::api::FslModel;
+    use pathkernel::gp::{Curvature, Prior};
+    let fsl = FslModel::fit(&net, &train, Curvature::ClassDiagonal, Prior::Evidence).unwrap();
+    let dpk = net.dpk().test().logits().layout(Layout::Diag).compute().unwrap();
+    assert!(fsl.predict(&net, &dpk).is_ok());
+    let ntk = net.ntk().test().logits().layout(Layout::Diag).compute().unwrap();
+    let e = fsl.predict(&net, &ntk).unwrap_err().to_string();
+    assert!(e.contains("cannot predict from ntk rows"), "{e}");
+}

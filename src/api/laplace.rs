@@ -38,6 +38,17 @@ pub struct FslModel {
     fsl: FunctionalLaplace,
     run_id: String,
     kind: crate::kernel::KernelKind,
+    /// The train Gram's side: on the training side (both sides at `w_s`) the EPK's train × train
+    /// Gram is the DPK's, so DPK rows may use it.
+    side: crate::kernel::Side,
+}
+
+/// Whether rows of kind `rows` go with a fit on a train Gram of kind `fit` on side `side`: the
+/// same kind, or DPK rows with the EPK's training-side Gram (every gradient at `w_s`: the DPK's
+/// own train × train Gram, the same numbers).
+fn rows_fit(fit: crate::kernel::KernelKind, side: crate::kernel::Side, rows: crate::kernel::KernelKind) -> bool {
+    use crate::kernel::{KernelKind, Side};
+    fit == rows || (fit == KernelKind::Epk && side == Side::Train && rows == KernelKind::Dpk)
 }
 
 /// The network's logits at `x` (`[P, d]` → `[P, K]`).
@@ -103,15 +114,16 @@ impl FslModel {
         let out = train.output();
         let k_train = class_blocks(train)?;
         let t = FslTrain { k_train: &k_train, logits: &out.network, bias: &out.bias, labels: &labels, m, k };
-        Ok(FslModel { fsl: FunctionalLaplace::fit(&t, curvature, prior)?, run_id: train.run_id().to_string(), kind: train.kind() })
+        Ok(FslModel { fsl: FunctionalLaplace::fit(&t, curvature, prior)?, run_id: train.run_id().to_string(), kind: train.kind(), side: train.side() })
     }
 
     /// The predictive at the rows of `rows` (a Gram of the same kernel on the logits, with its
-    /// self-kernel, layout `diag` or `full`).
+    /// self-kernel, layout `diag` or `full`; DPK rows also from the EPK's training-side fit,
+    /// which is the DPK's train × train Gram).
     ///
     /// Errors: another kernel or run, not on the logits, no self-kernel, a `trace` layout.
     pub fn predict(&self, net: &Trained, rows: &Gram) -> Result<FslPrediction> {
-        if rows.kind() != self.kind || rows.run_id() != self.run_id {
+        if !rows_fit(self.kind, self.side, rows.kind()) || rows.run_id() != self.run_id {
             return Err(Error::Config(format!("a fit on the {} of run {} cannot predict from {} rows of run {}", self.kind, self.run_id, rows.kind(), rows.run_id())));
         }
         check_logits(net, rows, "rows'")?;

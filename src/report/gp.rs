@@ -5,19 +5,20 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{argmax_rows, block, network_minus_bias, train_labels};
+use super::{argmax_rows, block, forward_on, outputs_minus_bias, outputs_of, train_labels};
 use crate::api::{Gram, GpModel, GpPrediction, Rows, Trained};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gp::{GpParams, McSoftmax};
 use crate::io::{self, Column, NamedArray, Table};
-use crate::kernel::Layout;
+use crate::kernel::{Layout, Outputs};
 use crate::svm;
 
 /// Which GP regression targets to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum GpTargets {
-    /// The network's outputs at the training points minus the bias `b` (what the kernel part of
-    /// the machine explains); the bias is added back to the posterior mean.
+    /// The outputs the Grams are on (the network's as trained, or its logits for Grams computed
+    /// with `--outputs logits`) at the training points minus the bias `b` (what the kernel part
+    /// of the machine explains); the bias is added back to the posterior mean.
     Network,
     /// One-hot labels (1 for the class, 0 otherwise).
     Labels,
@@ -28,6 +29,8 @@ pub enum GpTargets {
 pub struct GpSummary {
     /// Targets used.
     pub targets: GpTargets,
+    /// The outputs the Grams and the targets are on (the network's, or its logits).
+    pub outputs: Outputs,
     /// Parameters.
     pub params: GpParams,
     /// Noise per class (after fitting when requested).
@@ -113,15 +116,20 @@ pub fn gp_report(net: &Trained, train: &Gram, rows: &Gram, params: &GpParams, ta
     let (m, _, k) = train.shape();
     let p = rows.shape().0;
     let y = train_labels(net)?;
+    // The outputs both Grams are on: the network's (a classifier's log-softmax) or its logits.
+    let outputs = outputs_of(net, train, "train")?;
+    if outputs_of(net, rows, "row")? != outputs {
+        return Err(Error::Config(format!("the train Gram is on the {outputs} outputs and the row Gram is not: compute both with the same --outputs")));
+    }
     let tgt: Vec<f64> = match targets {
-        GpTargets::Network => network_minus_bias(net)?,
+        GpTargets::Network => outputs_minus_bias(net, outputs)?,
         GpTargets::Labels => (0..m * k).map(|idx| if y[idx / k] == idx % k { 1.0 } else { 0.0 }).collect(),
     };
     let model = GpModel::fit_targets(train, params, &tgt, targets == GpTargets::Network)?;
     let prediction = model.predict(rows)?;
     let post = &prediction.posterior;
     let mc = prediction.mc_softmax(samples, seed)?;
-    let network = net.network(&rows.points().x)?;
+    let network = forward_on(net, outputs, &rows.points().x, net.states().len() - 1)?;
     let net_arg = argmax_rows(&network, k);
     let mc_arg = argmax_rows(&mc.mean_prob, k);
     let test_labels = match (rows.rows(), &net.run().dataset.y_test) {
@@ -130,7 +138,10 @@ pub fn gp_report(net: &Trained, train: &Gram, rows: &Gram, params: &GpParams, ta
     };
     let accuracy = test_labels.map(|yt| svm::agreement(&mc_arg, yt));
     let calib = test_labels.map(|yt| calibration(&mc.mean_prob, yt, k)).transpose()?;
-    let net_probs: Vec<f64> = network.iter().map(|v| v.exp()).collect();
+    let net_probs: Vec<f64> = match outputs {
+        Outputs::Network => network.iter().map(|v| v.exp()).collect(),
+        Outputs::Logits => crate::uncertainty::metrics::softmax_rows(&network, k)?,
+    };
     let net_calib = test_labels.map(|yt| calibration(&net_probs, yt, k)).transpose()?;
     let fitted = model.fitted();
     let mut k_train = Vec::with_capacity(k * m * m);
@@ -180,6 +191,7 @@ pub fn gp_report(net: &Trained, train: &Gram, rows: &Gram, params: &GpParams, ta
         .write_parquet(&out_dir.join("gp_points.parquet"))?;
     let summary = GpSummary {
         targets,
+        outputs,
         params: params.clone(),
         noise: fitted.noise(),
         output_scale: fitted.output_scale(),

@@ -26,6 +26,7 @@ pub use stationarity::{kernel_stationarity, settings_far_field_report, stationar
 pub use svm::{svm_report, svm_sweep_report, SvmReport, SvmSummary, SvmSweep, SvmSweepRow, SvmVsPath};
 
 use crate::api::{Gram, Rows, Trained};
+use crate::kernel::Outputs;
 use crate::data::Targets;
 use crate::error::{Error, Result};
 
@@ -46,14 +47,43 @@ fn row_labels<'a>(net: &'a Trained, rows: &Gram) -> Option<&'a [usize]> {
     }
 }
 
-/// The GP's regression targets at the training points: `f_{w_N}(x_i) − f_{w_0}(x_i)`, both from
-/// the network's forward pass. # Shapes `[M, K]`.
-fn network_minus_bias(net: &Trained) -> Result<Vec<f64>> {
+/// The GP's regression targets at the training points: `f_{w_N}(x_i) − f_{w_0}(x_i)` on the
+/// outputs `outputs`, both from the network's forward pass. # Shapes `[M, K]`.
+fn outputs_minus_bias(net: &Trained, outputs: Outputs) -> Result<Vec<f64>> {
     let x = &net.run().dataset.x_train;
-    let f = net.network(x)?;
-    let w0 = &net.states()[0];
-    let b = net.run().manifest.architecture.forward(w0, Some(w0), x)?;
+    let f = forward_on(net, outputs, x, net.states().len() - 1)?;
+    let b = forward_on(net, outputs, x, 0)?;
     Ok(f.iter().zip(&b).map(|(f, b)| f - b).collect())
+}
+
+/// The network at state `s` on the outputs `outputs` (as trained, or the logits).
+/// # Shapes `x: [P, d]`, returns `[P, K]`.
+fn forward_on(net: &Trained, outputs: Outputs, x: &[f64], s: usize) -> Result<Vec<f64>> {
+    let mut arch = net.run().manifest.architecture.clone();
+    if outputs == Outputs::Logits {
+        arch.output = crate::model::OutputKind::Identity;
+    }
+    let states = net.states();
+    arch.forward(&states[s], Some(&states[0]), x)
+}
+
+/// Which outputs a Gram is on, read off its `network` (the outputs at its row points at `w_N`)
+/// against the network's two forward passes; for a network whose outputs are its logits
+/// (regression) both agree and the answer is [`Outputs::Network`].
+///
+/// Errors: a Gram whose outputs are neither (another run, or rows that are not its points).
+fn outputs_of(net: &Trained, g: &Gram, what: &str) -> Result<Outputs> {
+    let x = &g.points().x;
+    let held = &g.output().network;
+    let last = net.states().len() - 1;
+    for outputs in [Outputs::Network, Outputs::Logits] {
+        let f = forward_on(net, outputs, x, last)?;
+        let scale = f.iter().fold(1.0f64, |a, v| a.max(v.abs()));
+        if f.len() == held.len() && crate::kernel::max_abs_diff(&f, held) <= 1e-9 * scale {
+            return Ok(outputs);
+        }
+    }
+    Err(Error::Config(format!("the {what} Gram's outputs are neither this network's outputs nor its logits at its points: a Gram of another run?")))
 }
 
 /// The arg-max of each row of `v`. # Shapes `v: [P, K]`, returns `[P]`.

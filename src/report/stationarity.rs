@@ -6,7 +6,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{block, network_minus_bias};
+use super::{block, outputs_minus_bias};
+use crate::kernel::Outputs;
 use crate::analysis::{self, Profile, StationarityOptions};
 use crate::api::{Gram, GpModel, Trained};
 use crate::error::Result;
@@ -128,7 +129,7 @@ pub fn stationarity_report(net: &Trained, train: &Gram, gp_params: &GpParams, ru
     // GP posterior std along the rays (targets: the network's outputs minus the bias). The
     // Monte-Carlo softmax below samples around the GP mean without the bias f_{w_0}(x), as the
     // committed reports do; its spread, not its centre, is what is reported.
-    let model = GpModel::fit_targets(train, gp_params, &network_minus_bias(net)?, true)?;
+    let model = GpModel::fit_targets(train, gp_params, &outputs_minus_bias(net, Outputs::Network)?, true)?;
     let k_diag: Vec<f64> = self_values.concat();
     let post = model.fitted().predict(&k_cross, &k_diag, r)?;
     let std: Vec<f64> = (0..r).map(|q| (0..k).map(|c| post.var[q * k + c].sqrt()).sum::<f64>() / k as f64).collect();
@@ -232,7 +233,7 @@ pub fn settings_far_field_report(net: &Trained, train: &Gram, gp_params: &GpPara
     let (_, _, k) = train.shape();
     let data = &net.run().dataset;
     let cfg = crate::uncertainty::BenchmarkConfig { shift_points: Some(points), noise_points: Some(points), noise_seed: seed, ..Default::default() };
-    let model = GpModel::fit_targets(train, gp_params, &network_minus_bias(net)?, true)?;
+    let model = GpModel::fit_targets(train, gp_params, &outputs_minus_bias(net, Outputs::Network)?, true)?;
     let mut out = SettingsFarField { settings: Vec::new(), pooled_spearman: [f64::NAN; 3], profiles: Vec::new() };
     let (mut all_d, mut all_k, mut all_s, mut all_p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut table = (Vec::new(), Vec::new());

@@ -51,7 +51,10 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         notes.extend(training_charts(&cx, log)?);
         notes.extend(kernel_charts(&cx)?);
     }
-    let needs_train = a.gp || a.svm || a.stationarity || a.similarity > 0;
+    // A GP on a kernel of the network's outputs needs the train × train Gram on them; one on a
+    // kernel of the logits uses the logits' train × train Gram (below, shared with `fsl`).
+    let gp_on_network = a.gp && kernels.iter().any(|k| k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk && k.spec.outputs == Outputs::Network);
+    let needs_train = gp_on_network || a.svm || a.stationarity || a.similarity > 0;
     // The study's own train × train EPK when it lists one (the same Gram: both sides at t = 0),
     // else one computed (and cached) here.
     let listed = kernels.iter().find(|k| k.spec.kind == KernelKind::Epk && k.spec.points == Rows::Train && k.spec.side == Side::Train).map(|k| &k.gram);
@@ -85,6 +88,13 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
         }
         if a.similarity > 0 {
             notes.extend(similarity(&cx, tk)?);
+        }
+    }
+    if a.gp {
+        // The GP on each exact kernel of the logits, over the logits' train × train Gram.
+        for k in kernels.iter().filter(|k| k.spec.outputs == Outputs::Logits && k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk) {
+            let (_, tk) = logits_train_gram(&cx, &k.spec)?;
+            notes.extend(gp(&cx, &tk, k)?);
         }
     }
     if a.fsl {
@@ -182,15 +192,10 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     Ok(notes)
 }
 
-/// Function-space Laplace on one kernel of the logits: fitted on that kernel's train × train
-/// Gram on the logits (the training side's, both sides at `w_s`; computed and cached here),
-/// class-diagonal curvature, δ by the function-space evidence; the probit predictive at the
-/// kernel's test rows against the network's softmax (`analysis/fsl-<label>/fsl.json`).
-fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
-    use crate::api::FslModel;
-    use crate::gp::{Curvature, Prior};
-    use crate::uncertainty::metrics;
-    let (net, spec) = (cx.net, &k.spec);
+/// The train × train Gram on the logits that a kernel `spec` of the logits is paired with (the
+/// training side's: both sides at `w_s`; the NTK's for an NTK, else the EPK's, over the same
+/// steps; class-diagonal), computed once and cached: the GP and function-space Laplace share it.
+fn logits_train_gram(cx: &Ctx<'_>, spec: &KernelSpec) -> Result<(KernelSpec, Gram)> {
     let train_kind = if spec.kind == KernelKind::Ntk { KernelKind::Ntk } else { KernelKind::Epk };
     let tspec = KernelSpec {
         kind: train_kind,
@@ -206,7 +211,20 @@ fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
         outputs: Outputs::Logits,
         carry_in: false,
     };
-    let (_, train, _) = cached_kernel(net, &tspec, false, cx.cache, cx.progress)?;
+    let (_, train, _) = cached_kernel(cx.net, &tspec, false, cx.cache, cx.progress)?;
+    Ok((tspec, train))
+}
+
+/// Function-space Laplace on one kernel of the logits: fitted on that kernel's train × train
+/// Gram on the logits (the training side's, both sides at `w_s`; computed and cached here),
+/// class-diagonal curvature, δ by the function-space evidence; the probit predictive at the
+/// kernel's test rows against the network's softmax (`analysis/fsl-<label>/fsl.json`).
+fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
+    use crate::api::FslModel;
+    use crate::gp::{Curvature, Prior};
+    use crate::uncertainty::metrics;
+    let net = cx.net;
+    let (tspec, train) = logits_train_gram(cx, &k.spec)?;
     let model = FslModel::fit(net, &train, Curvature::ClassDiagonal, Prior::Evidence)?;
     let pred = model.predict(net, &k.gram)?;
     let probs = pred.probit();
@@ -258,7 +276,8 @@ fn gp(cx: &Ctx<'_>, tk: &Gram, k: &StudyKernel) -> Result<Vec<String>> {
             std::fs::copy(cdir.join(f), dir.join(f)).map_err(|e| Error::io(cdir.join(f), e))?;
         }
         notes.push(format!(
-            "- GP on `{label}` (targets: network outputs minus bias, hyper-parameters by marginal likelihood; inputs and outputs in `{cd}/gp.safetensors`): mean posterior logit std {:.3e}, mean predictive entropy {:.3}, MC arg-max agrees with the network on {:.1} %{}.",
+            "- GP on `{label}` (targets: {} minus bias, hyper-parameters by marginal likelihood; inputs and outputs in `{cd}/gp.safetensors`): mean posterior logit std {:.3e}, mean predictive entropy {:.3}, MC arg-max agrees with the network on {:.1} %{}.",
+            if g.outputs == Outputs::Logits { "the logits" } else { "network outputs" },
             g.mean_std,
             g.mean_entropy,
             100.0 * g.agreement_with_network,
