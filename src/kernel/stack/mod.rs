@@ -194,6 +194,15 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// `jbar` `[pc, K, width]`, `tg` `[M, K, width]`, `v` `[width]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn contract_formed(layout: Layout, out: &mut [f64], pred: &mut [f64], jbar: &[f64], tg: &[f64], v: &[f64], c0: usize, m: usize, k: usize) -> f64 {
+    predict_formed(pred, jbar, v, c0, k);
+    gram_formed(layout, out, jbar, tg, m, k, v.len())
+}
+
+/// A formed layer's prediction `⟨J̄_p[k], v⟩` for the points of `jbar` (from `c0`) into `pred`.
+///
+/// # Shapes
+/// `pred` `[P, K]`, `jbar` `[pc, K, width]`, `v` `[width]`.
+fn predict_formed(pred: &mut [f64], jbar: &[f64], v: &[f64], c0: usize, k: usize) {
     let wd = v.len();
     let pc = jbar.len() / (k * wd).max(1);
     for q in 0..pc {
@@ -201,9 +210,40 @@ pub(crate) fn contract_formed(layout: Layout, out: &mut [f64], pred: &mut [f64],
             pred[(c0 + q) * k + c] += dot(&jbar[(q * k + c) * wd..(q * k + c + 1) * wd], v);
         }
     }
+}
+
+/// A formed layer's Gram rows `⟨J̄_p, G_i⟩` (the layout's blocks) into `out`; returns the flops.
+///
+/// # Shapes
+/// `out` the accumulation rows of the `pc` points, `jbar` `[pc, K, wd]`, `tg` `[M, K, wd]`.
+fn gram_formed(layout: Layout, out: &mut [f64], jbar: &[f64], tg: &[f64], m: usize, k: usize, wd: usize) -> f64 {
+    let pc = jbar.len() / (k * wd).max(1);
     add_dense(layout, out, jbar, tg, pc, m, k, wd, 1.0);
     2.0 * (pc * m * layout.per_pair(k)) as f64 * wd as f64
 }
+
+/// Bytes of the formed layers' `J̄` held for one wave of row points (see [`wave_points`]).
+const WAVE_BYTES: usize = 64 << 20;
+
+/// Row points whose formed layers are contracted together, as one product per layer (and per
+/// class in the `diag` layout), after their chunks ran side by side: a multiple of `chunk`
+/// whose `J̄` (`formed` numbers per point) stays within [`WAVE_BYTES`] (or one chunk).
+///
+/// Per chunk (≤ 32 points, 13 for 100 points on two cores) the product's row side is so thin
+/// that packing the training side (`[M, K, width]`, 386 MB for LeNet-5's second convolution at
+/// M = 2 000) cost as much as the multiply-adds.
+fn wave_points(chunk: usize, formed: usize) -> usize {
+    #[cfg(test)]
+    if let n @ 1.. = WAVE_POINTS_TEST.load(std::sync::atomic::Ordering::Relaxed) {
+        return (n / chunk.max(1)).max(1) * chunk.max(1);
+    }
+    let fit = WAVE_BYTES / (8 * formed).max(1);
+    (fit / chunk.max(1)).max(1) * chunk.max(1)
+}
+
+/// The tests' wave in row points (0: by [`WAVE_BYTES`]).
+#[cfg(test)]
+static WAVE_POINTS_TEST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// The step's prediction from one prediction per parameter layer (`per_layer`, kept as the
 /// shares) or a single one.
@@ -458,6 +498,9 @@ struct ChunkOut {
     /// Thread-seconds of the gradient evaluations and of the node search.
     gradient_seconds: f64,
     search_seconds: f64,
+    /// The formed layers' `J̄` (`[pc, K, width]`, empty for the other layers), contracted per
+    /// wave of chunks ([`wave_points`]).
+    formed: Vec<Vec<f64>>,
 }
 
 /// The nodes of one chunk of row points, their gradients a block at a time, folded into the
@@ -658,9 +701,13 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             }
         }
     }
-    for (li, (jbar, tr)) in jbars.iter().zip(train).enumerate() {
+    let mut formed = vec![Vec::new(); train.len()];
+    for (li, (jbar, tr)) in jbars.into_iter().zip(train).enumerate() {
         match tr {
-            TrainSide::Formed { g: tg, v } => flops += contract_formed(layout, outs[target(li)], &mut preds[pred_of(li)], jbar, tg, v, 0, m, k),
+            TrainSide::Formed { v, .. } => {
+                predict_formed(&mut preds[pred_of(li)], &jbar, v, 0, k);
+                formed[li] = jbar;
+            }
             TrainSide::Factor { acts: ta, dt, v, .. } if !jbar.is_empty() => {
                 // In point blocks that bound the `[nb·K·out, M]` product to FOLD_BYTES.
                 let (ne, no) = (ta.len() / m.max(1), v.len() / (ta.len() / m.max(1)).max(1));
@@ -677,7 +724,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         }
     }
     seconds += started.elapsed().as_secs_f64();
-    ChunkOut { preds, diag, stats, seconds, flops, gradient_seconds, search_seconds }
+    ChunkOut { preds, diag, stats, seconds, flops, gradient_seconds, search_seconds, formed }
 }
 
 /// `st` with its gradient evaluations on `device` when there is one.
@@ -725,25 +772,46 @@ impl StepModel for StackModel<'_> {
         // Point chunks run in parallel (every core), each into its own rows of the Gram (or of
         // each layer's Gram) and its own prediction and self-kernel buffers, merged in order.
         let chunk = chunk_points(p);
-        let targets: Vec<&mut [f64]> = match acc.layer_sinks() {
+        let mut targets: Vec<&mut [f64]> = match acc.layer_sinks() {
             Some(ls) => ls.iter_mut().map(|s| s.rows_mut(0..p)).collect(),
             None => vec![acc.sink_mut().rows_mut(0..p)],
         };
         let point_len = targets.first().map_or(0, |t| t.len() / p.max(1));
-        let starts: Vec<usize> = (0..p).step_by(chunk).collect();
-        let mut per_target: Vec<std::vec::IntoIter<&mut [f64]>> = targets.into_iter().map(|t| split_rows(t, chunk * point_len, starts.len()).into_iter()).collect();
-        let tasks: Vec<(usize, Vec<&mut [f64]>)> = starts.iter().map(|&c0| (c0, per_target.iter_mut().map(|it| it.next().expect("one slice per chunk")).collect())).collect();
+        let nout = targets.len();
         let npred = preds.len();
-        let chunk_out: Vec<ChunkOut> = tasks
-            .into_par_iter()
-            .map(|(c0, mut outs)| {
-                let pc = chunk.min(p - c0);
-                let rows_of = ChunkRows { x: &rows.x[c0 * d..(c0 + pc) * d], off: input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]), pc };
-                row_chunk(&step, input, &train, layout, &rows_of, &mut outs, npred, row_numbers, m, k)
-            })
-            .collect();
-        step.device_result()?;
+        let formed_numbers: usize = train.iter().map(|tr| if let TrainSide::Formed { v, .. } = tr { k * v.len() } else { 0 }).sum();
+        let wave = wave_points(chunk, formed_numbers);
         let (mut seconds, mut flops) = (0.0, 0.0);
+        let mut chunk_out: Vec<ChunkOut> = Vec::with_capacity(p.div_ceil(chunk));
+        for w0 in (0..p).step_by(wave) {
+            let w1 = (w0 + wave).min(p);
+            let starts: Vec<usize> = (w0..w1).step_by(chunk).collect();
+            let mut per_target: Vec<std::vec::IntoIter<&mut [f64]>> = targets.iter_mut().map(|t| split_rows(&mut t[w0 * point_len..w1 * point_len], chunk * point_len, starts.len()).into_iter()).collect();
+            let tasks: Vec<(usize, Vec<&mut [f64]>)> = starts.iter().map(|&c0| (c0, per_target.iter_mut().map(|it| it.next().expect("one slice per chunk")).collect())).collect();
+            let mut outs: Vec<ChunkOut> = tasks
+                .into_par_iter()
+                .map(|(c0, mut outs)| {
+                    let pc = chunk.min(w1 - c0);
+                    let rows_of = ChunkRows { x: &rows.x[c0 * d..(c0 + pc) * d], off: input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]), pc };
+                    row_chunk(&step, input, &train, layout, &rows_of, &mut outs, npred, row_numbers, m, k)
+                })
+                .collect();
+            // The wave's formed layers: one product per layer over all its points (faer's
+            // parallel GEMM on every core), their J̄ in point order.
+            let started = std::time::Instant::now();
+            for (li, tr) in train.iter().enumerate() {
+                let TrainSide::Formed { g: tg, v } = tr else { continue };
+                let jbar: std::borrow::Cow<'_, [f64]> = match outs.as_mut_slice() {
+                    [one] => std::mem::take(&mut one.formed[li]).into(),
+                    many => many.iter_mut().flat_map(|o| std::mem::take(&mut o.formed[li])).collect::<Vec<f64>>().into(),
+                };
+                let out = &mut targets[if nout > 1 { li } else { 0 }][w0 * point_len..w1 * point_len];
+                flops += gram_formed(layout, out, &jbar, tg, m, k, v.len());
+            }
+            seconds += started.elapsed().as_secs_f64();
+            chunk_out.extend(outs);
+        }
+        step.device_result()?;
         let (mut gradient_seconds, mut search_seconds) = (train_seconds, 0.0);
         for (ci, co) in chunk_out.into_iter().enumerate() {
             let c0 = ci * chunk;
@@ -998,6 +1066,51 @@ seed = 7
             let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
             std::fs::write(dir.join(format!("{prefix}-images.idx3-ubyte")), idx(&[n, 28, 28], pixels)).unwrap();
             std::fs::write(dir.join(format!("{prefix}-labels.idx1-ubyte")), idx(&[n], labels)).unwrap();
+        }
+    }
+
+    /// The formed layers contracted per wave of chunks (one product over many row points) give
+    /// the kernel of the contraction per chunk (a wave of one chunk, as before waves), with
+    /// waves that hold several chunks and a last one that holds fewer: Gram, self-kernel,
+    /// machine and per-layer shares in every layout, on convolutions and a formed layer norm
+    /// (a fixed rule: the waves do not depend on how the nodes were chosen).
+    #[test]
+    fn formed_layers_in_waves_agree() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("mnist");
+        std::fs::create_dir_all(&data).unwrap();
+        tiny_mnist(&data, 10, 37);
+        let model = r#"kind = "layers"
+zero_last = false
+layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { layer_norm = {} }, { dense = 12 }, "relu", { dense = 10 }]"#;
+        let toml = format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 37\n\n[model]\n{model}\n\n[train]\nlr = 0.3\nsteps = 2\nseed = 4\n", data.to_str().unwrap());
+        let (run, states, pts) = trained(dir.path(), "waves", &toml);
+        let chunk = super::chunk_points(37);
+        assert!(chunk < 37 / 3, "the test wants several chunks per wave: {chunk}");
+        for (layout, per_layer) in [(Layout::Full, false), (Layout::Diag, false), (Layout::Diag, true), (Layout::Trace, false)] {
+            {
+                let req = Request::new(KernelKind::Epk).rule(Rule::Gauss(2)).layout(layout).per_layer(per_layer);
+                super::WAVE_POINTS_TEST.store(1, Relaxed);
+                let per_chunk = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                super::WAVE_POINTS_TEST.store(3 * chunk, Relaxed);
+                let three = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                super::WAVE_POINTS_TEST.store(0, Relaxed);
+                let one_wave = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                let (per_chunk, three, one_wave) = (per_chunk.unwrap(), three.unwrap(), one_wave.unwrap());
+                let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+                for (what, other) in [("three chunks a wave", &three), ("one wave", &one_wave)] {
+                    let what = format!("{layout:?} per_layer {per_layer}: {what}");
+                    assert!(rel(&other.gram, &per_chunk.gram) <= 1e-14, "{what}: Gram {:e}", rel(&other.gram, &per_chunk.gram));
+                    assert!(rel(&other.machine, &per_chunk.machine) <= 1e-14, "{what}: machine");
+                    assert!(rel(other.diag.as_ref().unwrap(), per_chunk.diag.as_ref().unwrap()) <= 1e-14, "{what}: self-kernel");
+                    if per_layer {
+                        for (a, b) in other.layers.as_ref().unwrap().gram.iter().zip(&per_chunk.layers.as_ref().unwrap().gram) {
+                            assert!(rel(a, b) <= 1e-14, "{what}: a layer's Gram {:e}", rel(a, b));
+                        }
+                    }
+                }
+            }
         }
     }
 
