@@ -94,7 +94,8 @@ fn check_fit_memory(fit: Fit, run: &Run, train_kernel: &Path, row_kernel: &Path,
 #[command(long_about = "Gaussian-process regression of the network's outputs with the kernel as covariance, one \
 independent GP per class (EPK paper §4.2), and a Monte-Carlo softmax posterior at the row points. \
 --train-kernel is a train x train kernel (pathkernel kernel --points train --side train); --kernel holds the rows \
-(e.g. --points test or grid:N) with their self-kernel. Writes gp.safetensors (k_train, k_cross, k_test_diag, \
+(e.g. --points test or grid:N) with their self-kernel; both on the same outputs (the network's, or its logits with \
+--outputs logits: a GP on the logits). Writes gp.safetensors (k_train, k_cross, k_test_diag, \
 targets, noise, output_scale, jitter, mean, var, points), gp.parquet, gp_points.parquet and gp.json.")]
 pub struct GpArgs {
     /// Run directory.
@@ -106,7 +107,7 @@ pub struct GpArgs {
     /// Row kernel directory (points of interest x training set).
     #[arg(long, value_name = "DIR")]
     kernel: PathBuf,
-    /// Regression targets: network (the network's outputs minus the bias) or labels (one-hot).
+    /// Regression targets: network (the outputs the kernels are on, the network's or its logits, minus the bias) or labels (one-hot).
     #[arg(long, default_value = "network")]
     targets: String,
     /// Noise variance.

@@ -158,6 +158,7 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     let mut err_series = Vec::new();
     let mut cos_series = Vec::new();
     let mut scatter = Vec::new();
+    let mut scatter_logits = Vec::new();
     for StudyKernel { spec, label, gram, .. } in cx.kernels {
         let records = &gram.output().records;
         let st: Vec<f64> = records.iter().map(|r| r.step as f64).collect();
@@ -170,11 +171,13 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
                 cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
             }
         }
-        if spec.points == Rows::Test && spec.outputs == Outputs::Network {
-            // Class 0 of up to 100 rows (kernels of the logits are on another axis: left out).
+        if spec.points == Rows::Test {
+            // Class 0 of up to 100 rows; kernels of the logits are on another axis, charted
+            // when no kernel of the network's outputs is.
             let (f, km) = (gram.network(), gram.machine());
             let n = f.nrows().min(100);
-            scatter.push(Series::new(label.clone(), (0..n).map(|q| f[(q, 0)]).collect(), (0..n).map(|q| km[(q, 0)]).collect()));
+            let series = Series::new(label.clone(), (0..n).map(|q| f[(q, 0)]).collect(), (0..n).map(|q| km[(q, 0)]).collect());
+            if spec.outputs == Outputs::Network { scatter.push(series) } else { scatter_logits.push(series) }
         }
     }
     if !err_series.is_empty() {
@@ -185,7 +188,10 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
         plot::line_chart(&charts.join("fig2_dpk_gradient_error.png"), "DPK vs EPK test gradients (paper Fig. 2)", "step", "mean 1 − cosine", &cos_series, Scale::Linear, Scale::Log)?;
         notes.push("- `charts/fig2_dpk_gradient_error.png`: per step, the mean angle error (1 − cosine) between the DPK's test gradient at t = 0 and the EPK's integrated test gradient (paper Fig. 2).".into());
     }
-    if !scatter.is_empty() {
+    if scatter.is_empty() && !scatter_logits.is_empty() {
+        plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 logit: kernel machine vs network (paper Fig. 4)", "network logit z⁰(x)", "kernel machine", &scatter_logits, true)?;
+        notes.push("- `charts/fig4_machine_vs_network.png`: class-0 logit of each kernel machine against the network's on up to 100 test points (paper Fig. 4, on the logits).".into());
+    } else if !scatter.is_empty() {
         plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 output: kernel machine vs network (paper Fig. 4)", "network log-probability f⁰(x)", "kernel machine", &scatter, true)?;
         notes.push("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4).".into());
     }

@@ -224,6 +224,9 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
     }
     let fe = ev.eval(&ei, &et, &ej).0;
     let mut ends: Vec<Option<usize>> = vec![None; p];
+    // Each point's measured evaluation noise: how far its polynomials and the network, two
+    // evaluations of the same f, differ at its piece bounds (0 where it has no polynomials).
+    let mut noise = vec![0.0f64; p];
     {
         let (mut pos, mut epos) = (0, 0);
         for (pi, v) in bps.iter().enumerate() {
@@ -239,6 +242,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 }
                 if worst <= POLY_AGREEMENT * scale {
                     ends[pi] = Some(epos);
+                    noise[pi] = worst;
                 } else {
                     // The network (and its bounds) for this point's whole search.
                     ev.polys[pi] = None;
@@ -305,7 +309,13 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 }
                 qs.push(q);
             }
-            let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale);
+            // The floor is rounding: 8 ulps of the outputs, or twice the point's measured
+            // evaluation noise where that is larger, up to 64 ulps (f(b) − f(a) is two
+            // evaluations; a deep walk's rounding exceeds 8 ulps of outputs near 1, and
+            // bisection cannot lower it: a LeNet-5 point bisected 20 pieces to 5e-13 wide
+            // against 1.9e-15 with errors of 3.5–7.2e-15; the cap keeps a kink the sweep missed,
+            // which also shows as disagreement, from widening the floor further).
+            let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale).max((2.0 * noise[pc.p]).min(64.0 * f64::EPSILON * scale));
             let accept = |point: &mut Vec<usize>, weight: &mut Vec<f64>, times: &mut Vec<f64>| {
                 for r in rows.clone() {
                     point.push(rp[r]);
@@ -402,6 +412,45 @@ mod tests {
             let hair = 1e-9 * (b - a);
             (self.0.iter().copied().filter(|&t| t - a > hair && b - t > hair).reduce(f64::min), 1)
         }
+    }
+
+    /// `f(t) = 1 + 32 (t − ½)²` on 1 000 sweep pieces, read off its polynomial `9 − 32t + 32t²`
+    /// (Horner cancels terms of ~16 into ~1: rounding of ~16 ulps) where the network evaluates
+    /// the square: two evaluations of one f that differ by their rounding, as a deep walk's
+    /// polynomials and the network do.
+    struct Bowl(Vec<f64>);
+
+    impl AlongPath for Bowl {
+        fn outputs(&self) -> usize {
+            1
+        }
+        fn kinks(&self, _x: &[f64], _p: usize, a: f64, b: f64) -> Vec<f64> {
+            self.0.iter().copied().filter(|&t| t > a && t < b).collect()
+        }
+        fn jvp_points(&self, _x: &[f64], _idx: &[usize], t: &[f64], _off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+            (t.iter().map(|&t| 1.0 + 32.0 * (t - 0.5) * (t - 0.5)).collect(), t.iter().map(|&t| 64.0 * (t - 0.5)).collect())
+        }
+        fn pieces(&self, x: &[f64], p: usize, a: f64, b: f64) -> (Vec<f64>, Option<Vec<Vec<f64>>>) {
+            let kinks = self.kinks(x, p, a, b);
+            let n = kinks.len() + 1;
+            (kinks, Some(vec![vec![9.0, -32.0, 32.0]; n]))
+        }
+    }
+
+    /// Pieces too short for the tolerance (1e-12 × 1e-3 below the 8-ulp floor) whose
+    /// `f(b) − f(a)` carries the evaluation's rounding: they converge at the measured noise
+    /// floor instead of bisecting to the depth limit (before: unconverged pieces, bisected to
+    /// 5e-13 wide, on a LeNet-5 point), and the nodes still integrate `df/dt` to the change.
+    #[test]
+    fn rounding_of_the_end_values_does_not_bisect() {
+        let bowl = Bowl((1..1000).map(|j| j as f64 / 1000.0).collect());
+        let an = choose_auto_nodes(&bowl, &[0.0], 1, None, 1e-12);
+        assert_eq!(an.unconverged, 0);
+        assert_eq!(an.pieces[0], 1000, "no piece was bisected");
+        let (_, fd) = bowl.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);
+        let q: f64 = an.weight.iter().zip(&fd).map(|(w, d)| w * d).sum();
+        let ends = bowl.jvp_points(&[0.0], &[0, 0], &[0.0, 1.0], None).0;
+        assert!((q - (ends[1] - ends[0])).abs() <= 1e-12, "{q} vs {}", ends[1] - ends[0]);
     }
 
     /// A step with far more located kinks than bisection levels (300 against
