@@ -149,6 +149,14 @@ fn training_charts(cx: &Ctx<'_>, log: &TrainLog) -> Result<Vec<String>> {
     Ok(notes)
 }
 
+/// The Fig. 4 note's account of the kernels left off the chart.
+fn left_out(labels: &[String]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    format!("; left out, their machines more than 10× outside the network's range: {}", labels.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", "))
+}
+
 /// Per-step validation (every kernel but the NTK), the DPK/EPK test-gradient angle (Fig. 2) and
 /// the kernel machine against the network (Fig. 4), from the kernels' step records.
 fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
@@ -159,6 +167,7 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     let mut cos_series = Vec::new();
     let mut scatter = Vec::new();
     let mut scatter_logits = Vec::new();
+    let mut off_chart: Vec<String> = Vec::new();
     for StudyKernel { spec, label, gram, .. } in cx.kernels {
         let records = &gram.output().records;
         let st: Vec<f64> = records.iter().map(|r| r.step as f64).collect();
@@ -176,7 +185,15 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
             // when no kernel of the network's outputs is.
             let (f, km) = (gram.network(), gram.machine());
             let n = f.nrows().min(100);
-            let series = Series::new(label.clone(), (0..n).map(|q| f[(q, 0)]).collect(), (0..n).map(|q| km[(q, 0)]).collect());
+            let (xs, ys): (Vec<f64>, Vec<f64>) = (0..n).map(|q| (f[(q, 0)], km[(q, 0)])).unzip();
+            // A machine 10× outside the network's range would squash every other series into
+            // a point: left out of the chart (its error is in the table).
+            let range = |v: &[f64]| v.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            if range(&ys) > 10.0 * range(&xs).max(1e-300) {
+                off_chart.push(label.clone());
+                continue;
+            }
+            let series = Series::new(label.clone(), xs, ys);
             if spec.outputs == Outputs::Network { scatter.push(series) } else { scatter_logits.push(series) }
         }
     }
@@ -190,10 +207,10 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     }
     if scatter.is_empty() && !scatter_logits.is_empty() {
         plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 logit: kernel machine vs network (paper Fig. 4)", "network logit z⁰(x)", "kernel machine", &scatter_logits, true)?;
-        notes.push("- `charts/fig4_machine_vs_network.png`: class-0 logit of each kernel machine against the network's on up to 100 test points (paper Fig. 4, on the logits).".into());
+        notes.push(format!("- `charts/fig4_machine_vs_network.png`: class-0 logit of each kernel machine against the network's on up to 100 test points (paper Fig. 4, on the logits){}.", left_out(&off_chart)));
     } else if !scatter.is_empty() {
         plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 output: kernel machine vs network (paper Fig. 4)", "network log-probability f⁰(x)", "kernel machine", &scatter, true)?;
-        notes.push("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4).".into());
+        notes.push(format!("- `charts/fig4_machine_vs_network.png`: class-0 output of the kernel machine against the network on up to 100 test points (paper Fig. 4){}.", left_out(&off_chart)));
     }
     Ok(notes)
 }
