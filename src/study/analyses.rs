@@ -90,16 +90,19 @@ pub(super) fn analyses(cfg: &StudyConfig, net: &Trained, log: &TrainLog, kernels
             notes.extend(similarity(&cx, tk)?);
         }
     }
+    // The logits' train × train Grams, each loaded once for the GP and function-space Laplace.
+    let mut logits_trains: Vec<(KernelSpec, Gram)> = Vec::new();
     if a.gp {
         // The GP on each exact kernel of the logits, over the logits' train × train Gram.
         for k in kernels.iter().filter(|k| k.spec.outputs == Outputs::Logits && k.spec.points != Rows::Train && k.spec.kind == KernelKind::Epk) {
-            let (_, tk) = logits_train_gram(&cx, &k.spec)?;
-            notes.extend(gp(&cx, &tk, k)?);
+            let i = logits_train_gram(&cx, &k.spec, &mut logits_trains)?;
+            notes.extend(gp(&cx, &logits_trains[i].1, k)?);
         }
     }
     if a.fsl {
         for k in kernels.iter().filter(|k| k.spec.outputs == Outputs::Logits && k.spec.points != Rows::Train && k.spec.side == Side::Test) {
-            notes.extend(fsl(&cx, k)?);
+            let i = logits_train_gram(&cx, &k.spec, &mut logits_trains)?;
+            notes.extend(fsl(&cx, k, &logits_trains[i])?);
         }
     }
     if !a.attribution_points.is_empty() && a.windows.is_empty() {
@@ -218,7 +221,8 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
 /// The train × train Gram on the logits that a kernel `spec` of the logits is paired with (the
 /// training side's: both sides at `w_s`; the NTK's for an NTK, else the EPK's, over the same
 /// steps; class-diagonal), computed once and cached: the GP and function-space Laplace share it.
-fn logits_train_gram(cx: &Ctx<'_>, spec: &KernelSpec) -> Result<(KernelSpec, Gram)> {
+/// Returns its index in `held`, where it is added unless already there.
+fn logits_train_gram(cx: &Ctx<'_>, spec: &KernelSpec, held: &mut Vec<(KernelSpec, Gram)>) -> Result<usize> {
     let train_kind = if spec.kind == KernelKind::Ntk { KernelKind::Ntk } else { KernelKind::Epk };
     let tspec = KernelSpec {
         kind: train_kind,
@@ -234,21 +238,24 @@ fn logits_train_gram(cx: &Ctx<'_>, spec: &KernelSpec) -> Result<(KernelSpec, Gra
         outputs: Outputs::Logits,
         carry_in: false,
     };
+    if let Some(i) = held.iter().position(|(t, _)| (t.kind, t.step, t.steps) == (tspec.kind, tspec.step, tspec.steps)) {
+        return Ok(i);
+    }
     let (_, train, _) = cached_kernel(cx.net, &tspec, false, cx.cache, cx.progress)?;
-    Ok((tspec, train))
+    held.push((tspec, train));
+    Ok(held.len() - 1)
 }
 
 /// Function-space Laplace on one kernel of the logits: fitted on that kernel's train × train
 /// Gram on the logits (the training side's, both sides at `w_s`; computed and cached here),
 /// class-diagonal curvature, δ by the function-space evidence; the probit predictive at the
 /// kernel's test rows against the network's softmax (`analysis/fsl-<label>/fsl.json`).
-fn fsl(cx: &Ctx<'_>, k: &StudyKernel) -> Result<Vec<String>> {
+fn fsl(cx: &Ctx<'_>, k: &StudyKernel, (tspec, train): &(KernelSpec, Gram)) -> Result<Vec<String>> {
     use crate::api::FslModel;
     use crate::gp::{Curvature, Prior};
     use crate::uncertainty::metrics;
     let net = cx.net;
-    let (tspec, train) = logits_train_gram(cx, &k.spec)?;
-    let model = FslModel::fit(net, &train, Curvature::ClassDiagonal, Prior::Evidence)?;
+    let model = FslModel::fit(net, train, Curvature::ClassDiagonal, Prior::Evidence)?;
     let pred = model.predict(net, &k.gram)?;
     let probs = pred.probit();
     let labels = match &net.run().dataset.y_test {
