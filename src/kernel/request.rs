@@ -171,4 +171,14 @@ impl Request {
         self.block_rows = rows;
         self
     }
+
+    /// Whether the rows are integrated over each step's `t ∈ [0, 1]` (the EPK's test side, k′,
+    /// the path kernel); the other kernels take the rows' gradients at `t = 0`.
+    pub(crate) fn integrates_rows(&self) -> bool {
+        match self.kind {
+            KernelKind::Epk => self.side == Side::Test,
+            KernelKind::Kprime | KernelKind::Path => true,
+            _ => false,
+        }
+    }
 }

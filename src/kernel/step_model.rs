@@ -47,6 +47,11 @@ pub(crate) struct StepInput<'a> {
     /// [`crate::kernel::mlp::pieces`] closed form (one-hidden-layer ReLU, identity outputs, auto rule), the layer
     /// stacks' [`crate::kernel::stack::path`] (any rule) and the generic reference (fixed rules).
     pub train_integrated: bool,
+    /// The rows are the columns (the same training points and offsets) at `t = 0` and the
+    /// training side is unscaled (no `colw`): the step's Gram is symmetric and its rows'
+    /// gradients are the training side's (the EPK's training side, the DPK and the NTK of
+    /// `--points train`; [`crate::kernel::stack::symmetric`]).
+    pub rows_are_columns: bool,
 }
 
 /// One step's outputs.

@@ -111,11 +111,13 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     } else {
         0
     };
+    // Rows at t = 0 (not integrated) have one node each.
+    let nodes_per_row = if req.integrates_rows() { NODES_PER_ROW } else { 1 };
     let mut row = gram_row * (1 + steps_kept + n_layers)
         + l0_buffer
         + per_point
         + m64 * 8
-        + NODES_PER_ROW * factors * 8
+        + nodes_per_row * factors * 8
         + (n + 1) * k * 8
         + 4 * k * 8
         + k * k * 8

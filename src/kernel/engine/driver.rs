@@ -226,6 +226,9 @@ fn accumulate_steps(
     let step_actual = Vec::with_capacity(step_pred.capacity());
     let mut track = MachineTrack { machine: bias.to_vec(), keep_steps, step_pred, step_actual };
     let mut diag = vec![0.0; p * k * k];
+    // Rows that are the columns at t = 0 (not integrated, the same points and offsets, an
+    // unscaled training side): a symmetric Gram whose rows' gradients are the training side's.
+    let rows_are_columns = !integrate && req.kind != KernelKind::Chen && !d.share && rows.x[..] == x_cols[..] && prep.off_rows.as_deref() == off_cols;
     for (count, &s) in steps.iter().enumerate() {
         progress(count, steps.len());
         let next = if s < n && integrate { Some(&states[s + 1]) } else { None };
@@ -245,6 +248,7 @@ fn accumulate_steps(
             cosine: integrate && prep.structured && req.kind != KernelKind::Path,
             self_kernel: want_diag,
             train_integrated: req.kind == KernelKind::Path,
+            rows_are_columns,
         };
         let mut one = if acc.is_none() { Some(new_acc()) } else { None };
         let target = match acc.as_mut() {

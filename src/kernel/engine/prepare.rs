@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::kernel::mlp::step::MlpStep;
 use crate::kernel::quadrature::Rule;
 use crate::kernel::request::{GramPath, Request};
-use crate::kernel::types::{output_bytes_in, KernelKind, Outputs, Points, Side};
+use crate::kernel::types::{output_bytes_in, KernelKind, Outputs, Points};
 use crate::data::{Dataset, Targets};
 use crate::error::{Error, Result};
 use crate::model::net::LossKind;
@@ -170,11 +170,7 @@ impl<'a> Prepared<'a> {
             }
             _ => None,
         };
-        let integrate = match req.kind {
-            KernelKind::Epk => req.side == Side::Test,
-            KernelKind::Kprime | KernelKind::Path => true,
-            _ => false,
-        };
+        let integrate = req.integrates_rows();
         let tol_step = match req.rule {
             Rule::Auto(tol) => tol / n.max(1) as f64,
             _ => 0.0,

@@ -19,6 +19,7 @@
 pub(crate) mod kinks;
 pub(crate) mod path;
 pub(crate) mod step;
+pub(crate) mod symmetric;
 
 use super::types::NodeStats;
 use super::gram::GramAccumulator;
@@ -752,6 +753,9 @@ impl StepModel for StackModel<'_> {
         at_ws.device_result()?;
         let layout = acc.sink_mut().layout();
         let train = train_side(tgrads, input.a, input.colw, layout, m, k);
+        if input.rows_are_columns && use_symmetric() {
+            return Ok(self.symmetric_step(input, acc, diag, train, train_seconds, m, k));
+        }
         let step = on_device(&self.device, StackStep::new(arch, input.state, input.next)?)?;
         // Numbers one node row's gradients hold, over all parameter layers.
         let row_numbers: usize = train
@@ -851,6 +855,58 @@ impl StepModel for StackModel<'_> {
     }
 }
 
+impl StackModel<'_> {
+    /// [`StepModel::add_step`] where the rows are the training points at `t = 0`
+    /// ([`StepInput::rows_are_columns`]): the Gram, prediction and self-kernel from the
+    /// training side alone ([`symmetric`]).
+    #[allow(clippy::too_many_arguments)]
+    fn symmetric_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64], train: Vec<TrainSide>, train_seconds: f64, m: usize, k: usize) -> StepOutput {
+        let layout = acc.sink_mut().layout();
+        let started = std::time::Instant::now();
+        let flops = {
+            let mut targets: Vec<&mut [f64]> = match acc.layer_sinks() {
+                Some(ls) => ls.iter_mut().map(|s| s.rows_mut(0..m)).collect(),
+                None => vec![acc.sink_mut().rows_mut(0..m)],
+            };
+            symmetric::add_gram(&train, layout, &mut targets, m, k)
+        };
+        acc.add_contraction(started.elapsed().as_secs_f64(), flops);
+        acc.add_node_work(train_seconds, 0.0);
+        let mut preds = vec![vec![0.0; m * k]; if self.per_layer { train.len() } else { 1 }];
+        symmetric::predict(&train, &mut preds, m, k);
+        if input.self_kernel {
+            symmetric::self_kernel(&train, diag, m, k);
+        }
+        for tr in train {
+            match tr {
+                TrainSide::Factor { acts, deltas, .. } => {
+                    self.pool.give(acts);
+                    self.pool.give(deltas);
+                }
+                TrainSide::Formed { g, .. } => self.pool.give(g),
+            }
+        }
+        let (pred, layer_pred) = split_predictions(preds, self.per_layer);
+        // One gradient per point (the training side's), one piece.
+        let stats = NodeStats { evaluations: vec![1; m], jvp_evaluations: vec![0; m], pieces: vec![1; m], unconverged: 0 };
+        StepOutput { pred, stats, cosine: f64::NAN, layer_pred }
+    }
+}
+
+/// Whether rows that are the columns take [`symmetric`] (the tests turn it off to compare with
+/// the row engine).
+fn use_symmetric() -> bool {
+    #[cfg(test)]
+    if SYMMETRIC_OFF_TEST.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    true
+}
+
+/// Set by a test: rows that are the columns take the row engine.
+#[cfg(test)]
+static SYMMETRIC_OFF_TEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
@@ -860,7 +916,7 @@ mod tests {
     use crate::trajectory::Run;
 
     /// A run trained from `toml` into `dir/name`: the run, its states and its test rows.
-    fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::model::Params>, crate::kernel::Points) {
+    pub(super) fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::model::Params>, crate::kernel::Points) {
         let cfg = RunConfig::from_toml(toml, Path::new("test.toml")).unwrap();
         let out = dir.join(name);
         train_to_dir(&cfg, &out, &TrainOptions { progress: false, force: false, base_dir: PathBuf::from("."), memory_budget: None }).unwrap();
@@ -1052,7 +1108,7 @@ seed = 7
     }
 
     /// Seeded random 28×28 "MNIST" IDX files (sparse pixels) in `dir`.
-    fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
+    pub(super) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let idx = |dims: &[u32], data: Vec<u8>| -> Vec<u8> {
