@@ -473,7 +473,9 @@ impl GramAccumulator {
 /// node work around it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Contraction {
-    /// Seconds spent contracting (node evaluations excluded).
+    /// Seconds spent contracting (node evaluations excluded), as a share of the wall: where
+    /// the point chunks of a layer stack contract side by side (one thread each), their
+    /// thread-seconds divided by the threads that ran them.
     pub seconds: f64,
     /// Flops of the products, counted from their shapes.
     pub flops: f64,

@@ -315,36 +315,78 @@ fn sum_dense_jbar(jbar: &mut [f64], point: &[usize], weight: &[f64], acts: &[f64
     flops
 }
 
+/// Training points per column tile of [`fold_dense`].
+const FOLD_COLUMNS: usize = 512;
+
+/// Node rows a dense layer buffers across blocks before [`fold_dense`] (its products want many
+/// rows: with a block's ~75 LeNet-5 rows, packing the training side for every product cost as
+/// much as the multiply-adds).
+const FOLD_ROWS: usize = 512;
+
 /// Adds one dense layer's node rows into the chunk's Gram rows `out` (`point` indexes them):
-/// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`.
+/// `out[p(r), ·, i, ·] += w_r (a_r·a_i) ⟨δ_r, δ_i⟩_layout`, a tile of training points
+/// ([`FOLD_COLUMNS`]) and a batch of rows at a time, its products within [`FOLD_BYTES`].
 #[allow(clippy::too_many_arguments)]
 fn fold_dense(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], acts: &[f64], deltas: &[f64], tacts: &[f64], tdeltas: &[f64], ne: usize, no: usize, m: usize, k: usize) -> f64 {
+    let ti = m.min(FOLD_COLUMNS);
+    let batch = (FOLD_BYTES / (8 * ti * (layout.per_pair(k) + 1)).max(1)).max(1);
+    fold_dense_tiled(layout, out, point, weight, (acts, deltas), (tacts, tdeltas), (ne, no, m, k), ti, batch)
+}
+
+/// [`fold_dense`] in column tiles of `ti` training points and batches of `batch` rows.
+#[allow(clippy::too_many_arguments)]
+fn fold_dense_tiled(layout: Layout, out: &mut [f64], point: &[usize], weight: &[f64], (acts, deltas): (&[f64], &[f64]), (tacts, tdeltas): (&[f64], &[f64]), (ne, no, m, k): (usize, usize, usize, usize), ti: usize, batch: usize) -> f64 {
     let (rpp, cols) = (layout.rows_per_point(k), layout.cols_per_train(k));
     let row_len = m * cols;
-    let per_row = rpp * row_len;
-    let batch = (FOLD_BYTES / (8 * (per_row + m)).max(1)).max(1);
     let mut flops = 0.0;
+    let mut sa = Vec::new();
+    let mut sd = Vec::new();
     for r0 in (0..point.len()).step_by(batch) {
         let rb = batch.min(point.len() - r0);
-        let mut sa = vec![0.0; rb * m];
-        gemm_abt(&mut sa, &acts[r0 * ne..(r0 + rb) * ne], tacts, rb, m, ne, 1.0, false);
-        let mut sd = vec![0.0; rb * per_row];
-        add_dense(layout, &mut sd, &deltas[r0 * k * no..(r0 + rb) * k * no], tdeltas, rb, m, k, no, 1.0);
-        flops += 2.0 * (rb * m * ne) as f64 + 2.0 * (rb * per_row * no) as f64;
-        for r in 0..rb {
-            let (p, w) = (point[r0 + r], weight[r0 + r]);
-            let s = &sa[r * m..(r + 1) * m];
-            for j in 0..rpp {
-                let dst = &mut out[(p * rpp + j) * row_len..(p * rpp + j + 1) * row_len];
-                let src = &sd[(r * rpp + j) * row_len..(r * rpp + j + 1) * row_len];
-                for (i, (dc, sc)) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(cols)).enumerate() {
-                    let c = w * s[i];
-                    dc.iter_mut().zip(sc).for_each(|(o, v)| *o += c * v);
+        let (ra, rd) = (&acts[r0 * ne..(r0 + rb) * ne], &deltas[r0 * k * no..(r0 + rb) * k * no]);
+        for i0 in (0..m).step_by(ti.max(1)) {
+            let nt = ti.min(m - i0);
+            sa.clear();
+            sa.resize(rb * nt, 0.0);
+            gemm_abt(&mut sa, ra, &tacts[i0 * ne..(i0 + nt) * ne], rb, nt, ne, 1.0, false);
+            let tile_row = nt * cols;
+            sd.clear();
+            sd.resize(rb * rpp * tile_row, 0.0);
+            add_dense(layout, &mut sd, rd, &tdeltas[i0 * k * no..(i0 + nt) * k * no], rb, nt, k, no, 1.0);
+            flops += 2.0 * (rb * nt * ne) as f64 + 2.0 * (rb * rpp * tile_row * no) as f64;
+            for r in 0..rb {
+                let (p, w) = (point[r0 + r], weight[r0 + r]);
+                let s = &sa[r * nt..(r + 1) * nt];
+                for j in 0..rpp {
+                    let dst = &mut out[(p * rpp + j) * row_len + i0 * cols..(p * rpp + j) * row_len + (i0 + nt) * cols];
+                    let src = &sd[(r * rpp + j) * tile_row..(r * rpp + j + 1) * tile_row];
+                    for ((dc, sc), &sv) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(cols)).zip(s) {
+                        let c = w * sv;
+                        dc.iter_mut().zip(sc).for_each(|(o, v)| *o += c * v);
+                    }
                 }
             }
         }
     }
     flops
+}
+
+/// A dense layer's node rows held for [`fold_dense`] across blocks ([`FOLD_ROWS`]).
+#[derive(Default)]
+struct PendingRows {
+    point: Vec<usize>,
+    weight: Vec<f64>,
+    acts: Vec<f64>,
+    deltas: Vec<f64>,
+}
+
+impl PendingRows {
+    fn clear(&mut self) {
+        self.point.clear();
+        self.weight.clear();
+        self.acts.clear();
+        self.deltas.clear();
+    }
 }
 
 /// The self-kernel of a block of a dense layer's node rows, node by node:
@@ -564,6 +606,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         jbars[o.layer] = Vec::new();
     }
     let mut scratch: Vec<f64> = Vec::new();
+    let mut pending: Vec<PendingRows> = train.iter().map(|_| PendingRows::default()).collect();
     let (mut seconds, mut flops) = (0.0, 0.0);
     let mut dd = vec![0.0; k * k];
     for b0 in (0..point.len()).step_by(block) {
@@ -609,7 +652,15 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         continue;
                     }
                     if jbars[li].is_empty() {
-                        flops += fold_dense(layout, outs[target(li)], bp, bw, &acts, &deltas, ta, td, ne, no, m, k);
+                        let held = &mut pending[li];
+                        held.point.extend_from_slice(bp);
+                        held.weight.extend_from_slice(bw);
+                        held.acts.extend_from_slice(&acts);
+                        held.deltas.extend_from_slice(&deltas);
+                        if held.point.len() >= FOLD_ROWS {
+                            flops += fold_dense(layout, outs[target(li)], &held.point, &held.weight, &held.acts, &held.deltas, ta, td, ne, no, m, k);
+                            held.clear();
+                        }
                     } else {
                         flops += sum_dense_jbar(&mut jbars[li], bp, bw, &acts, &deltas, ne, k * no, &mut scratch);
                     }
@@ -673,6 +724,12 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         seconds += started.elapsed().as_secs_f64();
     }
     let started = std::time::Instant::now();
+    for (li, held) in pending.iter().enumerate() {
+        if let (false, TrainSide::Factor { acts: ta, deltas: td, .. }) = (held.point.is_empty(), &train[li]) {
+            let (ne, no) = (ta.len() / m.max(1), td.len() / (m * k).max(1));
+            flops += fold_dense(layout, outs[target(li)], &held.point, &held.weight, &held.acts, &held.deltas, ta, td, ne, no, m, k);
+        }
+    }
     if let (Some(sh), Some(TrainSide::Factor { acts: ta, deltas: td, v, .. })) = (&shared, train.first()) {
         let ones = vec![1.0; pc];
         let points: Vec<usize> = (0..pc).collect();
@@ -800,6 +857,11 @@ impl StepModel for StackModel<'_> {
                     row_chunk(&step, input, &train, layout, &rows_of, &mut outs, npred, row_numbers, m, k)
                 })
                 .collect();
+            // The chunks' own contraction ran side by side: its thread-seconds over the threads
+            // that ran them are its share of the wall (the GEMM rate it is compared with is
+            // every core's).
+            let lanes = rayon::current_num_threads().min(outs.len()).max(1);
+            seconds += outs.iter().map(|o| o.seconds).sum::<f64>() / lanes as f64;
             // The wave's formed layers: one product per layer over all its points (faer's
             // parallel GEMM on every core), their J̄ in point order.
             let started = std::time::Instant::now();
@@ -829,7 +891,6 @@ impl StepModel for StackModel<'_> {
             stats.jvp_evaluations.extend_from_slice(&co.stats.jvp_evaluations);
             stats.pieces.extend_from_slice(&co.stats.pieces);
             stats.unconverged += co.stats.unconverged;
-            seconds += co.seconds;
             flops += co.flops;
             gradient_seconds += co.gradient_seconds;
             search_seconds += co.search_seconds;
@@ -962,6 +1023,41 @@ mod tests {
                         assert!(other.max_abs_error() <= 1e-11 || !matches!(rule, Rule::Auto(_)), "{what}: machine vs network {:e}", other.max_abs_error());
                     }
                 }
+            }
+        }
+    }
+
+    /// The dense layers' fold in column tiles and row batches (a short last one of each)
+    /// equals the sum written out, `w_r (a_r·a_i) ⟨δ_r, δ_i⟩` per pair, in every layout.
+    #[test]
+    fn fold_in_tiles_equals_the_sum() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let (pc, r, m, k, ne, no) = (3, 7, 11, 3, 4, 5);
+        let mut rand = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect() };
+        let (acts, deltas, tacts, tdeltas, weight) = (rand(r * ne), rand(r * k * no), rand(m * ne), rand(m * k * no), rand(r));
+        let point: Vec<usize> = (0..r).map(|i| (i * 2) % pc).collect();
+        for layout in [Layout::Full, Layout::Diag, Layout::Trace] {
+            let (rpp, cols) = (layout.rows_per_point(k), layout.cols_per_train(k));
+            let mut slow = vec![0.0; pc * rpp * m * cols];
+            for x in 0..r {
+                let p = point[x];
+                for i in 0..m {
+                    let aa = super::dot(&acts[x * ne..(x + 1) * ne], &tacts[i * ne..(i + 1) * ne]);
+                    let dd = |c: usize, c2: usize| super::dot(&deltas[(x * k + c) * no..(x * k + c + 1) * no], &tdeltas[(i * k + c2) * no..(i * k + c2 + 1) * no]);
+                    for c in 0..k {
+                        match layout {
+                            Layout::Full => (0..k).for_each(|c2| slow[((p * k + c) * m + i) * k + c2] += weight[x] * aa * dd(c, c2)),
+                            Layout::Diag => slow[(p * k + c) * m + i] += weight[x] * aa * dd(c, c),
+                            Layout::Trace => slow[p * m + i] += weight[x] * aa * dd(c, c),
+                        }
+                    }
+                }
+            }
+            for (ti, batch) in [(m, r), (3, 2), (4, 5), (1, 1)] {
+                let mut out = vec![0.0; slow.len()];
+                super::fold_dense_tiled(layout, &mut out, &point, &weight, (&acts, &deltas), (&tacts, &tdeltas), (ne, no, m, k), ti, batch);
+                assert!(kernel::max_abs_diff(&out, &slow) <= 1e-13, "{layout:?} tiles of {ti}, batches of {batch}: {:e}", kernel::max_abs_diff(&out, &slow));
             }
         }
     }
