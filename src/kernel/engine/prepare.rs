@@ -228,7 +228,19 @@ impl<'a> Prepared<'a> {
         let ft: &[f64] = match f_train {
             Some(f) => f,
             None if self.manifest.loss == LossKind::Mse || self.ce_on_logits => {
-                owned = self.values(&self.states[s], &self.train.x_train, self.off_train.as_deref())?;
+                owned = match batch {
+                    // A mini-batch's loss reads its own rows only: the network on those.
+                    Some(b) if b.len() < m => {
+                        let d = self.train.dim;
+                        let x: Vec<f64> = b.iter().flat_map(|&i| self.train.x_train[i * d..(i + 1) * d].iter().copied()).collect();
+                        let off: Option<Vec<f64>> = self.off_train.as_deref().map(|o| b.iter().flat_map(|&i| o[i * k..(i + 1) * k].iter().copied()).collect());
+                        let f = self.values(&self.states[s], &x, off.as_deref())?;
+                        let mut all = vec![0.0; m * k];
+                        b.iter().zip(f.chunks_exact(k)).for_each(|(&i, row)| all[i * k..(i + 1) * k].copy_from_slice(row));
+                        all
+                    }
+                    _ => self.values(&self.states[s], &self.train.x_train, self.off_train.as_deref())?,
+                };
                 &owned
             }
             None => &[],
