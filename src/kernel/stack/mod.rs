@@ -969,7 +969,7 @@ fn use_symmetric() -> bool {
 static SYMMETRIC_OFF_TEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::{Path, PathBuf};
 
     use crate::kernel::{self, KernelKind, Layout, Outputs, Request, Rows, Rule};
@@ -1204,7 +1204,7 @@ seed = 7
     }
 
     /// Seeded random 28×28 "MNIST" IDX files (sparse pixels) in `dir`.
-    pub(super) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
+    pub(crate) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let idx = |dims: &[u32], data: Vec<u8>| -> Vec<u8> {
