@@ -897,15 +897,7 @@ impl StepModel for StackModel<'_> {
         }
         acc.add_contraction(seconds, flops);
         acc.add_node_work(gradient_seconds, search_seconds);
-        for tr in train {
-            match tr {
-                TrainSide::Factor { acts, deltas, .. } => {
-                    self.pool.give(acts);
-                    self.pool.give(deltas);
-                }
-                TrainSide::Formed { g, .. } => self.pool.give(g),
-            }
-        }
+        self.give_back(train);
         let (pred, layer_pred) = split_predictions(preds, self.per_layer);
         Ok(StepOutput {
             pred,
@@ -917,6 +909,19 @@ impl StepModel for StackModel<'_> {
 }
 
 impl StackModel<'_> {
+    /// Hands the step's training-side buffers back to the pool for the next step.
+    fn give_back(&self, train: Vec<TrainSide>) {
+        for tr in train {
+            match tr {
+                TrainSide::Factor { acts, deltas, .. } => {
+                    self.pool.give(acts);
+                    self.pool.give(deltas);
+                }
+                TrainSide::Formed { g, .. } => self.pool.give(g),
+            }
+        }
+    }
+
     /// [`StepModel::add_step`] where the rows are the training points at `t = 0`
     /// ([`StepInput::rows_are_columns`]): the Gram, prediction and self-kernel from the
     /// training side alone ([`symmetric`]).
@@ -938,15 +943,7 @@ impl StackModel<'_> {
         if input.self_kernel {
             symmetric::self_kernel(&train, diag, m, k);
         }
-        for tr in train {
-            match tr {
-                TrainSide::Factor { acts, deltas, .. } => {
-                    self.pool.give(acts);
-                    self.pool.give(deltas);
-                }
-                TrainSide::Formed { g, .. } => self.pool.give(g),
-            }
-        }
+        self.give_back(train);
         let (pred, layer_pred) = split_predictions(preds, self.per_layer);
         // One gradient per point (the training side's), one piece.
         let stats = NodeStats { evaluations: vec![1; m], jvp_evaluations: vec![0; m], pieces: vec![1; m], unconverged: 0 };

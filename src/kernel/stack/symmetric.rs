@@ -9,7 +9,7 @@
 //! Per parameter layer, as in the row engine: formed layers `⟨G_i, G_j⟩` (the layout's
 //! blocks, [`add_dense`]); dense layers `(a_i·a_j)·⟨δ_i, δ_j⟩`.
 
-use super::{dot, TrainSide};
+use super::{dot, predict_formed, TrainSide};
 use crate::kernel::layout::{add_dense, Layout};
 use crate::linalg::gemm_abt;
 use rayon::prelude::*;
@@ -165,10 +165,7 @@ pub(super) fn predict(train: &[TrainSide], preds: &mut [Vec<f64>], m: usize, k: 
     for (li, tr) in train.iter().enumerate() {
         let pred = &mut preds[if npred > 1 { li } else { 0 }];
         match tr {
-            TrainSide::Formed { g, v } => {
-                let wd = v.len();
-                pred.iter_mut().zip(g.chunks_exact(wd.max(1))).for_each(|(p, gr)| *p += dot(gr, v));
-            }
+            TrainSide::Formed { g, v } => predict_formed(pred, g, v, 0, k),
             TrainSide::Factor { acts, deltas, v, .. } => {
                 let ne = acts.len() / m.max(1);
                 let no = v.len() / ne.max(1);
