@@ -14,14 +14,22 @@
 # (1 000 images, lr 0.1, 100 steps) and the same CNN written as a layer stack, and a linear
 # model (hidden = [], GD lr 0.1) as the MLP preset and as a layer stack. The EPK (class-diagonal) over STEPS (default 0:20) with
 # RULES (default "auto:1e-12 left:10"). Needs the MNIST files (bash data/fetch-mnist.sh).
+# With OPTIM=momentum (heavy-ball 0.9, lr 0.05; the CNNs lr 0.01) or OPTIM=adam (lr 0.001) the
+# networks train 40 steps with that optimizer instead (the kernel then replays it); their runs
+# go to bench/out/families-$OPTIM.
 # Environment: OUT (default bench/out/families), CARGO_TARGET_DIR, NETS (a subset of the names
-# below).
+# below), OPTIM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGES="${IMAGES:-64}"
 STEPS="${STEPS:-0:20}"
 RULES="${RULES:-auto:1e-12 left:10}"
-OUT="${OUT:-bench/out/families}"
+OPTIM="${OPTIM:-gd}"
+case "$OPTIM" in
+    gd) OUT="${OUT:-bench/out/families}" ;;
+    momentum | adam) OUT="${OUT:-bench/out/families-$OPTIM}" ;;
+    *) echo "families: OPTIM is gd, momentum or adam, not $OPTIM" >&2; exit 2 ;;
+esac
 TARGET="${CARGO_TARGET_DIR:-target}"
 BINS="${BINS:-this:$TARGET/release/pathkernel}"
 NETS="${NETS:-mlp mlp-as-stack mlp-2-hidden mlp-tanh cnn cnn-as-stack linear linear-as-stack}"
@@ -41,15 +49,42 @@ optimizer = \"gd\"
 lr = 0.5
 steps = 200
 seed = 0"
+    local cnn_train="[train]
+lr = 0.1
+steps = 100"
+    case "$OPTIM" in
+        momentum) cnn_train="[train]
+momentum = 0.9
+lr = 0.01
+steps = 40" ;;
+        adam) cnn_train="[train]
+optimizer = \"adam\"
+lr = 0.001
+steps = 40" ;;
+    esac
+    case "$OPTIM" in
+        momentum) gd="[train]
+optimizer = \"gd\"
+momentum = 0.9
+lr = 0.05
+steps = 40
+seed = 0" ;;
+        adam) gd="[train]
+optimizer = \"adam\"
+lr = 0.001
+steps = 40
+seed = 0" ;;
+    esac
     case "$1" in
         mlp) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         mlp-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 128 }, "relu", { dense = 10 }]\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         linear) printf '%s\n[model]\nkind = "mlp"\nhidden = []\nzero_last = false\n\n%s\n' "$data" "${gd/lr = 0.5/lr = 0.1}" ;;
         linear-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 10 }]\nzero_last = false\n\n%s\n' "$data" "${gd/lr = 0.5/lr = 0.1}" ;;
+        mlp-2-hidden-as-stack) printf '%s\n[model]\nkind = "layers"\nlayers = ["flatten", { dense = 128 }, "relu", { dense = 64 }, "relu", { dense = 10 }]\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         mlp-2-hidden) printf '%s\n[model]\nkind = "mlp"\nhidden = [128, 64]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
         mlp-tanh) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "tanh"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
-        cnn-as-stack) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "layers"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]\n\n[train]\nlr = 0.1\nsteps = 100\n' "$IMAGES" ;;
-        cnn) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "cnn"\nchannels = 4\nkernel = 5\npool = 2\n\n[train]\nlr = 0.1\nsteps = 100\n' "$IMAGES" ;;
+        cnn-as-stack) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "layers"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]\n\n%s\n' "$IMAGES" "$cnn_train" ;;
+        cnn) printf '[data]\nkind = "mnist"\nn_train = 1000\nn_test = %s\n\n[model]\nkind = "cnn"\nchannels = 4\nkernel = 5\npool = 2\n\n%s\n' "$IMAGES" "$cnn_train" ;;
         *) echo "families: unknown network $1" >&2; exit 2 ;;
     esac
 }

@@ -34,7 +34,7 @@ static CHECKPOINTS: Mutex<Vec<(String, Checkpoint)>> = Mutex::new(Vec::new());
 /// its states), the update rule and preconditioners, and the path and device computing the
 /// gradients.
 pub(super) fn key(s: &Prepared<'_>) -> String {
-    format!("{}|{}|{:?}|{}|{}|{}|{}|{}", s.manifest.run_id, s.manifest.created_by, s.rule, s.precond.is_some(), s.stack_fast, s.structured, s.req.device, s.states.len())
+    format!("{}|{}|{:?}|{}|{}|{}|{}", s.manifest.run_id, s.manifest.created_by, s.rule, s.precond.is_some(), s.stack_fast, s.req.device, s.states.len())
 }
 
 /// The latest checkpoint of `key` at or before `step`.

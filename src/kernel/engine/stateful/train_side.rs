@@ -1,8 +1,6 @@
 //! The training side of the backward recursion ([`super`]): the training points at one state,
 //! their outputs, their data gradient and the contraction of a row feature against them.
 
-use crate::kernel::mlp::step::{Evals, MlpStep};
-use crate::kernel::gram::{train_acts_ext, LayerFactors};
 use crate::kernel::layout::{add_dense, add_dense_scaled, add_formed, GramSink, TrainDeltas};
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::stack::step::{RowGrad, StackStep};
@@ -17,7 +15,6 @@ const BLOCK_BYTES: usize = 64 << 20;
 
 /// The training points at one state: outputs and what the contraction needs.
 pub(super) enum TrainSide {
-    Mlp { step: MlpStep, ev: Evals },
     /// Dense Jacobians `[M·K, W]` (architectures without a structured path).
     Dense { jt: Vec<f64>, f: Vec<f64> },
     /// A layer stack's per-layer factors ([`StackStep::grads`]) with where each parameter layer
@@ -37,12 +34,7 @@ impl TrainSide {
     /// The points `x` (`[M', d]`, with their `zero_output` offsets `off` `[M', K]`) at `state`.
     pub(super) fn of(s: &Prepared<'_>, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Self> {
         let d = s.arch().input_dim();
-        if s.structured {
-            let step = MlpStep::new(s.arch(), state, None)?;
-            let m = x.len() / step.input_dim();
-            let ev = step.eval(x, &vec![0.0; m], off, true);
-            Ok(TrainSide::Mlp { step, ev })
-        } else if s.stack_fast {
+        if s.stack_fast {
             let m = x.len() / d;
             let st = StackStep::new(s.arch(), state, None)?;
             let idx: Vec<usize> = (0..m).collect();
@@ -59,7 +51,6 @@ impl TrainSide {
     /// Network outputs `[M, K]`.
     pub(super) fn f(&self) -> &[f64] {
         match self {
-            TrainSide::Mlp { ev, .. } => &ev.f,
             TrainSide::Dense { f, .. } | TrainSide::Stack { f, .. } => f,
         }
     }
@@ -73,52 +64,21 @@ impl TrainSide {
                 gemm_ab(&mut g, c, jt, 1, w, c.len(), 1.0, false);
             }
             TrainSide::Stack { grads, layers, .. } => stack_gradient(grads, layers, c, &mut g),
-            TrainSide::Mlp { step, ev } => {
-                let k = step.k;
-                let m = c.len() / k;
-                let mut off = 0;
-                for (l, layer) in step.layers.iter().enumerate() {
-                    let (ni, no) = (layer.n_in, layer.n_out);
-                    // uᵀ [no, M] with u_i = Σ_k' c[i,k'] δ_i[k'].
-                    let mut ut = vec![0.0; no * m];
-                    for i in 0..m {
-                        for kk in 0..k {
-                            let ci = c[i * k + kk];
-                            if ci == 0.0 {
-                                continue;
-                            }
-                            let di = &ev.deltas[l][(i * k + kk) * no..(i * k + kk + 1) * no];
-                            for o in 0..no {
-                                ut[o * m + i] += ci * di[o];
-                            }
-                        }
-                    }
-                    gemm_ab(&mut g[off..off + no * ni], &ut, &ev.acts[l], no, ni, m, 1.0, false);
-                    off += no * ni;
-                    if step.bias {
-                        for o in 0..no {
-                            g[off + o] = ut[o * m..(o + 1) * m].iter().sum();
-                        }
-                        off += no;
-                    }
-                }
-            }
         }
         g
     }
 
     /// [`TrainSide::contract`] for parameter layer `l` alone (its entries `range` of `[W]`): the
     /// per-layer decomposition. Stacks and dense Jacobians (an MLP or CNN is split as its stack).
-    pub(super) fn contract_layer(&self, feature: &Feature, w: usize, l: usize, range: &std::ops::Range<usize>, out: &mut GramSink, scratch: &mut Vec<f64>) {
+    pub(super) fn contract_layer(&self, feature: &Feature, w: usize, l: usize, range: &std::ops::Range<usize>, out: &mut GramSink, scratch: &mut Vec<f64>, l0: Option<&Layer0>) {
         let h = &feature.dense;
         match self {
-            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, Some(l)),
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, feature, l0, w, out, scratch, Some(l)),
             TrainSide::Dense { jt, .. } => {
                 let (p, m, k) = out.dims();
                 let cols = |a: &[f64]| -> Vec<f64> { a.chunks_exact(w).flat_map(|row| row[range.clone()].iter().copied()).collect() };
                 add_dense(out.layout(), out.rows_mut(0..p), &cols(h), &cols(jt), p, m, k, range.len(), 1.0);
             }
-            TrainSide::Mlp { .. } => unreachable!("the per-layer decomposition computes an MLP as its layer stack"),
         }
     }
 
@@ -126,7 +86,7 @@ impl TrainSide {
     ///
     /// # Shapes
     /// `feature.dense` `[P·K, W]`; `out` the accumulation rows of all P row points.
-    pub(super) fn contract(&self, feature: &Feature, w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, l0: Option<&Layer0<'_>>) {
+    pub(super) fn contract(&self, feature: &Feature, w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, l0: Option<&Layer0>) {
         let h = &feature.dense;
         let layout = out.layout();
         match self {
@@ -134,50 +94,34 @@ impl TrainSide {
                 let (p, m, k) = out.dims();
                 add_dense(layout, out.rows_mut(0..p), h, jt, p, m, k, w, 1.0);
             }
-            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, h, w, out, scratch, None),
-            TrainSide::Mlp { step, ev } => {
-                let k = step.k;
-                let p = h.len() / w / k;
-                let mut off = 0;
-                for (l, layer) in step.layers.iter().enumerate() {
-                    let (ni, no) = (layer.n_in, layer.n_out);
-                    let m = ev.acts[l].len() / ni;
-                    if let (0, Some(f0), Some(l0)) = (l, &feature.f0, l0) {
-                        // (x_p·x_i + 1)(δ̄[p,k]·δ_i[k']): one product, scaled per (p, i).
-                        let mut xx = vec![0.0; l0.p * m];
-                        gemm_abt(&mut xx, l0.x, &ev.acts[0], l0.p, m, ni, 1.0, false);
-                        let b = if step.bias { 1.0 } else { 0.0 };
-                        xx.iter_mut().for_each(|v| *v += b);
-                        add_dense_scaled(layout, out.rows_mut(0..p), f0, &ev.deltas[0], &xx, p, m, k, no, scratch);
-                        off += no * ni + if step.bias { no } else { 0 };
-                        continue;
-                    }
-                    let ne = ni + usize::from(step.bias);
-                    let train = LayerFactors { acts: &ev.acts[l], deltas: &ev.deltas[l], n_in: ni, n_out: no };
-                    let a_ext = train_acts_ext(&train, step.bias);
-                    let dt = TrainDeltas::new(layout, &ev.deltas[l], m, k, no, None);
-                    add_dense_layer(out, h, w, off, (ni, no, ne), &a_ext, &dt, scratch);
-                    off += no * ni + if step.bias { no } else { 0 };
-                }
-            }
+            TrainSide::Stack { grads, layers, .. } => contract_stack(grads, layers, feature, l0, w, out, scratch, None),
         }
     }
 }
 
 /// `out += H[(p,k), :]·∇f^{k'}(x_i)` for a stack's training factors: a dense layer as the MLP's
 /// deeper layers (`H_l·[A, 1]ᵀ`, then the sensitivities, [`add_formed`]); formed layers as one
-/// GEMM with `H`'s columns of the layer.
+/// GEMM with `H`'s columns of the layer; the first layer in factor form (`feature.f0` with
+/// `l0`) as `(x_p·x_i + 1)(δ̄[p,k]·δ_i[k'])`, one product scaled per pair.
 ///
 /// # Shapes
-/// `h` `[P·K, W]`.
-fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], h: &[f64], w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, only: Option<usize>) {
+/// `feature.dense` `[P·K, W]`.
+#[allow(clippy::too_many_arguments)]
+fn contract_stack(grads: &[RowGrad], layers: &[StackLayer], feature: &Feature, l0: Option<&Layer0>, w: usize, out: &mut GramSink, scratch: &mut Vec<f64>, only: Option<usize>) {
     let layout = out.layout();
     let (p, m, k) = out.dims();
+    let h = &feature.dense;
     for (li, (rg, l)) in grads.iter().zip(layers).enumerate() {
         if only.is_some_and(|o| o != li) {
             continue;
         }
         match rg {
+            RowGrad::Factor { acts, deltas, ne, out: no } if li == 0 && feature.f0.is_some() => {
+                let (f0, l0) = (feature.f0.as_deref().expect("checked"), l0.expect("layer 0's factor comes with its layer"));
+                let mut xx = vec![0.0; p * m];
+                gemm_abt(&mut xx, &l0.x_ext(), acts, p, m, *ne, 1.0, false);
+                add_dense_scaled(layout, out.rows_mut(0..p), f0, deltas, &xx, p, m, k, *no, scratch);
+            }
             RowGrad::Factor { acts, deltas, ne, out: no } => {
                 let (ne, no, ni) = (*ne, *no, l.n_in);
                 let dt = TrainDeltas::new(layout, deltas, m, k, no, None);
@@ -234,19 +178,26 @@ pub(super) fn stack_data_gradient(s: &Prepared<'_>, state: &Params, x: &[f64], o
     let idx: Vec<usize> = (0..x.len() / d.max(1)).collect();
     let layers = stack_layers(state);
     let chunk = crate::kernel::stack::step::EVAL_CHUNK;
-    let g = idx
-        .par_chunks(chunk)
-        .map(|ib| {
-            let cb = &c[ib[0] * k..(ib[0] + ib.len()) * k];
-            let grads = st.contracted_grads(x, off, ib, cb);
-            let mut g = vec![0.0; w];
-            stack_gradient(&grads, &layers, &vec![1.0; ib.len()], &mut g);
-            g
-        })
-        .reduce(|| vec![0.0; w], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
+    // The chunks' sums added in chunk order, a group of chunks on the cores at a time: the same
+    // gradient bit for bit on every call and thread count (the backward recursion recomputes it
+    // and must match the replay's), with `[W]` per chunk of a group held.
+    let group = chunk * 2 * rayon::current_num_threads();
+    let mut g = vec![0.0; w];
+    for ig in idx.chunks(group) {
+        let parts: Vec<Vec<f64>> = ig
+            .par_chunks(chunk)
+            .map(|ib| {
+                let cb = &c[ib[0] * k..(ib[0] + ib.len()) * k];
+                let grads = st.contracted_grads(x, off, ib, cb);
+                let mut part = vec![0.0; w];
+                stack_gradient(&grads, &layers, &vec![1.0; ib.len()], &mut part);
+                part
+            })
+            .collect();
+        for part in &parts {
+            g.iter_mut().zip(part).for_each(|(x, y)| *x += y);
+        }
+    }
     Ok(g)
 }
 
