@@ -1,5 +1,5 @@
 //! The row side of the backward recursion ([`super`]): a step's integrated row gradients `J̄_s`
-//! and the features `H_r` built from them, with an MLP's layer 0 kept in factor form.
+//! and the features `H_r` built from them, with a dense first layer kept in factor form.
 
 use crate::kernel::quadrature::nodes::choose_auto_nodes;
 use crate::kernel::engine::prepare::Prepared;
