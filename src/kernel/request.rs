@@ -6,10 +6,12 @@ use super::layout::Layout;
 use super::quadrature::Rule;
 use super::types::{KernelKind, Outputs, Side};
 
-/// Which Gram path a CNN takes (MLPs always take the structured one).
+/// Which Gram path a network takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GramPath {
-    /// The structured path ([`super::cnn::gram`] for CNNs); any quadrature rule.
+    /// The structured path: the network's layer stack ([`super::stack`]), or a preset's closed
+    /// form where it applies and is faster ([`super::mlp`], [`super::cnn::pieces`]); any
+    /// quadrature rule.
     Fast,
     /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
     Generic,
