@@ -9,8 +9,8 @@ use super::types::{KernelKind, Outputs, Side};
 /// Which Gram path a network takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GramPath {
-    /// The structured path: the network's layer stack ([`super::stack`]), or a preset's closed
-    /// form where it applies and is faster ([`super::mlp`], [`super::cnn::pieces`]); any
+    /// The structured path: the network's layer stack (`kernel::stack`), or a preset's closed
+    /// form where it applies and is faster (`kernel::mlp`, `kernel::cnn::pieces`); any
     /// quadrature rule.
     Fast,
     /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
