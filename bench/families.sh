@@ -44,6 +44,8 @@ per_class = 200
 n_test = $IMAGES
 normalize = false
 "
+    # The MLPs' and the CNNs' training: GD (lr 0.5, 200 steps; the CNNs lr 0.1, 100 steps), or
+    # 40 steps of OPTIM (momentum: lr 0.05, the CNNs 0.01; adam: lr 0.001).
     local gd="[train]
 optimizer = \"gd\"
 lr = 0.5
@@ -53,27 +55,27 @@ seed = 0"
 lr = 0.1
 steps = 100"
     case "$OPTIM" in
-        momentum) cnn_train="[train]
-momentum = 0.9
-lr = 0.01
-steps = 40" ;;
-        adam) cnn_train="[train]
-optimizer = \"adam\"
-lr = 0.001
-steps = 40" ;;
-    esac
-    case "$OPTIM" in
-        momentum) gd="[train]
+        momentum)
+            gd="[train]
 optimizer = \"gd\"
 momentum = 0.9
 lr = 0.05
 steps = 40
-seed = 0" ;;
-        adam) gd="[train]
+seed = 0"
+            cnn_train="[train]
+momentum = 0.9
+lr = 0.01
+steps = 40" ;;
+        adam)
+            gd="[train]
 optimizer = \"adam\"
 lr = 0.001
 steps = 40
-seed = 0" ;;
+seed = 0"
+            cnn_train="[train]
+optimizer = \"adam\"
+lr = 0.001
+steps = 40" ;;
     esac
     case "$1" in
         mlp) printf '%s\n[model]\nkind = "mlp"\nhidden = [128]\nactivation = "relu"\nzero_last = true\n\n%s\n' "$data" "$gd" ;;
