@@ -50,22 +50,34 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     compute_plain(run, states, rows, req, progress)
 }
 
-/// The preset a layer stack is computed as: the one-hidden-layer ReLU MLP (any rule) or the ReLU
-/// CNN (the auto rule) ([`crate::model::Architecture::closed_form_preset`]), for the EPK and k′
-/// under plain gradient steps on the CPU, whose rows the preset integrates in closed form between
-/// the kinks ([`crate::kernel::mlp::pieces`], [`crate::kernel::cnn::pieces`]) where the stack
-/// engine evaluates gradients at nodes: 2.6× faster on the MNIST MLP written as a stack, 2.9×
-/// on the CNN (`bench/families.sh`, `mlp-as-stack` and `cnn-as-stack`).
+/// The preset a layer stack is computed as: the one-hidden-layer ReLU MLP or the ReLU CNN
+/// ([`crate::model::Architecture::closed_form_preset`]) where its closed form applies
+/// ([`closed_form`]), whose rows the preset integrates between the kinks
+/// ([`crate::kernel::mlp::pieces`], [`crate::kernel::cnn::pieces`]) where the stack engine
+/// evaluates gradients at nodes: 2.6× faster on the MNIST MLP written as a stack, 2.9× on the
+/// CNN (`bench/families.sh`, `mlp-as-stack` and `cnn-as-stack`).
 fn closed_form_of(run: &Run, req: &Request) -> Option<crate::model::Architecture> {
-    let plain = crate::optim::UpdateRule::of(&run.manifest.optimizer).is_plain();
-    if !plain || !matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) || req.path != GramPath::Fast || req.device != crate::kernel::backend::Device::Cpu {
-        return None;
-    }
     let preset = run.manifest.architecture.closed_form_preset()?;
-    // Under a fixed rule the MLP preset's structured node path is still the faster one (2.44
-    // against 3.53 CPU-seconds on the MNIST MLP, `left:10`); the CNN's is not (4.31 against 4.12).
+    closed_form(run, &preset, req).then_some(preset)
+}
+
+/// Whether a preset's own path computes this request: the EPK or k′ under the auto rule and
+/// plain gradient steps on the CPU, on a one-hidden-layer ReLU MLP whose output layer's
+/// sensitivities are `α(δ_ko − p_o)` (α ≠ 0, K ≥ 2: its closed form) or on the CNN preset (with
+/// ReLU its closed form; with another activation its node search, whose max-pool switches are
+/// those of the convolution's affine pre-activations: a monotone activation keeps each window's
+/// winner. On a tanh CNN on MNIST, 1 000 training images, 64 held-out, 20 steps, it took
+/// 25.7–26.5 s where the stack engine, whose kink sweep stops at tanh, took 179–181 s).
+/// Everything else runs on the layer stack ([`on_stack`]).
+fn closed_form(run: &Run, preset: &crate::model::Architecture, req: &Request) -> bool {
+    let plain = crate::optim::UpdateRule::of(&run.manifest.optimizer).is_plain();
     let auto = matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_));
-    (auto || matches!(preset.body, Body::Mlp { .. })).then_some(preset)
+    let shape = match &preset.body {
+        Body::Mlp { widths } => widths.len() == 3 && preset.activation == crate::model::Activation::Relu && preset.alpha != 0.0 && preset.outputs() >= 2,
+        Body::Cnn { .. } => true,
+        Body::Layers { .. } => false,
+    };
+    plain && auto && shape && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && req.path == GramPath::Fast && req.device == crate::kernel::backend::Device::Cpu
 }
 
 /// [`compute_plain`] on the preset `preset` of a layer stack (the same tensors in the same order,
@@ -86,24 +98,25 @@ fn on_preset(run: &Run, preset: &crate::model::Architecture, states: &[Params], 
 /// `gauss:4` 2.02 / 2.15 against 1.64 / 1.71 s, the DPK 2.06 / 1.99 against 1.44 / 1.42 s, the
 /// NTK 0.18 / 0.19 against 0.14 / 0.18 s.
 fn cnn_on_stack(run: &Run, req: &Request) -> bool {
-    if !matches!(run.manifest.architecture.body, Body::Cnn { .. }) || req.path != GramPath::Fast {
-        return false;
-    }
-    let closed_form = matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime);
-    !closed_form || req.device == crate::kernel::backend::Device::Cuda
+    let arch = &run.manifest.architecture;
+    matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast && !closed_form(run, arch, req)
 }
 
-/// Whether an MLP preset runs as its layer stack: every MLP but the one-hidden-layer ReLU
-/// network (whose rows the preset integrates in closed form, [`crate::kernel::mlp::pieces`]),
-/// under plain gradient steps, on the structured path. Measured on MNIST (`bench/families.sh`:
-/// 2 000 training images, 64 held-out, 20 steps, two cores): 3.77 s where the preset's node path
-/// took 11.10 s on a 784-128-64-10 ReLU MLP, 3.75 s against 12.70 s on a one-hidden-layer tanh
-/// MLP. (Under momentum, Adam or weight decay every preset runs as its stack: [`compute_plain`].)
+/// Whether an MLP preset runs as its layer stack: every kernel but its closed forms (the EPK and
+/// k′ under the auto rule, [`closed_form`]; the path kernel, [`path_closed_form`]) and the
+/// gradients at `t = 0` of the NTK and the EPK's training side (measured level with the stack's
+/// on the NTK; the Grams the GP studies fit on). Measured on MNIST (`bench/families.sh`: 2 000
+/// training images, 64 held-out, 20 steps, two cores): 3.77 s where the preset's node path took
+/// 11.10 s on a 784-128-64-10 ReLU MLP, 3.75 s against 12.70 s on a one-hidden-layer tanh MLP;
+/// on the 784-128-10 ReLU MLP, 2 000 × 2 000 × 20 steps, the EPK under `left:10` 15.4–17.4 s
+/// against the preset's 20.7–21.6 s, the DPK 9.8–10.6 against 11.8–12.9 s
+/// (`docs/src/performance.md`). (Under momentum, Adam or weight decay every preset runs as its
+/// stack: [`compute_plain`].)
 fn mlp_on_stack(run: &Run, req: &Request) -> bool {
     let arch = &run.manifest.architecture;
-    let Body::Mlp { widths } = &arch.body else { return false };
-    let closed_form = widths.len() == 3 && arch.activation == crate::model::Activation::Relu;
-    !closed_form && widths.len() > 2 && req.path == GramPath::Fast
+    let path = req.kind == KernelKind::Path && path_closed_form(run, req);
+    let at_ws = req.kind == KernelKind::Ntk || (matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && !req.integrates_rows());
+    matches!(arch.body, Body::Mlp { .. }) && req.path == GramPath::Fast && !closed_form(run, arch, req) && !path && !at_ws
 }
 
 /// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form

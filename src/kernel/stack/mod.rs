@@ -16,6 +16,7 @@
 //! ([`kinks`]) and its forward-mode derivative ([`step::StackStep::jvp`]). The result equals
 //! [`super::generic::step_into`]'s (tests).
 
+mod cosine;
 pub(crate) mod kinks;
 pub(crate) mod path;
 pub(crate) mod step;
@@ -544,6 +545,13 @@ struct ChunkOut {
     /// The formed layers' `J̄` (`[pc, K, width]`, empty for the other layers), contracted per
     /// wave of chunks ([`wave_points`]).
     formed: Vec<Vec<f64>>,
+    /// The Fig. 2 measure's `Σ (1 − cos)` over the chunk's (point, class) pairs and their count
+    /// (`(0, 0)` unless asked for, [`StepInput::cosine`]).
+    cosine: (f64, usize),
+    /// The shared first layer's `(a_p, δ̄_p)` (`[pc, ne]`, `[pc, K, out]`) and the output rows'
+    /// `[Ā; B̄]` (`[pc, K + 1, ne]`, with its layer and α), folded per wave ([`fold_wave`]).
+    shared: Option<(Vec<f64>, Vec<f64>)>,
+    output: Option<(usize, f64, Vec<f64>)>,
 }
 
 /// The nodes of one chunk of row points, their gradients a block at a time, folded into the
@@ -557,13 +565,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
     let (point, weight, times) = match input.fixed {
         Some(nodes) => {
-            // Time-major, so that a block of node rows holds whole groups of equal t
-            // (the batches `StackStep::grads` evaluates together).
-            let point: Vec<usize> = (0..nodes.len()).flat_map(|_| 0..pc).collect();
+            // Point-major: a point's node rows are consecutive, so a layer whose input does
+            // not depend on t (the first) forms its products once per point (`Dense::apply`,
+            // `Conv::shared_patches`) instead of once per node.
+            let point: Vec<usize> = (0..pc).flat_map(|q| std::iter::repeat_n(q, nodes.len())).collect();
             stats.evaluations.extend(std::iter::repeat_n(nodes.len(), pc));
             stats.jvp_evaluations.extend(std::iter::repeat_n(0, pc));
             stats.pieces.extend(std::iter::repeat_n(1, pc));
-            (point, nodes.iter().flat_map(|n| std::iter::repeat_n(n.1, pc)).collect::<Vec<_>>(), nodes.iter().flat_map(|n| std::iter::repeat_n(n.0, pc)).collect::<Vec<_>>())
+            (point, (0..pc).flat_map(|_| nodes.iter().map(|n| n.1)).collect::<Vec<_>>(), (0..pc).flat_map(|_| nodes.iter().map(|n| n.0)).collect::<Vec<_>>())
         }
         None => {
             let searched = std::time::Instant::now();
@@ -601,10 +610,26 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     if shared.is_some() {
         jbars[0] = Vec::new();
     }
-    let mut output = OutputRows::new(step, train, pc, m, k).filter(|o| o.layer > 0 || shared.is_none());
+    // With one node per point (the DPK, the NTK) `K + 1` rows are no fewer than the node's `K`:
+    // the node folds as any dense layer's (its δ products are GEMMs, the rows' element-wise
+    // softmax pass is not: 12 % of the MNIST MLP's DPK).
+    let one_node = input.fixed.is_some_and(|n| n.len() < 2);
+    let mut output = OutputRows::new(step, train, pc, m, k).filter(|o| !one_node && (o.layer > 0 || shared.is_none()));
     if let Some(o) = &output {
         jbars[o.layer] = Vec::new();
     }
+    // The Fig. 2 measure needs each dense layer's `J̄`: the layers folded node by node sum theirs
+    // here too (the shared first layer and the output rows have theirs in factors).
+    let mut cos_jbar: Vec<Vec<f64>> = train
+        .iter()
+        .enumerate()
+        .map(|(li, tr)| match tr {
+            TrainSide::Factor { acts, deltas, .. } if input.cosine && jbars[li].is_empty() && !(li == 0 && shared.is_some()) && output.as_ref().is_none_or(|o| o.layer != li) => {
+                vec![0.0; pc * (deltas.len() / m.max(1)) * (acts.len() / m.max(1))]
+            }
+            _ => Vec::new(),
+        })
+        .collect();
     let mut scratch: Vec<f64> = Vec::new();
     let mut pending: Vec<PendingRows> = train.iter().map(|_| PendingRows::default()).collect();
     let (mut seconds, mut flops) = (0.0, 0.0);
@@ -650,6 +675,9 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                             add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
                         }
                         continue;
+                    }
+                    if !cos_jbar[li].is_empty() {
+                        sum_dense_jbar(&mut cos_jbar[li], bp, bw, &acts, &deltas, ne, k * no, &mut scratch);
                     }
                     if jbars[li].is_empty() {
                         let held = &mut pending[li];
@@ -730,10 +758,9 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             flops += fold_dense(layout, outs[target(li)], &held.point, &held.weight, &held.acts, &held.deltas, ta, td, ne, no, m, k);
         }
     }
-    if let (Some(sh), Some(TrainSide::Factor { acts: ta, deltas: td, v, .. })) = (&shared, train.first()) {
-        let ones = vec![1.0; pc];
-        let points: Vec<usize> = (0..pc).collect();
-        flops += fold_dense(layout, outs[target(0)], &points, &ones, &sh.acts, &sh.dbar, ta, td, sh.ne, sh.no, m, k);
+    // The shared first layer and the output rows are folded into the Gram per wave of chunks
+    // ([`fold_wave`]); their predictions here.
+    if let (Some(sh), Some(TrainSide::Factor { v, .. })) = (&shared, train.first()) {
         // The prediction `⟨Σ_r w_r δ_r[c], V a_p⟩`.
         let mut va = vec![0.0; pc * sh.no];
         gemm_abt(&mut va, &sh.acts, v, pc, sh.no, sh.ne, 1.0, false);
@@ -745,9 +772,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         }
     }
     if let Some(o) = &output {
-        let TrainSide::Factor { acts: ta, dt, v, .. } = &train[o.layer] else { unreachable!("an output layer is dense") };
-        add_output_layer(outs[target(o.layer)], &o.ab, ta, dt, pc, o.ne, o.alpha, &mut scratch);
-        flops += 2.0 * (pc * (k + 1) * o.ne * m) as f64 + 2.0 * (pc * m * layout.per_pair(k) * (k + 1)) as f64;
+        let TrainSide::Factor { v, .. } = &train[o.layer] else { unreachable!("an output layer is dense") };
         // The prediction `α(Ā·V[c] − Σ_o B̄[o]·V[o])`.
         let pred = &mut preds[pred_of(o.layer)];
         let (k1, ne) = (k + 1, o.ne);
@@ -759,6 +784,21 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             }
         }
     }
+    let cosine = if input.cosine {
+        // The DPK's test gradients (at w_s) against the integrated ones.
+        let g0 = step.grads(xc, offc, &(0..pc).collect::<Vec<_>>(), &vec![0.0; pc]);
+        let integrated: Vec<cosine::Integrated<'_>> = (0..train.len())
+            .map(|li| match (&shared, &output) {
+                (Some(sh), _) if li == 0 => cosine::Integrated::Shared { acts: &sh.acts, dbar: &sh.dbar },
+                (_, Some(o)) if o.layer == li => cosine::Integrated::Output { ab: &o.ab, alpha: o.alpha },
+                _ if jbars[li].is_empty() => cosine::Integrated::Formed(&cos_jbar[li]),
+                _ => cosine::Integrated::Formed(&jbars[li]),
+            })
+            .collect();
+        cosine::add(&g0, &integrated, pc, k)
+    } else {
+        (0.0, 0)
+    };
     let mut formed = vec![Vec::new(); train.len()];
     for (li, (jbar, tr)) in jbars.into_iter().zip(train).enumerate() {
         match tr {
@@ -782,7 +822,69 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         }
     }
     seconds += started.elapsed().as_secs_f64();
-    ChunkOut { preds, diag, stats, seconds, flops, gradient_seconds, search_seconds, formed }
+    let shared = shared.map(|sh| (sh.acts, sh.dbar));
+    let output = output.map(|o| (o.layer, o.alpha, o.ab));
+    ChunkOut { preds, diag, stats, seconds, flops, gradient_seconds, search_seconds, formed, cosine, shared, output }
+}
+
+/// Row points per task of [`fold_wave`]: two heights of faer's f64 microkernel, and products
+/// whose scratch stays in malloc's reused memory (`[96·(K+1), M]` for the output rows).
+const WAVE_FOLD_POINTS: usize = 96;
+
+/// The shared first layer's and the output rows' contraction for a wave of chunks (`outs`, in
+/// point order) into the wave's Gram rows (`targets`, one per target, each `[wave points, ·]`):
+/// one fold over the wave's points, [`WAVE_FOLD_POINTS`] at a time on every core. Per chunk
+/// (≤ 32 points) the products' row side was thin: on the MNIST MLP the training side's packing
+/// was a sixth of the DPK's time. The wave's rows are gathered into buffers of `pool`. Returns
+/// the flops.
+#[allow(clippy::too_many_arguments)]
+fn fold_wave(outs: &mut [ChunkOut], train: &[TrainSide], targets: &mut [&mut [f64]], point_len: usize, layout: Layout, pool: &BufferPool, m: usize, k: usize) -> f64 {
+    let n: usize = outs.iter().map(|o| o.preds.first().map_or(0, |p| p.len() / k)).sum();
+    if n == 0 {
+        return 0.0;
+    }
+    let batch = WAVE_FOLD_POINTS;
+    let nout = targets.len();
+    let mut flops = 0.0;
+    if let (true, Some(TrainSide::Factor { acts: ta, deltas: td, .. })) = (outs.iter().all(|o| o.shared.is_some()), train.first()) {
+        let (ne, no) = (ta.len() / m.max(1), td.len() / (m * k).max(1));
+        let (mut acts, mut dbar) = (pool.take(n * ne), pool.take(n * k * no));
+        for o in outs.iter_mut() {
+            let (a, d) = o.shared.take().expect("checked above");
+            acts.extend_from_slice(&a);
+            dbar.extend_from_slice(&d);
+        }
+        let ones = vec![1.0; batch];
+        let points: Vec<usize> = (0..batch).collect();
+        flops += targets[0]
+            .par_chunks_mut(batch * point_len)
+            .enumerate()
+            .map(|(b, out)| {
+                let (q0, nb) = (b * batch, out.len() / point_len);
+                fold_dense(layout, out, &points[..nb], &ones[..nb], &acts[q0 * ne..(q0 + nb) * ne], &dbar[q0 * k * no..(q0 + nb) * k * no], ta, td, ne, no, m, k)
+            })
+            .sum::<f64>();
+        pool.give(acts);
+        pool.give(dbar);
+    }
+    if let (true, Some(&(layer, alpha, _))) = (outs.iter().all(|o| o.output.is_some()), outs.first().and_then(|o| o.output.as_ref())) {
+        let TrainSide::Factor { acts: ta, dt, .. } = &train[layer] else { unreachable!("an output layer is dense") };
+        let ne = ta.len() / m.max(1);
+        let k1 = k + 1;
+        let mut ab = pool.take(n * k1 * ne);
+        for o in outs.iter_mut() {
+            ab.extend_from_slice(&o.output.take().expect("checked above").2);
+        }
+        targets[if nout > 1 { layer } else { 0 }].par_chunks_mut(batch * point_len).enumerate().for_each(|(b, out)| {
+            let (q0, nb) = (b * batch, out.len() / point_len);
+            let mut t = pool.take(nb * k1 * m);
+            add_output_layer(out, &ab[q0 * k1 * ne..(q0 + nb) * k1 * ne], ta, dt, nb, ne, alpha, &mut t);
+            pool.give(t);
+        });
+        pool.give(ab);
+        flops += 2.0 * (n * k1 * ne * m) as f64 + 2.0 * (n * m * layout.per_pair(k) * k1) as f64;
+    }
+    flops
 }
 
 /// `st` with its gradient evaluations on `device` when there is one.
@@ -863,8 +965,13 @@ impl StepModel for StackModel<'_> {
             let lanes = rayon::current_num_threads().min(outs.len()).max(1);
             seconds += outs.iter().map(|o| o.seconds).sum::<f64>() / lanes as f64;
             // The wave's formed layers: one product per layer over all its points (faer's
-            // parallel GEMM on every core), their J̄ in point order.
+            // parallel GEMM on every core), their J̄ in point order; the shared first layer and
+            // the output rows in batches on every core.
             let started = std::time::Instant::now();
+            {
+                let mut wave_targets: Vec<&mut [f64]> = targets.iter_mut().map(|t| &mut t[w0 * point_len..w1 * point_len]).collect();
+                flops += fold_wave(&mut outs, &train, &mut wave_targets, point_len, layout, &self.pool, m, k);
+            }
             for (li, tr) in train.iter().enumerate() {
                 let TrainSide::Formed { g: tg, v } = tr else { continue };
                 let jbar: std::borrow::Cow<'_, [f64]> = match outs.as_mut_slice() {
@@ -879,7 +986,10 @@ impl StepModel for StackModel<'_> {
         }
         step.device_result()?;
         let (mut gradient_seconds, mut search_seconds) = (train_seconds, 0.0);
+        let (mut cos_sum, mut cos_count) = (0.0, 0);
         for (ci, co) in chunk_out.into_iter().enumerate() {
+            cos_sum += co.cosine.0;
+            cos_count += co.cosine.1;
             let c0 = ci * chunk;
             for (dst, src) in preds.iter_mut().zip(&co.preds) {
                 dst[c0 * k..c0 * k + src.len()].iter_mut().zip(src).for_each(|(a, b)| *a += b);
@@ -902,7 +1012,7 @@ impl StepModel for StackModel<'_> {
         Ok(StepOutput {
             pred,
             stats,
-            cosine: f64::NAN,
+            cosine: if cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN },
             layer_pred,
         })
     }

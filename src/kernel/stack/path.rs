@@ -78,10 +78,10 @@ pub(crate) fn integrated(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, f
     }
     let (point, weight, times, stats) = match fixed {
         Some(nodes) => {
-            // Time-major, as the EPK's rows (one batch per node time).
-            let point: Vec<usize> = (0..nodes.len()).flat_map(|_| 0..n).collect();
-            let weight = nodes.iter().flat_map(|nd| std::iter::repeat_n(nd.1, n)).collect();
-            let times = nodes.iter().flat_map(|nd| std::iter::repeat_n(nd.0, n)).collect();
+            // Point-major, as the EPK's rows (a point's first-layer products formed once).
+            let point: Vec<usize> = (0..n).flat_map(|q| std::iter::repeat_n(q, nodes.len())).collect();
+            let weight = (0..n).flat_map(|_| nodes.iter().map(|nd| nd.1)).collect();
+            let times = (0..n).flat_map(|_| nodes.iter().map(|nd| nd.0)).collect();
             (point, weight, times, NodeStats { evaluations: vec![nodes.len(); n], jvp_evaluations: vec![0; n], pieces: vec![1; n], unconverged: 0 })
         }
         None => {

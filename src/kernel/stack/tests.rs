@@ -21,8 +21,8 @@ pub(crate) fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::mo
 /// once, and the default (the first layer's nodes summed per point, [`super::SharedInput`];
 /// the output layer as `K + 1` rows per point, [`super::OutputRows`]) — give the same Gram,
 /// self-kernel, machine and per-layer shares in every layout, on the network's log-softmax
-/// outputs and on the logits, to rounding (a dense-only stack and one with a formed layer
-/// norm between).
+/// outputs and on the logits, and the same Fig. 2 measure, to rounding (a dense-only stack and
+/// one with a formed layer norm between).
 #[test]
 fn dense_routes_agree() {
     use std::sync::atomic::Ordering::Relaxed;
@@ -51,6 +51,11 @@ fn dense_routes_agree() {
                         assert!(rel(a, b) <= 1e-13, "{what}: a layer's Gram {:e}", rel(a, b));
                     }
                     assert!(other.max_abs_error() <= 1e-11 || !matches!(rule, Rule::Auto(_)), "{what}: machine vs network {:e}", other.max_abs_error());
+                    // The Fig. 2 measure from each route's J̄ (formed, shared input, output rows).
+                    for (a, b) in other.records.iter().zip(&folded.records) {
+                        let (x, y) = (a.dpk_cosine_error, b.dpk_cosine_error);
+                        assert!(x.is_finite() && (x - y).abs() <= 1e-12, "{what} step {}: Fig. 2 measure {x} vs {y}", a.step);
+                    }
                 }
             }
         }

@@ -1,0 +1,148 @@
+//! The paper's Fig. 2 measure on a layer stack: per row point and class, `1 − cos` between the
+//! DPK's test gradient `∇f^k(x; w_s)` and the EPK's integrated one
+//! `J̄^k = Σ_r w_r ∇f^k(x; w_s + t_rΔw)` over the step's nodes, read from the factors the row
+//! engine holds for its contraction (the same measure as the MLP preset's, which its tests
+//! compare it with).
+//!
+//! Per parameter layer the three inner products `⟨g_0, J̄⟩`, `|g_0|²`, `|J̄|²` add up over the
+//! layers; a layer's `J̄` is one of [`Integrated`].
+
+use super::dot;
+use super::step::RowGrad;
+
+/// One parameter layer's `J̄` for a chunk of `pc` row points.
+pub(crate) enum Integrated<'a> {
+    /// Formed: `[pc, K, width]` (a formed layer's width, or a dense layer's `out·ne` in the
+    /// order of [`RowGrad::Factor`]'s `δ[k] ⊗ [a, 1]`).
+    Formed(&'a [f64]),
+    /// A dense first layer whose input the point's nodes share: `J̄^k = δ̄[k] ⊗ a_p`
+    /// (`acts` `[pc, ne]`, `dbar` `[pc, K, out]`).
+    Shared { acts: &'a [f64], dbar: &'a [f64] },
+    /// A dense output layer's `K + 1` rows `[Ā; B̄]` (`[pc, K + 1, ne]`):
+    /// `J̄^k[o, :] = α(δ_ko Ā − B̄_o)`.
+    Output { ab: &'a [f64], alpha: f64 },
+}
+
+/// `Σ (1 − cos(g_0^k, J̄^k))` over the chunk's (point, class) pairs where both are nonzero, and
+/// how many pairs that is.
+///
+/// # Shapes
+/// `g0` one [`RowGrad`] per parameter layer with the `pc` points' gradients at `w_s` as rows,
+/// `jbar` one [`Integrated`] per parameter layer.
+pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) -> (f64, usize) {
+    let n = pc * k;
+    let (mut inner, mut n0, mut nbar) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for (g, jb) in g0.iter().zip(jbar) {
+        match (g, jb) {
+            (RowGrad::Formed { g, width }, Integrated::Formed(j)) => {
+                for (pk, (gr, jr)) in g.chunks_exact(*width).zip(j.chunks_exact(*width)).enumerate().take(n) {
+                    inner[pk] += dot(gr, jr);
+                    n0[pk] += dot(gr, gr);
+                    nbar[pk] += dot(jr, jr);
+                }
+            }
+            (RowGrad::Factor { acts, deltas, ne, out }, jb) => {
+                let (ne, no) = (*ne, *out);
+                for q in 0..pc {
+                    let a0 = &acts[q * ne..(q + 1) * ne];
+                    let aa = dot(a0, a0);
+                    for c in 0..k {
+                        let pk = q * k + c;
+                        let d0 = &deltas[pk * no..(pk + 1) * no];
+                        n0[pk] += aa * dot(d0, d0);
+                        match jb {
+                            Integrated::Formed(j) => {
+                                // `J̄^k` as `[out, ne]`: ⟨δ_0 ⊗ a_0, J̄⟩ = Σ_o δ_0[o] (J̄[o]·a_0).
+                                let jq = &j[pk * no * ne..(pk + 1) * no * ne];
+                                inner[pk] += jq.chunks_exact(ne).zip(d0).map(|(row, &d)| d * dot(row, a0)).sum::<f64>();
+                                nbar[pk] += dot(jq, jq);
+                            }
+                            Integrated::Shared { acts: ap, dbar } => {
+                                let (ap, db) = (&ap[q * ne..(q + 1) * ne], &dbar[pk * no..(pk + 1) * no]);
+                                inner[pk] += dot(a0, ap) * dot(d0, db);
+                                nbar[pk] += dot(ap, ap) * dot(db, db);
+                            }
+                            Integrated::Output { ab, alpha } => {
+                                // `out = K`: ⟨δ_0 ⊗ a_0, J̄⟩ = α Σ_o δ_0[o] (δ_ko Ā·a_0 − B̄_o·a_0),
+                                // |J̄|² = α² (|Ā|² − 2 Ā·B̄_k + Σ_o |B̄_o|²).
+                                let abq = &ab[q * (k + 1) * ne..(q + 1) * (k + 1) * ne];
+                                let abar = &abq[..ne];
+                                let b = |o: usize| &abq[(1 + o) * ne..(2 + o) * ne];
+                                let pa: f64 = (0..no).map(|o| d0[o] * ((if o == c { dot(abar, a0) } else { 0.0 }) - dot(b(o), a0))).sum();
+                                inner[pk] += alpha * pa;
+                                let bb: f64 = (0..no).map(|o| dot(b(o), b(o))).sum();
+                                nbar[pk] += alpha * alpha * (dot(abar, abar) - 2.0 * dot(abar, b(c)) + bb);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("a layer's test gradient and its integrated one have one form"),
+        }
+    }
+    let mut total = 0.0;
+    let mut count = 0;
+    for pk in 0..n {
+        let den = (n0[pk] * nbar[pk]).sqrt();
+        if den > 0.0 {
+            total += 1.0 - (inner[pk] / den).clamp(-1.0, 1.0);
+            count += 1;
+        }
+    }
+    (total, count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every form of `J̄` against the same `J̄` written out and the cosine computed on the
+    /// flattened vectors.
+    #[test]
+    fn each_form_equals_the_written_out_cosine() {
+        let (pc, k, ne) = (2usize, 3usize, 4usize);
+        let val = |i: usize, s: f64| ((i as f64 + 1.0) * s).sin();
+        // A dense layer with out = K (so that the output form applies), gradients at t = 0.
+        let a0: Vec<f64> = (0..pc * ne).map(|i| val(i, 0.7)).collect();
+        let d0: Vec<f64> = (0..pc * k * k).map(|i| val(i, 1.3)).collect();
+        let g0 = RowGrad::Factor { acts: a0.clone(), deltas: d0.clone(), ne, out: k };
+        // Written out: g_0^k = δ_0[k] ⊗ a_0, `[out, ne]`.
+        let outer = |d: &[f64], a: &[f64]| -> Vec<f64> { d.iter().flat_map(|&x| a.iter().map(move |&y| x * y)).collect() };
+        let cos = |g: &[Vec<f64>], j: &[Vec<f64>]| -> f64 {
+            g.iter().zip(j).map(|(g, j)| 1.0 - dot(g, j) / (dot(g, g) * dot(j, j)).sqrt()).sum()
+        };
+        let g_out: Vec<Vec<f64>> = (0..pc * k).map(|pk| outer(&d0[pk * k..(pk + 1) * k], &a0[(pk / k) * ne..(pk / k + 1) * ne])).collect();
+        // Formed.
+        let j: Vec<f64> = (0..pc * k * k * ne).map(|i| val(i, 0.3)).collect();
+        let j_out: Vec<Vec<f64>> = j.chunks(k * ne).map(<[f64]>::to_vec).collect();
+        let (s, c) = add(std::slice::from_ref(&g0), &[Integrated::Formed(&j)], pc, k);
+        assert_eq!(c, pc * k);
+        assert!((s - cos(&g_out, &j_out)).abs() <= 1e-14, "formed {s} vs {}", cos(&g_out, &j_out));
+        // Shared input.
+        let ap: Vec<f64> = (0..pc * ne).map(|i| val(i, 0.9)).collect();
+        let db: Vec<f64> = (0..pc * k * k).map(|i| val(i, 0.5)).collect();
+        let j_out: Vec<Vec<f64>> = (0..pc * k).map(|pk| outer(&db[pk * k..(pk + 1) * k], &ap[(pk / k) * ne..(pk / k + 1) * ne])).collect();
+        let (s, _) = add(std::slice::from_ref(&g0), &[Integrated::Shared { acts: &ap, dbar: &db }], pc, k);
+        assert!((s - cos(&g_out, &j_out)).abs() <= 1e-14, "shared {s} vs {}", cos(&g_out, &j_out));
+        // Output rows.
+        let ab: Vec<f64> = (0..pc * (k + 1) * ne).map(|i| val(i, 0.45)).collect();
+        let alpha = 0.8;
+        let j_out: Vec<Vec<f64>> = (0..pc * k)
+            .map(|pk| {
+                let (q, kk) = (pk / k, pk % k);
+                let abq = &ab[q * (k + 1) * ne..(q + 1) * (k + 1) * ne];
+                (0..k).flat_map(|o| (0..ne).map(move |i| alpha * (if o == kk { abq[i] } else { 0.0 } - abq[(1 + o) * ne + i]))).collect()
+            })
+            .collect();
+        let (s, _) = add(std::slice::from_ref(&g0), &[Integrated::Output { ab: &ab, alpha }], pc, k);
+        assert!((s - cos(&g_out, &j_out)).abs() <= 1e-14, "output {s} vs {}", cos(&g_out, &j_out));
+        // A formed layer, and two layers summed before the cosine.
+        let w = 5;
+        let gf: Vec<f64> = (0..pc * k * w).map(|i| val(i, 1.7)).collect();
+        let jf: Vec<f64> = (0..pc * k * w).map(|i| val(i, 0.2)).collect();
+        let both_g: Vec<Vec<f64>> = (0..pc * k).map(|pk| [g_out[pk].clone(), gf[pk * w..(pk + 1) * w].to_vec()].concat()).collect();
+        let both_j: Vec<Vec<f64>> = (0..pc * k).map(|pk| [j.chunks(k * ne).nth(pk).unwrap().to_vec(), jf[pk * w..(pk + 1) * w].to_vec()].concat()).collect();
+        let (s, _) = add(&[g0, RowGrad::Formed { g: gf, width: w }], &[Integrated::Formed(&j), Integrated::Formed(&jf)], pc, k);
+        assert!((s - cos(&both_g, &both_j)).abs() <= 1e-14, "two layers {s} vs {}", cos(&both_g, &both_j));
+    }
+}
