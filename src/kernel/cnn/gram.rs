@@ -35,6 +35,8 @@ use super::pieces::{self, Measure};
 pub(crate) use crate::kernel::cnn::step::CnnStep;
 use crate::kernel::cnn::step::SideFactors;
 use crate::kernel::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
+use crate::kernel::stack::cosine::Integrated;
+use crate::kernel::stack::step::RowGrad;
 use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
@@ -66,7 +68,7 @@ pub fn step_gram(
     let (d, k) = (arch.input_dim(), arch.outputs());
     let (p, m) = (rows.len() / d, x_train.len() / d);
     let mut sink = GramSink::new(Layout::Full, p, m, k);
-    step_into(arch, ws, next, rows, off_rows.as_deref(), Some(nodes), 0.0, x_train, off_train.as_deref(), &mut sink, diag, &vec![0.0; m * k], None)?;
+    step_into(arch, ws, next, rows, off_rows.as_deref(), Some(nodes), 0.0, x_train, off_train.as_deref(), &mut sink, diag, &vec![0.0; m * k], None, false)?;
     g.iter_mut().zip(sink.finish()).for_each(|(a, b)| *a += b);
     Ok(())
 }
@@ -175,7 +177,8 @@ fn step_into_at(
     diag: &mut [f64],
     a: &[f64],
     colw: Option<&[f64]>,
-) -> Vec<f64> {
+    cosine: bool,
+) -> (Vec<f64>, (f64, usize)) {
     let (k, cne, nf, d) = (step.k, step.co * step.ne, step.nf, step.input_dim());
     let (p, m) = (rows.len() / d, x_train.len() / d);
     let layout = sink.layout();
@@ -209,6 +212,7 @@ fn step_into_at(
         }
     }
     let mut pred = vec![0.0; p * k];
+    let mut cos = (0.0, 0);
     let mut t = Vec::new();
     let pb = (BLOCK_BYTES / 8 / ((k + 1) * nf.max(m)).max(1)).clamp(1, p.max(1));
     for p0 in (0..p).step_by(pb) {
@@ -236,6 +240,15 @@ fn step_into_at(
                 (rf, ab)
             }
         };
+        if cosine {
+            // The Fig. 2 measure: the rows' gradients at w_s against the integrated ones (the conv
+            // layer formed, the dense layer as its K + 1 rows).
+            let (g0, a0, d0) = side_factors(step, xb, ob, &vec![vec![(0.0, 1.0)]; nb], true);
+            let g0 = [RowGrad::Formed { g: g0.gc, width: cne }, RowGrad::Factor { acts: a0, deltas: d0, ne: nf, out: k }];
+            let (sum, count) = crate::kernel::stack::cosine::add(&g0, &[Integrated::Formed(&rf.gc), Integrated::Output { ab: &ab, alpha: step.alpha }], nb, k);
+            cos.0 += sum;
+            cos.1 += count;
+        }
         diag[p0 * k * k..(p0 + nb) * k * k].iter_mut().zip(&rf.diag).for_each(|(a, b)| *a += b);
         let out = sink.rows_mut(p0..p0 + nb);
         // Conv: ⟨J̄c[(p, k)], G_train[(i, k')]⟩.
@@ -254,7 +267,7 @@ fn step_into_at(
             }
         }
     }
-    pred
+    (pred, cos)
 }
 
 /// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`
@@ -281,7 +294,8 @@ pub(crate) fn step_into(
     diag: &mut [f64],
     a: &[f64],
     colw: Option<&[f64]>,
-) -> Result<(Vec<f64>, NodeStats)> {
+    cosine: bool,
+) -> Result<(Vec<f64>, NodeStats, f64)> {
     let step = CnnStep::new(arch, ws, next)?;
     let p = rows.len() / step.input_dim();
     let (point, weight, times, mut stats) = match fixed {
@@ -308,8 +322,8 @@ pub(crate) fn step_into(
     } else {
         RowSide::Nodes { point: &point, weight: &weight, times: &times }
     };
-    let pred = step_into_at(&step, rows, off_rows, &side, &mut stats, x_train, off_train, sink, diag, a, colw);
-    Ok((pred, stats))
+    let (pred, (sum, count)) = step_into_at(&step, rows, off_rows, &side, &mut stats, x_train, off_train, sink, diag, a, colw, cosine);
+    Ok((pred, stats, if count > 0 { sum / count as f64 } else { f64::NAN }))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub(crate) struct CnnModel<'a> {
 
 impl StepModel for CnnModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
-        let (pred, stats) = cnn_gram::step_into(
+        let (pred, stats, cosine) = cnn_gram::step_into(
             self.arch,
             input.state,
             input.next,
@@ -29,7 +29,8 @@ impl StepModel for CnnModel<'_> {
             diag,
             input.a,
             input.colw,
+            input.cosine,
         )?;
-        Ok(StepOutput { pred, stats, cosine: f64::NAN, layer_pred: Vec::new() })
+        Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() })
     }
 }

@@ -245,7 +245,7 @@ fn accumulate_steps(
             tol_step: prep.tol_step,
             a: &a_eff,
             colw: colw.as_deref(),
-            cosine: integrate && (prep.structured || prep.stack_fast) && req.kind != KernelKind::Path,
+            cosine: integrate && (prep.structured || prep.conv_fast || prep.stack_fast) && req.kind != KernelKind::Path,
             self_kernel: want_diag,
             train_integrated: req.kind == KernelKind::Path,
             rows_are_columns,

@@ -1,8 +1,8 @@
 //! The paper's Fig. 2 measure on a layer stack: per row point and class, `1 − cos` between the
 //! DPK's test gradient `∇f^k(x; w_s)` and the EPK's integrated one
 //! `J̄^k = Σ_r w_r ∇f^k(x; w_s + t_rΔw)` over the step's nodes, read from the factors the row
-//! engine holds for its contraction (the same measure as the MLP preset's, which its tests
-//! compare it with).
+//! engine holds for its contraction (the same measure as the MLP preset's closed form and node
+//! path, which its tests compare it with; the CNN preset's own path computes it here too).
 //!
 //! Per parameter layer the three inner products `⟨g_0, J̄⟩`, `|g_0|²`, `|J̄|²` add up over the
 //! layers; a layer's `J̄` is one of [`Integrated`].
@@ -90,6 +90,75 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
         }
     }
     (total, count)
+}
+
+/// The rows' gradients at `t = 0` kept from a chunk's node rows where the rule has a node there
+/// (the left rules), so that the measure needs no evaluation of its own: one more per point and
+/// step was a tenth of LeNet-5's `left:10` EPK.
+pub(crate) struct AtZero {
+    /// One [`RowGrad`] per parameter layer with `pc` rows (filled as they come).
+    layers: Vec<RowGrad>,
+    have: Vec<bool>,
+}
+
+impl AtZero {
+    pub(crate) fn new(pc: usize) -> AtZero {
+        AtZero { layers: Vec::new(), have: vec![false; pc] }
+    }
+
+    /// Keeps the rows at `t = 0` of a block of node rows (`parts` in row order, row r of point
+    /// `point[r]` at time `t[r]`, K outputs).
+    pub(crate) fn keep(&mut self, parts: &[Vec<RowGrad>], point: &[usize], t: &[f64], k: usize) {
+        if !t.contains(&0.0) {
+            return;
+        }
+        let pc = self.have.len();
+        if self.layers.is_empty() {
+            let Some(first) = parts.first() else { return };
+            self.layers = first
+                .iter()
+                .map(|g| match g {
+                    RowGrad::Factor { ne, out, .. } => RowGrad::Factor { acts: vec![0.0; pc * ne], deltas: vec![0.0; pc * k * out], ne: *ne, out: *out },
+                    RowGrad::Formed { width, .. } => RowGrad::Formed { g: vec![0.0; pc * k * width], width: *width },
+                })
+                .collect();
+        }
+        let mut r0 = 0;
+        for part in parts {
+            let rows = match part.first() {
+                Some(RowGrad::Factor { acts, ne, .. }) => acts.len() / (*ne).max(1),
+                Some(RowGrad::Formed { g, width }) => g.len() / (k * width).max(1),
+                None => 0,
+            };
+            for r in 0..rows {
+                if t[r0 + r] != 0.0 {
+                    continue;
+                }
+                let q = point[r0 + r];
+                self.have[q] = true;
+                for (dst, src) in self.layers.iter_mut().zip(part) {
+                    match (dst, src) {
+                        (RowGrad::Factor { acts, deltas, ne, out }, RowGrad::Factor { acts: a, deltas: d, .. }) => {
+                            let (ne, kno) = (*ne, k * *out);
+                            acts[q * ne..(q + 1) * ne].copy_from_slice(&a[r * ne..(r + 1) * ne]);
+                            deltas[q * kno..(q + 1) * kno].copy_from_slice(&d[r * kno..(r + 1) * kno]);
+                        }
+                        (RowGrad::Formed { g, width }, RowGrad::Formed { g: h, .. }) => {
+                            let kw = k * *width;
+                            g[q * kw..(q + 1) * kw].copy_from_slice(&h[r * kw..(r + 1) * kw]);
+                        }
+                        _ => unreachable!("the same stack gives the same layer kinds"),
+                    }
+                }
+            }
+            r0 += rows;
+        }
+    }
+
+    /// The kept gradients, when every point has its row at `t = 0`.
+    pub(crate) fn take(self) -> Option<Vec<RowGrad>> {
+        (!self.layers.is_empty() && self.have.iter().all(|&h| h)).then_some(self.layers)
+    }
 }
 
 #[cfg(test)]

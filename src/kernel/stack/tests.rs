@@ -18,8 +18,8 @@ pub(crate) fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::mo
 }
 
 /// The dense layers' routes — folded node by node, `J̄_p` formed per point and contracted
-/// once, and the default (the first layer's nodes summed per point, [`super::SharedInput`];
-/// the output layer as `K + 1` rows per point, [`super::OutputRows`]) — give the same Gram,
+/// once, and the default (the first layer's nodes summed per point, [`super::dense::SharedInput`];
+/// the output layer as `K + 1` rows per point, [`super::dense::OutputRows`]) — give the same Gram,
 /// self-kernel, machine and per-layer shares in every layout, on the network's log-softmax
 /// outputs and on the logits, and the same Fig. 2 measure, to rounding (a dense-only stack and
 /// one with a formed layer norm between).
@@ -91,7 +91,7 @@ fn fold_in_tiles_equals_the_sum() {
         }
         for (ti, batch) in [(m, r), (3, 2), (4, 5), (1, 1)] {
             let mut out = vec![0.0; slow.len()];
-            super::fold_dense_tiled(layout, &mut out, &point, &weight, (&acts, &deltas), (&tacts, &tdeltas), (ne, no, m, k), ti, batch);
+            super::dense::fold_dense_tiled(layout, &mut out, &point, &weight, (&acts, &deltas), (&tacts, &tdeltas), (ne, no, m, k), ti, batch);
             assert!(kernel::max_abs_diff(&out, &slow) <= 1e-13, "{layout:?} tiles of {ti}, batches of {batch}: {:e}", kernel::max_abs_diff(&out, &slow));
         }
     }
