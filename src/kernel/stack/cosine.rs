@@ -93,8 +93,8 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
 }
 
 /// The rows' gradients at `t = 0` kept from a chunk's node rows where the rule has a node there
-/// (the left rules), so that the measure needs no evaluation of its own: one more per point and
-/// step was a tenth of LeNet-5's `left:10` EPK.
+/// (the left rules), so that the measure needs no evaluation of its own (one more per point and
+/// step: a tenth more evaluations under `left:10`; on LeNet-5 15.1 → 14.8 s kept).
 pub(crate) struct AtZero {
     /// One [`RowGrad`] per parameter layer with `pc` rows (filled as they come).
     layers: Vec<RowGrad>,
