@@ -46,6 +46,18 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                 for q in 0..pc {
                     let a0 = &acts[q * ne..(q + 1) * ne];
                     let aa = dot(a0, a0);
+                    // The output rows' products that do not depend on the class, once per point:
+                    // `Ā·a_0`, `B̄_o·a_0`, `|Ā|²`, `Σ_o |B̄_o|²`.
+                    let rows = match jb {
+                        Integrated::Output { ab, .. } => {
+                            let abq = &ab[q * (k + 1) * ne..(q + 1) * (k + 1) * ne];
+                            let (abar, b) = abq.split_at(ne);
+                            let ba: Vec<f64> = b.chunks_exact(ne).map(|bo| dot(bo, a0)).collect();
+                            let bb: f64 = b.chunks_exact(ne).map(|bo| dot(bo, bo)).sum();
+                            Some((abar, b, dot(abar, a0), ba, dot(abar, abar), bb))
+                        }
+                        _ => None,
+                    };
                     for c in 0..k {
                         let pk = q * k + c;
                         let d0 = &deltas[pk * no..(pk + 1) * no];
@@ -62,16 +74,13 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                                 inner[pk] += dot(a0, ap) * dot(d0, db);
                                 nbar[pk] += dot(ap, ap) * dot(db, db);
                             }
-                            Integrated::Output { ab, alpha } => {
+                            Integrated::Output { alpha, .. } => {
                                 // `out = K`: ⟨δ_0 ⊗ a_0, J̄⟩ = α Σ_o δ_0[o] (δ_ko Ā·a_0 − B̄_o·a_0),
                                 // |J̄|² = α² (|Ā|² − 2 Ā·B̄_k + Σ_o |B̄_o|²).
-                                let abq = &ab[q * (k + 1) * ne..(q + 1) * (k + 1) * ne];
-                                let abar = &abq[..ne];
-                                let b = |o: usize| &abq[(1 + o) * ne..(2 + o) * ne];
-                                let pa: f64 = (0..no).map(|o| d0[o] * ((if o == c { dot(abar, a0) } else { 0.0 }) - dot(b(o), a0))).sum();
+                                let (abar, b, abar_a0, ba, abar_sq, bb) = rows.as_ref().expect("formed above for the output rows");
+                                let pa: f64 = d0[c] * abar_a0 - d0.iter().zip(ba).map(|(d, v)| d * v).sum::<f64>();
                                 inner[pk] += alpha * pa;
-                                let bb: f64 = (0..no).map(|o| dot(b(o), b(o))).sum();
-                                nbar[pk] += alpha * alpha * (dot(abar, abar) - 2.0 * dot(abar, b(c)) + bb);
+                                nbar[pk] += alpha * alpha * (abar_sq - 2.0 * dot(abar, &b[c * ne..(c + 1) * ne]) + bb);
                             }
                         }
                     }
