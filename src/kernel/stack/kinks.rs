@@ -228,6 +228,63 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
         assert!(nf < nw, "{nf} kinks, the written order {nw}");
     }
 
+    /// A max-pool written after a smooth nondecreasing activation (tanh, sigmoid, softplus) runs
+    /// ahead of it, so the sweep finds its window switches on the convolution's polynomial
+    /// output and walks on to the activation: every stack of this shape has all its kinks
+    /// reachable, and the sweep's set equals a brute-force scan of the pool winners (bisected
+    /// to 1e-13), both ways.
+    #[test]
+    fn a_pool_behind_a_smooth_monotone_activation_is_swept() {
+        for act in ["tanh", "sigmoid", "softplus"] {
+            let text = format!(
+                r#"kind = "layers"
+zero_last = false
+layers = [{{ conv2d = {{ channels = 3, kernel = 3, padding = 1 }} }}, "{act}", {{ max_pool2d = 2 }}, "flatten", {{ dense = 3 }}]"#
+            );
+            let cfg: ModelConfig = toml::from_str(&text).unwrap();
+            let arch = cfg.resolve(64, Some([1, 8, 8]), 3, OutputKind::LogSoftmax).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+            let w0 = arch.init(1);
+            let w1 = Params { specs: w0.specs.clone(), data: w0.data.iter().map(|d| d.iter().map(|v| v + 0.3 * rng.gen_range(-1.0..1.0)).collect()).collect() };
+            let step = StackStep::new(&arch, &w0, Some(&w1)).unwrap();
+            assert!(step.stack.kinks_reachable(), "{act}");
+            let mut total = 0;
+            for _ in 0..3 {
+                let x: Vec<f64> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let found = kinks(&step, &x, 0.0, 1.0);
+                let winners = |t: f64| -> Vec<u32> {
+                    let (_, caches) = step.stack.forward_cached(&step.params_at(t), &x);
+                    caches.iter().filter_map(|c| match c {
+                        crate::model::layers::Cache::Arg(a) => Some(a.clone()),
+                        _ => None,
+                    }).flatten().collect()
+                };
+                let (grid, mut brute, mut prev) = (4000, Vec::new(), winners(0.0));
+                for j in 1..=grid {
+                    let (mut a, mut b) = ((j - 1) as f64 / grid as f64, j as f64 / grid as f64);
+                    let wb = winners(b);
+                    if wb != prev {
+                        while b - a > 1e-13 {
+                            let m = 0.5 * (a + b);
+                            if winners(m) == prev {
+                                a = m;
+                            } else {
+                                b = m;
+                            }
+                        }
+                        brute.push(0.5 * (a + b));
+                    }
+                    prev = wb;
+                }
+                let near = |v: &[f64], t: f64| v.iter().any(|u| (u - t).abs() < 1e-9);
+                assert!(brute.iter().all(|&t| near(&found, t)), "{act}: missed; found {found:?}, brute force {brute:?}");
+                assert!(found.iter().all(|&t| near(&brute, t)), "{act}: not a switch; found {found:?}, brute force {brute:?}");
+                total += found.len();
+            }
+            assert!(total >= 3, "{act}: only {total} switches in three points");
+        }
+    }
+
     /// Behind a smooth layer the sweep stops; `StackStep::locate_kink` finds a ReLU kink by
     /// Newton's method: the located time has that ReLU input at zero to rounding, with opposite
     /// signs 1e-9 before and after, and a bracket without a sign change gives none.

@@ -75,6 +75,15 @@ impl Act {
         matches!(self, Act::Relu | Act::LeakyRelu(_))
     }
 
+    /// Whether `σ` is nondecreasing (it then commutes with a max: `max σ(z_i) = σ(max z_i)`).
+    pub fn nondecreasing(self) -> bool {
+        match self {
+            Act::Relu | Act::Tanh | Act::Sigmoid | Act::Softplus => true,
+            Act::LeakyRelu(s) => s >= 0.0,
+            Act::Gelu | Act::Silu => false,
+        }
+    }
+
     /// `σ(z)`.
     #[inline]
     pub fn apply(self, z: f64) -> f64 {

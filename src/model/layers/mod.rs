@@ -481,16 +481,21 @@ pub(crate) fn resolve_as_written(input: Shape, specs: &[LayerSpec], at: &str, pr
     Ok(nodes)
 }
 
-/// Runs each max-pool ahead of the ReLU or leaky ReLU (slope ≥ 0) written just before it:
-/// a nondecreasing activation commutes with the max (`max σ(z_i) = σ(max z_i)`, the same
-/// numbers bit for bit), and after the swap the activation works on a quarter of the numbers
-/// and the kink sweep no longer splits a step where an entry that does not win its window
-/// crosses zero (a kink of the ReLU's input that the pool discards), nor, behind a ReLU, where
-/// two negative entries cross ([`max_pool::MaxPool::relu_after`]).
+/// Runs each max-pool ahead of the nondecreasing activation written just before it (ReLU, leaky
+/// ReLU with slope ≥ 0, tanh, sigmoid, softplus; not GELU or SiLU, which dip): such an
+/// activation commutes with the max (`max σ(z_i) = σ(max z_i)`: the same numbers bit for bit
+/// for the piecewise-linear ones, and wherever the floating-point σ is nondecreasing for the
+/// smooth ones — within an ulp anywhere), and after the swap the activation works on a quarter
+/// of the numbers and the kink sweep finds the window's switches on the pool's input, a
+/// polynomial in t where the layers before are, instead of stopping at the smooth activation
+/// and leaving them to the adaptive rule's bisection. It no longer splits a step where an
+/// entry that does not win its window crosses zero (a kink of the ReLU's input that the pool
+/// discards), nor, behind a ReLU, where two negative entries cross
+/// ([`max_pool::MaxPool::relu_after`]).
 fn pool_ahead_of_activations(nodes: &mut [Node]) {
     let mut i = 0;
     while i + 1 < nodes.len() {
-        let monotone = matches!(&nodes[i].layer, AnyLayer::Act(a) if matches!(a.act, Act::Relu) || matches!(a.act, Act::LeakyRelu(s) if s >= 0.0));
+        let monotone = matches!(&nodes[i].layer, AnyLayer::Act(a) if a.act.nondecreasing());
         if monotone && matches!(nodes[i + 1].layer, AnyLayer::MaxPool2d(_)) {
             let AnyLayer::Act(a) = &nodes[i].layer else { unreachable!("checked above") };
             let pooled = nodes[i + 1].output;

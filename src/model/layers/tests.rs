@@ -142,20 +142,22 @@ fn lenet_and_residual_cnn_match_autodiff() {
     assert!(e < 1e-12, "residual CNN: {e:e}");
 }
 
-/// A max-pool runs ahead of the ReLU or leaky ReLU (slope ≥ 0) written before it: the same
-/// function, gradients and tangents as the stack in its written order, the same PyTorch
-/// printout and parameters; a ReLU's pool knows it (the sweep's floor); other activations and
-/// a negative slope keep their place.
+/// A max-pool runs ahead of the nondecreasing activation written before it (tanh, ReLU, leaky
+/// ReLU with slope ≥ 0, sigmoid): the same function, gradients and tangents as the stack in its
+/// written order, the same PyTorch printout and parameters; a ReLU's pool knows it (the sweep's
+/// floor); GELU and a negative slope keep their place.
 #[test]
 fn a_max_pool_runs_ahead_of_its_relu_with_the_same_function() {
     let layers = json!([
+        { "conv2d": { "channels": 3, "kernel": 3, "padding": 1 } }, "tanh", { "max_pool2d": 2 },
         { "conv2d": { "channels": 3, "kernel": 3, "padding": 1 } }, "relu", { "max_pool2d": 2 },
         { "conv2d": { "channels": 4, "kernel": 3 } }, { "leaky_relu": 0.1 }, { "max_pool2d": { "kernel": 2, "stride": 1 } },
         { "conv2d": { "channels": 2, "kernel": 1 } }, { "leaky_relu": -0.5 }, { "max_pool2d": { "kernel": 1, "stride": 1 } },
-        "tanh", { "max_pool2d": { "kernel": 1, "stride": 1 } },
+        "gelu", { "max_pool2d": { "kernel": 1, "stride": 1 } },
+        "sigmoid", { "max_pool2d": { "kernel": 1, "stride": 1 } },
         "flatten", { "dense": 5 }, "relu", { "dense": 3 }
     ]);
-    let a = arch(layers, 64, Some([1, 8, 8]), 3);
+    let a = arch(layers, 256, Some([1, 16, 16]), 3);
     let Body::Layers { input, layers: specs, .. } = &a.body else { unreachable!("a stack") };
     let fused = a.stack().unwrap();
     let mut tensors = 0;
@@ -168,9 +170,9 @@ fn a_max_pool_runs_ahead_of_its_relu_with_the_same_function() {
         AnyLayer::Flatten(_) => "flatten".into(),
         other => panic!("unexpected {other:?}"),
     }).collect();
-    assert_eq!(kinds, ["conv", "pool+floor", "relu", "conv", "pool", "leaky_relu", "conv", "leaky_relu", "pool", "tanh", "pool", "flatten", "dense", "relu", "dense"]);
+    assert_eq!(kinds, ["conv", "pool", "tanh", "conv", "pool+floor", "relu", "conv", "pool", "leaky_relu", "conv", "leaky_relu", "pool", "gelu", "pool", "pool", "sigmoid", "flatten", "dense", "relu", "dense"]);
     assert_eq!(fused.torch_description(), written.torch_description());
-    assert!(fused.torch_description().starts_with("Sequential(Conv2d(1, 3, 3, stride=1, padding=1), ReLU(), MaxPool2d(2, stride=2), "), "{}", fused.torch_description());
+    assert!(fused.torch_description().starts_with("Sequential(Conv2d(1, 3, 3, stride=1, padding=1), Tanh(), MaxPool2d(2, stride=2), Conv2d(3, 3, 3, stride=1, padding=1), ReLU(), MaxPool2d(2, stride=2), "), "{}", fused.torch_description());
     assert_eq!(fused.param_specs(), written.param_specs());
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let p = a.init(3);
