@@ -1,5 +1,8 @@
-//! The structured Gram path for the CNN (conv → activation → max-pool → dense), without
-//! per-sample Jacobians of the whole network.
+//! The ReLU CNN preset's (conv → ReLU → max-pool → dense) closed form under the auto rule: the
+//! rows integrated exactly between the kinks ([`pieces`]), the training points' gradients at
+//! `w_s` from one backward pass each, contracted without per-sample Jacobians of the whole
+//! network. (Every other kernel, rule and activation of the preset runs as its layer stack,
+//! measured faster there: `engine::entry::closed_form`.)
 //!
 //! Along step s the weights are `w_s(t) = w_s + t·Δw`. The convolution is the first layer, so
 //! its im2col patches `Ũ_x` (`[pos, C·k·k (+1 bias column)]`) do not depend on t and its
@@ -12,7 +15,8 @@
 //!   each window's first maximal position (as `model::conv::max_pool2d`), times `σ'(Z)`; the conv
 //!   gradient is `G[k] = δ_c[k] Ũ_x` (`[Co, C·k·k (+1)]`, a small matrix).
 //!
-//! For a row point p with quadrature nodes r (weights `w_r`) and training points i at `w_s`:
+//! For a row point p with quadrature nodes r (weights `w_r`; [`side_factors`], the slow
+//! reference the tests hold the integrated rows to) and training points i at `w_s`:
 //!
 //! `K_s[p, i, k, k'] = ⟨J̄c_p[k], G_i[k']⟩ + Σ_o (J̄d_p[k, o, :]·[a_i, 1]) δ_out,i[k', o]`
 //!
@@ -24,56 +28,30 @@
 //! The output is exactly [`crate::kernel::generic::step_gram`]'s: the Gram `[P, M, K, K]` and the rows'
 //! self-kernel `[P, K, K]` accumulated.
 //!
-//! Along t the network is piecewise smooth: `Z(t)` is linear, so the function only kinks where a
-//! pool window's upper envelope of `{Z_j(t)}` (with the line 0 for ReLU: `max_j relu(Z_j) =
-//! relu(max_j Z_j)`) changes its line (`CnnStep::kinks`); `CnnStep::jvp` gives `f` and
-//! `df/dt` exactly, so the adaptive `auto` rule applies to CNNs too.
+//! Along t the network is piecewise linear in its pattern: `Z(t)` is linear, so the function
+//! only kinks where a pool window's upper envelope of `{Z_j(t)}` (with the line 0: `max_j
+//! relu(Z_j) = relu(max_j Z_j)`) changes its line (`CnnStep::kinks`), and between two kinks the
+//! rows' gradients are integrated in closed form.
 
 use rayon::prelude::*;
 
-use super::pieces::{self, Measure};
+use super::pieces;
 pub(crate) use crate::kernel::cnn::step::CnnStep;
 use crate::kernel::cnn::step::SideFactors;
-use crate::kernel::layout::{add_dense, add_output_layer, GramSink, Layout, TrainDeltas};
+use crate::kernel::layout::{add_dense, add_output_layer, GramSink, TrainDeltas};
 use crate::kernel::stack::cosine::Integrated;
 use crate::kernel::stack::step::RowGrad;
 use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_ab, gemm_abt};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Architecture, Params};
 
 /// Scratch bytes allowed for one block of row points (their formed dense gradients).
 const BLOCK_BYTES: usize = 64 << 20;
 
-/// Adds one CNN step's Gram `[P, M, K, K]` to `g` and the rows' self-kernel `[P, K, K]` to
-/// `diag`, with the same arguments and result as [`crate::kernel::generic::step_gram`]: row p's gradient
-/// averaged over `nodes` (`(t, weight)` on `[0, 1]`, at `w_s(t)`), training gradients at `w_s`.
-///
-/// # Shapes
-/// `rows` `[P, d]`, `x_train` `[M, d]`, `g` `[P, M, K, K]`, `diag` `[P, K, K]`.
-#[allow(clippy::too_many_arguments)]
-pub fn step_gram(
-    arch: &Architecture,
-    ws: &Params,
-    next: Option<&Params>,
-    init: &Params,
-    rows: &[f64],
-    nodes: &[(f64, f64)],
-    x_train: &[f64],
-    g: &mut [f64],
-    diag: &mut [f64],
-) -> Result<()> {
-    let off_rows = offsets(arch, init, rows)?;
-    let off_train = offsets(arch, init, x_train)?;
-    let (d, k) = (arch.input_dim(), arch.outputs());
-    let (p, m) = (rows.len() / d, x_train.len() / d);
-    let mut sink = GramSink::new(Layout::Full, p, m, k);
-    step_into(arch, ws, next, rows, off_rows.as_deref(), Some(nodes), 0.0, x_train, off_train.as_deref(), &mut sink, diag, &vec![0.0; m * k], None, false)?;
-    g.iter_mut().zip(sink.finish()).for_each(|(a, b)| *a += b);
-    Ok(())
-}
-
-/// The frozen initial network `g_{w_0}(x)` (`[n, K]`) when the architecture has `zero_output`.
+/// The frozen initial network `g_{w_0}(x)` (`[n, K]`) when the architecture has `zero_output`
+/// (the engine passes its own; the tests' reference here).
+#[cfg(test)]
 pub(in crate::kernel) fn offsets(arch: &Architecture, init: &Params, x: &[f64]) -> Result<Option<Vec<f64>>> {
     if arch.zero_output {
         arch.check_params(init)?;
@@ -147,19 +125,8 @@ pub(in crate::kernel) fn side_factors(step: &CnnStep, x: &[f64], off: Option<&[f
     (SideFactors { gc, diag }, third, fourth)
 }
 
-/// How the rows' gradients over a step are formed.
-enum RowSide<'a> {
-    /// At quadrature nodes: node j belongs to point `point[j]` with weight `weight[j]` at time
-    /// `times[j]` (ReLU: evaluated in the factored form of [`pieces`], else by
-    /// [`CnnStep`]'s backward pass).
-    Nodes { point: &'a [usize], weight: &'a [f64], times: &'a [f64] },
-    /// Integrated piece by piece between the kinks ([`pieces`], ReLU only) to the per-step
-    /// tolerance `tol`; fills the node statistics.
-    Integrated { tol: f64 },
-}
-
-/// The Gram of one step for row points whose gradients are formed as `side` says (nodes may
-/// differ per point). Adds to `sink` (any layout) and
+/// The Gram of one step for row points integrated between their kinks to the per-step
+/// tolerance `tol` (filling the node statistics). Adds to `sink` (any layout) and
 /// `diag` `[P, K, K]`, and returns the step's kernel-machine prediction
 /// `Σ_i Σ_k' a[i, k'] K_s[p, i, k, k']` `[P, K]` contracted from the factors (no layout needs the
 /// off-diagonal blocks for it). `colw` (`[M, K]`) scales the stored Gram's training gradients
@@ -169,7 +136,7 @@ fn step_into_at(
     step: &CnnStep,
     rows: &[f64],
     off_rows: Option<&[f64]>,
-    side: &RowSide<'_>,
+    tol: f64,
     stats: &mut NodeStats,
     x_train: &[f64],
     off_train: Option<&[f64]>,
@@ -205,12 +172,6 @@ fn step_into_at(
         tr.gc.chunks_mut(cne).zip(cw).for_each(|(row, &c)| row.iter_mut().for_each(|x| *x *= c));
     }
     let dt = if step.alpha != 0.0 && k >= 2 { TrainDeltas::output(layout, &d_train, m, k, colw, step.alpha) } else { TrainDeltas::new(layout, &d_train, m, k, k, colw) };
-    let mut nodes_of: Vec<Vec<(f64, f64)>> = vec![Vec::new(); p];
-    if let RowSide::Nodes { point, weight, times } = side {
-        for ((&pi, &w), &t) in point.iter().zip(*weight).zip(*times) {
-            nodes_of[pi].push((t, w));
-        }
-    }
     let mut pred = vec![0.0; p * k];
     let mut cos = (0.0, 0);
     let mut t = Vec::new();
@@ -218,28 +179,13 @@ fn step_into_at(
     for p0 in (0..p).step_by(pb) {
         let nb = pb.min(p - p0);
         let (xb, ob) = (&rows[p0 * d..(p0 + nb) * d], off_rows.map(|o| &o[p0 * k..(p0 + nb) * k]));
-        let (rf, ab) = match side {
-            // ReLU: each node's gradient in the factored form of its pattern.
-            RowSide::Nodes { .. } if pieces::applies(step) => {
-                let measures: Vec<Measure<'_>> = nodes_of[p0..p0 + nb].iter().map(|v| Measure::Nodes(v)).collect();
-                let (rf, ab, _) = pieces::row_factors(step, xb, ob, &measures);
-                (rf, ab)
-            }
-            RowSide::Nodes { .. } => {
-                let (rf, ab, _) = side_factors(step, xb, ob, &nodes_of[p0..p0 + nb], false);
-                (rf, ab)
-            }
-            RowSide::Integrated { tol } => {
-                let (rf, ab, st) = pieces::row_factors(step, xb, ob, &vec![Measure::Exact { tol: *tol }; nb]);
-                for (pieces, bad) in st {
-                    stats.evaluations.push(pieces::EVALUATIONS);
-                    stats.jvp_evaluations.push(pieces);
-                    stats.pieces.push(pieces);
-                    stats.unconverged += bad;
-                }
-                (rf, ab)
-            }
-        };
+        let (rf, ab, st) = pieces::row_factors(step, xb, ob, tol);
+        for (pieces, bad) in st {
+            stats.evaluations.push(pieces::EVALUATIONS);
+            stats.jvp_evaluations.push(pieces);
+            stats.pieces.push(pieces);
+            stats.unconverged += bad;
+        }
         if cosine {
             // The Fig. 2 measure: the rows' gradients at w_s against the integrated ones (the conv
             // layer formed, the dense layer as its K + 1 rows).
@@ -270,11 +216,13 @@ fn step_into_at(
     (pred, cos)
 }
 
-/// One CNN step of the engine: the rows' nodes from the fixed rule `fixed` (`(t, weight)`
-/// pairs, the same for every point) or, when `None`, from the adaptive rule with per-step
-/// tolerance `tol_step` (ReLU: the rows integrated between kinks, `kernel::cnn::pieces`); then the Gram into `sink`
-/// (any layout), the self-kernel into `diag` and the step's kernel-machine prediction for
-/// training weights `a`.
+/// One step of the ReLU CNN preset's closed form: the rows integrated between their kinks
+/// with per-step tolerance `tol_step` ([`pieces`]); the Gram into `sink` (any layout), the
+/// self-kernel into `diag` and the step's kernel-machine prediction for training weights `a`,
+/// and with `cosine` the Fig. 2 measure's mean.
+///
+/// # Errors
+/// [`Error::Config`] if the network is not a ReLU CNN (the engine routes nothing else here).
 ///
 /// # Shapes
 /// `rows` `[P, d]`, `off_rows` `[P, K]`, `x_train` `[M, d]`, `off_train` `[M, K]`,
@@ -286,7 +234,6 @@ pub(crate) fn step_into(
     next: Option<&Params>,
     rows: &[f64],
     off_rows: Option<&[f64]>,
-    fixed: Option<&[(f64, f64)]>,
     tol_step: f64,
     x_train: &[f64],
     off_train: Option<&[f64]>,
@@ -297,38 +244,18 @@ pub(crate) fn step_into(
     cosine: bool,
 ) -> Result<(Vec<f64>, NodeStats, f64)> {
     let step = CnnStep::new(arch, ws, next)?;
-    let p = rows.len() / step.input_dim();
-    let (point, weight, times, mut stats) = match fixed {
-        Some(nodes) => {
-            let (mut point, mut weight, mut times) = (Vec::new(), Vec::new(), Vec::new());
-            for pi in 0..p {
-                for &(t, w) in nodes {
-                    point.push(pi);
-                    weight.push(w);
-                    times.push(t);
-                }
-            }
-            (point, weight, times, NodeStats { evaluations: vec![nodes.len(); p], jvp_evaluations: vec![0; p], pieces: vec![1; p], unconverged: 0 })
-        }
-        None if pieces::applies(&step) => (Vec::new(), Vec::new(), Vec::new(), NodeStats::default()),
-        None => {
-            let c = crate::kernel::quadrature::nodes::choose_auto_nodes(&step, rows, p, off_rows, tol_step);
-            let stats = NodeStats { evaluations: c.evaluations, jvp_evaluations: c.jvp_evaluations, pieces: c.pieces, unconverged: c.unconverged };
-            (c.point, c.weight, c.times, stats)
-        }
-    };
-    let side = if fixed.is_none() && pieces::applies(&step) {
-        RowSide::Integrated { tol: tol_step }
-    } else {
-        RowSide::Nodes { point: &point, weight: &weight, times: &times }
-    };
-    let (pred, (sum, count)) = step_into_at(&step, rows, off_rows, &side, &mut stats, x_train, off_train, sink, diag, a, colw, cosine);
+    if !pieces::applies(&step) {
+        return Err(Error::Config(format!("the CNN preset's closed form needs ReLU, not {:?} (its layer stack runs the rest)", step.activation)));
+    }
+    let mut stats = NodeStats::default();
+    let (pred, (sum, count)) = step_into_at(&step, rows, off_rows, tol_step, &mut stats, x_train, off_train, sink, diag, a, colw, cosine);
     Ok((pred, stats, if count > 0 { sum / count as f64 } else { f64::NAN }))
 }
 
 #[cfg(test)]
 pub(in crate::kernel) mod tests {
     use super::*;
+    use crate::kernel::layout::Layout;
     use crate::kernel::{generic, quadrature};
     use crate::model::{conv, Activation, Body, ModelConfig, OutputKind};
     use rand::{Rng, SeedableRng};
@@ -341,10 +268,10 @@ pub(in crate::kernel) mod tests {
     pub(crate) fn cases() -> Vec<Case> {
         vec![
             ([1, 8, 8], 2, 3, 1, 0, 2, Activation::Relu, true, false, 1.0, OutputKind::LogSoftmax, 3),
-            ([2, 7, 7], 3, 3, 2, 1, 2, Activation::Tanh, false, false, 1.0, OutputKind::LogSoftmax, 3),
+            ([2, 7, 7], 3, 3, 2, 1, 2, Activation::Relu, false, false, 1.0, OutputKind::LogSoftmax, 3),
             ([3, 9, 7], 2, 2, 1, 0, 2, Activation::Relu, true, true, 2.0, OutputKind::Identity, 2),
             ([1, 9, 9], 3, 3, 1, 1, 3, Activation::Relu, true, false, 0.7, OutputKind::LogSoftmax, 4),
-            ([2, 10, 10], 1, 4, 2, 0, 2, Activation::Tanh, true, true, 1.0, OutputKind::LogSoftmax, 2),
+            ([2, 10, 10], 1, 4, 2, 0, 2, Activation::Relu, true, true, 1.0, OutputKind::LogSoftmax, 2),
         ]
     }
 
@@ -378,53 +305,42 @@ pub(in crate::kernel) mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / m
     }
 
+    /// The closed form's step (rows integrated between their kinks, training gradients at `w_s`)
+    /// against the slow obvious path: dfdx autodiff of the whole network at Gauss(30) nodes on
+    /// every smooth piece of each row point, the Gram and the self-kernel; along a step and with
+    /// no direction (the NTK: one piece, the gradient at `w_s`).
     #[test]
-    fn step_gram_equals_generic_autodiff() {
+    fn closed_form_equals_generic_autodiff_per_piece() {
         let mut worst: f64 = 0.0;
         for (ci, c) in cases().iter().enumerate() {
             let (arch, init, ws, next, rows, train) = setup(c, 10 + ci as u64);
-            let (p, m, k) = (rows.len() / arch.input_dim(), train.len() / arch.input_dim(), arch.outputs());
-            let gauss3 = quadrature::Rule::Gauss(3).fixed_nodes().unwrap();
-            for (name, nx, nodes) in [("ntk", None, vec![(0.0, 1.0)]), ("gauss:3", Some(&next), gauss3)] {
-                let mut g_fast = vec![0.0; p * m * k * k];
+            let d = arch.input_dim();
+            let (p, m, k) = (rows.len() / d, train.len() / d, arch.outputs());
+            for (name, nx) in [("ntk", None), ("epk", Some(&next))] {
+                let step = CnnStep::new(&arch, &ws, nx).unwrap();
+                let (off_rows, off_train) = (offsets(&arch, &init, &rows).unwrap(), offsets(&arch, &init, &train).unwrap());
+                let mut sink = GramSink::new(Layout::Full, p, m, k);
                 let mut d_fast = vec![0.0; p * k * k];
-                step_gram(&arch, &ws, nx, &init, &rows, &nodes, &train, &mut g_fast, &mut d_fast).unwrap();
-                let mut g_slow = vec![0.0; p * m * k * k];
-                let mut d_slow = vec![0.0; p * k * k];
-                generic::step_gram(&arch, &ws, nx, &init, &rows, &nodes, &train, &mut g_slow, &mut d_slow).unwrap();
+                let (_, stats, _) = step_into(&arch, &ws, nx, &rows, off_rows.as_deref(), 1e-15, &train, off_train.as_deref(), &mut sink, &mut d_fast, &vec![0.0; m * k], None, false).unwrap();
+                assert_eq!(stats.unconverged, 0, "case {ci} {name}");
+                let g_fast = sink.finish();
+                let (mut g_slow, mut d_slow) = (Vec::with_capacity(p * m * k * k), Vec::with_capacity(p * k * k));
+                for x in rows.chunks(d) {
+                    let mut bps = vec![0.0];
+                    bps.extend(step.kinks(x, 0.0, 1.0));
+                    bps.push(1.0);
+                    let nodes: Vec<(f64, f64)> = bps.windows(2).flat_map(|w| quadrature::gauss_legendre_01(30, w[0], w[1])).collect();
+                    let (mut g, mut dg) = (vec![0.0; m * k * k], vec![0.0; k * k]);
+                    generic::step_gram(&arch, &ws, nx, &init, x, &nodes, &train, &mut g, &mut dg).unwrap();
+                    g_slow.extend(g);
+                    d_slow.extend(dg);
+                }
                 let (eg, ed) = (rel(&g_fast, &g_slow), rel(&d_fast, &d_slow));
                 assert!(eg <= 1e-12 && ed <= 1e-12, "case {ci} {name}: gram {eg:e}, diag {ed:e}");
                 worst = worst.max(eg).max(ed);
             }
         }
-        eprintln!("cnn::gram vs generic: max relative difference {worst:e}");
-    }
-
-    #[test]
-    fn jvp_matches_forward_and_finite_differences() {
-        for (ci, c) in cases().iter().enumerate() {
-            let (arch, init, ws, next, rows, _) = setup(c, 20 + ci as u64);
-            let step = CnnStep::new(&arch, &ws, Some(&next)).unwrap();
-            let d = arch.input_dim();
-            let p = rows.len() / d;
-            let off = offsets(&arch, &init, &rows).unwrap();
-            let f_at = |t: f64| -> Vec<f64> { arch.forward(&generic::interpolate(&ws, Some(&next), t), Some(&init), &rows).unwrap() };
-            let mut checked = 0;
-            for &t in &[0.0, 0.37, 0.81, 0.5] {
-                let (f, fdot) = step.jvp(&rows, &vec![t; p], off.as_deref());
-                assert!(rel(&f, &f_at(t)) <= 1e-13, "case {ci}: f at t = {t}");
-                // Central differences inside one smooth piece only.
-                let h = 1e-6;
-                let smooth = (0..p).all(|pi| step.kinks(&rows[pi * d..(pi + 1) * d], t - h, t + h).is_empty());
-                if smooth {
-                    let (up, down) = (f_at(t + h), f_at(t - h));
-                    let fd: Vec<f64> = up.iter().zip(&down).map(|(a, b)| (a - b) / (2.0 * h)).collect();
-                    assert!(rel(&fdot, &fd) <= 1e-6, "case {ci}: df/dt at t = {t}");
-                    checked += 1;
-                }
-            }
-            assert!(checked > 0, "case {ci}: no smooth point for the finite-difference check");
-        }
+        eprintln!("cnn closed form vs generic autodiff: max relative difference {worst:e}");
     }
 
     /// The pool pattern at t: for every window, the argmax position (or "none" when ReLU zeroes

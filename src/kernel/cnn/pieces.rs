@@ -62,20 +62,19 @@ pub(crate) struct PointFactors {
     pub unconverged: usize,
 }
 
-/// The rows' factors of a block of points, point `i` against `measures[i]`: conv gradients and
-/// self-kernels as [`SideFactors`] (`[n, K, Co·ne]`, `[n, K, K]`), the dense gradients'
-/// `[Ā; B̄]` (`[n, K+1, nf]`, [`PointFactors::ab`]), and per point `(pieces, unconverged)`.
+/// The rows' factors of a block of points, each integrated over the step exactly between its
+/// kinks (the scalars to tolerance `tol`): conv gradients and self-kernels as [`SideFactors`]
+/// (`[n, K, Co·ne]`, `[n, K, K]`), the dense gradients' `[Ā; B̄]` (`[n, K+1, nf]`,
+/// [`PointFactors::ab`]), and per point `(pieces, unconverged)`.
 ///
 /// # Shapes
-/// `x` `[n, C·H·W]`, `off` `[n, K]`, `measures` `[n]`.
+/// `x` `[n, C·H·W]`, `off` `[n, K]`.
 ///
 /// # Panics
-/// If `measures` does not have one entry per point, or the activation is not ReLU.
-pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measures: &[Measure<'_>]) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
+/// If the activation is not ReLU.
+pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
     let (d, k) = (step.input_dim(), step.k);
-    assert_eq!(x.len(), measures.len() * d, "one measure per point");
-    let per: Vec<PointFactors> =
-        x.par_chunks(d).zip(measures).enumerate().map(|(pi, (xp, &ms))| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), ms)).collect();
+    let per: Vec<PointFactors> = x.par_chunks(d).enumerate().map(|(pi, xp)| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), tol)).collect();
     let mut gc = Vec::with_capacity(per.len() * k * step.co * step.ne);
     let mut diag = Vec::with_capacity(per.len() * k * k);
     let mut ab = Vec::with_capacity(per.len() * (k + 1) * step.nf);
@@ -90,8 +89,7 @@ pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measur
 }
 
 /// The pool/ReLU pattern at time `t`: per pooled feature, the unit `q = pos·Co + o` that
-/// carries it (its window's first maximum, as `model::conv::max_pool2d` and
-/// [`CnnStep::jvp`]), or [`NONE`] when the ReLU zeroes it. `z0`, `z1` `[pos, Co]`; writes `sel`
+/// carries it (its window's first maximum, as `model::conv::max_pool2d`), or [`NONE`] when the ReLU zeroes it. `z0`, `z1` `[pos, Co]`; writes `sel`
 /// `[Co·Hp·Wp]`.
 fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
     let mut best = vec![f64::NEG_INFINITY; sel.len()];
@@ -101,15 +99,6 @@ fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
             *s = NONE;
         }
     }
-}
-
-/// What the rows' gradient is integrated against over the step.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Measure<'a> {
-    /// `dt` on `[0, 1]`, exactly between the kinks, the scalars to tolerance `tol`.
-    Exact { tol: f64 },
-    /// A quadrature rule's `(t, weight)` nodes: the gradient at each node, summed with weights.
-    Nodes(&'a [(f64, f64)]),
 }
 
 /// One image along the step: its patches, pre-activation lines, the current pattern, and for
@@ -182,8 +171,8 @@ impl<'a> Along<'a> {
     }
 }
 
-/// The moments of one run of the measure on one pattern: `L = ∫dμ`, `T = ∫t dμ`,
-/// `[S_0; S_1]` (`∫p dμ`, `∫t p dμ`, `[2K]`) and the self-kernel `∫D H Dᵀ dμ` (`[K, K]`).
+/// The moments of one piece (one pattern) `[a, b]`: `L = b − a`, `T = ∫t dt`, `[S_0; S_1]`
+/// (`∫p dt`, `∫t p dt`, `[2K]`) and the self-kernel `∫D H Dᵀ dt` (`[K, K]`).
 struct Moments {
     l: f64,
     t: f64,
@@ -220,14 +209,12 @@ fn add_run(al: &Along<'_>, mo: &Moments, softmax: bool, gc: &mut [f64], ab: &mut
     diag.iter_mut().zip(&mo.diag).for_each(|(x, v)| *x += v);
 }
 
-/// The rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`) against
-/// `measure`; see the module docs. With [`Measure::Nodes`] the result equals the gradients
-/// evaluated at the nodes (each at its own pattern, exactly as [`CnnStep`]'s backward pass
-/// would), and `pieces` counts the runs of nodes on one pattern.
+/// The rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`), integrated
+/// exactly between the kinks, the scalars to tolerance `tol`; see the module docs.
 ///
 /// # Panics
 /// If the activation is not ReLU (see [`applies`]).
-pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, measure: Measure<'_>) -> PointFactors {
+pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> PointFactors {
     assert!(applies(step), "the integrated CNN rows need ReLU");
     let (k, nf, cne) = (step.k, step.nf, step.co * step.ne);
     let softmax = step.output == OutputKind::LogSoftmax;
@@ -237,50 +224,19 @@ pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, me
     let mut ab = vec![0.0; (k + 1) * nf];
     let mut y = vec![0.0; cne];
     let (mut pieces, mut unconverged) = (0, 0);
-    match measure {
-        Measure::Exact { tol } => {
-            let mut bps = vec![0.0];
-            bps.extend(step.kinks_of(&al.z0, &al.z1, 0.0, 1.0));
-            bps.push(1.0);
-            for w in bps.windows(2) {
-                let (a, b) = (w[0], w[1]);
-                if al.probe(0.5 * (a + b)) || pieces == 0 {
-                    al.switch();
-                }
-                let (s, dg, bad) = piece_along(step, &al, off).integrate(a, b, tol, softmax);
-                unconverged += bad;
-                let mo = Moments { l: b - a, t: 0.5 * (b * b - a * a), s, diag: dg };
-                add_run(&al, &mo, softmax, &mut gc, &mut ab, &mut diag, &mut y);
-                pieces += 1;
-            }
+    let mut bps = vec![0.0];
+    bps.extend(step.kinks_of(&al.z0, &al.z1, 0.0, 1.0));
+    bps.push(1.0);
+    for w in bps.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if al.probe(0.5 * (a + b)) || pieces == 0 {
+            al.switch();
         }
-        Measure::Nodes(nodes) => {
-            let mut order: Vec<(f64, f64)> = nodes.to_vec();
-            order.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (mut p, mut hp) = (vec![0.0; k], vec![0.0; k]);
-            let mut acc = vec![0.0; 2 * k + k * k];
-            let mut run: Option<(Piece<'_>, f64, f64)> = None;
-            for &(t, w) in &order {
-                if al.probe(t) || run.is_none() {
-                    if let Some((_, l, tt)) = run.take() {
-                        let dg = acc.split_off(2 * k);
-                        add_run(&al, &Moments { l, t: tt, s: std::mem::take(&mut acc), diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
-                        acc = vec![0.0; 2 * k + k * k];
-                    }
-                    al.switch();
-                    run = Some((piece_along(step, &al, off), 0.0, 0.0));
-                    pieces += 1;
-                }
-                let (pc, l, tt) = run.as_mut().expect("set above");
-                pc.add_node(t, w, softmax, &mut acc, &mut p, &mut hp);
-                *l += w;
-                *tt += w * t;
-            }
-            if let Some((_, l, tt)) = run.take() {
-                let dg = acc.split_off(2 * k);
-                add_run(&al, &Moments { l, t: tt, s: acc, diag: dg }, softmax, &mut gc, &mut ab, &mut diag, &mut y);
-            }
-        }
+        let (s, dg, bad) = piece_along(step, &al, off).integrate(a, b, tol, softmax);
+        unconverged += bad;
+        let mo = Moments { l: b - a, t: 0.5 * (b * b - a * a), s, diag: dg };
+        add_run(&al, &mo, softmax, &mut gc, &mut ab, &mut diag, &mut y);
+        pieces += 1;
     }
     PointFactors { gc, ab, diag, pieces, unconverged }
 }
@@ -339,7 +295,7 @@ mod tests {
             let d = arch.input_dim();
             let off = offsets(&arch, &init, &rows).unwrap();
             let p = rows.len() / d;
-            let (fast, ab_fast, stats) = row_factors(&step, &rows, off.as_deref(), &vec![Measure::Exact { tol: 1e-15 }; p]);
+            let (fast, ab_fast, stats) = row_factors(&step, &rows, off.as_deref(), 1e-15);
             assert!(stats.iter().all(|s| s.1 == 0), "case {ci}: unconverged {stats:?}");
             let nodes: Vec<Vec<(f64, f64)>> = (0..p)
                 .map(|pi| {
@@ -358,41 +314,6 @@ mod tests {
         }
         assert!(kinks > 10, "too few kinks ({kinks}) for a meaningful test");
         eprintln!("integrated CNN rows vs Gauss(30) per piece: max relative difference {worst:e} over {kinks} kinks");
-    }
-
-    /// Fixed nodes in the factored form against [`CnnStep`]'s backward pass at each node
-    /// (`side_factors`): random nodes, unsorted, with t = 0, t = 1 and nodes exactly at kinks
-    /// (where the pattern is the tie-broken one of neither neighbouring piece).
-    #[test]
-    fn factored_nodes_equal_backward_passes_at_the_nodes() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let mut worst: f64 = 0.0;
-        for (ci, c) in cases().iter().enumerate().filter(|(_, c)| c.6 == Activation::Relu) {
-            for (si, next_of) in [true, false].into_iter().enumerate() {
-                let (arch, init, ws, next, rows, _) = setup(c, 50 + ci as u64);
-                let step = CnnStep::new(&arch, &ws, next_of.then_some(&next)).unwrap();
-                let d = arch.input_dim();
-                let off = offsets(&arch, &init, &rows).unwrap();
-                let nodes: Vec<Vec<(f64, f64)>> = rows
-                    .chunks(d)
-                    .map(|x| {
-                        let mut v: Vec<(f64, f64)> = (0..7).map(|_| (rng.gen_range(0.0..1.0), rng.gen_range(-0.5..1.0))).collect();
-                        v.push((1.0, 0.3));
-                        v.extend(step.kinks(x, 0.0, 1.0).into_iter().take(3).map(|t| (t, 0.7)));
-                        v.push((0.0, 0.2));
-                        v
-                    })
-                    .collect();
-                let measures: Vec<Measure<'_>> = nodes.iter().map(|v| Measure::Nodes(v)).collect();
-                let (fast, ab_fast, _) = row_factors(&step, &rows, off.as_deref(), &measures);
-                let (slow, ab_slow, _) = side_factors(&step, &rows, off.as_deref(), &nodes, false);
-                let e = [rel(&fast.gc, &slow.gc), rel(&ab_fast, &ab_slow), rel(&fast.diag, &slow.diag)];
-                assert!(e.iter().all(|&v| v <= 1e-13), "case {ci}/{si}: conv, dense, self-kernel relative differences {e:?}");
-                worst = e.iter().fold(worst, |m, &v| m.max(v));
-            }
-        }
-        eprintln!("factored CNN nodes vs backward passes: max relative difference {worst:e}");
     }
 
 }

@@ -1,14 +1,11 @@
-//! [`CnnStep`]: the CNN (conv → activation → max-pool → dense) on one step `w_s(t) = w_s + tΔw`
-//! in the factors its Grams need: im2col patches, pre-activations affine in t, forward and
-//! forward-mode (`jvp`) passes, the backward pass at quadrature nodes, and the kinks (where a
-//! pool window's upper envelope changes line). Both Gram paths build on it: the node path
-//! ([`crate::kernel::cnn::gram`]) and the ReLU rows integrated between kinks ([`crate::kernel::cnn::pieces`]).
-
-use rayon::prelude::*;
+//! [`CnnStep`]: the CNN preset (conv → ReLU → max-pool → dense) on one step `w_s(t) = w_s + tΔw`
+//! in the factors its closed form needs: im2col patches, pre-activations affine in t, the
+//! backward pass at given times (the training side at `w_s`, and the tests' slow reference), and
+//! the kinks (where a pool window's upper envelope changes line). The rows integrated between
+//! the kinks ([`crate::kernel::cnn::pieces`]) and the Gram ([`crate::kernel::cnn::gram`]) build
+//! on it.
 
 use crate::linalg::{gemm_ab, gemm_abt};
-use crate::kernel::quadrature::nodes;
-use crate::kernel::quadrature::nodes::AlongPath;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Architecture, Body, OutputKind, Params};
 
@@ -300,74 +297,12 @@ impl CnnStep {
         (NodeEvals { a, dout, gc, q }, out)
     }
 
-    /// Forward-mode evaluation: `f_{w_s(t)}(x)` and its exact t-derivative, no backward pass.
-    /// A pool window passes the derivative of its first maximal entry, like the gradient.
-    ///
-    /// # Shapes
-    /// `x` `[R, C·H·W]`, `t` `[R]`, `offset` `[R, K]`; returns `(f [R, K], df/dt [R, K])`.
-    pub(crate) fn jvp(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        let (k, co, pos, nf) = (self.k, self.co, self.positions(), self.nf);
-        let d = self.input_dim();
-        let rows: Vec<(Vec<f64>, Vec<f64>)> = t
-            .par_iter()
-            .enumerate()
-            .map(|(r, &tr)| {
-                let (z0, z1) = self.pre(&self.patches(&x[r * d..(r + 1) * d]));
-                let mut a = vec![f64::NEG_INFINITY; nf];
-                let mut adot = vec![0.0; nf];
-                for p in 0..pos {
-                    for o in 0..co {
-                        let q = p * co + o;
-                        let z = z0[q] + tr * z1[q];
-                        let v = self.activation.apply(z);
-                        let f = self.pooled_index(o, p);
-                        if v > a[f] {
-                            a[f] = v;
-                            adot[f] = self.activation.derivative(z) * z1[q];
-                        }
-                    }
-                }
-                if self.bias {
-                    a[nf - 1] = 1.0;
-                    adot[nf - 1] = 0.0;
-                }
-                // z = (W_d + tΔW_d) a,  ż = ΔW_d a + (W_d + tΔW_d) ȧ.
-                let mut z = vec![0.0; k];
-                let mut zdot = vec![0.0; k];
-                for c in 0..k {
-                    let w = &self.wd[c * nf..(c + 1) * nf];
-                    let dw = &self.dwd[c * nf..(c + 1) * nf];
-                    let (mut s, mut sd) = (0.0, 0.0);
-                    for j in 0..nf {
-                        let wt = w[j] + tr * dw[j];
-                        s += wt * a[j];
-                        sd += dw[j] * a[j] + wt * adot[j];
-                    }
-                    z[c] = s;
-                    zdot[c] = sd;
-                }
-                (z, zdot)
-            })
-            .collect();
-        let mut f: Vec<f64> = rows.iter().flat_map(|(z, _)| z.iter().copied()).collect();
-        let mut fdot: Vec<f64> = rows.iter().flat_map(|(_, zd)| zd.iter().map(|v| self.alpha * v)).collect();
-        for (r, row) in f.chunks_mut(k).enumerate() {
-            self.output_map(row, offset.map(|o| &o[r * k..(r + 1) * k]));
-        }
-        if self.output == OutputKind::LogSoftmax {
-            for (row, fr) in fdot.chunks_mut(k).zip(f.chunks(k)) {
-                let mean: f64 = row.iter().zip(fr).map(|(d, v)| v.exp() * d).sum();
-                row.iter_mut().for_each(|d| *d -= mean);
-            }
-        }
-        (f, fdot)
-    }
-
     /// Kinks of the network along `t ∈ (a, b)` for the image `x` (`[C·H·W]`): the times where
     /// some pool window's maximum changes line. Within a window `max_j σ(Z_j(t)) =
     /// σ(max_j Z_j(t))` (σ monotone), each `Z_j` linear in t; the function and its gradient are
     /// smooth except where the upper envelope of the lines `{Z_j}` (and, for ReLU, the line 0)
     /// switches. Sorted, without duplicates.
+    #[cfg(test)]
     pub(crate) fn kinks(&self, x: &[f64], a: f64, b: f64) -> Vec<f64> {
         let (z0, z1) = self.pre(&self.patches(x));
         self.kinks_of(&z0, &z1, a, b)
@@ -445,20 +380,6 @@ pub(crate) struct SideFactors {
     pub(crate) gc: Vec<f64>,
     /// Self-kernel of each point `Σ_r w_r ⟨∇f^k, ∇f^k'⟩` `[n_pts, K, K]`.
     pub(crate) diag: Vec<f64>,
-}
-
-impl AlongPath for CnnStep {
-    fn outputs(&self) -> usize {
-        self.k
-    }
-    fn kinks(&self, x: &[f64], p: usize, a: f64, b: f64) -> Vec<f64> {
-        let d = self.input_dim();
-        CnnStep::kinks(self, &x[p * d..(p + 1) * d], a, b)
-    }
-    fn jvp_points(&self, x: &[f64], idx: &[usize], t: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        let (d, k) = (self.input_dim(), self.k);
-        CnnStep::jvp(self, &nodes::gather_rows(x, d, idx), t, nodes::gather_offsets(off, k, idx).as_deref())
-    }
 }
 
 #[cfg(test)]
