@@ -21,6 +21,12 @@ pub(crate) enum Integrated<'a> {
     /// A dense output layer's `K + 1` rows `[Ā; B̄]` (`[pc, K + 1, ne]`):
     /// `J̄^k[o, :] = α(δ_ko Ā − B̄_o)`.
     Output { ab: &'a [f64], alpha: f64 },
+    /// A dense layer folded node by node: its node rows (`point` `[R]`, in `0..pc`; `weight`
+    /// `[R]`; `acts` `[R, ne]`; `deltas` `[R, K·out]`), `J̄^k = Σ_r w_r δ_r[k] ⊗ a_r` never
+    /// formed: `⟨δ_0 ⊗ a_0, J̄^k⟩ = Σ_r w_r (δ_0·δ_r[k])(a_0·a_r)` and
+    /// `|J̄^k|² = Σ_{r,r'} w_r w_r' (δ_r[k]·δ_r'[k])(a_r·a_r')` over the point's rows, `n²(ne + K·out)`
+    /// per point where the formed `J̄` takes `n·K·out·ne` to sum and as much to read.
+    Rows { point: &'a [usize], weight: &'a [f64], acts: &'a [f64], deltas: &'a [f64] },
 }
 
 /// `Σ (1 − cos(g_0^k, J̄^k))` over the chunk's (point, class) pairs where both are nonzero, and
@@ -43,6 +49,12 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
             }
             (RowGrad::Factor { acts, deltas, ne, out }, jb) => {
                 let (ne, no) = (*ne, *out);
+                // A folded layer's node rows by point.
+                let mut by_point: Vec<Vec<usize>> = Vec::new();
+                if let Integrated::Rows { point, .. } = jb {
+                    by_point = vec![Vec::new(); pc];
+                    point.iter().enumerate().for_each(|(r, &q)| by_point[q].push(r));
+                }
                 for q in 0..pc {
                     let a0 = &acts[q * ne..(q + 1) * ne];
                     let aa = dot(a0, a0);
@@ -55,6 +67,24 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                             let ba: Vec<f64> = b.chunks_exact(ne).map(|bo| dot(bo, a0)).collect();
                             let bb: f64 = b.chunks_exact(ne).map(|bo| dot(bo, bo)).sum();
                             Some((abar, b, dot(abar, a0), ba, dot(abar, abar), bb))
+                        }
+                        _ => None,
+                    };
+                    // A folded layer's products that do not depend on the class, once per point:
+                    // `w_r a_0·a_r` and `w_r w_r' a_r·a_r'` over the point's rows.
+                    let pairs = match jb {
+                        Integrated::Rows { weight, acts: ra, .. } => {
+                            let idx = &by_point[q];
+                            let n = idx.len();
+                            let row = |x: usize| &ra[idx[x] * ne..(idx[x] + 1) * ne];
+                            let a0r: Vec<f64> = (0..n).map(|x| weight[idx[x]] * dot(a0, row(x))).collect();
+                            let mut gw = vec![0.0; n * n];
+                            for x in 0..n {
+                                for y in 0..=x {
+                                    gw[x * n + y] = weight[idx[x]] * weight[idx[y]] * dot(row(x), row(y));
+                                }
+                            }
+                            Some((a0r, gw))
                         }
                         _ => None,
                     };
@@ -81,6 +111,23 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                                 let pa: f64 = d0[c] * abar_a0 - d0.iter().zip(ba).map(|(d, v)| d * v).sum::<f64>();
                                 inner[pk] += alpha * pa;
                                 nbar[pk] += alpha * alpha * (abar_sq - 2.0 * dot(abar, &b[c * ne..(c + 1) * ne]) + bb);
+                            }
+                            Integrated::Rows { deltas: rd, .. } => {
+                                let (a0r, gw) = pairs.as_ref().expect("formed above for the folded rows");
+                                let (idx, kno) = (&by_point[q], k * no);
+                                let n = idx.len();
+                                let drow = |x: usize| &rd[idx[x] * kno + c * no..idx[x] * kno + (c + 1) * no];
+                                let (mut sin, mut sbar) = (0.0, 0.0);
+                                for x in 0..n {
+                                    let dx = drow(x);
+                                    sin += a0r[x] * dot(d0, dx);
+                                    sbar += gw[x * n + x] * dot(dx, dx);
+                                    for y in 0..x {
+                                        sbar += 2.0 * gw[x * n + y] * dot(dx, drow(y));
+                                    }
+                                }
+                                inner[pk] += sin;
+                                nbar[pk] += sbar;
                             }
                         }
                     }
@@ -214,6 +261,25 @@ mod tests {
             .collect();
         let (s, _) = add(std::slice::from_ref(&g0), &[Integrated::Output { ab: &ab, alpha }], pc, k);
         assert!((s - cos(&g_out, &j_out)).abs() <= 1e-14, "output {s} vs {}", cos(&g_out, &j_out));
+        // A folded layer's node rows (unsorted, two and three per point): `J̄` written out as
+        // `Σ_r w_r δ_r[k] ⊗ a_r` against the pairwise products.
+        let point = [1usize, 0, 1, 1, 0];
+        let weight: Vec<f64> = (0..point.len()).map(|r| val(r, 0.65)).collect();
+        let ra: Vec<f64> = (0..point.len() * ne).map(|i| val(i, 0.35)).collect();
+        let rd: Vec<f64> = (0..point.len() * k * k).map(|i| val(i, 0.85)).collect();
+        let j_out: Vec<Vec<f64>> = (0..pc * k)
+            .map(|pk| {
+                let (q, kk) = (pk / k, pk % k);
+                let mut jq = vec![0.0; k * ne];
+                for (r, _) in point.iter().enumerate().filter(|(_, &p)| p == q) {
+                    let o = outer(&rd[(r * k + kk) * k..(r * k + kk + 1) * k], &ra[r * ne..(r + 1) * ne]);
+                    jq.iter_mut().zip(o).for_each(|(a, b)| *a += weight[r] * b);
+                }
+                jq
+            })
+            .collect();
+        let (s, _) = add(std::slice::from_ref(&g0), &[Integrated::Rows { point: &point, weight: &weight, acts: &ra, deltas: &rd }], pc, k);
+        assert!((s - cos(&g_out, &j_out)).abs() <= 1e-14, "rows {s} vs {}", cos(&g_out, &j_out));
         // A formed layer, and two layers summed before the cosine.
         let w = 5;
         let gf: Vec<f64> = (0..pc * k * w).map(|i| val(i, 1.7)).collect();

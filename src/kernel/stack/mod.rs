@@ -370,20 +370,16 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     if let Some(o) = &output {
         jbars[o.layer] = Vec::new();
     }
-    // The Fig. 2 measure needs each dense layer's `J̄`: the layers folded node by node sum theirs
-    // here too (the shared first layer and the output rows have theirs in factors). On LeNet-5
-    // under `left:10` (100 held-out images) the measure costs 9–11 % of the EPK, most of it here
-    // (`J̄` of its first dense layer per point and class, and its inner products).
-    let mut cos_jbar: Vec<Vec<f64>> = train
+    // The Fig. 2 measure needs each dense layer's `J̄`: a layer folded node by node keeps its
+    // node rows for it, whose products it takes pairwise (`cosine::Integrated::Rows`; the shared
+    // first layer and the output rows have theirs in factors). With `J̄` summed here instead, on
+    // LeNet-5 under `left:10` (100 held-out images) the measure cost 9–11 % of the EPK.
+    let keep_rows: Vec<bool> = train
         .iter()
         .enumerate()
-        .map(|(li, tr)| match tr {
-            TrainSide::Factor { acts, deltas, .. } if input.cosine && jbars[li].is_empty() && !(li == 0 && shared.is_some()) && output.as_ref().is_none_or(|o| o.layer != li) => {
-                vec![0.0; pc * (deltas.len() / m.max(1)) * (acts.len() / m.max(1))]
-            }
-            _ => Vec::new(),
-        })
+        .map(|(li, tr)| matches!(tr, TrainSide::Factor { .. }) && input.cosine && jbars[li].is_empty() && !(li == 0 && shared.is_some()) && output.as_ref().is_none_or(|o| o.layer != li))
         .collect();
+    let mut cos_rows: Vec<PendingRows> = train.iter().map(|_| PendingRows::default()).collect();
     let mut scratch: Vec<f64> = Vec::new();
     let mut pending: Vec<PendingRows> = train.iter().map(|_| PendingRows::default()).collect();
     let (mut seconds, mut flops) = (0.0, 0.0);
@@ -434,8 +430,12 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         }
                         continue;
                     }
-                    if !cos_jbar[li].is_empty() {
-                        sum_dense_jbar(&mut cos_jbar[li], bp, bw, &acts, &deltas, ne, k * no, &mut scratch);
+                    if keep_rows[li] {
+                        let kept = &mut cos_rows[li];
+                        kept.point.extend_from_slice(bp);
+                        kept.weight.extend_from_slice(bw);
+                        kept.acts.extend_from_slice(&acts);
+                        kept.deltas.extend_from_slice(&deltas);
                     }
                     if jbars[li].is_empty() {
                         let held = &mut pending[li];
@@ -550,7 +550,10 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             .map(|li| match (&shared, &output) {
                 (Some(sh), _) if li == 0 => cosine::Integrated::Shared { acts: &sh.acts, dbar: &sh.dbar },
                 (_, Some(o)) if o.layer == li => cosine::Integrated::Output { ab: &o.ab, alpha: o.alpha },
-                _ if jbars[li].is_empty() => cosine::Integrated::Formed(&cos_jbar[li]),
+                _ if keep_rows[li] => {
+                    let r = &cos_rows[li];
+                    cosine::Integrated::Rows { point: &r.point, weight: &r.weight, acts: &r.acts, deltas: &r.deltas }
+                }
                 _ => cosine::Integrated::Formed(&jbars[li]),
             })
             .collect();
