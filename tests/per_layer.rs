@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, Layout, Request, Rows, Rule};
+use pathkernel::kernel::{self, GramPath, KernelKind, KernelOutput, Layout, Request, Rows, Rule, Side};
 use pathkernel::model::param_layers;
 use pathkernel::trajectory::Run;
 
@@ -265,6 +265,15 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
                 "{tag}: preset fast path vs the stack engine's layer sum {gap:e}; layers {names:?}"
             );
         }
+        // The train side under the auto rule (both sides at `w_s`: what the GP, SVM and
+        // similarity analyses fit on): the preset's closed form integrates test rows only, so this
+        // runs on the stack, equal to the generic autodiff reference.
+        let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).side(Side::Train);
+        let fast = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+        // (The generic path takes fixed rules only; the train side has its one node at `t = 0`.)
+        let slow = kernel::compute(&run, &states, &pts, &req.clone().rule(Rule::Gauss(1)).path(GramPath::Generic), &|_, _| {}).unwrap();
+        let gap = max_abs_diff(&fast.gram, &slow.gram) / max_abs(&slow.gram);
+        assert!(gap <= 1e-12, "{name}: train-side EPK against the generic path {gap:e}");
         if name == "cnn" {
             // The CNN's generic path splits its own tensors.
             let req = Request::new(KernelKind::Epk)

@@ -73,7 +73,9 @@ fn closed_form(run: &Run, preset: &crate::model::Architecture, req: &Request) ->
     let auto = matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_));
     let shape = match &preset.body {
         Body::Mlp { widths } => widths.len() == 3 && preset.activation == crate::model::Activation::Relu && preset.alpha != 0.0 && preset.outputs() >= 2,
-        Body::Cnn { .. } => preset.activation == crate::model::Activation::Relu,
+        // The rows integrated (the test side): the train side's gradients at `t = 0` run on the
+        // stack, as the NTK's.
+        Body::Cnn { .. } => preset.activation == crate::model::Activation::Relu && req.integrates_rows(),
         Body::Layers { .. } => false,
     };
     plain && auto && shape && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && req.path == GramPath::Fast && req.device == crate::kernel::backend::Device::Cpu
@@ -89,8 +91,8 @@ fn on_preset(run: &Run, preset: &crate::model::Architecture, states: &[Params], 
     compute_plain(&preset_run, &preset_states, rows, req, progress)
 }
 
-/// Whether the CNN preset runs as its layer stack: every kernel but its closed form (the EPK and
-/// k′ under the auto rule on the CPU, [`crate::kernel::cnn::pieces`]), and on a GPU (its layer
+/// Whether the CNN preset runs as its layer stack: every kernel but its ReLU closed form (the
+/// EPK's test side and k′ under the auto rule on the CPU, [`crate::kernel::cnn::pieces`]), and on a GPU (its layer
 /// stack's nodes go to the device). Measured on the MNIST CNN (`bench/out/families`: 1 000
 /// training images, 64 held-out, class-diagonal, steps 0:20, two cores, alternating), the
 /// preset's own node path against its stack's: EPK `left:10` 2.24 / 2.14 against 1.99 / 1.97 s,

@@ -186,7 +186,7 @@ pub(crate) struct AutoNodes {
 }
 
 /// The node search of the adaptive rule (the MLP's `kernel::mlp::nodes::auto_nodes`, the
-/// stacks', the CNN's), for any network with [`AlongPath`].
+/// stacks'), for any network with [`AlongPath`].
 pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
     let k = step.outputs();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);

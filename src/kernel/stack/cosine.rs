@@ -24,8 +24,9 @@ pub(crate) enum Integrated<'a> {
     /// A dense layer folded node by node: its node rows (`point` `[R]`, in `0..pc`; `weight`
     /// `[R]`; `acts` `[R, ne]`; `deltas` `[R, K·out]`), `J̄^k = Σ_r w_r δ_r[k] ⊗ a_r` never
     /// formed: `⟨δ_0 ⊗ a_0, J̄^k⟩ = Σ_r w_r (δ_0·δ_r[k])(a_0·a_r)` and
-    /// `|J̄^k|² = Σ_{r,r'} w_r w_r' (δ_r[k]·δ_r'[k])(a_r·a_r')` over the point's rows, `n²(ne + K·out)`
-    /// per point where the formed `J̄` takes `n·K·out·ne` to sum and as much to read.
+    /// `|J̄^k|² = Σ_{r,r'} w_r w_r' (δ_r[k]·δ_r'[k])(a_r·a_r')` over the point's `n` rows:
+    /// `n²(ne + K·out)` per point where the formed `J̄` takes `n·K·out·ne` to sum and `K·out·ne`
+    /// to read (the caller keeps rows only where they are fewer numbers than `J̄`).
     Rows { point: &'a [usize], weight: &'a [f64], acts: &'a [f64], deltas: &'a [f64] },
 }
 
@@ -139,7 +140,8 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
     let mut total = 0.0;
     let mut count = 0;
     for pk in 0..n {
-        let den = (n0[pk] * nbar[pk]).sqrt();
+        // A pairwise `|J̄|²` may round below 0 where `J̄` nearly cancels.
+        let den = (n0[pk] * nbar[pk].max(0.0)).sqrt();
         if den > 0.0 {
             total += 1.0 - (inner[pk] / den).clamp(-1.0, 1.0);
             count += 1;

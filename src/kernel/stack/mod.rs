@@ -56,7 +56,8 @@ pub(crate) fn node_bytes() -> usize {
 }
 
 /// The tests' choice of the dense layers' route: 0 by flops (and the first layer's nodes summed
-/// per point, [`SharedInput`]), 1 always folded node by node, 2 always formed.
+/// per point, [`SharedInput`]), 1 always folded node by node, 2 always formed, 3 folded with the
+/// Fig. 2 measure's `J̄` summed beside the fold (not its node rows kept).
 #[cfg(test)]
 static DENSE_ROUTE_TEST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -370,14 +371,31 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     if let Some(o) = &output {
         jbars[o.layer] = Vec::new();
     }
-    // The Fig. 2 measure needs each dense layer's `J̄`: a layer folded node by node keeps its
-    // node rows for it, whose products it takes pairwise (`cosine::Integrated::Rows`; the shared
-    // first layer and the output rows have theirs in factors). With `J̄` summed here instead, on
-    // LeNet-5 under `left:10` (100 held-out images) the measure cost 9–11 % of the EPK.
-    let keep_rows: Vec<bool> = train
+    // The Fig. 2 measure needs each dense layer's `J̄` (the shared first layer and the output
+    // rows have theirs in factors). A layer folded node by node keeps its node rows for it and
+    // takes the products pairwise (`cosine::Integrated::Rows`) where its rows hold no more
+    // numbers than `J̄` (`nodes·(ne + K·out) ≤ pc·K·out·ne`; its flops are then fewer too), else
+    // sums `J̄` beside the fold (`cos_jbar`). With `J̄` summed on LeNet-5 under `left:10` (100
+    // held-out images) the measure cost 9–11 % of the EPK; pairwise, within the runs' spread.
+    let folded: Vec<bool> = train
         .iter()
         .enumerate()
         .map(|(li, tr)| matches!(tr, TrainSide::Factor { .. }) && input.cosine && jbars[li].is_empty() && !(li == 0 && shared.is_some()) && output.as_ref().is_none_or(|o| o.layer != li))
+        .collect();
+    let sizes = |tr: &TrainSide| match tr {
+        TrainSide::Factor { acts, deltas, .. } => (acts.len() / m.max(1), deltas.len() / m.max(1)),
+        TrainSide::Formed { .. } => (0, 0),
+    };
+    #[allow(unused_mut)]
+    let mut keep_rows: Vec<bool> = train.iter().zip(&folded).map(|(tr, &f)| f && { let (ne, kno) = sizes(tr); nodes * (ne + kno) <= pc * kno * ne }).collect();
+    #[cfg(test)]
+    if DENSE_ROUTE_TEST.load(std::sync::atomic::Ordering::Relaxed) == 3 {
+        keep_rows.iter_mut().for_each(|r| *r = false);
+    }
+    let mut cos_jbar: Vec<Vec<f64>> = train
+        .iter()
+        .enumerate()
+        .map(|(li, tr)| if folded[li] && !keep_rows[li] { let (ne, kno) = sizes(tr); vec![0.0; pc * kno * ne] } else { Vec::new() })
         .collect();
     let mut cos_rows: Vec<PendingRows> = train.iter().map(|_| PendingRows::default()).collect();
     let mut scratch: Vec<f64> = Vec::new();
@@ -429,6 +447,9 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                             add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
                         }
                         continue;
+                    }
+                    if !cos_jbar[li].is_empty() {
+                        sum_dense_jbar(&mut cos_jbar[li], bp, bw, &acts, &deltas, ne, k * no, &mut scratch);
                     }
                     if keep_rows[li] {
                         let kept = &mut cos_rows[li];
@@ -554,6 +575,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     let r = &cos_rows[li];
                     cosine::Integrated::Rows { point: &r.point, weight: &r.weight, acts: &r.acts, deltas: &r.deltas }
                 }
+                _ if folded[li] => cosine::Integrated::Formed(&cos_jbar[li]),
                 _ => cosine::Integrated::Formed(&jbars[li]),
             })
             .collect();

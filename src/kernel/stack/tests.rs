@@ -37,11 +37,13 @@ fn dense_routes_agree() {
                 let folded = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
                 super::DENSE_ROUTE_TEST.store(2, Relaxed);
                 let formed = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+                super::DENSE_ROUTE_TEST.store(3, Relaxed);
+                let summed = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
                 super::DENSE_ROUTE_TEST.store(0, Relaxed);
                 let default = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
-                let (folded, formed, default) = (folded.unwrap(), formed.unwrap(), default.unwrap());
+                let (folded, formed, summed, default) = (folded.unwrap(), formed.unwrap(), summed.unwrap(), default.unwrap());
                 let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
-                for (route, other) in [("formed", &formed), ("default", &default)] {
+                for (route, other) in [("formed", &formed), ("folded, J̄ summed for the measure", &summed), ("default", &default)] {
                     let what = format!("{name} {layout:?} {outputs:?} {rule} {route}");
                     assert!(rel(&other.gram, &folded.gram) <= 1e-13, "{what}: Gram {:e}", rel(&other.gram, &folded.gram));
                     assert!(rel(&other.machine, &folded.machine) <= 1e-13, "{what}: machine");
