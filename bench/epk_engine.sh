@@ -10,20 +10,28 @@
 # The network: LeNet-5 (data/studies/mnist-lenet.toml's layers) trained by mini-batch SGD
 # (batches of 100, lr 0.3, seed 0) on PER_CLASS (default 200: 2 000) MNIST training images for
 # TRAIN_STEPS (default 100) steps; the EPK (auto:1e-12, class-diagonal) of IMAGES (default 4)
-# held-out images over the steps STEPS (default 0:10). Needs the MNIST files
-# (bash data/fetch-mnist.sh). Environment: OUT (default bench/out/epk-engine), CARGO_TARGET_DIR.
+# held-out images over the steps STEPS (default 0:10), on the network's outputs or, with
+# OUTPUTS=logits, on the logits (as data/studies/mnist-lenet.toml), split by parameter layer with
+# PER_LAYER=1 (as that study's exact EPK). The 500 held-out images of that study's network over
+# all 100 steps: IMAGES=500 STEPS=0:100 OUTPUTS=logits PER_LAYER=1 bash bench/epk_engine.sh
+# (about 1.4 hours on two cores). Needs the MNIST files (bash data/fetch-mnist.sh).
+# Environment: OUT (default bench/out/epk-engine), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PER_CLASS="${PER_CLASS:-200}"
 TRAIN_STEPS="${TRAIN_STEPS:-100}"
 IMAGES="${IMAGES:-4}"
 STEPS="${STEPS:-0:10}"
+OUTPUTS="${OUTPUTS:-network}"
+PER_LAYER="${PER_LAYER:-0}"
 OUT="${OUT:-bench/out/epk-engine}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 BINS="${BINS:-this:$TARGET/release/pathkernel}"
 mkdir -p "$OUT"
 first_bin="${BINS%% *}"
 first_bin="${first_bin#*:}"
+extra=(--outputs "$OUTPUTS")
+[ "$PER_LAYER" = 1 ] && extra+=(--per-layer)
 
 cat > "$OUT/lenet.toml" <<EOF
 [data]
@@ -61,7 +69,7 @@ for entry in $BINS; do
     name="${entry%%:*}"
     bin="${entry#*:}"
     g0=$(gemm)
-    /usr/bin/time -v -o "$OUT/time-$name.txt" "$bin" kernel -q --run "$OUT/run" --kind epk --quadrature auto:1e-12 --layout diag --steps "$STEPS" --out "$OUT/k-$name" --force > "$OUT/stdout-$name.txt" 2> "$OUT/stderr-$name.txt" || { cat "$OUT/stderr-$name.txt" >&2; exit 1; }
+    /usr/bin/time -v -o "$OUT/time-$name.txt" "$bin" kernel -q --run "$OUT/run" --kind epk --quadrature auto:1e-12 --layout diag --steps "$STEPS" "${extra[@]}" --out "$OUT/k-$name" --force > "$OUT/stdout-$name.txt" 2> "$OUT/stderr-$name.txt" || { cat "$OUT/stderr-$name.txt" >&2; exit 1; }
     g1=$(gemm)
     python3 - "$OUT" "$name" "$IMAGES" "$STEPS" "$g0" "$g1" <<'PY'
 import json, re, sys

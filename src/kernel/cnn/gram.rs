@@ -1,5 +1,5 @@
 //! The ReLU CNN preset's (conv → ReLU → max-pool → dense) closed form under the auto rule: the
-//! rows integrated exactly between the kinks ([`pieces`]), the training points' gradients at
+//! rows integrated exactly between the kinks (`kernel::cnn::pieces`), the training points' gradients at
 //! `w_s` from one backward pass each, contracted without per-sample Jacobians of the whole
 //! network. (Every other kernel, rule and activation of the preset runs as its layer stack,
 //! measured faster there: `engine::entry::closed_form`.)
@@ -15,7 +15,7 @@
 //!   each window's first maximal position (as `model::conv::max_pool2d`), times `σ'(Z)`; the conv
 //!   gradient is `G[k] = δ_c[k] Ũ_x` (`[Co, C·k·k (+1)]`, a small matrix).
 //!
-//! For a row point p with quadrature nodes r (weights `w_r`; [`side_factors`], the slow
+//! For a row point p with quadrature nodes r (weights `w_r`; `side_factors`, the slow
 //! reference the tests hold the integrated rows to) and training points i at `w_s`:
 //!
 //! `K_s[p, i, k, k'] = ⟨J̄c_p[k], G_i[k']⟩ + Σ_o (J̄d_p[k, o, :]·[a_i, 1]) δ_out,i[k', o]`
@@ -217,7 +217,7 @@ fn step_into_at(
 }
 
 /// One step of the ReLU CNN preset's closed form: the rows integrated between their kinks
-/// with per-step tolerance `tol_step` ([`pieces`]); the Gram into `sink` (any layout), the
+/// with per-step tolerance `tol_step` (`kernel::cnn::pieces`); the Gram into `sink` (any layout), the
 /// self-kernel into `diag` and the step's kernel-machine prediction for training weights `a`,
 /// and with `cosine` the Fig. 2 measure's mean.
 ///

@@ -2,7 +2,7 @@
 //! quadrature nodes: the rows' side of a step integrated piece by piece between the kinks.
 //!
 //! Along step s (`w_s(t) = w_s + tΔw`) the conv pre-activations are affine in t, so between two
-//! consecutive kinks ([`CnnStep::kinks`]: a ReLU zero crossing or a max-pool switch) the
+//! consecutive kinks ([`CnnStep::kinks_of`]: a ReLU zero crossing or a max-pool switch) the
 //! pool/ReLU pattern is fixed and everything but the output map is polynomial in t:
 //!
 //! - the pooled activations (bias column included) are affine: `ã(t) = ã_0 + t ã_1` (`[nf]`;

@@ -308,7 +308,8 @@ impl CnnStep {
         self.kinks_of(&z0, &z1, a, b)
     }
 
-    /// [`CnnStep::kinks`] from the pre-activation lines `Z_0`, `Z_1` (`[pos, Co]`, [`CnnStep::pre`]).
+    /// The kinks (as `CnnStep::kinks`, which computes the lines first) from the pre-activation
+    /// lines `Z_0`, `Z_1` (`[pos, Co]`, [`CnnStep::pre`]).
     pub(in crate::kernel) fn kinks_of(&self, z0: &[f64], z1: &[f64], a: f64, b: f64) -> Vec<f64> {
         let co = self.co;
         let q = self.pool;
