@@ -95,6 +95,28 @@ mod tests {
     use crate::model::layers::sweep_nodes;
     use crate::model::{ModelConfig, OutputKind, Params};
 
+    /// Where `pattern` changes on `[0, 1]`: a scan of 4 000 cells, each change bisected to 1e-13.
+    fn pattern_changes<P: PartialEq>(pattern: impl Fn(f64) -> P) -> Vec<f64> {
+        let (grid, mut out, mut prev) = (4000, Vec::new(), pattern(0.0));
+        for j in 1..=grid {
+            let (mut a, mut b) = ((j - 1) as f64 / grid as f64, j as f64 / grid as f64);
+            let pb = pattern(b);
+            if pb != prev {
+                while b - a > 1e-13 {
+                    let m = 0.5 * (a + b);
+                    if pattern(m) == prev {
+                        a = m;
+                    } else {
+                        b = m;
+                    }
+                }
+                out.push(0.5 * (a + b));
+            }
+            prev = pb;
+        }
+        out
+    }
+
     /// The sweep's kinks against a brute-force scan of the activation pattern on a fine grid,
     /// bisected to 1e-13: the same set.
     #[test]
@@ -157,26 +179,7 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
                 walk(&caches, &step.stack.nodes, &mut v);
                 v
             };
-            let mut brute = Vec::new();
-            let grid = 4000;
-            let mut prev = pattern(0.0);
-            for j in 1..=grid {
-                let (mut a, mut b) = ((j - 1) as f64 / grid as f64, j as f64 / grid as f64);
-                let pb = pattern(b);
-                if pb != prev {
-                    let pa = prev.clone();
-                    while b - a > 1e-13 {
-                        let m = 0.5 * (a + b);
-                        if pattern(m) == pa {
-                            a = m;
-                        } else {
-                            b = m;
-                        }
-                    }
-                    brute.push(0.5 * (a + b));
-                }
-                prev = pb;
-            }
+            let brute = pattern_changes(pattern);
             let missed: Vec<f64> = brute.iter().copied().filter(|b| !found.iter().any(|f| (f - b).abs() < 1e-9)).collect();
             assert!(missed.is_empty(), "found {} kinks, brute force {}; missed {missed:?}", found.len(), brute.len());
             // Each piece's output polynomial (the walk restarted at the layer that ended the
@@ -259,23 +262,7 @@ layers = [{{ conv2d = {{ channels = 3, kernel = 3, padding = 1 }} }}, "{act}", {
                         _ => None,
                     }).flatten().collect()
                 };
-                let (grid, mut brute, mut prev) = (4000, Vec::new(), winners(0.0));
-                for j in 1..=grid {
-                    let (mut a, mut b) = ((j - 1) as f64 / grid as f64, j as f64 / grid as f64);
-                    let wb = winners(b);
-                    if wb != prev {
-                        while b - a > 1e-13 {
-                            let m = 0.5 * (a + b);
-                            if winners(m) == prev {
-                                a = m;
-                            } else {
-                                b = m;
-                            }
-                        }
-                        brute.push(0.5 * (a + b));
-                    }
-                    prev = wb;
-                }
+                let brute = pattern_changes(winners);
                 let near = |v: &[f64], t: f64| v.iter().any(|u| (u - t).abs() < 1e-9);
                 assert!(brute.iter().all(|&t| near(&found, t)), "{act}: missed; found {found:?}, brute force {brute:?}");
                 assert!(found.iter().all(|&t| near(&brute, t)), "{act}: not a switch; found {found:?}, brute force {brute:?}");
