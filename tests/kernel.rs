@@ -49,6 +49,16 @@ fn fast_gram_equals_generic_autodiff_gram() {
             let rel = max_abs_diff(fast.diag.as_ref().unwrap(), &slow_diag) / max_abs(&slow_diag);
             assert!(rel <= 1e-12, "{name} {kind}: self-kernel relative difference {rel:e}");
         }
+        // The EPK's training side under the auto rule (the rows' gradients at `t = 0`, every
+        // step): the MLP preset runs it on its layer stack.
+        let fast = compute(&run, KernelKind::Epk, Rule::Auto(1e-12), Side::Train, Rows::Test);
+        let mut slow = vec![0.0; fast.gram.len()];
+        let mut slow_diag = vec![0.0; fast.p * fast.k * fast.k];
+        for s in 0..run.manifest.steps {
+            generic::step_gram(arch, &states[s], None, &states[0], &run.dataset.x_test, &[(0.0, 1.0)], &run.dataset.x_train, &mut slow, &mut slow_diag).unwrap();
+        }
+        let rel = max_abs_diff(&fast.gram, &slow) / max_abs(&slow);
+        assert!(rel <= 1e-12, "{name} epk train side: relative difference {rel:e}");
     }
 }
 

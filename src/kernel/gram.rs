@@ -179,94 +179,12 @@ impl GramAccumulator {
     }
 
     /// Adds one step for the row points `points` (a range of `0..P`; call once per chunk of
-    /// points to bound the node data held at once). `layers[l]` pairs the rows' factors (per
-    /// node, scattered to `point[r]` ∈ `points` with `weight[r]`) with the training points'
-    /// factors; `colw` (`[M, K]`) optionally scales every training gradient `∇f^{k'}(x_i)`
-    /// (Chen's kernel).
-    ///
-    /// Layer 0's row activations are the points themselves (`x_rows` `[P, d]`), so
-    /// `x_p·x_i + 1` is formed once, at the first call.
-    ///
-    /// # Panics
-    /// If `layers` is empty.
-    pub(crate) fn add_step(&mut self, layers: &[(LayerFactors<'_>, LayerFactors<'_>)], x_rows: &[f64], point: &[usize], weight: &[f64], colw: Option<&[f64]>, points: std::ops::Range<usize>) {
-        let (p, m, k, bias) = (self.p, self.m, self.k, self.bias);
-        let layout = self.sink.layout();
-        let (first, last) = (points.start, points.end.min(p));
-        if first >= last {
-            return;
-        }
-        let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); last - first];
-        for (r, &pi) in point.iter().enumerate() {
-            rows_of[pi - first].push(r);
-        }
-        let (rows0, train0) = &layers[0];
-        self.ensure_s0(x_rows, train0);
-        // Layer 0: δ̄_p = Σ_{r∈p} w_r δ_r  [(p, k), o] for the points of the range, into the
-        // step buffer (its products are formed over several steps at once, see Layer0Sum).
-        let no0 = rows0.n_out;
-        let mut dbar = vec![0.0; (last - first) * k * no0];
-        for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
-            let src = &rows0.deltas[r * k * no0..(r + 1) * k * no0];
-            let dst = &mut dbar[(pi - first) * k * no0..(pi - first + 1) * k * no0];
-            for (a, x) in dst.iter_mut().zip(src) {
-                *a += w * x;
-            }
-        }
-        self.l0.get_or_insert_with(|| Layer0Sum::new(layout, p, m, k, no0)).put_rows(first, &dbar);
-        if layers.len() == 1 {
-            return;
-        }
-        let train: Vec<&LayerFactors<'_>> = layers[1..].iter().map(|(_, t)| t).collect();
-        self.ensure_step_train(&train, colw);
-        // The chunk's J̄ per deeper layer: structured [Ā; B̄] with q_{r,o} = −δ_r[(o+1) mod K, o]/α,
-        // or formed J̄[k, o, :] = Σ_r w_r δ_r[k, o] [a_r, 1].
-        let started = std::time::Instant::now();
-        let step_train = self.step_train.as_ref().expect("built above");
-        let chunk: Vec<Vec<f64>> = layers[1..]
-            .iter()
-            .zip(step_train)
-            .map(|((rows, _), dt)| {
-                let (ni, no) = (rows.n_in, rows.n_out);
-                let ne = ni + usize::from(bias);
-                let rpp = dt.rows_per_point(k);
-                let mut jbar = vec![0.0; (last - first) * rpp * ne];
-                for (pl, rs) in rows_of.iter().enumerate() {
-                    let dst = &mut jbar[pl * rpp * ne..(pl + 1) * rpp * ne];
-                    for &r in rs {
-                        let w = weight[r];
-                        let ar = &rows.acts[r * ni..(r + 1) * ni];
-                        let dr = &rows.deltas[r * k * no..(r + 1) * k * no];
-                        for j in 0..rpp {
-                            let c = match (dt.structured, self.output_alpha) {
-                                (true, Some(_)) if j == 0 => w,
-                                (true, Some(alpha)) => -w * dr[(j % k) * no + (j - 1)] / alpha,
-                                _ => w * dr[j],
-                            };
-                            if c == 0.0 {
-                                continue;
-                            }
-                            let row = &mut dst[j * ne..(j + 1) * ne];
-                            for (dv, av) in row[..ni].iter_mut().zip(ar) {
-                                *dv += c * av;
-                            }
-                            if bias {
-                                row[ni] += c;
-                            }
-                        }
-                    }
-                }
-                jbar
-            })
-            .collect();
-        self.stats.seconds += started.elapsed().as_secs_f64();
-        self.push_pending(first, last, &chunk);
-    }
-
-    /// [`GramAccumulator::add_step`] for a one-hidden-layer network whose rows' side is already
-    /// integrated over the step (`kernel::mlp::pieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and
-    /// the output layer's `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`) of the row points `points`;
-    /// `train` are the training points' factors of both layers.
+    /// points) of a one-hidden-layer network whose rows' side is integrated over the step
+    /// (`kernel::mlp::pieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and the output layer's
+    /// `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`); `train` are the training points' factors of both
+    /// layers, `colw` (`[M, K]`) optionally scales every training gradient `∇f^{k'}(x_i)`
+    /// (Chen's kernel). Layer 0's row activations are the points themselves (`x_rows` `[P, d]`),
+    /// so `x_p·x_i + 1` is formed once, at the first call.
     ///
     /// # Panics
     /// If the network does not have exactly two layers, the output layer is not structured
@@ -397,7 +315,7 @@ impl GramAccumulator {
 
     /// Ends a step whose row points were all added: hands layer 0's training factors to the
     /// step buffer (`train0.deltas` `[M, K, out_0]`, weighted by `colw` `[M, K]` as in
-    /// [`GramAccumulator::add_step`]).
+    /// [`GramAccumulator::add_integrated`]).
     pub(crate) fn end_step(&mut self, train0: &LayerFactors<'_>, colw: Option<&[f64]>) {
         self.contract_pending();
         self.step_train = None;
@@ -698,78 +616,3 @@ pub(crate) fn prediction_weights(train: &[LayerFactors<'_>], a: &[f64], m: usize
         .collect()
 }
 
-/// One step's kernel-machine prediction in factor form,
-/// `Σ_i Σ_{k'} a[i, k'] K_s[p, i, k, k'] = ⟨∇̄f^k(x_p), v⟩`, added into `pred` for the row
-/// points that have nodes here, with `v` from [`prediction_weights`].
-///
-/// # Shapes
-/// `pred` `[P, K]`.
-///
-/// A layer whose `acts` are empty (layer 0 evaluated from a cached first layer) takes its input
-/// rows from the points themselves, `x_points` `[P, d]`, once per point instead of per node.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_prediction(pred: &mut [f64], rows: &[LayerFactors<'_>], v: &[Vec<f64>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
-    for (layer, vl) in rows.iter().zip(v) {
-        let (ni, no) = (layer.n_in, layer.n_out);
-        let ne = ni + usize::from(bias);
-        // Input rows: one per node, or one per point with `slot[r]` its row.
-        let (inputs, slot): (Vec<usize>, Vec<usize>) = if layer.acts.is_empty() {
-            let mut pts: Vec<usize> = point.to_vec();
-            pts.sort_unstable();
-            pts.dedup();
-            let slot = point.iter().map(|q| pts.binary_search(q).expect("present")).collect();
-            (pts, slot)
-        } else {
-            ((0..point.len()).collect(), (0..point.len()).collect())
-        };
-        let mut ar_ext = Vec::with_capacity(inputs.len() * ne);
-        for &q in &inputs {
-            let src = if layer.acts.is_empty() { &x_points[q * ni..(q + 1) * ni] } else { &layer.acts[q * ni..(q + 1) * ni] };
-            ar_ext.extend_from_slice(src);
-            if bias {
-                ar_ext.push(1.0);
-            }
-        }
-        // va[row, o] = V[o, :]·[a_row, 1]
-        let mut va = vec![0.0; inputs.len() * no];
-        gemm_abt(&mut va, &ar_ext, vl, inputs.len(), no, ne, 1.0, false);
-        for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
-            let vr = &va[slot[r] * no..(slot[r] + 1) * no];
-            for kt in 0..k {
-                let dr = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                let s: f64 = dr.iter().zip(vr).map(|(x, y)| x * y).sum();
-                pred[pi * k + kt] += w * s;
-            }
-        }
-    }
-}
-
-/// Adds each row point's self-kernel over one step to `diag` (`[P, K, K]`):
-/// `Σ_{r∈p} w_r Σ_l (δ_{r,l}[k]·δ_{r,l}[k']) (|a_{r,l}|² + [bias])`, i.e. the quadrature of
-/// `⟨∇f^k_{w_s(t)}(x), ∇f^{k'}_{w_s(t)}(x)⟩` at the row's own nodes.
-///
-/// A layer whose `acts` are empty takes its inputs from `x_points` (`[P, d]`), as in
-/// [`add_prediction`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_self_kernel(diag: &mut [f64], rows: &[LayerFactors<'_>], point: &[usize], weight: &[f64], k: usize, bias: bool, x_points: &[f64]) {
-    let b = if bias { 1.0 } else { 0.0 };
-    for layer in rows {
-        let (ni, no) = (layer.n_in, layer.n_out);
-        for (r, (&pi, &w)) in point.iter().zip(weight).enumerate() {
-            let ar = if layer.acts.is_empty() { &x_points[pi * ni..(pi + 1) * ni] } else { &layer.acts[r * ni..(r + 1) * ni] };
-            let aa: f64 = ar.iter().map(|v| v * v).sum::<f64>() + b;
-            // Symmetric in (k, k'): the upper triangle, mirrored.
-            for kt in 0..k {
-                let dt = &layer.deltas[(r * k + kt) * no..(r * k + kt + 1) * no];
-                for ks in kt..k {
-                    let ds = &layer.deltas[(r * k + ks) * no..(r * k + ks + 1) * no];
-                    let dd: f64 = dt.iter().zip(ds).map(|(x, y)| x * y).sum();
-                    diag[(pi * k + kt) * k + ks] += w * dd * aa;
-                    if ks != kt {
-                        diag[(pi * k + ks) * k + kt] += w * dd * aa;
-                    }
-                }
-            }
-        }
-    }
-}

@@ -38,16 +38,21 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     if req.per_layer {
         return per_layer(run, states, rows, req, progress);
     }
-    if req.kind == KernelKind::Path && req.path == GramPath::Fast && !path_closed_form(run, req) && !matches!(run.manifest.architecture.body, Body::Layers { .. }) {
-        return on_stack(run, states, rows, req, progress);
+    let arch = &run.manifest.architecture;
+    if matches!(arch.body, Body::Layers { .. }) {
+        // A layer stack of a preset's shape takes the preset's closed form where it applies.
+        return match closed_form_of(run, req) {
+            Some(preset) => on_preset(run, &preset, states, rows, req, progress),
+            None => compute_plain(run, states, rows, req, progress),
+        };
     }
-    if cnn_on_stack(run, req) || mlp_on_stack(run, req) {
-        return on_stack(run, states, rows, req, progress);
+    // An MLP or CNN preset: its own code is its closed forms (measured faster there); every
+    // other kernel runs on its layer stack. The generic path is the dfdx reference on the
+    // network as written.
+    if req.path == GramPath::Generic || closed_form(run, arch, req) || (req.kind == KernelKind::Path && path_closed_form(run, req)) {
+        return compute_plain(run, states, rows, req, progress);
     }
-    if let Some(preset) = closed_form_of(run, req) {
-        return on_preset(run, &preset, states, rows, req, progress);
-    }
-    compute_plain(run, states, rows, req, progress)
+    on_stack(run, states, rows, req, progress)
 }
 
 /// The preset a layer stack is computed as: the one-hidden-layer ReLU MLP or the ReLU CNN
@@ -72,9 +77,9 @@ fn closed_form(run: &Run, preset: &crate::model::Architecture, req: &Request) ->
     let plain = crate::optim::UpdateRule::of(&run.manifest.optimizer).is_plain();
     let auto = matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_));
     let shape = match &preset.body {
-        Body::Mlp { widths } => widths.len() == 3 && preset.activation == crate::model::Activation::Relu && preset.alpha != 0.0 && preset.outputs() >= 2,
         // The rows integrated (the test side): the train side's gradients at `t = 0` run on the
         // stack, as the NTK's.
+        Body::Mlp { widths } => widths.len() == 3 && preset.activation == crate::model::Activation::Relu && preset.alpha != 0.0 && preset.outputs() >= 2 && req.integrates_rows(),
         Body::Cnn { .. } => preset.activation == crate::model::Activation::Relu && req.integrates_rows(),
         Body::Layers { .. } => false,
     };
@@ -89,35 +94,6 @@ fn on_preset(run: &Run, preset: &crate::model::Architecture, states: &[Params], 
     let mut preset_run = run.clone();
     preset_run.manifest.architecture = preset.clone();
     compute_plain(&preset_run, &preset_states, rows, req, progress)
-}
-
-/// Whether the CNN preset runs as its layer stack: every kernel but its ReLU closed form (the
-/// EPK's test side and k′ under the auto rule on the CPU, [`crate::kernel::cnn::pieces`]), and on a GPU (its layer
-/// stack's nodes go to the device). Measured on the MNIST CNN (`bench/out/families`: 1 000
-/// training images, 64 held-out, class-diagonal, steps 0:20, two cores, alternating), the
-/// preset's own node path against its stack's: EPK `left:10` 2.24 / 2.14 against 1.99 / 1.97 s,
-/// `gauss:4` 2.02 / 2.15 against 1.64 / 1.71 s, the DPK 2.06 / 1.99 against 1.44 / 1.42 s, the
-/// NTK 0.18 / 0.19 against 0.14 / 0.18 s.
-fn cnn_on_stack(run: &Run, req: &Request) -> bool {
-    let arch = &run.manifest.architecture;
-    matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast && !closed_form(run, arch, req)
-}
-
-/// Whether an MLP preset runs as its layer stack: every kernel but its closed forms (the EPK and
-/// k′ under the auto rule, [`closed_form`]; the path kernel, [`path_closed_form`]) and the
-/// gradients at `t = 0` of the NTK and the EPK's training side (measured level with the stack's
-/// on the NTK; the Grams the GP studies fit on). Measured on MNIST (`bench/families.sh`: 2 000
-/// training images, 64 held-out, 20 steps, two cores): 3.77 s where the preset's node path took
-/// 11.10 s on a 784-128-64-10 ReLU MLP, 3.75 s against 12.70 s on a one-hidden-layer tanh MLP;
-/// on the 784-128-10 ReLU MLP, 2 000 × 2 000 × 20 steps, the EPK under `left:10` 15.4–17.4 s
-/// against the preset's 20.7–21.6 s, the DPK 9.8–10.6 against 11.8–12.9 s
-/// (`docs/src/performance.md`). (Under momentum, Adam or weight decay every preset runs as its
-/// stack: [`compute_plain`].)
-fn mlp_on_stack(run: &Run, req: &Request) -> bool {
-    let arch = &run.manifest.architecture;
-    let path = req.kind == KernelKind::Path && path_closed_form(run, req);
-    let at_ws = req.kind == KernelKind::Ntk || (matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && !req.integrates_rows());
-    matches!(arch.body, Body::Mlp { .. }) && req.path == GramPath::Fast && !closed_form(run, arch, req) && !path && !at_ws
 }
 
 /// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form
@@ -179,7 +155,19 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
 
 /// [`compute_plain`] on the layer stack of an MLP or CNN preset
 /// ([`crate::model::Architecture::as_stack`], the same tensors in the same order); its layers
-/// keep their own names (`layers.0`, `conv`).
+/// keep their own names (`layers.0`, `conv`). Every kernel of a preset but its closed forms
+/// ([`closed_form`], [`path_closed_form`]) runs here, on the CPU and on a GPU (the stack's
+/// nodes go to the device), because the presets' own node paths were measured slower (or level)
+/// and are gone. On MNIST (`bench/families.sh`, two cores): the 784-128-64-10 ReLU MLP 3.77 s
+/// against its preset's 11.10 s (2 000 training images, 64 held-out, 20 steps), the
+/// one-hidden-layer tanh MLP 3.75 against 12.70 s; the 784-128-10 ReLU MLP, 2 000 × 2 000 × 20
+/// steps, the EPK under `left:10` 15.4–17.4 s against 20.7–21.6 s, the DPK 9.8–10.6 against
+/// 11.8–12.9 s, its gradients at `t = 0` (the NTK, the EPK's training side: the Grams the GP
+/// studies fit on) 2.0–3.7 s against 3.6–4.0 s (NTK) and 12.1–12.9 against 12.5–13.3 s (the
+/// training side over 20 steps); the CNN (1 000 training images, 64 held-out, class-diagonal,
+/// steps 0:20, alternating): EPK `left:10` 1.99 / 1.97 s against 2.24 / 2.14 s, `gauss:4` 1.64 /
+/// 1.71 against 2.02 / 2.15 s, the DPK 1.44 / 1.42 against 2.06 / 1.99 s, the NTK 0.14 / 0.18
+/// against 0.18 / 0.19 s (`docs/src/performance.md`).
 fn on_stack(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = &run.manifest.architecture;
     let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();

@@ -34,7 +34,8 @@ pub(in crate::kernel) struct Prepared<'a> {
     pub req: &'a Request,
     /// The run's optimizer.
     pub rule: UpdateRule,
-    /// Whether the architecture takes the structured MLP path.
+    /// Whether the request takes the MLP preset's closed form (`kernel::mlp`; every other
+    /// request of an MLP runs on its layer stack or, on the generic path, by autodiff).
     pub structured: bool,
     /// Whether a CNN takes its structured path.
     pub conv_fast: bool,
@@ -128,7 +129,9 @@ impl<'a> Prepared<'a> {
                 hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
             });
         }
-        let structured = matches!(arch.body, Body::Mlp { .. });
+        // The MLP preset's own code is its closed forms (the entry sends every other request of
+        // an MLP to its layer stack); the generic path is the dfdx reference for every network.
+        let structured = req.path == GramPath::Fast && matches!(arch.body, Body::Mlp { .. });
         let conv_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
         let stack_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Layers { .. });
         // The path kernel: any rule and output on a layer stack (the MLP and CNN presets are

@@ -1,9 +1,12 @@
-//! The MLP preset's fast path: its step in the structured form the Gram needs (`step`), its
-//! quadrature nodes (`nodes`), and the exact piecewise rule of one-hidden-layer ReLU networks
-//! (`pieces`). The Gram of dense layers from activations ⊗ back-propagated deltas is
-//! [`crate::kernel::gram`], shared with the layer stack's dense layers.
+//! The MLP preset's closed form: the one-hidden-layer ReLU network's rows integrated exactly
+//! between their kinks under the auto rule (`pieces`), its step in the structured form the Gram
+//! needs (`step`) and its step model (`model`); the tests' slow obvious path, gradients at nodes
+//! (`nodes`). Every other kernel of an MLP runs on its layer stack (`kernel::engine::entry`). The
+//! Gram of dense layers from activations ⊗ back-propagated deltas is [`crate::kernel::gram`],
+//! shared with the layer stack's dense layers.
 
 pub(crate) mod model;
+#[cfg(test)]
 pub(crate) mod nodes;
 pub(crate) mod pieces;
 pub(crate) mod step;

@@ -1,13 +1,12 @@
-//! The MLP preset's step model: structured factors (`δ ⊗ a` per layer), row points in chunks,
-//! layer 0 once per point, any quadrature rule (the kink-aware `auto` included, and the
-//! one-hidden-layer ReLU closed form of [`super::pieces`]).
+//! The MLP preset's step model: the one-hidden-layer ReLU network's closed form under the auto
+//! rule ([`super::pieces`]: its rows integrated exactly between their kinks, no gradient at a
+//! node), with the training side's structured factors (`δ ⊗ a` per layer). Every other request of
+//! an MLP runs on its layer stack.
 
 use crate::error::Result;
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
-use crate::kernel::mlp::nodes::{auto_nodes, dpk_cosine_error, fixed_nodes};
 use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
 use crate::kernel::mlp::step::MlpStep;
-use crate::kernel::quadrature::nodes::NODE_CHUNK_POINTS;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
 use crate::kernel::types::NodeStats;
 use crate::model::Architecture;
@@ -27,12 +26,18 @@ impl StepModel for MlpModel<'_> {
         let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
         let m = input.x_train.len() / d;
         let step = MlpStep::new(arch, input.state, input.next)?;
+        // The closed form only: the entry sends every other request of an MLP to its layer stack.
+        if input.fixed.is_some() || !mlp_pieces::applies(&step) {
+            return Err(crate::error::Error::Config(
+                "the MLP preset's own path is its closed form (one hidden ReLU layer, rows integrated under the auto quadrature); other kernels run on its layer stack".into(),
+            ));
+        }
         let tr = step.eval(input.x_train, &vec![0.0; m], input.off_train, true);
         // The path kernel's training side: layer 0 as δ̄_i (its activations are the inputs at
         // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
         // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
         let train_int = if input.train_integrated {
-            if input.fixed.is_some() || !mlp_pieces::applies(&step) || arch.output != crate::model::OutputKind::Identity {
+            if arch.output != crate::model::OutputKind::Identity {
                 return Err(crate::error::Error::Config("the path kernel's closed form needs a one-hidden-layer ReLU MLP on identity outputs with the auto quadrature (other networks take their layer stack's path)".into()));
             }
             let first = step.first_layer(input.x_train);
@@ -59,102 +64,58 @@ impl StepModel for MlpModel<'_> {
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
         // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
         // their kinks, no gradient evaluated at a node.
-        if input.fixed.is_none() && mlp_pieces::applies(&step) {
-            let h = step.layers[0].n_out;
-            let ne = h + usize::from(arch.bias);
-            // The path kernel's training Gram: the rows are the training points, whose
-            // integrated factors were formed above; they are not integrated twice.
-            let rows_are_train = train_int.as_ref().filter(|_| rows.x == input.x_train).map(|t| &t.0);
-            for c0 in (0..p).step_by(INTEGRATED_CHUNK_POINTS) {
-                let pc = INTEGRATED_CHUNK_POINTS.min(p - c0);
-                let xc = &rows.x[c0 * d..(c0 + pc) * d];
-                let own = match rows_are_train {
-                    Some(_) => None,
-                    None => {
-                        let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-                        Some(mlp_pieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
-                    }
-                };
-                let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlp_pieces::RowFactorsRef::from);
-                acc.add_integrated(rf.dbar, rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
-                // Prediction ⟨∫∇f^k, v⟩: layer 0 as δ̄·(V_0 x̃), the output layer as
-                // α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]).
-                let mut xe = Vec::with_capacity(pc * (d + 1));
-                for xp in xc.chunks_exact(d) {
-                    xe.extend_from_slice(xp);
-                    if arch.bias {
-                        xe.push(1.0);
-                    }
-                }
-                let de = d + usize::from(arch.bias);
-                let mut vx = vec![0.0; pc * h];
-                crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
-                for pl in 0..pc {
-                    let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
-                    let v1 = &v[1];
-                    let bv: f64 = (0..k).map(|o| dot(&ab[(1 + o) * ne..(2 + o) * ne], &v1[o * ne..(o + 1) * ne])).sum();
-                    for kt in 0..k {
-                        let l0 = dot(&rf.dbar[(pl * k + kt) * h..(pl * k + kt + 1) * h], &vx[pl * h..(pl + 1) * h]);
-                        let l1 = arch.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
-                        pred[(c0 + pl) * k + kt] += l0 + l1;
-                    }
-                }
-                if input.self_kernel && input.train_integrated {
-                    add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, arch.bias, arch.alpha);
-                } else if input.self_kernel {
-                    diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
-                }
-                for st in rf.stats {
-                    stats.evaluations.push(mlp_pieces::EVALUATIONS);
-                    stats.jvp_evaluations.push(0);
-                    stats.pieces.push(st.pieces);
-                    stats.unconverged += st.unconverged;
-                    cos_sum += st.cosine_sum;
-                    cos_count += st.cosine_count;
-                }
-            }
-            acc.end_step(&train_layers[0], input.colw);
-            let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
-            return Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() });
-        }
-        // Row points in chunks: the node data of one chunk is all that is held at once.
-        for c0 in (0..p).step_by(NODE_CHUNK_POINTS) {
-            let pc = NODE_CHUNK_POINTS.min(p - c0);
+        let h = step.layers[0].n_out;
+        let ne = h + usize::from(arch.bias);
+        // The path kernel's training Gram: the rows are the training points, whose
+        // integrated factors were formed above; they are not integrated twice.
+        let rows_are_train = train_int.as_ref().filter(|_| rows.x == input.x_train).map(|t| &t.0);
+        for c0 in (0..p).step_by(INTEGRATED_CHUNK_POINTS) {
+            let pc = INTEGRATED_CHUNK_POINTS.min(p - c0);
             let xc = &rows.x[c0 * d..(c0 + pc) * d];
-            let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-            // Layer 0 once per point: every node's pre-activation is z + t·u.
-            let first = step.first_layer(xc);
-            let mut nodes = match input.fixed {
-                Some(nodes) => fixed_nodes(&step, xc, pc, offc, nodes, Some(&first)),
-                None => auto_nodes(&step, xc, pc, offc, input.tol_step, Some(&first)),
+            let own = match rows_are_train {
+                Some(_) => None,
+                None => {
+                    let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
+                    Some(mlp_pieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
+                }
             };
-            if input.cosine {
-                let (sum, count) = dpk_cosine_error(&step, &nodes, xc, offc, pc, Some(&first));
-                cos_sum += sum;
-                cos_count += count;
+            let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlp_pieces::RowFactorsRef::from);
+            acc.add_integrated(rf.dbar, rf.ab, &train_layers, &rows.x, input.colw, c0..c0 + pc);
+            // Prediction ⟨∫∇f^k, v⟩: layer 0 as δ̄·(V_0 x̃), the output layer as
+            // α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]).
+            let mut xe = Vec::with_capacity(pc * (d + 1));
+            for xp in xc.chunks_exact(d) {
+                xe.extend_from_slice(xp);
+                if arch.bias {
+                    xe.push(1.0);
+                }
             }
-            nodes.point.iter_mut().for_each(|q| *q += c0);
-            let layers: Vec<(LayerFactors<'_>, LayerFactors<'_>)> = step
-                .layers
-                .iter()
-                .enumerate()
-                .map(|(l, layer)| {
-                    (
-                        LayerFactors { acts: &nodes.evals.acts[l], deltas: &nodes.evals.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                        LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
-                    )
-                })
-                .collect();
-            acc.add_step(&layers, &rows.x, &nodes.point, &nodes.weight, input.colw, c0..c0 + pc);
-            let row_layers: Vec<LayerFactors<'_>> = layers.iter().map(|(r, _)| LayerFactors { acts: r.acts, deltas: r.deltas, n_in: r.n_in, n_out: r.n_out }).collect();
-            gram::add_prediction(&mut pred, &row_layers, &v, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
-            if input.self_kernel {
-                gram::add_self_kernel(diag, &row_layers, &nodes.point, &nodes.weight, k, arch.bias, &rows.x);
+            let de = d + usize::from(arch.bias);
+            let mut vx = vec![0.0; pc * h];
+            crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
+            for pl in 0..pc {
+                let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
+                let v1 = &v[1];
+                let bv: f64 = (0..k).map(|o| dot(&ab[(1 + o) * ne..(2 + o) * ne], &v1[o * ne..(o + 1) * ne])).sum();
+                for kt in 0..k {
+                    let l0 = dot(&rf.dbar[(pl * k + kt) * h..(pl * k + kt + 1) * h], &vx[pl * h..(pl + 1) * h]);
+                    let l1 = arch.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
+                    pred[(c0 + pl) * k + kt] += l0 + l1;
+                }
             }
-            stats.evaluations.extend_from_slice(&nodes.evaluations);
-            stats.jvp_evaluations.extend_from_slice(&nodes.jvp_evaluations);
-            stats.pieces.extend_from_slice(&nodes.pieces);
-            stats.unconverged += nodes.unconverged;
+            if input.self_kernel && input.train_integrated {
+                add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, arch.bias, arch.alpha);
+            } else if input.self_kernel {
+                diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
+            }
+            for st in rf.stats {
+                stats.evaluations.push(mlp_pieces::EVALUATIONS);
+                stats.jvp_evaluations.push(0);
+                stats.pieces.push(st.pieces);
+                stats.unconverged += st.unconverged;
+                cos_sum += st.cosine_sum;
+                cos_count += st.cosine_count;
+            }
         }
         acc.end_step(&train_layers[0], input.colw);
         let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };

@@ -321,7 +321,7 @@ mod tests {
                 let nodes: Vec<(f64, f64)> = bps.windows(2).flat_map(|w| gauss_legendre_01(30, w[0], w[1])).collect();
                 let idx = vec![pi; nodes.len()];
                 let t: Vec<f64> = nodes.iter().map(|v| v.0).collect();
-                let ev = eval_rows(&step, &x, Some(&off), &idx, &t, None);
+                let ev = eval_rows(&step, &x, Some(&off), &idx, &t);
                 // δ̄_0, [Ā; B̄] and the self-kernel from the per-node gradients.
                 let (mut dbar, mut ab, mut diag) = (vec![0.0; k * h], vec![0.0; (k + 1) * ne], vec![0.0; k * k]);
                 let xp = &x[pi * d..(pi + 1) * d];
@@ -359,8 +359,8 @@ mod tests {
                 assert!(e.iter().all(|&v| v <= 1e-12), "seed {seed} point {pi}: δ̄, [Ā; B̄], self-kernel relative differences {e:?}");
                 // The Fig. 2 measure against the node path's.
                 let nn = nodes.len();
-                let rn = RowNodes { point: vec![0; nn], weight: nodes.iter().map(|v| v.1).collect(), evals: ev, evaluations: vec![nn], jvp_evaluations: vec![0], pieces: vec![1], unconverged: 0 };
-                let (cs, cc) = dpk_cosine_error(&step, &rn, xp, Some(&off[pi * k..(pi + 1) * k]), 1, None);
+                let rn = RowNodes { point: vec![0; nn], weight: nodes.iter().map(|v| v.1).collect(), evals: ev };
+                let (cs, cc) = dpk_cosine_error(&step, &rn, xp, Some(&off[pi * k..(pi + 1) * k]), 1);
                 assert_eq!(cc, fast.stats[pi].cosine_count);
                 assert!((cs - fast.stats[pi].cosine_sum).abs() <= 1e-12 * cs.abs().max(1e-3), "seed {seed} point {pi}: cosine measure {cs} vs {}", fast.stats[pi].cosine_sum);
             }

@@ -144,11 +144,10 @@ pub(crate) fn gauss_legendre_01(n: usize, a: f64, b: f64) -> Vec<(f64, f64)> {
     }
 }
 
-pub(crate) use crate::linalg::{horner, poly_roots_in};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linalg::{horner, poly_roots_in};
 
     #[test]
     fn gauss_integrates_polynomials_exactly() {

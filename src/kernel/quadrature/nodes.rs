@@ -1,20 +1,8 @@
 //! The adaptive kink-aware rule's node search along one step, for any network that can say
 //! where it kinks and give its forward-mode derivative ([`AlongPath`]); what it costs per
-//! point. The MLP preset's node evaluation is `kernel::mlp::nodes`.
+//! point.
 
 use crate::kernel::quadrature;
-
-/// Row points whose quadrature nodes are evaluated and folded into the Gram together: bounds the
-/// node data held at once (a kink-rich step can need 100+ gradient evaluations per point).
-pub(crate) const NODE_CHUNK_POINTS: usize = 32;
-
-pub(crate) fn gather_rows(x: &[f64], d: usize, idx: &[usize]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(idx.len() * d);
-    for &p in idx {
-        out.extend_from_slice(&x[p * d..(p + 1) * d]);
-    }
-    out
-}
 
 pub(crate) fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Option<Vec<f64>> {
     off.map(|o| {
