@@ -262,6 +262,22 @@ pub(crate) trait Layer {
     #[allow(clippy::too_many_arguments)]
     fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64>;
 
+    /// The parameter gradients from the sensitivities `dy` (`[n, K, O]`) of a max-pool right
+    /// after it, whose winners `arg` (`[n, O]`, indices into this layer's output) say where
+    /// each pooled sensitivity came from, where this layer's input sensitivities are not
+    /// wanted; pushes them as [`Layer::backward`] does and returns `true`. The pool's scatter
+    /// into a full-size, mostly zero cotangent is skipped (a convolution reads only the
+    /// winners' patches). `false`: not offered; the caller scatters and calls `backward`.
+    #[allow(clippy::too_many_arguments)]
+    fn grads_behind_max_pool(&self, _first: usize, _cache: &Cache, _dy: &[f64], _arg: &[u32], _k: usize, _grads: &mut Vec<(usize, Grad)>) -> bool {
+        false
+    }
+
+    /// A max-pool's winners, from its forward cache (`None` for every other layer).
+    fn max_pool_winners<'a>(&self, _cache: &'a Cache) -> Option<&'a [u32]> {
+        None
+    }
+
     /// The polynomial walk of the kink sweep: its output as polynomials in t along
     /// `w + tΔw` with the pattern read at `sw.tm`, recording kinks in `sw`; `None` where the
     /// output is not polynomial ([`Along::Smooth`]).

@@ -364,6 +364,63 @@ impl Conv {
         }
         out
     }
+
+    /// [`Conv::param_grads_shared`] from the sensitivities `dy` (`[n, K, O]`) of a max-pool
+    /// right after this layer and its winners `arg` (`[n, O]`, indices into this layer's output
+    /// `[C_out, positions]`; the pool's outputs channel-major, `O = C_out·m`): channel o's weight
+    /// gradient is `Σ_j dy[j]·u[pos_j]` over the pool outputs j of channel o, `pos_j` their
+    /// winners' positions, its bias gradient `Σ_j dy[j]`. The positions the pool does not pick
+    /// contribute nothing (the dense form scatters `dy` into `[n, K, C_out, positions]` and
+    /// multiplies every position). Consecutive samples of one run with the same winners (a
+    /// point's nodes between two of the pool's switches) share the gathered patches: one GEMM
+    /// `[rows·K, m] × [m, taps]` per channel.
+    ///
+    /// # Shapes
+    /// returns `[n, K, width]`.
+    fn param_grads_pooled(&self, sp: &SharedPatches, dy: &[f64], arg: &[u32], k: usize) -> Vec<f64> {
+        let (p, t, co, wd) = (self.positions(), self.taps(), self.co, self.width());
+        let n: usize = sp.runs.iter().map(|r| r.1).sum();
+        let on = arg.len() / n.max(1);
+        let m = on / co;
+        debug_assert_eq!(m * co, on, "a max-pool's outputs are channel-major");
+        let mut out = vec![0.0; n * k * wd];
+        let (mut ug, mut blk, mut prod) = (vec![0.0; on * t], Vec::new(), Vec::new());
+        for (r, &(s0, len)) in sp.runs.iter().enumerate() {
+            let u = &sp.u[r * p * t..(r + 1) * p * t];
+            let mut s = s0;
+            while s < s0 + len {
+                let a = &arg[s * on..(s + 1) * on];
+                let mut e = s + 1;
+                while e < s0 + len && arg[e * on..(e + 1) * on] == *a {
+                    e += 1;
+                }
+                for (j, &q) in a.iter().enumerate() {
+                    let pos = q as usize % p;
+                    debug_assert_eq!(q as usize / p, j / m, "a winner lies in its window's channel");
+                    ug[j * t..(j + 1) * t].copy_from_slice(&u[pos * t..(pos + 1) * t]);
+                }
+                let rows = (e - s) * k;
+                blk.resize(rows * m, 0.0);
+                prod.resize(rows * t, 0.0);
+                for o in 0..co {
+                    for (i, b) in blk.chunks_exact_mut(m).enumerate() {
+                        let row = s * k + i;
+                        b.copy_from_slice(&dy[row * on + o * m..row * on + (o + 1) * m]);
+                    }
+                    gemm(&mut prod, &blk, false, &ug[o * m * t..(o + 1) * m * t], false, (rows, t, m), 1.0, false);
+                    for (i, (pr, b)) in prod.chunks_exact(t).zip(blk.chunks_exact(m)).enumerate() {
+                        let dst = &mut out[(s * k + i) * wd..(s * k + i + 1) * wd];
+                        dst[o * t..(o + 1) * t].copy_from_slice(pr);
+                        if self.bias {
+                            dst[co * t + o] = sum4(b);
+                        }
+                    }
+                }
+                s = e;
+            }
+        }
+        out
+    }
 }
 
 impl Layer for Conv {
@@ -426,6 +483,12 @@ impl Layer for Conv {
         } else {
             Vec::new()
         }
+    }
+
+    fn grads_behind_max_pool(&self, first: usize, cache: &Cache, dy: &[f64], arg: &[u32], k: usize, grads: &mut Vec<(usize, Grad)>) -> bool {
+        let Cache::Patches(sp) = cache else { return false };
+        grads.push((first, Grad::Formed { g: self.param_grads_pooled(sp, dy, arg, k), width: self.width() }));
+        true
     }
 
     fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, _sw: &mut Sweep) -> Option<Poly> {

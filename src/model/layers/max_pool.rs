@@ -51,6 +51,13 @@ impl Layer for MaxPool {
         (y, xd.as_deref().map(|xd| self.pool.max_gather(xd, &arg)))
     }
 
+    fn max_pool_winners<'a>(&self, cache: &'a Cache) -> Option<&'a [u32]> {
+        match cache {
+            Cache::Arg(arg) => Some(arg),
+            _ => None,
+        }
+    }
+
     fn backward(&self, _first: usize, _at: &At, cache: &Cache, dy: Vec<f64>, k: usize, _want_dx: bool, _grads: &mut Vec<(usize, Grad)>) -> Vec<f64> {
         let Cache::Arg(arg) = cache else { unreachable!("a max-pool's cache is its winners") };
         self.pool.max_backward(&dy, arg, k)

@@ -193,6 +193,8 @@ macro_rules! layer_kinds {
             fn forward(&self, first: usize, at: &At, x: Vec<f64>, keep: bool) -> (Vec<f64>, Cache) { match self { $(AnyLayer::$kind(l) => Layer::forward(l, first, at, x, keep)),* } }
             fn tangent(&self, first: usize, at: &At, x: Vec<f64>, xd: Option<Vec<f64>>, probe: Probe<'_>) -> (Vec<f64>, Option<Vec<f64>>) { match self { $(AnyLayer::$kind(l) => Layer::tangent(l, first, at, x, xd, probe)),* } }
             fn backward(&self, first: usize, at: &At, cache: &Cache, dy: Vec<f64>, k: usize, want_dx: bool, grads: &mut Vec<(usize, Grad)>) -> Vec<f64> { match self { $(AnyLayer::$kind(l) => Layer::backward(l, first, at, cache, dy, k, want_dx, grads)),* } }
+            fn grads_behind_max_pool(&self, first: usize, cache: &Cache, dy: &[f64], arg: &[u32], k: usize, grads: &mut Vec<(usize, Grad)>) -> bool { match self { $(AnyLayer::$kind(l) => Layer::grads_behind_max_pool(l, first, cache, dy, arg, k, grads)),* } }
+            fn max_pool_winners<'a>(&self, cache: &'a Cache) -> Option<&'a [u32]> { match self { $(AnyLayer::$kind(l) => Layer::max_pool_winners(l, cache)),* } }
             fn sweep(&self, first: usize, w: &[Vec<f64>], dw: &[Vec<f64>], p: Poly, sw: &mut Sweep) -> Option<Poly> { match self { $(AnyLayer::$kind(l) => Layer::sweep(l, first, w, dw, p, sw)),* } }
             fn autodiff<D: dfdx::prelude::Device<f64>, T: dfdx::prelude::Tape<f64, D> + dfdx::prelude::Merge<T> + dfdx::prelude::Merge<dfdx::prelude::NoneTape>>(&self, first: usize, p: &[crate::model::tensors::ParamTensor<D>], x: autodiff::Activations<D, T>) -> autodiff::Activations<D, T> { match self { $(AnyLayer::$kind(l) => Layer::autodiff(l, first, p, x)),* } }
             fn gradient_floats(&self, k: u64) -> u64 { match self { $(AnyLayer::$kind(l) => Layer::gradient_floats(l, k)),* } }
@@ -574,6 +576,18 @@ pub(crate) fn backward_nodes(nodes: &[Node], at: &At, caches: &[Cache], mut dy: 
     for (j, (n, cache)) in nodes.iter().zip(caches).enumerate().rev() {
         if !need_dx && j < first_param {
             break;
+        }
+        // A max-pool right after the first parameter layer: that layer's gradients straight
+        // from the pool's sensitivities and winners where it offers them (a convolution reads
+        // the winners' patches only; on a max-pooled CNN's node rows this was the pool's
+        // full-size scatter, its zeroing and a GEMM over every position).
+        if !need_dx && j == first_param + 1 {
+            if let Some(arg) = n.layer.max_pool_winners(cache) {
+                let p = &nodes[first_param];
+                if p.layer.grads_behind_max_pool(p.first, &caches[first_param], &dy, arg, k, grads) {
+                    return Vec::new();
+                }
+            }
         }
         let want_dx = need_dx || j > first_param;
         dy = n.layer.backward(n.first, at, cache, dy, k, want_dx, grads);

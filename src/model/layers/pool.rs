@@ -90,13 +90,20 @@ impl Pool {
             for c in 0..self.c {
                 for oy in 0..self.ho {
                     for ox in 0..self.wo {
-                        let mut best = usize::MAX;
-                        for q in self.window(c, oy, ox) {
-                            if best == usize::MAX || xs[q] > xs[best] {
-                                best = q;
+                        // The window's first maximum in [`Pool::window`]'s order (row by row).
+                        let (y0, x0) = (oy * self.stride, ox * self.stride);
+                        let mut best = (c * self.h + y0) * self.w + x0;
+                        let mut top = xs[best];
+                        for i in 0..self.k {
+                            let row = (c * self.h + y0 + i) * self.w + x0;
+                            for (j, &v) in xs[row..row + self.k].iter().enumerate() {
+                                if v > top {
+                                    top = v;
+                                    best = row + j;
+                                }
                             }
                         }
-                        y.push(xs[best]);
+                        y.push(top);
                         arg.push(best as u32);
                     }
                 }

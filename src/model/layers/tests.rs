@@ -196,6 +196,52 @@ fn a_max_pool_runs_ahead_of_its_relu_with_the_same_function() {
 }
 
 #[test]
+fn a_convolution_behind_a_max_pool_takes_its_gradients_from_the_winners() {
+    // A first convolution with a max-pool right after it (a ReLU written ahead of the pool runs
+    // after it): its gradients come from the pool's sensitivities and winners
+    // (`Layer::grads_behind_max_pool`), with the winners' patches shared by consecutive rows of
+    // one sample that pick the same winners. Against the written-out walk: the pool's scatter
+    // into a full-size cotangent, then the convolution's own backward over every position.
+    for (layers, image) in [
+        (json!([{ "conv2d": { "channels": 3, "kernel": 3, "padding": 1 } }, "relu", { "max_pool2d": 2 }, "flatten", { "dense": 3 }]), [2, 8, 8]),
+        // Overlapping windows (an entry can win two), no bias, a stride.
+        (json!([{ "conv2d": { "channels": 2, "kernel": 3, "stride": 2, "padding": 1, "bias": false } }, { "max_pool2d": { "kernel": 3, "stride": 1 } }, "tanh", "flatten", { "dense": 4 }, "relu", { "dense": 3 }]), [1, 9, 9]),
+    ] {
+        let d = image.iter().product();
+        let a = arch(layers, d, Some(image), 3);
+        let st = a.stack().unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let w: Vec<Vec<f64>> = a.init(4).data.iter().map(|v| v.iter().map(|x| x + 0.1 * rng.gen_range(-1.0..1.0)).collect()).collect();
+        let dw: Vec<Vec<f64>> = w.iter().map(|v| v.iter().map(|_| 0.5 * rng.gen_range(-1.0..1.0)).collect()).collect();
+        // Samples 0 = 1 = 2 (t 0, 0, 1: the first two share their winners), 3 = 4 (t 0.3, 0.6).
+        let t = [0.0, 0.0, 1.0, 0.3, 0.6];
+        let (n, k) = (t.len(), 3);
+        let mut x = sample_rows(&st, n, &mut rng);
+        let (s0, s3) = (x[..d].to_vec(), x[3 * d..4 * d].to_vec());
+        x[d..2 * d].copy_from_slice(&s0);
+        x[2 * d..3 * d].copy_from_slice(&s0);
+        x[4 * d..5 * d].copy_from_slice(&s3);
+        let at = At { w: &w, dw: Some(&dw), t: Some(&t) };
+        let (_, caches) = st.forward_cached_at(&at, x.clone());
+        let Cache::Arg(arg) = &caches[1] else { panic!("the pool runs right after the convolution") };
+        let on = arg.len() / n;
+        assert_eq!(arg[..on], arg[on..2 * on], "rows 0 and 1 pick the same winners");
+        let seeds: Vec<f64> = (0..n * k * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let fast = st.backward_at(&at, &caches, seeds.clone(), k);
+        let mut slow = Vec::new();
+        let mut dy = seeds;
+        for (j, (node, cache)) in st.nodes.iter().zip(&caches).enumerate().rev() {
+            dy = node.layer.backward(node.first, &at, cache, dy, k, j > 0, &mut slow);
+        }
+        slow.sort_by_key(|g| g.0);
+        let (jf, js) = (dense_jacobian(&a.param_specs(), &fast, n, k), dense_jacobian(&a.param_specs(), &slow, n, k));
+        assert!(js.iter().fold(0.0f64, |m, v| m.max(v.abs())) > 1e-3, "a trivial Jacobian");
+        assert!(rel_diff(&jf, &js) <= 1e-14, "{}: the winners' gradients differ from the dense walk's by {:e}", st.torch_description(), rel_diff(&jf, &js));
+        assert!(check(&a, 4, 3) < 1e-12);
+    }
+}
+
+#[test]
 fn bad_stacks_are_refused_with_the_layer_named() {
     let parse = |layers: serde_json::Value| -> String {
         let text = format!("kind = \"layers\"\nlayers = {}\n", inline(&layers));
