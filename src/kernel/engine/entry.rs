@@ -17,8 +17,10 @@ use crate::trajectory::Run;
 /// Only the entries of `req.layout` are computed and held; the kernel machine and its per-step
 /// validation are computed for every layout (contracted with `a_{i,s}` on the fly, from the
 /// factors); the single machine of Theorem 3.7 contracts the off-diagonal blocks and comes with
-/// `full` only. MLPs take the structured fast path, CNNs theirs ([`crate::kernel::GramPath::Fast`]) or
-/// the generic autodiff reference ([`crate::kernel::GramPath::Generic`], fixed rules only). Runs whose
+/// `full` only. Every network takes its layer stack's structured path
+/// ([`crate::kernel::GramPath::Fast`]; an MLP or CNN preset as its stack, but for the presets'
+/// closed forms, which a stack of their shape takes too) or the generic autodiff reference
+/// ([`crate::kernel::GramPath::Generic`], fixed rules only, on the network as written). Runs whose
 /// optimizer keeps state (momentum, Adam, weight decay) take the optimizer replay
 /// (`crate::kernel::engine::stateful`) on the network's layer stack; what the run recorded besides its states (Adam's preconditioners) is
 /// loaded from its directory. With `req.block_rows` the rows are computed in blocks and the
@@ -167,7 +169,9 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
 /// training side over 20 steps); the CNN (1 000 training images, 64 held-out, class-diagonal,
 /// steps 0:20, alternating): EPK `left:10` 1.99 / 1.97 s against 2.24 / 2.14 s, `gauss:4` 1.64 /
 /// 1.71 against 2.02 / 2.15 s, the DPK 1.44 / 1.42 against 2.06 / 1.99 s, the NTK 0.14 / 0.18
-/// against 0.18 / 0.19 s (`docs/src/performance.md`).
+/// against 0.18 / 0.19 s. Not everywhere: with 200 nodes per point (`mnist-cnn`'s `left:200`,
+/// 200 held-out × 1 000 × 100 steps) the stack takes 97 s where the preset's own node path took
+/// 56 s (`docs/src/performance.md`).
 fn on_stack(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = &run.manifest.architecture;
     let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();
