@@ -183,11 +183,21 @@ impl Layer for Dense {
         let dx = if want_dx {
             let rows = dy.len() / self.n_out;
             let mut dx = vec![0.0; rows * self.n_in];
-            gemm(&mut dx, &dy, false, at.w(first), false, (rows, self.n_in, self.n_out), 1.0, false);
-            if let Some((dw, t)) = at.offset(first) {
-                let mut d1 = vec![0.0; rows * self.n_in];
-                gemm(&mut d1, &dy, false, dw, false, (rows, self.n_in, self.n_out), 1.0, false);
-                add_scaled_rows(&mut dx, &d1, t, k * self.positions * self.n_in);
+            match at.offset(first) {
+                None => gemm(&mut dx, &dy, false, at.w(first), false, (rows, self.n_in, self.n_out), 1.0, false),
+                // `dy·W_s + t·(dy·ΔW)` as one product `[dy, t·dy] × [W_s; ΔW]`: one output
+                // buffer instead of two (a node row's K cotangents share its t).
+                Some((dw, t)) => {
+                    let per = k * self.positions;
+                    let mut dy2 = Vec::with_capacity(2 * dy.len());
+                    for (r, row) in dy.chunks_exact(self.n_out).enumerate() {
+                        let ts = t[r / per];
+                        dy2.extend_from_slice(row);
+                        dy2.extend(row.iter().map(|v| ts * v));
+                    }
+                    let w2 = [at.w(first), dw].concat();
+                    gemm(&mut dx, &dy2, false, &w2, false, (rows, self.n_in, 2 * self.n_out), 1.0, false);
+                }
             }
             dx
         } else {
