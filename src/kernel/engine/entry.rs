@@ -170,8 +170,8 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
 /// steps 0:20, alternating): EPK `left:10` 1.99 / 1.97 s against 2.24 / 2.14 s, `gauss:4` 1.64 /
 /// 1.71 against 2.02 / 2.15 s, the DPK 1.44 / 1.42 against 2.06 / 1.99 s, the NTK 0.14 / 0.18
 /// against 0.18 / 0.19 s. Not everywhere: with 200 nodes per point (`mnist-cnn`'s `left:200`,
-/// 200 held-out × 1 000 × 100 steps) the stack takes 97 s where the preset's own node path took
-/// 56 s (`docs/src/performance.md`).
+/// 200 held-out × 1 000 × 100 steps) the stack takes 91 s where the preset's own node path took
+/// 54 s (`docs/src/performance.md`).
 fn on_stack(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = &run.manifest.architecture;
     let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();
