@@ -20,7 +20,7 @@ use super::contract::{At, KindSpec, Layer, Poly, Probe, Sweep};
 use super::recorded::{self, boolean, refuse, require, uint};
 use super::spec::{as_bool, as_count, as_size, err, need, options};
 use super::{uniform, AnyLayer, Cache, Grad, Shape};
-use crate::linalg::gemm;
+use crate::linalg::{gemm, gemm_abt_strided_add};
 use crate::model::conv;
 use crate::model::tensors::ParamTensor;
 
@@ -384,7 +384,8 @@ impl Conv {
         let m = on / co;
         debug_assert_eq!(m * co, on, "a max-pool's outputs are channel-major");
         let mut out = vec![0.0; n * k * wd];
-        let (mut ug, mut blk, mut prod) = (vec![0.0; on * t], Vec::new(), Vec::new());
+        // The winners' patches, transposed per channel: `[C_out, taps, m]`.
+        let mut ugt = vec![0.0; on * t];
         for (r, &(s0, len)) in sp.runs.iter().enumerate() {
             let u = &sp.u[r * p * t..(r + 1) * p * t];
             let mut s = s0;
@@ -395,24 +396,20 @@ impl Conv {
                     e += 1;
                 }
                 for (j, &q) in a.iter().enumerate() {
-                    let pos = q as usize % p;
-                    debug_assert_eq!(q as usize / p, j / m, "a winner lies in its window's channel");
-                    ug[j * t..(j + 1) * t].copy_from_slice(&u[pos * t..(pos + 1) * t]);
-                }
-                let rows = (e - s) * k;
-                blk.resize(rows * m, 0.0);
-                prod.resize(rows * t, 0.0);
-                for o in 0..co {
-                    for (i, b) in blk.chunks_exact_mut(m).enumerate() {
-                        let row = s * k + i;
-                        b.copy_from_slice(&dy[row * on + o * m..row * on + (o + 1) * m]);
+                    let (pos, o, i) = (q as usize % p, j / m, j % m);
+                    debug_assert_eq!(q as usize / p, o, "a winner lies in its window's channel");
+                    for (tap, &v) in u[pos * t..(pos + 1) * t].iter().enumerate() {
+                        ugt[(o * t + tap) * m + i] = v;
                     }
-                    gemm(&mut prod, &blk, false, &ug[o * m * t..(o + 1) * m * t], false, (rows, t, m), 1.0, false);
-                    for (i, (pr, b)) in prod.chunks_exact(t).zip(blk.chunks_exact(m)).enumerate() {
-                        let dst = &mut out[(s * k + i) * wd..(s * k + i + 1) * wd];
-                        dst[o * t..(o + 1) * t].copy_from_slice(pr);
-                        if self.bias {
-                            dst[co * t + o] = sum4(b);
+                }
+                // Read from `dy` and written into `out` in place (strided): channel o's `[rows·K, m]`
+                // block times its `[m, taps]` patches.
+                let rows = (e - s) * k;
+                for o in 0..co {
+                    gemm_abt_strided_add(&mut out[s * k * wd + o * t..], wd, &dy[s * k * on + o * m..], on, &ugt[o * t * m..(o + 1) * t * m], m, rows, t, m, 1.0);
+                    if self.bias {
+                        for row in s * k..e * k {
+                            out[row * wd + co * t + o] = sum4(&dy[row * on + o * m..row * on + (o + 1) * m]);
                         }
                     }
                 }

@@ -41,6 +41,14 @@ fn sample_rows(st: &Stack, n: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
     }
 }
 
+/// Sample `dst` of `x` (`[n, d]`) becomes a copy of sample `src`, for each `(src, dst)` in turn:
+/// a point's node rows share its input.
+fn repeat_samples(x: &mut [f64], d: usize, copies: &[(usize, usize)]) {
+    for &(src, dst) in copies {
+        x.copy_within(src * d..(src + 1) * d, dst * d);
+    }
+}
+
 fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
@@ -217,10 +225,7 @@ fn a_convolution_behind_a_max_pool_takes_its_gradients_from_the_winners() {
         let t = [0.0, 0.0, 1.0, 0.3, 0.6];
         let (n, k) = (t.len(), 3);
         let mut x = sample_rows(&st, n, &mut rng);
-        let (s0, s3) = (x[..d].to_vec(), x[3 * d..4 * d].to_vec());
-        x[d..2 * d].copy_from_slice(&s0);
-        x[2 * d..3 * d].copy_from_slice(&s0);
-        x[4 * d..5 * d].copy_from_slice(&s3);
+        repeat_samples(&mut x, d, &[(0, 1), (0, 2), (3, 4)]);
         let at = At { w: &w, dw: Some(&dw), t: Some(&t) };
         let (_, caches) = st.forward_cached_at(&at, x.clone());
         let Cache::Arg(arg) = &caches[1] else { panic!("the pool runs right after the convolution") };
@@ -352,10 +357,7 @@ fn per_row_times_equal_each_row_at_its_own_weights() {
         let mut x = sample_rows(&st, n, &mut rng);
         if dup {
             // Samples 0 = 1 (different times), 2 = 3 = 4 (two at the same time).
-            let (s0, s2) = (x[..d].to_vec(), x[2 * d..3 * d].to_vec());
-            x[d..2 * d].copy_from_slice(&s0);
-            x[3 * d..4 * d].copy_from_slice(&s2);
-            x[4 * d..5 * d].copy_from_slice(&s2);
+            repeat_samples(&mut x, d, &[(0, 1), (2, 3), (2, 4)]);
         }
         let at = At { w: &w, dw: Some(&dw), t: Some(&t) };
         let (y, caches) = st.forward_cached_at(&at, x.clone());
