@@ -46,7 +46,7 @@ fn check(arch: &Architecture, seed: u64, tol: f64) {
     for (next, use_off) in [(Some(&w1), false), (Some(&w1), true), (None, false)] {
         let step = StackStep::new(&stack_arch, &w0, next).unwrap();
         let t: Vec<f64> = if next.is_some() { times.to_vec() } else { vec![0.0; idx.len()] };
-        let want = step.cpu_block_grads(&x, use_off.then_some(off.as_slice()), &idx, &t);
+        let want = step.cpu_block_grads(&x, use_off.then_some(off.as_slice()), &idx, &t, None);
         let wts = Weights::upload(&be, &w0.data, step.dir.as_deref()).unwrap();
         let xs: Vec<f64> = idx.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
         let os: Vec<f64> = idx.iter().flat_map(|&i| off[i * k..(i + 1) * k].iter().copied()).collect();

@@ -160,7 +160,7 @@ impl<S: AlongPath> Evaluator<'_, S> {
 /// polynomials (relative to their scale) before the point's node search runs the network
 /// instead: rounding in a deep walk reaches ~1e-14; a kink the sweep missed shows as a
 /// difference of the order of its slope change times the distance to it.
-const POLY_AGREEMENT: f64 = 1e-11;
+pub(crate) const POLY_AGREEMENT: f64 = 1e-11;
 
 /// Nodes chosen by the auto rule: node j of point `point[j]` at `times[j]` with `weight[j]`.
 pub(crate) struct AutoNodes {

@@ -18,6 +18,7 @@
 
 pub(crate) mod cosine;
 mod dense;
+mod fixed;
 pub(crate) mod kinks;
 pub(crate) mod path;
 pub(crate) mod step;
@@ -316,16 +317,23 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
     let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
     let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
+    let (mut stand_ins, mut reduced, mut self_weight): (Option<Vec<f64>>, Vec<(usize, fixed::PieceMoments)>, Option<Vec<f64>>) = (None, Vec::new(), None);
     let (point, weight, times) = match input.fixed {
         Some(nodes) => {
             // Point-major: a point's node rows are consecutive, so a layer whose input does
             // not depend on t (the first) forms its products once per point (`Dense::apply`,
-            // `Conv::shared_patches`) instead of once per node.
-            let point: Vec<usize> = (0..pc).flat_map(|q| std::iter::repeat_n(q, nodes.len())).collect();
-            stats.evaluations.extend(std::iter::repeat_n(nodes.len(), pc));
-            stats.jvp_evaluations.extend(std::iter::repeat_n(0, pc));
-            stats.pieces.extend(std::iter::repeat_n(1, pc));
-            (point, (0..pc).flat_map(|_| nodes.iter().map(|n| n.1)).collect::<Vec<_>>(), (0..pc).flat_map(|_| nodes.iter().map(|n| n.0)).collect::<Vec<_>>())
+            // `Conv::shared_patches`) instead of once per node. Many nodes are reduced on the
+            // pieces of a stack whose kinks the sweep finds (here, not on a device).
+            let searched = std::time::Instant::now();
+            let try_reduce = nodes.len() >= fixed::REDUCE_FROM && step.nodes.is_none() && step.stack.kinks_reachable();
+            let fx = fixed::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats);
+            search_seconds += searched.elapsed().as_secs_f64();
+            stand_ins = fx.q;
+            if !fx.pieces.is_empty() {
+                reduced = fx.pieces;
+                self_weight = Some(fx.self_weight);
+            }
+            (fx.point, fx.weight, fx.times)
         }
         None => {
             let searched = std::time::Instant::now();
@@ -403,9 +411,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let (mut seconds, mut flops) = (0.0, 0.0);
     let mut dd = vec![0.0; k * k];
     let mut at_zero = cosine::AtZero::new(pc);
-    for b0 in (0..point.len()).step_by(block) {
-        let b1 = (b0 + block).min(point.len());
+    let mut b1 = 0;
+    while b1 < point.len() {
+        let b0 = b1;
+        b1 = fixed::block_end(&reduced, b0, block, point.len());
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
+        // The rows' weights in the self-kernel node by node (0 on reduced pieces, whose share
+        // comes from their moments).
+        let bs = self_weight.as_deref().map_or(bw, |s| &s[b0..b1]);
         // On every core: with few row points the chunks alone do not fill them.
         // On a device, formed layers come back summed per point (with their self-kernel terms).
         let evaluated = std::time::Instant::now();
@@ -414,7 +427,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                 let (parts, grams): (Vec<_>, Vec<_>) = p.into_iter().unzip();
                 (parts, Some(grams))
             }
-            None => (step.par_grads(xc, offc, bp, &times[b0..b1]), None),
+            None => (step.par_grads_q(xc, offc, bp, &times[b0..b1], stand_ins.as_deref().map(|q| &q[b0 * k..b1 * k])), None),
         };
         if input.cosine && grams.is_none() {
             at_zero.keep(&parts, bp, &times[b0..b1], k);
@@ -434,17 +447,21 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         acts.extend_from_slice(a);
                         deltas.extend_from_slice(d);
                     }
+                    if input.self_kernel && !reduced.is_empty() {
+                        let (a, d) = (&acts, &deltas);
+                        fixed::add_pieces_self_kernel(&mut diag, &reduced, (b0, b1), k, &|r| (&a[r * ne..(r + 1) * ne], &d[r * k * no..(r + 1) * k * no]));
+                    }
                     if let Some(sh) = shared.as_mut().filter(|_| li == 0) {
                         sh.add(bp, bw, &acts, &deltas);
                         if input.self_kernel {
-                            add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
+                            add_dense_self_kernel(&mut diag, &mut dd, bp, bs, &acts, &deltas, ne, no, k);
                         }
                         continue;
                     }
                     if let Some(o) = output.as_mut().filter(|o| o.layer == li) {
                         o.add(bp, bw, &acts, &deltas);
                         if input.self_kernel {
-                            add_dense_self_kernel(&mut diag, &mut dd, bp, bw, &acts, &deltas, ne, no, k);
+                            add_dense_self_kernel(&mut diag, &mut dd, bp, bs, &acts, &deltas, ne, no, k);
                         }
                         continue;
                     }
@@ -475,15 +492,15 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     let rb = bp.len();
                     let mut va = vec![0.0; rb * no];
                     gemm_abt(&mut va, &acts, v, rb, no, ne, 1.0, false);
-                    for (r, (&q, &w)) in bp.iter().zip(bw).enumerate() {
+                    for (r, ((&q, &w), &ws)) in bp.iter().zip(bw).zip(bs).enumerate() {
                         let dr = &deltas[r * k * no..(r + 1) * k * no];
                         let var = &va[r * no..(r + 1) * no];
                         for c in 0..k {
                             pred[q * k + c] += w * dot(&dr[c * no..(c + 1) * no], var);
                         }
-                        if input.self_kernel {
+                        if input.self_kernel && ws != 0.0 {
                             let ar = &acts[r * ne..(r + 1) * ne];
-                            gemm_abt(&mut dd, dr, dr, k, k, no, w * dot(ar, ar), false);
+                            gemm_abt(&mut dd, dr, dr, k, k, no, ws * dot(ar, ar), false);
                             diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
                         }
                     }
@@ -513,16 +530,25 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                     for part in &parts {
                         let RowGrad::Formed { g, .. } = &part[li] else { unreachable!("the same stack gives the same layer kinds") };
                         let nr = g.len() / (k * wd).max(1);
-                        let (pp, pw) = (&bp[r0..r0 + nr], &bw[r0..r0 + nr]);
+                        let (pp, pw, ps) = (&bp[r0..r0 + nr], &bw[r0..r0 + nr], &bs[r0..r0 + nr]);
                         r0 += nr;
-                        for (r, (&q, &w)) in pp.iter().zip(pw).enumerate() {
+                        for (r, ((&q, &w), &ws)) in pp.iter().zip(pw).zip(ps).enumerate() {
                             let gr = &g[r * k * wd..(r + 1) * k * wd];
                             jbar[q * k * wd..(q + 1) * k * wd].iter_mut().zip(gr).for_each(|(a, b)| *a += w * b);
-                            if input.self_kernel {
-                                gemm_abt(&mut dd, gr, gr, k, k, wd, w, false);
+                            if input.self_kernel && ws != 0.0 {
+                                gemm_abt(&mut dd, gr, gr, k, k, wd, ws, false);
                                 diag[q * k * k..(q + 1) * k * k].iter_mut().zip(&dd).for_each(|(a, b)| *a += b);
                             }
                         }
+                    }
+                    if input.self_kernel && !reduced.is_empty() {
+                        // Block row r is row r % EVAL_CHUNK of part r / EVAL_CHUNK (`par_grads_q`).
+                        let row = |r: usize| -> (&[f64], &[f64]) {
+                            let RowGrad::Formed { g, .. } = &parts[r / step::EVAL_CHUNK][li] else { unreachable!("the same stack gives the same layer kinds") };
+                            let i = r % step::EVAL_CHUNK;
+                            (&g[i * k * wd..(i + 1) * k * wd], &[])
+                        };
+                        fixed::add_pieces_self_kernel(&mut diag, &reduced, (b0, b1), k, &row);
                     }
                 }
                 _ => unreachable!("rows and training points of one stack"),

@@ -84,22 +84,24 @@ impl<'a> StackStep<'a> {
     }
 
     /// `f = out(α(g − off))` in place on raw outputs `g` `[R, K]`, and the sensitivities
-    /// `∂f^k/∂g` `[R, K, K]` (log-softmax: `α(e_k − p)`, identity: `α e_k`).
-    fn output_map(&self, g: &mut [f64], off: Option<&[f64]>) -> Vec<f64> {
+    /// `∂f^k/∂g` `[R, K, K]` (log-softmax: `α(e_k − p)`, identity: `α e_k`). With `q` (`[R, K]`),
+    /// a row's softmax `p` in the sensitivities is its row of `q` where that is not NaN (a
+    /// reduced fixed rule's stand-in, [`crate::kernel::quadrature::reduce`]).
+    fn output_map(&self, g: &mut [f64], off: Option<&[f64]>, q: Option<&[f64]>) -> Vec<f64> {
         let (k, alpha) = (self.k, self.arch.alpha);
-        if let Some(off) = off {
-            g.iter_mut().zip(off).for_each(|(a, b)| *a -= b);
-        }
-        g.iter_mut().for_each(|v| *v *= alpha);
+        self.map_rows(g, off);
         let rows = g.len() / k;
         let mut seeds = vec![0.0; rows * k * k];
+        let mut p = vec![0.0; k];
         for r in 0..rows {
-            let z = &mut g[r * k..(r + 1) * k];
+            let z = &g[r * k..(r + 1) * k];
             let s = &mut seeds[r * k * k..(r + 1) * k * k];
             if self.arch.output == OutputKind::LogSoftmax {
-                crate::model::log_softmax_rows(z, k);
                 // The softmax once per row (K exponentials, not K²).
-                let p: Vec<f64> = z.iter().map(|v| v.exp()).collect();
+                match q.map(|q| &q[r * k..(r + 1) * k]).filter(|q| !q[0].is_nan()) {
+                    Some(q) => p.copy_from_slice(q),
+                    None => p.iter_mut().zip(z).for_each(|(a, v)| *a = v.exp()),
+                }
                 for c in 0..k {
                     for o in 0..k {
                         s[c * k + o] = alpha * (f64::from(c == o) - p[o]);
@@ -110,6 +112,29 @@ impl<'a> StackStep<'a> {
             }
         }
         seeds
+    }
+
+    /// `f = out(α(g − off))` in place on raw outputs `g` `[R, K]`.
+    fn map_rows(&self, g: &mut [f64], off: Option<&[f64]>) {
+        if let Some(off) = off {
+            g.iter_mut().zip(off).for_each(|(a, b)| *a -= b);
+        }
+        g.iter_mut().for_each(|v| *v *= self.arch.alpha);
+        if self.arch.output == OutputKind::LogSoftmax {
+            crate::model::log_softmax_rows(g, self.k);
+        }
+    }
+
+    /// The output map's softmax at raw outputs `g` (`[K]`, one row; `off` its offsets), as the
+    /// sensitivities of [`StackStep::output_map`] take it; `None` for outputs without one.
+    pub(crate) fn softmax_at(&self, g: &[f64], off: Option<&[f64]>) -> Option<Vec<f64>> {
+        if self.arch.output != OutputKind::LogSoftmax {
+            return None;
+        }
+        let mut z = g.to_vec();
+        self.map_rows(&mut z, off);
+        z.iter_mut().for_each(|v| *v = v.exp());
+        Some(z)
     }
 
     /// The inputs (and output offsets) of rows `idx`.
@@ -150,7 +175,7 @@ impl<'a> StackStep<'a> {
     /// `g`, `gd`, `off` `[R, K]`; returns `[R, K]` twice.
     pub(crate) fn map_outputs(&self, mut g: Vec<f64>, gd: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         let k = self.k;
-        let seeds = self.output_map(&mut g, off);
+        let seeds = self.output_map(&mut g, off, None);
         let mut fd = Vec::with_capacity(g.len());
         for r in 0..g.len() / k {
             for c in 0..k {
@@ -236,6 +261,15 @@ impl<'a> StackStep<'a> {
             return idx.chunks(b).zip(t.chunks(b)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect();
         }
         idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).map(|(i, tt)| self.block_grads(x, off, i, tt)).collect()
+    }
+
+    /// [`StackStep::par_grads`] with the rows' stand-ins `q` (`[R, K]`) for their softmax in
+    /// the output map's sensitivities ([`StackStep::output_map`]); here, not on a device.
+    pub(crate) fn par_grads_q(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], q: Option<&[f64]>) -> Vec<Vec<RowGrad>> {
+        use rayon::prelude::*;
+        let Some(q) = q else { return self.par_grads(x, off, idx, t) };
+        assert!(self.nodes.is_none(), "stand-ins for the softmax are evaluated here");
+        idx.par_chunks(EVAL_CHUNK).zip(t.par_chunks(EVAL_CHUNK)).zip(q.par_chunks(EVAL_CHUNK * self.k)).map(|((i, tt), qq)| self.cpu_block_grads(x, off, i, tt, Some(qq))).collect()
     }
 
     /// [`StackStep::par_grads`] on the device with each formed layer's rows summed there, times
@@ -337,16 +371,16 @@ impl<'a> StackStep<'a> {
                 }
             }
         }
-        self.cpu_block_grads(x, off, idx, t)
+        self.cpu_block_grads(x, off, idx, t, None)
     }
 
     /// [`StackStep::block_grads`] here (the CPU engine), the layers' buffers moved, not copied (a
-    /// dense layer's acts get their bias column).
-    pub(crate) fn cpu_block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+    /// dense layer's acts get their bias column); `q` as in [`StackStep::par_grads_q`].
+    pub(crate) fn cpu_block_grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], q: Option<&[f64]>) -> Vec<RowGrad> {
         let (xs, os) = self.gather(x, off, idx);
         let at = self.at(t);
         let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
-        let seeds = self.output_map(&mut g, os.as_deref());
+        let seeds = self.output_map(&mut g, os.as_deref(), q);
         drop(g);
         row_grads(self.stack.backward_at(&at, &caches, seeds, self.k))
     }
@@ -366,7 +400,7 @@ impl<'a> StackStep<'a> {
         let t = vec![0.0; idx.len()];
         let at = self.at(&t);
         let (mut g, caches) = self.stack.forward_cached_at(&at, xs);
-        let seeds = self.output_map(&mut g, os.as_deref());
+        let seeds = self.output_map(&mut g, os.as_deref(), None);
         drop(g);
         // dy[i, o] = Σ_k c[i, k] ∂f^k/∂g_o.
         let mut dy = vec![0.0; idx.len() * k];

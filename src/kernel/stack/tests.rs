@@ -303,6 +303,54 @@ layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_
     }
 }
 
+/// A fixed rule reduced on each point's pieces ([`super::fixed`]) gives the rule's kernel node
+/// by node: Gram, machine, self-kernel, per-layer shares and the Fig. 2 measure, on the
+/// network's log-softmax outputs (the softmax's stand-ins) and on the logits, in the full and
+/// the class-diagonal layouts — on the CNN preset's shape, a LeNet-like stack (two convolutions,
+/// leaky ReLU, max and average pooling: gradients of degree 4 on a piece) and a deep MLP; and
+/// with fewer evaluations than nodes.
+#[test]
+fn reduced_fixed_rules_equal_the_rule_node_by_node() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    tiny_mnist(&data, 10, 4);
+    let mnist = |layers: &str| format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 4\n\n[model]\nkind = \"layers\"\nzero_last = false\nlayers = {layers}\n\n[train]\nlr = 0.02\nsteps = 2\nseed = 4\n", data.to_str().unwrap());
+    let cases = [
+        ("cnn", mnist(r#"[{ conv2d = { channels = 3, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]"#)),
+        ("lenet", mnist(r#"[{ conv2d = { channels = 2, kernel = 5, padding = 2 } }, { leaky_relu = 0.1 }, { max_pool2d = 2 }, { conv2d = { channels = 3, kernel = 5 } }, "relu", { avg_pool2d = 2 }, "flatten", { dense = 8 }, "relu", { dense = 10 }]"#)),
+        ("mlp", "[data]\nkind = \"gaussian-mixture\"\ndim = 3\nper_class = 4\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = [{ dense = 9 }, \"relu\", { dense = 7 }, \"relu\", { dense = 3 }]\n\n[train]\nlr = 0.7\nsteps = 3\nseed = 5\n".to_string()),
+    ];
+    for (name, toml) in cases {
+        let (run, states, pts) = trained(dir.path(), name, &toml);
+        for (layout, outputs, rule) in [(Layout::Full, Outputs::Network, Rule::Left(200)), (Layout::Diag, Outputs::Logits, Rule::Gauss(64)), (Layout::Full, Outputs::Logits, Rule::Midpoint(120))] {
+            let req = Request::new(KernelKind::Epk).rule(rule).layout(layout).outputs(outputs).per_layer(true);
+            super::fixed::KEEP_NODES_TEST.store(true, Relaxed);
+            let plain = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+            super::fixed::KEEP_NODES_TEST.store(false, Relaxed);
+            let (plain, reduced) = (plain.unwrap(), kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap());
+            let what = format!("{name} {layout:?} {outputs:?} {rule}");
+            let nodes = rule.fixed_nodes().unwrap().len() as f64;
+            assert_eq!(plain.mean_evaluations(), nodes, "{what}");
+            eprintln!("{what}: {} evaluations per point and step", reduced.mean_evaluations());
+            assert!(reduced.mean_evaluations() < 0.6 * nodes, "{what}: {} evaluations per point and step", reduced.mean_evaluations());
+            let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+            assert!(rel(&reduced.gram, &plain.gram) <= 1e-12, "{what}: Gram {:e}", rel(&reduced.gram, &plain.gram));
+            assert!(rel(&reduced.machine, &plain.machine) <= 1e-12, "{what}: machine {:e}", rel(&reduced.machine, &plain.machine));
+            let (a, b) = (reduced.diag.as_ref().unwrap(), plain.diag.as_ref().unwrap());
+            assert!(rel(a, b) <= 1e-12, "{what}: self-kernel {:e}", rel(a, b));
+            for (a, b) in reduced.layers.as_ref().unwrap().gram.iter().zip(&plain.layers.as_ref().unwrap().gram) {
+                assert!(rel(a, b) <= 1e-12, "{what}: a layer's Gram {:e}", rel(a, b));
+            }
+            for (a, b) in reduced.records.iter().zip(&plain.records) {
+                let (x, y) = (a.dpk_cosine_error, b.dpk_cosine_error);
+                assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{what} step {}: Fig. 2 measure {x} vs {y}", a.step);
+            }
+        }
+    }
+}
+
 /// The gradient evaluations through the device program (`crate::device`, on the host
 /// backend: what a GPU runs, blocks of 13 rows) give the CPU engine's kernel — Gram,
 /// machine, self-kernel and node counts — on a LeNet-shaped stack (padded convolutions, ReLU

@@ -1,0 +1,352 @@
+//! A fixed rule on a point's pieces: fewer gradient evaluations, the same sum.
+//!
+//! Between two kinks of a piecewise-linear network (ReLU, leaky ReLU, max pooling, with dense,
+//! conv and pooling layers) the pattern is fixed and the network is multilinear in its layers'
+//! parameters, so along `w_s(t) = w_s + tΔw` its raw outputs are a polynomial of degree `d` in t
+//! (the kink sweep's, [`crate::kernel::stack::kinks::pieces`]) and its per-sample parameter
+//! gradient one of degree `e = d − 1`. A fixed rule's sum over the nodes `t_r` of one piece,
+//! `Σ_r w_r G(t_r)`, is then exactly `Σ_j v_j G(τ_j)` at `e + 1` interpolatory nodes `τ_j` of
+//! the piece, with `v_j = Σ_r w_r ℓ_j(t_r)` (`ℓ_j` the Lagrange basis at the `τ`): a left rule
+//! with 200 nodes on a step with 30 pieces of a ReLU CNN (`e = 1`) costs 60 evaluations, not
+//! 200, and gives the same Gram up to rounding.
+//!
+//! A classifier's log-softmax outputs are not polynomial, but the rule's sum is linear in the
+//! softmax: `Σ_r w_r ∇f^k(t_r) = α Σ_r w_r Σ_o (δ_ko − p_o(t_r)) ∇g_o(t_r)`, with `∇g_o` the
+//! raw outputs' gradients (polynomial) and `p(t_r)` known from the piece's output polynomial.
+//! Each output's measure `w_r p_o(t_r)` gets its own interpolatory weights at the same nodes,
+//! `u_{j,o} = Σ_r w_r p_o(t_r) ℓ_j(t_r)`, so the node τ_j is evaluated once with the seeds
+//! `α(v_j δ_ko − u_{j,o})` — in the engine's form `v_j · α(δ_ko − q_{j,o})` with
+//! `q_{j,o} = u_{j,o}/v_j` standing in for the node's softmax (product integration).
+//!
+//! The rows' self-kernel, `Σ_r w_r ∇f(t_r)∇f(t_r)ᵀ`, is quadratic in the gradients: on a
+//! reduced piece it is `Σ_{j,j'} Σ_r w_r ℓ_j ℓ_j' P_r M_jj' P_rᵀ` with `M_jj' = R_j R_j'ᵀ` the
+//! products of the nodes' rows `R_j` and `P_r = I − 1p(t_r)ᵀ` (the rows' stand-in seeds
+//! `α(I − 1q_jᵀ)` drop out: `P_r 1 = 0`), so each pair `(j, j')` carries the moments
+//! `s0 = Σ_r w_r ℓ_j ℓ_j'`, `s1 = Σ_r w_r ℓ_j ℓ_j' p_r` and `s2 = Σ_r w_r ℓ_j ℓ_j' p_r p_rᵀ`
+//! ([`PieceMoments`]; without a softmax `P_r = I` and `s0` alone).
+//!
+//! A node on a piece bound (the left rule's `t = 0`) keeps its own evaluation: the network's
+//! pattern there may be either side's. A piece with no more nodes than `e + 1`, or whose
+//! interpolatory weights are not all comfortably positive, keeps its nodes.
+
+use super::gauss_legendre_01;
+
+/// One point's nodes after [`reduce`], in time order: `q` `[n, K]` holds each node's stand-in
+/// for its softmax (empty without one), a row of NaN where the node keeps its own.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Reduced {
+    pub times: Vec<f64>,
+    pub weights: Vec<f64>,
+    pub q: Vec<f64>,
+    /// The pieces the point's nodes fell in (reduced or not).
+    pub pieces: usize,
+    /// The reduced pieces, for the self-kernel.
+    pub moments: Vec<PieceMoments>,
+}
+
+/// A reduced piece's self-kernel moments: its nodes are `first..first + m` of [`Reduced`]'s,
+/// `s` `[m, m, 1 + K + K²]` (`s0`, `s1`, `s2` of the pair `(j, j')`; `[m, m, 1]` without a
+/// softmax).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PieceMoments {
+    pub first: usize,
+    pub m: usize,
+    pub s: Vec<f64>,
+}
+
+impl PieceMoments {
+    /// Adds the piece's share of the rows' self-kernel to `diag` (`[K, K]`) for one layer whose
+    /// node rows' products `R_j R_j'ᵀ` (`[K, K]`) `pair(j, j', out)` writes.
+    pub(crate) fn add_self_kernel(&self, diag: &mut [f64], k: usize, pair: &mut dyn FnMut(usize, usize, &mut [f64])) {
+        let m = self.m;
+        let per = self.s.len() / (m * m);
+        let mut mm = vec![0.0; k * k];
+        let (mut u, mut v) = (vec![0.0; k], vec![0.0; k]);
+        for j in 0..m {
+            for j2 in 0..m {
+                pair(j, j2, &mut mm);
+                let s = &self.s[(j * m + j2) * per..(j * m + j2 + 1) * per];
+                if per == 1 {
+                    diag.iter_mut().zip(&mm).for_each(|(d, x)| *d += s[0] * x);
+                    continue;
+                }
+                let (s1, s2) = (&s[1..1 + k], &s[1 + k..]);
+                // P M Pᵀ summed: s0 M − 1(s1ᵀM) − (M s1)1ᵀ + ⟨s2, M⟩ 11ᵀ.
+                u.iter_mut().enumerate().for_each(|(b, x)| *x = (0..k).map(|a| s1[a] * mm[a * k + b]).sum());
+                v.iter_mut().enumerate().for_each(|(a, x)| *x = (0..k).map(|b| mm[a * k + b] * s1[b]).sum());
+                let c: f64 = s2.iter().zip(&mm).map(|(x, y)| x * y).sum();
+                for a in 0..k {
+                    for b in 0..k {
+                        diag[a * k + b] += s[0] * mm[a * k + b] - u[b] - v[a] + c;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Smallest interpolatory weight accepted, relative to the piece's mean weight per node: the
+/// weights of evenly spread nodes are the Gauss–Legendre weights' shape (the smallest of 8 is
+/// 0.4 of the mean); a piece whose nodes crowd one end can give a weight near 0 or below, and
+/// dividing by it would lose the softmax's digits.
+const MIN_WEIGHT: f64 = 0.05;
+
+/// The nodes `(t, w)` of a fixed rule on the pieces `bounds` (`[J + 1]`, sorted:
+/// piece j is `(bounds[j], bounds[j + 1])`) where the per-sample gradient is a polynomial of
+/// degree `degree` on each piece. `softmax(j, t)` gives the output map's `p(t)` (`[K]`) on piece
+/// j, or is `None` for outputs without one (then `q` is empty). `None`: no piece is reduced.
+pub(crate) fn reduce(nodes: &[(f64, f64)], bounds: &[f64], degree: usize, k: usize, softmax: Option<&dyn Fn(usize, f64) -> Vec<f64>>) -> Option<Reduced> {
+    let m = degree + 1;
+    let mut sorted = nodes.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let nodes = &sorted[..];
+    let own = |q: &mut Vec<f64>| {
+        if softmax.is_some() {
+            q.extend(std::iter::repeat_n(f64::NAN, k));
+        }
+    };
+    let mut out = Reduced { times: Vec::with_capacity(nodes.len()), weights: Vec::with_capacity(nodes.len()), q: Vec::new(), pieces: 0, moments: Vec::new() };
+    let mut reduced = false;
+    let mut r = 0;
+    // Nodes before the first bound or on a bound keep their own evaluation.
+    let on_bound = |t: f64| bounds.iter().any(|&b| (t - b).abs() <= 4.0 * f64::EPSILON * b.abs().max(1.0));
+    let mut touched = vec![false; bounds.len().saturating_sub(1)];
+    while r < nodes.len() {
+        let t = nodes[r].0;
+        let piece = bounds.partition_point(|&b| b < t).checked_sub(1).filter(|&j| j + 1 < bounds.len() && t < bounds[j + 1]);
+        let (Some(j), false) = (piece, on_bound(t)) else {
+            if let Some(j) = bounds.partition_point(|&b| b <= t).checked_sub(1).filter(|&j| j + 1 < bounds.len()) {
+                touched[j] = true;
+            }
+            out.times.push(t);
+            out.weights.push(nodes[r].1);
+            own(&mut out.q);
+            r += 1;
+            continue;
+        };
+        touched[j] = true;
+        // The piece's interior nodes: r..e.
+        let mut e = r;
+        while e < nodes.len() && nodes[e].0 < bounds[j + 1] && !on_bound(nodes[e].0) {
+            e += 1;
+        }
+        let run = &nodes[r..e];
+        match (run.len() > m).then(|| interpolate(run, m, k, j, softmax)).flatten() {
+            Some((tau, v, q, s)) => {
+                reduced = true;
+                out.moments.push(PieceMoments { first: out.times.len(), m, s });
+                out.times.extend(tau);
+                out.weights.extend(v);
+                out.q.extend(q);
+            }
+            None => {
+                for &(t, w) in run {
+                    out.times.push(t);
+                    out.weights.push(w);
+                    own(&mut out.q);
+                }
+            }
+        }
+        r = e;
+    }
+    out.pieces = touched.iter().filter(|&&t| t).count();
+    reduced.then_some(out)
+}
+
+/// The `m` interpolatory nodes of one piece's nodes `run` (more than `m`, sorted): the
+/// Gauss–Legendre points of their span, their weights `v_j = Σ_r w_r ℓ_j(t_r)` and, with a
+/// softmax, `q_{j,o} = Σ_r w_r p_o(t_r) ℓ_j(t_r) / v_j` (`[m, K]`), and the self-kernel's
+/// moments ([`PieceMoments::s`]). `None` where some `v_j` is below [`MIN_WEIGHT`] of the mean.
+#[allow(clippy::type_complexity)]
+fn interpolate(run: &[(f64, f64)], m: usize, k: usize, piece: usize, softmax: Option<&dyn Fn(usize, f64) -> Vec<f64>>) -> Option<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let (lo, hi) = (run[0].0, run[run.len() - 1].0);
+    if hi <= lo {
+        return None;
+    }
+    let tau: Vec<f64> = gauss_legendre_01(m, lo, hi).into_iter().map(|(t, _)| t).collect();
+    let mut v = vec![0.0; m];
+    let mut u = vec![0.0; if softmax.is_some() { m * k } else { 0 }];
+    let mut l = vec![0.0; m];
+    let per = if softmax.is_some() { 1 + k + k * k } else { 1 };
+    let mut s = vec![0.0; m * m * per];
+    for &(t, w) in run {
+        lagrange(&tau, t, &mut l);
+        v.iter_mut().zip(&l).for_each(|(a, b)| *a += w * b);
+        let p = softmax.map(|sm| sm(piece, t));
+        if let Some(p) = &p {
+            for (j, &lj) in l.iter().enumerate() {
+                u[j * k..(j + 1) * k].iter_mut().zip(p).for_each(|(a, b)| *a += w * b * lj);
+            }
+        }
+        for j in 0..m {
+            for j2 in 0..m {
+                let c = w * l[j] * l[j2];
+                let sj = &mut s[(j * m + j2) * per..(j * m + j2 + 1) * per];
+                sj[0] += c;
+                if let Some(p) = &p {
+                    sj[1..1 + k].iter_mut().zip(p).for_each(|(a, b)| *a += c * b);
+                    for (a, &pa) in p.iter().enumerate() {
+                        sj[1 + k + a * k..1 + k + (a + 1) * k].iter_mut().zip(p).for_each(|(x, pb)| *x += c * pa * pb);
+                    }
+                }
+            }
+        }
+    }
+    let mean = run.iter().map(|n| n.1).sum::<f64>() / m as f64;
+    if !v.iter().all(|&vj| vj >= MIN_WEIGHT * mean) {
+        return None;
+    }
+    if !u.is_empty() {
+        for (j, &vj) in v.iter().enumerate() {
+            u[j * k..(j + 1) * k].iter_mut().for_each(|a| *a /= vj);
+        }
+    }
+    Some((tau, v, u, s))
+}
+
+/// The Lagrange basis at the nodes `tau`, evaluated at `t`, into `l`.
+fn lagrange(tau: &[f64], t: f64, l: &mut [f64]) {
+    for (j, lj) in l.iter_mut().enumerate() {
+        *lj = tau.iter().enumerate().filter(|&(i, _)| i != j).fold(1.0, |acc, (_, &ti)| acc * (t - ti) / (tau[j] - ti));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn poly(c: &[f64], t: f64) -> f64 {
+        c.iter().rev().fold(0.0, |acc, &ci| acc * t + ci)
+    }
+
+    /// On every piece, a random polynomial of the degree and a random smooth positive "softmax":
+    /// the reduced nodes' sums equal the rule's, written out node by node.
+    #[test]
+    fn reduced_nodes_sum_polynomials_as_the_rule_does() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for (t_nodes, degree, bounds) in [
+            (200, 1, vec![0.0, 0.137, 0.4, 0.4001, 0.77, 1.0]),
+            (200, 4, vec![0.0, 0.31, 0.52, 1.0]),
+            (50, 2, vec![0.0, 1.0]),
+            (13, 3, vec![0.0, 0.05, 0.9, 1.0]),
+        ] {
+            let k = 3;
+            let nodes: Vec<(f64, f64)> = (0..t_nodes).map(|j| (j as f64 / t_nodes as f64, 1.0 / t_nodes as f64)).collect();
+            let coef: Vec<Vec<f64>> = (0..bounds.len() - 1).map(|_| (0..=degree).map(|_| rng.gen_range(-3.0..3.0)).collect()).collect();
+            let freq: Vec<f64> = (0..k).map(|_| rng.gen_range(0.5..4.0)).collect();
+            let soft = |j: usize, t: f64| -> Vec<f64> { freq.iter().map(|f| 0.3 + 0.2 * (f * t + j as f64).sin()).collect() };
+            let piece_of = |t: f64| bounds.partition_point(|&b| b <= t) - 1;
+            let red = reduce(&nodes, &bounds, degree, k, Some(&soft)).expect("pieces with many nodes reduce");
+            assert!(red.times.len() < nodes.len(), "fewer nodes: {} of {}", red.times.len(), nodes.len());
+            assert_eq!(red.pieces, bounds.len() - 1);
+            // Σ_r w_r P(t_r) and Σ_r w_r p_o(t_r) P(t_r) against the reduced nodes' sums.
+            let mut want = vec![0.0; 1 + k];
+            for &(t, w) in &nodes {
+                let (j, p) = (piece_of(t), soft(piece_of(t), t));
+                let g = poly(&coef[j], t);
+                want[0] += w * g;
+                (0..k).for_each(|o| want[1 + o] += w * p[o] * g);
+            }
+            let mut got = vec![0.0; 1 + k];
+            for (i, (&t, &w)) in red.times.iter().zip(&red.weights).enumerate() {
+                let j = piece_of(t);
+                let g = poly(&coef[j], t);
+                let q = &red.q[i * k..(i + 1) * k];
+                // A kept node's own softmax (NaN marks it).
+                let p: Vec<f64> = if q[0].is_nan() { soft(j, t) } else { q.to_vec() };
+                got[0] += w * g;
+                (0..k).for_each(|o| got[1 + o] += w * p[o] * g);
+            }
+            for (a, b) in want.iter().zip(&got) {
+                assert!((a - b).abs() <= 1e-13 * a.abs().max(1.0), "degree {degree}: {a} vs {b}");
+            }
+            // The node on the bound 0 keeps its own evaluation.
+            assert_eq!(red.times[0], 0.0);
+            assert!(red.q[0].is_nan());
+        }
+    }
+
+    /// The self-kernel `Σ_r w_r P_r G(t_r) G(t_r)ᵀ P_rᵀ` of polynomial rows `G` (`[K, W]`, degree
+    /// 2) under a softmax `p` (summing to 1), written out node by node, against the reduced
+    /// nodes' rows `(I − 1q_jᵀ)G(τ_j)` through [`PieceMoments::add_self_kernel`].
+    #[test]
+    fn reduced_self_kernel_equals_the_rules() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let (k, wd, degree) = (3, 4, 2);
+        let bounds = [0.0, 0.3, 0.71, 1.0];
+        let nodes: Vec<(f64, f64)> = (0..60).map(|j| (j as f64 / 60.0, 1.0 / 60.0)).collect();
+        // G_j(t) per piece: coefficients [degree + 1][K·W].
+        let coef: Vec<Vec<Vec<f64>>> = (0..3).map(|_| (0..=degree).map(|_| (0..k * wd).map(|_| rng.gen_range(-1.0..1.0)).collect()).collect()).collect();
+        let rows = |j: usize, t: f64| -> Vec<f64> { (0..k * wd).map(|i| (0..=degree).rev().fold(0.0, |acc, d| acc * t + coef[j][d][i])).collect() };
+        let soft = |j: usize, t: f64| -> Vec<f64> {
+            let e: Vec<f64> = (0..k).map(|o| ((o as f64 + 1.0) * t + 0.3 * j as f64).sin().exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        let piece_of = |t: f64| bounds.partition_point(|&b| b <= t) - 1;
+        // P G (rows [K, W]) for a softmax p.
+        let project = |g: &[f64], p: &[f64]| -> Vec<f64> {
+            let mut out = g.to_vec();
+            for c in 0..wd {
+                let s: f64 = (0..k).map(|o| p[o] * g[o * wd + c]).sum();
+                (0..k).for_each(|a| out[a * wd + c] -= s);
+            }
+            out
+        };
+        let outer = |a: &[f64], b: &[f64]| -> Vec<f64> { (0..k * k).map(|i| (0..wd).map(|c| a[(i / k) * wd + c] * b[(i % k) * wd + c]).sum()).collect() };
+        let mut want = vec![0.0; k * k];
+        for &(t, w) in &nodes {
+            let j = piece_of(t);
+            let pg = project(&rows(j, t), &soft(j, t));
+            want.iter_mut().zip(outer(&pg, &pg)).for_each(|(a, b)| *a += w * b);
+        }
+        let red = reduce(&nodes, &bounds, degree, k, Some(&soft)).unwrap();
+        assert_eq!(red.moments.len(), 3);
+        let mut got = vec![0.0; k * k];
+        let in_piece: Vec<bool> = (0..red.times.len()).map(|i| red.moments.iter().any(|pm| (pm.first..pm.first + pm.m).contains(&i))).collect();
+        // The engine's rows: seeds (I − 1qᵀ) with the stand-in q (own p where NaN).
+        let node_rows: Vec<Vec<f64>> = (0..red.times.len())
+            .map(|i| {
+                let (t, j) = (red.times[i], piece_of(red.times[i]));
+                let q = &red.q[i * k..(i + 1) * k];
+                project(&rows(j, t), &if q[0].is_nan() { soft(j, t) } else { q.to_vec() })
+            })
+            .collect();
+        for (i, r) in node_rows.iter().enumerate() {
+            if !in_piece[i] {
+                got.iter_mut().zip(outer(r, r)).for_each(|(a, b)| *a += red.weights[i] * b);
+            }
+        }
+        for pm in &red.moments {
+            pm.add_self_kernel(&mut got, k, &mut |j, j2, out: &mut [f64]| out.copy_from_slice(&outer(&node_rows[pm.first + j], &node_rows[pm.first + j2])));
+        }
+        for (a, b) in want.iter().zip(&got) {
+            assert!((a - b).abs() <= 1e-13 * want.iter().fold(1.0f64, |m, v| m.max(v.abs())), "{a} vs {b}");
+        }
+    }
+
+    /// One degree too many for the reduced nodes: the sums differ (the test above can fail).
+    #[test]
+    fn a_polynomial_above_the_degree_is_not_summed_exactly() {
+        let nodes: Vec<(f64, f64)> = (0..100).map(|j| (j as f64 / 100.0, 0.01)).collect();
+        let red = reduce(&nodes, &[0.0, 1.0], 1, 1, None).unwrap();
+        assert_eq!(red.times.len(), 3, "t = 0 kept, two interpolatory nodes");
+        assert!(red.q.is_empty());
+        let want: f64 = nodes.iter().map(|&(t, w)| w * t * t).sum();
+        let got: f64 = red.times.iter().zip(&red.weights).map(|(&t, &w)| w * t * t).sum();
+        assert!((want - got).abs() > 1e-6);
+    }
+
+    /// Pieces with few nodes, or none, keep them; nothing reduced gives `None`.
+    #[test]
+    fn few_nodes_per_piece_are_kept() {
+        let nodes: Vec<(f64, f64)> = (0..10).map(|j| (j as f64 / 10.0, 0.1)).collect();
+        let bounds: Vec<f64> = std::iter::once(0.0).chain((0..10).map(|j| (j as f64 + 0.5) / 10.0)).chain([1.0]).collect();
+        assert_eq!(reduce(&nodes, &bounds, 1, 2, None), None);
+        // Nodes crowding one end of a piece: the weights would be lopsided, kept.
+        let crowd = [(0.1, 1.0), (0.11, 1.0), (0.12, 1.0), (0.9, 1e-3)];
+        assert_eq!(reduce(&crowd, &[0.0, 1.0], 1, 1, None), None);
+    }
+}

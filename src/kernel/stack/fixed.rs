@@ -1,0 +1,187 @@
+//! A fixed rule's nodes for a chunk of row points: each point's nodes reduced on its pieces
+//! ([`crate::kernel::quadrature::reduce`]) where the kink sweep walks the whole stack and its
+//! pieces' output polynomials are trusted, else the rule's nodes as they are.
+//!
+//! Trust, per point: consecutive pieces' polynomials agree at the kink between them (a kink the
+//! sweep missed inside a piece shows there as a jump of its slope change times the distance
+//! to it, the next piece being read afresh), and the last piece's agrees with the network at
+//! `t = 1` (one forward-mode evaluation), each to [`POLY_AGREEMENT`] of the outputs' scale —
+//! the adaptive rule's test for reading the node search off the same polynomials.
+
+use super::kinks;
+use super::step::StackStep;
+use crate::kernel::quadrature::nodes::POLY_AGREEMENT;
+pub(super) use crate::kernel::quadrature::reduce::PieceMoments;
+use crate::kernel::quadrature::reduce::reduce;
+use crate::kernel::types::NodeStats;
+use crate::linalg::{gemm_abt, horner};
+
+/// Nodes per step from which a fixed rule is reduced: below, the sweep costs more than it
+/// saves (`left:10` on the MNIST CNN has about as many pieces as nodes).
+pub(super) const REDUCE_FROM: usize = 16;
+
+/// The tests' switch: `true` keeps every fixed rule's nodes as they are.
+#[cfg(test)]
+pub(super) static KEEP_NODES_TEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The node rows of a chunk's points, point-major: row j is point `point[j]` at `times[j]`
+/// with `weight[j]`, and, where some point's nodes were reduced with a softmax, `q` `[R, K]`
+/// its stand-in for the softmax (NaN rows: the node's own). The reduced pieces' node rows are
+/// `pieces[i].1.first..+m` (point `pieces[i].0`, in row order); their self-kernel comes from
+/// the pieces' moments, so `self_weight` (the rows' weights for the self-kernel node by node)
+/// holds 0 for them.
+pub(super) struct FixedNodes {
+    pub point: Vec<usize>,
+    pub weight: Vec<f64>,
+    pub times: Vec<f64>,
+    pub q: Option<Vec<f64>>,
+    pub pieces: Vec<(usize, PieceMoments)>,
+    pub self_weight: Vec<f64>,
+}
+
+/// The fixed rule `nodes` for the chunk's `pc` points (`x` `[pc, d]`, `off` `[pc, K]`), reduced
+/// on each point's pieces where `try_reduce` and the point's polynomials are trusted; the
+/// evaluations, forward-mode evaluations and pieces per point go to `stats`.
+pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, pc: usize, nodes: &[(f64, f64)], try_reduce: bool, stats: &mut NodeStats) -> FixedNodes {
+    let (k, d) = (step.k, step.d);
+    let plain = |q: usize, out: &mut FixedNodes| {
+        out.point.extend(std::iter::repeat_n(q, nodes.len()));
+        out.weight.extend(nodes.iter().map(|n| n.1));
+        out.times.extend(nodes.iter().map(|n| n.0));
+    };
+    let mut out = FixedNodes { point: Vec::with_capacity(pc * nodes.len()), weight: Vec::new(), times: Vec::new(), q: None, pieces: Vec::new(), self_weight: Vec::new() };
+    // Each point's pieces (bounds and raw-output polynomials) where the sweep has them.
+    let swept: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>> = (0..pc)
+        .map(|q| {
+            #[cfg(test)]
+            if KEEP_NODES_TEST.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
+            if !try_reduce {
+                return None;
+            }
+            let (kinks, polys) = kinks::pieces(step, &x[q * d..(q + 1) * d], 0.0, 1.0);
+            let polys = polys?;
+            let mut bounds = Vec::with_capacity(kinks.len() + 2);
+            bounds.push(0.0);
+            bounds.extend(kinks);
+            bounds.push(1.0);
+            joined(&bounds, &polys, k).then_some((bounds, polys))
+        })
+        .collect();
+    // The last pieces against the network at t = 1.
+    let ends: Vec<usize> = (0..pc).filter(|&q| swept[q].is_some()).collect();
+    let mut trusted = vec![false; pc];
+    if !ends.is_empty() {
+        let (f_net, _) = step.par_jvp(x, off, &ends, &vec![1.0; ends.len()]);
+        let mut g = Vec::with_capacity(ends.len() * k);
+        for &q in &ends {
+            let last = swept[q].as_ref().expect("swept").1.last().expect("a piece");
+            g.extend((0..k).map(|o| at(last, k, o, 1.0)));
+        }
+        let offs = off.map(|o| ends.iter().flat_map(|&q| o[q * k..(q + 1) * k].iter().copied()).collect::<Vec<f64>>());
+        let (f_poly, _) = step.map_outputs(g, &vec![0.0; ends.len() * k], offs.as_deref());
+        for (j, &q) in ends.iter().enumerate() {
+            let (a, b) = (&f_net[j * k..(j + 1) * k], &f_poly[j * k..(j + 1) * k]);
+            let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            trusted[q] = a.iter().zip(b).all(|(u, v)| (u - v).abs() <= POLY_AGREEMENT * scale);
+        }
+    }
+    // Each point's stand-ins and its node rows.
+    let mut qs: Vec<(Option<Vec<f64>>, usize)> = Vec::with_capacity(pc);
+    for q in 0..pc {
+        let reduced = swept[q].as_ref().filter(|_| trusted[q]).and_then(|(bounds, polys)| {
+            // The gradient's degree, one below the outputs'.
+            let degree = (polys.iter().map(Vec::len).max().unwrap_or(0) / k).saturating_sub(2);
+            let offq = off.map(|o| &o[q * k..(q + 1) * k]);
+            let softmax = |j: usize, t: f64| -> Vec<f64> {
+                let g: Vec<f64> = (0..k).map(|o| at(&polys[j], k, o, t)).collect();
+                step.softmax_at(&g, offq).expect("asked only with a softmax")
+            };
+            let with_softmax = step.softmax_at(&vec![0.0; k], offq).is_some();
+            reduce(nodes, bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))
+        });
+        match reduced {
+            Some(r) => {
+                stats.evaluations.push(r.times.len());
+                stats.jvp_evaluations.push(1);
+                stats.pieces.push(r.pieces);
+                let row0 = out.point.len();
+                out.point.extend(std::iter::repeat_n(q, r.times.len()));
+                for mut pm in r.moments {
+                    pm.first += row0;
+                    out.pieces.push((q, pm));
+                }
+                out.weight.extend_from_slice(&r.weights);
+                out.times.extend_from_slice(&r.times);
+                qs.push(((!r.q.is_empty()).then_some(r.q), r.times.len()));
+            }
+            None => {
+                stats.evaluations.push(nodes.len());
+                stats.jvp_evaluations.push(usize::from(swept[q].is_some()));
+                stats.pieces.push(1);
+                plain(q, &mut out);
+                qs.push((None, nodes.len()));
+            }
+        }
+    }
+    if qs.iter().any(|q| q.0.is_some()) {
+        let mut all = Vec::with_capacity(out.times.len() * k);
+        for (q, rows) in qs {
+            all.extend(q.unwrap_or_else(|| vec![f64::NAN; rows * k]));
+        }
+        out.q = Some(all);
+    }
+    out.self_weight = out.weight.clone();
+    for (_, pm) in &out.pieces {
+        out.self_weight[pm.first..pm.first + pm.m].iter_mut().for_each(|w| *w = 0.0);
+    }
+    out
+}
+
+/// The end of the block of node rows from `b0` (at most `len` rows): short of a reduced piece
+/// that would straddle it (its rows' products are taken within one block).
+pub(super) fn block_end(pieces: &[(usize, PieceMoments)], b0: usize, len: usize, total: usize) -> usize {
+    let b1 = (b0 + len).min(total);
+    match pieces.iter().find(|(_, pm)| pm.first < b1 && b1 < pm.first + pm.m) {
+        Some((_, pm)) if pm.first > b0 => pm.first,
+        Some((_, pm)) => pm.first + pm.m,
+        None => b1,
+    }
+}
+
+/// The reduced pieces of rows `b0..b1` and their share of the rows' self-kernel (`diag`
+/// `[pc, K, K]`) from one layer, node row `r` of the block holding `row(r)`: a dense layer's
+/// `(a_r, δ_r)` (`[ne]`, `[K, out]`) or a formed layer's `([K, width], [])`.
+pub(super) fn add_pieces_self_kernel<'r>(diag: &mut [f64], pieces: &[(usize, PieceMoments)], (b0, b1): (usize, usize), k: usize, row: &dyn Fn(usize) -> (&'r [f64], &'r [f64])) {
+    for (q, pm) in pieces.iter().filter(|(_, pm)| pm.first >= b0 && pm.first + pm.m <= b1) {
+        let d = &mut diag[q * k * k..(q + 1) * k * k];
+        pm.add_self_kernel(d, k, &mut |j, j2, out: &mut [f64]| {
+            let ((a1, d1), (a2, d2)) = (row(pm.first + j - b0), row(pm.first + j2 - b0));
+            if d1.is_empty() {
+                // Formed: `[K, width]` rows.
+                gemm_abt(out, a1, a2, k, k, a1.len() / k, 1.0, false);
+            } else {
+                let dot: f64 = a1.iter().zip(a2).map(|(x, y)| x * y).sum();
+                gemm_abt(out, d1, d2, k, k, d1.len() / k, dot, false);
+            }
+        });
+    }
+}
+
+/// Output `o` of the raw-output polynomial `c` (`[deg + 1, K]`) at t.
+fn at(c: &[f64], k: usize, o: usize, t: f64) -> f64 {
+    let coef: Vec<f64> = c.iter().skip(o).step_by(k).copied().collect();
+    horner(&coef, t)
+}
+
+/// Whether consecutive pieces' polynomials agree at the kinks between them (to
+/// [`POLY_AGREEMENT`] of the outputs' scale there).
+fn joined(bounds: &[f64], polys: &[Vec<f64>], k: usize) -> bool {
+    polys.len() + 1 == bounds.len()
+        && polys.windows(2).zip(&bounds[1..]).all(|(pair, &b)| {
+            let (l, r): (Vec<f64>, Vec<f64>) = (0..k).map(|o| (at(&pair[0], k, o, b), at(&pair[1], k, o, b))).unzip();
+            let scale = l.iter().chain(&r).fold(1.0f64, |m, v| m.max(v.abs()));
+            l.iter().zip(&r).all(|(u, v)| (u - v).abs() <= POLY_AGREEMENT * scale)
+        })
+}
