@@ -403,6 +403,17 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
                 sk.exactness.evaluations_per_step.mean_forward_mode
             );
         }
+        for sk in kernels {
+            let nodes = sk.gram.output().rule.fixed_nodes().map_or(0, |n| n.len());
+            let evals = sk.exactness.evaluations_per_step.mean;
+            if sk.gram.output().integrated && nodes > 0 && evals < nodes as f64 {
+                let _ = writeln!(
+                    s,
+                    "\n{}: the rule's {nodes} nodes per step are evaluated on each point's pieces between the kinks (`kernel::quadrature::reduce`: where the network is a polynomial in t, a piece's nodes are replaced by as many interpolatory nodes as the polynomial's degree, the softmax and the self-kernel carried in their weights), {evals:.2} gradient evaluations per point and step for the same sum (the rule's error is the rule's).",
+                    sk.label
+                );
+            }
+        }
         if kernels.iter().any(|sk| sk.gram.output().form != KernelForm::Gradient) {
             let _ = writeln!(s, "\nThis run's optimizer changes the kernel's form (see `pathkernel::optim`): `K_r(x, x') = <F_r(x), ∇f(x'; w_r)>`. Non-data terms are included in the machine and belong to no training point.\n");
             let _ = writeln!(s, "| kernel | form | symmetric kernel | optimizer replay residual (rel.) | max weight-decay term | max rounding term |");

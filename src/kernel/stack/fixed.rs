@@ -12,13 +12,19 @@ use super::kinks;
 use super::step::StackStep;
 use crate::kernel::quadrature::nodes::POLY_AGREEMENT;
 pub(super) use crate::kernel::quadrature::reduce::PieceMoments;
-use crate::kernel::quadrature::reduce::reduce;
+use crate::kernel::quadrature::reduce::{reduce, Reduced};
 use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_abt, horner};
 
 /// Nodes per step from which a fixed rule is reduced: below, the sweep costs more than it
 /// saves (`left:10` on the MNIST CNN has about as many pieces as nodes).
 pub(super) const REDUCE_FROM: usize = 16;
+
+/// Points of a chunk swept before the sweep must have paid: it goes on for the chunk's other
+/// points only while the reduced points saved [`MIN_SAVED`] of their nodes (LeNet-5 under
+/// `left:16` has more pieces per point and step than nodes, and its sweep is not free).
+const SWEEP_TRIAL: usize = 2;
+const MIN_SAVED: f64 = 0.25;
 
 /// The tests' switch: `true` keeps every fixed rule's nodes as they are.
 #[cfg(test)]
@@ -50,35 +56,29 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
         out.times.extend(nodes.iter().map(|n| n.0));
     };
     let mut out = FixedNodes { point: Vec::with_capacity(pc * nodes.len()), weight: Vec::new(), times: Vec::new(), q: None, pieces: Vec::new(), self_weight: Vec::new() };
-    // Each point's pieces (bounds and raw-output polynomials) where the sweep has them.
-    let swept: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>> = (0..pc)
-        .map(|q| {
-            #[cfg(test)]
-            if KEEP_NODES_TEST.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
-            }
-            if !try_reduce {
-                return None;
-            }
-            let (kinks, polys) = kinks::pieces(step, &x[q * d..(q + 1) * d], 0.0, 1.0);
-            let polys = polys?;
-            let mut bounds = Vec::with_capacity(kinks.len() + 2);
-            bounds.push(0.0);
-            bounds.extend(kinks);
-            bounds.push(1.0);
-            joined(&bounds, &polys, k).then_some((bounds, polys))
-        })
-        .collect();
+    // Each point's reduced nodes where its sweep has polynomials that join at its kinks, and the
+    // last piece's outputs at t = 1. The sweep stops for the chunk's other points where the
+    // first ones saved too little (a network with about as many pieces as the rule has nodes).
+    let mut found: Vec<Option<(Reduced, Vec<f64>)>> = Vec::with_capacity(pc);
+    let (mut swept, mut saved) = (0usize, 0usize);
+    for q in 0..pc {
+        let pays = swept < SWEEP_TRIAL || saved as f64 >= MIN_SAVED * (swept * nodes.len()) as f64;
+        #[cfg(test)]
+        let pays = pays && !KEEP_NODES_TEST.load(std::sync::atomic::Ordering::Relaxed);
+        if !try_reduce || !pays {
+            found.push(None);
+            continue;
+        }
+        swept += 1;
+        found.push(reduce_point(step, &x[q * d..(q + 1) * d], off.map(|o| &o[q * k..(q + 1) * k]), nodes));
+        saved += found[q].as_ref().map_or(0, |r| nodes.len().saturating_sub(r.0.times.len()));
+    }
     // The last pieces against the network at t = 1.
-    let ends: Vec<usize> = (0..pc).filter(|&q| swept[q].is_some()).collect();
+    let ends: Vec<usize> = (0..pc).filter(|&q| found[q].is_some()).collect();
     let mut trusted = vec![false; pc];
     if !ends.is_empty() {
         let (f_net, _) = step.par_jvp(x, off, &ends, &vec![1.0; ends.len()]);
-        let mut g = Vec::with_capacity(ends.len() * k);
-        for &q in &ends {
-            let last = swept[q].as_ref().expect("swept").1.last().expect("a piece");
-            g.extend((0..k).map(|o| at(last, k, o, 1.0)));
-        }
+        let g: Vec<f64> = ends.iter().flat_map(|&q| found[q].as_ref().expect("reduced").1.iter().copied()).collect();
         let offs = off.map(|o| ends.iter().flat_map(|&q| o[q * k..(q + 1) * k].iter().copied()).collect::<Vec<f64>>());
         let (f_poly, _) = step.map_outputs(g, &vec![0.0; ends.len() * k], offs.as_deref());
         for (j, &q) in ends.iter().enumerate() {
@@ -89,20 +89,9 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
     }
     // Each point's stand-ins and its node rows.
     let mut qs: Vec<(Option<Vec<f64>>, usize)> = Vec::with_capacity(pc);
-    for q in 0..pc {
-        let reduced = swept[q].as_ref().filter(|_| trusted[q]).and_then(|(bounds, polys)| {
-            // The gradient's degree, one below the outputs'.
-            let degree = (polys.iter().map(Vec::len).max().unwrap_or(0) / k).saturating_sub(2);
-            let offq = off.map(|o| &o[q * k..(q + 1) * k]);
-            let softmax = |j: usize, t: f64| -> Vec<f64> {
-                let g: Vec<f64> = (0..k).map(|o| at(&polys[j], k, o, t)).collect();
-                step.softmax_at(&g, offq).expect("asked only with a softmax")
-            };
-            let with_softmax = step.softmax_at(&vec![0.0; k], offq).is_some();
-            reduce(nodes, bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))
-        });
-        match reduced {
-            Some(r) => {
+    for (q, f) in found.into_iter().enumerate() {
+        match f.filter(|_| trusted[q]) {
+            Some((r, _)) => {
                 stats.evaluations.push(r.times.len());
                 stats.jvp_evaluations.push(1);
                 stats.pieces.push(r.pieces);
@@ -118,7 +107,7 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
             }
             None => {
                 stats.evaluations.push(nodes.len());
-                stats.jvp_evaluations.push(usize::from(swept[q].is_some()));
+                stats.jvp_evaluations.push(usize::from(ends.contains(&q)));
                 stats.pieces.push(1);
                 plain(q, &mut out);
                 qs.push((None, nodes.len()));
@@ -137,6 +126,32 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
         out.self_weight[pm.first..pm.first + pm.m].iter_mut().for_each(|w| *w = 0.0);
     }
     out
+}
+
+/// One point's (`x` `[d]`, `off` `[K]`) fixed rule reduced on its pieces, and its last piece's
+/// raw outputs at t = 1 (`[K]`, to check against the network): `None` where the sweep has no
+/// polynomials, they do not join at the kinks, or no piece has more nodes than its degree.
+fn reduce_point(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, nodes: &[(f64, f64)]) -> Option<(Reduced, Vec<f64>)> {
+    let k = step.k;
+    let (kinks, polys) = kinks::pieces(step, x, 0.0, 1.0);
+    let polys = polys?;
+    let mut bounds = Vec::with_capacity(kinks.len() + 2);
+    bounds.push(0.0);
+    bounds.extend(kinks);
+    bounds.push(1.0);
+    if !joined(&bounds, &polys, k) {
+        return None;
+    }
+    // The gradient's degree, one below the outputs'.
+    let degree = (polys.iter().map(Vec::len).max().unwrap_or(0) / k).saturating_sub(2);
+    let softmax = |j: usize, t: f64| -> Vec<f64> {
+        let g: Vec<f64> = (0..k).map(|o| at(&polys[j], k, o, t)).collect();
+        step.softmax_at(&g, off).expect("asked only with a softmax")
+    };
+    let with_softmax = step.softmax_at(&vec![0.0; k], off).is_some();
+    let reduced = reduce(nodes, &bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))?;
+    let last = polys.last().expect("a piece");
+    Some((reduced, (0..k).map(|o| at(last, k, o, 1.0)).collect()))
 }
 
 /// The end of the block of node rows from `b0` (at most `len` rows): short of a reduced piece
