@@ -168,6 +168,7 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     // Per-step validation and Fig. 2 from the kernels' steps tables.
     let mut err_series = Vec::new();
     let mut cos_series = Vec::new();
+    let mut cos_zero: Vec<String> = Vec::new();
     let mut scatter = Vec::new();
     let mut scatter_logits = Vec::new();
     let mut off_chart: Vec<String> = Vec::new();
@@ -179,7 +180,10 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
         }
         if spec.kind == KernelKind::Epk && spec.side == Side::Test {
             let c: Vec<f64> = records.iter().map(|r| r.dpk_cosine_error).collect();
-            if c.iter().any(|v| v.is_finite()) {
+            if c.iter().all(|v| !v.is_finite() || *v <= 0.0) && c.iter().any(|v| v.is_finite()) {
+                // The DPK itself (one node at t = 0): nothing to draw on a log axis.
+                cos_zero.push(label.clone());
+            } else if c.iter().any(|v| v.is_finite()) {
                 cos_series.push(Series::new(format!("{label}: 1 − cos(DPK, EPK test gradient)"), st.clone(), c));
             }
         }
@@ -206,7 +210,8 @@ fn kernel_charts(cx: &Ctx<'_>) -> Result<Vec<String>> {
     }
     if !cos_series.is_empty() {
         plot::line_chart(&charts.join("fig2_dpk_gradient_error.png"), "DPK vs EPK test gradients (paper Fig. 2)", "step", "mean 1 − cosine", &cos_series, Scale::Linear, Scale::Log)?;
-        notes.push("- `charts/fig2_dpk_gradient_error.png`: per step, the mean angle error (1 − cosine) between the DPK's test gradient at t = 0 and the EPK's integrated test gradient (paper Fig. 2).".into());
+        let zero = if cos_zero.is_empty() { String::new() } else { format!(" Not drawn (1 − cosine exactly 0 at every step: the DPK itself): {}.", cos_zero.join(", ")) };
+        notes.push(format!("- `charts/fig2_dpk_gradient_error.png`: per step, the mean angle error (1 − cosine) between the DPK's test gradient at t = 0 and the EPK's integrated test gradient (paper Fig. 2).{zero}"));
     }
     if scatter.is_empty() && !scatter_logits.is_empty() {
         plot::scatter_chart(&charts.join("fig4_machine_vs_network.png"), "Class 0 logit: kernel machine vs network (paper Fig. 4)", "network logit z⁰(x)", "kernel machine", &scatter_logits, true)?;

@@ -207,7 +207,7 @@ fn accumulate_steps(
     } else if prep.conv_fast {
         Box::new(CnnModel { arch })
     } else if prep.stack_fast {
-        Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default(), device: node_backend(req.device)? })
+        Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default(), device: node_backend(req.device)?, reduce: crate::kernel::stack::reduce_nodes() })
     } else {
         Box::new(GenericModel { arch, init: &states[0], layers: split.as_ref().map(|ls| ls.iter().map(|l| l.flat.clone()).collect()) })
     };

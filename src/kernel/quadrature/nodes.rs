@@ -171,6 +171,10 @@ pub(crate) struct AutoNodes {
     pub(crate) jvp_evaluations: Vec<usize>,
     pub(crate) pieces: Vec<usize>,
     pub(crate) unconverged: usize,
+    /// Per point, where its search ran on the sweep's polynomials: its piece bounds
+    /// (`0, kinks…, 1`) and each piece's raw-output polynomial (`[deg + 1, K]`).
+    #[allow(clippy::type_complexity)]
+    pub(crate) swept: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>>,
 }
 
 /// The node search of the adaptive rule (the MLP's `kernel::mlp::nodes::auto_nodes`, the
@@ -371,7 +375,8 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
     for &pi in &point {
         evaluations[pi] += 1;
     }
-    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged }
+    let swept = bps.into_iter().zip(ev.polys).map(|(b, p)| p.map(|p| (b, p))).collect();
+    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged, swept }
 }
 
 

@@ -18,7 +18,8 @@
 
 pub(crate) mod cosine;
 mod dense;
-mod fixed;
+mod reduced;
+pub(crate) use reduced::reduce_nodes;
 pub(crate) mod kinks;
 pub(crate) mod path;
 pub(crate) mod step;
@@ -122,6 +123,9 @@ pub(crate) struct StackModel<'a> {
     pub pool: BufferPool,
     /// Where the gradient evaluations run (`None`: here; `--device cuda`: the GPU's).
     pub device: Option<std::sync::Arc<dyn crate::device::NodeBackend>>,
+    /// Whether a point's nodes may be reduced on its pieces ([`reduced`]; the tests turn it off
+    /// to compare against the rule node by node).
+    pub reduce: bool,
 }
 
 /// Large `f64` buffers kept across steps (already faulted in) and handed out by capacity.
@@ -311,13 +315,14 @@ struct ChunkOut {
 /// The nodes of one chunk of row points, their gradients a block at a time, folded into the
 /// chunk's Gram rows `outs` (one slice per target: each layer's sink, or the one sink).
 #[allow(clippy::too_many_arguments)]
-fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], layout: Layout, rc: &ChunkRows<'_>, outs: &mut [&mut [f64]], (npred, row_numbers, m, k): (usize, usize, usize, usize)) -> ChunkOut {
+#[allow(clippy::too_many_arguments)]
+fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], layout: Layout, rc: &ChunkRows<'_>, outs: &mut [&mut [f64]], (npred, row_numbers, m, k): (usize, usize, usize, usize), reduce: bool) -> ChunkOut {
     let (xc, offc, pc) = (rc.x, rc.off, rc.pc);
     let mut preds = vec![vec![0.0; pc * k]; npred];
     let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
     let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
     let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
-    let (mut stand_ins, mut reduced, mut self_weight): (Option<Vec<f64>>, Vec<(usize, fixed::PieceMoments)>, Option<Vec<f64>>) = (None, Vec::new(), None);
+    let (mut stand_ins, mut reduced_pieces, mut self_weight): (Option<Vec<f64>>, Vec<(usize, reduced::PieceMoments)>, Option<Vec<f64>>) = (None, Vec::new(), None);
     let (point, weight, times) = match input.fixed {
         Some(nodes) => {
             // Point-major: a point's node rows are consecutive, so a layer whose input does
@@ -325,12 +330,12 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             // `Conv::shared_patches`) instead of once per node. Many nodes are reduced on the
             // pieces of a stack whose kinks the sweep finds (here, not on a device).
             let searched = std::time::Instant::now();
-            let try_reduce = nodes.len() >= fixed::REDUCE_FROM && step.nodes.is_none() && step.stack.kinks_reachable();
-            let fx = fixed::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats);
+            let try_reduce = reduce && nodes.len() >= reduced::REDUCE_FROM && step.nodes.is_none() && step.stack.kinks_reachable();
+            let fx = reduced::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats);
             search_seconds += searched.elapsed().as_secs_f64();
             stand_ins = fx.q;
             if !fx.pieces.is_empty() {
-                reduced = fx.pieces;
+                reduced_pieces = fx.pieces;
                 self_weight = Some(fx.self_weight);
             }
             (fx.point, fx.weight, fx.times)
@@ -338,12 +343,24 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         None => {
             let searched = std::time::Instant::now();
             let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step);
-            search_seconds += searched.elapsed().as_secs_f64();
-            stats.evaluations.extend_from_slice(&an.evaluations);
             stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
             stats.pieces.extend_from_slice(&an.pieces);
             stats.unconverged += an.unconverged;
-            (an.point, an.weight, an.times)
+            if reduce && step.nodes.is_none() {
+                // Each point's accepted nodes reduced on its sweep's pieces (the same sum).
+                let fx = reduced::auto_nodes(step, offc, pc, an, &mut stats.evaluations);
+                search_seconds += searched.elapsed().as_secs_f64();
+                stand_ins = fx.q;
+                if !fx.pieces.is_empty() {
+                    reduced_pieces = fx.pieces;
+                    self_weight = Some(fx.self_weight);
+                }
+                (fx.point, fx.weight, fx.times)
+            } else {
+                search_seconds += searched.elapsed().as_secs_f64();
+                stats.evaluations.extend_from_slice(&an.evaluations);
+                (an.point, an.weight, an.times)
+            }
         }
     };
     let nout = outs.len();
@@ -414,7 +431,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let mut b1 = 0;
     while b1 < point.len() {
         let b0 = b1;
-        b1 = fixed::block_end(&reduced, b0, block, point.len());
+        b1 = reduced::block_end(&reduced_pieces, b0, block, point.len());
         let (bp, bw) = (&point[b0..b1], &weight[b0..b1]);
         // The rows' weights in the self-kernel node by node (0 on reduced pieces, whose share
         // comes from their moments).
@@ -447,9 +464,9 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                         acts.extend_from_slice(a);
                         deltas.extend_from_slice(d);
                     }
-                    if input.self_kernel && !reduced.is_empty() {
+                    if input.self_kernel && !reduced_pieces.is_empty() {
                         let (a, d) = (&acts, &deltas);
-                        fixed::add_pieces_self_kernel(&mut diag, &reduced, (b0, b1), k, &|r| (&a[r * ne..(r + 1) * ne], &d[r * k * no..(r + 1) * k * no]));
+                        reduced::add_pieces_self_kernel(&mut diag, &reduced_pieces, (b0, b1), k, &|r| (&a[r * ne..(r + 1) * ne], &d[r * k * no..(r + 1) * k * no]));
                     }
                     if let Some(sh) = shared.as_mut().filter(|_| li == 0) {
                         sh.add(bp, bw, &acts, &deltas);
@@ -541,14 +558,14 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
                             }
                         }
                     }
-                    if input.self_kernel && !reduced.is_empty() {
+                    if input.self_kernel && !reduced_pieces.is_empty() {
                         // Block row r is row r % EVAL_CHUNK of part r / EVAL_CHUNK (`par_grads_q`).
                         let row = |r: usize| -> (&[f64], &[f64]) {
                             let RowGrad::Formed { g, .. } = &parts[r / step::EVAL_CHUNK][li] else { unreachable!("the same stack gives the same layer kinds") };
                             let i = r % step::EVAL_CHUNK;
                             (&g[i * k * wd..(i + 1) * k * wd], &[])
                         };
-                        fixed::add_pieces_self_kernel(&mut diag, &reduced, (b0, b1), k, &row);
+                        reduced::add_pieces_self_kernel(&mut diag, &reduced_pieces, (b0, b1), k, &row);
                     }
                 }
                 _ => unreachable!("rows and training points of one stack"),
@@ -706,7 +723,7 @@ impl StepModel for StackModel<'_> {
                 .map(|(c0, mut outs)| {
                     let pc = chunk.min(w1 - c0);
                     let rows_of = ChunkRows { x: &rows.x[c0 * d..(c0 + pc) * d], off: input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]), pc };
-                    row_chunk(&step, input, &train, layout, &rows_of, &mut outs, (npred, row_numbers, m, k))
+                    row_chunk(&step, input, &train, layout, &rows_of, &mut outs, (npred, row_numbers, m, k), self.reduce)
                 })
                 .collect();
             // The chunks' own contraction ran side by side: its thread-seconds over the threads

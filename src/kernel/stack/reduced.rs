@@ -1,16 +1,18 @@
-//! A fixed rule's nodes for a chunk of row points: each point's nodes reduced on its pieces
+//! A chunk of row points' quadrature nodes, reduced on each point's pieces
 //! ([`crate::kernel::quadrature::reduce`]) where the kink sweep walks the whole stack and its
-//! pieces' output polynomials are trusted, else the rule's nodes as they are.
+//! pieces' output polynomials are trusted, else the rule's nodes as they are: a fixed rule's
+//! ([`fixed_nodes`]) and the adaptive rule's accepted nodes ([`auto_nodes`]).
 //!
-//! Trust, per point: consecutive pieces' polynomials agree at the kink between them (a kink the
+//! Trust, for a fixed rule, per point: consecutive pieces' polynomials agree at the kink between them (a kink the
 //! sweep missed inside a piece shows there as a jump of its slope change times the distance
 //! to it, the next piece being read afresh), and the last piece's agrees with the network at
 //! `t = 1` (one forward-mode evaluation), each to [`POLY_AGREEMENT`] of the outputs' scale —
-//! the adaptive rule's test for reading the node search off the same polynomials.
+//! the adaptive rule's test for reading the node search off the same polynomials (which the
+//! adaptive rule makes at every piece bound before it reads them).
 
 use super::kinks;
 use super::step::StackStep;
-use crate::kernel::quadrature::nodes::POLY_AGREEMENT;
+use crate::kernel::quadrature::nodes::{AutoNodes, POLY_AGREEMENT};
 pub(super) use crate::kernel::quadrature::reduce::PieceMoments;
 use crate::kernel::quadrature::reduce::{reduce, Reduced};
 use crate::kernel::types::NodeStats;
@@ -26,9 +28,22 @@ pub(super) const REDUCE_FROM: usize = 16;
 const SWEEP_TRIAL: usize = 2;
 const MIN_SAVED: f64 = 0.25;
 
-/// The tests' switch: `true` keeps every fixed rule's nodes as they are.
 #[cfg(test)]
-pub(super) static KEEP_NODES_TEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+thread_local! {
+    /// The tests' switch, read where a kernel's stack model is made (on the calling thread):
+    /// `true` keeps every rule's nodes as they are.
+    pub(crate) static KEEP_NODES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a kernel computed from this thread reduces its nodes on the pieces (always, but in
+/// the tests that compare against the rule node by node).
+pub(crate) fn reduce_nodes() -> bool {
+    #[cfg(test)]
+    if KEEP_NODES.with(|c| c.get()) {
+        return false;
+    }
+    true
+}
 
 /// The node rows of a chunk's points, point-major: row j is point `point[j]` at `times[j]`
 /// with `weight[j]`, and, where some point's nodes were reduced with a softmax, `q` `[R, K]`
@@ -50,12 +65,6 @@ pub(super) struct FixedNodes {
 /// evaluations, forward-mode evaluations and pieces per point go to `stats`.
 pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, pc: usize, nodes: &[(f64, f64)], try_reduce: bool, stats: &mut NodeStats) -> FixedNodes {
     let (k, d) = (step.k, step.d);
-    let plain = |q: usize, out: &mut FixedNodes| {
-        out.point.extend(std::iter::repeat_n(q, nodes.len()));
-        out.weight.extend(nodes.iter().map(|n| n.1));
-        out.times.extend(nodes.iter().map(|n| n.0));
-    };
-    let mut out = FixedNodes { point: Vec::with_capacity(pc * nodes.len()), weight: Vec::new(), times: Vec::new(), q: None, pieces: Vec::new(), self_weight: Vec::new() };
     // Each point's reduced nodes where its sweep has polynomials that join at its kinks, and the
     // last piece's outputs at t = 1. The sweep stops for the chunk's other points where the
     // first ones saved too little (a network with about as many pieces as the rule has nodes).
@@ -63,8 +72,6 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
     let (mut swept, mut saved) = (0usize, 0usize);
     for q in 0..pc {
         let pays = swept < SWEEP_TRIAL || saved as f64 >= MIN_SAVED * (swept * nodes.len()) as f64;
-        #[cfg(test)]
-        let pays = pays && !KEEP_NODES_TEST.load(std::sync::atomic::Ordering::Relaxed);
         if !try_reduce || !pays {
             found.push(None);
             continue;
@@ -87,14 +94,55 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
             trusted[q] = a.iter().zip(b).all(|(u, v)| (u - v).abs() <= POLY_AGREEMENT * scale);
         }
     }
+    let rows: Vec<(Vec<(f64, f64)>, Option<Reduced>)> = found
+        .into_iter()
+        .enumerate()
+        .map(|(q, f)| {
+            let r = f.filter(|_| trusted[q]).map(|f| f.0);
+            stats.jvp_evaluations.push(usize::from(ends.contains(&q)));
+            stats.pieces.push(r.as_ref().map_or(1, |r| r.pieces));
+            (if r.is_some() { Vec::new() } else { nodes.to_vec() }, r)
+        })
+        .collect();
+    assemble(k, rows, &mut stats.evaluations)
+}
+
+/// The adaptive rule's nodes `an` for the chunk's points, each point's reduced on its sweep's
+/// pieces where its node search ran on their polynomials (checked against the network at
+/// every piece bound there): a piece whose accepted nodes outnumber the gradient's degree plus
+/// one is evaluated at that many, for the same sum — on log-softmax outputs, where the search
+/// takes several Gauss orders per piece to pass its relative check on a non-polynomial `df/dt`.
+/// The evaluations per point go to `evaluations`.
+pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, an: AutoNodes, evaluations: &mut Vec<usize>) -> FixedNodes {
+    let k = step.k;
+    let mut own: Vec<Vec<(f64, f64)>> = vec![Vec::new(); pc];
+    for ((&q, &w), &t) in an.point.iter().zip(&an.weight).zip(&an.times) {
+        own[q].push((t, w));
+    }
+    let rows = own
+        .into_iter()
+        .zip(an.swept)
+        .enumerate()
+        .map(|(q, (nodes, swept))| {
+            match swept.and_then(|(bounds, polys)| reduce_on(step, off.map(|o| &o[q * k..(q + 1) * k]), &nodes, &bounds, &polys)) {
+                Some(r) => (Vec::new(), Some(r)),
+                None => (nodes, None),
+            }
+        })
+        .collect();
+    assemble(k, rows, evaluations)
+}
+
+/// The chunk's node rows, point-major, from each point's own nodes or its reduction.
+fn assemble(k: usize, rows: Vec<(Vec<(f64, f64)>, Option<Reduced>)>, evaluations: &mut Vec<usize>) -> FixedNodes {
+    let n: usize = rows.iter().map(|(o, r)| r.as_ref().map_or(o.len(), |r| r.times.len())).sum();
+    let mut out = FixedNodes { point: Vec::with_capacity(n), weight: Vec::with_capacity(n), times: Vec::with_capacity(n), q: None, pieces: Vec::new(), self_weight: Vec::new() };
     // Each point's stand-ins and its node rows.
-    let mut qs: Vec<(Option<Vec<f64>>, usize)> = Vec::with_capacity(pc);
-    for (q, f) in found.into_iter().enumerate() {
-        match f.filter(|_| trusted[q]) {
-            Some((r, _)) => {
-                stats.evaluations.push(r.times.len());
-                stats.jvp_evaluations.push(1);
-                stats.pieces.push(r.pieces);
+    let mut qs: Vec<(Option<Vec<f64>>, usize)> = Vec::with_capacity(rows.len());
+    for (q, (own, r)) in rows.into_iter().enumerate() {
+        match r {
+            Some(r) => {
+                evaluations.push(r.times.len());
                 let row0 = out.point.len();
                 out.point.extend(std::iter::repeat_n(q, r.times.len()));
                 for mut pm in r.moments {
@@ -106,11 +154,11 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
                 qs.push(((!r.q.is_empty()).then_some(r.q), r.times.len()));
             }
             None => {
-                stats.evaluations.push(nodes.len());
-                stats.jvp_evaluations.push(usize::from(ends.contains(&q)));
-                stats.pieces.push(1);
-                plain(q, &mut out);
-                qs.push((None, nodes.len()));
+                evaluations.push(own.len());
+                out.point.extend(std::iter::repeat_n(q, own.len()));
+                out.weight.extend(own.iter().map(|n| n.1));
+                out.times.extend(own.iter().map(|n| n.0));
+                qs.push((None, own.len()));
             }
         }
     }
@@ -142,16 +190,22 @@ fn reduce_point(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, nodes: &[(
     if !joined(&bounds, &polys, k) {
         return None;
     }
-    // The gradient's degree, one below the outputs'.
+    let reduced = reduce_on(step, off, nodes, &bounds, &polys)?;
+    let last = polys.last().expect("a piece");
+    Some((reduced, (0..k).map(|o| at(last, k, o, 1.0)).collect()))
+}
+
+/// One point's (`off` `[K]`) nodes reduced on its pieces `bounds` with raw-output polynomials
+/// `polys` (`[deg + 1, K]` each): the gradient's degree is one below the outputs'.
+fn reduce_on(step: &StackStep<'_>, off: Option<&[f64]>, nodes: &[(f64, f64)], bounds: &[f64], polys: &[Vec<f64>]) -> Option<Reduced> {
+    let k = step.k;
     let degree = (polys.iter().map(Vec::len).max().unwrap_or(0) / k).saturating_sub(2);
     let softmax = |j: usize, t: f64| -> Vec<f64> {
         let g: Vec<f64> = (0..k).map(|o| at(&polys[j], k, o, t)).collect();
         step.softmax_at(&g, off).expect("asked only with a softmax")
     };
     let with_softmax = step.softmax_at(&vec![0.0; k], off).is_some();
-    let reduced = reduce(nodes, &bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))?;
-    let last = polys.last().expect("a piece");
-    Some((reduced, (0..k).map(|o| at(last, k, o, 1.0)).collect()))
+    reduce(nodes, bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))
 }
 
 /// The end of the block of node rows from `b0` (at most `len` rows): short of a reduced piece
