@@ -315,14 +315,17 @@ struct ChunkOut {
 /// The nodes of one chunk of row points, their gradients a block at a time, folded into the
 /// chunk's Gram rows `outs` (one slice per target: each layer's sink, or the one sink).
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], layout: Layout, rc: &ChunkRows<'_>, outs: &mut [&mut [f64]], (npred, row_numbers, m, k): (usize, usize, usize, usize), reduce: bool) -> ChunkOut {
     let (xc, offc, pc) = (rc.x, rc.off, rc.pc);
     let mut preds = vec![vec![0.0; pc * k]; npred];
     let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
     let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
     let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
-    let (mut stand_ins, mut reduced_pieces, mut self_weight): (Option<Vec<f64>>, Vec<(usize, reduced::PieceMoments)>, Option<Vec<f64>>) = (None, Vec::new(), None);
+    // Where nodes were reduced on the pieces ([`reduced`]): the rows' stand-ins for the softmax,
+    // the reduced pieces and the rows' weights in the self-kernel node by node.
+    let mut stand_ins: Option<Vec<f64>> = None;
+    let mut reduced_pieces: Vec<(usize, reduced::PieceMoments)> = Vec::new();
+    let mut self_weight: Option<Vec<f64>> = None;
     let (point, weight, times) = match input.fixed {
         Some(nodes) => {
             // Point-major: a point's node rows are consecutive, so a layer whose input does

@@ -94,7 +94,7 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
             trusted[q] = a.iter().zip(b).all(|(u, v)| (u - v).abs() <= POLY_AGREEMENT * scale);
         }
     }
-    let rows: Vec<(Vec<(f64, f64)>, Option<Reduced>)> = found
+    let rows: Vec<PointNodes> = found
         .into_iter()
         .enumerate()
         .map(|(q, f)| {
@@ -133,8 +133,11 @@ pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, a
     assemble(k, rows, evaluations)
 }
 
+/// One point's own nodes `(t, w)` (empty where reduced), or their reduction.
+type PointNodes = (Vec<(f64, f64)>, Option<Reduced>);
+
 /// The chunk's node rows, point-major, from each point's own nodes or its reduction.
-fn assemble(k: usize, rows: Vec<(Vec<(f64, f64)>, Option<Reduced>)>, evaluations: &mut Vec<usize>) -> FixedNodes {
+fn assemble(k: usize, rows: Vec<PointNodes>, evaluations: &mut Vec<usize>) -> FixedNodes {
     let n: usize = rows.iter().map(|(o, r)| r.as_ref().map_or(o.len(), |r| r.times.len())).sum();
     let mut out = FixedNodes { point: Vec::with_capacity(n), weight: Vec::with_capacity(n), times: Vec::with_capacity(n), q: None, pieces: Vec::new(), self_weight: Vec::new() };
     // Each point's stand-ins and its node rows.

@@ -86,7 +86,7 @@ impl<'a> StackStep<'a> {
     /// `f = out(α(g − off))` in place on raw outputs `g` `[R, K]`, and the sensitivities
     /// `∂f^k/∂g` `[R, K, K]` (log-softmax: `α(e_k − p)`, identity: `α e_k`). With `q` (`[R, K]`),
     /// a row's softmax `p` in the sensitivities is its row of `q` where that is not NaN (a
-    /// reduced fixed rule's stand-in, [`crate::kernel::quadrature::reduce`]).
+    /// reduced rule's stand-in, [`crate::kernel::quadrature::reduce`]).
     fn output_map(&self, g: &mut [f64], off: Option<&[f64]>, q: Option<&[f64]>) -> Vec<f64> {
         let (k, alpha) = (self.k, self.arch.alpha);
         self.map_rows(g, off);
