@@ -321,51 +321,29 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
     let mut diag = if input.self_kernel { vec![0.0; pc * k * k] } else { Vec::new() };
     let mut stats = NodeStats { evaluations: Vec::with_capacity(pc), jvp_evaluations: Vec::with_capacity(pc), pieces: Vec::with_capacity(pc), unconverged: 0 };
     let (mut gradient_seconds, mut search_seconds) = (0.0, 0.0);
-    // Where nodes were reduced on the pieces ([`reduced`]): the rows' stand-ins for the softmax,
-    // the reduced pieces and the rows' weights in the self-kernel node by node.
-    let mut stand_ins: Option<Vec<f64>> = None;
-    let mut reduced_pieces: Vec<(usize, reduced::PieceMoments)> = Vec::new();
-    let mut self_weight: Option<Vec<f64>> = None;
-    let (point, weight, times) = match input.fixed {
+    // Many nodes are reduced on the pieces of a stack whose kinks the sweep finds ([`reduced`];
+    // here, not on a device): the rows' stand-ins for the softmax, the reduced pieces and the
+    // rows' weights in the self-kernel node by node come with them.
+    let searched = std::time::Instant::now();
+    let fx = match input.fixed {
         Some(nodes) => {
             // Point-major: a point's node rows are consecutive, so a layer whose input does
             // not depend on t (the first) forms its products once per point (`Dense::apply`,
-            // `Conv::shared_patches`) instead of once per node. Many nodes are reduced on the
-            // pieces of a stack whose kinks the sweep finds (here, not on a device).
-            let searched = std::time::Instant::now();
+            // `Conv::shared_patches`) instead of once per node.
             let try_reduce = reduce && nodes.len() >= reduced::REDUCE_FROM && step.nodes.is_none() && step.stack.kinks_reachable();
-            let fx = reduced::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats);
-            search_seconds += searched.elapsed().as_secs_f64();
-            stand_ins = fx.q;
-            if !fx.pieces.is_empty() {
-                reduced_pieces = fx.pieces;
-                self_weight = Some(fx.self_weight);
-            }
-            (fx.point, fx.weight, fx.times)
+            reduced::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats)
         }
         None => {
-            let searched = std::time::Instant::now();
             let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step);
             stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
             stats.pieces.extend_from_slice(&an.pieces);
             stats.unconverged += an.unconverged;
-            if reduce && step.nodes.is_none() {
-                // Each point's accepted nodes reduced on its sweep's pieces (the same sum).
-                let fx = reduced::auto_nodes(step, offc, pc, an, &mut stats.evaluations);
-                search_seconds += searched.elapsed().as_secs_f64();
-                stand_ins = fx.q;
-                if !fx.pieces.is_empty() {
-                    reduced_pieces = fx.pieces;
-                    self_weight = Some(fx.self_weight);
-                }
-                (fx.point, fx.weight, fx.times)
-            } else {
-                search_seconds += searched.elapsed().as_secs_f64();
-                stats.evaluations.extend_from_slice(&an.evaluations);
-                (an.point, an.weight, an.times)
-            }
+            reduced::auto_nodes(step, offc, pc, an, reduce && step.nodes.is_none(), &mut stats.evaluations)
         }
     };
+    search_seconds += searched.elapsed().as_secs_f64();
+    let reduced::FixedNodes { point, weight, times, q: stand_ins, pieces: reduced_pieces, self_weight } = fx;
+    let self_weight = (!reduced_pieces.is_empty()).then_some(self_weight);
     let nout = outs.len();
     let target = |li: usize| if nout > 1 { li } else { 0 };
     let pred_of = |li: usize| if npred > 1 { li } else { 0 };

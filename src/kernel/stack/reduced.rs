@@ -16,7 +16,7 @@ use crate::kernel::quadrature::nodes::{AutoNodes, POLY_AGREEMENT};
 pub(super) use crate::kernel::quadrature::reduce::PieceMoments;
 use crate::kernel::quadrature::reduce::{reduce, Reduced};
 use crate::kernel::types::NodeStats;
-use crate::linalg::{gemm_abt, horner};
+use crate::linalg::gemm_abt;
 
 /// Nodes per step from which a fixed rule is reduced: below, the sweep costs more than it
 /// saves (`left:10` on the MNIST CNN has about as many pieces as nodes).
@@ -112,9 +112,14 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
 /// every piece bound there): a piece whose accepted nodes outnumber the gradient's degree plus
 /// one is evaluated at that many, for the same sum — on log-softmax outputs, where the search
 /// takes several Gauss orders per piece to pass its relative check on a non-polynomial `df/dt`.
-/// The evaluations per point go to `evaluations`.
-pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, an: AutoNodes, evaluations: &mut Vec<usize>) -> FixedNodes {
+/// The evaluations per point go to `evaluations`. Without `try_reduce`, the nodes as the search
+/// gave them.
+pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, an: AutoNodes, try_reduce: bool, evaluations: &mut Vec<usize>) -> FixedNodes {
     let k = step.k;
+    if !try_reduce {
+        evaluations.extend_from_slice(&an.evaluations);
+        return FixedNodes { point: an.point, weight: an.weight, times: an.times, q: None, pieces: Vec::new(), self_weight: Vec::new() };
+    }
     let mut own: Vec<Vec<(f64, f64)>> = vec![Vec::new(); pc];
     for ((&q, &w), &t) in an.point.iter().zip(&an.weight).zip(&an.times) {
         own[q].push((t, w));
@@ -207,8 +212,7 @@ fn reduce_on(step: &StackStep<'_>, off: Option<&[f64]>, nodes: &[(f64, f64)], bo
         let g: Vec<f64> = (0..k).map(|o| at(&polys[j], k, o, t)).collect();
         step.softmax_at(&g, off).expect("asked only with a softmax")
     };
-    let with_softmax = step.softmax_at(&vec![0.0; k], off).is_some();
-    reduce(nodes, bounds, degree, k, with_softmax.then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))
+    reduce(nodes, bounds, degree, k, step.has_softmax().then_some(&softmax as &dyn Fn(usize, f64) -> Vec<f64>))
 }
 
 /// The end of the block of node rows from `b0` (at most `len` rows): short of a reduced piece
@@ -243,8 +247,7 @@ pub(super) fn add_pieces_self_kernel<'r>(diag: &mut [f64], pieces: &[(usize, Pie
 
 /// Output `o` of the raw-output polynomial `c` (`[deg + 1, K]`) at t.
 fn at(c: &[f64], k: usize, o: usize, t: f64) -> f64 {
-    let coef: Vec<f64> = c.iter().skip(o).step_by(k).copied().collect();
-    horner(&coef, t)
+    (0..c.len() / k).rev().fold(0.0, |acc, i| acc * t + c[i * k + o])
 }
 
 /// Whether consecutive pieces' polynomials agree at the kinks between them (to

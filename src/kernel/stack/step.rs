@@ -125,10 +125,15 @@ impl<'a> StackStep<'a> {
         }
     }
 
+    /// Whether the output map has a softmax (log-softmax outputs).
+    pub(crate) fn has_softmax(&self) -> bool {
+        self.arch.output == OutputKind::LogSoftmax
+    }
+
     /// The output map's softmax at raw outputs `g` (`[K]`, one row; `off` its offsets), as the
     /// sensitivities of [`StackStep::output_map`] take it; `None` for outputs without one.
     pub(crate) fn softmax_at(&self, g: &[f64], off: Option<&[f64]>) -> Option<Vec<f64>> {
-        if self.arch.output != OutputKind::LogSoftmax {
+        if !self.has_softmax() {
             return None;
         }
         let mut z = g.to_vec();

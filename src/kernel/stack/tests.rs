@@ -240,6 +240,14 @@ seed = 7
     }
 }
 
+/// `dir/mnist` holding [`tiny_mnist`]'s files.
+fn mnist_dir(dir: &Path, n_train: u32, n_test: u32) -> PathBuf {
+    let data = dir.join("mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    tiny_mnist(&data, n_train, n_test);
+    data
+}
+
 /// Seeded random 28×28 "MNIST" IDX files (sparse pixels) in `dir`.
 pub(crate) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
     use rand::{Rng, SeedableRng};
@@ -267,9 +275,7 @@ pub(crate) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
 fn formed_layers_in_waves_agree() {
     use std::sync::atomic::Ordering::Relaxed;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("mnist");
-    std::fs::create_dir_all(&data).unwrap();
-    tiny_mnist(&data, 10, 37);
+    let data = mnist_dir(dir.path(), 10, 37);
     let model = r#"kind = "layers"
 zero_last = false
 layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_pool2d = 2 }, { conv2d = { channels = 4, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { layer_norm = {} }, { dense = 12 }, "relu", { dense = 10 }]"#;
@@ -313,9 +319,7 @@ layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_
 #[test]
 fn reduced_fixed_rules_equal_the_rule_node_by_node() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("mnist");
-    std::fs::create_dir_all(&data).unwrap();
-    tiny_mnist(&data, 10, 4);
+    let data = mnist_dir(dir.path(), 10, 4);
     let mnist = |layers: &str| format!("[data]\nkind = \"mnist\"\npath = {:?}\nn_train = 10\nn_test = 4\n\n[model]\nkind = \"layers\"\nzero_last = false\nlayers = {layers}\n\n[train]\nlr = 0.02\nsteps = 2\nseed = 4\n", data.to_str().unwrap());
     let cases = [
         ("cnn", mnist(r#"[{ conv2d = { channels = 3, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]"#)),
@@ -370,9 +374,7 @@ fn reduced_fixed_rules_equal_the_rule_node_by_node() {
 #[test]
 fn device_program_nodes_give_the_cpu_engine_s_kernel() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("mnist");
-    std::fs::create_dir_all(&data).unwrap();
-    tiny_mnist(&data, 10, 3);
+    let data = mnist_dir(dir.path(), 10, 3);
     let models = [
         ("lenet", r#"kind = "layers"
 zero_last = false
