@@ -17,13 +17,16 @@
 # With OPTIM=momentum (heavy-ball 0.9, lr 0.05; the CNNs lr 0.01) or OPTIM=adam (lr 0.001) the
 # networks train 40 steps with that optimizer instead (the kernel then replays it); their runs
 # go to bench/out/families-$OPTIM.
+# With PATHS="fast nodes" each kernel also runs with `--path nodes` (the stack engine at its
+# quadrature nodes, never a closed form): the closed forms against the engine they replace.
 # Environment: OUT (default bench/out/families), CARGO_TARGET_DIR, NETS (a subset of the names
-# below), OPTIM.
+# below), OPTIM, PATHS (default fast).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGES="${IMAGES:-64}"
 STEPS="${STEPS:-0:20}"
 RULES="${RULES:-auto:1e-12 left:10}"
+PATHS="${PATHS:-fast}"
 OPTIM="${OPTIM:-gd}"
 case "$OPTIM" in
     gd) OUT="${OUT:-bench/out/families}" ;;
@@ -101,20 +104,24 @@ done
 
 gemm() { "$first_bin" bench --run "$OUT/run-${NETS%% *}" --dgemm 2048 --repeat 3 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gflops"])'; }
 
-echo "| network | rule | binary | wall s | CPU % | CPU s | evaluations/point/step | max abs err | tolerance met | faer DGEMM GFLOP/s (before, after) |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| network | rule | path | binary | wall s | CPU % | CPU s | evaluations/point/step | max abs err | tolerance met | faer DGEMM GFLOP/s (before, after) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for net in $NETS; do
     for rule in $RULES; do
+        for path in $PATHS; do
         for entry in $BINS; do
             name="${entry%%:*}"
             bin="${entry#*:}"
             g0=$(gemm)
-            k="$OUT/k-$net-$rule-$name"
-            /usr/bin/time -v -o "$k.time" "$bin" kernel -q --run "$OUT/run-$net" --kind epk --quadrature "$rule" --layout diag --steps "$STEPS" --out "$k" --force > "$k.stdout" 2> "$k.stderr" || { cat "$k.stderr" >&2; exit 1; }
+            k="$OUT/k-$net-$rule-$path-$name"
+            # `--path` only where asked (binaries before it had the fast path alone).
+            path_arg=()
+            [ "$path" = fast ] || path_arg=(--path "$path")
+            /usr/bin/time -v -o "$k.time" "$bin" kernel -q --run "$OUT/run-$net" --kind epk --quadrature "$rule" --layout diag --steps "$STEPS" "${path_arg[@]}" --out "$k" --force > "$k.stdout" 2> "$k.stderr" || { cat "$k.stderr" >&2; exit 1; }
             g1=$(gemm)
-            python3 - "$k" "$net" "$rule" "$name" "$g0" "$g1" <<'PY'
+            python3 - "$k" "$net" "$rule" "$path" "$name" "$g0" "$g1" <<'PY'
 import json, re, sys
-k, net, rule, name, g0, g1 = sys.argv[1:]
+k, net, rule, path, name, g0, g1 = sys.argv[1:]
 t = open(f"{k}.time").read()
 def field(label):
     return re.search(re.escape(label) + r":\s*(.+)", t).group(1).strip()
@@ -122,9 +129,10 @@ parts = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").
 secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
 cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))
 e = json.load(open(f"{k}/exactness.json"))
-print(f"| {net} | {rule} | {name} | {secs:.2f} | {field('Percent of CPU this job got')} | {cpu:.2f} | "
+print(f"| {net} | {rule} | {path} | {name} | {secs:.2f} | {field('Percent of CPU this job got')} | {cpu:.2f} | "
       f"{e['evaluations_per_step']['mean']:.1f} | {e['max_abs_error']:.2e} | {e['tolerance_met']} | {float(g0):.0f}, {float(g1):.0f} |")
 PY
+        done
         done
     done
 done

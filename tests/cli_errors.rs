@@ -62,6 +62,9 @@ fn kernel_rejects_bad_arguments_without_writing() {
     k(&["--per-step", "--memory", "1k"], "bytes, over the budget");
     k(&["--memory", "lots"], "is not a size");
     k(&["--outputs", "probs"], "outputs `probs`");
+    k(&["--path", "closed"], "--path closed: expected fast, nodes or generic");
+    k(&["--path", "generic"], "the generic reference takes a fixed rule");
+    k(&["--path", "nodes", "--tiles", "2"], "--path is not available with --tiles");
     k(&["--layout", "diag", "--blocks", "trace"], "cannot be used multiple times");
     k(&["--no-such-option"], "unexpected argument");
     k(
@@ -77,9 +80,9 @@ fn kernel_rejects_bad_arguments_without_writing() {
         d,
         "nowhere",
     );
-    // The path kernel runs: on the logits by the closed form, on the log-softmax outputs and
-    // with a fixed rule by the layer stack's path.
-    for extra in [&["--outputs", "logits"][..], &[], &["--outputs", "logits", "--quadrature", "gauss:4"]] {
+    // The path kernel runs: on the logits by the closed form (or the stack engine's nodes with
+    // --path nodes), on the log-softmax outputs and with a fixed rule by the layer stack's path.
+    for extra in [&["--outputs", "logits"][..], &["--outputs", "logits", "--path", "nodes"], &[], &["--outputs", "logits", "--quadrature", "gauss:4"]] {
         let mut args = vec!["kernel", "-q", "--run", "run", "--kind", "path", "--out", "pout"];
         args.extend_from_slice(extra);
         let o = Command::new(bin()).args(&args).current_dir(d).output().unwrap();

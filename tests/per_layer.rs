@@ -293,10 +293,11 @@ fn mlp_and_cnn_are_presets_of_the_stack() {
     }
 }
 
-/// A layer stack that is the one-hidden-layer ReLU MLP (with `flatten` ahead or not) or the ReLU
-/// CNN takes its preset's closed form under the auto rule (two gradient evaluations' worth per
-/// point and step, no node), equal to the stack engine's kernel; one that is not (a leaky ReLU)
-/// stays on the stack engine.
+/// A layer stack of a closed-form shape (`dense, relu, dense` with `flatten` ahead or not; `conv2d,
+/// relu, max_pool2d, flatten, dense`), written by hand or a preset's, takes its closed form under
+/// the auto rule (two gradient evaluations' worth per point and step, no node), equal to the
+/// stack engine's kernel at its own nodes (`GramPath::Nodes`, and the per-layer decomposition);
+/// one that is not (a leaky ReLU) stays on the stack engine.
 #[test]
 fn relu_stacks_of_the_presets_take_their_closed_forms() {
     let dir = tempfile::tempdir().unwrap();
@@ -305,6 +306,8 @@ fn relu_stacks_of_the_presets_take_their_closed_forms() {
         ("flatten first", image_run(dir.path(), "fdrd", "kind = \"layers\"\nzero_last = false\nlayers = [\"flatten\", { dense = 7 }, \"relu\", { dense = 10 }]", "lr = 0.5\nsteps = 4"), true),
         ("relu cnn", image_run(dir.path(), "rcnn", "kind = \"layers\"\nlayers = [{ conv2d = { channels = 2, kernel = 5, stride = 2 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 10 }]", "lr = 0.5\nsteps = 3"), true),
         ("leaky", mixture_run(dir.path(), "leaky", "kind = \"layers\"\nlayers = [{ dense = 6 }, { leaky_relu = 0.1 }, { dense = 3 }]", "lr = 0.5\nsteps = 6"), false),
+        ("mlp preset", mixture_run(dir.path(), "mlp1", "kind = \"mlp\"\nhidden = [6]", "lr = 0.5\nsteps = 6"), true),
+        ("cnn preset", image_run(dir.path(), "cnn1", CNN, "lr = 0.5\nsteps = 3"), true),
     ];
     for (name, run, closed) in cases {
         let states = run.load_all().unwrap();
@@ -316,6 +319,12 @@ fn relu_stacks_of_the_presets_take_their_closed_forms() {
         let two = whole.records.iter().all(|r| r.mean_evaluations == 2.0);
         assert_eq!(two, closed, "{name}: closed form taken: {two}");
         let gap = check_sums(name, &split, &whole, 1e-11);
+        // The engine at its own nodes, the whole Gram.
+        let nodes = kernel::compute(&run, &states, &pts, &req.clone().path(GramPath::Nodes), &|_, _| {}).unwrap();
+        assert!(nodes.records.iter().any(|r| r.mean_evaluations != 2.0), "{name}: --path nodes took a closed form");
+        let node_gap = max_abs_diff(&nodes.gram, &whole.gram) / max_abs(&whole.gram);
+        assert!(node_gap <= 1e-11, "{name}: closed form against the engine's nodes {node_gap:e}");
+        assert!(max_abs_diff(nodes.diag.as_ref().unwrap(), whole.diag.as_ref().unwrap()) <= 1e-11 * max_abs(whole.diag.as_ref().unwrap()), "{name}: self-kernels");
         // A fixed rule runs on the stack engine with or without the decomposition (the MLP's
         // shape no longer takes its preset's node path): the same kernel to rounding.
         let fixed = Request::new(KernelKind::Epk).rule(Rule::Gauss(3)).layout(Layout::Full);

@@ -81,6 +81,13 @@ pub struct Args {
     /// and exit 2, and nothing is written.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: kernel::Device,
+    /// The Gram path: fast (the layer stack's engine, with a closed form for the stack shapes
+    /// that have one, `dense, relu, dense` and `conv2d, relu, max_pool2d, flatten, dense`, where
+    /// it is measured faster), nodes (the stack's engine at quadrature nodes, never a closed
+    /// form: their cross-check) or generic (autodiff on the network as written, the slow
+    /// reference; fixed rules only).
+    #[arg(long, default_value = "fast", value_name = "PATH")]
+    path: String,
     /// Output directory.
     #[arg(long, value_name = "OUT")]
     out: PathBuf,
@@ -103,6 +110,7 @@ pub fn exec(a: Args) -> Result<()> {
     let spec: Rows = a.points.parse()?;
     let layout: Layout = a.blocks.parse()?;
     let outputs: kernel::Outputs = a.outputs.parse()?;
+    let path: kernel::GramPath = a.path.parse()?;
     let side = match a.side.as_str() {
         "test" => Side::Test,
         "train" => Side::Train,
@@ -118,7 +126,7 @@ pub fn exec(a: Args) -> Result<()> {
     let run = Run::open(&a.run)?;
     let states = run.load_all()?;
     let points = spec.resolve(&run.dataset)?;
-    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs).per_layer(a.per_layer).device(a.device).carry_in(a.carry_in);
+    let req = Request::new(kind).rule(rule).side(side).ntk_step(a.step).per_step(a.per_step).steps(steps).layout(layout).outputs(outputs).per_layer(a.per_layer).device(a.device).carry_in(a.carry_in).path(path);
     if let Some(tiles) = &a.tiles {
         if a.carry_in {
             return Err(crate::Error::Config("--carry-in is not available with --tiles".into()));
@@ -131,6 +139,9 @@ pub fn exec(a: Args) -> Result<()> {
         }
         if outputs != kernel::Outputs::Network {
             return Err(crate::Error::Config("--outputs logits is not available with --tiles".into()));
+        }
+        if path != kernel::GramPath::Fast {
+            return Err(crate::Error::Config("--path is not available with --tiles (tiles take the fast path)".into()));
         }
         return super::tile::plan(&run, &states, &a.points, &req, budget, tiles, &a.out, a.force);
     }

@@ -171,7 +171,7 @@ impl GramAccumulator {
     }
 
     /// Declares the last layer's sensitivities to be `α(δ_ko − q_o)` (every MLP of
-    /// [`crate::kernel::mlp::step::MlpStep`]: log-softmax or identity output scaled by α), so that it is
+    /// [`crate::kernel::stack::closed::dense_relu::step::MlpStep`]: log-softmax or identity output scaled by α), so that it is
     /// contracted with K + 1 instead of K² rows per point.
     pub(crate) fn with_output_alpha(mut self, alpha: f64) -> Self {
         self.output_alpha = (alpha != 0.0 && self.k >= 2).then_some(alpha);
@@ -180,7 +180,7 @@ impl GramAccumulator {
 
     /// Adds one step for the row points `points` (a range of `0..P`; call once per chunk of
     /// points) of a one-hidden-layer network whose rows' side is integrated over the step
-    /// (`kernel::mlp::pieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and the output layer's
+    /// (`kernel::stack::closed::dense_relu::pieces`): layer 0's `δ̄` (`dbar` `[n, K, h]`) and the output layer's
     /// `[Ā; B̄]` (`ab` `[n, K+1, h(+1)]`); `train` are the training points' factors of both
     /// layers, `colw` (`[M, K]`) optionally scales every training gradient `∇f^{k'}(x_i)`
     /// (Chen's kernel). Layer 0's row activations are the points themselves (`x_rows` `[P, d]`),

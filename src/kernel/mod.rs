@@ -23,16 +23,15 @@
 //! the checks, the plain driver, the optimizer-replaying recursion, row and column blocks); the
 //! [`quadrature`] over a step (fixed rules and the adaptive kink-aware rule); the networks' own
 //! step models, each in its structured factors: `stack` (any layer stack, one file per layer
-//! kind under [`crate::model::layers`]), [`mlp`] and [`cnn`] (the two presets' fast paths); the
-//! [`generic`] autodiff path every fast path is tested against; and the contraction [`backend`]s.
+//! kind under [`crate::model::layers`]; an MLP or CNN preset as its stack; `stack::closed`, the
+//! closed forms of two stack shapes); the [`generic`] autodiff path every fast path is tested
+//! against; and the contraction [`backend`]s.
 
 pub mod backend;
-pub mod cnn;
 pub mod engine;
 pub mod generic;
 pub mod gram;
 pub mod layout;
-pub mod mlp;
 pub mod output;
 pub mod quadrature;
 mod request;

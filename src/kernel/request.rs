@@ -6,15 +6,33 @@ use super::layout::Layout;
 use super::quadrature::Rule;
 use super::types::{KernelKind, Outputs, Side};
 
-/// Which Gram path a network takes.
+/// Which Gram path a network takes (`pathkernel kernel --path`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GramPath {
-    /// The structured path: the network's layer stack (`kernel::stack`), or a preset's closed
-    /// form where it applies and is faster (`kernel::mlp`, `kernel::cnn::pieces`); any
-    /// quadrature rule.
+    /// The structured path: the network's layer stack (`kernel::stack`; an MLP or CNN preset as
+    /// its stack), with the stack's closed form where one applies and is measured faster
+    /// (`kernel::stack::closed`); any quadrature rule.
     Fast,
-    /// The generic autodiff path ([`super::generic`], the reference); fixed rules only.
+    /// The stack engine at quadrature nodes, never a closed form: the closed forms' cross-check
+    /// and their benchmark's peer; any quadrature rule.
+    Nodes,
+    /// The generic autodiff path ([`super::generic`], the reference, on the network as
+    /// written); fixed rules only.
     Generic,
+}
+
+impl std::str::FromStr for GramPath {
+    type Err = crate::error::Error;
+
+    /// `fast`, `nodes` or `generic`.
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        match s {
+            "fast" => Ok(GramPath::Fast),
+            "nodes" => Ok(GramPath::Nodes),
+            "generic" => Ok(GramPath::Generic),
+            other => Err(crate::error::Error::Config(format!("--path {other}: expected fast, nodes or generic"))),
+        }
+    }
 }
 
 /// What to compute and how: the kernel (kind, quadrature, side, steps) and how the computation
@@ -42,7 +60,7 @@ pub struct Request {
     pub steps: Option<(usize, usize)>,
     /// Which blocks of the Gram are computed and held (`full`, `diag`, `trace`).
     pub layout: Layout,
-    /// The CNN's Gram path (MLPs always take the structured one).
+    /// The Gram path (default: [`GramPath::Fast`]).
     pub path: GramPath,
     /// Bytes the outputs of one computation (one row block) may take; refused with an estimate
     /// above it (default: no limit).

@@ -9,7 +9,7 @@
 //!
 //! The models, each beside the code it runs: the layer stack's
 //! ([`crate::kernel::stack::StackModel`]), the MLP and CNN presets' fast paths
-//! ([`crate::kernel::mlp::model`], [`crate::kernel::cnn::model`]) and the dfdx reference
+//! ([`crate::kernel::stack::closed::dense_relu::model`], [`crate::kernel::stack::closed::conv_relu_pool::model`]) and the dfdx reference
 //! ([`crate::kernel::generic::GenericModel`]). Runs with momentum or Adam(W) walk the path
 //! backwards instead ([`crate::kernel::engine::stateful`]); they use the same accumulator and
 //! contractions.
@@ -44,7 +44,7 @@ pub(crate) struct StepInput<'a> {
     pub self_kernel: bool,
     /// The path-averaged kernel ([`crate::kernel::KernelKind::Path`]): the training side integrated over
     /// the step too, `K_s = ⟨J̄_s(x), J̄_s(x_i)⟩`, and the self-kernel `|J̄_s(x)|²`: the
-    /// [`crate::kernel::mlp::pieces`] closed form (one-hidden-layer ReLU, identity outputs, auto rule), the layer
+    /// [`crate::kernel::stack::closed::dense_relu::pieces`] closed form (one-hidden-layer ReLU, identity outputs, auto rule), the layer
     /// stacks' [`crate::kernel::stack::path`] (any rule) and the generic reference (fixed rules).
     pub train_integrated: bool,
     /// The rows are the columns (the same training points and offsets) at `t = 0` and the

@@ -761,37 +761,6 @@ impl Architecture {
         Ok(arch)
     }
 
-    /// The preset this layer stack is, when it is one whose rows the preset integrates in closed
-    /// form between the kinks: the one-hidden-layer ReLU MLP (`dense, relu, dense` on a flat
-    /// input, or `flatten` ahead of them) or the ReLU CNN (`conv2d, relu, max_pool2d, flatten,
-    /// dense`, a pool window equal to its stride), its parameter layers all with biases or all
-    /// without — the inverse of [`Architecture::as_stack`]: the same tensors in the same storage
-    /// order, under the preset's names. `None` otherwise.
-    pub(crate) fn closed_form_preset(&self) -> Option<Architecture> {
-        use layers::{Act, LayerSpec, Shape};
-        let Body::Layers { input, layers, outputs } = &self.body else { return None };
-        let body = match (input, &layers[..]) {
-            (Shape::Map(c, h, w), [LayerSpec::Conv2d(cv), LayerSpec::Act(Act::Relu), LayerSpec::MaxPool2d(mp), LayerSpec::Flatten(_), LayerSpec::Dense(o)]) => {
-                if cv.bias != o.bias || mp.kernel != mp.stride {
-                    return None;
-                }
-                (Body::Cnn { image: [*c, *h, *w], channels: cv.channels, kernel: cv.kernel, stride: cv.stride, padding: cv.padding, pool: mp.kernel, outputs: *outputs }, cv.bias)
-            }
-            (_, [LayerSpec::Flatten(_), LayerSpec::Dense(h), LayerSpec::Act(Act::Relu), LayerSpec::Dense(o)]) | (_, [LayerSpec::Dense(h), LayerSpec::Act(Act::Relu), LayerSpec::Dense(o)]) => {
-                if h.bias != o.bias {
-                    return None;
-                }
-                (Body::Mlp { widths: vec![input.size(), h.features, *outputs] }, h.bias)
-            }
-            _ => return None,
-        };
-        let arch = Architecture { body: body.0, activation: Activation::Relu, bias: body.1, ..self.clone() };
-        arch.validate().ok()?;
-        // The same tensors in the same order.
-        let (a, b) = (arch.param_specs(), self.param_specs());
-        (a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.shape == y.shape)).then_some(arch)
-    }
-
     /// `params` (of this architecture) under the names of [`Architecture::as_stack`].
     pub fn params_as_stack(&self, params: &Params) -> Result<Params> {
         let specs = self.as_stack()?.param_specs();

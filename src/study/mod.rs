@@ -398,7 +398,7 @@ fn summary_markdown(cfg: &StudyConfig, text: &str, run: &Run, log: &TrainLog, ke
         for sk in kernels.iter().filter(|sk| relu_cnn && matches!(sk.gram.output().rule, crate::kernel::Rule::Auto(_)) && sk.gram.output().integrated && sk.gram.output().form == KernelForm::Gradient) {
             let _ = writeln!(
                 s,
-                "\n{}: on a ReLU CNN the auto rule integrates the rows exactly between the kinks (`kernel::cnn::pieces`); its evaluations are the two backward passes per point and step that form the logits' affine gradient ∇z(t) = E₀ + tE₁ (updated at each kink by the units that switch), and its {:.2} smooth pieces per point and step (kinks + 1) cost forward work only (their ∫ softmax is a scalar quadrature).",
+                "\n{}: on a ReLU CNN the auto rule integrates the rows exactly between the kinks (`kernel::stack::closed::conv_relu_pool::pieces`); its evaluations are the two backward passes per point and step that form the logits' affine gradient ∇z(t) = E₀ + tE₁ (updated at each kink by the units that switch), and its {:.2} smooth pieces per point and step (kinks + 1) cost forward work only (their ∫ softmax is a scalar quadrature).",
                 sk.label,
                 sk.exactness.evaluations_per_step.mean_forward_mode
             );

@@ -5,9 +5,7 @@
 
 use crate::kernel::gram::{self, GramAccumulator};
 use crate::kernel::layout::Layout;
-use crate::kernel::cnn::model::CnnModel;
 use crate::kernel::generic::GenericModel;
-use crate::kernel::mlp::model::MlpModel;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::types::{
@@ -202,17 +200,15 @@ fn accumulate_steps(
     // entry hands MLPs and CNNs to the stack path for it).
     let split = req.per_layer.then(|| param_layers(&states[0].specs));
     let n_layers = split.as_ref().map(Vec::len);
-    let model: Box<dyn StepModel + '_> = if prep.structured {
-        Box::new(MlpModel { arch })
-    } else if prep.conv_fast {
-        Box::new(CnnModel { arch })
+    let model: Box<dyn StepModel + '_> = if let Some(closed) = &prep.closed {
+        closed.model()
     } else if prep.stack_fast {
         Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default(), device: node_backend(req.device)?, reduce: crate::kernel::stack::reduce_nodes() })
     } else {
         Box::new(GenericModel { arch, init: &states[0], layers: split.as_ref().map(|ls| ls.iter().map(|l| l.flat.clone()).collect()) })
     };
-    let what = if prep.conv_fast { "the CNN's structured path" } else if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
-    crate::kernel::backend::check_path(req.device, prep.structured || prep.stack_fast, what)?;
+    let what = if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
+    crate::kernel::backend::check_path(req.device, prep.stack_fast, what)?;
     let backend = crate::kernel::backend::Backend::open(req.device)?;
     let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
@@ -245,7 +241,7 @@ fn accumulate_steps(
             tol_step: prep.tol_step,
             a: &a_eff,
             colw: colw.as_deref(),
-            cosine: integrate && (prep.structured || prep.conv_fast || prep.stack_fast) && req.kind != KernelKind::Path,
+            cosine: integrate && prep.stack_fast && req.kind != KernelKind::Path,
             self_kernel: want_diag,
             train_integrated: req.kind == KernelKind::Path,
             rows_are_columns,
@@ -259,7 +255,7 @@ fn accumulate_steps(
         target.check()?;
         if let Some(n) = n_layers {
             if out.layer_pred.len() != n {
-                return Err(Error::Config(format!("the per-layer decomposition is not implemented for this network's {} path", if prep.structured { "MLP" } else { "CNN" })));
+                return Err(Error::Config("the per-layer decomposition is not implemented on this path".into()));
             }
             std::mem::take(&mut out.layer_pred).iter().for_each(|l| change.extend_from_slice(l));
         }

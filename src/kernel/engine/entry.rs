@@ -5,7 +5,7 @@
 use crate::kernel::engine::blocked::in_blocks;
 use crate::kernel::engine::prepare::Prepared;
 use crate::kernel::request::{GramPath, Request};
-use crate::kernel::types::{KernelKind, KernelOutput, Points};
+use crate::kernel::types::{KernelOutput, Points};
 use crate::kernel::{engine::driver, engine::stateful};
 use crate::error::{Error, Result};
 use crate::model::{param_layers, Body, Params};
@@ -18,8 +18,8 @@ use crate::trajectory::Run;
 /// validation are computed for every layout (contracted with `a_{i,s}` on the fly, from the
 /// factors); the single machine of Theorem 3.7 contracts the off-diagonal blocks and comes with
 /// `full` only. Every network takes its layer stack's structured path
-/// ([`crate::kernel::GramPath::Fast`]; an MLP or CNN preset as its stack, but for the presets'
-/// closed forms, which a stack of their shape takes too) or the generic autodiff reference
+/// ([`crate::kernel::GramPath::Fast`]; an MLP or CNN preset as its stack; two stack shapes have
+/// a closed form for some requests, measured faster) or the generic autodiff reference
 /// ([`crate::kernel::GramPath::Generic`], fixed rules only, on the network as written). Runs whose
 /// optimizer keeps state (momentum, Adam, weight decay) take the optimizer replay
 /// (`crate::kernel::engine::stateful`) on the network's layer stack; what the run recorded besides its states (Adam's preconditioners) is
@@ -40,75 +40,13 @@ pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progr
     if req.per_layer {
         return per_layer(run, states, rows, req, progress);
     }
-    let arch = &run.manifest.architecture;
-    if matches!(arch.body, Body::Layers { .. }) {
-        // A layer stack of a preset's shape takes the preset's closed form where it applies.
-        return match closed_form_of(run, req) {
-            Some(preset) => on_preset(run, &preset, states, rows, req, progress),
-            None => compute_plain(run, states, rows, req, progress),
-        };
+    // An MLP or CNN preset is computed as its layer stack (the same tensors in the same order),
+    // which takes its closed form where one applies (`kernel::stack::closed`); the generic
+    // path is the dfdx reference on the network as written.
+    if req.path != GramPath::Generic && !matches!(run.manifest.architecture.body, Body::Layers { .. }) {
+        return on_stack(run, states, rows, req, progress);
     }
-    // An MLP or CNN preset: its own code is its closed forms (measured faster there); every
-    // other kernel runs on its layer stack. The generic path is the dfdx reference on the
-    // network as written.
-    if req.path == GramPath::Generic || closed_form(run, arch, req) || (req.kind == KernelKind::Path && path_closed_form(run, req)) {
-        return compute_plain(run, states, rows, req, progress);
-    }
-    on_stack(run, states, rows, req, progress)
-}
-
-/// The preset a layer stack is computed as: the one-hidden-layer ReLU MLP or the ReLU CNN
-/// ([`crate::model::Architecture::closed_form_preset`]) where its closed form applies
-/// ([`closed_form`]), whose rows the preset integrates between the kinks
-/// ([`crate::kernel::mlp::pieces`], [`crate::kernel::cnn::pieces`]) where the stack engine
-/// evaluates gradients at nodes: 2.6× faster on the MNIST MLP written as a stack, 2.9× on the
-/// CNN (`bench/families.sh`, `mlp-as-stack` and `cnn-as-stack`).
-fn closed_form_of(run: &Run, req: &Request) -> Option<crate::model::Architecture> {
-    let preset = run.manifest.architecture.closed_form_preset()?;
-    closed_form(run, &preset, req).then_some(preset)
-}
-
-/// Whether a preset's own path computes this request: the EPK or k′ under the auto rule and
-/// plain gradient steps on the CPU, on a one-hidden-layer ReLU MLP whose output layer's
-/// sensitivities are `α(δ_ko − p_o)` (α ≠ 0, K ≥ 2: its closed form) or on the ReLU CNN preset
-/// (its closed form). Everything else runs on the layer stack ([`on_stack`]): the tanh CNN too,
-/// whose max-pool the stack runs ahead of the tanh so that its sweep finds every window switch
-/// (on MNIST, 1 000 training images, 64 held-out, 20 steps: 17.0 s where the preset's node
-/// search took 24.2 s and the stack with the pool behind the tanh 173 s).
-fn closed_form(run: &Run, preset: &crate::model::Architecture, req: &Request) -> bool {
-    let plain = crate::optim::UpdateRule::of(&run.manifest.optimizer).is_plain();
-    let auto = matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_));
-    let shape = match &preset.body {
-        // The rows integrated (the test side): the train side's gradients at `t = 0` run on the
-        // stack, as the NTK's.
-        Body::Mlp { widths } => widths.len() == 3 && preset.activation == crate::model::Activation::Relu && preset.alpha != 0.0 && preset.outputs() >= 2 && req.integrates_rows(),
-        Body::Cnn { .. } => preset.activation == crate::model::Activation::Relu && req.integrates_rows(),
-        Body::Layers { .. } => false,
-    };
-    plain && auto && shape && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && req.path == GramPath::Fast && req.device == crate::kernel::backend::Device::Cpu
-}
-
-/// [`compute_plain`] on the preset `preset` of a layer stack (the same tensors in the same order,
-/// under the preset's names).
-fn on_preset(run: &Run, preset: &crate::model::Architecture, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
-    let specs = preset.param_specs();
-    let preset_states: Vec<Params> = states.iter().map(|s| Params { specs: specs.clone(), data: s.data.clone() }).collect();
-    let mut preset_run = run.clone();
-    preset_run.manifest.architecture = preset.clone();
-    compute_plain(&preset_run, &preset_states, rows, req, progress)
-}
-
-/// Whether the path kernel takes the one-hidden-layer ReLU MLP's closed form
-/// ([`crate::kernel::mlp::pieces`]): identity outputs (a regression, or a classifier's logits
-/// by `req.outputs`) and the auto rule; other networks take their layer stack's path.
-fn path_closed_form(run: &Run, req: &Request) -> bool {
-    let arch = &run.manifest.architecture;
-    matches!(&arch.body, Body::Mlp { widths } if widths.len() == 3)
-        && arch.activation == crate::model::Activation::Relu
-        && (arch.output == crate::model::OutputKind::Identity || req.outputs == crate::kernel::types::Outputs::Logits)
-        && arch.alpha != 0.0
-        && arch.outputs() >= 2
-        && matches!(req.rule, crate::kernel::quadrature::Rule::Auto(_))
+    compute_plain(run, states, rows, req, progress)
 }
 
 /// [`compute`] on the run's own architecture; the optimizer replay (momentum, Adam, weight
@@ -148,7 +86,7 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
         return Err(Error::Config("the per-layer decomposition needs all training points as columns (no tiles)".into()));
     }
     let arch = &run.manifest.architecture;
-    let preset = matches!(arch.body, Body::Mlp { .. }) || (matches!(arch.body, Body::Cnn { .. }) && req.path == GramPath::Fast);
+    let preset = matches!(arch.body, Body::Mlp { .. }) || (matches!(arch.body, Body::Cnn { .. }) && req.path != GramPath::Generic);
     if !preset {
         return compute_plain(run, states, rows, req, progress);
     }
@@ -157,9 +95,9 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
 
 /// [`compute_plain`] on the layer stack of an MLP or CNN preset
 /// ([`crate::model::Architecture::as_stack`], the same tensors in the same order); its layers
-/// keep their own names (`layers.0`, `conv`). Every kernel of a preset but its closed forms
-/// ([`closed_form`], [`path_closed_form`]) runs here, on the CPU and on a GPU (the stack's
-/// nodes go to the device), because the presets' own node paths were measured slower (or level)
+/// keep their own names (`layers.0`, `conv`). Every kernel of a preset runs here, on the CPU and
+/// on a GPU (the stack's nodes go to the device), its stack's closed forms included
+/// (`kernel::stack::closed`), because the presets' own paths were measured slower (or level)
 /// and are gone. On MNIST (`bench/families.sh`, two cores): the 784-128-64-10 ReLU MLP 3.77 s
 /// against its preset's 11.10 s (2 000 training images, 64 held-out, 20 steps), the
 /// one-hidden-layer tanh MLP 3.75 against 12.70 s; the 784-128-10 ReLU MLP, 2 000 × 2 000 × 20
@@ -169,9 +107,9 @@ fn per_layer(run: &Run, states: &[Params], rows: &Points, req: &Request, progres
 /// training side over 20 steps); the CNN (1 000 training images, 64 held-out, class-diagonal,
 /// steps 0:20, alternating): EPK `left:10` 1.99 / 1.97 s against 2.24 / 2.14 s, `gauss:4` 1.64 /
 /// 1.71 against 2.02 / 2.15 s, the DPK 1.44 / 1.42 against 2.06 / 1.99 s, the NTK 0.14 / 0.18
-/// against 0.18 / 0.19 s. Not everywhere: with 200 nodes per point (`mnist-cnn`'s `left:200`,
-/// 200 held-out × 1 000 × 100 steps) the stack takes 91 s where the preset's own node path took
-/// 54 s (`docs/src/performance.md`).
+/// against 0.18 / 0.19 s. With 200 nodes per point (`mnist-cnn`'s `left:200`, 200 held-out × 1 000
+/// × 100 steps) the stack took 91 s where the preset's own node path took 54 s, until a fixed
+/// rule was evaluated on each point's pieces: 42 s (`docs/src/performance.md`).
 fn on_stack(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
     let arch = &run.manifest.architecture;
     let names: Vec<String> = param_layers(&states[0].specs).into_iter().map(|l| l.name).collect();

@@ -7,7 +7,8 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
-use crate::kernel::mlp::step::MlpStep;
+use crate::kernel::stack::closed::dense_relu::step::MlpStep;
+use crate::kernel::stack::closed::ClosedForm;
 use crate::kernel::quadrature::Rule;
 use crate::kernel::request::{GramPath, Request};
 use crate::kernel::types::{output_bytes_in, KernelKind, Outputs, Points};
@@ -34,13 +35,11 @@ pub(in crate::kernel) struct Prepared<'a> {
     pub req: &'a Request,
     /// The run's optimizer.
     pub rule: UpdateRule,
-    /// Whether the request takes the MLP preset's closed form (`kernel::mlp`; every other
-    /// request of an MLP runs on its layer stack or, on the generic path, by autodiff).
-    pub structured: bool,
-    /// Whether a CNN takes its structured path.
-    pub conv_fast: bool,
     /// Layer stacks take the structured stack path ([`crate::kernel::stack`]).
     pub stack_fast: bool,
+    /// The stack's closed form, where it takes one for this request
+    /// ([`crate::kernel::stack::closed`]).
+    pub closed: Option<ClosedForm>,
     /// Cross-entropy on identity outputs (a classifier's logits): `∂L/∂z = softmax(z) − y`.
     pub ce_on_logits: bool,
     /// Whether rows are integrated over t (EPK test side, k′, the path kernel).
@@ -129,22 +128,13 @@ impl<'a> Prepared<'a> {
                 hint: "use fewer points (--points), drop --per-step, or raise --memory".into(),
             });
         }
-        // The MLP preset's own code is its closed forms (the entry sends every other request of
-        // an MLP to its layer stack); the generic path is the dfdx reference for every network.
-        let structured = req.path == GramPath::Fast && matches!(arch.body, Body::Mlp { .. });
-        let conv_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Cnn { .. });
-        let stack_fast = req.path == GramPath::Fast && matches!(arch.body, Body::Layers { .. });
-        // The path kernel: any rule and output on a layer stack (the MLP and CNN presets are
-        // computed as theirs, `engine::entry`), the closed form on a one-hidden-layer ReLU MLP.
-        if req.kind == KernelKind::Path && ((structured && (!matches!(req.rule, Rule::Auto(_)) || arch.output != OutputKind::Identity)) || conv_fast) {
-            return Err(Error::Config(
-                "the path kernel on this network's preset path needs a one-hidden-layer ReLU MLP on identity outputs with the auto quadrature; describe the network as a layer stack ([model] kind = \"layers\") for any other".into(),
-            ));
-        }
-        if !structured && !conv_fast && !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime | KernelKind::Path) {
-            return Err(Error::Config(
-                "the auto quadrature needs the structured (MLP) path; use a fixed rule such as gauss:16 for this architecture".into(),
-            ));
+        // Layer stacks (an MLP or CNN preset as its stack, `engine::entry`) take the stack's
+        // path, and its closed form where one applies; the generic path is the dfdx reference on
+        // the network as written.
+        let stack_fast = req.path != GramPath::Generic && matches!(arch.body, Body::Layers { .. });
+        let closed = if stack_fast { ClosedForm::of(arch, req, UpdateRule::of(&manifest.optimizer).is_plain()) } else { None };
+        if !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime | KernelKind::Path) {
+            return Err(Error::Config("the auto quadrature runs on the layer stack's path (--path fast or nodes); the generic reference takes a fixed rule such as gauss:16".into()));
         }
         let init = &states[0];
         let off_rows = if arch.zero_output { Some(arch.raw_forward(init, &rows.x)) } else { None };
@@ -188,9 +178,8 @@ impl<'a> Prepared<'a> {
             rows,
             req,
             rule,
-            structured,
-            conv_fast,
             stack_fast,
+            closed,
             ce_on_logits,
             integrate,
             tol_step,
@@ -213,9 +202,10 @@ impl<'a> Prepared<'a> {
     /// (`zero_output`); returns `[n, K]`.
     pub(crate) fn values(&self, state: &Params, x: &[f64], off: Option<&[f64]>) -> Result<Vec<f64>> {
         let arch = self.arch();
-        if self.structured {
+        if let Some(ClosedForm::DenseRelu(shape)) = &self.closed {
+            // The closed form's own forward (the outputs its Gram's a_i were always formed from).
             let z = vec![0.0; x.len() / arch.input_dim()];
-            Ok(MlpStep::new(arch, state, None)?.eval(x, &z, off, false).f)
+            Ok(MlpStep::new(shape, state, None)?.eval(x, &z, off, false).f)
         } else {
             arch.forward(state, Some(&self.states[0]), x)
         }

@@ -177,7 +177,7 @@ pub(crate) struct AutoNodes {
     pub(crate) swept: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>>,
 }
 
-/// The node search of the adaptive rule (the MLP's `kernel::mlp::nodes::auto_nodes`, the
+/// The node search of the adaptive rule (the MLP's `kernel::stack::closed::dense_relu::nodes::auto_nodes`, the
 /// stacks'), for any network with [`AlongPath`].
 pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
     let k = step.outputs();

@@ -35,8 +35,8 @@ pub(crate) fn add_dense_moments(ab: &mut [f64], a0: &[f64], a1: &[f64], l: f64, 
 }
 
 /// One smooth piece: the logits' quadratic, the Gram of `∇z` (`H(t) = H_0 + tH_1 + t²H_2`, the
-/// dense part `|ã(t)|²` on its diagonal) and the offset. Shared by the CNN ([`crate::kernel::cnn::pieces`])
-/// and the MLP ([`crate::kernel::mlp::pieces`]).
+/// dense part `|ã(t)|²` on its diagonal) and the offset. Shared by the CNN ([`crate::kernel::stack::closed::conv_relu_pool::pieces`])
+/// and the MLP ([`crate::kernel::stack::closed::dense_relu::pieces`]).
 pub(crate) struct Piece<'a> {
     k: usize,
     alpha: f64,

@@ -16,6 +16,7 @@
 //! ([`kinks`]) and its forward-mode derivative ([`step::StackStep::jvp`]). The result equals
 //! [`super::generic::step_into`]'s (tests).
 
+pub(crate) mod closed;
 pub(crate) mod cosine;
 mod dense;
 mod reduced;

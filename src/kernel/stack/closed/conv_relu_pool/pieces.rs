@@ -30,7 +30,7 @@
 //! the gradient evaluations this path reports) and updated at each kink by the units that
 //! switch (`K·ne` per unit); the rest is forward-only work per piece.
 
-use crate::kernel::cnn::step::{CnnStep, SideFactors};
+use crate::kernel::stack::closed::conv_relu_pool::step::{CnnStep, SideFactors};
 use crate::kernel::quadrature::piece::{add_dense_moments, Piece};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;
@@ -280,8 +280,9 @@ fn piece_along<'a>(step: &CnnStep, al: &Along<'_>, off: Option<&'a [f64]>) -> Pi
 mod tests {
     use super::*;
     use crate::kernel::quadrature::gauss_legendre_01;
-    use crate::kernel::cnn::gram::tests::{cases, rel, setup};
-    use crate::kernel::cnn::gram::{offsets, side_factors, CnnStep};
+    use crate::kernel::stack::closed::conv_relu_pool::gram::tests::{cases, rel, setup};
+    use crate::kernel::stack::closed::conv_relu_pool::gram::{offsets, side_factors, CnnStep};
+    use crate::kernel::stack::closed::ConvReluPool;
 
     /// The slow obvious path: gradients evaluated at a fixed high-order Gauss rule on every
     /// smooth piece, summed with their weights.
@@ -291,7 +292,7 @@ mod tests {
         let mut kinks = 0;
         for (ci, c) in cases().iter().enumerate().filter(|(_, c)| c.6 == Activation::Relu) {
             let (arch, init, ws, next, rows, _) = setup(c, 40 + ci as u64);
-            let step = CnnStep::new(&arch, &ws, Some(&next)).unwrap();
+            let step = CnnStep::new(&ConvReluPool::of(&arch), &ws, Some(&next)).unwrap();
             let d = arch.input_dim();
             let off = offsets(&arch, &init, &rows).unwrap();
             let p = rows.len() / d;

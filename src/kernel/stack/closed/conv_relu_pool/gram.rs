@@ -1,8 +1,8 @@
-//! The ReLU CNN preset's (conv → ReLU → max-pool → dense) closed form under the auto rule: the
-//! rows integrated exactly between the kinks (`kernel::cnn::pieces`), the training points' gradients at
-//! `w_s` from one backward pass each, contracted without per-sample Jacobians of the whole
-//! network. (Every other kernel, rule and activation of the preset runs as its layer stack,
-//! measured faster there: `engine::entry::closed_form`.)
+//! The closed form of `conv2d → relu → max_pool2d → flatten → dense` under the auto rule: the
+//! rows integrated exactly between the kinks ([`super::pieces`]), the training points' gradients
+//! at `w_s` from one backward pass each, contracted without per-sample Jacobians of the whole
+//! network. (Every other kernel and rule of this shape runs on the stack engine, measured faster
+//! there: [`crate::kernel::stack::closed`].)
 //!
 //! Along step s the weights are `w_s(t) = w_s + t·Δw`. The convolution is the first layer, so
 //! its im2col patches `Ũ_x` (`[pos, C·k·k (+1 bias column)]`) do not depend on t and its
@@ -36,15 +36,18 @@
 use rayon::prelude::*;
 
 use super::pieces;
-pub(crate) use crate::kernel::cnn::step::CnnStep;
-use crate::kernel::cnn::step::SideFactors;
+pub(crate) use crate::kernel::stack::closed::conv_relu_pool::step::CnnStep;
+use crate::kernel::stack::closed::conv_relu_pool::step::SideFactors;
 use crate::kernel::layout::{add_dense, add_output_layer, GramSink, TrainDeltas};
 use crate::kernel::stack::cosine::Integrated;
 use crate::kernel::stack::step::RowGrad;
 use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_ab, gemm_abt};
-use crate::error::{Error, Result};
-use crate::model::{Architecture, Params};
+use crate::error::Result;
+use crate::kernel::stack::closed::ConvReluPool;
+use crate::model::Params;
+#[cfg(test)]
+use crate::model::Architecture;
 
 /// Scratch bytes allowed for one block of row points (their formed dense gradients).
 const BLOCK_BYTES: usize = 64 << 20;
@@ -216,20 +219,20 @@ fn step_into_at(
     (pred, cos)
 }
 
-/// One step of the ReLU CNN preset's closed form: the rows integrated between their kinks
-/// with per-step tolerance `tol_step` (`kernel::cnn::pieces`); the Gram into `sink` (any layout), the
+/// One step of the closed form: the rows integrated between their kinks with per-step
+/// tolerance `tol_step` ([`super::pieces`]); the Gram into `sink` (any layout), the
 /// self-kernel into `diag` and the step's kernel-machine prediction for training weights `a`,
 /// and with `cosine` the Fig. 2 measure's mean.
 ///
 /// # Errors
-/// [`Error::Config`] if the network is not a ReLU CNN (the engine routes nothing else here).
+/// [`crate::error::Error::Data`] if the states' tensors do not have the shape's sizes.
 ///
 /// # Shapes
 /// `rows` `[P, d]`, `off_rows` `[P, K]`, `x_train` `[M, d]`, `off_train` `[M, K]`,
 /// `diag` `[P, K, K]`, `a` and `colw` `[M, K]`; returns `[P, K]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_into(
-    arch: &Architecture,
+    shape: &ConvReluPool,
     ws: &Params,
     next: Option<&Params>,
     rows: &[f64],
@@ -243,10 +246,7 @@ pub(crate) fn step_into(
     colw: Option<&[f64]>,
     cosine: bool,
 ) -> Result<(Vec<f64>, NodeStats, f64)> {
-    let step = CnnStep::new(arch, ws, next)?;
-    if !pieces::applies(&step) {
-        return Err(Error::Config(format!("the CNN preset's closed form needs ReLU, not {:?} (its layer stack runs the rest)", step.activation)));
-    }
+    let step = CnnStep::new(shape, ws, next)?;
     let mut stats = NodeStats::default();
     let (pred, (sum, count)) = step_into_at(&step, rows, off_rows, tol_step, &mut stats, x_train, off_train, sink, diag, a, colw, cosine);
     Ok((pred, stats, if count > 0 { sum / count as f64 } else { f64::NAN }))
@@ -257,9 +257,10 @@ pub(in crate::kernel) mod tests {
     use super::*;
     use crate::kernel::layout::Layout;
     use crate::kernel::{generic, quadrature};
-    use crate::model::{conv, Activation, Body, ModelConfig, OutputKind};
+    use crate::model::{conv, Activation, ModelConfig, OutputKind};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+    use crate::kernel::stack::closed::ConvReluPool;
 
     /// `(image, channels, kernel, stride, padding, pool, activation, bias, zero_output, alpha,
     /// output, K)`.
@@ -317,11 +318,11 @@ pub(in crate::kernel) mod tests {
             let d = arch.input_dim();
             let (p, m, k) = (rows.len() / d, train.len() / d, arch.outputs());
             for (name, nx) in [("ntk", None), ("epk", Some(&next))] {
-                let step = CnnStep::new(&arch, &ws, nx).unwrap();
+                let step = CnnStep::new(&ConvReluPool::of(&arch), &ws, nx).unwrap();
                 let (off_rows, off_train) = (offsets(&arch, &init, &rows).unwrap(), offsets(&arch, &init, &train).unwrap());
                 let mut sink = GramSink::new(Layout::Full, p, m, k);
                 let mut d_fast = vec![0.0; p * k * k];
-                let (_, stats, _) = step_into(&arch, &ws, nx, &rows, off_rows.as_deref(), 1e-15, &train, off_train.as_deref(), &mut sink, &mut d_fast, &vec![0.0; m * k], None, false).unwrap();
+                let (_, stats, _) = step_into(&ConvReluPool::of(&arch), &ws, nx, &rows, off_rows.as_deref(), 1e-15, &train, off_train.as_deref(), &mut sink, &mut d_fast, &vec![0.0; m * k], None, false).unwrap();
                 assert_eq!(stats.unconverged, 0, "case {ci} {name}");
                 let g_fast = sink.finish();
                 let (mut g_slow, mut d_slow) = (Vec::with_capacity(p * m * k * k), Vec::with_capacity(p * k * k));
@@ -346,7 +347,7 @@ pub(in crate::kernel) mod tests {
     /// The pool pattern at t: for every window, the argmax position (or "none" when ReLU zeroes
     /// the window).
     fn pattern(arch: &Architecture, ws: &Params, next: &Params, x: &[f64], t: f64) -> Vec<Option<usize>> {
-        let Body::Cnn { image, channels, kernel, stride, padding, pool, .. } = arch.body else { unreachable!() };
+        let ConvReluPool { image, channels, kernel, stride, padding, pool, .. } = ConvReluPool::of(arch);
         let at = generic::interpolate(ws, Some(next), t);
         let zb = vec![0.0; channels];
         let (z, [_, co, ho, wo]) = conv::conv2d_direct(
@@ -371,7 +372,7 @@ pub(in crate::kernel) mod tests {
                             }
                         }
                     }
-                    out.push(if arch.activation == Activation::Relu && best.0 <= 0.0 { None } else { Some(best.1) });
+                    out.push(if best.0 <= 0.0 { None } else { Some(best.1) });
                 }
             }
         }
@@ -383,7 +384,7 @@ pub(in crate::kernel) mod tests {
         let mut total = 0;
         for (ci, c) in cases().iter().enumerate() {
             let (arch, _, ws, next, rows, _) = setup(c, 30 + ci as u64);
-            let step = CnnStep::new(&arch, &ws, Some(&next)).unwrap();
+            let step = CnnStep::new(&ConvReluPool::of(&arch), &ws, Some(&next)).unwrap();
             let d = arch.input_dim();
             for x in rows.chunks(d) {
                 let kinks = step.kinks(x, 0.0, 1.0);

@@ -1,48 +1,46 @@
-//! The MLP preset's step model: the one-hidden-layer ReLU network's closed form under the auto
-//! rule ([`super::pieces`]: its rows integrated exactly between their kinks, no gradient at a
-//! node), with the training side's structured factors (`δ ⊗ a` per layer). Every other request of
-//! an MLP runs on its layer stack.
+//! The step model of `[flatten,] dense → relu → dense` in closed form under the auto rule
+//! ([`super::pieces`]: its rows integrated exactly between their kinks, no gradient at a node),
+//! with the training side's structured factors (`δ ⊗ a` per layer).
 
 use crate::error::Result;
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
-use crate::kernel::mlp::pieces::{self as mlp_pieces, dot};
-use crate::kernel::mlp::step::MlpStep;
+use crate::kernel::stack::closed::dense_relu::pieces::{self as mlp_pieces, dot};
+use crate::kernel::stack::closed::dense_relu::step::MlpStep;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
 use crate::kernel::types::NodeStats;
-use crate::model::Architecture;
+use crate::kernel::stack::closed::DenseRelu;
+use crate::model::OutputKind;
 
 /// Row points integrated at once on the [`mlp_pieces`] path (their factors are `K·h + (K+1)·(h+1)`
 /// numbers each).
 const INTEGRATED_CHUNK_POINTS: usize = 256;
 
-/// MLPs: structured per-layer factors.
-pub(crate) struct MlpModel<'a> {
-    pub arch: &'a Architecture,
+/// The closed form of a `dense → relu → dense` stack.
+pub(crate) struct DenseReluModel<'a> {
+    pub shape: &'a DenseRelu,
 }
 
-impl StepModel for MlpModel<'_> {
+impl StepModel for DenseReluModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
-        let (arch, rows) = (self.arch, input.rows);
-        let (p, d, k) = (rows.len(), rows.dim, arch.outputs());
+        let (shape, rows) = (self.shape, input.rows);
+        let (p, d, k) = (rows.len(), rows.dim, shape.k);
         let m = input.x_train.len() / d;
-        let step = MlpStep::new(arch, input.state, input.next)?;
-        // The closed form only: the entry sends every other request of an MLP to its layer stack.
+        let step = MlpStep::new(shape, input.state, input.next)?;
+        // `ClosedForm::of` routes the auto rule's integrated rows here, nothing else.
         if input.fixed.is_some() || !mlp_pieces::applies(&step) {
-            return Err(crate::error::Error::Config(
-                "the MLP preset's own path is its closed form (one hidden ReLU layer, rows integrated under the auto quadrature); other kernels run on its layer stack".into(),
-            ));
+            return Err(crate::error::Error::Config("the dense → relu → dense closed form integrates rows under the auto quadrature only".into()));
         }
         let tr = step.eval(input.x_train, &vec![0.0; m], input.off_train, true);
         // The path kernel's training side: layer 0 as δ̄_i (its activations are the inputs at
         // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
         // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
         let train_int = if input.train_integrated {
-            if arch.output != crate::model::OutputKind::Identity {
-                return Err(crate::error::Error::Config("the path kernel's closed form needs a one-hidden-layer ReLU MLP on identity outputs with the auto quadrature (other networks take their layer stack's path)".into()));
+            if shape.output != OutputKind::Identity {
+                return Err(crate::error::Error::Config("the path kernel's closed form needs identity outputs (the logits)".into()));
             }
             let first = step.first_layer(input.x_train);
             let rf = mlp_pieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
-            let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(arch.bias));
+            let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(shape.bias));
             let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
             Some((rf, abar))
         } else {
@@ -58,14 +56,14 @@ impl StepModel for MlpModel<'_> {
                 (None, _) => LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out },
             })
             .collect();
-        let v = gram::prediction_weights(&train_layers, input.a, m, k, arch.bias);
+        let v = gram::prediction_weights(&train_layers, input.a, m, k, shape.bias);
         let mut pred = vec![0.0; p * k];
         let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
         // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
         // their kinks, no gradient evaluated at a node.
         let h = step.layers[0].n_out;
-        let ne = h + usize::from(arch.bias);
+        let ne = h + usize::from(shape.bias);
         // The path kernel's training Gram: the rows are the training points, whose
         // integrated factors were formed above; they are not integrated twice.
         let rows_are_train = train_int.as_ref().filter(|_| rows.x == input.x_train).map(|t| &t.0);
@@ -86,11 +84,11 @@ impl StepModel for MlpModel<'_> {
             let mut xe = Vec::with_capacity(pc * (d + 1));
             for xp in xc.chunks_exact(d) {
                 xe.extend_from_slice(xp);
-                if arch.bias {
+                if shape.bias {
                     xe.push(1.0);
                 }
             }
-            let de = d + usize::from(arch.bias);
+            let de = d + usize::from(shape.bias);
             let mut vx = vec![0.0; pc * h];
             crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
             for pl in 0..pc {
@@ -99,12 +97,12 @@ impl StepModel for MlpModel<'_> {
                 let bv: f64 = (0..k).map(|o| dot(&ab[(1 + o) * ne..(2 + o) * ne], &v1[o * ne..(o + 1) * ne])).sum();
                 for kt in 0..k {
                     let l0 = dot(&rf.dbar[(pl * k + kt) * h..(pl * k + kt + 1) * h], &vx[pl * h..(pl + 1) * h]);
-                    let l1 = arch.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
+                    let l1 = shape.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
                     pred[(c0 + pl) * k + kt] += l0 + l1;
                 }
             }
             if input.self_kernel && input.train_integrated {
-                add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, arch.bias, arch.alpha);
+                add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, shape.bias, shape.alpha);
             } else if input.self_kernel {
                 diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
             }

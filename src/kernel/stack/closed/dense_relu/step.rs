@@ -12,8 +12,9 @@
 //! its tests' slow obvious path.
 
 use crate::linalg::{gemm_ab, gemm_abt};
-use crate::error::{Error, Result};
-use crate::model::{Activation, Architecture, Body, OutputKind, Params};
+use crate::error::Result;
+use crate::kernel::stack::closed::{tensors, DenseRelu};
+use crate::model::{Activation, OutputKind, Params};
 
 /// The kinks in `(a, b)` of one hidden ReLU layer whose pre-activations are `z + t·u`: the
 /// times `−z/u`, sorted, within 1e-15 of each other merged.
@@ -82,46 +83,36 @@ pub(crate) struct Evals {
 }
 
 impl MlpStep {
-    /// Builds the step from `w_s` and `w_{s+1}` (`None`: a zero step, for NTK/train-side use).
-    pub(crate) fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
-        let Body::Mlp { widths } = &arch.body else {
-            return Err(Error::Config("the structured kernel path needs an MLP".into()));
-        };
-        arch.check_params(ws)?;
-        if let Some(n) = next {
-            arch.check_params(n)?;
-        }
-        let mut layers = Vec::with_capacity(widths.len() - 1);
+    /// Builds the step of the stack `shape` from `w_s` and `w_{s+1}` (`None`: a zero step, for
+    /// the training side at `w_s`), its tensors read by position.
+    ///
+    /// # Errors
+    /// [`crate::error::Error::Data`] if a state's tensors do not have the shape's sizes.
+    pub(crate) fn new(shape: &DenseRelu, ws: &Params, next: Option<&Params>) -> Result<Self> {
+        let widths = [shape.d, shape.h, shape.k];
+        let lens: Vec<usize> = widths.windows(2).flat_map(|w| if shape.bias { vec![w[0] * w[1], w[1]] } else { vec![w[0] * w[1]] }).collect();
+        let ts = tensors(ws, &lens)?;
+        let tn = next.map(|n| tensors(n, &lens)).transpose()?;
+        let mut layers = Vec::with_capacity(2);
         let mut j = 0;
-        for l in 0..widths.len() - 1 {
+        // `w_{s+1} − w_s` of tensor j (zeros without a next state).
+        let delta = |j: usize| match tn {
+            Some(n) => n[j].iter().zip(&ts[j]).map(|(a, b)| a - b).collect(),
+            None => vec![0.0; ts[j].len()],
+        };
+        for l in 0..2 {
             let (n_in, n_out) = (widths[l], widths[l + 1]);
-            let w = ws.data[j].clone();
-            let dw = match next {
-                Some(n) => n.data[j].iter().zip(&w).map(|(a, b)| a - b).collect(),
-                None => vec![0.0; w.len()],
-            };
+            let (w, dw) = (ts[j].clone(), delta(j));
             j += 1;
-            let (b, db) = if arch.bias {
-                let b = ws.data[j].clone();
-                let db = match next {
-                    Some(n) => n.data[j].iter().zip(&b).map(|(a, c)| a - c).collect(),
-                    None => vec![0.0; b.len()],
-                };
+            let (b, db) = if shape.bias {
                 j += 1;
-                (b, db)
+                (ts[j - 1].clone(), delta(j - 1))
             } else {
                 (vec![0.0; n_out], vec![0.0; n_out])
             };
             layers.push(Layer { n_in, n_out, w, dw, b, db });
         }
-        Ok(MlpStep {
-            layers,
-            activation: arch.activation,
-            bias: arch.bias,
-            alpha: arch.alpha,
-            output: arch.output,
-            k: arch.outputs(),
-        })
+        Ok(MlpStep { layers, activation: Activation::Relu, bias: shape.bias, alpha: shape.alpha, output: shape.output, k: shape.k })
     }
 
     /// Input dimension d.

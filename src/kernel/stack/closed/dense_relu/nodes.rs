@@ -1,7 +1,7 @@
 //! The slow obvious path the MLP's closed form ([`super::pieces`]) is tested against: its step's
 //! gradients at given nodes, and the paper's Fig. 2 cosine measure from those gradients.
 
-use crate::kernel::mlp::step::{Evals, MlpStep};
+use crate::kernel::stack::closed::dense_relu::step::{Evals, MlpStep};
 
 /// Nodes of one step for the row points, with the gradients there.
 pub(crate) struct RowNodes {

@@ -1,13 +1,13 @@
-//! [`CnnStep`]: the CNN preset (conv → ReLU → max-pool → dense) on one step `w_s(t) = w_s + tΔw`
-//! in the factors its closed form needs: im2col patches, pre-activations affine in t, the
+//! [`CnnStep`]: the stack `conv2d → relu → max_pool2d → flatten → dense` on one step
+//! `w_s(t) = w_s + tΔw` in the factors its closed form needs: im2col patches, pre-activations affine in t, the
 //! backward pass at given times (the training side at `w_s`, and the tests' slow reference), and
 //! the kinks (where a pool window's upper envelope changes line). The rows integrated between
-//! the kinks ([`crate::kernel::cnn::pieces`]) and the Gram ([`crate::kernel::cnn::gram`]) build
-//! on it.
+//! the kinks ([`super::pieces`]) and the Gram ([`super::gram`]) build on it.
 
 use crate::linalg::{gemm_ab, gemm_abt};
-use crate::error::{Error, Result};
-use crate::model::{Activation, Architecture, Body, OutputKind, Params};
+use crate::error::Result;
+use crate::kernel::stack::closed::{tensors, ConvReluPool};
+use crate::model::{Activation, OutputKind, Params};
 
 /// A CNN on one step `w_s(t) = w_s + tΔw`, in the factors the Gram needs.
 #[derive(Clone, Debug)]
@@ -58,64 +58,42 @@ pub(in crate::kernel) struct NodeEvals {
 }
 
 impl CnnStep {
-    /// Builds the step from `w_s` and `w_{s+1}` (`None`: a zero step, for NTK/train-side use).
-    pub(crate) fn new(arch: &Architecture, ws: &Params, next: Option<&Params>) -> Result<Self> {
-        let Body::Cnn { image, channels, kernel, stride, padding, pool, outputs } = &arch.body else {
-            return Err(Error::Config("the structured CNN kernel path needs a CNN".into()));
-        };
-        arch.check_params(ws)?;
-        if let Some(n) = next {
-            arch.check_params(n)?;
-        }
-        let g = arch.cnn_geometry()?;
-        let (co, k, bias) = (*channels, *outputs, arch.bias);
+    /// Builds the step of the stack `shape` from `w_s` and `w_{s+1}` (`None`: a zero step, for
+    /// the training side at `w_s`), its tensors read by position.
+    ///
+    /// # Errors
+    /// [`crate::error::Error::Data`] if a state's tensors do not have the shape's sizes.
+    pub(crate) fn new(shape: &ConvReluPool, ws: &Params, next: Option<&Params>) -> Result<Self> {
+        let ConvReluPool { image, channels: co, kernel, stride, padding, pool, ho, wo, k, bias, .. } = *shape;
         let kc = image[0] * kernel * kernel;
-        let f = co * g.hp * g.wp;
+        let (hp, wp) = (ho / pool, wo / pool);
+        let f = co * hp * wp;
         let (ne, nf) = (kc + usize::from(bias), f + usize::from(bias));
-        // [W | b] of one layer at a state, `[out, ne]`.
-        let ext = |p: &Params, w: &str, b: &str, out: usize, n_in: usize| -> Vec<f64> {
-            let wv = p.get(w).expect("checked params");
+        let lens: Vec<usize> = if bias { vec![co * kc, co, k * f, k] } else { vec![co * kc, k * f] };
+        // [W | b] of one layer (tensor j, and its bias j + 1) at a state, `[out, ne]`.
+        let ext = |t: &[Vec<f64>], j: usize, out: usize, n_in: usize| -> Vec<f64> {
             let mut v = Vec::with_capacity(out * (n_in + usize::from(bias)));
             for o in 0..out {
-                v.extend_from_slice(&wv[o * n_in..(o + 1) * n_in]);
+                v.extend_from_slice(&t[j][o * n_in..(o + 1) * n_in]);
                 if bias {
-                    v.push(p.get(b).expect("checked params")[o]);
+                    v.push(t[j + 1][o]);
                 }
             }
             v
         };
-        let wc = ext(ws, "conv.weight", "conv.bias", co, kc);
-        let wd = ext(ws, "dense.weight", "dense.bias", k, f);
+        let dense = if bias { 2 } else { 1 };
+        let ts = tensors(ws, &lens)?;
+        let wc = ext(ts, 0, co, kc);
+        let wd = ext(ts, dense, k, f);
         let (dwc, dwd) = match next {
             Some(n) => {
+                let tn = tensors(n, &lens)?;
                 let sub = |a: Vec<f64>, b: &[f64]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f64>>();
-                (sub(ext(n, "conv.weight", "conv.bias", co, kc), &wc), sub(ext(n, "dense.weight", "dense.bias", k, f), &wd))
+                (sub(ext(tn, 0, co, kc), &wc), sub(ext(tn, dense, k, f), &wd))
             }
             None => (vec![0.0; wc.len()], vec![0.0; wd.len()]),
         };
-        Ok(CnnStep {
-            image: *image,
-            kernel: *kernel,
-            stride: *stride,
-            padding: *padding,
-            pool: *pool,
-            ho: g.ho,
-            wo: g.wo,
-            hp: g.hp,
-            wp: g.wp,
-            co,
-            ne,
-            nf,
-            wc,
-            dwc,
-            wd,
-            dwd,
-            activation: arch.activation,
-            bias,
-            alpha: arch.alpha,
-            output: arch.output,
-            k,
-        })
+        Ok(CnnStep { image, kernel, stride, padding, pool, ho, wo, hp, wp, co, ne, nf, wc, dwc, wd, dwd, activation: Activation::Relu, bias, alpha: shape.alpha, output: shape.output, k })
     }
 
     /// Input dimension `C·H·W`.

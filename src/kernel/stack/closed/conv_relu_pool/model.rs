@@ -1,24 +1,26 @@
-//! The ReLU CNN preset's step model under the auto rule: its closed form ([`super::gram`]).
+//! The step model of `conv2d → relu → max_pool2d → flatten → dense` under the auto rule: its
+//! closed form ([`super::gram`]).
 
 use crate::error::{Error, Result};
 use crate::kernel::gram::GramAccumulator;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
-use crate::model::Architecture;
+use crate::kernel::stack::closed::ConvReluPool;
 
 use super::gram as cnn_gram;
 
-/// The ReLU CNN preset on its closed form (the engine routes only the auto rule here).
-pub(crate) struct CnnModel<'a> {
-    pub arch: &'a Architecture,
+/// The closed form of a `conv2d → relu → max_pool2d → flatten → dense` stack (the auto rule's
+/// integrated rows only).
+pub(crate) struct ConvReluPoolModel<'a> {
+    pub shape: &'a ConvReluPool,
 }
 
-impl StepModel for CnnModel<'_> {
+impl StepModel for ConvReluPoolModel<'_> {
     fn add_step(&self, input: &StepInput<'_>, acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<StepOutput> {
         if input.fixed.is_some() {
-            return Err(Error::Config("the CNN preset's closed form is the auto rule's; a fixed rule runs on its layer stack".into()));
+            return Err(Error::Config("the conv → relu → max-pool closed form integrates rows under the auto quadrature only".into()));
         }
         let (pred, stats, cosine) = cnn_gram::step_into(
-            self.arch,
+            self.shape,
             input.state,
             input.next,
             &input.rows.x,

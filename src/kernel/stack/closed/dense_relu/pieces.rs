@@ -1,9 +1,9 @@
 //! The MLP's adaptive (`auto`) rule for one-hidden-layer ReLU networks without gradient
 //! evaluations at quadrature nodes: the rows' side of a step integrated piece by piece between
-//! the kinks, as [`crate::kernel::cnn::pieces`] does for the CNN.
+//! the kinks, as [`crate::kernel::stack::closed::conv_relu_pool::pieces`] does for the CNN.
 //!
 //! Along step s (`w_s(t) = w_s + tΔw`) the hidden pre-activations of a point are `z + t·u`
-//! ([`crate::kernel::mlp::step::FirstLayer`]), so between two consecutive kinks (`t = −z_j/u_j`) the ReLU
+//! ([`crate::kernel::stack::closed::dense_relu::step::FirstLayer`]), so between two consecutive kinks (`t = −z_j/u_j`) the ReLU
 //! pattern `m` is fixed and
 //!
 //! - the hidden activations (bias column included) are affine: `ã(t) = ã_0 + t ã_1`;
@@ -29,7 +29,7 @@
 //! `W`, `ΔW` routed through the pattern, a backward pass' worth each.
 
 use crate::kernel::quadrature::piece::{add_dense_moments, Piece};
-use crate::kernel::mlp::step::{relu_cuts, FirstLayer, MlpStep};
+use crate::kernel::stack::closed::dense_relu::step::{relu_cuts, FirstLayer, MlpStep};
 use crate::model::{Activation, OutputKind};
 use rayon::prelude::*;
 
@@ -269,9 +269,10 @@ fn cosine_measure(step: &MlpStep, z: &[f64], xsq: f64, off: Option<&[f64]>, dbar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::mlp::nodes::eval_rows;
+    use crate::kernel::stack::closed::dense_relu::nodes::eval_rows;
     use crate::kernel::quadrature::gauss_legendre_01;
-    use crate::kernel::mlp::nodes::{dpk_cosine_error, RowNodes};
+    use crate::kernel::stack::closed::dense_relu::nodes::{dpk_cosine_error, RowNodes};
+    use crate::kernel::stack::closed::DenseRelu;
     use crate::model::{Architecture, Body};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -292,7 +293,7 @@ mod tests {
         for t in next.data.iter_mut() {
             t.iter_mut().for_each(|v| *v += rng.gen_range(-0.8..0.8));
         }
-        let step = MlpStep::new(&arch, &init, Some(&next)).unwrap();
+        let step = MlpStep::new(&DenseRelu::of(&arch), &init, Some(&next)).unwrap();
         let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let off: Vec<f64> = (0..n * k).map(|_| rng.gen_range(-0.3..0.3)).collect();
         (step, x, off, n)

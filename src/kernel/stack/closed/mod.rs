@@ -1,0 +1,261 @@
+//! The layer stack's closed forms: two stack shapes whose rows the stack engine integrates over
+//! a step exactly between their kinks instead of at nodes, because it was measured faster there.
+//!
+//! - `[flatten,] dense(h) → relu → dense(K)` ([`dense_relu`]): the EPK's rows and k′ under the
+//!   auto rule (log-softmax or identity outputs scaled by α ≠ 0, K ≥ 2), and the path kernel on
+//!   identity outputs (a regression, or a classifier's logits).
+//! - `conv2d → relu → max_pool2d (window = stride, dividing the conv output) → flatten → dense`
+//!   ([`conv_relu_pool`]): the EPK's rows and k′ under the auto rule.
+//!
+//! Both on plain gradient steps, on the CPU, for the whole Gram (not per layer). What makes them
+//! faster than the engine's nodes is not one layer's integral but the ReLU between two linear
+//! layers: along a step the first layer's pre-activations are affine in `t`, so each hidden unit
+//! (each pool window) switches at its own computed time, and its share of the gradient is
+//! integrated over its own active interval in closed form, with two backward passes per point
+//! and step (the logits' affine gradient) where the engine evaluates the whole gradient at two
+//! nodes per piece between every pair of consecutive kinks. Measured on MNIST
+//! (`bench/families.sh`'s networks, EPK `auto:1e-12`, class-diagonal, two cores, alternating):
+//! the 784-128-10 MLP, 2 000 × 64 × 200 steps, 15.2 s against the engine's 19.1 s; the CNN,
+//! 1 000 × 64 × 20 steps, 3.6 s against 4.6 s (`docs/src/performance.md`). A preset (`mlp`,
+//! `cnn`) is computed as its layer stack, so it takes these where its stack does.
+//!
+//! Which one applies is decided here from the stack's layer list ([`ClosedForm::of`]); the
+//! shapes read their tensors by position from the stack's parameters (weight, then bias when the
+//! layers have one, layer by layer).
+
+pub(crate) mod conv_relu_pool;
+pub(crate) mod dense_relu;
+
+use crate::error::{Error, Result};
+use crate::kernel::quadrature::Rule;
+use crate::kernel::request::{GramPath, Request};
+use crate::kernel::step_model::StepModel;
+use crate::kernel::types::KernelKind;
+use crate::model::layers::{Act, LayerSpec, Shape};
+use crate::model::{Architecture, Body, OutputKind, Params};
+
+/// `[flatten,] dense(h) → relu → dense(K)` on inputs of size `d`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct DenseRelu {
+    /// Input size d (flattened).
+    pub d: usize,
+    /// Hidden units h.
+    pub h: usize,
+    /// Outputs K.
+    pub k: usize,
+    /// Whether both dense layers have a bias.
+    pub bias: bool,
+    /// Output scale α.
+    pub alpha: f64,
+    /// Output map.
+    pub output: OutputKind,
+}
+
+/// `conv2d → relu → max_pool2d(pool, stride pool) → flatten → dense(K)` on `[C, H, W]` images.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ConvReluPool {
+    /// Input image `[C, H, W]`.
+    pub image: [usize; 3],
+    /// Conv output channels, square kernel, stride, zero padding.
+    pub channels: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+    /// Pool window (= its stride).
+    pub pool: usize,
+    /// Conv output `Ho, Wo` (divisible by `pool`).
+    pub ho: usize,
+    pub wo: usize,
+    /// Outputs K.
+    pub k: usize,
+    /// Whether both layers have a bias.
+    pub bias: bool,
+    /// Output scale α.
+    pub alpha: f64,
+    /// Output map.
+    pub output: OutputKind,
+}
+
+/// A stack shape with a closed form.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ClosedForm {
+    DenseRelu(DenseRelu),
+    ConvReluPool(ConvReluPool),
+}
+
+impl ClosedForm {
+    /// The closed form `arch` (a layer stack, with the output map the kernel is on) takes for
+    /// `req` on a run whose optimizer is `plain` (GD/SGD), where one applies and is faster.
+    pub(crate) fn of(arch: &Architecture, req: &Request, plain: bool) -> Option<Self> {
+        let base = plain && req.path == GramPath::Fast && req.device == crate::kernel::backend::Device::Cpu && matches!(req.rule, Rule::Auto(_)) && !req.per_layer;
+        if !base {
+            return None;
+        }
+        let rows = matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && req.integrates_rows();
+        match Self::shape(arch)? {
+            ClosedForm::DenseRelu(s) if s.alpha != 0.0 && s.k >= 2 && (rows || (req.kind == KernelKind::Path && s.output == OutputKind::Identity)) => Some(ClosedForm::DenseRelu(s)),
+            ClosedForm::ConvReluPool(s) if rows => Some(ClosedForm::ConvReluPool(s)),
+            _ => None,
+        }
+    }
+
+    /// The closed-form shape of a layer stack's layer list, whatever the request (a preset is
+    /// seen as its stack, [`Architecture::as_stack`]).
+    pub(crate) fn shape(arch: &Architecture) -> Option<Self> {
+        let stack;
+        let arch = match arch.body {
+            Body::Layers { .. } => arch,
+            _ => {
+                stack = arch.as_stack().ok()?;
+                &stack
+            }
+        };
+        let Body::Layers { input, layers, outputs } = &arch.body else { return None };
+        let (alpha, output, k) = (arch.alpha, arch.output, *outputs);
+        match (input, &layers[..]) {
+            (Shape::Map(c, h, w), [LayerSpec::Conv2d(cv), LayerSpec::Act(Act::Relu), LayerSpec::MaxPool2d(mp), LayerSpec::Flatten(_), LayerSpec::Dense(o)]) => {
+                let (hh, ww) = (h + 2 * cv.padding, w + 2 * cv.padding);
+                if cv.bias != o.bias || mp.kernel != mp.stride || cv.kernel > hh || cv.kernel > ww || o.features != k {
+                    return None;
+                }
+                let (ho, wo) = ((hh - cv.kernel) / cv.stride + 1, (ww - cv.kernel) / cv.stride + 1);
+                if ho % mp.kernel != 0 || wo % mp.kernel != 0 {
+                    return None;
+                }
+                Some(ClosedForm::ConvReluPool(ConvReluPool { image: [*c, *h, *w], channels: cv.channels, kernel: cv.kernel, stride: cv.stride, padding: cv.padding, pool: mp.kernel, ho, wo, k, bias: cv.bias, alpha, output }))
+            }
+            (_, [LayerSpec::Flatten(_), LayerSpec::Dense(h), LayerSpec::Act(Act::Relu), LayerSpec::Dense(o)]) | (_, [LayerSpec::Dense(h), LayerSpec::Act(Act::Relu), LayerSpec::Dense(o)]) => {
+                if h.bias != o.bias || o.features != k || !matches!(input, Shape::Flat(_)) && !matches!(layers[0], LayerSpec::Flatten(_)) {
+                    return None;
+                }
+                Some(ClosedForm::DenseRelu(DenseRelu { d: input.size(), h: h.features, k, bias: h.bias, alpha, output }))
+            }
+            _ => None,
+        }
+    }
+
+    /// Its step model.
+    pub(crate) fn model(&self) -> Box<dyn StepModel + '_> {
+        match self {
+            ClosedForm::DenseRelu(s) => Box::new(dense_relu::model::DenseReluModel { shape: s }),
+            ClosedForm::ConvReluPool(s) => Box::new(conv_relu_pool::model::ConvReluPoolModel { shape: s }),
+        }
+    }
+}
+
+/// The stack's tensors of one state, checked against the lengths the shape reads (`lens`, in
+/// order).
+///
+/// # Errors
+/// [`Error::Data`] if their number or sizes differ.
+pub(super) fn tensors<'a>(p: &'a Params, lens: &[usize]) -> Result<&'a [Vec<f64>]> {
+    if p.data.len() != lens.len() || p.data.iter().zip(lens).any(|(v, &n)| v.len() != n) {
+        let got: Vec<usize> = p.data.iter().map(Vec::len).collect();
+        return Err(Error::Data(format!("parameters of sizes {got:?} do not match the layer stack's closed form ({lens:?})")));
+    }
+    Ok(&p.data)
+}
+
+#[cfg(test)]
+impl DenseRelu {
+    /// The shape of `arch` (a preset or a stack), which must be one.
+    pub(crate) fn of(arch: &Architecture) -> Self {
+        match ClosedForm::shape(arch) {
+            Some(ClosedForm::DenseRelu(s)) => s,
+            other => panic!("not a dense → relu → dense stack: {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+impl ConvReluPool {
+    /// The shape of `arch` (a preset or a stack), which must be one.
+    pub(crate) fn of(arch: &Architecture) -> Self {
+        match ClosedForm::shape(arch) {
+            Some(ClosedForm::ConvReluPool(s)) => s,
+            other => panic!("not a conv → relu → max-pool → dense stack: {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::backend::Device;
+    use crate::kernel::types::{Outputs, Side};
+    use crate::model::ModelConfig;
+
+    /// A model from its `[model]` table, on MNIST-shaped inputs with K outputs.
+    fn arch(model: &str, k: usize, output: OutputKind) -> Architecture {
+        let cfg: ModelConfig = toml::from_str(model).unwrap_or_else(|e| panic!("{model}: {e}"));
+        cfg.resolve(784, Some([1, 28, 28]), k, output).unwrap()
+    }
+
+    #[test]
+    fn shapes_are_read_from_the_layer_list() {
+        let ls = OutputKind::LogSoftmax;
+        let mlp = arch("kind = \"mlp\"\nhidden = [16]", 10, ls);
+        let want = ClosedForm::DenseRelu(DenseRelu { d: 784, h: 16, k: 10, bias: true, alpha: 1.0, output: ls });
+        // The preset, its stack, and the same stack written by hand are one shape.
+        assert_eq!(ClosedForm::shape(&mlp), Some(want.clone()));
+        assert_eq!(ClosedForm::shape(&mlp.as_stack().unwrap()), Some(want.clone()));
+        assert_eq!(ClosedForm::shape(&arch("kind = \"layers\"\nlayers = [\"flatten\", { dense = 16 }, \"relu\", { dense = 10 }]", 10, ls)), Some(want));
+        let cnn = arch("kind = \"cnn\"\nchannels = 4\nkernel = 5\npool = 2", 10, ls);
+        let want = ClosedForm::ConvReluPool(ConvReluPool { image: [1, 28, 28], channels: 4, kernel: 5, stride: 1, padding: 0, pool: 2, ho: 24, wo: 24, k: 10, bias: true, alpha: 1.0, output: ls });
+        assert_eq!(ClosedForm::shape(&cnn), Some(want.clone()));
+        assert_eq!(ClosedForm::shape(&arch("kind = \"layers\"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 10 }]", 10, ls)), Some(want));
+        // Not these shapes: another activation, a second hidden layer, mixed biases, a pool
+        // whose stride is not its window or that does not divide the conv output.
+        for model in [
+            "kind = \"mlp\"\nhidden = [16]\nactivation = \"tanh\"",
+            "kind = \"mlp\"\nhidden = [16, 8]",
+            "kind = \"layers\"\nlayers = [\"flatten\", { dense = 16 }, { leaky_relu = 0.1 }, { dense = 10 }]",
+            "kind = \"layers\"\nlayers = [\"flatten\", { dense = { features = 16, bias = false } }, \"relu\", { dense = 10 }]",
+            "kind = \"layers\"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, \"relu\", { max_pool2d = { kernel = 2, stride = 1 } }, \"flatten\", { dense = 10 }]",
+            "kind = \"layers\"\nlayers = [{ conv2d = { channels = 4, kernel = 4 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 10 }]",
+            "kind = \"layers\"\nlayers = [{ conv2d = { channels = 4, kernel = 5 } }, \"relu\", { avg_pool2d = 2 }, \"flatten\", { dense = 10 }]",
+        ] {
+            assert_eq!(ClosedForm::shape(&arch(model, 10, ls)), None, "{model}");
+        }
+    }
+
+    #[test]
+    fn requests_take_a_closed_form_only_where_it_applies() {
+        let ls = OutputKind::LogSoftmax;
+        let mlp = arch("kind = \"mlp\"\nhidden = [16]", 10, ls).as_stack().unwrap();
+        let cnn = arch("kind = \"cnn\"", 10, ls).as_stack().unwrap();
+        let auto = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12));
+        let is = |a: &Architecture, r: &Request, plain: bool| ClosedForm::of(a, r, plain).is_some();
+        for a in [&mlp, &cnn] {
+            assert!(is(a, &auto, true));
+            assert!(is(a, &Request::new(KernelKind::Kprime).rule(Rule::Auto(1e-12)), true));
+            // Not: another optimizer, a fixed rule, the training side, another kernel, the
+            // per-layer split, the generic path, a device.
+            assert!(!is(a, &auto, false));
+            assert!(!is(a, &auto.clone().rule(Rule::Gauss(4)), true));
+            assert!(!is(a, &auto.clone().side(Side::Train), true));
+            assert!(!is(a, &Request::new(KernelKind::Dpk).rule(Rule::Auto(1e-12)), true));
+            assert!(!is(a, &auto.clone().per_layer(true), true));
+            assert!(!is(a, &auto.clone().path(GramPath::Generic), true));
+            assert!(!is(a, &auto.clone().path(GramPath::Nodes), true));
+            assert!(!is(a, &auto.clone().device(Device::Cuda), true));
+        }
+        // The path kernel: the dense shape on identity outputs (the `Prepared` view of the
+        // logits) only.
+        let path = Request::new(KernelKind::Path).rule(Rule::Auto(1e-12)).outputs(Outputs::Logits);
+        let mut logits = mlp.clone();
+        logits.output = OutputKind::Identity;
+        assert!(is(&logits, &path, true));
+        assert!(!is(&mlp, &path, true));
+        let mut cnn_logits = cnn.clone();
+        cnn_logits.output = OutputKind::Identity;
+        assert!(!is(&cnn_logits, &path, true));
+        // One output, or α = 0 (refused at the config; the shape holds it anyway): the dense
+        // closed form's output layer needs K ≥ 2 and α ≠ 0.
+        let one = arch("kind = \"mlp\"\nhidden = [16]", 1, OutputKind::Identity).as_stack().unwrap();
+        assert!(!is(&one, &auto, true));
+        let mut zero = mlp.clone();
+        zero.alpha = 0.0;
+        assert!(!is(&zero, &auto, true));
+    }
+}
