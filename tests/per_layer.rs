@@ -305,6 +305,8 @@ fn relu_stacks_of_the_presets_take_their_closed_forms() {
         ("dense-relu-dense", mixture_run(dir.path(), "drd", "kind = \"layers\"\nlayers = [{ dense = 6 }, \"relu\", { dense = 3 }]", "lr = 0.5\nsteps = 6"), true),
         ("flatten first", image_run(dir.path(), "fdrd", "kind = \"layers\"\nzero_last = false\nlayers = [\"flatten\", { dense = 7 }, \"relu\", { dense = 10 }]", "lr = 0.5\nsteps = 4"), true),
         ("relu cnn", image_run(dir.path(), "rcnn", "kind = \"layers\"\nlayers = [{ conv2d = { channels = 2, kernel = 5, stride = 2 } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = 10 }]", "lr = 0.5\nsteps = 3"), true),
+        ("without biases", mixture_run(dir.path(), "drd0", "kind = \"layers\"\nlayers = [{ dense = { features = 6, bias = false } }, \"relu\", { dense = { features = 3, bias = false } }]", "lr = 0.5\nsteps = 6"), true),
+        ("relu cnn without biases", image_run(dir.path(), "rcnn0", "kind = \"layers\"\nlayers = [{ conv2d = { channels = 2, kernel = 5, stride = 2, bias = false } }, \"relu\", { max_pool2d = 2 }, \"flatten\", { dense = { features = 10, bias = false } }]", "lr = 0.5\nsteps = 3"), true),
         ("leaky", mixture_run(dir.path(), "leaky", "kind = \"layers\"\nlayers = [{ dense = 6 }, { leaky_relu = 0.1 }, { dense = 3 }]", "lr = 0.5\nsteps = 6"), false),
         ("mlp preset", mixture_run(dir.path(), "mlp1", "kind = \"mlp\"\nhidden = [6]", "lr = 0.5\nsteps = 6"), true),
         ("cnn preset", image_run(dir.path(), "cnn1", CNN, "lr = 0.5\nsteps = 3"), true),

@@ -210,7 +210,10 @@ fn accumulate_steps(
     let what = if prep.stack_fast { "the layer stack's path" } else { "the generic autodiff path" };
     crate::kernel::backend::check_path(req.device, prep.stack_fast, what)?;
     let backend = crate::kernel::backend::Backend::open(req.device)?;
-    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, arch.bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
+    // The accumulator's bias column: a closed form's layers say (a stack's `arch.bias` is not
+    // its layers').
+    let acc_bias = prep.closed.as_ref().map_or(arch.bias, |c| c.bias());
+    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, acc_bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
     let mut change: Vec<f64> = Vec::new();
     let mut acc = if req.per_step { None } else { Some(new_acc()) };

@@ -134,6 +134,15 @@ impl ClosedForm {
         }
     }
 
+    /// Whether its layers have biases (the Gram accumulator's bias column; a stack's
+    /// `Architecture::bias` does not say, its layers do).
+    pub(crate) fn bias(&self) -> bool {
+        match self {
+            ClosedForm::DenseRelu(s) => s.bias,
+            ClosedForm::ConvReluPool(s) => s.bias,
+        }
+    }
+
     /// Its step model.
     pub(crate) fn model(&self) -> Box<dyn StepModel + '_> {
         match self {
