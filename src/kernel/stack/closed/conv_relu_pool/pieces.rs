@@ -41,12 +41,6 @@ const NONE: usize = usize::MAX;
 /// Gradient evaluations this path reports per point and step (`E_0` and `E_1`).
 pub(crate) const EVALUATIONS: usize = 2;
 
-/// Whether the rows of `step` can be integrated here: a ReLU network (`σ(z) = σ'(z)·z`, so a
-/// pooled activation is affine between kinks).
-pub(crate) fn applies(step: &CnnStep) -> bool {
-    step.activation == Activation::Relu
-}
-
 /// The integrated rows' side of one step for one point, and what it cost.
 pub(crate) struct PointFactors {
     /// `∫ ∇_{W_c} f^k dt` `[K, Co·ne]`.
@@ -69,9 +63,6 @@ pub(crate) struct PointFactors {
 ///
 /// # Shapes
 /// `x` `[n, C·H·W]`, `off` `[n, K]`.
-///
-/// # Panics
-/// If the activation is not ReLU.
 pub(crate) fn row_factors(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> (SideFactors, Vec<f64>, Vec<(usize, usize)>) {
     let (d, k) = (step.input_dim(), step.k);
     let per: Vec<PointFactors> = x.par_chunks(d).enumerate().map(|(pi, xp)| integrate_point(step, xp, off.map(|o| &o[pi * k..(pi + 1) * k]), tol)).collect();
@@ -95,7 +86,7 @@ fn pattern(step: &CnnStep, z0: &[f64], z1: &[f64], t: f64, sel: &mut [usize]) {
     let mut best = vec![f64::NEG_INFINITY; sel.len()];
     step.pool_at(z0, z1, t, &mut best, sel);
     for s in sel.iter_mut() {
-        if step.activation.derivative(z0[*s] + t * z1[*s]) == 0.0 {
+        if Activation::Relu.derivative(z0[*s] + t * z1[*s]) == 0.0 {
             *s = NONE;
         }
     }
@@ -210,12 +201,9 @@ fn add_run(al: &Along<'_>, mo: &Moments, softmax: bool, gc: &mut [f64], ab: &mut
 }
 
 /// The rows' side of one step for the image `x` (`[C·H·W]`, offset `off` `[K]`), integrated
-/// exactly between the kinks, the scalars to tolerance `tol`; see the module docs.
-///
-/// # Panics
-/// If the activation is not ReLU (see [`applies`]).
+/// exactly between the kinks (the ReLU's `σ(z) = σ'(z)·z` makes a pooled activation affine
+/// there), the scalars to tolerance `tol`; see the module docs.
 pub(crate) fn integrate_point(step: &CnnStep, x: &[f64], off: Option<&[f64]>, tol: f64) -> PointFactors {
-    assert!(applies(step), "the integrated CNN rows need ReLU");
     let (k, nf, cne) = (step.k, step.nf, step.co * step.ne);
     let softmax = step.output == OutputKind::LogSoftmax;
     let mut al = Along::new(step, x);

@@ -36,7 +36,6 @@ pub(crate) struct CnnStep {
     /// `[W_d | b_d]` `[K, nf]` and its step `Δ`.
     pub(in crate::kernel) wd: Vec<f64>,
     pub(in crate::kernel) dwd: Vec<f64>,
-    pub(in crate::kernel) activation: Activation,
     pub(in crate::kernel) bias: bool,
     pub(in crate::kernel) alpha: f64,
     pub(in crate::kernel) output: OutputKind,
@@ -93,7 +92,7 @@ impl CnnStep {
             }
             None => (vec![0.0; wc.len()], vec![0.0; wd.len()]),
         };
-        Ok(CnnStep { image, kernel, stride, padding, pool, ho, wo, hp, wp, co, ne, nf, wc, dwc, wd, dwd, activation: Activation::Relu, bias, alpha: shape.alpha, output: shape.output, k })
+        Ok(CnnStep { image, kernel, stride, padding, pool, ho, wo, hp, wp, co, ne, nf, wc, dwc, wd, dwd, bias, alpha: shape.alpha, output: shape.output, k })
     }
 
     /// Input dimension `C·H·W`.
@@ -170,7 +169,7 @@ impl CnnStep {
         for p in 0..self.positions() {
             for o in 0..self.co {
                 let q = p * self.co + o;
-                let v = self.activation.apply(z0[q] + t * z1[q]);
+                let v = Activation::Relu.apply(z0[q] + t * z1[q]);
                 let f = self.pooled_index(o, p);
                 if v > best[f] {
                     best[f] = v;
@@ -213,7 +212,7 @@ impl CnnStep {
             self.pool_at(z0, z1, tr, &mut ar[..fdim], &mut arg);
             let gr = &mut gate[r * pos * co..(r + 1) * pos * co];
             for &q in &arg {
-                gr[q] = self.activation.derivative(z0[q] + tr * z1[q]);
+                gr[q] = Activation::Relu.derivative(z0[q] + tr * z1[q]);
             }
             if self.bias {
                 ar[nf - 1] = 1.0;
@@ -303,9 +302,8 @@ impl CnnStep {
                             lines.push((z0[p * co + o], z1[p * co + o]));
                         }
                     }
-                    if self.activation == Activation::Relu {
-                        lines.push((0.0, 0.0));
-                    }
+                    // The ReLU's zero line: max_j relu(Z_j) = relu(max_j Z_j).
+                    lines.push((0.0, 0.0));
                     envelope_breaks(&lines, a, b, &mut out);
                 }
             }

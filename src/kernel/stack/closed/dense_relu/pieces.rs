@@ -30,16 +30,16 @@
 
 use crate::kernel::quadrature::piece::{add_dense_moments, Piece};
 use crate::kernel::stack::closed::dense_relu::step::{relu_cuts, FirstLayer, MlpStep};
-use crate::model::{Activation, OutputKind};
+use crate::model::OutputKind;
 use rayon::prelude::*;
 
 /// Gradient evaluations this path reports per point and step.
 pub(crate) const EVALUATIONS: usize = 2;
 
-/// Whether the rows of `step` can be integrated here: one hidden ReLU layer and an output
-/// layer whose sensitivities have the form `α(δ_ko − p_o)` (α ≠ 0, K ≥ 2).
+/// Whether the rows of `step` can be integrated here (its hidden layer is a ReLU by
+/// construction): one hidden layer and an output layer whose sensitivities have the form `α(δ_ko − p_o)` (α ≠ 0, K ≥ 2).
 pub(crate) fn applies(step: &MlpStep) -> bool {
-    step.activation == Activation::Relu && step.layers.len() == 2 && step.alpha != 0.0 && step.k >= 2
+    step.layers.len() == 2 && step.alpha != 0.0 && step.k >= 2
 }
 
 /// The integrated rows' side of one step for a block of points.
@@ -273,7 +273,7 @@ mod tests {
     use crate::kernel::quadrature::gauss_legendre_01;
     use crate::kernel::stack::closed::dense_relu::nodes::{dpk_cosine_error, RowNodes};
     use crate::kernel::stack::closed::DenseRelu;
-    use crate::model::{Architecture, Body};
+    use crate::model::{Activation, Architecture, Body};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 

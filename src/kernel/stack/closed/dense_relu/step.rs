@@ -47,8 +47,6 @@ pub(crate) struct Layer {
 pub(crate) struct MlpStep {
     /// Layers in order.
     pub layers: Vec<Layer>,
-    /// Hidden activation.
-    pub activation: Activation,
     /// Whether the biases are parameters (they enter the Gram only then).
     pub bias: bool,
     /// Output scale α.
@@ -112,7 +110,7 @@ impl MlpStep {
             };
             layers.push(Layer { n_in, n_out, w, dw, b, db });
         }
-        Ok(MlpStep { layers, activation: Activation::Relu, bias: shape.bias, alpha: shape.alpha, output: shape.output, k: shape.k })
+        Ok(MlpStep { layers, bias: shape.bias, alpha: shape.alpha, output: shape.output, k: shape.k })
     }
 
     /// Input dimension d.
@@ -169,7 +167,7 @@ impl MlpStep {
                     }
                 }
             }
-            let next: Vec<f64> = if l + 1 < nl { z.iter().map(|&v| self.activation.apply(v)).collect() } else { Vec::new() };
+            let next: Vec<f64> = if l + 1 < nl { z.iter().map(|&v| Activation::Relu.apply(v)).collect() } else { Vec::new() };
             acts.push(std::mem::replace(&mut a, next));
             pre.push(z);
         }
@@ -222,7 +220,7 @@ impl MlpStep {
                 for row in 0..r {
                     for kk in 0..k {
                         for i in 0..ni {
-                            prev[(row * k + kk) * ni + i] *= self.activation.derivative(zprev[row * ni + i]);
+                            prev[(row * k + kk) * ni + i] *= Activation::Relu.derivative(zprev[row * ni + i]);
                         }
                     }
                 }
