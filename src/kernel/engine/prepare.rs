@@ -132,7 +132,8 @@ impl<'a> Prepared<'a> {
         // path, and its closed form where one applies; the generic path is the dfdx reference on
         // the network as written.
         let stack_fast = req.path != GramPath::Generic && matches!(arch.body, Body::Layers { .. });
-        let closed = if stack_fast { ClosedForm::of(arch, req, UpdateRule::of(&manifest.optimizer).is_plain()) } else { None };
+        let rule = UpdateRule::of(&manifest.optimizer);
+        let closed = if stack_fast { ClosedForm::of(arch, req, rule.is_plain()) } else { None };
         if !stack_fast && matches!(req.rule, Rule::Auto(_)) && matches!(req.kind, KernelKind::Epk | KernelKind::Kprime | KernelKind::Path) {
             return Err(Error::Config("the auto quadrature runs on the layer stack's path (--path fast or nodes); the generic reference takes a fixed rule such as gauss:16".into()));
         }
@@ -149,7 +150,6 @@ impl<'a> Prepared<'a> {
                 (a0, b0)
             }
         };
-        let rule = UpdateRule::of(&manifest.optimizer);
         if !rule.is_plain() && req.kind == KernelKind::Path {
             return Err(Error::Config("the path kernel is implemented for plain gradient steps (GD/SGD); this run's optimizer keeps state".into()));
         }
