@@ -9,7 +9,7 @@
 //! numbers) are part of the fixed cost of every block.
 
 use crate::error::{Error, Result};
-use crate::model::Body;
+use crate::kernel::stack::closed::ClosedForm;
 use crate::trajectory::Manifest;
 
 use crate::kernel::layout::Layout;
@@ -77,25 +77,25 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     };
     let out = output_bytes_in(layout, p, mc, k as usize, manifest.steps, req.per_step)
         + n_layers * (p64 * gram_row + n * p64 * k * 8);
-    // Per-layer factor numbers kept per evaluated point: input activations and δ's.
-    let factors: u64 = match &arch.body {
-        Body::Mlp { widths } => widths.windows(2).map(|w| (w[0] + k as usize * w[1]) as u64).sum(),
-        // The generic path forms per-point Jacobians [K, W].
-        Body::Cnn { .. } => k * manifest.num_params as u64,
-        // The stack path: dense layers as factors, the others formed (`kernel::stack`).
-        Body::Layers { .. } => arch.stack()?.gradient_floats(k as usize),
+    // Per-layer factor numbers kept per evaluated point: the stack's dense layers as factors
+    // (input activations and δ's), the others formed (`kernel::stack`); a preset is its stack.
+    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
+    let factors = arch.as_stack()?.stack()?.gradient_floats(k as usize);
+    // The dense closed form (`kernel::stack::closed::dense_relu`) contracts through the Gram
+    // accumulator, whose scratch per point of its row blocks holds at most `cap` points
+    // ([`crate::kernel::gram::BLOCK_BYTES`], at least 16 points), and whose layer 0's step
+    // buffers take at most another Gram (`gram::Layer0Sum`).
+    let dense_closed = match ClosedForm::of(arch, req, rule.is_plain()) {
+        Some(ClosedForm::DenseRelu(s)) => Some(s),
+        _ => None,
     };
-    // The accumulator's scratch per point of its row blocks, which hold at most `cap` points
-    // ([`crate::kernel::gram::BLOCK_BYTES`], at least 16 points) and at most ours.
-    let (per_point, cap) = match &arch.body {
-        Body::Mlp { widths } => {
-            let pp = crate::kernel::gram::scratch_bytes_per_point(widths, mc, k as usize) as u64;
+    let (per_point, cap) = match &dense_closed {
+        Some(s) => {
+            let pp = crate::kernel::gram::scratch_bytes_per_point(&[s.d, s.h, s.k], mc, k as usize) as u64;
             (pp, (crate::kernel::gram::BLOCK_BYTES as u64 / pp.max(1)).max(16))
         }
-        Body::Cnn { .. } | Body::Layers { .. } => (0, 1),
+        None => (0, 1),
     };
-    let rule = crate::optim::UpdateRule::of(&manifest.optimizer);
-    let (per_point, cap) = if rule.is_plain() { (per_point, cap) } else { (0, 1) };
     // Fixed per block: the training factors of a step and the accumulator's copies of them,
     // each block's own a_{i,s} and loss gradients ([N, M_c, K] each), and one step's outputs
     // and loss gradients of all M training points ([M, K] each, with the zero_output offsets).
@@ -105,12 +105,7 @@ pub(crate) fn plan_columns(manifest: &Manifest, p: usize, mc: usize, m: usize, r
     // block's per-step predicted and actual changes.
     let steps_kept = if req.per_step { crate::kernel::engine::prepare::steps_kept(manifest, req) as u64 } else { 0 };
     let shares = if mc < m { 2 * n * k * 8 } else { 0 };
-    // MLPs: layer 0's step buffers take at most another Gram (`gram::Layer0Sum`).
-    let l0_buffer = if matches!(arch.body, Body::Mlp { .. }) {
-        gram_row
-    } else {
-        0
-    };
+    let l0_buffer = if dense_closed.is_some() { gram_row } else { 0 };
     // Rows at t = 0 (not integrated) have one node each.
     let nodes_per_row = if req.integrates_rows() { NODES_PER_ROW } else { 1 };
     let mut row = gram_row * (1 + steps_kept + n_layers)
