@@ -126,14 +126,9 @@ impl Conv {
         let size = self.c * self.h * self.w;
         let n = x.len() / size;
         let idx = self.index();
-        let mut u = vec![0.0; n * idx.len()];
-        for s in 0..n {
-            let xs = &x[s * size..(s + 1) * size];
-            for (dst, &q) in u[s * idx.len()..(s + 1) * idx.len()].iter_mut().zip(idx.iter()) {
-                if q != usize::MAX {
-                    *dst = xs[q];
-                }
-            }
+        let mut u = Vec::with_capacity(n * idx.len());
+        for xs in x.chunks_exact(size) {
+            u.extend(idx.iter().map(|&q| if q != usize::MAX { xs[q] } else { 0.0 }));
         }
         u
     }
@@ -177,7 +172,9 @@ impl Conv {
         let inv = self.inverse();
         let (start, src) = (&inv.0, &inv.1);
         let pt = p * t;
-        let mut dx = vec![0.0; rows * size];
+        // Each block's rows are summed into `blk` and appended: `dx` is written once, not
+        // zeroed first.
+        let (mut dx, mut blk) = (Vec::with_capacity(rows * size), vec![0.0; ROWS * size]);
         let mut du = vec![0.0; ROWS * pt];
         let (mut wt, mut wt_of) = (vec![0.0; if off.is_some() { w.len() } else { 0 }], None);
         for r0 in (0..rows).step_by(ROWS) {
@@ -207,9 +204,10 @@ impl Conv {
                     }
                 }
                 for (b, a) in acc.iter().enumerate().take(nb) {
-                    dx[(r0 + b) * size + q] = *a;
+                    blk[b * size + q] = *a;
                 }
             }
+            dx.extend_from_slice(&blk[..nb * size]);
         }
         dx
     }
@@ -344,7 +342,9 @@ impl Conv {
     fn param_grads_shared(&self, sp: &SharedPatches, dy: &[f64], k: usize) -> Vec<f64> {
         let (p, t, co, wd) = (self.positions(), self.taps(), self.co, self.width());
         let n: usize = sp.runs.iter().map(|r| r.1).sum();
-        let mut out = vec![0.0; n * k * wd];
+        // Rows appended in order (the runs cover the samples in order): every number is
+        // written once, none zeroed first.
+        let mut out = Vec::with_capacity(n * k * wd);
         let mut tmp = Vec::new();
         for (r, &(s0, len)) in sp.runs.iter().enumerate() {
             let u = &sp.u[r * p * t..(r + 1) * p * t];
@@ -352,16 +352,14 @@ impl Conv {
             gemm(&mut tmp, &dy[s0 * k * co * p..(s0 + len) * k * co * p], false, u, false, (len * k * co, t, p), 1.0, false);
             for j in 0..len * k {
                 let row = s0 * k + j;
-                let dst = &mut out[row * wd..(row + 1) * wd];
-                dst[..co * t].copy_from_slice(&tmp[j * co * t..(j + 1) * co * t]);
+                out.extend_from_slice(&tmp[j * co * t..(j + 1) * co * t]);
                 if self.bias {
                     let d = &dy[row * co * p..(row + 1) * co * p];
-                    for o in 0..co {
-                        dst[co * t + o] = sum4(&d[o * p..(o + 1) * p]);
-                    }
+                    out.extend((0..co).map(|o| sum4(&d[o * p..(o + 1) * p])));
                 }
             }
         }
+        debug_assert_eq!(out.len(), n * k * wd);
         out
     }
 
