@@ -8,6 +8,7 @@
 //! layers; a layer's `J̄` is one of [`Integrated`].
 
 use super::dot;
+use crate::linalg::{gemm_abt, gemm_abt_strided_add};
 use super::step::RowGrad;
 
 /// One parameter layer's `J̄` for a chunk of `pc` row points.
@@ -79,16 +80,22 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                             let n = idx.len();
                             let row = |x: usize| &ra[idx[x] * ne..(idx[x] + 1) * ne];
                             let a0r: Vec<f64> = (0..n).map(|x| weight[idx[x]] * dot(a0, row(x))).collect();
+                            // The point's rows gathered, their products as GEMMs: `w_r w_r' a_r·a_r'`
+                            // here, `δ_r[k]·δ_r'[k]` per class below (`[n, n]` each).
+                            let acts_q: Vec<f64> = (0..n).flat_map(|x| row(x).iter().copied()).collect();
                             let mut gw = vec![0.0; n * n];
-                            for x in 0..n {
-                                for y in 0..=x {
-                                    gw[x * n + y] = weight[idx[x]] * weight[idx[y]] * dot(row(x), row(y));
-                                }
+                            gemm_abt(&mut gw, &acts_q, &acts_q, n, n, ne, 1.0, false);
+                            for (x, gr) in gw.chunks_exact_mut(n.max(1)).enumerate() {
+                                gr.iter_mut().enumerate().for_each(|(y, v)| *v *= weight[idx[x]] * weight[idx[y]]);
                             }
-                            Some((a0r, gw))
+                            let Integrated::Rows { deltas: rd, .. } = jb else { unreachable!("matched above") };
+                            let kno = k * no;
+                            let deltas_q: Vec<f64> = (0..n).flat_map(|x| rd[idx[x] * kno..(idx[x] + 1) * kno].iter().copied()).collect();
+                            Some((a0r, gw, deltas_q))
                         }
                         _ => None,
                     };
+                    let mut dd: Vec<f64> = Vec::new();
                     for c in 0..k {
                         let pk = q * k + c;
                         let d0 = &deltas[pk * no..(pk + 1) * no];
@@ -113,22 +120,17 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                                 inner[pk] += alpha * pa;
                                 nbar[pk] += alpha * alpha * (abar_sq - 2.0 * dot(abar, &b[c * ne..(c + 1) * ne]) + bb);
                             }
-                            Integrated::Rows { deltas: rd, .. } => {
-                                let (a0r, gw) = pairs.as_ref().expect("formed above for the folded rows");
-                                let (idx, kno) = (&by_point[q], k * no);
-                                let n = idx.len();
-                                let drow = |x: usize| &rd[idx[x] * kno + c * no..idx[x] * kno + (c + 1) * no];
-                                let (mut sin, mut sbar) = (0.0, 0.0);
-                                for x in 0..n {
-                                    let dx = drow(x);
-                                    sin += a0r[x] * dot(d0, dx);
-                                    sbar += gw[x * n + x] * dot(dx, dx);
-                                    for y in 0..x {
-                                        sbar += 2.0 * gw[x * n + y] * dot(dx, drow(y));
-                                    }
-                                }
+                            Integrated::Rows { .. } => {
+                                let (a0r, gw, dq) = pairs.as_ref().expect("formed above for the folded rows");
+                                let (n, kno) = (a0r.len(), k * no);
+                                let sin: f64 = (0..n).map(|x| a0r[x] * dot(d0, &dq[x * kno + c * no..x * kno + (c + 1) * no])).sum();
                                 inner[pk] += sin;
-                                nbar[pk] += sbar;
+                                if n > 0 {
+                                    dd.clear();
+                                    dd.resize(n * n, 0.0);
+                                    gemm_abt_strided_add(&mut dd, n, &dq[c * no..], kno, &dq[c * no..], kno, n, n, no, 1.0);
+                                    nbar[pk] += dot(gw, &dd);
+                                }
                             }
                         }
                     }
