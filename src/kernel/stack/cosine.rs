@@ -8,8 +8,8 @@
 //! layers; a layer's `J̄` is one of [`Integrated`].
 
 use super::dot;
-use crate::linalg::{gemm_abt, gemm_abt_strided_add};
 use super::step::RowGrad;
+use crate::linalg::{gemm_abt, gemm_abt_strided_add};
 
 /// One parameter layer's `J̄` for a chunk of `pc` row points.
 pub(crate) enum Integrated<'a> {
@@ -75,7 +75,7 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                     // A folded layer's products that do not depend on the class, once per point:
                     // `w_r a_0·a_r` and `w_r w_r' a_r·a_r'` over the point's rows.
                     let pairs = match jb {
-                        Integrated::Rows { weight, acts: ra, .. } => {
+                        Integrated::Rows { weight, acts: ra, deltas: rd, .. } => {
                             let idx = &by_point[q];
                             let n = idx.len();
                             let row = |x: usize| &ra[idx[x] * ne..(idx[x] + 1) * ne];
@@ -88,7 +88,6 @@ pub(crate) fn add(g0: &[RowGrad], jbar: &[Integrated<'_>], pc: usize, k: usize) 
                             for (x, gr) in gw.chunks_exact_mut(n.max(1)).enumerate() {
                                 gr.iter_mut().enumerate().for_each(|(y, v)| *v *= weight[idx[x]] * weight[idx[y]]);
                             }
-                            let Integrated::Rows { deltas: rd, .. } = jb else { unreachable!("matched above") };
                             let kno = k * no;
                             let deltas_q: Vec<f64> = (0..n).flat_map(|x| rd[idx[x] * kno..(idx[x] + 1) * kno].iter().copied()).collect();
                             Some((a0r, gw, deltas_q))
