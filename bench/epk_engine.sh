@@ -61,7 +61,8 @@ if [ ! -f "$OUT/run/manifest.json" ] || ! cmp -s "$OUT/lenet.toml" "$OUT/run.tom
     cp "$OUT/lenet.toml" "$OUT/run.toml"
 fi
 
-gemm() { "$first_bin" bench --run "$OUT/run" --dgemm 2048 --repeat 3 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gflops"])'; }
+. bench/lib.sh
+gemm() { gemm_rate "$first_bin" "$OUT/run"; }
 
 echo "| binary | P | steps | wall s | s per image | CPU % | system share | minor faults | evaluations/point/step | max abs err | tolerance met | faer DGEMM GFLOP/s (before, after) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -71,19 +72,15 @@ for entry in $BINS; do
     g0=$(gemm)
     /usr/bin/time -v -o "$OUT/time-$name.txt" "$bin" kernel -q --run "$OUT/run" --kind epk --quadrature auto:1e-12 --layout diag --steps "$STEPS" "${extra[@]}" --out "$OUT/k-$name" --force > "$OUT/stdout-$name.txt" 2> "$OUT/stderr-$name.txt" || { cat "$OUT/stderr-$name.txt" >&2; exit 1; }
     g1=$(gemm)
-    python3 - "$OUT" "$name" "$IMAGES" "$STEPS" "$g0" "$g1" <<'PY'
-import json, re, sys
+    PYTHONPATH=bench python3 - "$OUT" "$name" "$IMAGES" "$STEPS" "$g0" "$g1" <<'PY'
+import json, sys
+from timev import read
 out, name, images, steps, g0, g1 = sys.argv[1:]
-t = open(f"{out}/time-{name}.txt").read()
-def field(label):
-    return re.search(re.escape(label) + r":\s*(.+)", t).group(1).strip()
-wall = field("Elapsed (wall clock) time (h:mm:ss or m:ss)")
-parts = [float(x) for x in wall.split(":")]
-secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
-user, system = float(field("User time (seconds)")), float(field("System time (seconds)"))
+t = read(f"{out}/time-{name}.txt")
+secs, user, system = t["wall_s"], t["user_s"], t["system_s"]
 e = json.load(open(f"{out}/k-{name}/exactness.json"))
-print(f"| {name} | {images} | {steps} | {secs:.1f} | {secs / int(images):.1f} | {field('Percent of CPU this job got')} | "
-      f"{system / max(user + system, 1e-9):.3f} | {int(field('Minor (reclaiming a frame) page faults')):,} | "
+print(f"| {name} | {images} | {steps} | {secs:.1f} | {secs / int(images):.1f} | {t['cpu_percent']} | "
+      f"{system / max(user + system, 1e-9):.3f} | {t['minor_faults']:,} | "
       f"{e['evaluations_per_step']['mean']:.1f} | {e['max_abs_error']:.2e} | {e['tolerance_met']} | {float(g0):.0f}, {float(g1):.0f} |")
 PY
 done

@@ -102,7 +102,8 @@ for net in $NETS; do
     fi
 done
 
-gemm() { "$first_bin" bench --run "$OUT/run-${NETS%% *}" --dgemm 2048 --repeat 3 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gflops"])'; }
+. bench/lib.sh
+gemm() { gemm_rate "$first_bin" "$OUT/run-${NETS%% *}"; }
 
 echo "| network | rule | path | binary | wall s | CPU % | CPU s | evaluations/point/step | max abs err | tolerance met | faer DGEMM GFLOP/s (before, after) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -119,17 +120,14 @@ for net in $NETS; do
             [ "$path" = fast ] || path_arg=(--path "$path")
             /usr/bin/time -v -o "$k.time" "$bin" kernel -q --run "$OUT/run-$net" --kind epk --quadrature "$rule" --layout diag --steps "$STEPS" "${path_arg[@]}" --out "$k" --force > "$k.stdout" 2> "$k.stderr" || { cat "$k.stderr" >&2; exit 1; }
             g1=$(gemm)
-            python3 - "$k" "$net" "$rule" "$path" "$name" "$g0" "$g1" <<'PY'
-import json, re, sys
+            PYTHONPATH=bench python3 - "$k" "$net" "$rule" "$path" "$name" "$g0" "$g1" <<'PY'
+import json, sys
+from timev import read
 k, net, rule, path, name, g0, g1 = sys.argv[1:]
-t = open(f"{k}.time").read()
-def field(label):
-    return re.search(re.escape(label) + r":\s*(.+)", t).group(1).strip()
-parts = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
-secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
-cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))
+t = read(f"{k}.time")
+secs, cpu = t["wall_s"], t["user_s"] + t["system_s"]
 e = json.load(open(f"{k}/exactness.json"))
-print(f"| {net} | {rule} | {path} | {name} | {secs:.2f} | {field('Percent of CPU this job got')} | {cpu:.2f} | "
+print(f"| {net} | {rule} | {path} | {name} | {secs:.2f} | {t['cpu_percent']} | {cpu:.2f} | "
       f"{e['evaluations_per_step']['mean']:.1f} | {e['max_abs_error']:.2e} | {e['tolerance_met']} | {float(g0):.0f}, {float(g1):.0f} |")
 PY
         done

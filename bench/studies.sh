@@ -19,7 +19,8 @@ first_bin="${BINS%% *}"
 first_bin="${first_bin#*:}"
 mkdir -p "$OUT"
 # faer's DGEMM rate on a 2048² product (the bench opens the study's trained run only to have one).
-gemm() { "$first_bin" bench --run "$1" --dgemm 2048 --repeat 3 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gflops"])'; }
+. bench/lib.sh
+gemm() { gemm_rate "$first_bin" "$1"; }
 
 echo "| study | binary | wall s | CPU s | system share | peak RSS GB | faer DGEMM GFLOP/s after |"
 echo "|---|---|---|---|---|---|---|"
@@ -32,16 +33,13 @@ for entry in $BINS; do
         mkdir -p "$d"
         /usr/bin/time -v -o "$d/time" "$bin" study run -q "data/studies/$study.toml" --out "$d/report" --cache "$d/cache" > "$d/stdout" 2> "$d/stderr" || { cat "$d/stderr" >&2; exit 1; }
         g=$(gemm "$d/cache/run")
-        python3 - "$d/time" "$study" "$name" "$g" <<'PY'
-import re, sys
+        PYTHONPATH=bench python3 - "$d/time" "$study" "$name" "$g" <<'PY'
+import sys
+from timev import read
 path, study, name, g = sys.argv[1:]
-t = open(path).read()
-def field(label):
-    return re.search(re.escape(label) + r":\s*(.+)", t).group(1).strip()
-parts = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
-secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
-user, system = float(field("User time (seconds)")), float(field("System time (seconds)"))
-rss = float(field("Maximum resident set size (kbytes)")) / 1e6
+t = read(path)
+secs, user, system = t["wall_s"], t["user_s"], t["system_s"]
+rss = t["max_rss_kb"] / 1e6
 print(f"| {study} | {name} | {secs:.1f} | {user + system:.0f} | {system / (user + system):.3f} | {rss:.2f} | {float(g):.0f} |")
 PY
     done
