@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 BIN="${CARGO_TARGET_DIR:-target}/release/pathkernel"
 [ -x "$BIN" ] || { echo "check_cpu_guard: $BIN missing (cargo build --release)" >&2; exit 1; }
 if ! command -v qemu-x86_64 >/dev/null; then
-    apt-get install -y -q qemu-user >/dev/null 2>&1 || { echo "check_cpu_guard: qemu-user could not be installed" >&2; exit 1; }
+    # A fresh machine may have no package lists yet: update once when the first try fails.
+    { apt-get install -y -q qemu-user || { apt-get update -q && apt-get install -y -q qemu-user; }; } >/dev/null 2>&1 \
+        || { echo "check_cpu_guard: qemu-user could not be installed" >&2; exit 1; }
 fi
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
