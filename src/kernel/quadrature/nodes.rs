@@ -3,6 +3,7 @@
 //! point.
 
 use crate::kernel::quadrature;
+use crate::kernel::quadrature::reduce::{PieceMoments, SoftmaxTable};
 
 pub(crate) fn gather_offsets(off: Option<&[f64]>, k: usize, idx: &[usize]) -> Option<Vec<f64>> {
     off.map(|o| {
@@ -54,6 +55,11 @@ pub(crate) struct Piece {
     prev: Option<Vec<f64>>,
     /// Whether the previous order passed the check against `f(b) − f(a)`.
     prev_ok: bool,
+    /// Product integration's: the previous order's quadrature and check, and the piece's
+    /// softmax along t (made at its first order).
+    prev_prod: Option<Vec<f64>>,
+    prev_prod_ok: bool,
+    soft: Option<std::rc::Rc<SoftmaxTable>>,
 }
 
 /// What the adaptive rule needs of a network along one step: the kinks in t of point `p` of
@@ -73,9 +79,15 @@ pub(crate) trait AlongPath {
     }
     /// `f` and `df/dt` of rows from their raw outputs `g` and `dg/dt` and their offsets (all
     /// `[R, K]`): the output map, asked only where [`AlongPath::pieces`] gives polynomials
-    /// (the identity unless the network says otherwise).
-    fn map_outputs(&self, g: Vec<f64>, gd: &[f64], _off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    /// (the identity unless the network says otherwise). With `q` (`[R, K]`), a row's softmax
+    /// in `df/dt` is its row of `q` where that is not NaN (product integration's stand-in).
+    fn map_outputs(&self, g: Vec<f64>, gd: &[f64], _off: Option<&[f64]>, _q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         (g, gd.to_vec())
+    }
+    /// The output map's softmax at one row of raw outputs `g` (`[K]`; `off` its offsets), or
+    /// `None` for outputs without one (then the search never product-integrates).
+    fn softmax_at(&self, _g: &[f64], _off: Option<&[f64]>) -> Option<Vec<f64>> {
+        None
     }
     /// Whether a piece must also converge relative to its own integrand: two consecutive
     /// orders' quadratures of `df/dt` agree to [`RELATIVE_TOL`] of `∫|df/dt|`. The check against
@@ -112,7 +124,9 @@ impl<S: AlongPath> Evaluator<'_, S> {
     /// `(f, df/dt)` `[R, K]` at rows `(point idx[r], time t[r])`, a point with polynomials read
     /// on its sweep piece `piece[r]` (the piece's own polynomial also at its ends, where the
     /// next piece's differs by rounding: a piece's quadrature is checked against its own ends).
-    fn eval(&self, idx: &[usize], t: &[f64], piece: &[usize]) -> (Vec<f64>, Vec<f64>) {
+    /// With `q` (`[R, K]`), a row's softmax stand-in where not NaN ([`AlongPath::map_outputs`];
+    /// only rows read off polynomials have one).
+    fn eval(&self, idx: &[usize], t: &[f64], piece: &[usize], q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         let k = self.k;
         let (poly_rows, net_rows): (Vec<usize>, Vec<usize>) = (0..idx.len()).partition(|&r| self.polys[idx[r]].is_some());
         if poly_rows.is_empty() {
@@ -147,7 +161,8 @@ impl<S: AlongPath> Evaluator<'_, S> {
         }
         let pi: Vec<usize> = poly_rows.iter().map(|&r| idx[r]).collect();
         let offs = gather_offsets(self.off, k, &pi);
-        let (a, b) = self.step.map_outputs(g, &gd, offs.as_deref());
+        let qs = q.map(|q| gather_offsets(Some(q), k, &poly_rows).expect("rows"));
+        let (a, b) = self.step.map_outputs(g, &gd, offs.as_deref(), qs.as_deref());
         for (j, &r) in poly_rows.iter().enumerate() {
             f[r * k..(r + 1) * k].copy_from_slice(&a[j * k..(j + 1) * k]);
             fd[r * k..(r + 1) * k].copy_from_slice(&b[j * k..(j + 1) * k]);
@@ -175,12 +190,26 @@ pub(crate) struct AutoNodes {
     /// (`0, kinks…, 1`) and each piece's raw-output polynomial (`[deg + 1, K]`).
     #[allow(clippy::type_complexity)]
     pub(crate) swept: Vec<Option<(Vec<f64>, Vec<Vec<f64>>)>>,
+    /// Where the search product-integrated some piece: each node's stand-in for its softmax
+    /// (`[N, K]`, a row of NaN where the node keeps its own), and the product-integrated
+    /// pieces' self-kernel moments, each with its point and `first` its first node here.
+    pub(crate) q: Option<Vec<f64>>,
+    pub(crate) moments: Vec<(usize, PieceMoments)>,
 }
 
 /// The node search of the adaptive rule (the MLP's `kernel::stack::closed::dense_relu::nodes::auto_nodes`, the
 /// stacks'), for any network with [`AlongPath`].
-pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64) -> AutoNodes {
+///
+/// With `product` (for a caller that evaluates nodes with softmax stand-ins, [`AutoNodes::q`]),
+/// on log-softmax outputs a piece read off the sweep's polynomials is also integrated by
+/// product integration ([`SoftmaxTable::nodes`]): each order's Gauss nodes carry the softmax
+/// in their weights, from the piece's known output polynomial. That rule is exact by
+/// construction from as many nodes as the raw outputs' degree (accepted there on the absolute
+/// check alone) and checked against its next order, as the plain rule is, below that; a piece
+/// takes the lower of the two rules' accepted orders (the plain rule's where they tie).
+pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64, product: bool) -> AutoNodes {
     let k = step.outputs();
+    let product = product && step.softmax_at(&vec![0.0; k], None).is_some();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     let mut polys = Vec::with_capacity(p);
     for pi in 0..p {
@@ -214,7 +243,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             }
         }
     }
-    let fe = ev.eval(&ei, &et, &ej).0;
+    let fe = ev.eval(&ei, &et, &ej, None).0;
     let mut ends: Vec<Option<usize>> = vec![None; p];
     // Each point's measured evaluation noise: how far its polynomials and the network, two
     // evaluations of the same f, differ at its piece bounds (0 where it has no polynomials).
@@ -252,13 +281,38 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 Some(e) => (fe[(e + 2 * j) * k..(e + 2 * j + 1) * k].to_vec(), fe[(e + 2 * j + 1) * k..(e + 2 * j + 2) * k].to_vec()),
                 None => (fv[(pos + j) * k..(pos + j + 1) * k].to_vec(), fv[(pos + j + 1) * k..(pos + j + 2) * k].to_vec()),
             };
-            pending.push(Piece { p: pi, j, a: v[j], b: v[j + 1], fa, fb, order: 0, depth: 0, located: 0, prev: None, prev_ok: false });
+            pending.push(Piece { p: pi, j, a: v[j], b: v[j + 1], fa, fb, order: 0, depth: 0, located: 0, prev: None, prev_ok: false, prev_prod: None, prev_prod_ok: false, soft: None });
         }
         pos += v.len();
     }
-    let mut point = Vec::new();
-    let mut weight = Vec::new();
-    let mut times = Vec::new();
+    // A piece's softmax along t, from its raw-output polynomial (product integration).
+    let softmax_on = |pi: usize, j: usize| {
+        let c = &ev.polys[pi].as_ref().expect("a point with polynomials")[j];
+        let o = off.map(|o| &o[pi * k..(pi + 1) * k]);
+        move |t: f64| -> Vec<f64> {
+            let g: Vec<f64> = (0..k).map(|q| (0..c.len() / k).rev().fold(0.0, |acc, i| acc * t + c[i * k + q])).collect();
+            step.softmax_at(&g, o).expect("outputs with a softmax")
+        }
+    };
+    let mut out = Accepted { point: Vec::new(), weight: Vec::new(), times: Vec::new(), q: product.then(Vec::new), moments: Vec::new() };
+    // Accepts a piece's nodes, product-integrated with their stand-ins `q` (`[n, K]`) and the
+    // piece's softmax, or plain.
+    let mut accept = |pc: &Piece, nodes: &[(f64, f64)], prod: Option<(&[f64], &SoftmaxTable)>| {
+        match (out.q.as_mut(), prod) {
+            (Some(all), Some((q, table))) => {
+                let tau: Vec<f64> = nodes.iter().map(|n| n.0).collect();
+                out.moments.push((pc.p, PieceMoments { first: out.point.len(), m: nodes.len(), s: table.moments(&tau) }));
+                all.extend_from_slice(q);
+            }
+            (Some(all), None) => all.extend(std::iter::repeat_n(f64::NAN, nodes.len() * k)),
+            (None, _) => {}
+        }
+        for &(t, w) in nodes {
+            out.point.push(pc.p);
+            out.weight.push(w);
+            out.times.push(t);
+        }
+    };
     let mut pieces = vec![0usize; p];
     let mut jvp_evals = vec![0usize; p];
     let mut unconverged = 0;
@@ -268,7 +322,11 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         let mut rw = Vec::new();
         let mut rj = Vec::new();
         let mut start = Vec::with_capacity(pending.len());
-        for pc in &pending {
+        // Product integration's rows (the same nodes, their stand-ins and weights) for the
+        // pieces that have them: `(first row of rq, piece)`.
+        let (mut pp, mut pt, mut pw, mut pj, mut rq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut prod_start: Vec<Option<usize>> = Vec::with_capacity(pending.len());
+        for pc in pending.iter_mut() {
             start.push(rt.len());
             let n = AUTO_ORDERS[pc.order];
             for (tq, wq) in quadrature::gauss_legendre_01(n, pc.a, pc.b) {
@@ -280,27 +338,51 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             if ev.polys[pc.p].is_none() {
                 jvp_evals[pc.p] += n;
             }
+            let mut at = None;
+            if product && ev.polys[pc.p].is_some() {
+                let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
+                if let Some((tau, v, q)) = table.nodes(n) {
+                    at = Some(pt.len());
+                    pp.extend(std::iter::repeat_n(pc.p, n));
+                    pt.extend(tau);
+                    pw.extend(v);
+                    pj.extend(std::iter::repeat_n(pc.j, n));
+                    rq.extend(q);
+                }
+            }
+            prod_start.push(at);
         }
-        let (_, fdot) = ev.eval(&rp, &rt, &rj);
+        let (_, fdot) = ev.eval(&rp, &rt, &rj, None);
+        let fdot_prod = if pt.is_empty() { Vec::new() } else { ev.eval(&pp, &pt, &pj, Some(&rq)).1 };
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
             let n = AUTO_ORDERS[pc.order];
             let rows = start[j]..start[j] + n;
-            let mut err: f64 = 0.0;
             let mut scale: f64 = 1.0;
-            let mut qs = Vec::with_capacity(k);
-            let mut rel_ok = !step.relative_check() || pc.prev.is_some();
             for c in 0..k {
-                let q: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c]).sum();
-                err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
                 scale = scale.max(pc.fa[c].abs()).max(pc.fb[c].abs());
-                if let Some(prev) = &pc.prev {
-                    let mass: f64 = rows.clone().map(|r| rw[r] * fdot[r * k + c].abs()).sum();
-                    rel_ok &= (q - prev[c]).abs() <= RELATIVE_TOL * mass + 4.0 * f64::EPSILON * mass;
-                }
-                qs.push(q);
             }
+            // A rule's quadrature of `df/dt` per class at rows `rows` of `(w, fd)`: its error
+            // against `f(b) − f(a)`, whether it agrees with the previous order's `prev` to the
+            // relative tolerance, and the quadratures.
+            let check = |w: &[f64], fd: &[f64], rows: std::ops::Range<usize>, prev: &Option<Vec<f64>>| {
+                let mut err: f64 = 0.0;
+                let mut qs = Vec::with_capacity(k);
+                let mut rel_ok = !step.relative_check() || prev.is_some();
+                for c in 0..k {
+                    let q: f64 = rows.clone().map(|r| w[r] * fd[r * k + c]).sum();
+                    err = err.max((q - (pc.fb[c] - pc.fa[c])).abs());
+                    if let Some(prev) = prev {
+                        let mass: f64 = rows.clone().map(|r| w[r] * fd[r * k + c].abs()).sum();
+                        rel_ok &= (q - prev[c]).abs() <= RELATIVE_TOL * mass + 4.0 * f64::EPSILON * mass;
+                    }
+                    qs.push(q);
+                }
+                (err, rel_ok, qs)
+            };
+            let (err, rel_ok, qs) = check(&rw, &fdot, rows.clone(), &pc.prev);
+            let prod = prod_start[j].map(|s0| (s0..s0 + n, check(&pw, &fdot_prod, s0..s0 + n, &pc.prev_prod)));
             // The floor is rounding: 8 ulps of the outputs, or twice the point's measured
             // evaluation noise where that is larger, up to 64 ulps (f(b) − f(a) is two
             // evaluations; a deep walk's rounding exceeds 8 ulps of outputs near 1, and
@@ -308,38 +390,50 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             // against 1.9e-15 with errors of 3.5–7.2e-15; the cap keeps a kink the sweep missed,
             // which also shows as disagreement, from widening the floor further).
             let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale).max((2.0 * noise[pc.p]).min(64.0 * f64::EPSILON * scale));
-            let accept = |point: &mut Vec<usize>, weight: &mut Vec<f64>, times: &mut Vec<f64>| {
-                for r in rows.clone() {
-                    point.push(rp[r]);
-                    weight.push(rw[r]);
-                    times.push(rt[r]);
-                }
-            };
+            // Product integration with as many nodes as the raw outputs' degree is exact by
+            // construction (the gradient's degree is one below): no next order to agree with.
+            let exact = prod.is_some() && ev.polys[pc.p].as_ref().is_some_and(|c| n + 1 >= c[pc.j].len() / k);
+            let plain_rows = |rows: std::ops::Range<usize>| -> Vec<(f64, f64)> { rows.map(|r| (rt[r], rw[r])).collect() };
+            let prod_here = |rows: std::ops::Range<usize>| -> (Vec<(f64, f64)>, &[f64]) { (rows.clone().map(|r| (pt[r], pw[r])).collect(), &rq[rows.start * k..rows.end * k]) };
+            let table = pc.soft.clone();
+            // The lower of the two rules' accepted orders; the plain rule where they tie (its
+            // self-kernel is node by node, the product's pairs the nodes).
             if err <= thr && rel_ok && pc.prev.is_some() && pc.prev_ok {
                 // Two consecutive orders agree to the relative tolerance and both match the
                 // exact change: the difference bounds the lower order's error (the higher is
                 // the more accurate), so the lower order's nodes are the ones evaluated.
-                for (tq, wq) in quadrature::gauss_legendre_01(AUTO_ORDERS[pc.order - 1], pc.a, pc.b) {
-                    point.push(pc.p);
-                    weight.push(wq);
-                    times.push(tq);
-                }
+                accept(&pc, &quadrature::gauss_legendre_01(AUTO_ORDERS[pc.order - 1], pc.a, pc.b), None);
+                pieces[pc.p] += 1;
+            } else if prod.as_ref().is_some_and(|(_, (perr, prel, _))| *perr <= thr && *prel && pc.prev_prod.is_some() && pc.prev_prod_ok) {
+                // The same for product integration, one order below.
+                let table = table.as_deref().expect("a product-integrated piece");
+                let (tau, v, q) = table.nodes(AUTO_ORDERS[pc.order - 1]).expect("the previous order had nodes");
+                let nodes: Vec<(f64, f64)> = tau.into_iter().zip(v).collect();
+                accept(&pc, &nodes, Some((&q, table)));
                 pieces[pc.p] += 1;
             } else if err <= thr && rel_ok {
-                accept(&mut point, &mut weight, &mut times);
+                accept(&pc, &plain_rows(rows), None);
+                pieces[pc.p] += 1;
+            } else if let Some((prows, _)) = prod.as_ref().filter(|(_, (perr, _, _))| exact && *perr <= thr) {
+                let (nodes, q) = prod_here(prows.clone());
+                accept(&pc, &nodes, Some((q, table.as_deref().expect("a product-integrated piece"))));
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
-                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), prev_ok: err <= thr, ..pc });
+                let (prev_prod, prev_prod_ok) = match prod {
+                    Some((_, (perr, _, pq))) => (step.relative_check().then_some(pq), perr <= thr),
+                    None => (None, false),
+                };
+                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), prev_ok: err <= thr, prev_prod, prev_prod_ok, ..pc });
             } else if err <= thr {
                 // The relative check raises the order but never bisects: where the integrand's
                 // rounding (cancellation in df/dt) keeps two orders apart, the absolute check
                 // decides, as on the other paths.
-                accept(&mut point, &mut weight, &mut times);
+                accept(&pc, &plain_rows(rows), None);
                 pieces[pc.p] += 1;
             } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
                 to_split.push(pc);
             } else {
-                accept(&mut point, &mut weight, &mut times);
+                accept(&pc, &plain_rows(rows), None);
                 pieces[pc.p] += 1;
                 unconverged += 1;
             }
@@ -360,23 +454,35 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let pidx: Vec<usize> = to_split.iter().map(|pc| pc.p).collect();
             let at: Vec<f64> = mids.iter().map(|m| m.0).collect();
             let pj: Vec<usize> = to_split.iter().map(|pc| pc.j).collect();
-            let fm = ev.eval(&pidx, &at, &pj).0;
+            let fm = ev.eval(&pidx, &at, &pj, None).0;
             for (j, pc) in to_split.into_iter().enumerate() {
                 let fmj = fm[j * k..(j + 1) * k].to_vec();
                 let (t, located) = mids[j];
                 let (depth, located) = if located { (pc.depth, pc.located + 1) } else { (pc.depth + 1, pc.located) };
-                next.push(Piece { p: pc.p, j: pc.j, a: pc.a, b: t, fa: pc.fa.clone(), fb: fmj.clone(), order: 0, depth, located, prev: None, prev_ok: false });
-                next.push(Piece { p: pc.p, j: pc.j, a: t, b: pc.b, fa: fmj, fb: pc.fb, order: 0, depth, located, prev: None, prev_ok: false });
+                let fresh = |a: f64, b: f64, fa: Vec<f64>, fb: Vec<f64>| Piece { p: pc.p, j: pc.j, a, b, fa, fb, order: 0, depth, located, prev: None, prev_ok: false, prev_prod: None, prev_prod_ok: false, soft: None };
+                next.push(fresh(pc.a, t, pc.fa.clone(), fmj.clone()));
+                next.push(fresh(t, pc.b, fmj, pc.fb.clone()));
             }
         }
         pending = next;
     }
+    let Accepted { point, weight, times, q, moments } = out;
     let mut evaluations = vec![0usize; p];
     for &pi in &point {
         evaluations[pi] += 1;
     }
+    let q = q.filter(|_| !moments.is_empty());
     let swept = bps.into_iter().zip(ev.polys).map(|(b, p)| p.map(|p| (b, p))).collect();
-    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged, swept }
+    AutoNodes { point, weight, times, evaluations, jvp_evaluations: jvp_evals, pieces, unconverged, swept, q, moments }
+}
+
+/// The accepted nodes as the search goes ([`AutoNodes`]'s first and last fields).
+struct Accepted {
+    point: Vec<usize>,
+    weight: Vec<f64>,
+    times: Vec<f64>,
+    q: Option<Vec<f64>>,
+    moments: Vec<(usize, PieceMoments)>,
 }
 
 
@@ -437,7 +543,7 @@ mod tests {
     #[test]
     fn rounding_of_the_end_values_does_not_bisect() {
         let bowl = Bowl((1..1000).map(|j| j as f64 / 1000.0).collect());
-        let an = choose_auto_nodes(&bowl, &[0.0], 1, None, 1e-12);
+        let an = choose_auto_nodes(&bowl, &[0.0], 1, None, 1e-12, false);
         assert_eq!(an.unconverged, 0);
         assert_eq!(an.pieces[0], 1000, "no piece was bisected");
         let (_, fd) = bowl.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);
@@ -454,7 +560,7 @@ mod tests {
     fn many_located_kinks_do_not_exhaust_the_bisection_depth() {
         let kinks: Vec<f64> = (1..=300).map(|j| (j as f64 / 301.0).powf(1.3)).collect();
         let ramps = Ramps(kinks);
-        let an = choose_auto_nodes(&ramps, &[0.0], 1, None, 1e-12);
+        let an = choose_auto_nodes(&ramps, &[0.0], 1, None, 1e-12, false);
         assert_eq!(an.unconverged, 0);
         assert!(an.pieces[0] >= 301, "{} pieces", an.pieces[0]);
         let (_, fd) = ramps.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);

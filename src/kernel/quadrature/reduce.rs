@@ -164,34 +164,8 @@ fn interpolate(run: &[(f64, f64)], m: usize, k: usize, piece: usize, softmax: Op
         return None;
     }
     let tau: Vec<f64> = gauss_legendre_01(m, lo, hi).into_iter().map(|(t, _)| t).collect();
-    let mut v = vec![0.0; m];
-    let mut u = vec![0.0; if softmax.is_some() { m * k } else { 0 }];
-    let mut l = vec![0.0; m];
-    let per = if softmax.is_some() { 1 + k + k * k } else { 1 };
-    let mut s = vec![0.0; m * m * per];
-    for &(t, w) in run {
-        lagrange(&tau, t, &mut l);
-        v.iter_mut().zip(&l).for_each(|(a, b)| *a += w * b);
-        let p = softmax.map(|sm| sm(piece, t));
-        if let Some(p) = &p {
-            for (j, &lj) in l.iter().enumerate() {
-                u[j * k..(j + 1) * k].iter_mut().zip(p).for_each(|(a, b)| *a += w * b * lj);
-            }
-        }
-        for j in 0..m {
-            for j2 in 0..m {
-                let c = w * l[j] * l[j2];
-                let sj = &mut s[(j * m + j2) * per..(j * m + j2 + 1) * per];
-                sj[0] += c;
-                if let Some(p) = &p {
-                    sj[1..1 + k].iter_mut().zip(p).for_each(|(a, b)| *a += c * b);
-                    for (a, &pa) in p.iter().enumerate() {
-                        sj[1 + k + a * k..1 + k + (a + 1) * k].iter_mut().zip(p).for_each(|(x, pb)| *x += c * pa * pb);
-                    }
-                }
-            }
-        }
-    }
+    let p: Option<Vec<f64>> = softmax.map(|sm| run.iter().flat_map(|&(t, _)| sm(piece, t)).collect());
+    let (v, mut u, s) = weigh(&tau, run, k, p.as_deref(), true);
     let mean = run.iter().map(|n| n.1).sum::<f64>() / m as f64;
     if !v.iter().all(|&vj| vj >= MIN_WEIGHT * mean) {
         return None;
@@ -202,6 +176,140 @@ fn interpolate(run: &[(f64, f64)], m: usize, k: usize, piece: usize, softmax: Op
         }
     }
     Some((tau, v, u, s))
+}
+
+/// The sums of a rule `run` (`(t_r, w_r)`) against the Lagrange basis `ℓ_j` at the nodes `tau`
+/// (`[m]`): `v_j = Σ_r w_r ℓ_j(t_r)`, with the softmax at the rule's nodes `p` (`[R, K]`) also
+/// `u_{j,o} = Σ_r w_r p_o(t_r) ℓ_j(t_r)` (`[m, K]`, else empty), and with `moments` the
+/// self-kernel's ([`PieceMoments::s`], else empty; each pair's and each product's once, then
+/// mirrored).
+#[allow(clippy::type_complexity)]
+fn weigh(tau: &[f64], run: &[(f64, f64)], k: usize, p: Option<&[f64]>, moments: bool) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let m = tau.len();
+    let mut v = vec![0.0; m];
+    let mut u = vec![0.0; if p.is_some() { m * k } else { 0 }];
+    let mut l = vec![0.0; m];
+    let per = if p.is_some() { 1 + k + k * k } else { 1 };
+    let mut s = vec![0.0; if moments { m * m * per } else { 0 }];
+    for (r, &(t, w)) in run.iter().enumerate() {
+        lagrange(tau, t, &mut l);
+        v.iter_mut().zip(&l).for_each(|(a, b)| *a += w * b);
+        let p = p.map(|p| &p[r * k..(r + 1) * k]);
+        if let Some(p) = p {
+            for (j, &lj) in l.iter().enumerate() {
+                u[j * k..(j + 1) * k].iter_mut().zip(p).for_each(|(a, b)| *a += w * b * lj);
+            }
+        }
+        if !moments {
+            continue;
+        }
+        for j in 0..m {
+            for j2 in j..m {
+                let c = w * l[j] * l[j2];
+                let sj = &mut s[(j * m + j2) * per..(j * m + j2 + 1) * per];
+                sj[0] += c;
+                if let Some(p) = p {
+                    sj[1..1 + k].iter_mut().zip(p).for_each(|(a, b)| *a += c * b);
+                    for (a, &pa) in p.iter().enumerate() {
+                        let cp = c * pa;
+                        sj[1 + k + a * k + a..1 + k + (a + 1) * k].iter_mut().zip(&p[a..]).for_each(|(x, pb)| *x += cp * pb);
+                    }
+                }
+            }
+        }
+    }
+    if moments {
+        for j in 0..m {
+            for j2 in j..m {
+                let (lo, hi) = ((j * m + j2) * per, (j2 * m + j) * per);
+                if per > 1 {
+                    for a in 0..k {
+                        for b2 in 0..a {
+                            s[lo + 1 + k + a * k + b2] = s[lo + 1 + k + b2 * k + a];
+                        }
+                    }
+                }
+                if j2 > j {
+                    s.copy_within(lo..lo + per, hi);
+                }
+            }
+        }
+    }
+    (v, u, s)
+}
+
+/// Gauss–Legendre orders of the scalar quadratures behind product integration, tried in turn
+/// until two consecutive ones agree.
+const PRODUCT_ORDERS: [usize; 3] = [16, 32, 64];
+
+/// One piece's softmax at the Gauss–Legendre nodes of [`PRODUCT_ORDERS`], for product
+/// integration at any number of nodes ([`SoftmaxTable::nodes`]) and the self-kernel's moments
+/// ([`SoftmaxTable::moments`]), computed once per piece (a piece tries several orders).
+pub(crate) struct SoftmaxTable {
+    a: f64,
+    b: f64,
+    k: usize,
+    /// Per scalar order: its nodes on `[a, b]` and the softmax there (`[Q, K]`), as far as
+    /// they were needed.
+    rules: Vec<(Vec<(f64, f64)>, Vec<f64>)>,
+    /// The first order that agreed with the next (an index into `rules`), once found.
+    agreed: Option<usize>,
+}
+
+impl SoftmaxTable {
+    /// The piece `[a, b]` with softmax `softmax(t)` (`[K]`).
+    pub(crate) fn new(a: f64, b: f64, k: usize, softmax: &dyn Fn(f64) -> Vec<f64>) -> SoftmaxTable {
+        let mut table = SoftmaxTable { a, b, k, rules: Vec::new(), agreed: None };
+        let tol = 8.0 * f64::EPSILON * (b - a);
+        // The orders agree where the product weights at the most nodes any piece takes do.
+        let tau: Vec<f64> = gauss_legendre_01(6, a, b).into_iter().map(|(t, _)| t).collect();
+        let mut last: Option<Vec<f64>> = None;
+        for (i, order) in PRODUCT_ORDERS.into_iter().enumerate() {
+            let run = gauss_legendre_01(order, a, b);
+            let p: Vec<f64> = run.iter().flat_map(|&(t, _)| softmax(t)).collect();
+            let u = weigh(&tau, &run, k, Some(&p), false).1;
+            table.rules.push((run, p));
+            if let Some(prev) = &last {
+                if prev.iter().zip(&u).all(|(x, y)| (x - y).abs() <= tol) {
+                    table.agreed = Some(i);
+                    break;
+                }
+            }
+            last = Some(u);
+        }
+        table
+    }
+
+    /// Product integration on the piece with its `m` Gauss–Legendre nodes `τ_j`: the weights
+    /// `v_j = ∫ ℓ_j` (the Gauss weights) and the stand-ins `q_{j,o} = ∫ p_o ℓ_j / v_j`
+    /// (`[m, K]`) for the softmax `p`, the integrals of the known scalar functions by
+    /// Gauss–Legendre at no network cost. The nodes' gradients with seeds `v_j α(δ_ko − q_{j,o})`
+    /// then integrate `α Σ_o (δ_ko − p_o) ∇g_o` over the piece exactly wherever the raw
+    /// outputs' gradient `∇g` is a polynomial of degree below `m` (as on a piecewise-linear
+    /// stack's piece with `m` at least the outputs' degree); with fewer nodes the error is
+    /// `∫ p ω R`, the part `ωR` of `∇g` the nodes do not interpolate (`ω = Π_j (t − τ_j)`)
+    /// against the softmax, which vanishes where `p` is constant (`ω` is orthogonal to `R`'s
+    /// degree).
+    ///
+    /// `None` where no two consecutive scalar orders of [`PRODUCT_ORDERS`] agreed to 8 ulps of
+    /// the piece's length (a softmax that swings too fast along the piece for them).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn nodes(&self, m: usize) -> Option<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+        let (run, p) = &self.rules[self.agreed?];
+        let nodes = gauss_legendre_01(m, self.a, self.b);
+        let tau: Vec<f64> = nodes.iter().map(|n| n.0).collect();
+        let (_, u, _) = weigh(&tau, run, self.k, Some(p), false);
+        // `v_j`: the Gauss weights, which the rule's sums reproduce to rounding.
+        let v: Vec<f64> = nodes.iter().map(|n| n.1).collect();
+        let q = u.iter().enumerate().map(|(i, x)| x / v[i / self.k]).collect();
+        Some((tau, v, q))
+    }
+
+    /// The self-kernel's moments ([`PieceMoments::s`]) at nodes `tau` ([`SoftmaxTable::nodes`]'s).
+    pub(crate) fn moments(&self, tau: &[f64]) -> Vec<f64> {
+        let (run, p) = &self.rules[self.agreed.expect("moments of a product-integrated piece")];
+        weigh(tau, run, self.k, Some(p), true).2
+    }
 }
 
 /// The Lagrange basis at the nodes `tau`, evaluated at `t`, into `l`.
@@ -325,6 +433,66 @@ mod tests {
         for (a, b) in want.iter().zip(&got) {
             assert!((a - b).abs() <= 1e-13 * want.iter().fold(1.0f64, |m, v| m.max(v.abs())), "{a} vs {b}");
         }
+    }
+
+    /// Product integration on a piece: a softmax of quartic logits against a cubic "gradient"
+    /// `P`, `Σ_j v_j q_{j,o} P(τ_j)` at 4 nodes equals `∫ p_o P` (by a 200-point rule) to
+    /// rounding, and `Σ_j v_j P(τ_j)` equals `∫ P`; at 3 nodes it does not (the test can fail).
+    /// The
+    /// moments equal the pairs' integrals `∫ ℓ_j ℓ_j' (1, p, ppᵀ)` by the same 200-point rule.
+    #[test]
+    fn product_nodes_integrate_the_softmax_against_the_gradient_s_degree() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let k = 3;
+        let (a, b) = (0.2, 0.9);
+        let logit: Vec<Vec<f64>> = (0..k).map(|_| (0..5).map(|_| rng.gen_range(-2.0..2.0)).collect()).collect();
+        let soft = |t: f64| -> Vec<f64> {
+            let e: Vec<f64> = logit.iter().map(|c| poly(c, t).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        let cubic: Vec<f64> = (0..4).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let fine = gauss_legendre_01(200, a, b);
+        let want: Vec<f64> = (0..k).map(|o| fine.iter().map(|&(t, w)| w * soft(t)[o] * poly(&cubic, t)).sum()).collect();
+        let plain: f64 = fine.iter().map(|&(t, w)| w * poly(&cubic, t)).sum();
+        let table = SoftmaxTable::new(a, b, k, &soft);
+        let (tau, v, q) = table.nodes(4).expect("a smooth softmax");
+        for o in 0..k {
+            let got: f64 = (0..4).map(|j| v[j] * q[j * k + o] * poly(&cubic, tau[j])).sum();
+            assert!((got - want[o]).abs() <= 4e-15 * want[o].abs().max(1.0), "output {o}: {got} vs {}", want[o]);
+        }
+        let got: f64 = (0..4).map(|j| v[j] * poly(&cubic, tau[j])).sum();
+        assert!((got - plain).abs() <= 4e-15 * plain.abs().max(1.0));
+        let (tau3, v3, q3) = table.nodes(3).unwrap();
+        for o in 0..k {
+            let prod: f64 = (0..3).map(|j| v3[j] * q3[j * k + o] * poly(&cubic, tau3[j])).sum();
+            assert!((prod - want[o]).abs() > 1e-8, "output {o}: three nodes are not exact for a cubic");
+        }
+        let s = table.moments(&tau);
+        let mut l = vec![0.0; 4];
+        let per = 1 + k + k * k;
+        for j in 0..4 {
+            for j2 in 0..4 {
+                let mut w = vec![0.0; per];
+                for &(t, wt) in &fine {
+                    lagrange(&tau, t, &mut l);
+                    let (c, p) = (wt * l[j] * l[j2], soft(t));
+                    w[0] += c;
+                    (0..k).for_each(|o| w[1 + o] += c * p[o]);
+                    (0..k * k).for_each(|i| w[1 + k + i] += c * p[i / k] * p[i % k]);
+                }
+                for (x, y) in w.iter().zip(&s[(j * 4 + j2) * per..(j * 4 + j2 + 1) * per]) {
+                    assert!((x - y).abs() <= 4e-15, "moment ({j}, {j2}): {x} vs {y}");
+                }
+            }
+        }
+        // A softmax that swings too fast for the scalar rules: none.
+        let wild = |t: f64| -> Vec<f64> {
+            let e: Vec<f64> = (0..k).map(|o| (4000.0 * (t * (o as f64 + 1.0)).sin()).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        assert!(SoftmaxTable::new(0.0, 1.0, k, &wild).nodes(4).is_none());
     }
 
     /// One degree too many for the reduced nodes: the sums differ (the test above can fail).

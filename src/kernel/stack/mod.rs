@@ -94,8 +94,11 @@ impl AlongPath for StackAlong<'_, '_> {
         let d = self.step.d;
         kinks::pieces(self.step, &x[p * d..(p + 1) * d], a, b)
     }
-    fn map_outputs(&self, g: Vec<f64>, gd: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-        self.step.map_outputs(g, gd, off)
+    fn map_outputs(&self, g: Vec<f64>, gd: &[f64], off: Option<&[f64]>, q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+        self.step.map_outputs(g, gd, off, q)
+    }
+    fn softmax_at(&self, g: &[f64], off: Option<&[f64]>) -> Option<Vec<f64>> {
+        self.step.softmax_at(g, off)
     }
     /// Where the sweep finds every kink, pieces are smooth and converge relative to their own
     /// integrand; a ReLU behind a smooth layer leaves kinks to bisection, where only the
@@ -335,11 +338,13 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
             reduced::fixed_nodes(step, xc, offc, pc, nodes, try_reduce, &mut stats)
         }
         None => {
-            let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step);
+            // Product-integrated pieces only where their stand-ins reach the evaluations.
+            let here = reduce && step.nodes.is_none();
+            let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step, here);
             stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
             stats.pieces.extend_from_slice(&an.pieces);
             stats.unconverged += an.unconverged;
-            reduced::auto_nodes(step, offc, pc, an, reduce && step.nodes.is_none(), &mut stats.evaluations)
+            reduced::auto_nodes(step, offc, pc, an, here, &mut stats.evaluations)
         }
     };
     search_seconds += searched.elapsed().as_secs_f64();

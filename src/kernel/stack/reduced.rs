@@ -87,7 +87,7 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
         let (f_net, _) = step.par_jvp(x, off, &ends, &vec![1.0; ends.len()]);
         let g: Vec<f64> = ends.iter().flat_map(|&q| found[q].as_ref().expect("reduced").1.iter().copied()).collect();
         let offs = off.map(|o| ends.iter().flat_map(|&q| o[q * k..(q + 1) * k].iter().copied()).collect::<Vec<f64>>());
-        let (f_poly, _) = step.map_outputs(g, &vec![0.0; ends.len() * k], offs.as_deref());
+        let (f_poly, _) = step.map_outputs(g, &vec![0.0; ends.len() * k], offs.as_deref(), None);
         for (j, &q) in ends.iter().enumerate() {
             let (a, b) = (&f_net[j * k..(j + 1) * k], &f_poly[j * k..(j + 1) * k]);
             let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));
@@ -112,23 +112,46 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
 /// every piece bound there): a piece whose accepted nodes outnumber the gradient's degree plus
 /// one is evaluated at that many, for the same sum — on log-softmax outputs, where the search
 /// takes several Gauss orders per piece to pass its relative check on a non-polynomial `df/dt`.
-/// The evaluations per point go to `evaluations`. Without `try_reduce`, the nodes as the search
-/// gave them.
+/// A point whose search product-integrated its pieces ([`AutoNodes::q`]) keeps its nodes with
+/// their stand-ins and moments as they are. The evaluations per point go to `evaluations`.
+/// Without `try_reduce`, the nodes as the search gave them.
 pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, an: AutoNodes, try_reduce: bool, evaluations: &mut Vec<usize>) -> FixedNodes {
     let k = step.k;
     if !try_reduce {
+        debug_assert!(an.q.is_none(), "product-integrated nodes need their stand-ins");
         evaluations.extend_from_slice(&an.evaluations);
         return FixedNodes { point: an.point, weight: an.weight, times: an.times, q: None, pieces: Vec::new(), self_weight: Vec::new() };
     }
     let mut own: Vec<Vec<(f64, f64)>> = vec![Vec::new(); pc];
+    // Each node's place among its point's nodes, for the product-integrated pieces' moments.
+    let mut local = Vec::with_capacity(an.point.len());
     for ((&q, &w), &t) in an.point.iter().zip(&an.weight).zip(&an.times) {
+        local.push(own[q].len());
         own[q].push((t, w));
+    }
+    let mut product: Vec<Option<Reduced>> = vec![None; pc];
+    if let Some(qs) = &an.q {
+        for (q, mut pm) in an.moments {
+            pm.first = local[pm.first];
+            product[q].get_or_insert_with(|| Reduced { times: Vec::new(), weights: Vec::new(), q: Vec::new(), pieces: an.pieces[q], moments: Vec::new() }).moments.push(pm);
+        }
+        for (i, &q) in an.point.iter().enumerate() {
+            if let Some(r) = product[q].as_mut() {
+                r.times.push(an.times[i]);
+                r.weights.push(an.weight[i]);
+                r.q.extend_from_slice(&qs[i * k..(i + 1) * k]);
+            }
+        }
     }
     let rows = own
         .into_iter()
         .zip(an.swept)
+        .zip(product)
         .enumerate()
-        .map(|(q, (nodes, swept))| {
+        .map(|(q, ((nodes, swept), product))| {
+            if product.is_some() {
+                return (Vec::new(), product);
+            }
             match swept.and_then(|(bounds, polys)| reduce_on(step, off.map(|o| &o[q * k..(q + 1) * k]), &nodes, &bounds, &polys)) {
                 Some(r) => (Vec::new(), Some(r)),
                 None => (nodes, None),

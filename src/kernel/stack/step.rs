@@ -166,7 +166,7 @@ impl<'a> StackStep<'a> {
         for (ib, tb) in idx.chunks(EVAL_CHUNK).zip(t.chunks(EVAL_CHUNK)) {
             let (xs, os) = self.gather(x, off, ib);
             let (g, gd) = self.stack.tangent_at(&self.at(tb), xs);
-            let (a, b) = self.map_outputs(g, &gd, os.as_deref());
+            let (a, b) = self.map_outputs(g, &gd, os.as_deref(), None);
             f.extend_from_slice(&a);
             fd.extend_from_slice(&b);
         }
@@ -178,9 +178,9 @@ impl<'a> StackStep<'a> {
     ///
     /// # Shapes
     /// `g`, `gd`, `off` `[R, K]`; returns `[R, K]` twice.
-    pub(crate) fn map_outputs(&self, mut g: Vec<f64>, gd: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    pub(crate) fn map_outputs(&self, mut g: Vec<f64>, gd: &[f64], off: Option<&[f64]>, q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         let k = self.k;
-        let seeds = self.output_map(&mut g, off, None);
+        let seeds = self.output_map(&mut g, off, q);
         let mut fd = Vec::with_capacity(g.len());
         for r in 0..g.len() / k {
             for c in 0..k {

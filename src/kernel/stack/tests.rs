@@ -137,8 +137,8 @@ fn node_search_on_the_sweep_polynomials_equals_the_network_search() {
                 }).collect())),
             }
         }
-        fn map_outputs(&self, g: Vec<f64>, gd: &[f64], off: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
-            self.0.map_outputs(g, gd, off)
+        fn map_outputs(&self, g: Vec<f64>, gd: &[f64], off: Option<&[f64]>, q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+            self.0.map_outputs(g, gd, off, q)
         }
     }
 
@@ -173,9 +173,9 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
         };
         let along = StackAlong { step: &step };
         assert!(along.pieces(&x, 0, 0.0, 1.0).1.is_some(), "the sweep walks this whole stack");
-        let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol);
-        let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol);
-        let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol);
+        let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol, false);
+        let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol, false);
+        let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol, false);
         assert!(poly.pieces.iter().sum::<usize>() > 2 * p, "too few pieces to test: {:?}", poly.pieces);
         assert!(poly.jvp_evaluations.iter().all(|&e| e == 0), "forward-mode evaluations on the polynomials: {:?}", poly.jvp_evaluations);
         assert!(net.jvp_evaluations.iter().all(|&e| e > 0));

@@ -177,7 +177,7 @@ pub(super) fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Para
             (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
         }
         None => {
-            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step);
+            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, false);
             (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
         }
     };
