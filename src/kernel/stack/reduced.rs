@@ -122,25 +122,31 @@ pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, a
         evaluations.extend_from_slice(&an.evaluations);
         return FixedNodes { point: an.point, weight: an.weight, times: an.times, q: None, pieces: Vec::new(), self_weight: Vec::new() };
     }
+    // Each point's plain nodes, and its product-integrated pieces' nodes with their stand-ins
+    // (a node's place among those, for the pieces' moments).
     let mut own: Vec<Vec<(f64, f64)>> = vec![Vec::new(); pc];
-    // Each node's place among its point's nodes, for the product-integrated pieces' moments.
-    let mut local = Vec::with_capacity(an.point.len());
-    for ((&q, &w), &t) in an.point.iter().zip(&an.weight).zip(&an.times) {
-        local.push(own[q].len());
-        own[q].push((t, w));
-    }
     let mut product: Vec<Option<Reduced>> = vec![None; pc];
+    let mut local = vec![usize::MAX; an.point.len()];
     if let Some(qs) = &an.q {
+        for (i, &q) in an.point.iter().enumerate() {
+            let row = &qs[i * k..(i + 1) * k];
+            if row[0].is_nan() {
+                continue;
+            }
+            let r = product[q].get_or_insert_with(|| Reduced { times: Vec::new(), weights: Vec::new(), q: Vec::new(), pieces: an.pieces[q], moments: Vec::new() });
+            local[i] = r.times.len();
+            r.times.push(an.times[i]);
+            r.weights.push(an.weight[i]);
+            r.q.extend_from_slice(row);
+        }
         for (q, mut pm) in an.moments {
             pm.first = local[pm.first];
-            product[q].get_or_insert_with(|| Reduced { times: Vec::new(), weights: Vec::new(), q: Vec::new(), pieces: an.pieces[q], moments: Vec::new() }).moments.push(pm);
+            product[q].as_mut().expect("a product-integrated point").moments.push(pm);
         }
-        for (i, &q) in an.point.iter().enumerate() {
-            if let Some(r) = product[q].as_mut() {
-                r.times.push(an.times[i]);
-                r.weights.push(an.weight[i]);
-                r.q.extend_from_slice(&qs[i * k..(i + 1) * k]);
-            }
+    }
+    for (i, ((&q, &w), &t)) in an.point.iter().zip(&an.weight).zip(&an.times).enumerate() {
+        if local[i] == usize::MAX {
+            own[q].push((t, w));
         }
     }
     let rows = own
@@ -149,13 +155,29 @@ pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, a
         .zip(product)
         .enumerate()
         .map(|(q, ((nodes, swept), product))| {
-            if product.is_some() {
-                return (Vec::new(), product);
-            }
-            match swept.and_then(|(bounds, polys)| reduce_on(step, off.map(|o| &o[q * k..(q + 1) * k]), &nodes, &bounds, &polys)) {
+            let plain = match swept.and_then(|(bounds, polys)| reduce_on(step, off.map(|o| &o[q * k..(q + 1) * k]), &nodes, &bounds, &polys)) {
                 Some(r) => (Vec::new(), Some(r)),
                 None => (nodes, None),
+            };
+            let Some(mut r) = product else { return plain };
+            // The plain nodes (reduced or not) after the product-integrated pieces'.
+            match plain {
+                (_, Some(red)) => {
+                    let first = r.times.len();
+                    r.moments.extend(red.moments.into_iter().map(|pm| PieceMoments { first: pm.first + first, ..pm }));
+                    r.times.extend(red.times);
+                    r.weights.extend(red.weights);
+                    r.q.extend(red.q);
+                }
+                (nodes, None) => {
+                    for (t, w) in nodes {
+                        r.times.push(t);
+                        r.weights.push(w);
+                        r.q.extend(std::iter::repeat_n(f64::NAN, k));
+                    }
+                }
             }
+            (Vec::new(), Some(r))
         })
         .collect();
     assemble(k, rows, evaluations)
