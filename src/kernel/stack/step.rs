@@ -334,13 +334,26 @@ impl<'a> StackStep<'a> {
     /// Per-sample gradients of `f` at rows `idx` and times `t`, one [`RowGrad`] per parameter
     /// layer (storage order), rows in `idx` order.
     pub(crate) fn grads(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64]) -> Vec<RowGrad> {
+        self.grads_q(x, off, idx, t, None)
+    }
+
+    /// [`StackStep::grads`] with each row's stand-in for its softmax `q` (`[R, K]`, NaN rows:
+    /// the row's own; as in [`StackStep::par_grads_q`]), on the CPU engine.
+    pub(crate) fn grads_q(&self, x: &[f64], off: Option<&[f64]>, idx: &[usize], t: &[f64], q: Option<&[f64]>) -> Vec<RowGrad> {
         let rows = self.block_rows();
+        let block_grads = |ib: &[usize], tb: &[f64], b0: usize| match q {
+            Some(q) => {
+                assert!(self.nodes.is_none(), "stand-ins for the softmax are evaluated here");
+                self.cpu_block_grads(x, off, ib, tb, Some(&q[b0 * self.k..(b0 + ib.len()) * self.k]))
+            }
+            None => self.block_grads(x, off, ib, tb),
+        };
         if idx.len() <= rows {
-            return self.block_grads(x, off, idx, t);
+            return block_grads(idx, t, 0);
         }
         let mut out: Vec<RowGrad> = Vec::new();
-        for (ib, tb) in idx.chunks(rows).zip(t.chunks(rows)) {
-            let block = self.block_grads(x, off, ib, tb);
+        for (bi, (ib, tb)) in idx.chunks(rows).zip(t.chunks(rows)).enumerate() {
+            let block = block_grads(ib, tb, bi * rows);
             if out.is_empty() {
                 let n = idx.len();
                 out = block

@@ -366,6 +366,29 @@ fn reduced_fixed_rules_equal_the_rule_node_by_node() {
     }
 }
 
+/// A stack trained with momentum walks the path backwards (`kernel::engine::stateful`), its
+/// rows' nodes from the same adaptive search: with its pieces product-integrated the kernel is
+/// the plain rule's to rounding (Gram, machine), with fewer evaluations, and the machine
+/// reproduces the network.
+#[test]
+fn product_integration_on_the_stateful_row_side_equals_the_plain_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 4\nper_class = 6\nn_test = 5\nseed = 3\n\n[model]\nkind = \"layers\"\nlayers = [{ dense = 12 }, \"relu\", { dense = 10 }, \"relu\", { dense = 8 }, \"relu\", { dense = 3 }]\n\n[train]\nlr = 0.3\nsteps = 6\noptimizer = \"sgd\"\nmomentum = 0.9\nbatch_size = 6\nseed = 2\n";
+    let (run, states, pts) = trained(dir.path(), "momentum", toml);
+    let req = Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).layout(Layout::Full);
+    super::reduced::KEEP_NODES.with(|c| c.set(true));
+    let plain = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+    super::reduced::KEEP_NODES.with(|c| c.set(false));
+    let (plain, product) = (plain.unwrap(), kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap());
+    assert_eq!(product.form, crate::kernel::KernelForm::Momentum);
+    let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+    assert!(rel(&product.gram, &plain.gram) <= 1e-12, "Gram {:e}", rel(&product.gram, &plain.gram));
+    assert!(rel(&product.machine, &plain.machine) <= 1e-12, "machine {:e}", rel(&product.machine, &plain.machine));
+    assert!(product.max_abs_error() <= 1e-11, "machine vs network {:e}", product.max_abs_error());
+    let (before, after) = (plain.mean_evaluations(), product.mean_evaluations());
+    assert!(after < before, "{after} evaluations per point and step, {before} with the plain rule");
+}
+
 /// The gradient evaluations through the device program (`crate::device`, on the host
 /// backend: what a GPU runs, blocks of 13 rows) give the CPU engine's kernel — Gram,
 /// machine, self-kernel and node counts — on a LeNet-shaped stack (padded convolutions, ReLU

@@ -169,16 +169,19 @@ pub(super) fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Para
     let (p, k, w) = (s.rows.len(), arch.outputs(), state.numel());
     let fixed = if next.is_some() { s.req.rule.fixed_nodes() } else { Some(vec![(0.0, 1.0)]) };
     let st = StackStep::new(arch, state, next)?;
-    let (point, times, weights, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
+    // On the stack's own factors the auto rule's pieces may be product-integrated (their nodes'
+    // stand-ins for the softmax, `q`); the rows' self-kernel is not asked here.
+    let (point, times, weights, q, evaluations, jvp_evaluations, pieces, unconverged) = match &fixed {
         Some(nodes) => {
             let point: Vec<usize> = (0..p).flat_map(|pi| std::iter::repeat_n(pi, nodes.len())).collect();
             let times: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.0)).collect();
             let weights: Vec<f64> = (0..p).flat_map(|_| nodes.iter().map(|n| n.1)).collect();
-            (point, times, weights, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
+            (point, times, weights, None, vec![nodes.len(); p], vec![0; p], vec![1; p], 0)
         }
         None => {
-            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, false);
-            (c.point, c.times, c.weight, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
+            let product = s.stack_fast && st.nodes.is_none() && crate::kernel::stack::reduce_nodes();
+            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, product);
+            (c.point, c.times, c.weight, c.q, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
         }
     };
     if s.stack_fast {
@@ -187,7 +190,7 @@ pub(super) fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Para
         let mut jbar = Feature::zeros(p * k, w, l0);
         for c0 in (0..point.len()).step_by(ROW_NODES) {
             let c1 = (c0 + ROW_NODES).min(point.len());
-            let grads = st.grads(&s.rows.x, s.off_rows.as_deref(), &point[c0..c1], &times[c0..c1]);
+            let grads = st.grads_q(&s.rows.x, s.off_rows.as_deref(), &point[c0..c1], &times[c0..c1], q.as_ref().map(|q| &q[c0 * k..c1 * k]));
             add_stack_rows(&mut jbar.dense, jbar.f0.as_deref_mut(), &grads, &layers, &point[c0..c1], &weights[c0..c1], k, w);
         }
         return Ok(RowGradients { jbar, evaluations, jvp_evaluations, pieces, unconverged });
