@@ -295,19 +295,29 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         }
     };
     let mut out = Accepted { point: Vec::new(), weight: Vec::new(), times: Vec::new(), q: product.then(Vec::new), moments: Vec::new() };
-    // Accepts a piece's nodes, product-integrated with their stand-ins `q` (`[n, K]`) and the
-    // piece's softmax, or plain.
-    let mut accept = |pc: &Piece, nodes: &[(f64, f64)], prod: Option<(&[f64], &SoftmaxTable)>| {
-        match (out.q.as_mut(), prod) {
-            (Some(all), Some((q, table))) => {
+    // Accepts a piece's nodes, product-integrated with their stand-ins `q` (`[n, K]`; the
+    // piece's softmax table has them), or plain. More nodes than the raw outputs' degree d, on
+    // a piece with a softmax table, become its product rule at d nodes, exact by construction
+    // (a linear model's one node where the search's least order is two).
+    let mut accept = |pc: &Piece, nodes: &[(f64, f64)], q: Option<&[f64]>| {
+        let table = pc.soft.as_deref();
+        let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+        let fewer = table.filter(|_| deg >= 1 && nodes.len() > deg).and_then(|t| t.nodes(deg));
+        let (nodes, q): (Vec<(f64, f64)>, Option<Vec<f64>>) = match fewer {
+            Some((tau, v, q)) => (tau.into_iter().zip(v).collect(), Some(q)),
+            None => (nodes.to_vec(), q.map(<[f64]>::to_vec)),
+        };
+        match (out.q.as_mut(), q) {
+            (Some(all), Some(q)) => {
                 let tau: Vec<f64> = nodes.iter().map(|n| n.0).collect();
+                let table = table.expect("a product-integrated piece has its softmax table");
                 out.moments.push((pc.p, PieceMoments { first: out.point.len(), m: nodes.len(), s: table.moments(&tau) }));
-                all.extend_from_slice(q);
+                all.extend_from_slice(&q);
             }
             (Some(all), None) => all.extend(std::iter::repeat_n(f64::NAN, nodes.len() * k)),
             (None, _) => {}
         }
-        for &(t, w) in nodes {
+        for &(t, w) in &nodes {
             out.point.push(pc.p);
             out.weight.push(w);
             out.times.push(t);
@@ -395,7 +405,6 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let exact = prod.is_some() && ev.polys[pc.p].as_ref().is_some_and(|c| n + 1 >= c[pc.j].len() / k);
             let plain_rows = |rows: std::ops::Range<usize>| -> Vec<(f64, f64)> { rows.map(|r| (rt[r], rw[r])).collect() };
             let prod_here = |rows: std::ops::Range<usize>| -> (Vec<(f64, f64)>, &[f64]) { (rows.clone().map(|r| (pt[r], pw[r])).collect(), &rq[rows.start * k..rows.end * k]) };
-            let table = pc.soft.clone();
             // The lower of the two rules' accepted orders; the plain rule where they tie (its
             // self-kernel is node by node, the product's pairs the nodes).
             if err <= thr && rel_ok && pc.prev.is_some() && pc.prev_ok {
@@ -406,17 +415,17 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 pieces[pc.p] += 1;
             } else if prod.as_ref().is_some_and(|(_, (perr, prel, _))| *perr <= thr && *prel && pc.prev_prod.is_some() && pc.prev_prod_ok) {
                 // The same for product integration, one order below.
-                let table = table.as_deref().expect("a product-integrated piece");
+                let table = pc.soft.as_deref().expect("a product-integrated piece");
                 let (tau, v, q) = table.nodes(AUTO_ORDERS[pc.order - 1]).expect("the previous order had nodes");
                 let nodes: Vec<(f64, f64)> = tau.into_iter().zip(v).collect();
-                accept(&pc, &nodes, Some((&q, table)));
+                accept(&pc, &nodes, Some(&q));
                 pieces[pc.p] += 1;
             } else if err <= thr && rel_ok {
                 accept(&pc, &plain_rows(rows), None);
                 pieces[pc.p] += 1;
             } else if let Some((prows, _)) = prod.as_ref().filter(|(_, (perr, _, _))| exact && *perr <= thr) {
                 let (nodes, q) = prod_here(prows.clone());
-                accept(&pc, &nodes, Some((q, table.as_deref().expect("a product-integrated piece"))));
+                accept(&pc, &nodes, Some(q));
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
                 let (prev_prod, prev_prod_ok) = match prod {
