@@ -298,11 +298,12 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
     // Accepts a piece's nodes, product-integrated with their stand-ins `q` (`[n, K]`; the
     // piece's softmax table has them), or plain. More nodes than the raw outputs' degree d, on
     // a piece with a softmax table, become its product rule at d nodes, exact by construction
-    // (a linear model's one node where the search's least order is two).
-    let mut accept = |pc: &Piece, nodes: &[(f64, f64)], q: Option<&[f64]>| {
+    // (a linear model's one node where the search's least order is two); not a piece that
+    // never converged, which keeps the nodes it was checked with.
+    let mut accept = |pc: &Piece, nodes: &[(f64, f64)], q: Option<&[f64]>, converged: bool| {
         let table = pc.soft.as_deref();
         let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
-        let fewer = table.filter(|_| deg >= 1 && nodes.len() > deg).and_then(|t| t.nodes(deg));
+        let fewer = table.filter(|_| converged && deg >= 1 && nodes.len() > deg).and_then(|t| t.nodes(deg));
         let (nodes, q): (Vec<(f64, f64)>, Option<Vec<f64>>) = match fewer {
             Some((tau, v, q)) => (tau.into_iter().zip(v).collect(), Some(q)),
             None => (nodes.to_vec(), q.map(<[f64]>::to_vec)),
@@ -332,8 +333,8 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         let mut rw = Vec::new();
         let mut rj = Vec::new();
         let mut start = Vec::with_capacity(pending.len());
-        // Product integration's rows (the same nodes, their stand-ins and weights) for the
-        // pieces that have them: `(first row of rq, piece)`.
+        // Product integration's rows for the pieces that have them: the same Gauss nodes, their
+        // weights and their stand-ins `rq` (`[·, K]`); `prod_start[j]`: piece j's first row.
         let (mut pp, mut pt, mut pw, mut pj, mut rq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut prod_start: Vec<Option<usize>> = Vec::with_capacity(pending.len());
         for pc in pending.iter_mut() {
@@ -411,21 +412,21 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 // Two consecutive orders agree to the relative tolerance and both match the
                 // exact change: the difference bounds the lower order's error (the higher is
                 // the more accurate), so the lower order's nodes are the ones evaluated.
-                accept(&pc, &quadrature::gauss_legendre_01(AUTO_ORDERS[pc.order - 1], pc.a, pc.b), None);
+                accept(&pc, &quadrature::gauss_legendre_01(AUTO_ORDERS[pc.order - 1], pc.a, pc.b), None, true);
                 pieces[pc.p] += 1;
             } else if prod.as_ref().is_some_and(|(_, (perr, prel, _))| *perr <= thr && *prel && pc.prev_prod.is_some() && pc.prev_prod_ok) {
                 // The same for product integration, one order below.
                 let table = pc.soft.as_deref().expect("a product-integrated piece");
                 let (tau, v, q) = table.nodes(AUTO_ORDERS[pc.order - 1]).expect("the previous order had nodes");
                 let nodes: Vec<(f64, f64)> = tau.into_iter().zip(v).collect();
-                accept(&pc, &nodes, Some(&q));
+                accept(&pc, &nodes, Some(&q), true);
                 pieces[pc.p] += 1;
             } else if err <= thr && rel_ok {
-                accept(&pc, &plain_rows(rows), None);
+                accept(&pc, &plain_rows(rows), None, true);
                 pieces[pc.p] += 1;
             } else if let Some((prows, _)) = prod.as_ref().filter(|(_, (perr, _, _))| exact && *perr <= thr) {
                 let (nodes, q) = prod_here(prows.clone());
-                accept(&pc, &nodes, Some(q));
+                accept(&pc, &nodes, Some(q), true);
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
                 let (prev_prod, prev_prod_ok) = match prod {
@@ -437,12 +438,12 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 // The relative check raises the order but never bisects: where the integrand's
                 // rounding (cancellation in df/dt) keeps two orders apart, the absolute check
                 // decides, as on the other paths.
-                accept(&pc, &plain_rows(rows), None);
+                accept(&pc, &plain_rows(rows), None, true);
                 pieces[pc.p] += 1;
             } else if pc.depth < AUTO_MAX_DEPTH && pc.b - pc.a > 1e-12 {
                 to_split.push(pc);
             } else {
-                accept(&pc, &plain_rows(rows), None);
+                accept(&pc, &plain_rows(rows), None, false);
                 pieces[pc.p] += 1;
                 unconverged += 1;
             }
