@@ -11,7 +11,8 @@
 //! The rules' formulas live here; choosing the nodes of one step for the row points, fixed or
 //! adaptive, is `nodes`; one smooth piece of a ReLU network between two kinks, integrated in
 //! closed form by the MLP's and the CNN's exact rules, is `piece`; a fixed rule's nodes on a
-//! piecewise-polynomial network's pieces, replaced by fewer with the same sum, is `reduce`.
+//! piecewise-polynomial network's pieces, replaced by fewer with the same sum, and product
+//! integration of a piece's softmax (the node weights that carry it), are `reduce`.
 
 pub(crate) mod nodes;
 pub(crate) mod piece;

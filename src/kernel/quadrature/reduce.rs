@@ -28,6 +28,10 @@
 //! A node on a piece bound (the left rule's `t = 0`) keeps its own evaluation: the network's
 //! pattern there may be either side's. A piece with no more nodes than `e + 1`, or whose
 //! interpolatory weights are not all comfortably positive, keeps its nodes.
+//!
+//! The adaptive rule takes the same stand-ins from the exact integrals instead of a rule's sum
+//! ([`SoftmaxTable`]): its nodes on a piece then integrate the softmax-weighted gradient exactly
+//! at as many nodes as the raw outputs' degree (product integration).
 
 use super::gauss_legendre_01;
 
