@@ -253,12 +253,16 @@ pub(crate) struct SoftmaxTable {
     a: f64,
     b: f64,
     k: usize,
-    /// Per scalar order: its nodes on `[a, b]` and the softmax there (`[Q, K]`), as far as
-    /// they were needed.
-    rules: Vec<(Vec<(f64, f64)>, Vec<f64>)>,
-    /// The first order that agreed with the next (an index into `rules`), once found.
+    /// Per scalar order, as far as they were needed: its nodes on `[a, b]` and the softmax there.
+    rules: Vec<ScalarRule>,
+    /// The order that agreed with the one before it (an index into `rules`; its integrals are
+    /// the ones used), once found.
     agreed: Option<usize>,
 }
+
+/// A scalar Gauss–Legendre rule on a piece, `(t, w)` `[Q]`, and the softmax at its nodes
+/// (`[Q, K]`).
+type ScalarRule = (Vec<(f64, f64)>, Vec<f64>);
 
 impl SoftmaxTable {
     /// The piece `[a, b]` with softmax `softmax(t)` (`[K]`).
