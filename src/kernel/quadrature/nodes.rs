@@ -84,8 +84,9 @@ pub(crate) trait AlongPath {
     fn map_outputs(&self, g: Vec<f64>, gd: &[f64], _off: Option<&[f64]>, _q: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
         (g, gd.to_vec())
     }
-    /// The output map's softmax at one row of raw outputs `g` (`[K]`; `off` its offsets), or
-    /// `None` for outputs without one (then the search never product-integrates).
+    /// The output map's softmax at rows of raw outputs `g` (`[R, K]`; `off` `[K]`, one point's
+    /// offsets, for every row), or `None` for outputs without one (then the search never
+    /// product-integrates).
     fn softmax_at(&self, _g: &[f64], _off: Option<&[f64]>) -> Option<Vec<f64>> {
         None
     }
@@ -285,12 +286,13 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         }
         pos += v.len();
     }
-    // A piece's softmax along t, from its raw-output polynomial (product integration).
+    // A piece's softmax at times `ts` (`[Q, K]`), from its raw-output polynomial (product
+    // integration).
     let softmax_on = |pi: usize, j: usize| {
         let c = &ev.polys[pi].as_ref().expect("a point with polynomials")[j];
         let o = off.map(|o| &o[pi * k..(pi + 1) * k]);
-        move |t: f64| -> Vec<f64> {
-            let g: Vec<f64> = (0..k).map(|q| (0..c.len() / k).rev().fold(0.0, |acc, i| acc * t + c[i * k + q])).collect();
+        move |ts: &[f64]| -> Vec<f64> {
+            let g: Vec<f64> = ts.iter().flat_map(|&t| (0..k).map(move |q| (0..c.len() / k).rev().fold(0.0, |acc, i| acc * t + c[i * k + q]))).collect();
             step.softmax_at(&g, o).expect("outputs with a softmax")
         }
     };
@@ -349,8 +351,16 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             if ev.polys[pc.p].is_none() {
                 jvp_evals[pc.p] += n;
             }
+            // The product rule beside the plain one while the order is below the outputs' degree
+            // d, and at d from the second order on (its pair check with the order below): past
+            // d it would only repeat its d-node rule, which a piece the plain rule fails then
+            // gets directly, after the checks (`exact_later`); at the first order a piece with
+            // d ≤ 2 is left to the plain rule, which, checked against the next order, takes it
+            // at the same count without the product rule's scalar quadratures and paired
+            // self-kernel where it can.
             let mut at = None;
-            if product && ev.polys[pc.p].is_some() {
+            let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+            if product && ev.polys[pc.p].is_some() && (deg > n || (deg == n && pc.order > 0)) {
                 let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
                 if let Some((tau, v, q)) = table.nodes(n) {
                     at = Some(pt.len());
@@ -367,6 +377,10 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         let fdot_prod = if pt.is_empty() { Vec::new() } else { ev.eval(&pp, &pt, &pj, Some(&rq)).1 };
         let mut next: Vec<Piece> = Vec::new();
         let mut to_split: Vec<Piece> = Vec::new();
+        // Pieces the plain rule failed at an order at or past their outputs' degree d, with
+        // their threshold: the product rule at d nodes, exact by construction, is tried on them
+        // after the checks (else they go on to the next order).
+        let mut exact_later: Vec<(Piece, f64)> = Vec::new();
         for (j, pc) in pending.into_iter().enumerate() {
             let n = AUTO_ORDERS[pc.order];
             let rows = start[j]..start[j] + n;
@@ -429,11 +443,18 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 accept(&pc, &nodes, Some(q), true);
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
+                // (Not at the first order, where the plain rule has had no pair to check yet.)
+                let later = pc.order > 0 && prod.is_none() && product && ev.polys[pc.p].as_ref().is_some_and(|c| (1..=n).contains(&(c[pc.j].len() / k - 1)));
                 let (prev_prod, prev_prod_ok) = match prod {
                     Some((_, (perr, _, pq))) => (step.relative_check().then_some(pq), perr <= thr),
                     None => (None, false),
                 };
-                next.push(Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), prev_ok: err <= thr, prev_prod, prev_prod_ok, ..pc });
+                let up = Piece { order: pc.order + 1, prev: step.relative_check().then_some(qs), prev_ok: err <= thr, prev_prod, prev_prod_ok, ..pc };
+                if later {
+                    exact_later.push((up, thr));
+                } else {
+                    next.push(up);
+                }
             } else if err <= thr {
                 // The relative check raises the order but never bisects: where the integrand's
                 // rounding (cancellation in df/dt) keeps two orders apart, the absolute check
@@ -446,6 +467,37 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 accept(&pc, &plain_rows(rows), None, false);
                 pieces[pc.p] += 1;
                 unconverged += 1;
+            }
+        }
+        if !exact_later.is_empty() {
+            // Their product rule at d nodes, in one evaluation; accepted on the absolute check.
+            let (mut ep, mut et, mut ew, mut ej, mut eq, mut spans) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (pc, _) in exact_later.iter_mut() {
+                let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+                let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
+                let start = et.len();
+                if let Some((tau, v, q)) = table.nodes(deg) {
+                    ep.extend(std::iter::repeat_n(pc.p, deg));
+                    et.extend(tau);
+                    ew.extend(v);
+                    ej.extend(std::iter::repeat_n(pc.j, deg));
+                    eq.extend(q);
+                }
+                spans.push(start..et.len());
+            }
+            let fd = if et.is_empty() { Vec::new() } else { ev.eval(&ep, &et, &ej, Some(&eq)).1 };
+            for ((pc, thr), rows) in exact_later.into_iter().zip(spans) {
+                let err = (0..k).fold(0.0f64, |m, c| {
+                    let q: f64 = rows.clone().map(|r| ew[r] * fd[r * k + c]).sum();
+                    m.max((q - (pc.fb[c] - pc.fa[c])).abs())
+                });
+                if !rows.is_empty() && err <= thr {
+                    let nodes: Vec<(f64, f64)> = rows.clone().map(|r| (et[r], ew[r])).collect();
+                    accept(&pc, &nodes, Some(&eq[rows.start * k..rows.end * k]), true);
+                    pieces[pc.p] += 1;
+                } else {
+                    next.push(pc);
+                }
             }
         }
         if !to_split.is_empty() {

@@ -265,8 +265,8 @@ pub(crate) struct SoftmaxTable {
 type ScalarRule = (Vec<(f64, f64)>, Vec<f64>);
 
 impl SoftmaxTable {
-    /// The piece `[a, b]` with softmax `softmax(t)` (`[K]`).
-    pub(crate) fn new(a: f64, b: f64, k: usize, softmax: &dyn Fn(f64) -> Vec<f64>) -> SoftmaxTable {
+    /// The piece `[a, b]` with softmax `softmax(ts)` at times `ts` (`[Q, K]`).
+    pub(crate) fn new(a: f64, b: f64, k: usize, softmax: &dyn Fn(&[f64]) -> Vec<f64>) -> SoftmaxTable {
         let mut table = SoftmaxTable { a, b, k, rules: Vec::new(), agreed: None };
         let tol = 8.0 * f64::EPSILON * (b - a);
         // The orders agree where the product weights at the most nodes any piece takes do.
@@ -274,7 +274,7 @@ impl SoftmaxTable {
         let mut last: Option<Vec<f64>> = None;
         for (i, order) in PRODUCT_ORDERS.into_iter().enumerate() {
             let run = gauss_legendre_01(order, a, b);
-            let p: Vec<f64> = run.iter().flat_map(|&(t, _)| softmax(t)).collect();
+            let p = softmax(&run.iter().map(|n| n.0).collect::<Vec<f64>>());
             let u = weigh(&tau, &run, k, Some(&p), false).1;
             table.rules.push((run, p));
             if let Some(prev) = &last {
@@ -463,7 +463,7 @@ mod tests {
         let fine = gauss_legendre_01(200, a, b);
         let want: Vec<f64> = (0..k).map(|o| fine.iter().map(|&(t, w)| w * soft(t)[o] * poly(&cubic, t)).sum()).collect();
         let plain: f64 = fine.iter().map(|&(t, w)| w * poly(&cubic, t)).sum();
-        let table = SoftmaxTable::new(a, b, k, &soft);
+        let table = SoftmaxTable::new(a, b, k, &|ts: &[f64]| ts.iter().flat_map(|&t| soft(t)).collect());
         let (tau, v, q) = table.nodes(4).expect("a smooth softmax");
         for o in 0..k {
             let got: f64 = (0..4).map(|j| v[j] * q[j * k + o] * poly(&cubic, tau[j])).sum();
@@ -500,7 +500,7 @@ mod tests {
             let z: f64 = e.iter().sum();
             e.iter().map(|v| v / z).collect()
         };
-        assert!(SoftmaxTable::new(0.0, 1.0, k, &wild).nodes(4).is_none());
+        assert!(SoftmaxTable::new(0.0, 1.0, k, &|ts: &[f64]| ts.iter().flat_map(|&t| wild(t)).collect()).nodes(4).is_none());
     }
 
     /// One degree too many for the reduced nodes: the sums differ (the test above can fail).

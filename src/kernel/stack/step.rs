@@ -130,14 +130,18 @@ impl<'a> StackStep<'a> {
         self.arch.output == OutputKind::LogSoftmax
     }
 
-    /// The output map's softmax at raw outputs `g` (`[K]`, one row; `off` its offsets), as the
-    /// sensitivities of [`StackStep::output_map`] take it; `None` for outputs without one.
+    /// The output map's softmax at rows of raw outputs `g` (`[R, K]`; `off` `[K]`, one point's
+    /// offsets, for every row), as the sensitivities of [`StackStep::output_map`] take it;
+    /// `None` for outputs without one.
     pub(crate) fn softmax_at(&self, g: &[f64], off: Option<&[f64]>) -> Option<Vec<f64>> {
         if !self.has_softmax() {
             return None;
         }
         let mut z = g.to_vec();
-        self.map_rows(&mut z, off);
+        if let Some(off) = off {
+            z.chunks_exact_mut(self.k).for_each(|row| row.iter_mut().zip(off).for_each(|(a, b)| *a -= b));
+        }
+        self.map_rows(&mut z, None);
         z.iter_mut().for_each(|v| *v = v.exp());
         Some(z)
     }
