@@ -205,9 +205,10 @@ pub(crate) struct AutoNodes {
 /// on log-softmax outputs a piece read off the sweep's polynomials is also integrated by
 /// product integration ([`SoftmaxTable::nodes`]): each order's Gauss nodes carry the softmax
 /// in their weights, from the piece's known output polynomial. That rule is exact by
-/// construction from as many nodes as the raw outputs' degree (accepted there on the absolute
+/// construction from as many nodes as the raw outputs' degree d (accepted there on the absolute
 /// check alone) and checked against its next order, as the plain rule is, below that; a piece
-/// takes the lower of the two rules' accepted orders (the plain rule's where they tie).
+/// takes the lower of the two rules' accepted orders (the plain rule's where they tie), and one
+/// the plain rule has not taken by order d the product rule's d nodes.
 pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64, product: bool) -> AutoNodes {
     let k = step.outputs();
     let product = product && step.softmax_at(&vec![0.0; k], None).is_some();
