@@ -112,8 +112,9 @@ pub(super) fn fixed_nodes(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, 
 /// every piece bound there): a piece whose accepted nodes outnumber the gradient's degree plus
 /// one is evaluated at that many, for the same sum — on log-softmax outputs, where the search
 /// takes several Gauss orders per piece to pass its relative check on a non-polynomial `df/dt`.
-/// A point whose search product-integrated its pieces ([`AutoNodes::q`]) keeps its nodes with
-/// their stand-ins and moments as they are. The evaluations per point go to `evaluations`.
+/// A point's product-integrated pieces ([`AutoNodes::q`]) keep their nodes with their
+/// stand-ins and moments as they are; its plain pieces are reduced as above. The evaluations
+/// per point go to `evaluations`.
 /// Without `try_reduce`, the nodes as the search gave them.
 pub(super) fn auto_nodes(step: &StackStep<'_>, off: Option<&[f64]>, pc: usize, an: AutoNodes, try_reduce: bool, evaluations: &mut Vec<usize>) -> FixedNodes {
     let k = step.k;
