@@ -287,6 +287,8 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         }
         pos += v.len();
     }
+    // The raw outputs' degree on a piece read off the sweep's polynomials (0 without them).
+    let degree = |pc: &Piece| ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
     // A piece's softmax at times `ts` (`[Q, K]`), from its raw-output polynomial (product
     // integration).
     let softmax_on = |pi: usize, j: usize| {
@@ -305,7 +307,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
     // never converged, which keeps the nodes it was checked with.
     let mut accept = |pc: &Piece, nodes: &[(f64, f64)], q: Option<&[f64]>, converged: bool| {
         let table = pc.soft.as_deref();
-        let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+        let deg = degree(pc);
         let fewer = table.filter(|_| converged && deg >= 1 && nodes.len() > deg).and_then(|t| t.nodes(deg));
         let (nodes, q): (Vec<(f64, f64)>, Option<Vec<f64>>) = match fewer {
             Some((tau, v, q)) => (tau.into_iter().zip(v).collect(), Some(q)),
@@ -360,7 +362,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             // at the same count without the product rule's scalar quadratures and paired
             // self-kernel where it can.
             let mut at = None;
-            let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+            let deg = degree(pc);
             if product && ev.polys[pc.p].is_some() && (deg > n || (deg == n && pc.order > 0)) {
                 let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
                 if let Some((tau, v, q)) = table.nodes(n) {
@@ -418,7 +420,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale).max((2.0 * noise[pc.p]).min(64.0 * f64::EPSILON * scale));
             // Product integration with as many nodes as the raw outputs' degree is exact by
             // construction (the gradient's degree is one below): no next order to agree with.
-            let exact = prod.is_some() && ev.polys[pc.p].as_ref().is_some_and(|c| n + 1 >= c[pc.j].len() / k);
+            let exact = prod.is_some() && n >= degree(&pc);
             let plain_rows = |rows: std::ops::Range<usize>| -> Vec<(f64, f64)> { rows.map(|r| (rt[r], rw[r])).collect() };
             let prod_here = |rows: std::ops::Range<usize>| -> (Vec<(f64, f64)>, &[f64]) { (rows.clone().map(|r| (pt[r], pw[r])).collect(), &rq[rows.start * k..rows.end * k]) };
             // The lower of the two rules' accepted orders; the plain rule where they tie (its
@@ -445,7 +447,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 pieces[pc.p] += 1;
             } else if pc.order + 1 < AUTO_ORDERS.len() {
                 // (Not at the first order, where the plain rule has had no pair to check yet.)
-                let later = pc.order > 0 && prod.is_none() && product && ev.polys[pc.p].as_ref().is_some_and(|c| (1..=n).contains(&(c[pc.j].len() / k - 1)));
+                let later = pc.order > 0 && prod.is_none() && product && (1..=n).contains(&degree(&pc));
                 let (prev_prod, prev_prod_ok) = match prod {
                     Some((_, (perr, _, pq))) => (step.relative_check().then_some(pq), perr <= thr),
                     None => (None, false),
@@ -474,7 +476,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             // Their product rule at d nodes, in one evaluation; accepted on the absolute check.
             let (mut ep, mut et, mut ew, mut ej, mut eq, mut spans) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for (pc, _) in exact_later.iter_mut() {
-                let deg = ev.polys[pc.p].as_ref().map_or(0, |c| c[pc.j].len() / k - 1);
+                let deg = degree(pc);
                 let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
                 let start = et.len();
                 if let Some((tau, v, q)) = table.nodes(deg) {
