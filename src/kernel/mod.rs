@@ -38,6 +38,8 @@ mod request;
 mod rows;
 pub(crate) mod stack;
 pub(crate) mod step_model;
+#[cfg(test)]
+pub(crate) mod test_switches;
 mod types;
 
 pub use backend::Device;

@@ -34,6 +34,9 @@ pub(crate) struct StepInput<'a> {
     /// A fixed rule's `(t, weight)` nodes, or `None` for the adaptive rule with `tol_step`.
     pub fixed: Option<&'a [(f64, f64)]>,
     pub tol_step: f64,
+    /// The auto rule's tolerance, relative for the rows' self-kernel on the node search's
+    /// product-integrated pieces (`crate::kernel::quadrature::reduce::SoftmaxTable::simultaneous`).
+    pub tol: f64,
     /// The training weights of the prediction `Σ_i a[i, k'] K_s[p, i, k, k']` `[M, K]`.
     pub a: &'a [f64],
     /// Scales the stored Gram's training gradients (Chen's kernel) `[M, K]`.

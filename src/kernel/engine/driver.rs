@@ -242,6 +242,7 @@ fn accumulate_steps(
             off_train: off_cols,
             fixed: fixed.as_deref(),
             tol_step: prep.tol_step,
+            tol: prep.tol,
             a: &a_eff,
             colw: colw.as_deref(),
             cosine: integrate && prep.stack_fast && req.kind != KernelKind::Path,

@@ -35,6 +35,8 @@ use crate::trajectory::Run;
 /// # Panics
 /// If `req.block_rows == Some(0)`.
 pub fn compute(run: &Run, states: &[Params], rows: &Points, req: &Request, progress: &dyn Fn(usize, usize)) -> Result<KernelOutput> {
+    #[cfg(test)]
+    let _switches = crate::kernel::test_switches::shared();
     // A device that cannot run fails here, before any work (one line, see `backend::cuda`).
     req.device.probe()?;
     if req.per_layer {

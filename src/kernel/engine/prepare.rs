@@ -46,6 +46,9 @@ pub(in crate::kernel) struct Prepared<'a> {
     pub integrate: bool,
     /// The auto rule's tolerance per step (`tol / N`; 0 for fixed rules).
     pub tol_step: f64,
+    /// The auto rule's tolerance (0 for fixed rules), relative where the node search checks
+    /// the rows' self-kernel ([`crate::kernel::quadrature::nodes::choose_auto_nodes`]).
+    pub tol: f64,
     /// The steps summed `[lo, hi)`.
     pub lo: usize,
     /// See `lo`.
@@ -183,6 +186,7 @@ impl<'a> Prepared<'a> {
             ce_on_logits,
             integrate,
             tol_step,
+            tol: if let Rule::Auto(tol) = req.rule { tol } else { 0.0 },
             lo,
             hi,
             ntk_step,

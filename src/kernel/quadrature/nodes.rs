@@ -201,17 +201,22 @@ pub(crate) struct AutoNodes {
 /// The node search of the adaptive rule (the MLP's `kernel::stack::closed::dense_relu::nodes::auto_nodes`, the
 /// stacks'), for any network with [`AlongPath`].
 ///
-/// With `product` (for a caller that evaluates nodes with softmax stand-ins, [`AutoNodes::q`]),
+/// With `product` (for a caller that evaluates nodes with softmax stand-ins, [`AutoNodes::q`];
+/// its value the rule's tolerance, relative for the rows' self-kernel on pieces whose nodes
+/// do not interpolate it),
 /// on log-softmax outputs a piece read off the sweep's polynomials is also integrated by
 /// product integration ([`SoftmaxTable::nodes`]): each order's Gauss nodes carry the softmax
 /// in their weights, from the piece's known output polynomial. That rule is exact by
 /// construction from as many nodes as the raw outputs' degree d (accepted there on the absolute
-/// check alone) and checked against its next order, as the plain rule is, below that; a piece
+/// check alone), and at fewer nodes m where the outputs are few enough (`K (d − m) ≤ m`: three
+/// classes at three nodes for d = 4) on the nodes of [`SoftmaxTable::simultaneous`] instead of
+/// Gauss'; else checked against its next order, as the plain rule is, below d; a piece
 /// takes the lower of the two rules' accepted orders (the plain rule's where they tie), and one
 /// the plain rule has not taken by order d the product rule's d nodes.
-pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64, product: bool) -> AutoNodes {
+pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off: Option<&[f64]>, tol_step: f64, product: Option<f64>) -> AutoNodes {
     let k = step.outputs();
-    let product = product && step.softmax_at(&vec![0.0; k], None).is_some();
+    let self_tol = product.unwrap_or(0.0);
+    let product = product.is_some() && step.softmax_at(&vec![0.0; k], None).is_some();
     let mut bps: Vec<Vec<f64>> = Vec::with_capacity(p);
     let mut polys = Vec::with_capacity(p);
     for pi in 0..p {
@@ -299,6 +304,18 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             step.softmax_at(&g, o).expect("outputs with a softmax")
         }
     };
+    // A piece's product rule at n nodes and whether it is exact by construction: the
+    // simultaneous rule where the piece's outputs allow it ([`SoftmaxTable::simultaneous`],
+    // the rows' self-kernel checked on the piece's output derivative to the rule's tolerance,
+    // relative: the Gram and the machine are exact there, the self-kernel is interpolated),
+    // else the Gauss nodes, exact from the outputs' degree on.
+    #[allow(clippy::type_complexity)]
+    let product_rule = |table: &SoftmaxTable, pc: &Piece, n: usize| -> Option<((Vec<f64>, Vec<f64>, Vec<f64>), bool)> {
+        let deg = degree(pc);
+        let c = &ev.polys[pc.p].as_ref().expect("a point with polynomials")[pc.j];
+        let gd = |t: f64| -> Vec<f64> { (0..k).map(|o| (1..c.len() / k).rev().fold(0.0, |acc, i| acc * t + i as f64 * c[i * k + o])).collect() };
+        table.simultaneous(n, deg, &gd, self_tol).map(|r| (r, true)).or_else(|| table.nodes(n).map(|r| (r, n >= deg)))
+    };
     let mut out = Accepted { point: Vec::new(), weight: Vec::new(), times: Vec::new(), q: product.then(Vec::new), moments: Vec::new() };
     // Accepts a piece's nodes, product-integrated with their stand-ins `q` (`[n, K]`; the
     // piece's softmax table has them), or plain. More nodes than the raw outputs' degree d, on
@@ -341,7 +358,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
         // Product integration's rows for the pieces that have them: the same Gauss nodes, their
         // weights and their stand-ins `rq` (`[·, K]`); `prod_start[j]`: piece j's first row.
         let (mut pp, mut pt, mut pw, mut pj, mut rq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut prod_start: Vec<Option<usize>> = Vec::with_capacity(pending.len());
+        let mut prod_start: Vec<Option<(usize, bool)>> = Vec::with_capacity(pending.len());
         for pc in pending.iter_mut() {
             start.push(rt.len());
             let n = AUTO_ORDERS[pc.order];
@@ -364,9 +381,9 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             let mut at = None;
             let deg = degree(pc);
             if product && ev.polys[pc.p].is_some() && (deg > n || (deg == n && pc.order > 0)) {
-                let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j))));
-                if let Some((tau, v, q)) = table.nodes(n) {
-                    at = Some(pt.len());
+                let table = pc.soft.get_or_insert_with(|| std::rc::Rc::new(SoftmaxTable::new(pc.a, pc.b, k, &softmax_on(pc.p, pc.j)))).clone();
+                if let Some(((tau, v, q), exact)) = product_rule(&table, pc, n) {
+                    at = Some((pt.len(), exact));
                     pp.extend(std::iter::repeat_n(pc.p, n));
                     pt.extend(tau);
                     pw.extend(v);
@@ -410,7 +427,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
                 (err, rel_ok, qs)
             };
             let (err, rel_ok, qs) = check(&rw, &fdot, rows.clone(), &pc.prev);
-            let prod = prod_start[j].map(|s0| (s0..s0 + n, check(&pw, &fdot_prod, s0..s0 + n, &pc.prev_prod)));
+            let prod = prod_start[j].map(|(s0, _)| (s0..s0 + n, check(&pw, &fdot_prod, s0..s0 + n, &pc.prev_prod)));
             // The floor is rounding: 8 ulps of the outputs, or twice the point's measured
             // evaluation noise where that is larger, up to 64 ulps (f(b) − f(a) is two
             // evaluations; a deep walk's rounding exceeds 8 ulps of outputs near 1, and
@@ -419,8 +436,9 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             // which also shows as disagreement, from widening the floor further).
             let thr = (tol_step * (pc.b - pc.a)).max(8.0 * f64::EPSILON * scale).max((2.0 * noise[pc.p]).min(64.0 * f64::EPSILON * scale));
             // Product integration with as many nodes as the raw outputs' degree is exact by
-            // construction (the gradient's degree is one below): no next order to agree with.
-            let exact = prod.is_some() && n >= degree(&pc);
+            // construction (the gradient's degree is one below), as is the simultaneous rule:
+            // no next order to agree with.
+            let exact = prod_start[j].is_some_and(|(_, exact)| exact);
             let plain_rows = |rows: std::ops::Range<usize>| -> Vec<(f64, f64)> { rows.map(|r| (rt[r], rw[r])).collect() };
             let prod_here = |rows: std::ops::Range<usize>| -> (Vec<(f64, f64)>, &[f64]) { (rows.clone().map(|r| (pt[r], pw[r])).collect(), &rq[rows.start * k..rows.end * k]) };
             // The lower of the two rules' accepted orders; the plain rule where they tie (its
@@ -434,7 +452,7 @@ pub(crate) fn choose_auto_nodes<S: AlongPath>(step: &S, x: &[f64], p: usize, off
             } else if prod.as_ref().is_some_and(|(_, (perr, prel, _))| *perr <= thr && *prel && pc.prev_prod.is_some() && pc.prev_prod_ok) {
                 // The same for product integration, one order below.
                 let table = pc.soft.as_deref().expect("a product-integrated piece");
-                let (tau, v, q) = table.nodes(AUTO_ORDERS[pc.order - 1]).expect("the previous order had nodes");
+                let ((tau, v, q), _) = product_rule(table, &pc, AUTO_ORDERS[pc.order - 1]).expect("the previous order had nodes");
                 let nodes: Vec<(f64, f64)> = tau.into_iter().zip(v).collect();
                 accept(&pc, &nodes, Some(&q), true);
                 pieces[pc.p] += 1;
@@ -608,7 +626,7 @@ mod tests {
     #[test]
     fn rounding_of_the_end_values_does_not_bisect() {
         let bowl = Bowl((1..1000).map(|j| j as f64 / 1000.0).collect());
-        let an = choose_auto_nodes(&bowl, &[0.0], 1, None, 1e-12, false);
+        let an = choose_auto_nodes(&bowl, &[0.0], 1, None, 1e-12, None);
         assert_eq!(an.unconverged, 0);
         assert_eq!(an.pieces[0], 1000, "no piece was bisected");
         let (_, fd) = bowl.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);
@@ -625,7 +643,7 @@ mod tests {
     fn many_located_kinks_do_not_exhaust_the_bisection_depth() {
         let kinks: Vec<f64> = (1..=300).map(|j| (j as f64 / 301.0).powf(1.3)).collect();
         let ramps = Ramps(kinks);
-        let an = choose_auto_nodes(&ramps, &[0.0], 1, None, 1e-12, false);
+        let an = choose_auto_nodes(&ramps, &[0.0], 1, None, 1e-12, None);
         assert_eq!(an.unconverged, 0);
         assert!(an.pieces[0] >= 301, "{} pieces", an.pieces[0]);
         let (_, fd) = ramps.jvp_points(&[0.0], &vec![0; an.times.len()], &an.times, None);

@@ -31,7 +31,8 @@
 //!
 //! The adaptive rule takes the same stand-ins from the exact integrals instead of a rule's sum
 //! ([`SoftmaxTable`]): its nodes on a piece then integrate the softmax-weighted gradient exactly
-//! at as many nodes as the raw outputs' degree (product integration).
+//! at as many nodes as the raw outputs' degree (product integration), and at fewer on nodes
+//! placed for the softmax ([`SoftmaxTable::simultaneous`]) where the classes are few.
 
 use super::gauss_legendre_01;
 
@@ -313,11 +314,159 @@ impl SoftmaxTable {
         Some((tau, v, q))
     }
 
+    /// Product integration at `m` nodes that is exact for raw outputs of degree `deg > m`
+    /// (gradients of degree `e = deg − 1 ≥ m`), where [`SoftmaxTable::nodes`]' Gauss nodes
+    /// would need `deg`: the nodes are the zeros of a degree-`m` polynomial `ω` orthogonal to
+    /// `p_o(t) P_i(t)` for every output `o` and `i < deg − m` (a multiple orthogonal
+    /// polynomial; simultaneous Gaussian quadrature for the K weights `p_o`). The interpolatory
+    /// rule at them then integrates `p_o R` exactly for every `R` of degree `e` and every `o`
+    /// (the error is `∫ p_o ω S` with `S` of degree `e − m`), and `∫ R` too (`Σ_o p_o = 1`).
+    /// That is `K (deg − m)` conditions on `m` nodes: a classifier with few outputs (three
+    /// classes take three nodes for a degree-4 piece, two for a degree-3 one with two classes).
+    ///
+    /// The rows' self-kernel is quadratic in the gradient, which `m` nodes do not interpolate
+    /// (its pieces' moments, [`PieceMoments`], take the interpolant's): it is checked on the
+    /// raw outputs' derivative `gd(t)` (`[K]`, the gradient along the step, which the sweep's
+    /// polynomial gives): the moments' self-kernel of `gd` at the nodes against its integral,
+    /// to `rel` of the integral's trace.
+    ///
+    /// `None` where there are more conditions than nodes, where the nodes found do not make
+    /// the conditions' residuals rounding (`64 ε` of their absolute sums) with `m` distinct
+    /// nodes inside the piece and every weight positive ([`MIN_WEIGHT`]), or where the
+    /// self-kernel check fails; then the Gauss nodes are checked against the next order as
+    /// before.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn simultaneous(&self, m: usize, deg: usize, gd: &dyn Fn(f64) -> Vec<f64>, rel: f64) -> Option<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+        let (run, p) = &self.rules[self.agreed?];
+        let k = self.k;
+        let c = deg.checked_sub(m).filter(|&c| c >= 1 && m >= 1)?;
+        if k * c > m {
+            return None;
+        }
+        let (mid, half) = (0.5 * (self.a + self.b), 0.5 * (self.b - self.a));
+        // Legendre values P_0..P_m at the scalar rule's nodes on [−1, 1].
+        let leg: Vec<Vec<f64>> = run.iter().map(|&(t, _)| legendre_upto(m, (t - mid) / half).0).collect();
+        // ω = P_m + Σ_{n<m} x_n P_n with Σ_r w_r p_o(t_r) P_i(t_r) ω(t_r) = 0: `A x = −b`,
+        // row `o c + i`; the least-norm x keeps ω nearest P_m (Gauss) where rows are dependent.
+        let rows = k * c;
+        let mut am = vec![0.0; rows * m];
+        let mut rhs = vec![0.0; rows];
+        for (r, &(_, w)) in run.iter().enumerate() {
+            let l = &leg[r];
+            for o in 0..k {
+                let wp = w * p[r * k + o];
+                for i in 0..c {
+                    let f = wp * l[i];
+                    am[(o * c + i) * m..(o * c + i + 1) * m].iter_mut().zip(l).for_each(|(a, ln)| *a += f * ln);
+                    rhs[o * c + i] -= f * l[m];
+                }
+            }
+        }
+        let svd = nalgebra::DMatrix::from_row_slice(rows, m, &am).svd(true, true);
+        let floor = 1e-12 * svd.singular_values.max();
+        let x = svd.solve(&nalgebra::DVector::from_vec(rhs), floor).ok()?;
+        // ω's zeros by Newton's method from the Gauss–Legendre nodes (the zeros of P_m).
+        let omega = |y: f64| {
+            let (l, d) = legendre_upto(m, y);
+            (0..m).fold((l[m], d[m]), |(v, dv), n| (v + x[n] * l[n], dv + x[n] * d[n]))
+        };
+        let mut sigma = Vec::with_capacity(m);
+        for (g, _) in gauss_legendre_01(m, -1.0, 1.0) {
+            let mut y = g;
+            let mut done = false;
+            for _ in 0..60 {
+                let (v, dv) = omega(y);
+                let step = v / dv;
+                y -= step;
+                if !step.is_finite() {
+                    return None;
+                }
+                if step.abs() <= 4.0 * f64::EPSILON {
+                    done = true;
+                    break;
+                }
+            }
+            if !done || y.abs() >= 1.0 {
+                return None;
+            }
+            sigma.push(y);
+        }
+        sigma.sort_by(f64::total_cmp);
+        if sigma.windows(2).any(|w| w[1] - w[0] <= 1e-3 / m as f64) {
+            return None;
+        }
+        // The conditions at the nodes as found, in the nodes' own product form.
+        for o in 0..k {
+            for i in 0..c {
+                let (mut sum, mut mass) = (0.0f64, 0.0f64);
+                for (r, &(t, w)) in run.iter().enumerate() {
+                    let y = (t - mid) / half;
+                    let f = w * p[r * k + o] * leg[r][i] * sigma.iter().fold(1.0, |acc, s| acc * (y - s));
+                    sum += f;
+                    mass += f.abs();
+                }
+                if sum.abs() > 64.0 * f64::EPSILON * mass {
+                    return None;
+                }
+            }
+        }
+        let tau: Vec<f64> = sigma.iter().map(|s| mid + half * s).collect();
+        let (v, u, moments) = weigh(&tau, run, k, Some(p), true);
+        if v.iter().any(|&vj| vj < MIN_WEIGHT * (self.b - self.a) / m as f64) {
+            return None;
+        }
+        // The self-kernel of `gd`: the moments' at the nodes, and its integral by the scalar
+        // rule, `Σ_r w_r (P_r gd)(P_r gd)ᵀ` with `P_r = I − 1 p_rᵀ`.
+        let at: Vec<Vec<f64>> = tau.iter().map(|&t| gd(t)).collect();
+        let mut rule = vec![0.0; k * k];
+        PieceMoments { first: 0, m, s: moments }.add_self_kernel(&mut rule, k, &mut |j, j2, out: &mut [f64]| {
+            for a in 0..k {
+                for b in 0..k {
+                    out[a * k + b] = at[j][a] * at[j2][b];
+                }
+            }
+        });
+        // (Rounding against the unprojected `gd`'s trace: the projection may cancel.)
+        let (mut exact, mut trace, mut raw) = (vec![0.0; k * k], 0.0, 0.0);
+        for (r, &(t, w)) in run.iter().enumerate() {
+            let g = gd(t);
+            let pg: f64 = g.iter().zip(&p[r * k..(r + 1) * k]).map(|(x, y)| x * y).sum();
+            for a in 0..k {
+                trace += w * (g[a] - pg) * (g[a] - pg);
+                raw += w * g[a] * g[a];
+                for b in 0..k {
+                    exact[a * k + b] += w * (g[a] - pg) * (g[b] - pg);
+                }
+            }
+        }
+        if rule.iter().zip(&exact).any(|(x, y)| (x - y).abs() > rel * trace + 64.0 * f64::EPSILON * raw) {
+            return None;
+        }
+        let q = u.iter().enumerate().map(|(i, x)| x / v[i / k]).collect();
+        Some((tau, v, q))
+    }
+
     /// The self-kernel's moments ([`PieceMoments::s`]) at nodes `tau` ([`SoftmaxTable::nodes`]'s).
     pub(crate) fn moments(&self, tau: &[f64]) -> Vec<f64> {
         let (run, p) = &self.rules[self.agreed.expect("moments of a product-integrated piece")];
         weigh(tau, run, self.k, Some(p), true).2
     }
+}
+
+/// Legendre polynomials `P_0..P_m` at `y` and their derivatives (`[m + 1]` each), by the
+/// three-term recurrence and `P'_{n+1} = P'_{n−1} + (2n + 1) P_n`.
+fn legendre_upto(m: usize, y: f64) -> (Vec<f64>, Vec<f64>) {
+    let mut l = vec![1.0; m + 1];
+    let mut d = vec![0.0; m + 1];
+    if m >= 1 {
+        l[1] = y;
+        d[1] = 1.0;
+    }
+    for n in 1..m {
+        l[n + 1] = ((2 * n + 1) as f64 * y * l[n] - n as f64 * l[n - 1]) / (n + 1) as f64;
+        d[n + 1] = d[n - 1] + (2 * n + 1) as f64 * l[n];
+    }
+    (l, d)
 }
 
 /// The Lagrange basis at the nodes `tau`, evaluated at `t`, into `l`.
@@ -501,6 +650,58 @@ mod tests {
             e.iter().map(|v| v / z).collect()
         };
         assert!(SoftmaxTable::new(0.0, 1.0, k, &|ts: &[f64]| ts.iter().flat_map(|&t| wild(t)).collect()).nodes(4).is_none());
+    }
+
+    /// The simultaneous rule integrates every class's softmax against a polynomial of the
+    /// gradient's degree exactly at fewer nodes than that degree needs otherwise — three classes
+    /// and a cubic at three nodes, two classes and a quadratic at two, two classes and a cubic at
+    /// three (fewer conditions than nodes) — where the Gauss nodes at the same count do not;
+    /// ten classes have more conditions than three nodes.
+    #[test]
+    fn simultaneous_nodes_integrate_every_class_against_the_gradient_s_degree() {
+        for (k, deg, m, seed) in [(3, 4, 3, 11), (3, 4, 3, 12), (2, 3, 2, 5), (2, 4, 3, 6)] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (a, b) = (0.2, 0.9);
+            let logit: Vec<Vec<f64>> = (0..k).map(|_| (0..=deg).map(|_| rng.gen_range(-1.5..1.5)).collect()).collect();
+            let soft = |t: f64| -> Vec<f64> {
+                let e: Vec<f64> = logit.iter().map(|c| poly(c, t).exp()).collect();
+                let z: f64 = e.iter().sum();
+                e.iter().map(|v| v / z).collect()
+            };
+            let r: Vec<f64> = (0..deg).map(|_| rng.gen_range(-3.0..3.0)).collect();
+            let fine = gauss_legendre_01(200, a, b);
+            let want: Vec<f64> = (0..k).map(|o| fine.iter().map(|&(t, w)| w * soft(t)[o] * poly(&r, t)).sum()).collect();
+            let mass: Vec<f64> = (0..k).map(|o| fine.iter().map(|&(t, w)| w * (soft(t)[o] * poly(&r, t)).abs()).sum()).collect();
+            let plain: f64 = fine.iter().map(|&(t, w)| w * poly(&r, t)).sum();
+            let table = SoftmaxTable::new(a, b, k, &|ts: &[f64]| ts.iter().flat_map(|&t| soft(t)).collect());
+            // (No gradient along the step: the self-kernel check passes trivially; below.)
+            let flat = |_: f64| vec![0.0; k];
+            let (tau, v, q) = table.simultaneous(m, deg, &flat, 1e-14).unwrap_or_else(|| panic!("K = {k}, degree {deg}, {m} nodes"));
+            assert_eq!(tau.len(), m);
+            assert!(tau.windows(2).all(|w| a < w[0] && w[0] < w[1] && w[1] < b));
+            for o in 0..k {
+                let got: f64 = (0..m).map(|j| v[j] * q[j * k + o] * poly(&r, tau[j])).sum();
+                assert!((got - want[o]).abs() <= 1e-14 * mass[o], "K = {k}, output {o}: {got} vs {}", want[o]);
+            }
+            let got: f64 = (0..m).map(|j| v[j] * poly(&r, tau[j])).sum();
+            assert!((got - plain).abs() <= 1e-14 * plain.abs().max(1.0), "plain: {got} vs {plain}");
+            let (tg, vg, qg) = table.nodes(m).unwrap();
+            let worst = (0..k).fold(0.0f64, |e, o| e.max(((0..m).map(|j| vg[j] * qg[j * k + o] * poly(&r, tg[j])).sum::<f64>() - want[o]).abs() / mass[o]));
+            assert!(worst > 1e-9, "K = {k}: Gauss' {m} nodes are not exact here ({worst:e})");
+            // Nor with one degree more than the rule is built for.
+            assert!(table.simultaneous(m, deg + 1, &flat, 1e-14).is_none_or(|(t, _, _)| t != tau));
+            // The rows' self-kernel at the nodes (the interpolant's) misses that of outputs
+            // whose derivative is `r` times a slope per class by more than 1e-14 here; the check
+            // refuses the nodes, and takes them where the slopes are equal (`P_r gd = 0`).
+            let slope: Vec<f64> = (0..k).map(|o| 1.0 + o as f64).collect();
+            assert!(table.simultaneous(m, deg, &|t: f64| slope.iter().map(|s| s * poly(&r, t)).collect(), 1e-14).is_none(), "K = {k}");
+            assert!(table.simultaneous(m, deg, &|t: f64| vec![poly(&r, t); k], 1e-14).is_some(), "K = {k}");
+        }
+        let k = 10;
+        let table = SoftmaxTable::new(0.0, 1.0, k, &|ts: &[f64]| ts.iter().flat_map(|&t| (0..k).map(move |o| (1.0 + 0.1 * t * o as f64) / (k as f64 * (1.0 + 0.45 * t)))).collect());
+        let flat = |_: f64| vec![0.0; k];
+        assert!(table.simultaneous(3, 4, &flat, 1e-14).is_none());
+        assert!(table.simultaneous(4, 4, &flat, 1e-14).is_none(), "no conditions: the Gauss nodes are exact there");
     }
 
     /// One degree too many for the reduced nodes: the sums differ (the test above can fail).

@@ -340,7 +340,7 @@ fn row_chunk(step: &StackStep<'_>, input: &StepInput<'_>, train: &[TrainSide], l
         None => {
             // Product-integrated pieces only where their stand-ins reach the evaluations.
             let here = reduce && step.nodes.is_none();
-            let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step, here);
+            let an = choose_auto_nodes(&StackAlong { step }, xc, pc, offc, input.tol_step, here.then_some(input.tol));
             stats.jvp_evaluations.extend_from_slice(&an.jvp_evaluations);
             stats.pieces.extend_from_slice(&an.pieces);
             stats.unconverged += an.unconverged;

@@ -85,7 +85,7 @@ pub(crate) fn integrated(step: &StackStep<'_>, x: &[f64], off: Option<&[f64]>, f
             (point, weight, times, NodeStats { evaluations: vec![nodes.len(); n], jvp_evaluations: vec![0; n], pieces: vec![1; n], unconverged: 0 })
         }
         None => {
-            let an = choose_auto_nodes(&StackAlong { step }, x, n, off, tol_step, false);
+            let an = choose_auto_nodes(&StackAlong { step }, x, n, off, tol_step, None);
             let stats = NodeStats { evaluations: an.evaluations, jvp_evaluations: an.jvp_evaluations, pieces: an.pieces, unconverged: an.unconverged };
             (an.point, an.weight, an.times, stats)
         }

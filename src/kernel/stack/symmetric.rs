@@ -218,6 +218,8 @@ mod tests {
     /// dense-only stack; with tiles of 5 points (a short last one) and the default tile.
     #[test]
     fn symmetric_gram_equals_the_row_engine() {
+        // Flips the process-wide test switches: no other test's kernel runs meanwhile.
+        let _switches = crate::kernel::test_switches::exclusive();
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("mnist");
         std::fs::create_dir_all(&data).unwrap();

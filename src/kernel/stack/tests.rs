@@ -25,6 +25,8 @@ pub(crate) fn trained(dir: &Path, name: &str, toml: &str) -> (Run, Vec<crate::mo
 /// one with a formed layer norm between).
 #[test]
 fn dense_routes_agree() {
+    // Flips the process-wide test switches: no other test's kernel runs meanwhile.
+    let _switches = crate::kernel::test_switches::exclusive();
     use std::sync::atomic::Ordering::Relaxed;
     let dir = tempfile::tempdir().unwrap();
     for (name, layers) in [("mlp", r#"[{ dense = 9 }, "relu", { dense = 7 }, "tanh", { dense = 3 }]"#), ("norm", r#"[{ dense = 8 }, "relu", "layer_norm", { dense = 3 }]"#)] {
@@ -173,9 +175,9 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
         };
         let along = StackAlong { step: &step };
         assert!(along.pieces(&x, 0, 0.0, 1.0).1.is_some(), "the sweep walks this whole stack");
-        let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol, false);
-        let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol, false);
-        let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol, false);
+        let poly = choose_auto_nodes(&along, &x, p, Some(&off), tol, None);
+        let net = choose_auto_nodes(&Network(StackAlong { step: &step }, None), &x, p, Some(&off), tol, None);
+        let skewed = choose_auto_nodes(&Network(StackAlong { step: &step }, Some(1e-6)), &x, p, Some(&off), tol, None);
         assert!(poly.pieces.iter().sum::<usize>() > 2 * p, "too few pieces to test: {:?}", poly.pieces);
         assert!(poly.jvp_evaluations.iter().all(|&e| e == 0), "forward-mode evaluations on the polynomials: {:?}", poly.jvp_evaluations);
         assert!(net.jvp_evaluations.iter().all(|&e| e > 0));
@@ -198,6 +200,8 @@ layers = [{ conv2d = { channels = 3, kernel = 3, padding = 1 } }, "relu", { max_
 /// rule, to rounding.
 #[test]
 fn node_blocks_do_not_change_the_kernel() {
+    // Flips the process-wide test switches: no other test's kernel runs meanwhile.
+    let _switches = crate::kernel::test_switches::exclusive();
     let dir = tempfile::tempdir().unwrap();
     let toml = r#"[data]
 kind = "gaussian-mixture"
@@ -273,6 +277,8 @@ pub(crate) fn tiny_mnist(dir: &Path, n_train: u32, n_test: u32) {
 /// (a fixed rule: the waves do not depend on how the nodes were chosen).
 #[test]
 fn formed_layers_in_waves_agree() {
+    // Flips the process-wide test switches: no other test's kernel runs meanwhile.
+    let _switches = crate::kernel::test_switches::exclusive();
     use std::sync::atomic::Ordering::Relaxed;
     let dir = tempfile::tempdir().unwrap();
     let data = mnist_dir(dir.path(), 10, 37);
@@ -313,7 +319,8 @@ layers = [{ conv2d = { channels = 3, kernel = 5, padding = 2 } }, "relu", { max_
 /// by node: Gram, machine, self-kernel, per-layer shares and the Fig. 2 measure, on the
 /// network's log-softmax outputs (the softmax's stand-ins) and on the logits, in the full and
 /// the class-diagonal layouts — on the CNN preset's shape, a LeNet-like stack (two convolutions,
-/// leaky ReLU, max and average pooling: gradients of degree 4 on a piece) and a deep MLP; and
+/// leaky ReLU, max and average pooling: gradients of degree 4 on a piece) and a deep MLP (three
+/// classes, outputs of degree 4: the adaptive rule's simultaneous product nodes); and
 /// with fewer evaluations than nodes. The adaptive rule's accepted nodes, reduced the same way,
 /// give its kernel node by node too.
 #[test]
@@ -324,7 +331,7 @@ fn reduced_fixed_rules_equal_the_rule_node_by_node() {
     let cases = [
         ("cnn", mnist(r#"[{ conv2d = { channels = 3, kernel = 5 } }, "relu", { max_pool2d = 2 }, "flatten", { dense = 10 }]"#)),
         ("lenet", mnist(r#"[{ conv2d = { channels = 2, kernel = 5, padding = 2 } }, { leaky_relu = 0.1 }, { max_pool2d = 2 }, { conv2d = { channels = 3, kernel = 5 } }, "relu", { avg_pool2d = 2 }, "flatten", { dense = 8 }, "relu", { dense = 10 }]"#)),
-        ("mlp", "[data]\nkind = \"gaussian-mixture\"\ndim = 3\nper_class = 4\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = [{ dense = 9 }, \"relu\", { dense = 7 }, \"relu\", { dense = 3 }]\n\n[train]\nlr = 0.7\nsteps = 3\nseed = 5\n".to_string()),
+        ("mlp", "[data]\nkind = \"gaussian-mixture\"\ndim = 6\nper_class = 6\nn_test = 5\nseed = 2\n\n[model]\nkind = \"layers\"\nlayers = [{ dense = 16 }, \"relu\", { dense = 16 }, \"relu\", { dense = 16 }, \"relu\", { dense = 3 }]\n\n[train]\nlr = 0.5\nsteps = 3\nseed = 5\n".to_string()),
     ];
     for (name, toml) in cases {
         let (run, states, pts) = trained(dir.path(), name, &toml);

@@ -623,6 +623,8 @@ mod tests {
     /// and the NTK of a momentum run.
     #[test]
     fn first_dense_layer_as_its_factor_equals_it_dense() {
+        // Flips the process-wide test switches: no other test's kernel runs meanwhile.
+        let _switches = crate::kernel::test_switches::exclusive();
         let dir = tempfile::tempdir().unwrap();
         let nets = [
             ("momentum", r#"[{ dense = 9 }, "relu", { dense = 7 }, "tanh", { dense = 3 }]"#, "momentum = 0.9\nweight_decay = 0.01"),

@@ -180,7 +180,8 @@ pub(super) fn row_gradients(s: &Prepared<'_>, state: &Params, next: Option<&Para
         }
         None => {
             let product = s.stack_fast && st.nodes.is_none() && crate::kernel::stack::reduce_nodes();
-            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, product);
+            // (No self-kernel on this side: nothing for the search to check it to.)
+            let c = choose_auto_nodes(&crate::kernel::stack::StackAlong { step: &st }, &s.rows.x, p, s.off_rows.as_deref(), s.tol_step, product.then_some(f64::INFINITY));
             (c.point, c.times, c.weight, c.q, c.evaluations, c.jvp_evaluations, c.pieces, c.unconverged)
         }
     };
