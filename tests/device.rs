@@ -126,11 +126,14 @@ fn cuda_nodes_equal_cpu_nodes_on_stacks() {
             let diff = cpu.gram.iter().zip(&gpu.gram).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
             assert!(diff <= 1e-12 * scale, "{name} {layout:?}: Gram {diff} of {scale}");
             assert!(gpu.max_abs_error() < 1e-10, "{name} {layout:?}: machine vs network {}", gpu.max_abs_error());
-            // The stacks' nodes are the same on both (the node search runs on the CPU); the CNN
+            // The node search runs on the CPU for both, but the CPU engine then reduces a
+            // piece's nodes and product-integrates log-softmax pieces, which the device does not
+            // (its nodes stay the search's): the device evaluates at least as many (on the H200,
+            // 2026-11-30: LeNet diag 331.3 against the CPU's 317.2, Gram within 1e-12). The CNN
             // preset takes its own closed-form path on the CPU and its stack on the GPU.
             if name != "cnn" {
                 let evals = |o: &kernel::KernelOutput| o.records.iter().map(|r| r.mean_evaluations).sum::<f64>();
-                assert_eq!(evals(&gpu), evals(&cpu), "{name} {layout:?}: node evaluations");
+                assert!(evals(&gpu) >= evals(&cpu), "{name} {layout:?}: node evaluations {} on the device, {} on the CPU", evals(&gpu), evals(&cpu));
             }
         }
     }
