@@ -395,3 +395,66 @@ PK_KERNEL pk_segment_sum(i64 n, i64 width, i64 rows, const double *start, const 
         out[i] = acc;
     }
 }
+
+/* ---- The Gram's contraction resident on the device (src/kernel/backend/resident.rs): the
+ * element-wise passes after its GEMMs, each item owning the Gram entries it adds to. ---- */
+
+/* y += c. n = numbers. */
+PK_KERNEL pk_add_scalar(i64 n, double c, double *y) {
+    PK_LOOP(i, n) {
+        y[i] += c;
+    }
+}
+
+/* Layer 0's fold: the Gram rows of points p0.. (rpp accumulation rows per point, m·cols numbers
+ * a row) += s0[p, i] ∘ the product of the block of nb points, row by row (`diag`: the product
+ * class-major [c, p, i], the rows (p, c)). n = nb·rpp·m·cols. */
+PK_KERNEL pk_fold_scaled(i64 n, i64 m, i64 cols, i64 rpp, i64 k, i64 diag, i64 nb, i64 p0, const double *s0, const double *prod, double *g) {
+    PK_LOOP(e, n) {
+        i64 row = e / (m * cols), j = e % (m * cols), i = j / cols, pl = row / rpp;
+        double sv = s0[(p0 + pl) * m + i];
+        double pv = diag ? prod[((row % k) * nb + row / k) * m + i] : prod[e];
+        g[p0 * rpp * m * cols + e] += sv * pv;
+    }
+}
+
+/* The output layer's fold against a structured training side (`diag`, `trace`): with
+ * T = [T_A; T_B[0..K]] per point ([nb·(K+1), M]) and S[i] = Σ_o q[o, i] T_B[o][i],
+ * G[(p, c), i] += scale·w[c, i]·(T_A[i](1 − q[c, i]) − T_B[c][i] + S[i]) (`trace`: summed over c
+ * into G[p, i]). One item per (point, i). n = nb·m. */
+PK_KERNEL pk_fold_soft(i64 n, i64 m, i64 k, i64 trace, i64 has_w, double scale, i64 p0, const double *tb, const double *q, const double *w, double *g) {
+    PK_LOOP(e, n) {
+        i64 pl = e / m, i = e % m;
+        const double *t = tb + pl * (k + 1) * m;
+        double s = 0.0;
+        for (i64 o = 0; o < k; o++) {
+            s += q[o * m + i] * t[(1 + o) * m + i];
+        }
+        double ta = t[i];
+        for (i64 c = 0; c < k; c++) {
+            double qc = q[c * m + i], b = t[(1 + c) * m + i];
+            double v = has_w ? scale * w[c * m + i] * (ta * (1.0 - qc) - b + s) : scale * (ta * (1.0 - qc) - b + s);
+            if (trace) {
+                g[(p0 + pl) * m + i] += v;
+            } else {
+                g[((p0 + pl) * k + c) * m + i] += v;
+            }
+        }
+    }
+}
+
+/* The output layer's fold in the `full` layout against formed training sensitivities
+ * d [o, (i, k')] (= δ_i[k', o]): G[(p, k), (i, k')] += α T_A[i] d[k, (i, k')] −
+ * Σ_o α T_B[o][i] d[o, (i, k')]. One item per Gram entry. n = nb·K·M·K. */
+PK_KERNEL pk_fold_output_full(i64 n, i64 m, i64 k, double alpha, i64 p0, const double *tb, const double *d, double *g) {
+    PK_LOOP(e, n) {
+        i64 mk = m * k, row = e / mk, j = e % mk, pl = row / k, kt = row % k, i = j / k;
+        const double *t = tb + pl * (k + 1) * m;
+        double acc = g[p0 * k * mk + e];
+        acc += (alpha * t[i]) * d[kt * mk + j];
+        for (i64 o = 0; o < k; o++) {
+            acc += (-alpha * t[(1 + o) * m + i]) * d[o * mk + j];
+        }
+        g[p0 * k * mk + e] = acc;
+    }
+}

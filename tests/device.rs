@@ -69,8 +69,10 @@ fn api_device_cuda_without_a_gpu_is_an_error() {
     assert_eq!(r.is_ok(), gpu());
 }
 
-/// The Gram with cuBLAS GEMMs against the CPU's, for every layout, with per-step Grams, in row
-/// blocks and with two hidden layers (a formed deeper layer besides the structured output one).
+/// The Gram with `--device cuda` against the CPU's, for every layout, with per-step Grams and in
+/// row blocks: one hidden ReLU layer takes the closed form with its Gram resident on the GPU
+/// (`kernel::backend::resident`: cuBLAS and the fold kernels), two hidden layers the layer
+/// stack's path with its nodes on the GPU.
 #[test]
 #[ignore = "needs a CUDA GPU with driver 580+ and libcublas.so.13 on the library path (run by scripts/gpu/run.sh)"]
 fn cuda_gram_equals_cpu_gram() {

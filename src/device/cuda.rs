@@ -95,6 +95,15 @@ impl Backend for Cuda {
         }
         self.stream.clone_dtoh(b).map_err(|e| err("download", e))
     }
+    fn download_part(&self, b: &CudaSlice<f64>, offset: usize, dst: &mut [f64]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if offset + dst.len() > b.len() {
+            return Err(Error::Backend(format!("download of {} numbers at {offset} from a buffer of {}", dst.len(), b.len())));
+        }
+        self.stream.memcpy_dtoh(&b.slice(offset..offset + dst.len()), dst).map_err(|e| err("download", e))
+    }
     fn len(&self, b: &CudaSlice<f64>) -> usize {
         b.len()
     }

@@ -37,6 +37,11 @@ impl Backend for Host {
     fn download(&self, b: &Vec<f64>) -> Result<Vec<f64>> {
         Ok(b.clone())
     }
+    fn download_part(&self, b: &Vec<f64>, offset: usize, dst: &mut [f64]) -> Result<()> {
+        let src = b.get(offset..offset + dst.len()).ok_or_else(|| crate::error::Error::Backend(format!("download of {} numbers at {offset} from a buffer of {}", dst.len(), b.len())))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
     fn len(&self, b: &Vec<f64>) -> usize {
         b.len()
     }

@@ -153,4 +153,13 @@ kernels! {
     pk_norm_grads(n; k: i, g: i, positions: i, seq: i, xhat: r[n / g / k * g * positions], dy: r[n * positions], pg: w[n * 2]);
     /// The weighted sum of each segment of rows (`start` `[segments + 1]`, clamped to `rows`).
     pk_segment_sum(n; width: i, rows: i, start: r[n / width + 1], wt: r[rows], g: r[rows * width], out: w[n]);
+    /// `y += c`.
+    pk_add_scalar(n; c: f, y: w[n]);
+    /// Layer 0's fold of a block of `nb` points' product, scaled by `x_p·x_i + 1`, into the
+    /// Gram rows of points `p0..` (`kernel::backend::resident`).
+    pk_fold_scaled(n; m: i, cols: i, rpp: i, k: i, diag: i, nb: i, p0: i, s0: r[(p0 + n / (m * cols * rpp)) * m], prod: r[n], g: w[p0 * rpp * m * cols + n]);
+    /// The output layer's fold against a structured training side (`diag`, `trace`).
+    pk_fold_soft(n; m: i, k: i, trace: i, has_w: i, scale: f, p0: i, tb: r[n * (k + 1)], q: r[k * m], w: r[if has_w != 0 { k * m } else { 0 }], g: w[(p0 + n / m) * m * if trace != 0 { 1 } else { k }]);
+    /// The output layer's fold in the `full` layout against formed training sensitivities.
+    pk_fold_output_full(n; m: i, k: i, alpha: f, p0: i, tb: r[n / (k * m * k) * (k + 1) * m], d: r[k * m * k], g: w[p0 * k * m * k + n]);
 }

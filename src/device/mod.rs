@@ -73,6 +73,8 @@ pub(crate) trait Backend {
     fn zeros(&self, n: usize) -> Result<Self::Buf>;
     /// A buffer's numbers.
     fn download(&self, b: &Self::Buf) -> Result<Vec<f64>>;
+    /// Its numbers `offset..offset + dst.len()` into `dst` (a large buffer in parts).
+    fn download_part(&self, b: &Self::Buf, offset: usize, dst: &mut [f64]) -> Result<()>;
     /// Its length.
     fn len(&self, b: &Self::Buf) -> usize;
     /// A copy (a residual block's two branches each take the input).

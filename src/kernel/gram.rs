@@ -19,6 +19,7 @@
 
 use rayon::prelude::*;
 
+use crate::kernel::backend::resident::{Layer0View, Resident};
 use crate::kernel::backend::{Backend, Factor, Site, Stamp};
 use crate::kernel::layout::{fold_formed, fold_output_layer, zeroed, GramSink, Layout, TrainDeltas};
 use crate::error::{Error, Result};
@@ -87,6 +88,9 @@ pub(crate) struct GramAccumulator {
     /// The first failure of the backend; later contractions are skipped and
     /// [`GramAccumulator::check`] returns it.
     error: Option<Error>,
+    /// On a device: [`GramAccumulator::add_integrated`]'s whole contraction there, the Gram
+    /// brought into `sink` at [`GramAccumulator::flush`] ([`crate::kernel::backend::resident`]).
+    resident: Option<Box<dyn Resident>>,
 }
 
 /// One deeper layer's training side for a step.
@@ -126,13 +130,20 @@ struct Pending {
 impl GramAccumulator {
     /// A zero accumulator in `layout`.
     pub(crate) fn with_layout(layout: Layout, p: usize, m: usize, k: usize, bias: bool) -> Self {
-        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new(), layers: None, backend: Backend::Cpu, error: None }
+        GramAccumulator { p, m, k, bias, sink: GramSink::new(layout, p, m, k), s0: None, l0: None, output_alpha: None, stats: Contraction::default(), step_train: None, pending: Pending::default(), scratch_t: Vec::new(), layers: None, backend: Backend::Cpu, error: None, resident: None }
     }
 
     /// Runs the contraction's products on `backend` (the training side resident there for a
     /// step's deeper layers and for each of layer 0's step buffers).
     pub(crate) fn with_backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
+        self
+    }
+
+    /// Contracts [`GramAccumulator::add_integrated`]'s factors on a device, the Gram resident
+    /// there until [`GramAccumulator::flush`].
+    pub(crate) fn with_resident(mut self, resident: Box<dyn Resident>) -> Self {
+        self.resident = Some(resident);
         self
     }
 
@@ -206,8 +217,16 @@ impl GramAccumulator {
         self.push_pending(first, last, &[ab.to_vec()]);
     }
 
-    /// Forms `x_p·x_i + [bias]` (`[P, M]`) at the first call.
+    /// Forms `x_p·x_i + [bias]` (`[P, M]`) at the first call (on the device when resident).
     fn ensure_s0(&mut self, x_rows: &[f64], train0: &LayerFactors<'_>) {
+        if let Some(r) = self.resident.as_mut() {
+            if !r.has_scale() && self.error.is_none() {
+                if let Err(e) = r.scale(&x_rows[..self.p * train0.n_in], train0.acts, train0.n_in, if self.bias { 1.0 } else { 0.0 }) {
+                    self.error = Some(e);
+                }
+            }
+            return;
+        }
         if self.s0.is_none() {
             let (p, m) = (self.p, self.m);
             let mut s0 = vec![0.0; p * m];
@@ -292,6 +311,15 @@ impl GramAccumulator {
                 let ne = dt.n_in + usize::from(bias);
                 let rpp = dt.rows_per_point(k);
                 let j = &jbar[(p0 - first) * rpp * ne..(p0 - first + nb) * rpp * ne];
+                if let Some(r) = self.resident.as_mut() {
+                    let alpha = self.output_alpha.filter(|_| dt.structured).expect("a resident contraction has only the structured output layer");
+                    if let Err(e) = r.output(p0, nb, j, &dt.acts, ne, &dt.deltas, alpha, dt.stamp.version) {
+                        self.error = Some(e);
+                        break 'blocks;
+                    }
+                    self.stats.flops += 2.0 * (nb * rpp) as f64 * m as f64 * ne as f64;
+                    continue;
+                }
                 // T = J̄·Aᵀ [(p, row), i] on the backend, then the element-wise fold.
                 t.resize(nb * rpp * m, 0.0);
                 let tb = &mut t[..nb * rpp * m];
@@ -322,15 +350,35 @@ impl GramAccumulator {
         // T is not kept across steps: layer 0's fold below needs a block of the same size, and
         // holding both would add a block to the peak.
         self.scratch_t = Vec::new();
-        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
-            let started = std::time::Instant::now();
-            let flush = self.error.is_none();
-            match l0.end_step(train0.deltas, colw, &mut self.sink, s0, &self.backend, flush) {
-                Ok(flops) => self.stats.flops += flops,
-                Err(e) => self.error = Some(e),
-            }
-            self.stats.seconds += started.elapsed().as_secs_f64();
+        let full = self.l0.as_mut().is_some_and(|l0| l0.put_train(train0.deltas, colw));
+        if full {
+            self.contract_layer0();
         }
+    }
+
+    /// Contracts layer 0's buffered steps into the Gram (on the device when resident) and
+    /// empties the buffer; after a failure only empties it (the Gram is not returned).
+    fn contract_layer0(&mut self) {
+        let Some(l0) = self.l0.as_mut() else { return };
+        if l0.filled == 0 {
+            return;
+        }
+        if self.error.is_some() {
+            l0.filled = 0;
+            return;
+        }
+        let started = std::time::Instant::now();
+        let done = match (self.resident.as_mut(), self.s0.as_deref()) {
+            (Some(r), _) => r.layer0(&l0.view()),
+            (None, Some(s0)) => l0.contract(&mut self.sink, s0, &self.backend),
+            (None, None) => unreachable!("layer 0's scale is formed with its first rows"),
+        };
+        l0.filled = 0;
+        match done {
+            Ok(flops) => self.stats.flops += flops,
+            Err(e) => self.error = Some(e),
+        }
+        self.stats.seconds += started.elapsed().as_secs_f64();
     }
 
     /// Adds a step model's own contraction time and flops (models that fill the sink directly).
@@ -373,14 +421,11 @@ impl GramAccumulator {
     /// [`GramAccumulator::finish_layers`]).
     pub(crate) fn flush(&mut self) {
         self.contract_pending();
-        if let (Some(l0), Some(s0)) = (self.l0.as_mut(), self.s0.as_deref()) {
-            if self.error.is_some() {
-                return;
-            }
+        self.contract_layer0();
+        if let (Some(r), None) = (self.resident.as_mut(), self.error.as_ref()) {
             let started = std::time::Instant::now();
-            match l0.flush(&mut self.sink, s0, &self.backend) {
-                Ok(flops) => self.stats.flops += flops,
-                Err(e) => self.error = Some(e),
+            if let Err(e) = r.add_into(&mut self.sink) {
+                self.error = Some(e);
             }
             self.stats.seconds += started.elapsed().as_secs_f64();
         }
@@ -484,10 +529,8 @@ impl Layer0Sum {
     }
 
     /// Writes the current step's training `δ` (`[(i, k'), o]`, weighted by `colw`) and advances;
-    /// contracts the buffer into `sink` on `backend` when it is full (`flush`: the accumulator has
-    /// not failed).
-    #[allow(clippy::too_many_arguments)]
-    fn end_step(&mut self, dtrain: &[f64], colw: Option<&[f64]>, sink: &mut GramSink, s0: &[f64], backend: &Backend, flush: bool) -> Result<f64> {
+    /// returns whether the buffer is full (to be contracted).
+    fn put_train(&mut self, dtrain: &[f64], colw: Option<&[f64]>) -> bool {
         let (k, h, m, slot) = (self.k, self.h, self.m, self.filled);
         for (row, src) in dtrain.chunks_exact(h).enumerate() {
             let base = self.at(m, row / k, row % k, slot, 0);
@@ -495,21 +538,18 @@ impl Layer0Sum {
             self.train[base..base + h].iter_mut().zip(src).for_each(|(d, v)| *d = c * v);
         }
         self.filled += 1;
-        if self.filled < self.slots {
-            Ok(0.0)
-        } else if flush {
-            self.flush(sink, s0, backend)
-        } else {
-            // The accumulator has failed: drop the buffer (its Gram is not returned).
-            self.filled = 0;
-            Ok(0.0)
-        }
+        self.filled == self.slots
+    }
+
+    /// The buffers as a device contracts them.
+    fn view(&self) -> Layer0View<'_> {
+        Layer0View { p: self.p, m: self.m, k: self.k, h: self.h, slots: self.slots, filled: self.filled, rows: &self.rows, train: &self.train }
     }
 
     /// Adds `s0 ∘ Σ_slots (rows·trainᵀ)` to `sink` (the filled slots only), the products on
     /// `backend` with the training buffer resident there for every block of row points;
-    /// returns the GEMM flops.
-    fn flush(&mut self, sink: &mut GramSink, s0: &[f64], backend: &Backend) -> Result<f64> {
+    /// returns the GEMM flops (the caller empties the buffer).
+    fn contract(&self, sink: &mut GramSink, s0: &[f64], backend: &Backend) -> Result<f64> {
         if self.filled == 0 {
             return Ok(0.0);
         }
@@ -562,7 +602,6 @@ impl Layer0Sum {
                 }
             });
         }
-        self.filled = 0;
         Ok(2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * f * h) as f64)
     }
 }

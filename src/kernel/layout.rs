@@ -368,6 +368,31 @@ impl TrainDeltas {
     }
 }
 
+/// What a [`TrainDeltas`] holds, for a backend that contracts it elsewhere
+/// ([`super::backend::resident`]).
+pub(crate) enum TrainParts<'a> {
+    /// `full`: `[o, (i, k')]`; `diag`/`trace`: `[(c, o), i]`.
+    Formed { data: &'a [f64], no: usize },
+    /// The structured output layer ([`TrainDeltas::output`]): its α, `q` `[o, i]` and the
+    /// optional weights `w` `[c, i]`.
+    Soft { alpha: f64, q: &'a [f64], w: Option<&'a [f64]> },
+}
+
+impl TrainDeltas {
+    /// The layout it was arranged for.
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Its numbers.
+    pub(crate) fn parts(&self) -> TrainParts<'_> {
+        match &self.soft {
+            Some(s) => TrainParts::Soft { alpha: s.alpha, q: &s.q, w: s.w.as_deref() },
+            None => TrainParts::Formed { data: &self.data, no: self.no },
+        }
+    }
+}
+
 /// Formed row-side layer gradients against the training points' factors:
 /// `out[(p, k), (i, k')] += Σ_o (J[(p, k, o), :]·a_i) δ_i[k', o]` for the entries of the layout,
 /// as one GEMM `T = J·Aᵀ` (`[(p, k, o), i]`) and a vectorised pass over o. `t` is scratch.

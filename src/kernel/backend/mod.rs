@@ -11,11 +11,13 @@
 //!   row side `A` and the product go through the GPU block by block, blocks sized to its free
 //!   memory. Nothing here is GPU-specific beyond `cuda.rs`.
 //!
-//! What the backend does not do: the element-wise passes after the products (the output layer's
-//! `2K` passes, layer 0's scale `x_p·x_i + 1` and fold into the Gram), the node evaluations, and
-//! the Gram itself stay on the CPU. Only the MLP's structured path (`kernel::gram`) takes a
-//! backend here; a layer stack's path (and the CNN's, as its stack) evaluates its node gradients
-//! on the GPU instead (`crate::device`); other paths refuse [`Device::Cuda`] (`check_path`).
+//! On a GPU the `dense → relu → dense` closed form (`kernel::stack::closed`, the structured
+//! contraction of `kernel::gram`) does not use [`Backend::abt`]: its whole contraction is
+//! [`resident`] there — the Gram, layer 0's scale `x_p·x_i + 1` and each step's training side
+//! stay on the device, the element-wise folds run as kernels, and the Gram comes down once. A
+//! layer stack's path (and the CNN's, as its stack) evaluates its node gradients on the GPU
+//! instead (`crate::device`) and contracts on the host; other paths refuse [`Device::Cuda`]
+//! (`check_path`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub(crate) mod cuda;
+pub(crate) mod resident;
 
 /// Where the Gram contraction's GEMMs run (`kernel --device`, [`super::Request::device`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

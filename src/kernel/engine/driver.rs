@@ -213,10 +213,17 @@ fn accumulate_steps(
     // The accumulator's bias column: a closed form's layers say (a stack's `arch.bias` is not
     // its layers').
     let acc_bias = prep.closed.as_ref().map_or(arch.bias, |c| c.bias());
-    let new_acc = || GramAccumulator::with_layout(layout, p, m, k, acc_bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
+    let dense_closed = matches!(prep.closed, Some(crate::kernel::stack::closed::ClosedForm::DenseRelu(_)));
+    let new_acc = || -> Result<GramAccumulator> {
+        let acc = GramAccumulator::with_layout(layout, p, m, k, acc_bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
+        Ok(match resident_gram(req.device, dense_closed, layout, p, m, k, backend.block_bytes(gram::BLOCK_BYTES))? {
+            Some(r) => acc.with_resident(r),
+            None => acc,
+        })
+    };
     let mut layer_grams: Option<Vec<Vec<f64>>> = None;
     let mut change: Vec<f64> = Vec::new();
-    let mut acc = if req.per_step { None } else { Some(new_acc()) };
+    let mut acc = if req.per_step { None } else { Some(new_acc()?) };
     let mut per_step = if req.per_step { Some(Vec::with_capacity(gsize * steps.len())) } else { None };
     let mut contraction = gram::Contraction::default();
     let mut records = Vec::with_capacity(steps.len());
@@ -250,7 +257,7 @@ fn accumulate_steps(
             train_integrated: req.kind == KernelKind::Path,
             rows_are_columns,
         };
-        let mut one = if acc.is_none() { Some(new_acc()) } else { None };
+        let mut one = if acc.is_none() { Some(new_acc()?) } else { None };
         let target = match acc.as_mut() {
             Some(a) => a,
             None => one.as_mut().expect("created above"),
@@ -428,6 +435,27 @@ fn node_backend(device: crate::kernel::backend::Device) -> Result<Option<std::sy
     })
 }
 
+/// Where the `dense → relu → dense` closed form's Gram accumulates: resident on the GPU with
+/// `--device cuda` (`kernel::backend::resident`), else on the host. The tests route it through
+/// the same code on the host backend ([`RESIDENT_ON_HOST`]).
+#[allow(clippy::too_many_arguments)]
+fn resident_gram(device: crate::kernel::backend::Device, dense_closed: bool, layout: Layout, p: usize, m: usize, k: usize, block_bytes: usize) -> Result<Option<Box<dyn crate::kernel::backend::resident::Resident>>> {
+    use crate::kernel::backend::resident::ResidentGram;
+    if !dense_closed {
+        return Ok(None);
+    }
+    #[cfg(test)]
+    if RESIDENT_ON_HOST.with(|c| c.get()) {
+        RESIDENT_USED.with(|c| c.set(c.get() + 1));
+        // Small blocks, so that the tests' few points still run several of them.
+        return Ok(Some(Box::new(ResidentGram::new(std::sync::Arc::new(crate::device::host::Host), layout, p, m, k, 8 * m * layout.per_pair(k) * 3)?)));
+    }
+    Ok(match device {
+        crate::kernel::backend::Device::Cpu => None,
+        crate::kernel::backend::Device::Cuda => Some(Box::new(ResidentGram::new(crate::device::cuda::Cuda::shared()?, layout, p, m, k, block_bytes)?)),
+    })
+}
+
 /// Node rows per device call: enough to fill a GPU with GEMMs (LeNet-5's K = 10 cotangents of
 /// the first convolution's patches are 196 000 numbers a row, twice with the `ΔW` product:
 /// ~1.6 GB a call).
@@ -438,4 +466,9 @@ thread_local! {
     /// Set by a test: this thread's layer-stack kernels evaluate their nodes through the device
     /// program on the host backend.
     pub(crate) static NODES_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set by a test: this thread's `dense → relu → dense` closed forms accumulate their Gram
+    /// through the device's resident contraction on the host backend.
+    pub(crate) static RESIDENT_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many accumulators [`RESIDENT_ON_HOST`] made resident on this thread.
+    pub(crate) static RESIDENT_USED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

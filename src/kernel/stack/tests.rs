@@ -448,3 +448,37 @@ layers = [{ conv2d = { channels = 3, kernel = 5, stride = 3 } }, { layer_norm = 
         }
     }
 }
+
+/// The `dense → relu → dense` closed form with its Gram accumulated by the device's resident
+/// contraction (`kernel::backend::resident`, on the host backend: what a GPU runs with
+/// `--device cuda`) gives the host's kernel — Gram, machine, self-kernel — for the EPK in every
+/// layout on the network's outputs and on the logits, k′ and the path kernel on the logits (the
+/// training side integrated too). Chen's column weights are `resident`'s own test.
+#[test]
+fn resident_closed_form_gives_the_host_s_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 5\nper_class = 7\nn_test = 6\nseed = 4\n\n[model]\nkind = \"mlp\"\nhidden = [9]\nzero_last = false\n\n[train]\nlr = 0.8\nsteps = 9\nseed = 3\n";
+    let (run, states, pts) = trained(dir.path(), "mlp", toml);
+    let epk = |layout: Layout, outputs: Outputs| Request::new(KernelKind::Epk).rule(Rule::Auto(1e-12)).layout(layout).outputs(outputs);
+    let mut reqs: Vec<Request> = [Layout::Full, Layout::Diag, Layout::Trace].into_iter().flat_map(|l| [epk(l, Outputs::Network), epk(l, Outputs::Logits)]).collect();
+    reqs.push(Request::new(KernelKind::Kprime).rule(Rule::Auto(1e-12)).layout(Layout::Diag));
+    reqs.push(Request::new(KernelKind::Path).rule(Rule::Auto(1e-12)).layout(Layout::Full).outputs(Outputs::Logits));
+    for req in reqs {
+        let host = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
+        crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(true));
+        crate::kernel::engine::driver::RESIDENT_USED.with(|c| c.set(0));
+        let dev = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
+        crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(false));
+        let dev = dev.unwrap();
+        let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
+        let what = format!("{:?} {:?} {:?}", req.kind, req.layout, req.outputs);
+        assert!(kernel::max_abs(&host.gram) > 0.0, "{what}: an empty Gram");
+        assert!(rel(&dev.gram, &host.gram) <= 1e-13, "{what}: Gram {:e}", rel(&dev.gram, &host.gram));
+        assert!(rel(&dev.machine, &host.machine) <= 1e-13, "{what}: machine {:e}", rel(&dev.machine, &host.machine));
+        if let (Some(a), Some(b)) = (&dev.diag, &host.diag) {
+            assert!(rel(a, b) <= 1e-13, "{what}: self-kernel {:e}", rel(a, b));
+        }
+        // The closed form ran, on the resident Gram.
+        assert!(crate::kernel::engine::driver::RESIDENT_USED.with(|c| c.get()) > 0, "{what}: not resident");
+    }
+}

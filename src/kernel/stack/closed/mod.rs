@@ -7,7 +7,8 @@
 //! - `conv2d → relu → max_pool2d (window = stride, dividing the conv output) → flatten → dense`
 //!   ([`conv_relu_pool`]): the EPK's rows and k′ under the auto rule.
 //!
-//! Both on plain gradient steps, on the CPU, for the whole Gram (not per layer). What makes them
+//! Both on plain gradient steps, for the whole Gram (not per layer); the dense form also with
+//! `--device cuda`, its Gram then accumulated on the GPU. What makes them
 //! faster than the engine's nodes is not one layer's integral but the ReLU between two linear
 //! layers: along a step the first layer's pre-activations are affine in `t`, so each hidden unit
 //! (each pool window) switches at its own computed time, and its share of the gradient is
@@ -87,14 +88,17 @@ impl ClosedForm {
     /// The closed form `arch` (a layer stack, with the output map the kernel is on) takes for
     /// `req` on a run whose optimizer is `plain` (GD/SGD), where one applies and is faster.
     pub(crate) fn of(arch: &Architecture, req: &Request, plain: bool) -> Option<Self> {
-        let base = plain && req.path == GramPath::Fast && req.device == crate::kernel::backend::Device::Cpu && matches!(req.rule, Rule::Auto(_)) && !req.per_layer;
+        let base = plain && req.path == GramPath::Fast && matches!(req.rule, Rule::Auto(_)) && !req.per_layer;
+        // On a GPU the dense form's Gram accumulates there (`kernel::backend::resident`); the
+        // convolutional one fills the host's Gram directly, so a GPU takes the engine's nodes.
+        let cpu = req.device == crate::kernel::backend::Device::Cpu;
         if !base {
             return None;
         }
         let rows = matches!(req.kind, KernelKind::Epk | KernelKind::Kprime) && req.integrates_rows();
         match Self::shape(arch)? {
             ClosedForm::DenseRelu(s) if s.alpha != 0.0 && s.k >= 2 && (rows || (req.kind == KernelKind::Path && s.output == OutputKind::Identity)) => Some(ClosedForm::DenseRelu(s)),
-            ClosedForm::ConvReluPool(s) if rows => Some(ClosedForm::ConvReluPool(s)),
+            ClosedForm::ConvReluPool(s) if rows && cpu => Some(ClosedForm::ConvReluPool(s)),
             _ => None,
         }
     }
@@ -239,7 +243,8 @@ mod tests {
             assert!(is(a, &auto, true));
             assert!(is(a, &Request::new(KernelKind::Kprime).rule(Rule::Auto(1e-12)), true));
             // Not: another optimizer, a fixed rule, the training side, another kernel, the
-            // per-layer split, the generic path, a device.
+            // per-layer split, the generic path; on a device, the dense form only.
+            assert_eq!(is(a, &auto.clone().device(Device::Cuda), true), std::ptr::eq(a, &mlp));
             assert!(!is(a, &auto, false));
             assert!(!is(a, &auto.clone().rule(Rule::Gauss(4)), true));
             assert!(!is(a, &auto.clone().side(Side::Train), true));
@@ -247,7 +252,6 @@ mod tests {
             assert!(!is(a, &auto.clone().per_layer(true), true));
             assert!(!is(a, &auto.clone().path(GramPath::Generic), true));
             assert!(!is(a, &auto.clone().path(GramPath::Nodes), true));
-            assert!(!is(a, &auto.clone().device(Device::Cuda), true));
         }
         // The path kernel: the dense shape on identity outputs (the `Prepared` view of the
         // logits) only.
