@@ -74,7 +74,7 @@ fn api_device_cuda_without_a_gpu_is_an_error() {
 /// (`kernel::backend::resident`: cuBLAS and the fold kernels), two hidden layers the layer
 /// stack's path with its nodes on the GPU.
 #[test]
-#[ignore = "needs a CUDA GPU with driver 580+ and libcublas.so.13 on the library path (run by scripts/gpu/run.sh)"]
+#[ignore = "needs a CUDA GPU with driver 580+, libcublas.so.13 on the library path and PATHKERNEL_PTX (run by scripts/gpu/run.sh)"]
 fn cuda_gram_equals_cpu_gram() {
     assert!(gpu(), "no usable GPU: {:?}", Device::Cuda.probe());
     let dir = tempfile::tempdir().unwrap();

@@ -463,6 +463,9 @@ fn resident_closed_form_gives_the_host_s_kernel() {
     let mut reqs: Vec<Request> = [Layout::Full, Layout::Diag, Layout::Trace].into_iter().flat_map(|l| [epk(l, Outputs::Network), epk(l, Outputs::Logits)]).collect();
     reqs.push(Request::new(KernelKind::Kprime).rule(Rule::Auto(1e-12)).layout(Layout::Diag));
     reqs.push(Request::new(KernelKind::Path).rule(Rule::Auto(1e-12)).layout(Layout::Full).outputs(Outputs::Logits));
+    // Per-step Grams (one resident accumulator a step) and row blocks (one a block).
+    reqs.push(epk(Layout::Diag, Outputs::Network).per_step(true));
+    reqs.push(epk(Layout::Trace, Outputs::Network).block_rows(Some(4)));
     for req in reqs {
         let host = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
         crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(true));
@@ -471,9 +474,12 @@ fn resident_closed_form_gives_the_host_s_kernel() {
         crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(false));
         let dev = dev.unwrap();
         let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
-        let what = format!("{:?} {:?} {:?}", req.kind, req.layout, req.outputs);
+        let what = format!("{:?} {:?} {:?} per-step {} blocks {:?}", req.kind, req.layout, req.outputs, req.per_step, req.block_rows);
         assert!(kernel::max_abs(&host.gram) > 0.0, "{what}: an empty Gram");
         assert!(rel(&dev.gram, &host.gram) <= 1e-13, "{what}: Gram {:e}", rel(&dev.gram, &host.gram));
+        if let (Some(a), Some(b)) = (&dev.per_step, &host.per_step) {
+            assert!(rel(a, b) <= 1e-13, "{what}: per-step Grams {:e}", rel(a, b));
+        }
         assert!(rel(&dev.machine, &host.machine) <= 1e-13, "{what}: machine {:e}", rel(&dev.machine, &host.machine));
         if let (Some(a), Some(b)) = (&dev.diag, &host.diag) {
             assert!(rel(a, b) <= 1e-13, "{what}: self-kernel {:e}", rel(a, b));
