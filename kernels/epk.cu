@@ -21,11 +21,15 @@
 #define PK_KERNEL extern "C" __global__ void
 #define PK_DEVFN static __device__ __forceinline__
 #define PK_LOOP(i, n) for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)blockDim.x * gridDim.x)
+#define PK_INF __longlong_as_double(0x7ff0000000000000LL)
+#define PK_NAN __longlong_as_double(0x7ff8000000000000LL)
 #else
 #include <math.h>
 #define PK_KERNEL void
 #define PK_DEVFN static inline
 #define PK_LOOP(i, n) for (long long i = 0; i < (n); i++)
+#define PK_INF INFINITY
+#define PK_NAN NAN
 #endif
 
 typedef long long i64;
@@ -456,5 +460,318 @@ PK_KERNEL pk_fold_output_full(i64 n, i64 m, i64 k, double alpha, i64 p0, const d
             acc += (-alpha * t[(1 + o) * m + i]) * d[o * mk + j];
         }
         g[p0 * k * mk + e] = acc;
+    }
+}
+
+/* ---- The `dense → relu → dense` closed form's rows on the device
+ * (src/kernel/stack/closed/dense_relu/pieces.rs, the same arithmetic in the same order): one
+ * item per row point, its hidden pre-activations z + t·u along the step, integrated piece by
+ * piece between their kinks. ---- */
+
+/* Scratch numbers one point needs (see pk_mlp_pieces). */
+PK_DEVFN i64 pk_pieces_scratch(i64 h, i64 k, i64 ne) {
+    return 5 * h + 2 + 2 * ne + 13 * k + 6 * k * k;
+}
+
+PK_DEVFN double pk_dot(const double *x, const double *y, i64 n) {
+    double s = 0.0;
+    for (i64 j = 0; j < n; j++) {
+        s += x[j] * y[j];
+    }
+    return s;
+}
+
+/* Adds w·[p(t), t p(t), D H(t) Dᵀ] of one node to acc [2K + K²] (quadrature/piece.rs'
+ * Piece::add_node). */
+PK_DEVFN void pk_piece_node(i64 k, double alpha, const double *c, const double *hm, const double *off, int softmax, double t, double w, double *acc, double *p, double *hp) {
+    double a2 = alpha * alpha;
+    i64 hk = k * k;
+    if (softmax) {
+        for (i64 o = 0; o < k; o++) {
+            double z = c[o] + t * (c[k + o] + t * c[2 * k + o]);
+            p[o] = alpha * (z - (off ? off[o] : 0.0));
+        }
+        double mx = -PK_INF;
+        for (i64 o = 0; o < k; o++) {
+            mx = p[o] > mx ? p[o] : mx;
+        }
+        double sum = 0.0;
+        for (i64 o = 0; o < k; o++) {
+            p[o] = exp(p[o] - mx);
+            sum += p[o];
+        }
+        for (i64 o = 0; o < k; o++) {
+            p[o] /= sum;
+        }
+        for (i64 o = 0; o < k; o++) {
+            acc[o] += w * p[o];
+            acc[k + o] += w * t * p[o];
+        }
+    }
+    double *dg = acc + 2 * k;
+    if (softmax) {
+        double php = 0.0;
+        for (i64 o = 0; o < k; o++) {
+            double s = 0.0;
+            for (i64 q = 0; q < k; q++) {
+                s += (hm[o * k + q] + t * (hm[hk + o * k + q] + t * hm[2 * hk + o * k + q])) * p[q];
+            }
+            hp[o] = s;
+            php += p[o] * hp[o];
+        }
+        for (i64 o = 0; o < k; o++) {
+            for (i64 q = 0; q < k; q++) {
+                double ht = hm[o * k + q] + t * (hm[hk + o * k + q] + t * hm[2 * hk + o * k + q]);
+                dg[o * k + q] += w * a2 * (ht - hp[o] - hp[q] + php);
+            }
+        }
+    } else {
+        for (i64 o = 0; o < k; o++) {
+            for (i64 q = 0; q < k; q++) {
+                dg[o * k + q] += w * a2 * (hm[o * k + q] + t * (hm[hk + o * k + q] + t * hm[2 * hk + o * k + q]));
+            }
+        }
+    }
+}
+
+/* The largest |x − y| over n, NaN if any is (Piece::integrate's `diff`). */
+PK_DEVFN double pk_maxdiff(const double *x, const double *y, i64 n) {
+    double m = 0.0;
+    for (i64 j = 0; j < n; j++) {
+        double d = fabs(x[j] - y[j]);
+        if (d != d || m != m) {
+            m = PK_NAN;
+        } else {
+            m = d > m ? d : m;
+        }
+    }
+    return m;
+}
+
+/* One piece [a, b] by Gauss–Legendre 8 against 16, bisected until they agree
+ * (Piece::integrate): the moments and self-kernel into total [2K + K²]; returns the unconverged
+ * intervals. gl: the two rules on [−1, 1], nodes then weights (8, 8, 16, 16). */
+PK_DEVFN i64 pk_piece_integrate(i64 k, double alpha, const double *c, const double *hm, const double *off, int softmax, double a, double b, double tol, const double *gl, double *total, double *q1, double *q2, double *p, double *hp) {
+    i64 n = 2 * k + k * k, bad = 0, spent = 0, top = 0;
+    double hscale = 0.0;
+    for (i64 j = 0; j < 3 * k * k; j++) {
+        double v = fabs(hm[j]);
+        hscale = v > hscale ? v : hscale;
+    }
+    hscale = alpha * alpha * hscale;
+    double slo[64], shi[64];
+    int sdepth[64];
+    for (i64 j = 0; j < n; j++) {
+        total[j] = 0.0;
+    }
+    slo[0] = a;
+    shi[0] = b;
+    sdepth[0] = 0;
+    top = 1;
+    while (top > 0) {
+        top--;
+        double lo = slo[top], hi = shi[top];
+        int depth = sdepth[top];
+        spent++;
+        for (int r = 0; r < 2; r++) {
+            double *q = r == 0 ? q1 : q2;
+            i64 order = r == 0 ? 8 : 16;
+            const double *x = r == 0 ? gl : gl + 16;
+            const double *wt = x + order;
+            for (i64 j = 0; j < n; j++) {
+                q[j] = 0.0;
+            }
+            double h = hi - lo;
+            for (i64 j = 0; j < order; j++) {
+                pk_piece_node(k, alpha, c, hm, off, softmax, lo + 0.5 * h * (x[j] + 1.0), 0.5 * h * wt[j], q, p, hp);
+            }
+        }
+        double rel = (tol > 8.0 * 2.220446049250313e-16 ? tol : 8.0 * 2.220446049250313e-16) * (hi - lo);
+        double es = pk_maxdiff(q1, q2, 2 * k), ed = pk_maxdiff(q1 + 2 * k, q2 + 2 * k, k * k);
+        double floor = hscale > 2.2250738585072014e-308 ? hscale : 2.2250738585072014e-308;
+        int ok = es <= rel && ed <= rel * floor;
+        int give_up = es != es || ed != ed || depth >= 40 || hi - lo <= 1e-12 || spent + top >= 4096 || top + 2 > 64;
+        if (ok || give_up) {
+            if (!ok) {
+                bad++;
+            }
+            for (i64 j = 0; j < n; j++) {
+                total[j] += q2[j];
+            }
+        } else {
+            double mid = 0.5 * (lo + hi);
+            slo[top] = lo;
+            shi[top] = mid;
+            sdepth[top] = depth + 1;
+            top++;
+            slo[top] = mid;
+            shi[top] = hi;
+            sdepth[top] = depth + 1;
+            top++;
+        }
+    }
+    return bad;
+}
+
+/* The rows' factors of n points (RowFactors: δ̄ [n, K, h], [Ā; B̄] [n, K+1, ne], the self-kernel
+ * [n, K, K], and per point [pieces, unconverged, cosine sum, cosine count]); the output layer
+ * w, dw [K, h], b, db [K]; z, u [n, h] the hidden pre-activation lines; xsq [n] = |x|² + bias.
+ * One item per point, its scratch its own (pk_pieces_scratch numbers). */
+PK_KERNEL pk_mlp_pieces(i64 n, i64 h, i64 k, i64 bias, i64 softmax, i64 has_off, i64 cosine, double alpha, double tol, const double *z, const double *u, const double *xsq, const double *off, const double *w, const double *dw, const double *b, const double *db, const double *gl, double *scratch, double *dbar, double *ab, double *diag, double *stats) {
+    PK_LOOP(pi, n) {
+        i64 ne = h + (bias ? 1 : 0), nq = 2 * k + k * k;
+        double *s = scratch + pi * pk_pieces_scratch(h, k, ne);
+        double *cuts = s, *mask = cuts + h + 2, *y = mask + h, *wp = y + h, *d0 = wp + h;
+        double *a0 = d0 + h, *a1 = a0 + ne, *c = a1 + ne, *hm = c + 3 * k, *p = hm + 3 * k * k;
+        double *hp = p + k, *p0 = hp + k, *a0b = p0 + k, *q1 = a0b + k, *q2 = q1 + nq, *tot = q2 + nq;
+        const double *zp = z + pi * h, *up = u + pi * h, *offp = has_off ? off + pi * k : 0;
+        double xs = xsq[pi];
+        double *dbp = dbar + pi * k * h, *abp = ab + pi * (k + 1) * ne, *dgp = diag + pi * k * k, *st = stats + pi * 4;
+        for (i64 j = 0; j < k * h; j++) dbp[j] = 0.0;
+        for (i64 j = 0; j < (k + 1) * ne; j++) abp[j] = 0.0;
+        for (i64 j = 0; j < k * k; j++) dgp[j] = 0.0;
+        for (i64 j = 0; j < ne; j++) {
+            a0[j] = 0.0;
+            a1[j] = 0.0;
+        }
+        if (bias) a0[h] = 1.0;
+        /* The kinks in (0, 1), sorted, within 1e-15 of the last kept merged (relu_cuts). */
+        i64 nc = 0;
+        cuts[nc++] = 0.0;
+        for (i64 j = 0; j < h; j++) {
+            double zv = zp[j], uv = up[j];
+            double m = fabs(zv) > fabs(uv) ? fabs(zv) : fabs(uv);
+            if (fabs(uv) > 1e-15 * m) {
+                double t = -zv / uv;
+                if (t > 0.0 && t < 1.0) {
+                    i64 at = nc;
+                    while (at > 1 && cuts[at - 1] > t) {
+                        cuts[at] = cuts[at - 1];
+                        at--;
+                    }
+                    cuts[at] = t;
+                    nc++;
+                }
+            }
+        }
+        i64 kept = 1;
+        for (i64 j = 1; j < nc; j++) {
+            if (kept > 1 && fabs(cuts[kept - 1] - cuts[j]) <= 1e-15) continue;
+            cuts[kept++] = cuts[j];
+        }
+        cuts[kept++] = 1.0;
+        double pieces = 0.0, unconverged = 0.0;
+        for (i64 piece = 0; piece + 1 < kept; piece++) {
+            double a = cuts[piece], bb = cuts[piece + 1], tm = 0.5 * (a + bb);
+            for (i64 j = 0; j < h; j++) {
+                int on = zp[j] + tm * up[j] > 0.0;
+                mask[j] = on ? 1.0 : 0.0;
+                a0[j] = on ? zp[j] : 0.0;
+                a1[j] = on ? up[j] : 0.0;
+            }
+            for (i64 o = 0; o < k; o++) {
+                const double *wo = w + o * h, *dwo = dw + o * h;
+                c[o] = pk_dot(wo, a0, h) + b[o];
+                c[k + o] = pk_dot(dwo, a0, h) + pk_dot(wo, a1, h) + db[o];
+                c[2 * k + o] = pk_dot(dwo, a1, h);
+            }
+            for (i64 o = 0; o < k; o++) {
+                const double *wo = w + o * h, *dwo = dw + o * h;
+                for (i64 q = o; q < k; q++) {
+                    const double *wq = w + q * h, *dwq = dw + q * h;
+                    double g0 = 0.0, g1 = 0.0, g2 = 0.0;
+                    for (i64 j = 0; j < h; j++) {
+                        double mj = mask[j];
+                        g0 += mj * wo[j] * wq[j];
+                        g1 += mj * (wo[j] * dwq[j] + dwo[j] * wq[j]);
+                        g2 += mj * dwo[j] * dwq[j];
+                    }
+                    double g[3] = {g0, g1, g2};
+                    for (int m = 0; m < 3; m++) {
+                        hm[(m * k + o) * k + q] = g[m] * xs;
+                        hm[(m * k + q) * k + o] = g[m] * xs;
+                    }
+                }
+            }
+            double aa[3] = {pk_dot(a0, a0, ne), 2.0 * pk_dot(a0, a1, ne), pk_dot(a1, a1, ne)};
+            for (int m = 0; m < 3; m++) {
+                for (i64 o = 0; o < k; o++) {
+                    hm[(m * k + o) * k + o] += aa[m];
+                }
+            }
+            unconverged += (double)pk_piece_integrate(k, alpha, c, hm, offp, (int)softmax, a, bb, tol, gl, tot, q1, q2, p, hp);
+            pieces += 1.0;
+            for (i64 j = 0; j < k * k; j++) dgp[j] += tot[2 * k + j];
+            double l = bb - a, t = 0.5 * (bb * bb - a * a);
+            for (i64 j = 0; j < ne; j++) abp[j] += l * a0[j] + t * a1[j];
+            if (softmax) {
+                for (i64 o = 0; o < k; o++) {
+                    double s0 = tot[o], s1 = tot[k + o];
+                    for (i64 j = 0; j < ne; j++) abp[(1 + o) * ne + j] += s0 * a0[j] + s1 * a1[j];
+                }
+            }
+            for (i64 j = 0; j < h; j++) y[j] = 0.0;
+            if (softmax) {
+                for (i64 o = 0; o < k; o++) {
+                    double s0 = tot[o], s1 = tot[k + o];
+                    for (i64 j = 0; j < h; j++) y[j] += s0 * w[o * h + j] + s1 * dw[o * h + j];
+                }
+            }
+            for (i64 kk = 0; kk < k; kk++) {
+                for (i64 j = 0; j < h; j++) {
+                    dbp[kk * h + j] += alpha * mask[j] * (l * w[kk * h + j] + t * dw[kk * h + j] - y[j]);
+                }
+            }
+        }
+        double csum = 0.0, ccount = 0.0;
+        if (cosine) {
+            /* Σ_k (1 − cos(∇f^k at t = 0, ∫∇f^k dt)) (cosine_measure). */
+            for (i64 j = 0; j < ne; j++) a0[j] = j < h ? (zp[j] > 0.0 ? zp[j] : 0.0) : 1.0;
+            for (i64 o = 0; o < k; o++) p0[o] = 0.0;
+            if (softmax) {
+                for (i64 o = 0; o < k; o++) p0[o] = alpha * (pk_dot(w + o * h, a0, h) + b[o] - (offp ? offp[o] : 0.0));
+                double mx = -PK_INF, sum = 0.0;
+                for (i64 o = 0; o < k; o++) mx = p0[o] > mx ? p0[o] : mx;
+                for (i64 o = 0; o < k; o++) {
+                    p0[o] = exp(p0[o] - mx);
+                    sum += p0[o];
+                }
+                for (i64 o = 0; o < k; o++) p0[o] /= sum;
+            }
+            const double *abar = abp, *bbar = abp + ne;
+            double aa0 = pk_dot(a0, a0, ne), a0_abar = pk_dot(a0, abar, ne), abar2 = pk_dot(abar, abar, ne), b2 = 0.0;
+            for (i64 o = 0; o < k; o++) {
+                a0b[o] = pk_dot(a0, bbar + o * ne, ne);
+                b2 += pk_dot(bbar + o * ne, bbar + o * ne, ne);
+            }
+            for (i64 j = 0; j < h; j++) wp[j] = 0.0;
+            for (i64 o = 0; o < k; o++) {
+                for (i64 j = 0; j < h; j++) wp[j] += p0[o] * w[o * h + j];
+            }
+            for (i64 kk = 0; kk < k; kk++) {
+                for (i64 j = 0; j < h; j++) d0[j] = zp[j] > 0.0 ? alpha * (w[kk * h + j] - wp[j]) : 0.0;
+                const double *dbk = dbp + kk * h;
+                double sv = 0.0, se = 0.0;
+                for (i64 o = 0; o < k; o++) {
+                    double e = (o == kk ? 1.0 : 0.0) - p0[o];
+                    sv += e * ((o == kk ? a0_abar : 0.0) - a0b[o]);
+                    se += e * e;
+                }
+                double dotv = pk_dot(d0, dbk, h) * xs + alpha * alpha * sv;
+                double n0 = pk_dot(d0, d0, h) * xs + alpha * alpha * aa0 * se;
+                double nbar = pk_dot(dbk, dbk, h) * xs + alpha * alpha * (abar2 - 2.0 * pk_dot(abar, bbar + kk * ne, ne) + b2);
+                double den = sqrt(n0 * nbar);
+                if (den > 0.0) {
+                    double r = dotv / den;
+                    r = r < -1.0 ? -1.0 : (r > 1.0 ? 1.0 : r);
+                    csum += 1.0 - r;
+                    ccount += 1.0;
+                }
+            }
+        }
+        st[0] = pieces;
+        st[1] = unconverged;
+        st[2] = csum;
+        st[3] = ccount;
     }
 }

@@ -200,8 +200,9 @@ fn accumulate_steps(
     // entry hands MLPs and CNNs to the stack path for it).
     let split = req.per_layer.then(|| param_layers(&states[0].specs));
     let n_layers = split.as_ref().map(Vec::len);
+    let dense_closed = matches!(prep.closed, Some(crate::kernel::stack::closed::ClosedForm::DenseRelu(_)));
     let model: Box<dyn StepModel + '_> = if let Some(closed) = &prep.closed {
-        closed.model()
+        closed.model(closed_rows(req.device, dense_closed)?)
     } else if prep.stack_fast {
         Box::new(crate::kernel::stack::StackModel { arch, per_layer: req.per_layer, pool: Default::default(), device: node_backend(req.device)?, reduce: crate::kernel::stack::reduce_nodes() })
     } else {
@@ -213,7 +214,6 @@ fn accumulate_steps(
     // The accumulator's bias column: a closed form's layers say (a stack's `arch.bias` is not
     // its layers').
     let acc_bias = prep.closed.as_ref().map_or(arch.bias, |c| c.bias());
-    let dense_closed = matches!(prep.closed, Some(crate::kernel::stack::closed::ClosedForm::DenseRelu(_)));
     let new_acc = || -> Result<GramAccumulator> {
         let acc = GramAccumulator::with_layout(layout, p, m, k, acc_bias).with_output_alpha(arch.alpha).with_layers(n_layers).with_backend(backend.clone());
         Ok(match resident_gram(req.device, dense_closed, layout, p, m, k, backend.block_bytes(gram::BLOCK_BYTES))? {
@@ -435,9 +435,27 @@ fn node_backend(device: crate::kernel::backend::Device) -> Result<Option<std::sy
     })
 }
 
+/// Where the `dense → relu → dense` closed form integrates its rows: on the GPU with `--device
+/// cuda` (`kernel::stack::closed::dense_relu::device`), else here. The tests route them through
+/// the same kernel on the host backend ([`CLOSED_ON_HOST`]).
+fn closed_rows(device: crate::kernel::backend::Device, dense_closed: bool) -> Result<Option<std::sync::Arc<dyn crate::kernel::stack::closed::dense_relu::device::RowsOnDevice>>> {
+    use crate::kernel::stack::closed::dense_relu::device::OnDevice;
+    if !dense_closed {
+        return Ok(None);
+    }
+    #[cfg(test)]
+    if CLOSED_ON_HOST.with(|c| c.get()) {
+        return Ok(Some(std::sync::Arc::new(OnDevice(std::sync::Arc::new(crate::device::host::Host)))));
+    }
+    Ok(match device {
+        crate::kernel::backend::Device::Cpu => None,
+        crate::kernel::backend::Device::Cuda => Some(std::sync::Arc::new(OnDevice(crate::device::cuda::Cuda::shared()?))),
+    })
+}
+
 /// Where the `dense → relu → dense` closed form's Gram accumulates: resident on the GPU with
 /// `--device cuda` (`kernel::backend::resident`), else on the host. The tests route it through
-/// the same code on the host backend ([`RESIDENT_ON_HOST`]).
+/// the same code on the host backend ([`CLOSED_ON_HOST`]).
 #[allow(clippy::too_many_arguments)]
 fn resident_gram(device: crate::kernel::backend::Device, dense_closed: bool, layout: Layout, p: usize, m: usize, k: usize, block_bytes: usize) -> Result<Option<Box<dyn crate::kernel::backend::resident::Resident>>> {
     use crate::kernel::backend::resident::ResidentGram;
@@ -445,7 +463,7 @@ fn resident_gram(device: crate::kernel::backend::Device, dense_closed: bool, lay
         return Ok(None);
     }
     #[cfg(test)]
-    if RESIDENT_ON_HOST.with(|c| c.get()) {
+    if CLOSED_ON_HOST.with(|c| c.get()) {
         RESIDENT_USED.with(|c| c.set(c.get() + 1));
         // Small blocks, so that the tests' few points still run several of them.
         return Ok(Some(Box::new(ResidentGram::new(std::sync::Arc::new(crate::device::host::Host), layout, p, m, k, 8 * m * layout.per_pair(k) * 3)?)));
@@ -466,9 +484,9 @@ thread_local! {
     /// Set by a test: this thread's layer-stack kernels evaluate their nodes through the device
     /// program on the host backend.
     pub(crate) static NODES_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Set by a test: this thread's `dense → relu → dense` closed forms accumulate their Gram
-    /// through the device's resident contraction on the host backend.
-    pub(crate) static RESIDENT_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// How many accumulators [`RESIDENT_ON_HOST`] made resident on this thread.
+    /// Set by a test: this thread's `dense → relu → dense` closed forms take their device route
+    /// on the host backend (the rows' kernel, the Gram's resident contraction).
+    pub(crate) static CLOSED_ON_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many accumulators [`CLOSED_ON_HOST`] made resident on this thread.
     pub(crate) static RESIDENT_USED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

@@ -449,13 +449,14 @@ layers = [{ conv2d = { channels = 3, kernel = 5, stride = 3 } }, { layer_norm = 
     }
 }
 
-/// The `dense → relu → dense` closed form with its Gram accumulated by the device's resident
-/// contraction (`kernel::backend::resident`, on the host backend: what a GPU runs with
-/// `--device cuda`) gives the host's kernel — Gram, machine, self-kernel — for the EPK in every
+/// The `dense → relu → dense` closed form on its device route — the rows by the kernel
+/// `pk_mlp_pieces` (`dense_relu::device`), the Gram by the resident contraction
+/// (`kernel::backend::resident`), both on the host backend: what a GPU runs with `--device
+/// cuda` — gives the host's kernel — Gram, machine, self-kernel — for the EPK in every
 /// layout on the network's outputs and on the logits, k′ and the path kernel on the logits (the
 /// training side integrated too). Chen's column weights are `resident`'s own test.
 #[test]
-fn resident_closed_form_gives_the_host_s_kernel() {
+fn closed_form_device_route_gives_the_host_s_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 5\nper_class = 7\nn_test = 6\nseed = 4\n\n[model]\nkind = \"mlp\"\nhidden = [9]\nzero_last = false\n\n[train]\nlr = 0.8\nsteps = 9\nseed = 3\n";
     let (run, states, pts) = trained(dir.path(), "mlp", toml);
@@ -468,10 +469,10 @@ fn resident_closed_form_gives_the_host_s_kernel() {
     reqs.push(epk(Layout::Trace, Outputs::Network).block_rows(Some(4)));
     for req in reqs {
         let host = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
-        crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(true));
+        crate::kernel::engine::driver::CLOSED_ON_HOST.with(|c| c.set(true));
         crate::kernel::engine::driver::RESIDENT_USED.with(|c| c.set(0));
         let dev = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
-        crate::kernel::engine::driver::RESIDENT_ON_HOST.with(|c| c.set(false));
+        crate::kernel::engine::driver::CLOSED_ON_HOST.with(|c| c.set(false));
         let dev = dev.unwrap();
         let rel = |a: &[f64], b: &[f64]| kernel::max_abs_diff(a, b) / kernel::max_abs(b).max(1e-300);
         let what = format!("{:?} {:?} {:?} per-step {} blocks {:?}", req.kind, req.layout, req.outputs, req.per_step, req.block_rows);

@@ -147,10 +147,10 @@ impl ClosedForm {
         }
     }
 
-    /// Its step model.
-    pub(crate) fn model(&self) -> Box<dyn StepModel + '_> {
+    /// Its step model; the dense form's rows integrated on `device` when there is one.
+    pub(crate) fn model(&self, device: Option<std::sync::Arc<dyn dense_relu::device::RowsOnDevice>>) -> Box<dyn StepModel + '_> {
         match self {
-            ClosedForm::DenseRelu(s) => Box::new(dense_relu::model::DenseReluModel { shape: s }),
+            ClosedForm::DenseRelu(s) => Box::new(dense_relu::model::DenseReluModel { shape: s, device }),
             ClosedForm::ConvReluPool(s) => Box::new(conv_relu_pool::model::ConvReluPoolModel { shape: s }),
         }
     }

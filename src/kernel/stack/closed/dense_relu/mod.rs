@@ -4,6 +4,7 @@
 //! (`nodes`). The Gram of dense layers from activations ⊗ back-propagated deltas is
 //! [`crate::kernel::gram`], shared with the layer stack's dense layers.
 
+pub(crate) mod device;
 pub(crate) mod model;
 #[cfg(test)]
 pub(crate) mod nodes;

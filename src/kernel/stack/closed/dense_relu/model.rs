@@ -4,6 +4,7 @@
 
 use crate::error::Result;
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
+use crate::kernel::stack::closed::dense_relu::device::RowsOnDevice;
 use crate::kernel::stack::closed::dense_relu::pieces::{self as mlp_pieces, dot};
 use crate::kernel::stack::closed::dense_relu::step::MlpStep;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
@@ -15,9 +16,25 @@ use crate::model::OutputKind;
 /// numbers each).
 const INTEGRATED_CHUNK_POINTS: usize = 256;
 
+/// Row points integrated at once on a device (one item each: a GPU wants thousands).
+const DEVICE_CHUNK_POINTS: usize = 1 << 14;
+
 /// The closed form of a `dense → relu → dense` stack.
 pub(crate) struct DenseReluModel<'a> {
     pub shape: &'a DenseRelu,
+    /// Where the rows are integrated: a device ([`super::device`]), else here.
+    pub device: Option<std::sync::Arc<dyn RowsOnDevice>>,
+}
+
+impl DenseReluModel<'_> {
+    /// The rows' factors of the points `x` on the model's device, else here.
+    fn row_factors(&self, step: &MlpStep, x: &[f64], off: Option<&[f64]>, tol: f64, cosine: bool) -> Result<mlp_pieces::RowFactors> {
+        let first = step.first_layer(x);
+        match &self.device {
+            Some(dev) => dev.row_factors(step, &first, x, off, tol, cosine),
+            None => Ok(mlp_pieces::row_factors(step, &first, x, off, tol, cosine)),
+        }
+    }
 }
 
 impl StepModel for DenseReluModel<'_> {
@@ -38,8 +55,7 @@ impl StepModel for DenseReluModel<'_> {
             if shape.output != OutputKind::Identity {
                 return Err(crate::error::Error::Config("the path kernel's closed form needs identity outputs (the logits)".into()));
             }
-            let first = step.first_layer(input.x_train);
-            let rf = mlp_pieces::row_factors(&step, &first, input.x_train, input.off_train, input.tol_step, false);
+            let rf = self.row_factors(&step, input.x_train, input.off_train, input.tol_step, false)?;
             let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(shape.bias));
             let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
             Some((rf, abar))
@@ -67,14 +83,15 @@ impl StepModel for DenseReluModel<'_> {
         // The path kernel's training Gram: the rows are the training points, whose
         // integrated factors were formed above; they are not integrated twice.
         let rows_are_train = train_int.as_ref().filter(|_| rows.x == input.x_train).map(|t| &t.0);
-        for c0 in (0..p).step_by(INTEGRATED_CHUNK_POINTS) {
-            let pc = INTEGRATED_CHUNK_POINTS.min(p - c0);
+        let chunk = if self.device.is_some() { DEVICE_CHUNK_POINTS } else { INTEGRATED_CHUNK_POINTS };
+        for c0 in (0..p).step_by(chunk) {
+            let pc = chunk.min(p - c0);
             let xc = &rows.x[c0 * d..(c0 + pc) * d];
             let own = match rows_are_train {
                 Some(_) => None,
                 None => {
                     let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-                    Some(mlp_pieces::row_factors(&step, &step.first_layer(xc), xc, offc, input.tol_step, input.cosine))
+                    Some(self.row_factors(&step, xc, offc, input.tol_step, input.cosine)?)
                 }
             };
             let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlp_pieces::RowFactorsRef::from);
