@@ -444,7 +444,9 @@ pub struct Contraction {
     pub flops: f64,
     /// Layer stacks: seconds in the gradient evaluations — the training points' (wall) plus the
     /// nodes' summed over the point chunks that run side by side (so up to the cores' count
-    /// times the wall); device calls and their transfers included with `--device cuda`.
+    /// times the wall); device calls and their transfers included with `--device cuda`. The
+    /// `dense → relu → dense` closed form: the wall seconds integrating its rows (the layer-0
+    /// GEMM at the points and the pieces; on a device with their transfers).
     pub gradient_seconds: f64,
     /// Layer stacks: seconds choosing the nodes (the kink sweep and the forward-mode acceptance
     /// tests), summed over the point chunks as `gradient_seconds`.

@@ -28,12 +28,16 @@ pub(crate) struct DenseReluModel<'a> {
 
 impl DenseReluModel<'_> {
     /// The rows' factors of the points `x` on the model's device, else here.
-    fn row_factors(&self, step: &MlpStep, x: &[f64], off: Option<&[f64]>, tol: f64, cosine: bool) -> Result<mlp_pieces::RowFactors> {
+    /// Adds its wall seconds to `seconds` (the split `bench --contraction` reports).
+    fn row_factors(&self, step: &MlpStep, x: &[f64], off: Option<&[f64]>, tol: f64, cosine: bool, seconds: &mut f64) -> Result<mlp_pieces::RowFactors> {
+        let started = std::time::Instant::now();
         let first = step.first_layer(x);
-        match &self.device {
-            Some(dev) => dev.row_factors(step, &first, x, off, tol, cosine),
-            None => Ok(mlp_pieces::row_factors(step, &first, x, off, tol, cosine)),
-        }
+        let rf = match &self.device {
+            Some(dev) => dev.row_factors(step, &first, x, off, tol, cosine)?,
+            None => mlp_pieces::row_factors(step, &first, x, off, tol, cosine),
+        };
+        *seconds += started.elapsed().as_secs_f64();
+        Ok(rf)
     }
 }
 
@@ -51,11 +55,13 @@ impl StepModel for DenseReluModel<'_> {
         // The path kernel's training side: layer 0 as δ̄_i (its activations are the inputs at
         // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
         // accumulator contracts ⟨J̄_p, J̄_i⟩ with the same code as ⟨J̄_p, ∇f(x_i; w_s)⟩.
+        // Wall seconds integrating rows (reported as the closed form's gradient work).
+        let mut rows_seconds = 0.0;
         let train_int = if input.train_integrated {
             if shape.output != OutputKind::Identity {
                 return Err(crate::error::Error::Config("the path kernel's closed form needs identity outputs (the logits)".into()));
             }
-            let rf = self.row_factors(&step, input.x_train, input.off_train, input.tol_step, false)?;
+            let rf = self.row_factors(&step, input.x_train, input.off_train, input.tol_step, false, &mut rows_seconds)?;
             let (h, ne) = (step.layers[0].n_out, step.layers[0].n_out + usize::from(shape.bias));
             let abar: Vec<f64> = (0..m).flat_map(|i| rf.ab[i * (k + 1) * ne..i * (k + 1) * ne + h].iter().copied()).collect();
             Some((rf, abar))
@@ -91,7 +97,7 @@ impl StepModel for DenseReluModel<'_> {
                 Some(_) => None,
                 None => {
                     let offc = input.off_rows.map(|o| &o[c0 * k..(c0 + pc) * k]);
-                    Some(self.row_factors(&step, xc, offc, input.tol_step, input.cosine)?)
+                    Some(self.row_factors(&step, xc, offc, input.tol_step, input.cosine, &mut rows_seconds)?)
                 }
             };
             let rf = own.as_ref().map_or_else(|| rows_are_train.expect("one of the two").slice(c0..c0 + pc, k, h, ne), mlp_pieces::RowFactorsRef::from);
@@ -133,6 +139,7 @@ impl StepModel for DenseReluModel<'_> {
             }
         }
         acc.end_step(&train_layers[0], input.colw);
+        acc.add_node_work(rows_seconds, 0.0);
         let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
         Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() })
     }
