@@ -2,6 +2,8 @@
 //! ([`super::pieces`]: its rows integrated exactly between their kinks, no gradient at a node),
 //! with the training side's structured factors (`δ ⊗ a` per layer).
 
+use rayon::prelude::*;
+
 use crate::error::Result;
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
 use crate::kernel::stack::closed::dense_relu::device::RowsOnDevice;
@@ -114,16 +116,17 @@ impl StepModel for DenseReluModel<'_> {
             let de = d + usize::from(shape.bias);
             let mut vx = vec![0.0; pc * h];
             crate::linalg::gemm_abt(&mut vx, &xe, &v[0], pc, h, de, 1.0, false);
-            for pl in 0..pc {
+            // Point by point on every core (a GPU leaves this to the host).
+            pred[c0 * k..(c0 + pc) * k].par_chunks_mut(k).enumerate().for_each(|(pl, pr)| {
                 let ab = &rf.ab[pl * (k + 1) * ne..(pl + 1) * (k + 1) * ne];
                 let v1 = &v[1];
                 let bv: f64 = (0..k).map(|o| dot(&ab[(1 + o) * ne..(2 + o) * ne], &v1[o * ne..(o + 1) * ne])).sum();
-                for kt in 0..k {
+                for (kt, pv) in pr.iter_mut().enumerate() {
                     let l0 = dot(&rf.dbar[(pl * k + kt) * h..(pl * k + kt + 1) * h], &vx[pl * h..(pl + 1) * h]);
                     let l1 = shape.alpha * (dot(&ab[..ne], &v1[kt * ne..(kt + 1) * ne]) - bv);
-                    pred[(c0 + pl) * k + kt] += l0 + l1;
+                    *pv += l0 + l1;
                 }
-            }
+            });
             if input.self_kernel && input.train_integrated {
                 add_path_self_kernel(&mut diag[c0 * k * k..(c0 + pc) * k * k], rf.dbar, rf.ab, xc, h, k, shape.bias, shape.alpha);
             } else if input.self_kernel {
