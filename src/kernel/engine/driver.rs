@@ -456,7 +456,6 @@ fn closed_rows(device: crate::kernel::backend::Device, dense_closed: bool) -> Re
 /// Where the `dense → relu → dense` closed form's Gram accumulates: resident on the GPU with
 /// `--device cuda` (`kernel::backend::resident`), else on the host. The tests route it through
 /// the same code on the host backend ([`CLOSED_ON_HOST`]).
-#[allow(clippy::too_many_arguments)]
 fn resident_gram(device: crate::kernel::backend::Device, dense_closed: bool, layout: Layout, p: usize, m: usize, k: usize, block_bytes: usize) -> Result<Option<Box<dyn crate::kernel::backend::resident::Resident>>> {
     use crate::kernel::backend::resident::ResidentGram;
     if !dense_closed {
