@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 
 /// Threads per block of every kernel launch (grid-stride loops cover any `n`).
 const THREADS: u32 = 256;
+/// Threads per block of the kernels whose items are whole row points (`pk_mlp_pieces`: a few
+/// thousand items, each thousands of operations), so that they spread over the device's SMs.
+const POINT_THREADS: u32 = 32;
 /// At most this many blocks per launch.
 const MAX_BLOCKS: u32 = 1 << 16;
 
@@ -149,8 +152,9 @@ impl Backend for Cuda {
 impl Kernels for Cuda {
     fn launch(&self, name: &'static str, n: usize, args: &mut [Arg<'_, CudaSlice<f64>>]) -> Result<()> {
         let f = self.funcs.get(name).ok_or_else(|| Error::Backend(format!("no device kernel named {name}")))?;
-        let blocks = n.div_ceil(THREADS as usize).min(MAX_BLOCKS as usize) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let threads = if name == "pk_mlp_pieces" { POINT_THREADS } else { THREADS };
+        let blocks = n.div_ceil(threads as usize).min(MAX_BLOCKS as usize) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&n64);
