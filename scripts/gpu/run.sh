@@ -300,12 +300,17 @@ if r:
     if li > 0 and ls == "0:100":
         print(f"- at that rate, 500 held-out images over the whole path: GPU **{sg['seconds'] / li * 500 / 60:.1f} min**, CPU {sc['seconds'] / li * 500 / 60:.1f} min (goal ≤ 10 min on the GPU)")
 print()
-print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | gradients s | node search s | machine vs network |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| EPK (auto:1e-12): step (device), layout | P × M × K, steps | total s | contraction s | contraction GFLOP/s | device GEMM GFLOP/s | fraction | gradients s (closed form: its rows) | node search s | rest s | machine vs network |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+def rest(r):
+    """What is neither contraction nor node work (the closed form's rows, on one thread, are wall
+    seconds; a stack's node work is thread-seconds, so there it is not subtracted)."""
+    closed = r.get("node_search_seconds", 0) == 0
+    return r["total_seconds"] - r["contraction_seconds"] - (r.get("gradient_seconds", 0) if closed else 0)
 for s in by:
     r = one(s, "contraction")
     if r:
-        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2g} | {r.get('gradient_seconds', 0):.1f} | {r.get('node_search_seconds', 0):.1f} | {r['max_abs_error']:.1e} |")
+        print(f"| {s} ({r['device']}), {r.get('layout', 'diag')} | {r['points']} × {r['train']} × {r['outputs']}, {r['steps']} | {r['total_seconds']:.1f} | {r['contraction_seconds']:.1f} | {r['contraction_gflops']:.0f} | {r['gemm_gflops']:.0f} | {r['ratio']:.2g} | {r.get('gradient_seconds', 0):.1f} | {r.get('node_search_seconds', 0):.1f} | {rest(r):.1f} | {r['max_abs_error']:.1e} |")
 gp, cp = one("epk-gpu", "contraction"), one("epk-cpu", "contraction")
 if gp and cp:
     print(); print(f"GPU vs this machine's CPU, whole EPK: {cp['total_seconds'] / gp['total_seconds']:.2f}× ({gp['total_seconds']:.1f} s vs {cp['total_seconds']:.1f} s); contraction alone {cp['contraction_seconds'] / max(gp['contraction_seconds'], 1e-9):.2f}×.")
