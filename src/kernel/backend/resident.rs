@@ -10,7 +10,7 @@
 //! ([`crate::device::Backend::gemm`]: cuBLAS on a GPU), the folds as the kernels
 //! `pk_fold_soft`, `pk_fold_output_full` and `pk_fold_scaled` of `kernels/epk.cu` (compiled
 //! for the host too, so that the ordinary tests run every line here against the host
-//! accumulator, `gram`'s tests). Before it, each block's product made a round trip to the host
+//! accumulator: this module's tests, and `kernel::stack`'s end to end). Before it, each block's product made a round trip to the host
 //! for the fold (the H100 run of 2026-11-27: 74 GFLOP/s on a device doing 61 827 in DGEMM).
 
 use std::sync::Arc;
