@@ -70,8 +70,9 @@ fn api_device_cuda_without_a_gpu_is_an_error() {
 }
 
 /// The Gram with `--device cuda` against the CPU's, for every layout, with per-step Grams and in
-/// row blocks: one hidden ReLU layer takes the closed form with its Gram resident on the GPU
-/// (`kernel::backend::resident`: cuBLAS and the fold kernels), two hidden layers the layer
+/// row blocks: one hidden ReLU layer takes the closed form, its rows integrated on the GPU
+/// (`pk_mlp_pieces`) and its Gram resident there (`kernel::backend::resident`: cuBLAS and the
+/// fold kernels), two hidden layers the layer
 /// stack's path with its nodes on the GPU.
 #[test]
 #[ignore = "needs a CUDA GPU with driver 580+, libcublas.so.13 on the library path and PATHKERNEL_PTX (run by scripts/gpu/run.sh)"]

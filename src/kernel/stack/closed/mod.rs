@@ -8,7 +8,7 @@
 //!   ([`conv_relu_pool`]): the EPK's rows and k′ under the auto rule.
 //!
 //! Both on plain gradient steps, for the whole Gram (not per layer); the dense form also with
-//! `--device cuda`, its Gram then accumulated on the GPU. What makes them
+//! `--device cuda`, its rows then integrated and its Gram accumulated on the GPU. What makes them
 //! faster than the engine's nodes is not one layer's integral but the ReLU between two linear
 //! layers: along a step the first layer's pre-activations are affine in `t`, so each hidden unit
 //! (each pool window) switches at its own computed time, and its share of the gradient is
@@ -89,8 +89,8 @@ impl ClosedForm {
     /// `req` on a run whose optimizer is `plain` (GD/SGD), where one applies and is faster.
     pub(crate) fn of(arch: &Architecture, req: &Request, plain: bool) -> Option<Self> {
         let base = plain && req.path == GramPath::Fast && matches!(req.rule, Rule::Auto(_)) && !req.per_layer;
-        // On a GPU the dense form's Gram accumulates there (`kernel::backend::resident`); the
-        // convolutional one fills the host's Gram directly, so a GPU takes the engine's nodes.
+        // On a GPU the dense form runs there (`dense_relu::device`, `kernel::backend::resident`);
+        // the convolutional one fills the host's Gram directly, so a GPU takes the engine's nodes.
         let cpu = req.device == crate::kernel::backend::Device::Cpu;
         if !base {
             return None;
