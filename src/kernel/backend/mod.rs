@@ -12,8 +12,8 @@
 //!   memory. Nothing here is GPU-specific beyond `cuda.rs`.
 //!
 //! On a GPU the `dense → relu → dense` closed form (`kernel::stack::closed`, the structured
-//! contraction of `kernel::gram`) does not use [`Backend::abt`]: its whole contraction is
-//! [`resident`] there — the Gram, layer 0's scale `x_p·x_i + 1` and each step's training side
+//! contraction of `kernel::gram`) does not use `Backend::abt`: its whole contraction is
+//! `resident` there — the Gram, layer 0's scale `x_p·x_i + 1` and each step's training side
 //! stay on the device, the element-wise folds run as kernels, and the Gram comes down once. A
 //! layer stack's path (and the CNN's, as its stack) evaluates its node gradients on the GPU
 //! instead (`crate::device`) and contracts on the host; other paths refuse [`Device::Cuda`]
