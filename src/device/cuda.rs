@@ -16,14 +16,13 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::kernels::{Arg, Kernels, KERNELS};
+use super::kernels::{Arg, Kernels, KERNELS, POINT_ITEM_KERNELS};
 use super::{check_gemm, Backend, Gemm};
 use crate::error::{Error, Result};
 
 /// Threads per block of every kernel launch (grid-stride loops cover any `n`).
 const THREADS: u32 = 256;
-/// Threads per block of the kernels whose items are whole row points (`pk_mlp_pieces`: a few
-/// thousand items, each thousands of operations), so that they spread over the device's SMs.
+/// Threads per block of [`POINT_ITEM_KERNELS`] (2 000 points over 63 SMs, not 8).
 const POINT_THREADS: u32 = 32;
 /// At most this many blocks per launch.
 const MAX_BLOCKS: u32 = 1 << 16;
@@ -152,7 +151,7 @@ impl Backend for Cuda {
 impl Kernels for Cuda {
     fn launch(&self, name: &'static str, n: usize, args: &mut [Arg<'_, CudaSlice<f64>>]) -> Result<()> {
         let f = self.funcs.get(name).ok_or_else(|| Error::Backend(format!("no device kernel named {name}")))?;
-        let threads = if name == "pk_mlp_pieces" { POINT_THREADS } else { THREADS };
+        let threads = if POINT_ITEM_KERNELS.contains(&name) { POINT_THREADS } else { THREADS };
         let blocks = n.div_ceil(threads as usize).min(MAX_BLOCKS as usize) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let n64 = n as i64;

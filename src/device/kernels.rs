@@ -10,6 +10,11 @@
 use super::Backend;
 use crate::error::{Error, Result};
 
+/// The kernels whose items are whole row points (a few thousand items, each thousands of
+/// operations): a device launches them in narrow blocks, so that they spread over its
+/// multiprocessors.
+pub(crate) const POINT_ITEM_KERNELS: &[&str] = &["pk_mlp_pieces"];
+
 /// One argument of a launch, in the kernel's order (after `n`).
 pub(crate) enum Arg<'a, B> {
     I(i64),

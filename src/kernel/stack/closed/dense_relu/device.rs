@@ -86,10 +86,7 @@ mod tests {
     use super::*;
     use crate::device::host::Host;
     use crate::kernel::stack::closed::dense_relu::pieces::row_factors;
-    use crate::kernel::stack::closed::DenseRelu;
-    use crate::model::{Activation, Architecture, Body};
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
+    use crate::kernel::stack::closed::dense_relu::pieces::tests::random_step;
 
     /// The kernel on the host backend gives the Rust integration's factors, self-kernel and
     /// counts bit for bit (the same operations in the same order), on random steps with many
@@ -99,17 +96,7 @@ mod tests {
     fn device_rows_equal_the_rust_integration() {
         let mut pieces = 0;
         for (seed, output, bias, with_off) in [(1, OutputKind::LogSoftmax, true, true), (2, OutputKind::LogSoftmax, false, false), (3, OutputKind::Identity, true, true), (4, OutputKind::LogSoftmax, true, false)] {
-            let mut rng = ChaCha8Rng::seed_from_u64(2000 + seed);
-            let (d, h, k, n) = (5, 11, 4, 9);
-            let arch = Architecture { body: Body::Mlp { widths: vec![d, h, k] }, activation: Activation::Relu, bias, zero_last: false, alpha: 0.7, zero_output: false, output };
-            let init = arch.init(seed);
-            let mut next = init.clone();
-            for t in next.data.iter_mut() {
-                t.iter_mut().for_each(|v| *v += rng.gen_range(-2.0..2.0));
-            }
-            let step = MlpStep::new(&DenseRelu::of(&arch), &init, Some(&next)).unwrap();
-            let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.5..1.5)).collect();
-            let off: Vec<f64> = (0..n * k).map(|_| rng.gen_range(-0.3..0.3)).collect();
+            let (step, x, off, _) = random_step(2000 + seed, seed, output, bias, (5, 11, 4, 9), 2.0, 1.5);
             let off = with_off.then_some(&off[..]);
             let first = step.first_layer(&x);
             for tol in [1e-15, 1e-6] {

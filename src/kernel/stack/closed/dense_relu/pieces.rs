@@ -267,7 +267,7 @@ fn cosine_measure(step: &MlpStep, z: &[f64], xsq: f64, off: Option<&[f64]>, dbar
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernel::stack::closed::dense_relu::nodes::eval_rows;
     use crate::kernel::quadrature::gauss_legendre_01;
@@ -284,17 +284,22 @@ mod tests {
 
     /// A random one-hidden-layer ReLU step with large moves (many kinks), the points, offsets.
     fn setup(seed: u64, output: OutputKind, bias: bool) -> (MlpStep, Vec<f64>, Vec<f64>, usize) {
-        // Not the stream of `arch.init(seed)`: a step proportional to w_s has no kinks.
-        let mut rng = ChaCha8Rng::seed_from_u64(1000 + seed);
-        let (d, h, k, n) = (5, 9, 4, 6);
+        random_step(1000 + seed, seed, output, bias, (5, 9, 4, 6), 0.8, 1.0)
+    }
+
+    /// A random `d → h → k` ReLU step of `n` points: the initial network of `init_seed`, moved
+    /// by up to `±spread` per weight (from the stream `rng_seed`: a step proportional to `w_s`
+    /// has no kinks), the points in `±x_range`, offsets in ±0.3.
+    pub(crate) fn random_step(rng_seed: u64, init_seed: u64, output: OutputKind, bias: bool, (d, h, k, n): (usize, usize, usize, usize), spread: f64, x_range: f64) -> (MlpStep, Vec<f64>, Vec<f64>, usize) {
+        let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
         let arch = Architecture { body: Body::Mlp { widths: vec![d, h, k] }, activation: Activation::Relu, bias, zero_last: false, alpha: 0.7, zero_output: false, output };
-        let init = arch.init(seed);
+        let init = arch.init(init_seed);
         let mut next = init.clone();
         for t in next.data.iter_mut() {
-            t.iter_mut().for_each(|v| *v += rng.gen_range(-0.8..0.8));
+            t.iter_mut().for_each(|v| *v += rng.gen_range(-spread..spread));
         }
         let step = MlpStep::new(&DenseRelu::of(&arch), &init, Some(&next)).unwrap();
-        let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let x: Vec<f64> = (0..n * d).map(|_| rng.gen_range(-x_range..x_range)).collect();
         let off: Vec<f64> = (0..n * k).map(|_| rng.gen_range(-0.3..0.3)).collect();
         (step, x, off, n)
     }
