@@ -463,6 +463,24 @@ PK_KERNEL pk_fold_output_full(i64 n, i64 m, i64 k, double alpha, i64 p0, const d
     }
 }
 
+/* Writes one step's layer-0 factors [(pt, c), o] of the points first.. into slot `slot` of a
+ * layer-0 step buffer of npts points (src/kernel/gram.rs' Layer0Sum: layout 0 `full`
+ * [(p, c), slot, o], 1 `diag` [c, p, slot, o], 2 `trace` [p, slot, c, o]), scaled by
+ * w[pt, c] when has_w (Chen's column weights). n = rows·h. */
+PK_KERNEL pk_put_slot(i64 n, i64 k, i64 h, i64 slots, i64 slot, i64 layout, i64 npts, i64 first, i64 has_w, const double *src, const double *w, double *dst) {
+    PK_LOOP(e, n) {
+        i64 row = e / h, o = e % h, pt = first + row / k, c = row % k, at;
+        if (layout == 0) {
+            at = ((pt * k + c) * slots + slot) * h + o;
+        } else if (layout == 1) {
+            at = ((c * npts + pt) * slots + slot) * h + o;
+        } else {
+            at = ((pt * slots + slot) * k + c) * h + o;
+        }
+        dst[at] = has_w ? w[pt * k + c] * src[e] : src[e];
+    }
+}
+
 /* ---- The `dense → relu → dense` closed form's rows on the device
  * (src/kernel/stack/closed/dense_relu/pieces.rs, the same arithmetic in the same order): one
  * item per row point, its hidden pre-activations z + t·u along the step, integrated piece by
@@ -479,6 +497,23 @@ PK_DEVFN double pk_dot(const double *x, const double *y, i64 n) {
         s += x[j] * y[j];
     }
     return s;
+}
+
+/* The closed form's prediction ⟨∫∇f^k, v⟩ of n/k points (src/kernel/stack/closed/dense_relu/
+ * model.rs, the same order): layer 0 as δ̄[k]·(V_0 x̃), the output layer as
+ * α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]). One item per (point, k). */
+PK_KERNEL pk_mlp_predict(i64 n, i64 k, i64 h, i64 ne, double alpha, const double *dbar, const double *vx, const double *ab, const double *v1, double *pred) {
+    PK_LOOP(e, n) {
+        i64 pl = e / k, kt = e % k;
+        const double *abp = ab + pl * (k + 1) * ne;
+        double bv = 0.0;
+        for (i64 o = 0; o < k; o++) {
+            bv += pk_dot(abp + (1 + o) * ne, v1 + o * ne, ne);
+        }
+        double l0 = pk_dot(dbar + e * h, vx + pl * h, h);
+        double l1 = alpha * (pk_dot(abp, v1 + kt * ne, ne) - bv);
+        pred[e] = l0 + l1;
+    }
 }
 
 /* Adds w·[p(t), t p(t), D H(t) Dᵀ] of one node to acc [2K + K²] (quadrature/piece.rs'

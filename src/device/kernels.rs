@@ -167,6 +167,13 @@ kernels! {
     pk_fold_soft(n; m: i, k: i, trace: i, has_w: i, scale: f, p0: i, tb: r[n * (k + 1)], q: r[k * m], w: r[if has_w != 0 { k * m } else { 0 }], g: w[(p0 + n / m) * m * if trace != 0 { 1 } else { k }]);
     /// The output layer's fold in the `full` layout against formed training sensitivities.
     pk_fold_output_full(n; m: i, k: i, alpha: f, p0: i, tb: r[n / (k * m * k) * (k + 1) * m], d: r[k * m * k], g: w[p0 * k * m * k + n]);
+    /// One step's layer-0 factors of the points `first..` into slot `slot` of a layer-0 step
+    /// buffer (`kernel::gram`'s `Layer0Sum` layouts, numbered 0 `full`, 1 `diag`, 2 `trace`),
+    /// scaled by Chen's column weights `w` `[points, k]` when `has_w`.
+    pk_put_slot(n; k: i, h: i, slots: i, slot: i, layout: i, npts: i, first: i, has_w: i, src: r[n], w: r[if has_w != 0 { (first + n / (h * k)) * k } else { 0 }], dst: w[npts * k * slots * h]);
+    /// The closed form's prediction of `n / k` points from their factors (`dbar` `[n, h]`,
+    /// `ab` `[n / k, k + 1, ne]`), `vx = V_0 x̃` `[n / k, h]` and `V_1` `[k, ne]`.
+    pk_mlp_predict(n; k: i, h: i, ne: i, alpha: f, dbar: r[n * h], vx: r[n / k * h], ab: r[n / k * (k + 1) * ne], v1: r[k * ne], pred: w[n]);
     /// The `dense → relu → dense` closed form's rows of `n` points, integrated between their
     /// kinks (`kernel::stack::closed::dense_relu::pieces`), each point's scratch its own.
     pk_mlp_pieces(n; h: i, k: i, bias: i, softmax: i, has_off: i, cosine: i, alpha: f, tol: f, z: r[n * h], u: r[n * h], xsq: r[n], off: r[if has_off != 0 { n * k } else { 0 }], w: r[k * h], dw: r[k * h], b: r[k], db: r[k], gl: r[48], scratch: w[n * (5 * h + 2 + 2 * (h + bias) + 13 * k + 6 * k * k)], dbar: w[n * k * h], ab: w[n * (k + 1) * (h + bias)], diag: w[n * k * k], stats: w[n * 4]);

@@ -147,6 +147,12 @@ impl GramAccumulator {
         self
     }
 
+    /// The device accumulation, for a step model that runs its whole step there
+    /// (`kernel::stack::closed::dense_relu::device`); `None` on the host.
+    pub(crate) fn resident_mut(&mut self) -> Option<&mut (dyn Resident + 'static)> {
+        self.resident.as_deref_mut()
+    }
+
     /// The backend's first failure, if any (a device error: out of memory, a cuBLAS status);
     /// after one the accumulator skips every later contraction, so its Gram is incomplete.
     pub(crate) fn check(&mut self) -> Result<()> {
@@ -424,8 +430,9 @@ impl GramAccumulator {
         self.contract_layer0();
         if let (Some(r), None) = (self.resident.as_mut(), self.error.as_ref()) {
             let started = std::time::Instant::now();
-            if let Err(e) = r.add_into(&mut self.sink) {
-                self.error = Some(e);
+            match r.add_into(&mut self.sink) {
+                Ok(flops) => self.stats.flops += flops,
+                Err(e) => self.error = Some(e),
             }
             self.stats.seconds += started.elapsed().as_secs_f64();
         }
@@ -503,11 +510,7 @@ struct Layer0Sum {
 
 impl Layer0Sum {
     fn new(layout: Layout, p: usize, m: usize, k: usize, h: usize) -> Self {
-        let per_slot = 8 * (p + m) * k * h;
-        let gram = 8 * p * m * layout.per_pair(k);
-        // A quarter of the Gram, but three slots where they fit in half of it.
-        let fit = |bytes: usize| LAYER0_BUFFER_BYTES.min(bytes) / per_slot.max(1);
-        let slots = fit(gram / 4).max(fit(gram / 2).min(3)).clamp(1, 16);
+        let slots = layer0_slots(layout, p, m, k, h);
         Layer0Sum { layout, p, m, k, h, slots, filled: 0, rows: zeroed(p * k * slots * h), train: zeroed(m * k * slots * h) }
     }
 
@@ -606,6 +609,16 @@ impl Layer0Sum {
         }
         Ok(2.0 * p as f64 * m as f64 * (k * layout.cols_per_train(k) * f * h) as f64)
     }
+}
+
+/// Steps layer 0's buffer holds before it is contracted (host or device): its row and training
+/// sides take a quarter of the Gram, or three steps where they fit in half of it, within
+/// `LAYER0_BUFFER_BYTES`, 1 to 16 steps.
+pub(crate) fn layer0_slots(layout: Layout, p: usize, m: usize, k: usize, h: usize) -> usize {
+    let per_slot = 8 * (p + m) * k * h;
+    let gram = 8 * p * m * layout.per_pair(k);
+    let fit = |bytes: usize| LAYER0_BUFFER_BYTES.min(bytes) / per_slot.max(1);
+    fit(gram / 4).max(fit(gram / 2).min(3)).clamp(1, 16)
 }
 
 /// Training activations with the bias column appended when the layer has one: `[M, in(+1)]`.

@@ -445,11 +445,11 @@ fn closed_rows(device: crate::kernel::backend::Device, dense_closed: bool) -> Re
     }
     #[cfg(test)]
     if CLOSED_ON_HOST.with(|c| c.get()) {
-        return Ok(Some(std::sync::Arc::new(OnDevice(std::sync::Arc::new(crate::device::host::Host)))));
+        return Ok(Some(std::sync::Arc::new(OnDevice::new(std::sync::Arc::new(crate::device::host::Host)))));
     }
     Ok(match device {
         crate::kernel::backend::Device::Cpu => None,
-        crate::kernel::backend::Device::Cuda => Some(std::sync::Arc::new(OnDevice(crate::device::cuda::Cuda::shared()?))),
+        crate::kernel::backend::Device::Cuda => Some(std::sync::Arc::new(OnDevice::new(crate::device::cuda::Cuda::shared()?))),
     })
 }
 

@@ -457,6 +457,7 @@ layers = [{ conv2d = { channels = 3, kernel = 5, stride = 3 } }, { layer_norm = 
 /// training side integrated too). Chen's column weights are `resident`'s own test.
 #[test]
 fn closed_form_device_route_gives_the_host_s_kernel() {
+    use crate::kernel::stack::closed::dense_relu::model::WHOLE_STEPS;
     let dir = tempfile::tempdir().unwrap();
     let toml = "[data]\nkind = \"gaussian-mixture\"\ndim = 5\nper_class = 7\nn_test = 6\nseed = 4\n\n[model]\nkind = \"mlp\"\nhidden = [9]\nzero_last = false\n\n[train]\nlr = 0.8\nsteps = 9\nseed = 3\n";
     let (run, states, pts) = trained(dir.path(), "mlp", toml);
@@ -467,10 +468,13 @@ fn closed_form_device_route_gives_the_host_s_kernel() {
     // Per-step Grams (one resident accumulator a step) and row blocks (one a block).
     reqs.push(epk(Layout::Diag, Outputs::Network).per_step(true));
     reqs.push(epk(Layout::Trace, Outputs::Network).block_rows(Some(4)));
+    // A share of the training columns.
+    reqs.push(epk(Layout::Diag, Outputs::Network).columns(Some((3, 11))));
     for req in reqs {
         let host = kernel::compute(&run, &states, &pts, &req, &|_, _| {}).unwrap();
         crate::kernel::engine::driver::CLOSED_ON_HOST.with(|c| c.set(true));
         crate::kernel::engine::driver::RESIDENT_USED.with(|c| c.set(0));
+        WHOLE_STEPS.with(|c| c.set(0));
         let dev = kernel::compute(&run, &states, &pts, &req, &|_, _| {});
         crate::kernel::engine::driver::CLOSED_ON_HOST.with(|c| c.set(false));
         let dev = dev.unwrap();
@@ -485,7 +489,14 @@ fn closed_form_device_route_gives_the_host_s_kernel() {
         if let (Some(a), Some(b)) = (&dev.diag, &host.diag) {
             assert!(rel(a, b) <= 1e-13, "{what}: self-kernel {:e}", rel(a, b));
         }
-        // The closed form ran, on the resident Gram.
+        // The closed form ran, on the resident Gram; every step whole on the device but the
+        // path kernel's (its training side is integrated on the host).
         assert!(crate::kernel::engine::driver::RESIDENT_USED.with(|c| c.get()) > 0, "{what}: not resident");
+        let whole = WHOLE_STEPS.with(|c| c.get());
+        if req.kind == KernelKind::Path {
+            assert_eq!(whole, 0, "{what}: the path kernel's steps ran whole on the device");
+        } else {
+            assert_eq!(whole, host.steps.len() * if req.per_step { 1 } else { host.p.div_ceil(req.block_rows.unwrap_or(host.p)) }, "{what}: steps not whole on the device");
+        }
     }
 }

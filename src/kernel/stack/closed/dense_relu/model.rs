@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
-use crate::kernel::stack::closed::dense_relu::device::RowsOnDevice;
+use crate::kernel::stack::closed::dense_relu::device::{RowsOnDevice, DEVICE_CHUNK_POINTS};
 use crate::kernel::stack::closed::dense_relu::pieces::{self as mlp_pieces, dot};
 use crate::kernel::stack::closed::dense_relu::step::MlpStep;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
@@ -18,8 +18,11 @@ use crate::model::OutputKind;
 /// numbers each).
 const INTEGRATED_CHUNK_POINTS: usize = 256;
 
-/// Row points integrated at once on a device (one item each: a GPU wants thousands).
-const DEVICE_CHUNK_POINTS: usize = 1 << 14;
+#[cfg(test)]
+thread_local! {
+    /// Steps this thread ran whole on a device ([`RowsOnDevice::step`]).
+    pub(crate) static WHOLE_STEPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 /// The closed form of a `dense → relu → dense` stack.
 pub(crate) struct DenseReluModel<'a> {
@@ -81,9 +84,29 @@ impl StepModel for DenseReluModel<'_> {
             })
             .collect();
         let v = gram::prediction_weights(&train_layers, input.a, m, k, shape.bias);
-        let mut pred = vec![0.0; p * k];
         let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+        let mut count = |st: &mlp_pieces::PointStats| {
+            stats.evaluations.push(mlp_pieces::EVALUATIONS);
+            stats.jvp_evaluations.push(0);
+            stats.pieces.push(st.pieces);
+            stats.unconverged += st.unconverged;
+            cos_sum += st.cosine_sum;
+            cos_count += st.cosine_count;
+        };
+        // On a device whose Gram is resident: the whole step there.
+        if let Some(dev) = self.device.as_ref().filter(|_| train_int.is_none()) {
+            if let Some(done) = dev.step(&step, input, &train_layers, &v, acc, diag)? {
+                done.stats.iter().for_each(&mut count);
+                acc.add_node_work(done.rows_seconds, 0.0);
+                acc.add_contraction(done.contraction_seconds, done.flops);
+                #[cfg(test)]
+                WHOLE_STEPS.with(|c| c.set(c.get() + 1));
+                let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
+                return Ok(StepOutput { pred: done.pred, stats, cosine, layer_pred: Vec::new() });
+            }
+        }
+        let mut pred = vec![0.0; p * k];
         // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
         // their kinks, no gradient evaluated at a node.
         let h = step.layers[0].n_out;
@@ -132,14 +155,7 @@ impl StepModel for DenseReluModel<'_> {
             } else if input.self_kernel {
                 diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
             }
-            for st in rf.stats {
-                stats.evaluations.push(mlp_pieces::EVALUATIONS);
-                stats.jvp_evaluations.push(0);
-                stats.pieces.push(st.pieces);
-                stats.unconverged += st.unconverged;
-                cos_sum += st.cosine_sum;
-                cos_count += st.cosine_count;
-            }
+            rf.stats.iter().for_each(&mut count);
         }
         acc.end_step(&train_layers[0], input.colw);
         acc.add_node_work(rows_seconds, 0.0);
