@@ -499,6 +499,20 @@ PK_DEVFN double pk_dot(const double *x, const double *y, i64 n) {
     return s;
 }
 
+/* Layer 0's training sensitivities of the closed form at w_s (step.rs' MlpStep::eval):
+ * δ0[i, k, o'] = σ'(z_io')·Σ_o d1[i, k, o] W1[o, o'], the ReLU's derivative read from the
+ * activations a1 = max(z, 0) [M, ne] (1 where a1 > 0). One item per (i, k, o'). n = M·K·h. */
+PK_KERNEL pk_mlp_delta0(i64 n, i64 k, i64 h, i64 ne, const double *d1, const double *a1, const double *w1, double *d0) {
+    PK_LOOP(e, n) {
+        i64 row = e / h, o2 = e % h, i = row / k;
+        double s = 0.0;
+        for (i64 o = 0; o < k; o++) {
+            s += d1[row * k + o] * w1[o * h + o2];
+        }
+        d0[e] = s * (a1[i * ne + o2] > 0.0 ? 1.0 : 0.0);
+    }
+}
+
 /* The closed form's prediction ⟨∫∇f^k, v⟩ of n/k points (src/kernel/stack/closed/dense_relu/
  * model.rs, the same order): layer 0 as δ̄[k]·(V_0 x̃), the output layer as
  * α(Ā·V_1[k] − Σ_o B̄[o]·V_1[o]). One item per (point, k). */

@@ -171,6 +171,10 @@ kernels! {
     /// buffer (`kernel::gram`'s `Layer0Sum` layouts, numbered 0 `full`, 1 `diag`, 2 `trace`),
     /// scaled by Chen's column weights `w` `[points, k]` when `has_w`.
     pk_put_slot(n; k: i, h: i, slots: i, slot: i, layout: i, npts: i, first: i, has_w: i, src: r[n], w: r[if has_w != 0 { (first + n / (h * k)) * k } else { 0 }], dst: w[npts * k * slots * h]);
+    /// Layer 0's training sensitivities `[M, K, h]` of the closed form at `w_s` from the output
+    /// layer's `d1` `[M, K, K]`, the activations `a1` `[M, ne]` (the ReLU's derivative) and
+    /// `W_1` `[K, h]`.
+    pk_mlp_delta0(n; k: i, h: i, ne: i, d1: r[n / h * k], a1: r[n / (k * h) * ne], w1: r[k * h], d0: w[n]);
     /// The closed form's prediction of `n / k` points from their factors (`dbar` `[n, h]`,
     /// `ab` `[n / k, k + 1, ne]`), `vx = V_0 x̃` `[n / k, h]` and `V_1` `[k, ne]`.
     pk_mlp_predict(n; k: i, h: i, ne: i, alpha: f, dbar: r[n * h], vx: r[n / k * h], ab: r[n / k * (k + 1) * ne], v1: r[k * ne], pred: w[n]);

@@ -2,7 +2,10 @@
 //! the `dense → relu → dense` closed form) resident on a device: the Gram, layer 0's scale
 //! `x_p·x_i + 1` and each step's training side stay on the backend, and only the row points'
 //! factors go up (per block of points, and layer 0's step buffers once per flush); the Gram
-//! comes down once, when the accumulator is flushed.
+//! comes down once, when the accumulator is flushed. A step model that forms the rows' factors
+//! on the same device (the closed form's whole step, `kernel::stack::closed::dense_relu::device`)
+//! hands them over where they are instead: [`ResidentGram::put_rows`], [`ResidentGram::output_from`]
+//! and [`ResidentGram::put_train`] (layer 0's step buffers then live on the device too).
 //!
 //! Per step and block of row points this is what the host accumulator does, in the same order:
 //! the GEMM `T = [Ā; B̄]·Aᵀ` and the output layer's fold, and, every few steps, layer 0's GEMM
@@ -237,6 +240,14 @@ impl<B: Kernels> ResidentGram<B> {
         }
         self.dirty = true;
         Ok(())
+    }
+
+    /// The step's training activations `[M, ne]` on the device ([`Self::ensure_step`]).
+    ///
+    /// # Panics
+    /// Before the step side is set.
+    pub(crate) fn step_acts(&self) -> &B::Buf {
+        &self.step.as_ref().expect("the step side is set").acts
     }
 
     /// Most row points whose output-layer product fits a block.

@@ -8,9 +8,10 @@
 //!   (`kernel::backend::resident`): the row points go up once per computation, and per step
 //!   only the weights, the training side (its activations, softmax, layer 0's sensitivities)
 //!   and the prediction weights go up; layer 0 at the rows (two GEMMs), their integration, the
-//!   contraction of both layers and the prediction run there, and only the predictions, the
-//!   pieces' counts and (when asked) the self-kernel come down. The training side's forward and
-//!   backward at `w_s` and the prediction weights stay on the host (GEMMs of `M` rows).
+//!   contraction of both layers, layer 0's training sensitivities (`pk_mlp_delta0`) and the
+//!   prediction run there, and only the predictions, the pieces' counts and (when asked) the
+//!   self-kernel come down. The training side's forward and backward at `w_s` and the
+//!   prediction weights stay on the host (GEMMs of `M` rows).
 
 use std::sync::{Arc, Mutex};
 
@@ -217,8 +218,10 @@ where
         }
         lap(&mut out.contraction_seconds);
     }
-    // Layer 0's training side ends the step (its buffer contracted when full).
-    let dtrain = up(train[0].deltas)?;
+    // Layer 0's training side ends the step (its buffer contracted when full), formed here
+    // from the output layer's sensitivities (`[M, K, K]`, not `[M, K, h]`, go up).
+    let mut dtrain = be.zeros(m * k * h)?;
+    be.pk_mlp_delta0(m * k * h, k as i64, h as i64, ne as i64, &up(train[1].deltas)?, res.step_acts(), &w1, &mut dtrain)?;
     let colw = input.colw.map(up).transpose()?;
     out.flops += res.put_train(&dtrain, colw.as_ref())?;
     lap(&mut out.contraction_seconds);
