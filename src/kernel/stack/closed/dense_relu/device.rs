@@ -10,8 +10,9 @@
 //!   and the prediction weights go up; layer 0 at the rows (two GEMMs), their integration, the
 //!   contraction of both layers, layer 0's training sensitivities (`pk_mlp_delta0`) and the
 //!   prediction run there, and only the predictions, the pieces' counts and (when asked) the
-//!   self-kernel come down. The training side's forward and backward at `w_s` and the
-//!   prediction weights stay on the host (GEMMs of `M` rows).
+//!   self-kernel come down. The training side's forward and its output layer's sensitivities at
+//!   `w_s`, and the prediction weights (the coefficients folded in before one backward pass:
+//!   no `[M, K, h]` sensitivities), stay on the host.
 
 use std::sync::{Arc, Mutex};
 
@@ -55,7 +56,8 @@ pub(crate) trait RowsOnDevice: Send + Sync {
 
     /// The whole step on the device (module docs) when `acc`'s Gram is resident on this
     /// backend and the training side is at `w_s` (not the path kernel's integrated one);
-    /// `None` otherwise. `train` are the training points' factors of both layers at `w_s`,
+    /// `None` otherwise. `train` are the training points' factors of both layers at `w_s`
+    /// (layer 0's sensitivities are not read: they are formed on the device),
     /// `v` the prediction weights ([`gram::prediction_weights`]); the self-kernel is added to
     /// `diag` (`[P, K, K]`) when the input asks for it.
     fn step(&self, step: &MlpStep, input: &StepInput<'_>, train: &[LayerFactors<'_>], v: &[Vec<f64>], acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<Option<DeviceStep>>;

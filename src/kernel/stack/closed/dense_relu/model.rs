@@ -56,6 +56,28 @@ impl StepModel for DenseReluModel<'_> {
         if input.fixed.is_some() || !mlp_pieces::applies(&step) {
             return Err(crate::error::Error::Config("the dense → relu → dense closed form integrates rows under the auto quadrature only".into()));
         }
+        // On a device whose Gram is resident: the whole step there.
+        if let Some(dev) = self.device.as_ref().filter(|_| !input.train_integrated) {
+            let tr = step.eval_head(input.x_train, input.off_train);
+            let train_layers: Vec<LayerFactors<'_>> = step.layers.iter().enumerate().map(|(l, layer)| LayerFactors { acts: &tr.acts[l], deltas: &tr.deltas[l], n_in: layer.n_in, n_out: layer.n_out }).collect();
+            let v = folded_prediction_weights(&step, &tr, input.a);
+            if let Some(done) = dev.step(&step, input, &train_layers, &v, acc, diag)? {
+                let mut stats = NodeStats { evaluations: vec![mlp_pieces::EVALUATIONS; p], jvp_evaluations: vec![0; p], pieces: Vec::with_capacity(p), unconverged: 0 };
+                let (mut cos_sum, mut cos_count) = (0.0, 0usize);
+                for st in &done.stats {
+                    stats.pieces.push(st.pieces);
+                    stats.unconverged += st.unconverged;
+                    cos_sum += st.cosine_sum;
+                    cos_count += st.cosine_count;
+                }
+                acc.add_node_work(done.rows_seconds, 0.0);
+                acc.add_contraction(done.contraction_seconds, done.flops);
+                #[cfg(test)]
+                WHOLE_STEPS.with(|c| c.set(c.get() + 1));
+                let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
+                return Ok(StepOutput { pred: done.pred, stats, cosine, layer_pred: Vec::new() });
+            }
+        }
         let tr = step.eval(input.x_train, &vec![0.0; m], input.off_train, true);
         // The path kernel's training side: layer 0 as δ̄_i (its activations are the inputs at
         // every t), the identity output layer as α·e_k ⊗ Ā_i (its B̄ vanishes), so the
@@ -86,26 +108,6 @@ impl StepModel for DenseReluModel<'_> {
         let v = gram::prediction_weights(&train_layers, input.a, m, k, shape.bias);
         let mut stats = NodeStats { evaluations: Vec::with_capacity(p), jvp_evaluations: Vec::with_capacity(p), pieces: Vec::with_capacity(p), unconverged: 0 };
         let (mut cos_sum, mut cos_count) = (0.0, 0usize);
-        let mut count = |st: &mlp_pieces::PointStats| {
-            stats.evaluations.push(mlp_pieces::EVALUATIONS);
-            stats.jvp_evaluations.push(0);
-            stats.pieces.push(st.pieces);
-            stats.unconverged += st.unconverged;
-            cos_sum += st.cosine_sum;
-            cos_count += st.cosine_count;
-        };
-        // On a device whose Gram is resident: the whole step there.
-        if let Some(dev) = self.device.as_ref().filter(|_| train_int.is_none()) {
-            if let Some(done) = dev.step(&step, input, &train_layers, &v, acc, diag)? {
-                done.stats.iter().for_each(&mut count);
-                acc.add_node_work(done.rows_seconds, 0.0);
-                acc.add_contraction(done.contraction_seconds, done.flops);
-                #[cfg(test)]
-                WHOLE_STEPS.with(|c| c.set(c.get() + 1));
-                let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
-                return Ok(StepOutput { pred: done.pred, stats, cosine, layer_pred: Vec::new() });
-            }
-        }
         let mut pred = vec![0.0; p * k];
         // The auto rule on a one-hidden-layer ReLU network: the rows integrated exactly between
         // their kinks, no gradient evaluated at a node.
@@ -155,13 +157,46 @@ impl StepModel for DenseReluModel<'_> {
             } else if input.self_kernel {
                 diag[c0 * k * k..(c0 + pc) * k * k].iter_mut().zip(rf.diag).for_each(|(a, b)| *a += b);
             }
-            rf.stats.iter().for_each(&mut count);
+            for st in rf.stats {
+                stats.evaluations.push(mlp_pieces::EVALUATIONS);
+                stats.jvp_evaluations.push(0);
+                stats.pieces.push(st.pieces);
+                stats.unconverged += st.unconverged;
+                cos_sum += st.cosine_sum;
+                cos_count += st.cosine_count;
+            }
         }
         acc.end_step(&train_layers[0], input.colw);
         acc.add_node_work(rows_seconds, 0.0);
         let cosine = if input.cosine && cos_count > 0 { cos_sum / cos_count as f64 } else { f64::NAN };
         Ok(StepOutput { pred, stats, cosine, layer_pred: Vec::new() })
     }
+}
+
+/// The prediction weights `V_l = Σ_i u_{i,l} [a_{i,l}, 1]ᵀ` ([`gram::prediction_weights`]) with
+/// the coefficients folded in before the backward pass: `u_{i,1} = Σ_k a[i,k] δ_{i,1}[k]` and
+/// `u_{i,0} = σ'(z_i) ⊙ (W_1ᵀ u_{i,1})` — one backward pass instead of K, no `[M, K, h]`
+/// sensitivities. `tr` is [`MlpStep::eval_head`] at the training points, `a` `[M, K]`.
+fn folded_prediction_weights(step: &MlpStep, tr: &crate::kernel::stack::closed::dense_relu::step::Evals, a: &[f64]) -> Vec<Vec<f64>> {
+    let (k, bias) = (step.k, step.bias);
+    let (l0, l1) = (&step.layers[0], &step.layers[1]);
+    let (d, h) = (l0.n_in, l0.n_out);
+    let m = a.len() / k;
+    let d1 = &tr.deltas[1];
+    let u1: Vec<f64> = (0..m * k).into_par_iter().map(|j| (0..k).map(|kk| a[(j / k) * k + kk] * d1[((j / k) * k + kk) * k + j % k]).sum()).collect();
+    let mut u0 = vec![0.0; m * h];
+    crate::linalg::gemm_ab(&mut u0, &u1, &l1.w, m, h, k, 1.0, false);
+    let a1 = &tr.acts[1];
+    u0.par_chunks_mut(h).zip(a1.par_chunks(h)).for_each(|(u, a)| u.iter_mut().zip(a).for_each(|(u, a)| *u *= if *a > 0.0 { 1.0 } else { 0.0 }));
+    let ext = |acts: &[f64], n: usize| -> Vec<f64> { gram::train_acts_ext(&LayerFactors { acts, deltas: &[], n_in: n, n_out: 0 }, bias) };
+    let times = |u: &[f64], no: usize, acts: Vec<f64>, ne: usize| {
+        let ut: Vec<f64> = (0..no * m).into_par_iter().map(|j| u[(j % m) * no + j / m]).collect();
+        let mut v = vec![0.0; no * ne];
+        crate::linalg::gemm_ab(&mut v, &ut, &acts, no, ne, m, 1.0, false);
+        v
+    };
+    let (de, ne) = (d + usize::from(bias), h + usize::from(bias));
+    vec![times(&u0, h, ext(&tr.acts[0], d), de), times(&u1, k, ext(a1, h), ne)]
 }
 
 /// Adds the path kernel's self-kernel `|J̄|²` of a chunk of points from their integrated
@@ -190,6 +225,36 @@ fn add_path_self_kernel(diag: &mut [f64], dbar: &[f64], ab: &[f64], x: &[f64], h
                 let l0 = xsq * dot(&db[kt * h..(kt + 1) * h], &db[ks * h..(ks + 1) * h]);
                 let l1 = alpha * alpha * (if kt == ks { aa } else { 0.0 } - ab_k[kt] - ab_k[ks] + bsq);
                 diag[(p * k + kt) * k + ks] += l0 + l1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::stack::closed::dense_relu::pieces::tests::random_step;
+
+    /// The prediction weights with the coefficients folded in before the backward pass equal
+    /// the per-output ones ([`gram::prediction_weights`] on every output's sensitivities), on
+    /// both output maps, with and without biases; the head-only evaluation keeps the output
+    /// layer's sensitivities and no others.
+    #[test]
+    fn folded_prediction_weights_equal_the_per_output_ones() {
+        for (seed, output, bias) in [(1, OutputKind::LogSoftmax, true), (2, OutputKind::Identity, false), (3, OutputKind::LogSoftmax, false)] {
+            let (step, x, off, _) = random_step(3000 + seed, seed, output, bias, (6, 13, 4, 23), 2.0, 1.5);
+            let (m, k) = (x.len() / step.input_dim(), step.k);
+            let a: Vec<f64> = (0..m * k).map(|j| ((j * 37 + 11) % 19) as f64 / 9.0 - 1.0).collect();
+            let full = step.eval(&x, &vec![0.0; m], Some(&off), true);
+            let layers: Vec<LayerFactors<'_>> = step.layers.iter().enumerate().map(|(l, layer)| LayerFactors { acts: &full.acts[l], deltas: &full.deltas[l], n_in: layer.n_in, n_out: layer.n_out }).collect();
+            let want = gram::prediction_weights(&layers, &a, m, k, bias);
+            let head = step.eval_head(&x, Some(&off));
+            assert!(head.deltas[0].is_empty() && head.deltas[1] == full.deltas[1] && head.f == full.f, "seed {seed}: the head's evaluation");
+            let got = folded_prediction_weights(&step, &head, &a);
+            for (l, (g, w)) in got.iter().zip(&want).enumerate() {
+                let scale = w.iter().fold(0.0f64, |s, v| s.max(v.abs()));
+                let diff = g.iter().zip(w).fold(0.0f64, |s, (a, b)| s.max((a - b).abs()));
+                assert!(g.len() == w.len() && scale > 0.1 && diff <= 1e-13 * scale, "seed {seed} layer {l}: {diff:e} of {scale:e}");
             }
         }
     }

@@ -139,6 +139,19 @@ impl MlpStep {
     /// the frozen initial network for `zero_output`) before scaling. With `grads`, also the
     /// sensitivities δ.
     pub(crate) fn eval(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool) -> Evals {
+        self.eval_down_to(x, t, offset, grads, 0)
+    }
+
+    /// [`Self::eval`] at `w_s` with the sensitivities of the last layer only (the layers below
+    /// keep empty ones): what the closed form's whole step on a device needs of the training
+    /// side ([`super::device`]).
+    pub(crate) fn eval_head(&self, x: &[f64], offset: Option<&[f64]>) -> Evals {
+        let r = x.len() / self.input_dim();
+        self.eval_down_to(x, &vec![0.0; r], offset, true, self.layers.len() - 1)
+    }
+
+    /// [`Self::eval`] with the sensitivities of layers `lowest..` only.
+    fn eval_down_to(&self, x: &[f64], t: &[f64], offset: Option<&[f64]>, grads: bool, lowest: usize) -> Evals {
         debug_assert_eq!(x.len(), t.len() * self.input_dim());
 
         let r = t.len();
@@ -198,9 +211,11 @@ impl MlpStep {
                 }
             }
         }
-        for l in (0..nl).rev() {
+        for l in (lowest..nl).rev() {
             let layer = &self.layers[l];
-            if l > 0 {
+            if l == lowest {
+                deltas[l] = std::mem::take(&mut d);
+            } else {
                 let (ni, no) = (layer.n_in, layer.n_out);
                 let mut prev = vec![0.0; r * k * ni];
                 gemm_ab(&mut prev, &d, &layer.w, r * k, ni, no, 1.0, false);
@@ -225,8 +240,6 @@ impl MlpStep {
                     }
                 }
                 deltas[l] = std::mem::replace(&mut d, prev);
-            } else {
-                deltas[0] = std::mem::take(&mut d);
             }
         }
         Evals { acts, deltas, f }
