@@ -40,9 +40,11 @@ pub(crate) struct DeviceStep {
     /// Each row point's pieces.
     pub stats: Vec<PointStats>,
     /// Wall seconds until the rows' factors were formed (layer 0 at the rows and their
-    /// integration; the device's queue is waited for there).
+    /// integration): the host waits for the device's queue there, so what was queued before
+    /// (a previous step's layer-0 contraction, launched without waiting) is counted here too.
     pub rows_seconds: f64,
-    /// Wall seconds of the contraction and the prediction after them.
+    /// Wall seconds of the contraction and the prediction after them (until the predictions
+    /// come down), and of launching layer 0's training side.
     pub contraction_seconds: f64,
     /// The contraction's GEMM flops.
     pub flops: f64,
@@ -165,7 +167,6 @@ where
     let (d, h, bias, alpha) = (step.input_dim(), step.layers[0].n_out, step.bias, step.alpha);
     let (de, ne) = (d + usize::from(bias), h + usize::from(bias));
     assert_eq!(input.rows.len(), p, "the rows are the Gram's");
-    let started = std::time::Instant::now();
     // The step's training side: the output layer's activations and structured sensitivities,
     // layer 0's scale at the first step.
     if !res.has_scale() {
@@ -181,7 +182,8 @@ where
     let slots = gram::layer0_slots(layout, p, m, k, h);
     let int = |v: bool| i64::from(v);
     let mut out = DeviceStep { pred: vec![0.0; p * k], stats: Vec::with_capacity(p), rows_seconds: 0.0, contraction_seconds: 0.0, flops: 0.0 };
-    let mut mark = started;
+    // The uploads above are the host's share (neither rows nor contraction).
+    let mut mark = std::time::Instant::now();
     let mut lap = |to: &mut f64| {
         let now = std::time::Instant::now();
         *to += (now - mark).as_secs_f64();
