@@ -306,12 +306,12 @@ fn scratch<'a, B: Kernels>(be: &B, slot: &'a mut Option<B::Buf>, n: usize) -> Re
 }
 
 /// Row-major `[rows, ld]`, read as is.
-fn plain(offset: usize, ld: usize) -> Operand {
+pub(crate) fn plain(offset: usize, ld: usize) -> Operand {
     Operand { offset, ld, stride: 0, trans: false }
 }
 
 /// Row-major `[n, ld]` read transposed (the training side of `A·Bᵀ`).
-fn transposed(offset: usize, ld: usize) -> Operand {
+pub(crate) fn transposed(offset: usize, ld: usize) -> Operand {
     Operand { offset, ld, stride: 0, trans: true }
 }
 

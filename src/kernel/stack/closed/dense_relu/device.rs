@@ -17,9 +17,9 @@
 use std::sync::{Arc, Mutex};
 
 use crate::device::kernels::Kernels;
-use crate::device::{Gemm, Operand};
+use crate::device::Gemm;
 use crate::error::Result;
-use crate::kernel::backend::resident::{Resident, ResidentGram};
+use crate::kernel::backend::resident::{plain, transposed, Resident, ResidentGram};
 use crate::kernel::backend::{Site, Stamp};
 use crate::kernel::gram::{self, GramAccumulator, LayerFactors};
 use crate::kernel::layout::TrainDeltas;
@@ -131,16 +131,6 @@ fn run_side<B: Kernels>(be: &B, x: &[f64], d: usize, bias: bool, key: (usize, us
     };
     let xsq = x.chunks_exact(d).map(|xp| xp.iter().map(|v| v * v).sum::<f64>() + if bias { 1.0 } else { 0.0 }).collect();
     Ok(RunSide { key, xe, xsq, gl: be.upload(&rules())? })
-}
-
-/// Row-major `[rows, ld]`, read as is.
-fn plain(offset: usize, ld: usize) -> Operand {
-    Operand { offset, ld, stride: 0, trans: false }
-}
-
-/// Row-major `[n, ld]` read transposed.
-fn transposed(offset: usize, ld: usize) -> Operand {
-    Operand { offset, ld, stride: 0, trans: true }
 }
 
 /// `c = x[c0..c0 + n] · wᵀ (+ b)`: `x` the row points with `ld` numbers a row (the first `kdim`
