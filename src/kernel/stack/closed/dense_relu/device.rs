@@ -65,14 +65,15 @@ pub(crate) trait RowsOnDevice: Send + Sync {
     fn step(&self, step: &MlpStep, input: &StepInput<'_>, train: &[LayerFactors<'_>], v: &[Vec<f64>], acc: &mut GramAccumulator, diag: &mut [f64]) -> Result<Option<DeviceStep>>;
 }
 
-/// What stays on the device for a whole computation: the row points with the bias column.
+/// What stays on the device for a whole computation: the row points with the bias column, and
+/// per chunk of [`DEVICE_CHUNK_POINTS`] their squared norms and offsets.
 struct RunSide<Buf> {
-    /// Which rows (their address and length: a computation's rows do not move).
-    key: (usize, usize),
+    /// Which rows and offsets (their addresses and lengths: a computation's do not move).
+    key: [usize; 4],
     /// `[x, 1]` (or `x` without biases) `[P, d(+1)]`.
     xe: Buf,
-    /// `|x|² + [bias]` `[P]`.
-    xsq: Vec<f64>,
+    /// Per chunk: `|x|² + [bias]` `[chunk]` and the offsets `[chunk, K]` (empty without).
+    chunks: Vec<(Buf, Buf)>,
     /// The Gauss–Legendre rules `pk_mlp_pieces` compares.
     gl: Buf,
 }
@@ -108,18 +109,25 @@ where
         };
         let mut run = self.run.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let rows = input.rows;
-        let key = (rows.x.as_ptr() as usize, rows.x.len());
+        let off = input.off_rows.unwrap_or(&[]);
+        let key = [rows.x.as_ptr() as usize, rows.x.len(), off.as_ptr() as usize, off.len()];
         if run.as_ref().is_none_or(|r| r.key != key) {
             *run = None;
-            *run = Some(run_side(&*self.be, &rows.x, rows.dim, step.bias, key)?);
+            *run = Some(run_side(&*self.be, &rows.x, rows.dim, input.off_rows, step.k, step.bias, key)?);
         }
         let out = whole_step(&*self.be, res, run.as_ref().expect("set above"), step, input, train, v, diag)?;
         Ok(Some(out))
     }
 }
 
-/// The row points of a computation on `be`.
-fn run_side<B: Kernels>(be: &B, x: &[f64], d: usize, bias: bool, key: (usize, usize)) -> Result<RunSide<B::Buf>> {
+/// `|x|² + [bias]` of each point of `x` (`[n, d]`).
+fn squared_norms(x: &[f64], d: usize, bias: bool) -> Vec<f64> {
+    x.chunks_exact(d).map(|xp| xp.iter().map(|v| v * v).sum::<f64>() + if bias { 1.0 } else { 0.0 }).collect()
+}
+
+/// The row points of a computation (and their offsets `off` `[P, K]`) on `be`.
+#[allow(clippy::too_many_arguments)]
+fn run_side<B: Kernels>(be: &B, x: &[f64], d: usize, off: Option<&[f64]>, k: usize, bias: bool, key: [usize; 4]) -> Result<RunSide<B::Buf>> {
     let p = x.len() / d.max(1);
     let xb = be.upload(x)?;
     let xe = if bias {
@@ -129,8 +137,15 @@ fn run_side<B: Kernels>(be: &B, x: &[f64], d: usize, bias: bool, key: (usize, us
     } else {
         xb
     };
-    let xsq = x.chunks_exact(d).map(|xp| xp.iter().map(|v| v * v).sum::<f64>() + if bias { 1.0 } else { 0.0 }).collect();
-    Ok(RunSide { key, xe, xsq, gl: be.upload(&rules())? })
+    let xsq = squared_norms(x, d, bias);
+    let chunks = (0..p)
+        .step_by(DEVICE_CHUNK_POINTS)
+        .map(|c0| {
+            let c1 = (c0 + DEVICE_CHUNK_POINTS).min(p);
+            Ok((be.upload(&xsq[c0..c1])?, off.map_or_else(|| be.zeros(0), |o| be.upload(&o[c0 * k..c1 * k]))?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RunSide { key, xe, chunks, gl: be.upload(&rules())? })
 }
 
 /// `c = x[c0..c0 + n] · wᵀ (+ b)`: `x` the row points with `ld` numbers a row (the first `kdim`
@@ -179,19 +194,14 @@ where
         *to += (now - mark).as_secs_f64();
         mark = now;
     };
-    for c0 in (0..p).step_by(DEVICE_CHUNK_POINTS) {
+    for (c0, (xs, offb)) in (0..p).step_by(DEVICE_CHUNK_POINTS).zip(&run.chunks) {
         let pc = DEVICE_CHUNK_POINTS.min(p - c0);
         // Layer 0 at the rows, their integration; the counts' download waits for both.
         let z = rows_times(be, &run.xe, c0, pc, de, d, &w0, Some(&b0), h)?;
         let u = rows_times(be, &run.xe, c0, pc, de, d, &dw0, Some(&db0), h)?;
-        let xs = up(&run.xsq[c0..c0 + pc])?;
-        let offb = match input.off_rows {
-            Some(o) => up(&o[c0 * k..(c0 + pc) * k])?,
-            None => be.zeros(0)?,
-        };
         let mut scratch = be.zeros(pc * (5 * h + 2 + 2 * ne + 13 * k + 6 * k * k))?;
         let (mut dbar, mut ab, mut dg, mut st) = (be.zeros(pc * k * h)?, be.zeros(pc * (k + 1) * ne)?, be.zeros(pc * k * k)?, be.zeros(pc * 4)?);
-        be.pk_mlp_pieces(pc, h as i64, k as i64, int(bias), int(step.output == OutputKind::LogSoftmax), int(input.off_rows.is_some()), int(input.cosine), alpha, input.tol_step, &z, &u, &xs, &offb, &w1, &dw1, &b1, &db1, &run.gl, &mut scratch, &mut dbar, &mut ab, &mut dg, &mut st)?;
+        be.pk_mlp_pieces(pc, h as i64, k as i64, int(bias), int(step.output == OutputKind::LogSoftmax), int(input.off_rows.is_some()), int(input.cosine), alpha, input.tol_step, &z, &u, xs, offb, &w1, &dw1, &b1, &db1, &run.gl, &mut scratch, &mut dbar, &mut ab, &mut dg, &mut st)?;
         drop((z, u, scratch));
         out.stats.extend(be.download(&st)?.chunks_exact(4).map(|s| PointStats { pieces: s[0] as usize, unconverged: s[1] as usize, cosine_sum: s[2], cosine_count: s[3] as usize }));
         lap(&mut out.rows_seconds);
@@ -247,7 +257,7 @@ pub(crate) fn row_factors_on<B: Kernels>(be: &B, step: &MlpStep, first: &FirstLa
     if n == 0 {
         return Ok(out);
     }
-    let xsq: Vec<f64> = x.chunks_exact(d).map(|xp| xp.iter().map(|v| v * v).sum::<f64>() + if bias { 1.0 } else { 0.0 }).collect();
+    let xsq = squared_norms(x, d, bias);
     let l1 = &step.layers[1];
     let up = |v: &[f64]| be.upload(v);
     let (z, u, xs) = (up(&first.z[..n * h])?, up(&first.u[..n * h])?, up(&xsq)?);
