@@ -7,6 +7,16 @@ For each row `| `NAME` | what | headline |`, every number in the headline (2.1e-
 figure that only a raw JSON holds is not a claim the report makes). A quoted figure the summary
 does not hold is printed with the row, and the script exits 1.
 
+The README's prose is checked too. Each paragraph or list item outside code, headings and tables
+is split into sentences; a sentence's sources are the reports it names (`reports/NAME`: its
+summary.md and timings.md, both written by the study), the GPU runs it names (`bench/gpu/DIR`:
+the text files of that run) and the guide pages it links (`docs/src/PAGE.md`); a sentence that
+names none takes the reports and GPU runs its paragraph names. Every figure written with a
+decimal point or an exponent (2.688, 3.5e-13, 0.47×) in a sentence with sources must be held by
+them, at its written precision, as above; integers (sizes, counts of the setup) are not checked.
+A figure is held when any number of its sources rounds to it: this catches figures no source
+holds (stale or mistyped ones), not a figure quoted for the wrong row of a large report.
+
     python3 scripts/check_readme_figures.py [README.md]
 """
 import pathlib
@@ -51,6 +61,75 @@ def held(value, written, pool):
     return any(abs(v - value) <= 0.5 * step * (1 + 1e-9) or abs(abs(v) - abs(value)) <= 0.5 * step * (1 + 1e-9) for v in pool)
 
 
+def prose_blocks(text):
+    """The README's paragraphs and list items, each joined into one line, without code blocks,
+    indented code, headings and table rows."""
+    blocks, cur, fenced = [], [], False
+
+    def close():
+        if cur:
+            blocks.append(" ".join(cur))
+            cur.clear()
+
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            close()
+            continue
+        if fenced or line.startswith("    ") or line.lstrip().startswith(("|", "#")):
+            close()
+            continue
+        if not line.strip() or re.match(r"\s*[-*] ", line):
+            close()
+        if line.strip():
+            cur.append(line.strip())
+    close()
+    return blocks
+
+
+def sources(text):
+    """The sources `text` names: (kind, name) for reports, GPU runs and guide pages that exist."""
+    out = [("report", n) for n in re.findall(r"reports/([\w-]+)", text) if (ROOT / "reports" / n / "summary.md").is_file()]
+    out += [("bench", n) for n in re.findall(r"bench/gpu/([\w.-]+)", text) if (ROOT / "bench" / "gpu" / n).is_dir()]
+    out += [("guide", n) for n in re.findall(r"docs/src/([\w-]+\.md)", text) if (ROOT / "docs" / "src" / n).is_file()]
+    return out
+
+
+def source_files(src):
+    kind, name = src
+    if kind == "report":
+        return [p for p in (ROOT / "reports" / name / f for f in ("summary.md", "timings.md")) if p.is_file()]
+    if kind == "bench":
+        return sorted(p for p in (ROOT / "bench" / "gpu" / name).rglob("*") if p.is_file() and p.suffix in (".md", ".txt", ".json", ".jsonl", ".log"))
+    return [ROOT / "docs" / "src" / name]
+
+
+def check_prose(text):
+    """(figures checked, figures not held) over the README's prose; see the module's doc."""
+    bad, checked, pools = [], 0, {}
+    for block in prose_blocks(text):
+        inherited = [x for x in sources(block) if x[0] != "guide"]
+        for sentence in re.split(r"(?<=[.;:!?])\s+(?=[A-Z*(`])", block):
+            srcs = sources(sentence) or inherited
+            if not srcs:
+                continue
+            pool = []
+            for src in srcs:
+                if src not in pools:
+                    vals = [v for f in source_files(src) for v, _ in numbers(f.read_text(errors="replace"))]
+                    pools[src] = vals + [100 * v for v in vals]
+                pool += pools[src]
+            for value, written in numbers(sentence):
+                if "." not in written and "e" not in written.lower():
+                    continue
+                checked += 1
+                if not held(value, written, pool):
+                    i = sentence.find(written)
+                    names = ", ".join(f"{k} {n}" for k, n in srcs)
+                    bad.append(f"prose: `{written}` in \"…{sentence[max(0, i - 70):i + len(written) + 20]}…\" is not in its sources ({names})")
+    return checked, bad
+
+
 def main():
     readme = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "README.md"
     text = readme.read_text()
@@ -72,10 +151,12 @@ def main():
             checked += 1
             if not held(value, written, pool):
                 bad.append(f"{name}: `{written}` of \"{headline}\" is not in reports/{name}/summary.md")
-    for b in bad:
+    prose_checked, prose_bad = check_prose(text)
+    for b in bad + prose_bad:
         print(b)
     print(f"{checked} figures checked in {readme.name}'s study table, {len(bad)} not found in the studies' summaries")
-    return 1 if bad else 0
+    print(f"{prose_checked} figures checked in {readme.name}'s prose, {len(prose_bad)} not found in the sources their sentences name")
+    return 1 if bad or prose_bad else 0
 
 
 if __name__ == "__main__":
