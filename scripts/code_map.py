@@ -25,7 +25,8 @@ it, and `api/mod.rs`, whose `pub use trained::Trained` it goes through), so a fa
 re-exports a module which uses the facade is a cycle. A path that names a module counts as importing that module's file; items
 defined in a `mod.rs` count as that `mod.rs`. A glob import in the importing file (`use
 super::types::*`) counts the names of the glob's source that the file mentions. `#[cfg(test)]`
-modules (inline or a file such as `plot/tests.rs`), comments and string contents are left out. An
+modules (inline or a file such as `plot/tests.rs`), other `#[cfg(test)]` items and statements,
+comments and string contents are left out. An
 import by a file of its own folder's `mod.rs` (of `lib.rs` for the files directly in src/) is not
 an edge (a child may use what its parent gathers); an item the `mod.rs` merely re-exports still
 counts as an import of the file defining it. `src/main.rs` is the binary: its `pathkernel::`
@@ -117,6 +118,7 @@ def blank(text: str) -> str:
     return "".join(out)
 
 
+TEST_ATTR = re.compile(r"#\[cfg\(test\)\]")
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(" + IDENT + r")\s*([{;])")
 
 
@@ -153,6 +155,31 @@ def strip_tests(blanked: str):
             if out[k] != "\n":
                 out[k] = " "
         pos = end
+    # Any other `#[cfg(test)]` item or statement (`#[cfg(test)] let _g = crate::x::f();`, a
+    # test-only `impl` or `fn`, a field): blanked up to its `;` or `,`, or through its braces.
+    text = "".join(out)
+    for m in list(TEST_ATTR.finditer(text)):
+        if text[m.start()] == " ":
+            continue  # inside a test module blanked above
+        j, depth = m.end(), 0
+        while j < len(text):
+            c = text[j]
+            if c in "([":
+                depth += 1
+            elif c in ")]":
+                depth -= 1
+            elif depth == 0 and c in ";,":
+                j += 1
+                break
+            elif depth == 0 and c == "}":
+                break
+            elif depth == 0 and c == "{":
+                j = match_brace(text, j)
+                break
+            j += 1
+        for k in range(m.start(), j):
+            if out[k] != "\n":
+                out[k] = " "
     return "".join(out), test_files
 
 
@@ -790,7 +817,7 @@ FAKE = {
         "#[cfg(test)]\nmod tests {\n    use crate::m::Model;\n}\n"
     ),
     "k/types.rs": "pub enum Kind { A }\npub struct Side;\n",
-    "k/lin.rs": "pub fn gemm() {}\n",
+    "k/lin.rs": "pub fn gemm() {\n    #[cfg(test)]\n    let _g = crate::top::Top;\n}\n#[cfg(test)]\nimpl crate::top::Top { fn t() {} }\n",
     "user.rs": "use crate::m::{T, Kind};\npub fn g() { crate::m::k::lin::gemm(); }\n",
     "m/mod.rs": (
         "pub struct Model;\n"

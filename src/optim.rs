@@ -81,40 +81,11 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::trajectory::OptimizerRecord;
 
-/// What a run recorded per step besides its learning rates, when it changed from step to step:
-/// the momentum (SGD's `momentum`, Adam's β1; a scheduler cycling it) and the factor
-/// gradient clipping by norm multiplied the data gradient by (`clip_grad_norm_`).
-///
-/// With momenta `β_s` the recursion reads `m_s = β_s m_{s−1} + γ_s ĝ_s` (Adam: `γ_s = 1 − β_s`,
-/// κ_s from the step's own β1 as PyTorch's bias correction), and the backward recursion
-/// `H_r = ε_r κ_r D_r ⊙ J̄_r + β_{r+1} H_{r+1}`. With clip factors `c_s`,
-/// `ĝ_s = c_s g_s + λ_c w_s`: step s's per-point terms are scaled by `c_s`, so
-/// `a_{i,s} = −ε_s c_s ∂L_s/∂f(x_i)`; the weight decay is not clipped (PyTorch clips `p.grad`
-/// before the optimizer adds it).
-///
-/// # Shapes
-/// Each present vector is `[N]`, one entry per update.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StepFactors {
-    /// β_s of every step (`None`: the record's constant momentum / β1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub momenta: Option<Vec<f64>>,
-    /// `c_s ∈ (0, 1]` of every step (`None`: no clipping).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grad_scales: Option<Vec<f64>>,
-}
-
-impl StepFactors {
-    /// Nothing recorded per step.
-    pub fn is_empty(&self) -> bool {
-        self.momenta.is_none() && self.grad_scales.is_none()
-    }
-}
+pub use crate::trajectory::StepFactors;
 
 /// A diagonal preconditioner `κ_s D_s` computed from the gradients' history (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

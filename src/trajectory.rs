@@ -27,7 +27,6 @@ use crate::error::{Error, Result};
 use crate::io::{self, NamedArray, SafeFile};
 use crate::model::net::LossKind;
 use crate::model::{Architecture, ParamSpec, Params};
-use crate::optim::StepFactors;
 
 /// Format name written into every manifest.
 pub(crate) const FORMAT: &str = "pathkernel-trajectory";
@@ -57,6 +56,38 @@ pub struct DatasetInfo {
     pub n_test: usize,
     /// `classification` or `regression`.
     pub task: String,
+}
+
+/// What a run recorded per step besides its learning rates, when it changed from step to step
+/// (part of the record; the recursion that reads it is [`crate::optim`]):
+/// the momentum (SGD's `momentum`, Adam's β1; a scheduler cycling it) and the factor
+/// gradient clipping by norm multiplied the data gradient by (`clip_grad_norm_`).
+///
+/// With momenta `β_s` the recursion reads `m_s = β_s m_{s−1} + γ_s ĝ_s` (Adam: `γ_s = 1 − β_s`,
+/// κ_s from the step's own β1 as PyTorch's bias correction), and the backward recursion
+/// `H_r = ε_r κ_r D_r ⊙ J̄_r + β_{r+1} H_{r+1}`. With clip factors `c_s`,
+/// `ĝ_s = c_s g_s + λ_c w_s`: step s's per-point terms are scaled by `c_s`, so
+/// `a_{i,s} = −ε_s c_s ∂L_s/∂f(x_i)`; the weight decay is not clipped (PyTorch clips `p.grad`
+/// before the optimizer adds it).
+///
+/// # Shapes
+/// Each present vector is `[N]`, one entry per update.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepFactors {
+    /// β_s of every step (`None`: the record's constant momentum / β1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momenta: Option<Vec<f64>>,
+    /// `c_s ∈ (0, 1]` of every step (`None`: no clipping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_scales: Option<Vec<f64>>,
+}
+
+impl StepFactors {
+    /// Nothing recorded per step.
+    pub fn is_empty(&self) -> bool {
+        self.momenta.is_none() && self.grad_scales.is_none()
+    }
 }
 
 /// The optimizer as recorded in the manifest (the update rules are in [`crate::optim`]).

@@ -49,7 +49,7 @@ use super::spec::{as_bool, as_size, err, need, options};
 use super::{uniform, AnyLayer, Cache, Grad, Shape};
 use crate::linalg::{gemm, gemm_abt};
 use crate::model::tensors::ParamTensor;
-use crate::model::ParamSpec;
+use crate::model::param_spec::ParamSpec;
 
 /// A resolved self-attention layer on sequences of `t` positions of `d` features.
 #[derive(Clone, Debug, PartialEq)]
@@ -555,7 +555,7 @@ impl Layer for Attention {
         // its bias: each `head{h}_*` map; packed, `attn` (in_proj_weight and in_proj_bias) and
         // `attn.out_proj`), which it pairs with them in order.
         let specs: Vec<ParamSpec> = self.named_tensors().into_iter().map(|(name, shape)| ParamSpec { name, shape }).collect();
-        for l in crate::model::param_layers(&specs) {
+        for l in crate::model::param_spec::param_layers(&specs) {
             let (start, end) = (l.flat.start, l.flat.end);
             let gj: Vec<f64> = g.chunks_exact(width).flat_map(|r| r[start..end].iter().copied()).collect();
             grads.push((first + l.tensors.start, Grad::Formed { g: gj, width: end - start }));

@@ -13,15 +13,7 @@ use super::Node;
 use crate::model::conv::Shape4;
 use crate::model::tensors::ParamTensor;
 
-/// Activations between layers: a flat `[n, F]` or a map `[n, C, H, W]`.
-pub(crate) enum Activations<D: Device<f64>, T> {
-    /// `[n, F]`.
-    Flat(Tensor<(usize, usize), f64, D, T>),
-    /// `[n, C, H, W]`.
-    Map(Tensor<Shape4, f64, D, T>),
-    /// A sequence `[n, T, d]`.
-    Seq(Tensor<(usize, usize, usize), f64, D, T>),
-}
+pub(crate) use super::contract::Activations;
 
 /// Winner (max) or all-window (avg) gather indices of a pooling layer for a batch.
 pub(crate) fn pool_index(p: &super::pool::Pool, n: usize, values: Option<&[f64]>) -> Vec<usize> {

@@ -9,13 +9,24 @@
 //! dispatch. The walks over a stack (`super::forward_nodes` and the others) and the kernel
 //! engine use only this trait.
 
-use dfdx::prelude::{Device, Merge, NoneTape, Tape};
+use dfdx::prelude::{Device, Merge, NoneTape, Tape, Tensor};
 use rand::RngCore;
 
-use super::autodiff::Activations;
 use super::{Cache, Grad};
-use crate::model::ParamSpec;
+use crate::model::conv::Shape4;
+use crate::model::param_spec::ParamSpec;
 use crate::model::tensors::ParamTensor;
+
+/// Activations between layers in the autodiff forward ([`Layer::autodiff`], `super::autodiff`):
+/// a flat `[n, F]`, a map `[n, C, H, W]` or a sequence `[n, T, d]`.
+pub(crate) enum Activations<D: Device<f64>, T> {
+    /// `[n, F]`.
+    Flat(Tensor<(usize, usize), f64, D, T>),
+    /// `[n, C, H, W]`.
+    Map(Tensor<Shape4, f64, D, T>),
+    /// A sequence `[n, T, d]`.
+    Seq(Tensor<(usize, usize, usize), f64, D, T>),
+}
 
 /// The parameters a batch of rows runs at: row r of the batch at `w + t_r·Δw` (per sample:
 /// the K cotangent rows of a sample share its `t`).
@@ -256,7 +267,7 @@ pub(crate) trait Layer {
 
     /// Backward pass from the output cotangents `dy` `[n, K, out]`: pushes its parameter
     /// gradient (with `first`) to `grads`, one per parameter layer as
-    /// [`crate::model::param_layers`] groups the names (the tensors sharing the prefix before the
+    /// [`crate::model::param_spec::param_layers`] groups the names (the tensors sharing the prefix before the
     /// last dot: a weight and its bias; the kernel engine pairs them in order), each with the
     /// index of its first tensor; returns the input cotangents when `want_dx`.
     #[allow(clippy::too_many_arguments)]

@@ -17,7 +17,7 @@ use super::recorded::refuse;
 use super::spec::{err, need, options};
 use super::{backward_nodes, forward_nodes, resolve_list, sweep_nodes, tangent_nodes, AnyLayer, Cache, Grad, LayerSpec, Node, Shape};
 use crate::model::tensors::ParamTensor;
-use crate::model::ParamSpec;
+use crate::model::param_spec::ParamSpec;
 
 /// A resolved residual block.
 #[derive(Clone, Debug, PartialEq)]

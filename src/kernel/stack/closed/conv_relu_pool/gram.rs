@@ -44,7 +44,7 @@ use crate::kernel::stack::step::RowGrad;
 use crate::kernel::types::NodeStats;
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
-use crate::kernel::stack::closed::ConvReluPool;
+use crate::kernel::stack::closed::shape::ConvReluPool;
 use crate::model::Params;
 #[cfg(test)]
 use crate::model::Architecture;
@@ -260,7 +260,7 @@ pub(in crate::kernel) mod tests {
     use crate::model::{conv, Activation, ModelConfig, OutputKind};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use crate::kernel::stack::closed::ConvReluPool;
+    use crate::kernel::stack::closed::shape::ConvReluPool;
 
     /// `(image, channels, kernel, stride, padding, pool, activation, bias, zero_output, alpha,
     /// output, K)`.

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kernel::gram::GramAccumulator;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
-use crate::kernel::stack::closed::ConvReluPool;
+use crate::kernel::stack::closed::shape::ConvReluPool;
 
 use super::gram as cnn_gram;
 

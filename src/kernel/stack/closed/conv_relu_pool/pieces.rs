@@ -270,7 +270,7 @@ mod tests {
     use crate::kernel::quadrature::gauss_legendre_01;
     use crate::kernel::stack::closed::conv_relu_pool::gram::tests::{cases, rel, setup};
     use crate::kernel::stack::closed::conv_relu_pool::gram::{offsets, side_factors, CnnStep};
-    use crate::kernel::stack::closed::ConvReluPool;
+    use crate::kernel::stack::closed::shape::ConvReluPool;
 
     /// The slow obvious path: gradients evaluated at a fixed high-order Gauss rule on every
     /// smooth piece, summed with their weights.

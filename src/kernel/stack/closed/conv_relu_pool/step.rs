@@ -6,7 +6,7 @@
 
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
-use crate::kernel::stack::closed::{tensors, ConvReluPool};
+use crate::kernel::stack::closed::shape::{tensors, ConvReluPool};
 use crate::model::{Activation, OutputKind, Params};
 
 /// A CNN on one step `w_s(t) = w_s + tΔw`, in the factors the Gram needs.

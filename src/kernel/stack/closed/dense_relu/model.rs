@@ -11,7 +11,7 @@ use crate::kernel::stack::closed::dense_relu::pieces::{self as mlp_pieces, dot};
 use crate::kernel::stack::closed::dense_relu::step::MlpStep;
 use crate::kernel::step_model::{StepInput, StepModel, StepOutput};
 use crate::kernel::types::NodeStats;
-use crate::kernel::stack::closed::DenseRelu;
+use crate::kernel::stack::closed::shape::DenseRelu;
 use crate::model::OutputKind;
 
 /// Row points integrated at once on the [`mlp_pieces`] path (their factors are `K·h + (K+1)·(h+1)`

@@ -272,7 +272,7 @@ pub(crate) mod tests {
     use crate::kernel::stack::closed::dense_relu::nodes::eval_rows;
     use crate::kernel::quadrature::gauss_legendre_01;
     use crate::kernel::stack::closed::dense_relu::nodes::{dpk_cosine_error, RowNodes};
-    use crate::kernel::stack::closed::DenseRelu;
+    use crate::kernel::stack::closed::shape::DenseRelu;
     use crate::model::{Activation, Architecture, Body};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

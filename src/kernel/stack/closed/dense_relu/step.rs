@@ -13,7 +13,7 @@
 
 use crate::linalg::{gemm_ab, gemm_abt};
 use crate::error::Result;
-use crate::kernel::stack::closed::{tensors, DenseRelu};
+use crate::kernel::stack::closed::shape::{tensors, DenseRelu};
 use crate::model::{Activation, OutputKind, Params};
 
 /// The kinks in `(a, b)` of one hidden ReLU layer whose pre-activations are `z + t·u`: the
