@@ -65,6 +65,9 @@ def prose_blocks(text):
     """The README's paragraphs and list items, each joined into one line, without code blocks,
     indented code, headings and table rows."""
     blocks, cur, fenced = [], [], False
+    # An indented line is code when it opens after a blank line (or continues code); after a
+    # line of text it continues that paragraph or list item.
+    prev_blank, prev_code = True, False
 
     def close():
         if cur:
@@ -72,11 +75,13 @@ def prose_blocks(text):
             cur.clear()
 
     for line in text.splitlines():
+        code = line.startswith("    ") and (prev_blank or prev_code)
+        prev_blank, prev_code = not line.strip(), code or (prev_code and not line.strip())
         if line.startswith("```"):
             fenced = not fenced
             close()
             continue
-        if fenced or line.startswith("    ") or line.lstrip().startswith(("|", "#")):
+        if fenced or code or line.lstrip().startswith(("|", "#")):
             close()
             continue
         if not line.strip() or re.match(r"\s*[-*] ", line):
