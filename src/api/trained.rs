@@ -374,9 +374,10 @@ impl<'a> KernelBuilder<'a> {
         self
     }
 
-    /// Where the work runs ([`crate::kernel::Device::Cuda`]: GPU 0 — the MLP's Gram contraction
-    /// on cuBLAS, a layer stack's or the CNN's node gradients on the device; without a GPU
-    /// [`KernelBuilder::compute`] returns a one-line [`Error::Backend`]).
+    /// Where the work runs ([`crate::kernel::Device::Cuda`]: GPU 0 — where a `dense, relu, dense`
+    /// stack takes its closed form (the EPK and k′ under the auto rule) its whole step runs there
+    /// with the Gram resident, elsewhere a layer stack's or the CNN's node gradients do; without a GPU [`KernelBuilder::compute`] returns a
+    /// one-line [`Error::Backend`]).
     pub fn device(mut self, device: crate::kernel::Device) -> Self {
         self.req.device = device;
         self

@@ -75,9 +75,10 @@ pub struct Args {
     /// x S step ranges), each within --memory; see `pathkernel tile --help`.
     #[arg(long, value_name = "N|RxS|RxCxS")]
     tiles: Option<String>,
-    /// Where the work runs: cpu, or cuda (GPU 0: the MLP's Gram contraction on cuBLAS; a layer
-    /// stack's or the CNN's node gradients on the device, its kernels' PTX from $PATHKERNEL_PTX or
-    /// epk.ptx beside the binary). Without a GPU, its driver or libcublas.so.13, cuda is one line
+    /// Where the work runs: cpu, or cuda (GPU 0: where a `dense, relu, dense` stack, the MLP,
+    /// takes its closed form (the EPK and k′ under the auto rule) its whole step runs there with the
+    /// Gram resident; elsewhere a layer stack's or the CNN's node gradients do; the kernels' PTX from $PATHKERNEL_PTX or epk.ptx beside the
+    /// binary). Without a GPU, its driver or libcublas.so.13, cuda is one line
     /// and exit 2, and nothing is written.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: kernel::Device,

@@ -82,9 +82,11 @@ pub struct Request {
     /// Also return each parameter layer's share of the Gram and of the machine's change per
     /// step ([`super::LayerShares`]); any optimizer, all columns.
     pub per_layer: bool,
-    /// Where the work runs (default: the CPU). [`Device::Cuda`]: the MLP's structured path
-    /// contracts on cuBLAS, layer stacks and the CNN evaluate their node gradients on the GPU;
-    /// the generic path and the optimizer replay refuse it.
+    /// Where the work runs (default: the CPU). [`Device::Cuda`]: where a `dense, relu, dense` stack
+    /// takes its closed form (the EPK and k′ under the auto rule) its whole step runs on the GPU
+    /// with the Gram resident there, elsewhere layer stacks and the CNN evaluate their node
+    /// gradients there; the generic path and the
+    /// optimizer replay refuse it.
     pub device: Device,
     /// With momentum or Adam and `steps = [A, B)`, `A > 0`: the gradients of the steps before A
     /// that still move the weights inside the window enter the machine as one carried-in term
@@ -178,7 +180,7 @@ impl Request {
         self.per_layer = per_layer;
         self
     }
-    /// Where the work runs: the MLP's contraction GEMMs, a layer stack's node gradients.
+    /// Where the work runs: the dense closed form's whole step, or a layer stack's node gradients.
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
         self
