@@ -68,9 +68,10 @@ pub struct Args {
     /// Steps A:B of the --contraction computation (default: all).
     #[arg(long, value_name = "A:B")]
     steps: Option<String>,
-    /// Where --contraction's work runs: cpu or cuda (an MLP's GEMMs on cuBLAS, a stack's node
-    /// gradients on the GPU; a GPU, its driver and libcublas.so.13 are needed, else one line
-    /// and exit 2). With cuda the GEMM rate printed is cuBLAS's.
+    /// Where --contraction's work runs: cpu or cuda (the MLP's closed form, its whole step with
+    /// the Gram resident on the GPU; a stack's node gradients on the GPU; a GPU, its driver and
+    /// libcublas.so.13 are needed, else one line and exit 2). With cuda the GEMM rate printed is
+    /// cuBLAS's.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: crate::kernel::Device,
     /// With --contraction LAYOUT and --device cuda: compute the Gram with its GEMMs on the CPU
