@@ -136,6 +136,22 @@ def match_brace(text: str, open_at: int) -> int:
     return len(text)
 
 
+def find_outside_parens(text: str, j: int, stops: str) -> int:
+    """The index of the first character of `stops` from `j` on that is outside parentheses and
+    brackets (`len(text)` if none)."""
+    depth = 0
+    while j < len(text):
+        c = text[j]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and c in stops:
+            return j
+        j += 1
+    return j
+
+
 def strip_tests(blanked: str):
     """(the blanked text with its `#[cfg(test)] mod x { .. }` blocks blanked too, the names of
     the `#[cfg(test)] mod x;` files it declares)."""
@@ -161,22 +177,11 @@ def strip_tests(blanked: str):
     for m in list(TEST_ATTR.finditer(text)):
         if text[m.start()] == " ":
             continue  # inside a test module blanked above
-        j, depth = m.end(), 0
-        while j < len(text):
-            c = text[j]
-            if c in "([":
-                depth += 1
-            elif c in ")]":
-                depth -= 1
-            elif depth == 0 and c in ";,":
-                j += 1
-                break
-            elif depth == 0 and c == "}":
-                break
-            elif depth == 0 and c == "{":
-                j = match_brace(text, j)
-                break
+        j = find_outside_parens(text, m.end(), ";,{}")
+        if j < len(text) and text[j] in ";,":
             j += 1
+        elif j < len(text) and text[j] == "{":
+            j = match_brace(text, j)
         for k in range(m.start(), j):
             if out[k] != "\n":
                 out[k] = " "
@@ -630,16 +635,7 @@ def functions(crate: Crate):
     for rel, sf in sorted(crate.files.items()):
         code = sf.code
         for m in FN.finditer(code):
-            j, depth = m.end(), 0
-            while j < len(code):
-                c = code[j]
-                if c in "([":
-                    depth += 1
-                elif c in ")]":
-                    depth -= 1
-                elif depth == 0 and c in "{;":
-                    break
-                j += 1
+            j = find_outside_parens(code, m.end(), "{;")
             if j >= len(code) or code[j] == ";":
                 continue
             end = match_brace(code, j)
