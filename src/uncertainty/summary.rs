@@ -32,8 +32,31 @@ fn frontier_family(m: &str) -> String {
         Ok(Method::Fsl(kernel, _, v)) => format!("FSL {}: {}", kernel.label(), if v.calibrated() { "validation fit" } else { "evidence δ" }),
         Ok(Method::FslKxk(kernel, _, v)) => format!("FSL {} K×K: {}", kernel.label(), if v.calibrated() { "validation fit" } else { "evidence δ" }),
         Ok(x) if Method::PROTOCOL.contains(&x) && !matches!(x, Method::Gp(_)) => display_name(m),
-        _ => "kernel GPs (regression)".to_string(),
+        _ => KERNEL_GPS.to_string(),
     }
+}
+
+/// The frontier chart's legend entry of the kernel GPs.
+const KERNEL_GPS: &str = "kernel GPs (regression)";
+
+/// The frontier chart's series: `(method, clean NLL, rot-60 NLL)` grouped by [`frontier_family`]
+/// as `(family, xs, ys)`, in the order of first appearance but the kernel GPs first. Series are
+/// drawn in order and the GPs' markers can cover the MAP's (the `-netmean` GPs score about as the
+/// network does), so they go under every other marker.
+fn frontier_families(points: &[(String, f64, f64)]) -> Vec<(String, Vec<f64>, Vec<f64>)> {
+    let mut families: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for (m, a, b) in points {
+        let family = frontier_family(m);
+        match families.iter_mut().find(|f| f.0 == family) {
+            Some(f) => {
+                f.1.push(*a);
+                f.2.push(*b);
+            }
+            None => families.push((family, vec![*a], vec![*b])),
+        }
+    }
+    families.sort_by_key(|f| f.0 != KERNEL_GPS);
+    families
 }
 
 /// The methods of `list` present in the results, with their display names, in order.
@@ -602,18 +625,12 @@ pub fn charts(r: &UqStudyReport, settings: &[Setting], grid_images: usize, dir: 
     // The frontier: clean NLL against rot-60 NLL for every method, one series per family so
     // that the legend stays readable (the values of every method are in the tables).
     if res.settings.iter().any(|x| x.name == "rot-60") {
-        let mut families: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
-        for m in res.methods() {
-            let (Some(a), Some(b)) = (res.metric(m, "clean", Metric::Nll), res.metric(m, "rot-60", Metric::Nll)) else { continue };
-            let family = frontier_family(m);
-            match families.iter_mut().find(|f| f.0 == family) {
-                Some(f) => {
-                    f.1.push(a);
-                    f.2.push(b);
-                }
-                None => families.push((family, vec![a], vec![b])),
-            }
-        }
+        let points: Vec<(String, f64, f64)> = res
+            .methods()
+            .into_iter()
+            .filter_map(|m| Some((m.to_string(), res.metric(m, "clean", Metric::Nll)?, res.metric(m, "rot-60", Metric::Nll)?)))
+            .collect();
+        let families = frontier_families(&points);
         let series: Vec<Series> = families.into_iter().map(|(n, x, y)| Series::new(n, x, y)).collect();
         if !series.is_empty() {
             Chart::scatter("Clean NLL against rot-60 NLL, every method (lower left is better)", "clean NLL", "NLL at 60°", &series).draw()?.save(&dir.join("frontier.png"))?;
@@ -689,7 +706,7 @@ fn metric_title(m: Metric) -> &'static str {
 
 #[cfg(test)]
 mod frontier_tests {
-    use super::frontier_family;
+    use super::{frontier_families, frontier_family};
 
     #[test]
     fn frontier_families_group_methods_by_kernel_and_fit() {
@@ -703,5 +720,16 @@ mod frontier_tests {
         assert_eq!(frontier_family("fsl-ntk-full-Ts"), "FSL ntk: validation fit");
         assert_eq!(frontier_family("fsl-ntk-kxk-diag"), "FSL ntk K×K: evidence δ");
         assert_eq!(frontier_family("fsl-ntk-kxk-full-grid"), "FSL ntk K×K: validation fit");
+    }
+
+    #[test]
+    fn frontier_draws_the_kernel_gps_first_so_they_cannot_hide_the_map() {
+        let p = |m: &str, a: f64| (m.to_string(), a, 10.0 * a);
+        let points = [p("map", 0.5), p("temperature", 0.4), p("epk-gp", 0.52), p("fsl-epk-full", 0.6), p("epk-gp-netmean", 0.5), p("fsl-epk-full-mc", 0.7)];
+        let f = frontier_families(&points);
+        let names: Vec<&str> = f.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(names, ["kernel GPs (regression)", "MAP softmax", "temperature scaling", "FSL epk: evidence δ"]);
+        assert_eq!((f[0].1.as_slice(), f[0].2.as_slice()), ([0.52, 0.5].as_slice(), [5.2, 5.0].as_slice()));
+        assert_eq!(f[3].1, [0.6, 0.7]);
     }
 }
