@@ -40,9 +40,10 @@ fn frontier_family(m: &str) -> String {
 const KERNEL_GPS: &str = "kernel GPs (regression)";
 
 /// The frontier chart's series: `(method, clean NLL, rot-60 NLL)` grouped by [`frontier_family`]
-/// as `(family, xs, ys)`, in the order of first appearance but the kernel GPs first. Series are
-/// drawn in order and the GPs' markers can cover the MAP's (the `-netmean` GPs score about as the
-/// network does), so they go under every other marker.
+/// as `(family, xs, ys)`: the kernel GPs, then the function-space Laplace families, then the
+/// protocol's other methods, each group in the order of first appearance. Series are drawn in
+/// order, so the baselines' few markers go on top of the many FSL fits around them, and the GPs'
+/// (the `-netmean` GPs score about as the network does) under the MAP's.
 fn frontier_families(points: &[(String, f64, f64)]) -> Vec<(String, Vec<f64>, Vec<f64>)> {
     let mut families: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     for (m, a, b) in points {
@@ -55,7 +56,7 @@ fn frontier_families(points: &[(String, f64, f64)]) -> Vec<(String, Vec<f64>, Ve
             None => families.push((family, vec![*a], vec![*b])),
         }
     }
-    families.sort_by_key(|f| f.0 != KERNEL_GPS);
+    families.sort_by_key(|f| if f.0 == KERNEL_GPS { 0 } else if f.0.starts_with("FSL ") { 1 } else { 2 });
     families
 }
 
@@ -723,13 +724,13 @@ mod frontier_tests {
     }
 
     #[test]
-    fn frontier_draws_the_kernel_gps_first_so_they_cannot_hide_the_map() {
+    fn frontier_draws_the_baselines_over_the_fits_and_the_map_over_the_kernel_gps() {
         let p = |m: &str, a: f64| (m.to_string(), a, 10.0 * a);
         let points = [p("map", 0.5), p("temperature", 0.4), p("epk-gp", 0.52), p("fsl-epk-full", 0.6), p("epk-gp-netmean", 0.5), p("fsl-epk-full-mc", 0.7)];
         let f = frontier_families(&points);
         let names: Vec<&str> = f.iter().map(|x| x.0.as_str()).collect();
-        assert_eq!(names, ["kernel GPs (regression)", "MAP softmax", "temperature scaling", "FSL epk: evidence δ"]);
+        assert_eq!(names, ["kernel GPs (regression)", "FSL epk: evidence δ", "MAP softmax", "temperature scaling"]);
         assert_eq!((f[0].1.as_slice(), f[0].2.as_slice()), ([0.52, 0.5].as_slice(), [5.2, 5.0].as_slice()));
-        assert_eq!(f[3].1, [0.6, 0.7]);
+        assert_eq!(f[1].1, [0.6, 0.7]);
     }
 }
