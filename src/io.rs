@@ -192,8 +192,8 @@ fn canonical_header(mut bytes: Vec<u8>) -> Vec<u8> {
 
 /// Writes arrays to a safetensors file atomically, streamed: the header, then each array's
 /// little-endian bytes a block at a time, with no copy of the arrays in memory (a full-layout Gram
-/// is 3.2 GB; building the file's bytes first cost two such copies in fresh pages). The bytes are
-/// [`safetensors_bytes`]'s (tested).
+/// is 3.2 GB; building the file's bytes first cost two such copies in fresh pages). The bytes are the
+/// serialiser's, `safetensors_bytes` (tested).
 pub fn write_safetensors(path: &Path, arrays: &[NamedArray], metadata: Option<HashMap<String, String>>) -> Result<()> {
     let (header, order) = safetensors_header(arrays, metadata.as_ref())?;
     write_atomic_with(path, |f| {
