@@ -22,12 +22,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub(crate) fn write_f64_atomic(path: &Path, values: &[f64]) -> Result<()> {
     write_atomic_with(path, |f| {
         let mut w = std::io::BufWriter::new(f);
-        let mut bytes = Vec::with_capacity(values.len().min(1 << 20) * 8);
-        for chunk in values.chunks(1 << 20) {
-            bytes.clear();
-            chunk.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
-            w.write_all(&bytes)?;
-        }
+        write_le_blocks(&mut w, &mut Vec::new(), values, f64::to_le_bytes)?;
         w.flush()
     })
 }
@@ -100,6 +95,20 @@ pub enum ArrayData {
     I64(Vec<i64>),
 }
 
+impl ArrayData {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            ArrayData::F64(v) => v.len(),
+            ArrayData::I64(v) => v.len(),
+        }
+    }
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A named, shaped array for a safetensors file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedArray {
@@ -137,10 +146,11 @@ pub(crate) fn safetensors_bytes(arrays: &[NamedArray], metadata: Option<HashMap<
     let mut raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(arrays.len());
     for a in arrays {
         let n: usize = a.shape.iter().product();
-        let (dtype, bytes, len) = match &a.data {
-            ArrayData::F64(v) => (Dtype::F64, le_bytes(v, |x| x.to_le_bytes()), v.len()),
-            ArrayData::I64(v) => (Dtype::I64, le_bytes(v, |x| x.to_le_bytes()), v.len()),
+        let (dtype, bytes) = match &a.data {
+            ArrayData::F64(v) => (Dtype::F64, le_bytes(v, |x| x.to_le_bytes())),
+            ArrayData::I64(v) => (Dtype::I64, le_bytes(v, |x| x.to_le_bytes())),
         };
+        let len = a.data.len();
         if len != n {
             return Err(Error::ShapeMismatch { what: format!("array {}", a.name), expected: a.shape.clone(), got: vec![len] });
         }
@@ -241,10 +251,7 @@ fn safetensors_header(arrays: &[NamedArray], metadata: Option<&HashMap<String, S
     let mut offset = 0usize;
     for &i in &order {
         let a = &arrays[i];
-        let len = match &a.data {
-            ArrayData::F64(v) => v.len(),
-            ArrayData::I64(v) => v.len(),
-        };
+        let len = a.data.len();
         if len != a.shape.iter().product::<usize>() {
             return Err(Error::ShapeMismatch { what: format!("array {}", a.name), expected: a.shape.clone(), got: vec![len] });
         }
